@@ -1,0 +1,167 @@
+"""Chat rendering and assistant-output parsing shared by the dev engine and the policy server.
+
+Rendering: ``render_prompt_ids`` applies the model's own chat template (``tokenize=False``) and
+encodes the string without adding special tokens, so the ids are exactly what the template says.
+
+Parsing: ``parse_assistant_output`` splits sampled text into ``reasoning_content`` (a leading
+``<think>…</think>`` block), ``content`` and ``tool_calls`` (Qwen/Hermes ``<tool_call>{json}</tool_call>``
+blocks). Parsers sit behind two tiny interfaces so other model families can add theirs.
+The parse never changes the sampled token ids; it only decides how the text is shown to the client.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class ParsedOutput:
+    content: str
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ReasoningParser(Protocol):
+    def split(self, text: str) -> tuple[str | None, str]: ...
+
+
+class ToolCallParser(Protocol):
+    def extract(self, text: str) -> tuple[str, list[dict[str, Any]]]: ...
+
+
+class ThinkReasoningParser:
+    """``<think>reasoning</think>answer``; an unclosed block (cut by max_tokens) is all reasoning."""
+
+    open_tag = "<think>"
+    close_tag = "</think>"
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        stripped = text.lstrip()
+        if self.close_tag in stripped and (stripped.startswith(self.open_tag) or self.open_tag not in stripped):
+            head, _, tail = stripped.partition(self.close_tag)
+            reasoning = head.removeprefix(self.open_tag).strip()
+            return (reasoning or None), tail.lstrip("\n")
+        if stripped.startswith(self.open_tag):
+            return stripped.removeprefix(self.open_tag).strip() or None, ""
+        return None, text
+
+
+class HermesToolCallParser:
+    """Qwen/Hermes style: each call is ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+
+    A block whose body is not a JSON object with a string ``name`` is left in the content: the
+    client sees what the model wrote instead of a silently dropped call.
+    """
+
+    pattern = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+    def extract(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        calls: list[dict[str, Any]] = []
+        kept: list[str] = []
+        pos = 0
+        for m in self.pattern.finditer(text):
+            try:
+                obj = json.loads(m.group(1))
+            except ValueError:
+                continue
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                continue
+            args = obj.get("arguments", obj.get("parameters", {}))
+            kept.append(text[pos : m.start()])
+            pos = m.end()
+            calls.append(
+                {
+                    "id": f"call_{uuid.uuid4().hex[:24]}",
+                    "index": len(calls),
+                    "type": "function",
+                    "function": {
+                        "name": obj["name"],
+                        "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+                    },
+                }
+            )
+        kept.append(text[pos:])
+        return "".join(kept).strip() if calls else text, calls
+
+
+DEFAULT_REASONING_PARSER = ThinkReasoningParser()
+DEFAULT_TOOL_PARSER = HermesToolCallParser()
+
+
+def parse_assistant_output(
+    text: str,
+    *,
+    reasoning_parser: ReasoningParser | None = DEFAULT_REASONING_PARSER,
+    tool_parser: ToolCallParser | None = DEFAULT_TOOL_PARSER,
+) -> ParsedOutput:
+    reasoning: str | None = None
+    body = text
+    if reasoning_parser is not None:
+        reasoning, body = reasoning_parser.split(text)
+    calls: list[dict[str, Any]] = []
+    if tool_parser is not None:
+        body, calls = tool_parser.extract(body)
+    return ParsedOutput(content=body, reasoning_content=reasoning, tool_calls=calls)
+
+
+def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Make OpenAI messages template-friendly: content parts joined to text, None content -> ''."""
+    out = []
+    for msg in messages:
+        m = dict(msg)
+        content = m.get("content")
+        if isinstance(content, list):
+            m["content"] = "".join(
+                part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"
+            )
+        elif content is None:
+            m["content"] = ""
+        out.append(m)
+    return out
+
+
+def render_prompt_text(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> str:
+    return tokenizer.apply_chat_template(
+        normalize_messages(messages),
+        tools=tools or None,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        **(chat_template_kwargs or {}),
+    )
+
+
+def render_prompt_ids(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """Token ids of the rendered chat prompt; the template already contains every special token."""
+    text = render_prompt_text(
+        tokenizer,
+        messages,
+        tools,
+        add_generation_prompt=add_generation_prompt,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def load_tokenizer(path: str) -> Any:
+    """Load a local Hugging Face tokenizer (never from a hub)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)

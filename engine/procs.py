@@ -1,0 +1,159 @@
+"""Start and stop local engine processes (dev engine, sglang-router) for tests, benches and the dev stack.
+
+Every process is started by PID and stopped by that PID only (SIGTERM, then SIGKILL after a grace
+period); nothing is ever killed by name. Servers bind 127.0.0.1 on a free ephemeral port.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """An ephemeral loopback port that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, *, deadline_s: float = 60.0, ok_status: int = 200, proc: subprocess.Popen | None = None) -> None:
+    """Poll ``url`` until it answers ``ok_status``; fail fast if ``proc`` exits first."""
+    end = time.monotonic() + deadline_s
+    last = "no answer"
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.pid} exited with {proc.returncode} before {url} was ready")
+        try:
+            resp = httpx.get(url, timeout=2.0, trust_env=False)
+            if resp.status_code == ok_status:
+                return
+            last = f"HTTP {resp.status_code}"
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready within {deadline_s:.0f}s ({last})")
+
+
+@dataclass
+class ManagedProcess:
+    """A child process we started, with its URL and log file."""
+
+    name: str
+    proc: subprocess.Popen
+    url: str
+    log_path: Path
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    def kill(self) -> None:
+        """SIGKILL, as in a crash."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def spawn(name: str, cmd: list[str], *, url: str, log_dir: Path, env: dict[str, str] | None = None) -> ManagedProcess:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", **(env or {})}
+    # Loopback servers must never be reached through an HTTP proxy from the environment.
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        full_env.pop(var, None)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+    return ManagedProcess(name=name, proc=proc, url=url, log_path=log_path)
+
+
+def start_dev_engine(
+    model_path: str | Path,
+    *,
+    log_dir: Path,
+    name: str = "dev-engine",
+    port: int | None = None,
+    api_key: str | None = None,
+    extra_args: list[str] | None = None,
+    deadline_s: float = 90.0,
+) -> ManagedProcess:
+    """Start ``hindsight-dev-engine`` on 127.0.0.1 and wait for /health."""
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "engine.dev_server.cli", "--model-path", str(model_path),
+           "--host", "127.0.0.1", "--port", str(port)]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    cmd += extra_args or []
+    mp = spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir)
+    try:
+        wait_http(mp.url + "/health", deadline_s=deadline_s, proc=mp.proc)
+    except Exception:
+        tail = mp.log_tail()
+        mp.stop()
+        raise RuntimeError(f"{name} failed to start:\n{tail}") from None
+    return mp
+
+
+def start_router(
+    worker_urls: list[str],
+    *,
+    log_dir: Path,
+    name: str = "router",
+    port: int | None = None,
+    api_key: str | None = None,
+    policy: str = "round_robin",
+    health_check_interval_s: int = 1,
+    deadline_s: float = 60.0,
+    extra_args: list[str] | None = None,
+) -> ManagedProcess:
+    """Start the real ``sglang-router`` (0.3.2) on 127.0.0.1 and wait on /readiness (not /health)."""
+    port = port or free_port()
+    prom_port = free_port()
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+           "--worker-urls", *worker_urls, "--policy", policy,
+           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom_port),
+           "--shutdown-grace-period-secs", "1",
+           "--worker-startup-check-interval", "1",
+           "--health-check-interval-secs", str(health_check_interval_s),
+           "--health-failure-threshold", "1",
+           "--log-level", "warn"]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    cmd += extra_args or []
+    mp = spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir)
+    mp.extra["prometheus_port"] = prom_port
+    try:
+        wait_http(mp.url + "/readiness", deadline_s=deadline_s, proc=mp.proc)
+    except Exception:
+        tail = mp.log_tail()
+        mp.stop()
+        raise RuntimeError(f"{name} failed to become ready:\n{tail}") from None
+    return mp

@@ -36,6 +36,11 @@ def teacher_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFac
     return build_teacher(tiny_model_dir, tmp_path_factory.mktemp("tiny-teacher"), TEACHER_PREFERRED_TEXT, seed=0)
 
 
+@pytest.fixture(scope="session")
+def teacher_preferred_text() -> str:
+    return TEACHER_PREFERRED_TEXT
+
+
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     """Per-test folder for logs and data of the processes a test starts."""

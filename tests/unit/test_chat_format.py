@@ -1,0 +1,79 @@
+"""engine.chat: the ChatML template renders every role, and sampled text splits into reasoning/content/tool calls."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.chat import HermesToolCallParser, ThinkReasoningParser, parse_assistant_output, render_prompt_ids, render_prompt_text
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from engine.chat import load_tokenizer
+
+    return load_tokenizer(str(tiny_model_dir))
+
+
+def test_render_all_roles_and_tools(tokenizer):
+    msgs = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c2", "content": "warm"},
+    ]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    text = render_prompt_text(tokenizer, msgs, tools)
+    assert text.startswith("<|im_start|>system\nbe brief\n\n# Tools")
+    assert '"name": "get_weather"' in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>' in text
+    # consecutive tool results share one user turn
+    assert text.count("<tool_response>") == 2 and text.count("<|im_start|>user") == 2
+    assert text.endswith("<|im_start|>assistant\n")
+    ids = render_prompt_ids(tokenizer, msgs, tools)
+    assert tokenizer.decode(ids) == text  # ids are exactly the rendered text, no extra specials
+
+
+def test_enable_thinking_false_prefills_empty_think(tokenizer):
+    text = render_prompt_text(tokenizer, [{"role": "user", "content": "hi"}], chat_template_kwargs={"enable_thinking": False})
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_markers_are_single_tokens(tokenizer):
+    for marker in ("<think>", "</think>", "<tool_call>", "</tool_call>", "<|im_end|>"):
+        assert len(tokenizer.encode(marker, add_special_tokens=False)) == 1, marker
+
+
+@pytest.mark.parametrize(
+    "text,content,reasoning,n_calls",
+    [
+        ("plain answer", "plain answer", None, 0),
+        ("<think>\nplan\n</think>\n\nanswer", "answer", "plan", 0),
+        ("<think>cut off by max tokens", "", "cut off by max tokens", 0),
+        ('<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>', "", None, 1),
+        ('ok <tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{"name": "g"}</tool_call>', "ok", None, 2),
+        ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", None, 0),
+        ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', None, 0),
+        ('<think>r</think>text <tool_call>{"name": "f", "arguments": {"a": "b"}}</tool_call>', "text", "r", 1),
+    ],
+)
+def test_parse_assistant_output(text, content, reasoning, n_calls):
+    out = parse_assistant_output(text)
+    assert out.content == content
+    assert out.reasoning_content == reasoning
+    assert len(out.tool_calls) == n_calls
+    for i, call in enumerate(out.tool_calls):
+        assert call["index"] == i and call["type"] == "function"
+        json.loads(call["function"]["arguments"])  # arguments are a JSON string, as OpenAI sends them
+
+
+def test_parsers_are_pluggable():
+    out = parse_assistant_output("<think>x</think>y", reasoning_parser=None, tool_parser=None)
+    assert out.content == "<think>x</think>y" and out.reasoning_content is None
+    assert ThinkReasoningParser().split("no think") == (None, "no think")
+    assert HermesToolCallParser().extract("nothing")[1] == []

@@ -1,0 +1,343 @@
+"""Reward modes rl / opd / combine: one judge call per turn, then one sample per turn.
+
+Role: the policy server's dispatcher hands every recorded turn (with its next state, or None for a
+session's last turn) to :meth:`RewardPipeline.process`, which asks the judge service for the verdicts
+the current mode needs, scores the teacher when a hint was accepted, and returns the sample fields of
+docs/CONTRACTS.md ("Sample JSON") plus a status. Semantics (issue 5 items 1-4, docs/REWARD_MODES.md):
+
+- mode is read from :class:`ModeState` at process() time (switchable at runtime via /admin/mode);
+  each sample records the mode and the (w_rl, w_opd) in force when its turn was judged.
+- judge tasks: rl -> ["prm"], opd -> ["hint"], combine -> ["prm", "hint"] in ONE call (the judge
+  service runs both concurrently).
+- rl: PRM +-1 -> ready, loss_mask all 1, reward = score. Neutral (score 0 or ``tie``) -> rejected,
+  unless the at-least-one guarantee promotes it (reward 0.0, loss_mask all 1). ``no_valid_votes`` ->
+  rejected, never promoted (there is no verdict to train on).
+- opd: accepted hint -> teacher log-probs on the hint-augmented prompt (policy_server.teacher);
+  reward absent (has_reward false); no accepted hint -> rejected ``no_hint``.
+- combine: has_reward iff PRM gave +-1; has_teacher iff a hint was accepted and scored; neither ->
+  rejected ``no_signal`` unless at-least-one promotes a neutral PRM verdict. The teacher term is never
+  faked with the rollout log-probs.
+- A task with status ``judge_failed``, an unreachable judge, or a failed teacher call rejects the turn
+  with the reason (stored, never silently included, never turned into a 0 score). No next state ->
+  rejected ``no_next_state`` in every mode (there is no evidence to judge).
+
+At-least-one: a turn that would be excluded ONLY for being neutral is included when the session has no
+included sample yet (``session_has_included`` is the dispatcher's count, in judging-completion order).
+With a pure reward advantage (A = r) its reward 0.0 contributes zero gradient; it changes learning
+only when the trainer uses a baseline (A = r - b). See docs/REWARD_MODES.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+try:
+    from judge_server.client import JudgeUnavailable
+except ImportError:  # TEMP until the judge helper's client lands; removed before this part is done
+    class JudgeUnavailable(Exception):  # type: ignore[no-redef]
+        pass
+from policy_server.teacher import TeacherFailed, TeacherScorer
+
+logger = logging.getLogger(__name__)
+
+MODES = ("rl", "opd", "combine")
+TASKS_BY_MODE: dict[str, list[str]] = {"rl": ["prm"], "opd": ["hint"], "combine": ["prm", "hint"]}
+
+
+class InvalidMode(ValueError):
+    """A mode or weight the admin endpoint must answer with 400."""
+
+
+@dataclass(frozen=True)
+class ModeSnapshot:
+    """The mode and combine weights in force for one turn (read once per process() call)."""
+
+    mode: str
+    w_rl: float
+    w_opd: float
+
+
+def _check_weight(name: str, value: float) -> float:
+    try:
+        w = float(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMode(f"{name} must be a number, got {value!r}") from exc
+    if not math.isfinite(w) or w < 0:
+        raise InvalidMode(f"{name} must be finite and >= 0, got {value!r}")
+    return w
+
+
+class ModeState:
+    """Mutable holder of (mode, w_rl, w_opd), shared by the pipeline and GET|POST /admin/mode.
+
+    Assignment swaps one immutable snapshot, so a concurrent reader never sees a half-applied change.
+    """
+
+    def __init__(self, mode: str = "rl", w_rl: float = 1.0, w_opd: float = 1.0):
+        self._snap = self._validate(mode, w_rl, w_opd)
+
+    @staticmethod
+    def _validate(mode: str, w_rl: float, w_opd: float) -> ModeSnapshot:
+        if mode not in MODES:
+            raise InvalidMode(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        return ModeSnapshot(mode=mode, w_rl=_check_weight("w_rl", w_rl), w_opd=_check_weight("w_opd", w_opd))
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ModeState:
+        return cls(getattr(settings, "mode", "rl"), getattr(settings, "w_rl", 1.0), getattr(settings, "w_opd", 1.0))
+
+    def set(self, mode: str | None = None, w_rl: float | None = None, w_opd: float | None = None) -> ModeSnapshot:
+        """Validate and apply; a None argument keeps its current value. Raises InvalidMode."""
+        cur = self._snap
+        self._snap = self._validate(
+            cur.mode if mode is None else mode,
+            cur.w_rl if w_rl is None else w_rl,
+            cur.w_opd if w_opd is None else w_opd,
+        )
+        logger.info("reward mode set to %s (w_rl=%s, w_opd=%s)", self._snap.mode, self._snap.w_rl, self._snap.w_opd)
+        return self._snap
+
+    def snapshot(self) -> ModeSnapshot:
+        return self._snap
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self._snap)
+
+    @property
+    def mode(self) -> str:
+        return self._snap.mode
+
+    @property
+    def w_rl(self) -> float:
+        return self._snap.w_rl
+
+    @property
+    def w_opd(self) -> float:
+        return self._snap.w_opd
+
+
+# ---------------------------------------------------------------------------- pure decision logic
+# PRM outcome kinds: "signal" (+-1), "neutral" (score 0 or tie), "no_verdict" (no_valid_votes), "failed".
+# Hint outcome kinds: "accepted", "none", "failed".
+
+
+def classify_prm(prm: Any) -> tuple[str, str]:
+    """(kind, reason-if-not-signal) of a judge ``prm`` verdict object."""
+    if not isinstance(prm, dict):
+        return "failed", "judge_failed: prm: verdict missing from judge response"
+    status, score = prm.get("status"), prm.get("score")
+    if status == "judge_failed":
+        return "failed", f"judge_failed: prm: {prm.get('reason') or 'no reason given'}"
+    if status == "no_valid_votes":
+        return "no_verdict", "prm_no_valid_votes"
+    if status == "tie":
+        return "neutral", "prm_tie"
+    if status == "ok" and score in (1, -1):
+        return "signal", ""
+    if status == "ok" and score == 0:
+        return "neutral", "prm_neutral"
+    return "failed", f"judge_failed: prm: unexpected verdict status={status!r} score={score!r}"
+
+
+def classify_hint(hint: Any) -> tuple[str, str]:
+    """(kind, reason-if-not-accepted) of a judge ``hint`` verdict object."""
+    if not isinstance(hint, dict):
+        return "failed", "judge_failed: hint: verdict missing from judge response"
+    if hint.get("status") == "judge_failed":
+        return "failed", f"judge_failed: hint: {hint.get('reason') or 'no reason given'}"
+    if hint.get("status") != "ok":
+        return "failed", f"judge_failed: hint: unexpected status {hint.get('status')!r}"
+    text = hint.get("hint")
+    if hint.get("accepted") is True and isinstance(text, str) and text.strip():
+        return "accepted", ""
+    return "none", "no_hint"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to build for one judged turn, before any teacher call."""
+
+    include: bool
+    reason: str | None
+    use_reward: bool  # sample carries reward = PRM score
+    need_teacher: bool  # score the teacher with the accepted hint
+    promoted: bool = False  # included by the at-least-one guarantee
+
+
+def decide(
+    mode: str, prm: Any, hint: Any, *, session_has_included: bool, at_least_one: bool
+) -> Decision:
+    """Pure per-mode decision from the judge verdicts (see module docstring for the table)."""
+    promote_ok = at_least_one and not session_has_included
+    if mode == "rl":
+        kind, why = classify_prm(prm)
+        if kind == "signal":
+            return Decision(True, None, use_reward=True, need_teacher=False)
+        if kind == "neutral" and promote_ok:
+            return Decision(True, None, use_reward=True, need_teacher=False, promoted=True)
+        return Decision(False, why, use_reward=False, need_teacher=False)
+    if mode == "opd":
+        kind, why = classify_hint(hint)
+        if kind == "accepted":
+            return Decision(True, None, use_reward=False, need_teacher=True)
+        return Decision(False, why, use_reward=False, need_teacher=False)
+    if mode == "combine":
+        p_kind, p_why = classify_prm(prm)
+        h_kind, h_why = classify_hint(hint)
+        # A failed task means we do not know the turn's signal: reject rather than train half of it.
+        failures = [w for k, w in ((p_kind, p_why), (h_kind, h_why)) if k == "failed"]
+        if failures:
+            return Decision(False, "; ".join(failures), use_reward=False, need_teacher=False)
+        has_reward, has_teacher = p_kind == "signal", h_kind == "accepted"
+        if has_reward or has_teacher:
+            return Decision(True, None, use_reward=has_reward, need_teacher=has_teacher)
+        if p_kind == "neutral" and promote_ok:
+            return Decision(True, None, use_reward=True, need_teacher=False, promoted=True)
+        return Decision(False, f"no_signal: {p_why}, no_hint", use_reward=False, need_teacher=False)
+    raise InvalidMode(f"unknown mode {mode!r}")
+
+
+def build_sample(
+    snap: ModeSnapshot,
+    n_response: int,
+    *,
+    include: bool,
+    prm: Any,
+    hint: Any,
+    reward: float | None,
+    teacher_logprobs: list[float] | None,
+    teacher_topk: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The reward-mode fields of one sample (CONTRACTS.md names); loss_mask has one entry per response id."""
+    return {
+        "mode": snap.mode,
+        "loss_mask": [1 if include else 0] * n_response,
+        "reward": reward,
+        "has_reward": reward is not None,
+        "has_teacher": teacher_logprobs is not None,
+        "prm": prm if isinstance(prm, dict) else None,
+        "hint": hint if isinstance(hint, dict) else None,
+        "teacher_logprobs": teacher_logprobs,
+        "teacher_topk": teacher_topk,
+        "token_rewards": None,
+        "w_rl": snap.w_rl,
+        "w_opd": snap.w_opd,
+    }
+
+
+def _result(status: str, reason: str | None, sample: dict[str, Any], versions: dict[str, str]) -> dict[str, Any]:
+    return {
+        "status": status,
+        "reject_reason": reason,
+        "included": status == "ready",
+        "sample": sample,
+        "prompt_versions": versions,
+    }
+
+
+# ---------------------------------------------------------------------------- pipeline
+class RewardPipeline:
+    """Judge -> (teacher) -> sample for one turn. One instance per policy server, shared by all sessions."""
+
+    def __init__(
+        self,
+        *,
+        judge: Any,
+        teacher: Any | None,
+        tokenizer: Any,
+        settings: Any,
+        mode_state: ModeState | None = None,
+    ) -> None:
+        self.judge = judge
+        self.settings = settings
+        self.mode_state = mode_state or ModeState.from_settings(settings)
+        # Settings fields read with documented defaults (the policy server owns the settings class).
+        self.judge_m: int | None = getattr(settings, "judge_m", None)
+        self.at_least_one: bool = bool(getattr(settings, "at_least_one", True))
+        self.teacher: TeacherScorer | None = None
+        if teacher is not None:
+            self.teacher = TeacherScorer(
+                teacher,
+                tokenizer,
+                top_k=int(getattr(settings, "teacher_top_k", 0) or 0),
+                temperature=float(getattr(settings, "teacher_temperature", 1.0) or 1.0),
+                max_concurrency=int(getattr(settings, "teacher_max_concurrency", 4) or 4),
+                deadline_s=getattr(settings, "teacher_deadline_s", None),
+            )
+
+    async def process(
+        self,
+        turn: dict[str, Any],
+        next_state: list[dict[str, Any]] | None,
+        *,
+        session_has_included: bool,
+        session_done: bool,
+    ) -> dict[str, Any]:
+        """Judge one turn under the current mode and return its status + sample fields.
+
+        ``session_done`` only marks the call as the session's final flush; a turn without a next state
+        is rejected ``no_next_state`` whether or not the session is done.
+        """
+        snap = self.mode_state.snapshot()
+        n = len(turn.get("response_ids") or [])
+        versions: dict[str, str] = {}
+
+        def reject(reason: str, prm: Any = None, hint: Any = None) -> dict[str, Any]:
+            sample = build_sample(
+                snap, n, include=False, prm=prm, hint=hint, reward=None, teacher_logprobs=None, teacher_topk=None
+            )
+            return _result("rejected", reason, sample, versions)
+
+        if n == 0:
+            return reject("empty_response")
+        if not next_state:
+            return reject("no_next_state")
+        tasks = TASKS_BY_MODE[snap.mode]
+        if "hint" in tasks and self.teacher is None:
+            # Judging a hint we cannot use would spend judge calls for nothing; say why instead.
+            return reject("no_teacher: no teacher engine is configured for opd/combine")
+        try:
+            verdict = await self.judge.judge(
+                turn.get("messages") or [], turn.get("response") or {}, next_state, tasks, m=self.judge_m
+            )
+        except JudgeUnavailable as exc:
+            logger.warning("judge unavailable for %s/%s: %s", turn.get("session_id"), turn.get("turn_index"), exc)
+            return reject(f"judge_unavailable: {exc}")
+        if not isinstance(verdict, dict):
+            return reject("judge_failed: judge returned a non-object response")
+        versions.update(verdict.get("prompt_versions") or {})
+        prm, hint = verdict.get("prm"), verdict.get("hint")
+        decision = decide(
+            snap.mode, prm, hint, session_has_included=session_has_included, at_least_one=self.at_least_one
+        )
+        if not decision.include:
+            return reject(decision.reason or "excluded", prm, hint)
+
+        reward = float(prm["score"] or 0) if decision.use_reward else None
+        teacher_logprobs: list[float] | None = None
+        teacher_topk: dict[str, Any] | None = None
+        if decision.need_teacher:
+            assert self.teacher is not None  # checked before the judge call
+            versions["teacher_hint"] = self.teacher.template.version
+            try:
+                scores = await self.teacher.score_turn(turn, hint["hint"])
+            except TeacherFailed as exc:
+                logger.warning("teacher failed for %s/%s: %s", turn.get("session_id"), turn.get("turn_index"), exc)
+                return reject(str(exc), prm, hint)
+            teacher_logprobs, teacher_topk = scores.logprobs, scores.topk
+        if decision.promoted:
+            logger.info("at-least-one: promoting neutral turn %s/%s", turn.get("session_id"), turn.get("turn_index"))
+        sample = build_sample(
+            snap,
+            n,
+            include=True,
+            prm=prm,
+            hint=hint,
+            reward=reward,
+            teacher_logprobs=teacher_logprobs,
+            teacher_topk=teacher_topk,
+        )
+        return _result("ready", None, sample, versions)

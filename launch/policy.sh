@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# launch/policy.sh: the policy side. Starts SGLang policy engines on ROLLOUT_GPUS (ROLLOUT_TP GPUs each)
+# behind an sglang-router, then hindsight-policy (the OpenAI-compatible proxy agents talk to) pointed
+# at the router, the judge (JUDGE_URL) and the teacher (TEACHER_URL), and stays in the foreground;
+# Ctrl-C or any process exiting stops exactly the processes it started.
+#
+#   HF_CKPT=/models/Qwen3-4B MODE=rl launch/policy.sh [--dry-run] [VAR=VALUE ...]
+#
+# Every setting is an environment variable with a default (docs/LAUNCH.md has the table).
+# run.sh sources this file and calls policy_start; executed directly it runs policy_main.
+set -euo pipefail
+HS_LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=launch/common.sh
+source "$HS_LAUNCH_DIR/common.sh"
+
+policy_defaults() {
+  : "${POLICY_MODEL_PATH:=${HF_CKPT:-}}" # policy checkpoint (tokenizer + chat template too)
+  : "${ROLLOUT_GPUS:=0,1}"               # GPU ids for policy engines
+  : "${ROLLOUT_TP:=2}"                   # GPUs per policy engine
+  : "${ROLLOUT_MEM_FRACTION:=0.85}"
+  : "${ROLLOUT_CONTEXT_LENGTH:=32768}"
+  : "${ROLLOUT_SGLANG_ARGS:=}"           # extra sglang.launch_server flags
+  : "${POLICY_ENGINE_BASE_PORT:=31000}"
+  : "${POLICY_ROUTER_PORT:=30001}"
+  : "${POLICY_ROUTER_METRICS_PORT:=29001}"
+  : "${POLICY_PORT:=30000}"              # hindsight-policy: point agents at http://HOST:POLICY_PORT/v1
+  : "${POLICY_API_KEY:=}"                # bearer agents send
+  : "${POLICY_ADMIN_API_KEY:=}"          # bearer of the trainer / admin endpoints
+  : "${SERVED_MODEL_NAME:=hindsight-policy}"
+  : "${MODE:=rl}"                        # rl | opd | combine (switchable later: POST /admin/mode)
+  : "${W_RL:=1.0}"
+  : "${W_OPD:=1.0}"
+  : "${JUDGE_PORT:=30200}"
+  : "${JUDGE_ROUTER_PORT:=30201}"
+  : "${JUDGE_URL:=http://$HS_CONNECT_HOST:$JUDGE_PORT}"
+  : "${TEACHER_URL:=http://$HS_CONNECT_HOST:$JUDGE_ROUTER_PORT}"  # OPD teacher: the judge engines' router
+  : "${JUDGE_API_KEY:=}"
+  : "${POLICY_DATA_DIR:=$HS_RUN_DIR/data}"
+  : "${POLICY_ARGS:=}"                   # extra hindsight-policy flags
+  : "${HINDSIGHT_POLICY_BIN:=hindsight-policy}"
+}
+
+policy_validate() {
+  [[ -n $POLICY_MODEL_PATH ]] || hs_die "HF_CKPT (or POLICY_MODEL_PATH) is not set: the policy model folder"
+  [[ $MODE == rl || $MODE == opd || $MODE == combine ]] || hs_die "MODE='$MODE': use rl, opd or combine"
+  hs_engine_count ROLLOUT_GPUS "$ROLLOUT_GPUS" "$ROLLOUT_TP" >/dev/null || exit 2
+  hs_require_keys_if_public "$HOST" POLICY_API_KEY POLICY_ADMIN_API_KEY ENGINE_API_KEY
+}
+
+policy_start() {
+  hs_start_engines rollout "$POLICY_MODEL_PATH" "$ROLLOUT_GPUS" "$ROLLOUT_TP" "$POLICY_ENGINE_BASE_PORT" \
+    "--mem-fraction-static $ROLLOUT_MEM_FRACTION --context-length $ROLLOUT_CONTEXT_LENGTH --served-model-name $SERVED_MODEL_NAME $ROLLOUT_SGLANG_ARGS"
+  local workers
+  workers=$(IFS=','; echo "${HS_ENGINE_URLS[*]}")
+  hs_start_router policy-router "$POLICY_ROUTER_PORT" "$POLICY_ROUTER_METRICS_PORT" "${HS_ENGINE_URLS[@]}"
+  local -a env=() cmd extra
+  [[ -z $POLICY_API_KEY ]] || env+=("HINDSIGHT_POLICY_API_KEY=$POLICY_API_KEY")
+  [[ -z $POLICY_ADMIN_API_KEY ]] || env+=("HINDSIGHT_POLICY_ADMIN_API_KEY=$POLICY_ADMIN_API_KEY")
+  [[ -z $ENGINE_API_KEY ]] || env+=("HINDSIGHT_POLICY_ENGINE_API_KEY=$ENGINE_API_KEY")
+  [[ -z $JUDGE_API_KEY ]] || env+=("HINDSIGHT_POLICY_JUDGE_API_KEY=$JUDGE_API_KEY")
+  read -r -a extra <<<"$POLICY_ARGS"
+  # Weight updates go to every engine directly (--engine-worker-urls), generation through the router.
+  cmd=("$HINDSIGHT_POLICY_BIN" --model-path "$POLICY_MODEL_PATH"
+    --engine-url "http://$HS_CONNECT_HOST:$POLICY_ROUTER_PORT" --engine-worker-urls "$workers"
+    --judge-url "$JUDGE_URL" --teacher-url "$TEACHER_URL" --data-dir "$POLICY_DATA_DIR"
+    --mode "$MODE" --w-rl "$W_RL" --w-opd "$W_OPD" --host "$HOST" --port "$POLICY_PORT" "${extra[@]}")
+  hs_spawn policy "${env[@]}" -- "${cmd[@]}"
+  hs_wait_http policy "http://$HS_CONNECT_HOST:$POLICY_PORT/ready" "$SERVICE_READY_TIMEOUT_S"
+}
+
+policy_main() {
+  HS_USAGE=$(sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//')
+  hs_parse_args "$@"
+  hs_common_defaults
+  policy_defaults
+  policy_validate
+  hs_prepare_run_dir
+  hs_install_trap
+  policy_start
+  hs_supervise
+}
+
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then policy_main "$@"; fi

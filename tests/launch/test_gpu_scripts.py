@@ -1,0 +1,151 @@
+"""GPU launch scripts on CPU: syntax, --dry-run output for several GPU splits, and clear failures.
+
+Contract (launch/*.sh, docs/LAUNCH.md): every script passes `bash -n`; `--dry-run` prints the exact
+commands (one per process, env assignments first, `> log 2>&1 &`) and the readiness waits, creates
+nothing and starts nothing; engine i of a pool gets the i-th group of tp GPU ids through
+CUDA_VISIBLE_DEVICES; servers bind HOST (127.0.0.1 by default); a non-loopback HOST without API keys,
+overlapping GPU sets, a split that does not fit NUM_GPUS, a list not divisible by tp, and an unknown
+MODE all exit 2 with one "error: ..." line; API keys never appear in the printed commands.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+LAUNCH = Path(__file__).resolve().parents[2] / "launch"
+SCRIPTS = ["common.sh", "judge.sh", "policy.sh", "trainer.sh", "run.sh", "dev.sh"]
+SECRET = "s3cr3t-key-value"
+
+
+def dry_run(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``launch/<script> --dry-run`` with a clean, explicit environment."""
+    base = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "HINDSIGHT_RUN_DIR": str(tmp_path / "run"),
+            "HF_CKPT": "/models/policy"}
+    return subprocess.run(["bash", str(LAUNCH / script), "--dry-run"], env={**base, **env},
+                          capture_output=True, text=True, timeout=30)
+
+
+def commands(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line and not line.startswith("#")]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_bash_syntax(script: str) -> None:
+    res = subprocess.run(["bash", "-n", str(LAUNCH / script)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.unit
+def test_run_default_split_is_trainer4_policy2_judge2(tmp_path: Path) -> None:
+    res = dry_run("run.sh", tmp_path, MODE="combine")
+    assert res.returncode == 0, res.stderr
+    cmds = commands(res.stdout)
+    assert len(cmds) == 7  # judge engine, judge router, judge, policy engine, policy router, policy, trainer
+    prm, judge_router, judge, rollout, policy_router, policy, trainer = cmds
+    assert prm.startswith("CUDA_VISIBLE_DEVICES=6,7 python -m sglang.launch_server --model-path /models/policy --tp-size 2")
+    assert rollout.startswith("CUDA_VISIBLE_DEVICES=4,5 python -m sglang.launch_server")
+    assert trainer.startswith("CUDA_VISIBLE_DEVICES=0,1,2,3 torchrun --standalone --nnodes 1 --nproc-per-node 4 -m trainer.cli")
+    assert "--worker-urls http://127.0.0.1:31100 " in judge_router
+    assert judge.startswith("hindsight-judge --engine-url http://127.0.0.1:30201 --host 127.0.0.1 --port 30200")
+    assert "--worker-urls http://127.0.0.1:31000 " in policy_router
+    for flag in ("--engine-url http://127.0.0.1:30001", "--engine-worker-urls http://127.0.0.1:31000",
+                 "--judge-url http://127.0.0.1:30200", "--teacher-url http://127.0.0.1:30201", "--mode combine",
+                 f"--data-dir {tmp_path}/run/data"):
+        assert flag in policy, flag
+    assert f"--out-dir {tmp_path}/run/checkpoints" in trainer
+    assert "--policy-url http://127.0.0.1:30000" in trainer
+    # Everything binds loopback by default, routers' metrics too.
+    assert "0.0.0.0" not in res.stdout
+    # Readiness: engines on /health, routers on /readiness (not /health), services on /ready.
+    waits = [line for line in res.stdout.splitlines() if line.startswith("# wait")]
+    assert [w.split()[3] for w in waits] == [
+        "http://127.0.0.1:31100/health", "http://127.0.0.1:30201/readiness", "http://127.0.0.1:30200/ready",
+        "http://127.0.0.1:31000/health", "http://127.0.0.1:30001/readiness", "http://127.0.0.1:30000/ready"]
+    assert not (tmp_path / "run").exists(), "a dry run must not create the run directory"
+
+
+@pytest.mark.unit
+def test_run_custom_split_four_judge_engines(tmp_path: Path) -> None:
+    res = dry_run("run.sh", tmp_path, NUM_GPUS="8", ACTOR_GPUS="0,1", ROLLOUT_GPUS="2,3", ROLLOUT_TP="1",
+                  PRM_GPUS="4,5,6,7", PRM_TP="1", PRM_MODEL_PATH="/models/judge")
+    assert res.returncode == 0, res.stderr
+    cmds = commands(res.stdout)
+    engines = [c for c in cmds if "sglang.launch_server" in c and "/models/judge" in c]
+    assert [c.split()[0] for c in engines] == [f"CUDA_VISIBLE_DEVICES={g}" for g in (4, 5, 6, 7)]
+    assert [c.split("--port ")[1].split()[0] for c in engines] == ["31100", "31101", "31102", "31103"]
+    router = next(c for c in cmds if "launch_router" in c and "30201" in c)
+    assert "--worker-urls http://127.0.0.1:31100 http://127.0.0.1:31101 http://127.0.0.1:31102 http://127.0.0.1:31103 " in router
+    policy = next(c for c in cmds if c.startswith("hindsight-policy"))
+    assert "--engine-worker-urls http://127.0.0.1:31000,http://127.0.0.1:31001" in policy
+    assert "--mode rl" in policy  # default mode
+    trainer = next(c for c in cmds if "torchrun" in c)
+    assert trainer.startswith("CUDA_VISIBLE_DEVICES=0,1 torchrun") and "--nproc-per-node 2" in trainer
+
+
+@pytest.mark.unit
+def test_mode_as_argument_and_public_host_with_keys_redacted(tmp_path: Path) -> None:
+    env = {"HOST": "0.0.0.0", "POLICY_API_KEY": SECRET, "POLICY_ADMIN_API_KEY": SECRET,
+           "JUDGE_API_KEY": SECRET, "ENGINE_API_KEY": SECRET}
+    res = subprocess.run(["bash", str(LAUNCH / "run.sh"), "--dry-run", "MODE=opd"],
+                         env={"PATH": os.environ["PATH"], "HINDSIGHT_RUN_DIR": str(tmp_path / "r"),
+                              "HF_CKPT": "/m", **env}, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert SECRET not in res.stdout + res.stderr
+    policy = next(c for c in commands(res.stdout) if "hindsight-policy --model-path" in c)
+    assert "--mode opd" in policy and "--host 0.0.0.0" in policy
+    assert "HINDSIGHT_POLICY_API_KEY='***'" in policy  # keys go in the environment, not argv
+    # Clients on the node still reach the servers through loopback.
+    assert "--judge-url http://127.0.0.1:30200" in policy
+    assert all("--api-key '***'" in c for c in commands(res.stdout) if "sglang" in c)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("script", "env", "message"),
+    [
+        ("run.sh", {"ACTOR_GPUS": "0,1,2,3,4"}, "GPU 4 is in both ACTOR_GPUS"),
+        ("run.sh", {"NUM_GPUS": "4"}, "does not exist on a node with NUM_GPUS=4"),
+        ("run.sh", {"PRM_GPUS": "6,7,8"}, "GPU 8 does not exist"),
+        ("run.sh", {"ROLLOUT_GPUS": "4", "ROLLOUT_TP": "2"}, "not a multiple of the tp size 2"),
+        ("run.sh", {"PRM_GPUS": "6,6"}, "lists GPU 6 twice"),
+        ("run.sh", {"ACTOR_GPUS": "four"}, "is not a GPU id"),
+        ("run.sh", {"MODE": "ppo"}, "MODE='ppo': use rl, opd or combine"),
+        ("run.sh", {"HOST": "0.0.0.0"}, "is not loopback: set POLICY_ADMIN_API_KEY"),
+        ("judge.sh", {"HOST": "10.0.0.5", "ENGINE_API_KEY": "k"}, "set JUDGE_API_KEY"),
+        ("judge.sh", {"HF_CKPT": ""}, "PRM_MODEL_PATH (or HF_CKPT) is not set"),
+        ("policy.sh", {"HOST": "0.0.0.0", "POLICY_ADMIN_API_KEY": "a"}, "set POLICY_API_KEY"),
+        ("trainer.sh", {"TRAIN_STEPS": "0"}, "TRAIN_STEPS='0' must be a positive integer"),
+    ],
+)
+def test_invalid_configuration_fails_clearly(tmp_path: Path, script: str, env: dict[str, str], message: str) -> None:
+    res = dry_run(script, tmp_path, **env)
+    assert res.returncode == 2
+    assert res.stdout == "", "nothing may be printed as a command before validation passes"
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and message in errors[0], res.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("script", "first"), [
+    ("judge.sh", "CUDA_VISIBLE_DEVICES=0,1 python -m sglang.launch_server"),
+    ("policy.sh", "CUDA_VISIBLE_DEVICES=0,1 python -m sglang.launch_server"),
+    ("trainer.sh", "CUDA_VISIBLE_DEVICES=0,1,2,3 torchrun"),
+])
+def test_standalone_scripts_dry_run(tmp_path: Path, script: str, first: str) -> None:
+    res = dry_run(script, tmp_path, SGLANG_PYTHON="python", PYTHON="python")
+    assert res.returncode == 0, res.stderr
+    assert commands(res.stdout)[0].startswith(first)
+
+
+@pytest.mark.unit
+def test_unknown_argument_and_help(tmp_path: Path) -> None:
+    res = subprocess.run(["bash", str(LAUNCH / "run.sh"), "--frobnicate"], capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], "HF_CKPT": "/m"}, timeout=30)
+    assert res.returncode == 2 and "unknown argument '--frobnicate'" in res.stderr
+    res = subprocess.run(["bash", str(LAUNCH / "run.sh"), "--help"], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0 and "MODE=rl|opd|combine" in res.stdout

@@ -17,9 +17,11 @@ docs/CONTRACTS.md ("Sample JSON") plus a status. Semantics (issue 5 items 1-4, d
 - combine: has_reward iff PRM gave +-1; has_teacher iff a hint was accepted and scored; neither ->
   rejected ``no_signal`` unless at-least-one promotes a neutral PRM verdict. The teacher term is never
   faked with the rollout log-probs.
-- A task with status ``judge_failed``, an unreachable judge, or a failed teacher call rejects the turn
-  with the reason (stored, never silently included, never turned into a 0 score). No next state ->
-  rejected ``no_next_state`` in every mode (there is no evidence to judge).
+- A task with status ``judge_failed`` (the judge's engines failed within its deadline), a 4xx from the
+  judge, or a teacher answer that does not line up with the response ids rejects the turn with the
+  reason (stored, never silently included, never turned into a 0 score). An unreachable judge service
+  or teacher engine raises :class:`RewardRetryLater` instead: the turn stays pending and is retried.
+  No next state -> rejected ``no_next_state`` in every mode (there is no evidence to judge).
 
 At-least-one: a turn that would be excluded ONLY for being neutral is included when the session has no
 included sample yet (``session_has_included`` is the dispatcher's count, in judging-completion order).
@@ -34,11 +36,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-try:
-    from judge_server.client import JudgeUnavailable
-except ImportError:  # TEMP until the judge helper's client lands; removed before this part is done
-    class JudgeUnavailable(Exception):  # type: ignore[no-redef]
-        pass
+from judge_server.errors import JudgeRequestRejected, JudgeUnavailable
 from policy_server.teacher import TeacherFailed, TeacherScorer
 
 logger = logging.getLogger(__name__)
@@ -49,6 +47,19 @@ TASKS_BY_MODE: dict[str, list[str]] = {"rl": ["prm"], "opd": ["hint"], "combine"
 
 class InvalidMode(ValueError):
     """A mode or weight the admin endpoint must answer with 400."""
+
+
+class RewardRetryLater(Exception):
+    """A dependency was unreachable (judge service, teacher engine) after its own retries and deadline.
+
+    The turn was NOT judged: the dispatcher keeps it ``pending_judge`` (persisted) and retries later
+    with backoff, so an outage delays samples instead of rejecting them. ``reason`` is for stats/logs.
+    """
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -304,8 +315,9 @@ class RewardPipeline:
                 turn.get("messages") or [], turn.get("response") or {}, next_state, tasks, m=self.judge_m
             )
         except JudgeUnavailable as exc:
-            logger.warning("judge unavailable for %s/%s: %s", turn.get("session_id"), turn.get("turn_index"), exc)
-            return reject(f"judge_unavailable: {exc}")
+            raise RewardRetryLater("judge_unavailable", exc.message) from exc
+        except JudgeRequestRejected as exc:  # the judge refused this input (4xx): retrying cannot help
+            return reject(f"judge_rejected: {exc.message}")
         if not isinstance(verdict, dict):
             return reject("judge_failed: judge returned a non-object response")
         versions.update(verdict.get("prompt_versions") or {})
@@ -325,6 +337,8 @@ class RewardPipeline:
             try:
                 scores = await self.teacher.score_turn(turn, hint["hint"])
             except TeacherFailed as exc:
+                if exc.reason == "teacher_unavailable":
+                    raise RewardRetryLater(exc.reason, exc.detail) from exc
                 logger.warning("teacher failed for %s/%s: %s", turn.get("session_id"), turn.get("turn_index"), exc)
                 return reject(str(exc), prm, hint)
             teacher_logprobs, teacher_topk = scores.logprobs, scores.topk

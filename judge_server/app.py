@@ -1,0 +1,124 @@
+"""FastAPI app of the judge service: ``create_app(settings)`` with a lifespan holding the shared state.
+
+Run: ``hindsight-judge --engine-url http://127.0.0.1:30000`` (see cli.py), or ``--backend rules`` without
+an engine. The lifespan opens ONE EngineClient (one httpx.AsyncClient, explicit timeouts, trust_env off),
+resolves the judge tokenizer (``tokenizer_path``, else the engine's local ``model_info.tokenizer_path``,
+else text mode) and builds the JudgeService. Errors map to HTTP here and only here:
+InvalidRequest -> 400/413, Unauthorized -> 401, request validation -> 422, anything unexpected -> 500
+with a message (a bug, never an engine failure: those end as ``judge_failed`` tasks inside a 200).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from engine.chat import load_tokenizer
+from engine.client import EngineClient, EngineTimeouts, RetryPolicy
+from engine.errors import EngineError
+from judge_server.errors import JudgeError
+from judge_server.judge import JudgeService
+from judge_server.metrics import JudgeMetrics
+from judge_server.routes import router
+from judge_server.settings import JudgeSettings
+
+logger = logging.getLogger(__name__)
+
+
+def build_engine_client(settings: JudgeSettings) -> EngineClient:
+    assert settings.engine_url
+    return EngineClient(
+        settings.engine_url,
+        api_key=settings.engine_api_key,
+        timeouts=EngineTimeouts(connect_s=settings.engine_connect_timeout_s, read_s=settings.engine_read_timeout_s),
+        retry=RetryPolicy(max_attempts=settings.engine_max_attempts,
+                          initial_backoff_s=settings.engine_initial_backoff_s,
+                          max_backoff_s=settings.engine_max_backoff_s,
+                          deadline_s=settings.request_deadline_s),
+        max_connections=max(8, settings.max_concurrent_engine_calls * 2),
+    )
+
+
+async def resolve_tokenizer(settings: JudgeSettings, client: EngineClient | None) -> tuple[Any, str | None]:
+    """(tokenizer or None, its path). Loading runs in a thread: it reads files and is slow."""
+    path = settings.tokenizer_path
+    if path is None and client is not None:
+        try:
+            async with asyncio.timeout(5.0):
+                info = await client.model_info()
+            candidate = info.get("tokenizer_path") or info.get("model_path")
+            if candidate and os.path.isdir(candidate):
+                path = candidate
+        except (EngineError, TimeoutError) as exc:
+            logger.warning("judge engine model_info unavailable (%s); judging in text mode", exc)
+    if path is None:
+        return None, None
+    return await asyncio.to_thread(load_tokenizer, path), path
+
+
+def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = None) -> FastAPI:
+    """The judge app; ``engine_client`` lets tests inject a client (e.g. with a fault-injecting transport)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = engine_client
+        if client is None and settings.backend == "llm":
+            client = build_engine_client(settings)
+        tokenizer, tok_path = (None, None)
+        if settings.backend == "llm":
+            tokenizer, tok_path = await resolve_tokenizer(settings, client)
+        metrics = JudgeMetrics()
+        app.state.settings = settings
+        app.state.metrics = metrics
+        app.state.engine = client
+        app.state.tokenizer_path = tok_path
+        app.state.judge = JudgeService(settings, metrics, client=client, tokenizer=tokenizer)
+        logger.info("judge ready: backend=%s prompts=%s tokenizer=%s", settings.backend,
+                    app.state.judge.prompt_versions, tok_path or "none (text mode)")
+        try:
+            yield
+        finally:
+            if client is not None and engine_client is None:
+                await client.aclose()
+
+    app = FastAPI(title="Hindsight judge", lifespan=lifespan)
+    app.include_router(router)
+    known_paths = {r.path for r in router.routes}
+
+    @app.middleware("http")
+    async def _time_requests(request: Request, call_next: Any) -> Any:
+        started = time.perf_counter()
+        response = await call_next(request)
+        metrics = getattr(app.state, "metrics", None)
+        if metrics is not None:
+            path = request.url.path if request.url.path in known_paths else "other"
+            metrics.request_latency.labels(route=path).observe(time.perf_counter() - started)
+        return response
+
+    @app.exception_handler(JudgeError)
+    async def _judge_error(_: Request, exc: JudgeError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse({"error": {"type": type(exc).__name__, "message": exc.message}},
+                            status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        msgs = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
+        return JSONResponse({"error": {"type": "InvalidRequest", "message": "; ".join(msgs) or "invalid request"}},
+                            status_code=422)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unexpected error")
+        return JSONResponse({"error": {"type": "InternalError", "message": repr(exc)}}, status_code=500)
+
+    return app

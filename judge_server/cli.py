@@ -1,0 +1,50 @@
+"""``hindsight-judge``: run the judge service with uvicorn on 127.0.0.1.
+
+    hindsight-judge --engine-url http://127.0.0.1:30000 [--engine-api-key K] [--host 127.0.0.1] [--port N]
+                    [--api-key K] [--backend llm|rules] [--tokenizer-path DIR] [--m 3] [--policy fixed|adaptive]
+                    [--constrain-output] [--log-level info]
+
+Every flag is also an environment variable ``HINDSIGHT_JUDGE_<FLAG>`` (flags win); any other setting of
+JudgeSettings (settings.py) is set through its environment variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import uvicorn
+
+from judge_server.app import create_app
+from judge_server.settings import JudgeSettings
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[dict[str, object], str]:
+    p = argparse.ArgumentParser(prog="hindsight-judge", description=__doc__.split("\n\n")[0])
+    p.add_argument("--engine-url")
+    p.add_argument("--engine-api-key")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--api-key")
+    p.add_argument("--backend", choices=["llm", "rules"])
+    p.add_argument("--tokenizer-path")
+    p.add_argument("--m", type=int)
+    p.add_argument("--policy", choices=["fixed", "adaptive"])
+    p.add_argument("--constrain-output", action="store_true", default=None)
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--request-deadline-s", type=float)
+    p.add_argument("--log-level", default="info")
+    ns = vars(p.parse_args(argv))
+    log_level = str(ns.pop("log_level"))
+    return {k: v for k, v in ns.items() if v is not None}, log_level
+
+
+def main(argv: list[str] | None = None) -> None:
+    overrides, log_level = parse_args(argv)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = JudgeSettings(**overrides)  # env vars fill whatever the flags leave unset
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The judge core: render prompt -> one engine call per voting round (n votes) -> parse -> vote -> result.
+
+Contract (issue 3, docs/CONTRACTS.md "Judge service"):
+- Each requested task (``prm``, ``hint``) of one item runs concurrently; each voting round of a task is
+  ONE ``POST /generate`` with ``sampling_params.n = k`` (SGLang prefills the prompt once for all k samples).
+- Prompt: the task's template (prompts/templates) rendered to chat messages, then to ``input_ids`` with the
+  judge tokenizer's chat template (engine.chat.render_prompt_ids). The tokenizer is ``tokenizer_path`` or,
+  when unset, the engine's ``model_info.tokenizer_path`` if that is a local directory. Without one the
+  engine gets ``text`` (sections labelled, prompts.render_plain_text) and context is counted as chars/4.
+- Sampling: temperature, top_p, max_new_tokens, optional sampling_seed (+ round index), and, with
+  ``constrain_output``, the template's regex (PRM: bounded free reasoning then the box; hint: the decision
+  and, for 1, a marker-delimited hint of 11..hint_max_chars characters) so every vote parses.
+- Limits: a global semaphore bounds concurrent engine calls; each item has a deadline
+  (``request_deadline_s``) that covers queueing, retries and all rounds.
+- Failures: engine errors are retried by EngineClient within the remaining deadline; when they persist
+  (or the deadline passes) the task's status is ``judge_failed`` with ``score: null`` and a reason, the
+  votes of finished rounds kept. The HTTP answer stays 200: the status is per task (and per batch item).
+- Usage: ``engine_calls``; ``prompt_tokens`` counts each call's prompt once (n samples share one
+  prefill); ``completion_tokens`` sums all samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from engine.chat import render_prompt_ids
+from engine.client import EngineClient, parse_generation
+from engine.errors import EngineBadResponse, EngineError, EngineTimeout
+from judge_server.errors import InvalidRequest
+from judge_server.metrics import JudgeMetrics
+from judge_server.rules import RuleJudge
+from judge_server.schemas import JudgeRequest
+from judge_server.settings import JudgeSettings
+from judge_server.voting import STATUS_FAILED, STATUS_OK, Vote, VoteResult, run_policy, select_hint
+from prompts import (
+    TokenCounter,
+    load_regex,
+    load_template,
+    parse_hint,
+    parse_verdict,
+    render_judge_messages,
+    render_plain_text,
+)
+
+logger = logging.getLogger(__name__)
+
+ALLOWED = {"prm": frozenset({1, 0, -1}), "hint": frozenset({1, -1})}
+
+
+@dataclass
+class Usage:
+    engine_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class JudgeService:
+    """Judges items with the configured backend (``llm``: the engine; ``rules``: RuleJudge)."""
+
+    def __init__(
+        self,
+        settings: JudgeSettings,
+        metrics: JudgeMetrics,
+        *,
+        client: EngineClient | None = None,
+        tokenizer: Any = None,
+    ):
+        self.settings = settings
+        self.metrics = metrics
+        self.client = client
+        self.tokenizer = tokenizer
+        self.counter = TokenCounter.from_tokenizer(tokenizer) if tokenizer is not None else TokenCounter.estimate()
+        self.semaphore = asyncio.Semaphore(settings.max_concurrent_engine_calls)
+        self.rules = RuleJudge(settings.rules_positive, settings.rules_negative)
+        self.templates = {
+            "prm": load_template(settings.prm_template, settings.templates_dir),
+            "hint": load_template(settings.hint_template, settings.templates_dir),
+        }
+        self.regex: dict[str, str | None] = {task: None for task in self.templates}
+        if settings.constrain_output:
+            for task, tpl in self.templates.items():
+                self.regex[task] = load_regex(tpl.name, settings.templates_dir,
+                                              reasoning_max_chars=settings.reasoning_max_chars,
+                                              hint_max_chars=settings.hint_max_chars)
+        if settings.backend == "llm" and client is None:
+            raise ValueError("backend 'llm' needs an EngineClient")
+
+    @property
+    def prompt_versions(self) -> dict[str, str]:
+        if self.settings.backend == "rules":
+            return {task: self.rules.version for task in self.templates}
+        return {task: tpl.version for task, tpl in self.templates.items()}
+
+    # ------------------------------------------------------------------ one item
+    async def judge(self, req: JudgeRequest) -> dict[str, Any]:
+        m = req.m or self.settings.m
+        if m > self.settings.max_m:
+            raise InvalidRequest(f"m={m} exceeds the maximum of {self.settings.max_m}")
+        policy = req.policy or self.settings.policy
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.request_deadline_s
+        usage = Usage()
+        results = await asyncio.gather(*(self._run_task(t, req, m, policy, deadline, usage) for t in req.tasks))
+        out: dict[str, Any] = dict(zip(req.tasks, results, strict=True))
+        out["usage"] = asdict(usage)
+        out["prompt_versions"] = {t: self.prompt_versions[t] for t in req.tasks}
+        return out
+
+    async def _run_task(
+        self, task: str, req: JudgeRequest, m: int, policy: str, deadline: float, usage: Usage
+    ) -> dict[str, Any]:
+        collected: list[Vote] = []
+        try:
+            sampler = self._sampler(task, req, deadline, usage)
+            async with asyncio.timeout_at(deadline):
+                result = await run_policy(
+                    sampler, policy=policy, m=m, m_max=max(self.settings.m_max, m),
+                    min_valid=self.settings.min_valid, escalate_step=self.settings.escalate_step,
+                    collected=collected,
+                )
+        except (EngineError, TimeoutError) as exc:
+            reason = str(exc) if isinstance(exc, EngineError) else (
+                f"deadline of {self.settings.request_deadline_s:.1f}s exceeded")
+            self.metrics.engine_errors.labels(kind=type(exc).__name__).inc()
+            logger.warning("judge task %s failed: %s", task, reason)
+            result = VoteResult(score=None, status=STATUS_FAILED, votes=[s.value for s in collected],
+                                confidence=0.0, reason=reason, samples=collected)
+        self._observe(task, result)
+        return self._task_json(task, result)
+
+    def _observe(self, task: str, result: VoteResult) -> None:
+        self.metrics.verdicts.labels(task=task, status=result.status).inc()
+        self.metrics.votes_per_turn.labels(task=task).observe(len(result.votes))
+        misses = sum(v is None for v in result.votes)
+        if misses and result.status != STATUS_FAILED:
+            self.metrics.parse_failures.labels(task=task).inc(misses)
+
+    def _task_json(self, task: str, result: VoteResult) -> dict[str, Any]:
+        if task == "prm":
+            return {"score": result.score, "status": result.status, "votes": result.votes,
+                    "confidence": round(result.confidence, 6), "reason": result.reason}
+        if result.status == STATUS_FAILED:
+            return {"accepted": False, "hint": None, "votes": result.votes, "status": STATUS_FAILED,
+                    "reason": result.reason, "vote_status": result.status}
+        hint = select_hint(result.samples, result, min_chars=self.settings.hint_min_chars,
+                           require_majority=self.settings.hint_require_majority)
+        return {"accepted": hint is not None, "hint": hint, "votes": result.votes, "status": STATUS_OK,
+                "reason": result.reason, "vote_status": result.status}
+
+    # ------------------------------------------------------------------ vote sources
+    def _sampler(self, task: str, req: JudgeRequest, deadline: float, usage: Usage):  # noqa: ANN202
+        next_state = [m.model_dump(exclude_none=True) for m in req.next_state]
+        if self.settings.backend == "rules":
+            vote = self.rules.prm_vote(next_state) if task == "prm" else self.rules.hint_vote(next_state)
+
+            async def rule_sample(k: int, round_index: int) -> list[Vote]:
+                return [Vote(vote.value, vote.hint, vote.text) for _ in range(k)]
+
+            return rule_sample
+
+        messages, _info = render_judge_messages(
+            self.templates[task],
+            context=[m.model_dump(exclude_none=True) for m in req.context],
+            response=req.response.model_dump(exclude_none=True),
+            next_state=next_state,
+            counter=self.counter,
+            context_budget_tokens=self.settings.context_budget_tokens,
+            part_budget_tokens=self.settings.part_budget_tokens,
+            include_reasoning=self.settings.include_reasoning,
+        )
+        prompt: dict[str, Any]
+        if self.tokenizer is not None:
+            prompt = {"input_ids": render_prompt_ids(self.tokenizer, messages)}
+        else:
+            prompt = {"text": render_plain_text(messages)}
+
+        async def engine_sample(k: int, round_index: int) -> list[Vote]:
+            return await self._engine_call(task, prompt, k, round_index, deadline, usage)
+
+        return engine_sample
+
+    def sampling_params(self, task: str, k: int, round_index: int) -> dict[str, Any]:
+        s = self.settings
+        sp: dict[str, Any] = {"n": k, "temperature": s.temperature, "top_p": s.top_p,
+                              "max_new_tokens": s.max_new_tokens}
+        if s.sampling_seed is not None:
+            sp["sampling_seed"] = s.sampling_seed + round_index
+        if self.regex.get(task):
+            sp["regex"] = self.regex[task]
+        return sp
+
+    async def _engine_call(
+        self, task: str, prompt: dict[str, Any], k: int, round_index: int, deadline: float, usage: Usage
+    ) -> list[Vote]:
+        assert self.client is not None
+        payload = {**prompt, "sampling_params": self.sampling_params(task, k, round_index), "stream": False}
+        loop = asyncio.get_running_loop()
+        async with self.semaphore:
+            remaining_s = deadline - loop.time()
+            if remaining_s <= 0:
+                raise EngineTimeout("request deadline passed while waiting for an engine slot")
+            started = time.perf_counter()
+            raw = await self.client.generate(payload, deadline_s=remaining_s)
+            self.metrics.engine_latency.labels(task=task).observe(time.perf_counter() - started)
+        self.metrics.engine_calls.labels(task=task).inc()
+        items = raw if isinstance(raw, list) else [raw]
+        if len(items) != k:
+            raise EngineBadResponse(f"asked for n={k} samples, engine returned {len(items)}", url=self.client.base_url)
+        gens = [parse_generation(item, return_logprob=False, url=self.client.base_url) for item in items]
+        usage.engine_calls += 1
+        first = gens[0].prompt_tokens
+        usage.prompt_tokens += int(first) if first is not None else len(prompt.get("input_ids", []))
+        usage.completion_tokens += sum(len(g.output_ids) for g in gens)
+        allowed = ALLOWED[task]
+        votes = []
+        for g in gens:
+            value = parse_verdict(g.text, allowed)
+            votes.append(Vote(value=value, hint=parse_hint(g.text) if task == "hint" else None, text=g.text))
+        return votes

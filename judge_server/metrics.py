@@ -1,0 +1,30 @@
+"""Prometheus metrics of the judge service, in a registry per app (tests run several apps per process).
+
+verdicts by task and status, parse failures, votes per turn, engine calls and errors, latency histograms
+of HTTP routes and engine calls.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+LATENCY_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+
+
+class JudgeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.verdicts = Counter("hindsight_judge_verdicts_total", "Task results by status", ["task", "status"], registry=r)
+        self.parse_failures = Counter("hindsight_judge_parse_failures_total", "Unparseable votes", ["task"], registry=r)
+        self.votes_per_turn = Histogram("hindsight_judge_votes_per_turn", "Votes drawn per task", ["task"],
+                                        buckets=(1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16), registry=r)
+        self.engine_calls = Counter("hindsight_judge_engine_calls_total", "Engine /generate calls", ["task"], registry=r)
+        self.engine_errors = Counter("hindsight_judge_engine_errors_total", "Engine failures", ["kind"], registry=r)
+        self.engine_latency = Histogram("hindsight_judge_engine_call_seconds", "Engine call latency", ["task"],
+                                        buckets=LATENCY_BUCKETS_S, registry=r)
+        self.request_latency = Histogram("hindsight_judge_request_seconds", "HTTP request latency", ["route"],
+                                         buckets=LATENCY_BUCKETS_S, registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

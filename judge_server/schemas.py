@@ -1,0 +1,87 @@
+"""Pydantic I/O of the judge HTTP API (docs/CONTRACTS.md "Judge service").
+
+Validation is strict where a wrong input would silently change the verdict: next-state roles are only
+``user`` or ``tool``, the judged response must have content or tool calls, tasks are ``prm``/``hint``.
+FastAPI answers a violation with 422 and the field messages; size limits are checked in routes (413).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["user", "assistant", "system", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class NextStateMessage(Message):
+    role: Literal["user", "tool"]  # type: ignore[assignment]
+
+
+class JudgedResponse(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> JudgedResponse:
+        if not (self.content or "").strip() and not self.tool_calls:
+            raise ValueError("response must have non-empty content or tool_calls")
+        return self
+
+
+class JudgeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    context: list[Message] = Field(default_factory=list)
+    response: JudgedResponse
+    next_state: list[NextStateMessage] = Field(min_length=1)
+    tasks: list[Literal["prm", "hint"]] = Field(default_factory=lambda: ["prm", "hint"], min_length=1)
+    m: int | None = Field(default=None, ge=1)
+    policy: Literal["fixed", "adaptive"] | None = None
+
+    @field_validator("tasks")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    @field_validator("next_state")
+    @classmethod
+    def _has_text(cls, v: list[NextStateMessage]) -> list[NextStateMessage]:
+        if all(not m.content for m in v):
+            raise ValueError("next_state must contain at least one message with content")
+        return v
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[JudgeRequest] = Field(min_length=1)
+
+
+class OpenRLHFRequest(BaseModel):
+    """OpenRLHF remote RM body: ``query`` (prompt+response strings), optional ``prompts`` and ``labels``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    query: list[str] = Field(min_length=1)
+    prompts: list[str] | None = None
+    labels: list[Any] | None = None
+
+
+class SlimeRequest(BaseModel):
+    """slime ``--rm-url`` body: ``prompt`` (string or messages), ``response``, ``label`` (the next state)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: str | list[Message]
+    response: str = Field(min_length=1)
+    label: Any = None

@@ -1,0 +1,92 @@
+"""Settings of the judge service: one pydantic-settings class, env prefix ``HINDSIGHT_JUDGE_``.
+
+Built once in ``cli.main`` (or by a test) and passed to ``create_app(settings)``; never read at import.
+Keyword lists of the rules backend are settings too (comma-separated or JSON lists in the environment).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_POSITIVE = ["thanks", "thank you", "worked", "works", "great", "perfect", "correct"]
+DEFAULT_NEGATIVE = ["wrong", "not what", "redo", "incorrect", "error", "failed", "no,"]
+
+
+class JudgeSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HINDSIGHT_JUDGE_", extra="ignore")
+
+    # --- service
+    host: str = "127.0.0.1"
+    port: int = 8100
+    api_key: str | None = None  # Bearer key for /v1/*, /get_reward, /slime/*; /health, /ready, /metrics stay open
+    backend: Literal["llm", "rules"] = "llm"
+
+    # --- judge engine (an SGLang engine or sglang-router)
+    engine_url: str | None = None
+    engine_api_key: str | None = None
+    tokenizer_path: str | None = None  # judge tokenizer; else model_info's tokenizer_path if local; else text mode
+    engine_connect_timeout_s: float = 5.0
+    engine_read_timeout_s: float = 300.0
+    engine_max_attempts: int = 4
+    engine_initial_backoff_s: float = 0.2
+    engine_max_backoff_s: float = 2.0
+
+    # --- prompts and sampling
+    prm_template: str = "prm_eval_v1"
+    hint_template: str = "hint_extract_v1"
+    templates_dir: str | None = None
+    temperature: float = 0.6
+    top_p: float = 1.0
+    max_new_tokens: int = 2048
+    sampling_seed: int | None = None  # reproducibility only; rounds use seed + round index
+    constrain_output: bool = False  # send the <template>.regex.txt constraint with every judge call
+    reasoning_max_chars: int = 1500
+    hint_max_chars: int = 600
+    include_reasoning: bool = False  # show the judged turn's reasoning_content to the judge
+    context_budget_tokens: int = 3000
+    part_budget_tokens: int = 2000
+
+    # --- voting
+    m: int = 3
+    policy: Literal["fixed", "adaptive"] = "fixed"
+    m_max: int = 7
+    min_valid: int = 1
+    escalate_step: int = 2
+    hint_min_chars: int = 10  # prior rule: accepted hint strictly longer than this
+    hint_require_majority: bool = False
+
+    # --- limits
+    max_concurrent_engine_calls: int = 32
+    request_deadline_s: float = 120.0
+    max_batch_items: int = 256
+    max_context_messages: int = 512
+    max_request_chars: int = 1_000_000
+    max_m: int = 16
+
+    # --- rules backend keywords (case-insensitive; matched on word boundaries where the keyword starts/ends
+    # with a letter)
+    rules_positive: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(DEFAULT_POSITIVE))
+    rules_negative: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(DEFAULT_NEGATIVE))
+
+    @field_validator("rules_positive", "rules_negative", mode="before")
+    @classmethod
+    def _split_csv(cls, v: object) -> object:
+        if isinstance(v, str):
+            if v.lstrip().startswith("["):
+                return json.loads(v)
+            return [x.strip() for x in v.split(",") if x.strip()]
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> JudgeSettings:
+        if self.backend == "llm" and not self.engine_url:
+            raise ValueError("backend 'llm' needs engine_url (--engine-url / HINDSIGHT_JUDGE_ENGINE_URL)")
+        if not 1 <= self.m <= self.max_m or not self.m <= self.m_max:
+            raise ValueError(f"need 1 <= m <= m_max and m <= max_m (m={self.m}, m_max={self.m_max})")
+        if self.min_valid < 1:
+            raise ValueError("min_valid must be >= 1")
+        return self

@@ -20,7 +20,8 @@ docs/CONTRACTS.md ("Sample JSON") plus a status. Semantics (issue 5 items 1-4, d
 - A task with status ``judge_failed`` (the judge's engines failed within its deadline), a 4xx from the
   judge, or a teacher answer that does not line up with the response ids rejects the turn with the
   reason (stored, never silently included, never turned into a 0 score). An unreachable judge service
-  or teacher engine raises :class:`RewardRetryLater` instead: the turn stays pending and is retried.
+  or teacher engine is NOT a verdict: ``JudgeUnavailable`` / ``EngineUnavailable`` / ``EngineTimeout``
+  propagate out of process() and the dispatcher keeps the turn ``pending_judge`` and retries it later.
   No next state -> rejected ``no_next_state`` in every mode (there is no evidence to judge).
 
 At-least-one: a turn that would be excluded ONLY for being neutral is included when the session has no
@@ -36,7 +37,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from judge_server.errors import JudgeRequestRejected, JudgeUnavailable
+from judge_server.errors import JudgeRequestRejected
 from policy_server.teacher import TeacherFailed, TeacherScorer
 
 logger = logging.getLogger(__name__)
@@ -47,19 +48,6 @@ TASKS_BY_MODE: dict[str, list[str]] = {"rl": ["prm"], "opd": ["hint"], "combine"
 
 class InvalidMode(ValueError):
     """A mode or weight the admin endpoint must answer with 400."""
-
-
-class RewardRetryLater(Exception):
-    """A dependency was unreachable (judge service, teacher engine) after its own retries and deadline.
-
-    The turn was NOT judged: the dispatcher keeps it ``pending_judge`` (persisted) and retries later
-    with backoff, so an outage delays samples instead of rejecting them. ``reason`` is for stats/logs.
-    """
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -289,6 +277,9 @@ class RewardPipeline:
     ) -> dict[str, Any]:
         """Judge one turn under the current mode and return its status + sample fields.
 
+        Raises JudgeUnavailable (judge service unreachable after its retries) and EngineUnavailable /
+        EngineTimeout (teacher engine unreachable): the turn was not judged and must be retried later.
+
         ``session_done`` only marks the call as the session's final flush; a turn without a next state
         is rejected ``no_next_state`` whether or not the session is done.
         """
@@ -314,8 +305,6 @@ class RewardPipeline:
             verdict = await self.judge.judge(
                 turn.get("messages") or [], turn.get("response") or {}, next_state, tasks, m=self.judge_m
             )
-        except JudgeUnavailable as exc:
-            raise RewardRetryLater("judge_unavailable", exc.message) from exc
         except JudgeRequestRejected as exc:  # the judge refused this input (4xx): retrying cannot help
             return reject(f"judge_rejected: {exc.message}")
         if not isinstance(verdict, dict):
@@ -337,8 +326,6 @@ class RewardPipeline:
             try:
                 scores = await self.teacher.score_turn(turn, hint["hint"])
             except TeacherFailed as exc:
-                if exc.reason == "teacher_unavailable":
-                    raise RewardRetryLater(exc.reason, exc.detail) from exc
                 logger.warning("teacher failed for %s/%s: %s", turn.get("session_id"), turn.get("turn_index"), exc)
                 return reject(str(exc), prm, hint)
             teacher_logprobs, teacher_topk = scores.logprobs, scores.topk

@@ -32,7 +32,7 @@ from typing import Any
 
 from engine.chat import normalize_messages, render_prompt_ids
 from engine.client import EngineClient
-from engine.errors import EngineBadResponse, EngineError, EngineRejected, EngineTimeout, EngineUnavailable
+from engine.errors import EngineBadResponse, EngineRejected
 from prompts import TemplateError, load_template
 
 TEMPLATE_NAME = "teacher_hint_v1"
@@ -143,7 +143,10 @@ class TeacherScorer:
         self._sem = asyncio.Semaphore(max(1, max_concurrency))
 
     async def score_turn(self, turn: dict[str, Any], hint: str) -> TeacherScores:
-        """Teacher log-probs of ``turn["response_ids"]``; raises TeacherFailed (never pads)."""
+        """Teacher log-probs of ``turn["response_ids"]``; raises TeacherFailed (never pads).
+
+        EngineUnavailable / EngineTimeout (teacher down after the client's retries) are raised as is.
+        """
         response_ids = [int(t) for t in turn.get("response_ids") or []]
         if not response_ids:
             raise TeacherFailed("teacher_bad_input", "turn has no response ids")
@@ -170,10 +173,8 @@ class TeacherScorer:
             raise TeacherFailed("teacher_mismatch", exc.message) from exc
         except EngineRejected as exc:  # e.g. prompt longer than the teacher's context
             raise TeacherFailed("teacher_rejected", exc.message) from exc
-        except (EngineUnavailable, EngineTimeout) as exc:
-            raise TeacherFailed("teacher_unavailable", exc.message) from exc
-        except EngineError as exc:
-            raise TeacherFailed("teacher_failed", exc.message) from exc
+        # EngineUnavailable / EngineTimeout propagate: an outage is not a verdict on this turn, the
+        # dispatcher keeps it pending and retries (docs/REWARD_MODES.md).
         # Belt and braces: EngineClient.score verifies these; a regression there must not reach the trainer.
         if scored.token_ids != response_ids or len(scored.logprobs) != len(response_ids):
             raise TeacherFailed("teacher_mismatch", "scored ids/log-probs do not align with the response ids")

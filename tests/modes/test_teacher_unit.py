@@ -17,6 +17,7 @@ import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids
 from engine.client import EngineClient, RetryPolicy
+from engine.errors import EngineUnavailable
 from policy_server.teacher import (
     TeacherFailed,
     TeacherScorer,
@@ -139,9 +140,9 @@ async def test_teacher_unavailable_and_rejected(tokenizer):
         calls.append(1)
         return httpx.Response(503, json={"error": "overloaded"})
 
-    with pytest.raises(TeacherFailed) as info:
+    with pytest.raises(EngineUnavailable):  # an outage is not a verdict: the dispatcher retries the turn later
         await _scorer(tokenizer, down).score_turn(TURN, HINT)
-    assert info.value.reason == "teacher_unavailable" and len(calls) == 2  # retried, then gave up
+    assert len(calls) == 2  # the client retried, then gave up
 
     def too_long(request):
         return httpx.Response(400, json={"error": "input is longer than the context"})

@@ -1,0 +1,67 @@
+"""Fixtures of the reward-mode tests: real dev engines (tiny policy, tiny teacher) and real judge servers.
+
+Everything runs on 127.0.0.1 ephemeral ports and is stopped by PID at the end of the session.
+- ``teacher_engine``: the dev engine serving the ``teacher_model_dir`` checkpoint.
+- ``rules_judge``: the judge service with the deterministic keyword backend (judge_server/rules.py).
+- ``broken_judge``: the judge service with the LLM backend pointed at a closed port, so every task
+  ends ``judge_failed`` quickly (a real failing dependency, not a fake).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, wait_http
+
+
+@pytest.fixture(scope="session")
+def modes_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("modes-logs")
+
+
+def start_judge(log_dir: Path, name: str, env: dict[str, str]) -> ManagedProcess:
+    port = free_port()
+    cmd = [sys.executable, "-m", "judge_server.cli", "--host", "127.0.0.1", "--port", str(port)]
+    mp = spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env=env)
+    try:
+        wait_http(mp.url + "/health", deadline_s=60, proc=mp.proc)
+    except Exception:
+        tail = mp.log_tail()
+        mp.stop()
+        raise RuntimeError(f"{name} failed to start:\n{tail}") from None
+    return mp
+
+
+@pytest.fixture(scope="session")
+def teacher_engine(teacher_model_dir: Path, modes_log_dir: Path) -> Iterator[ManagedProcess]:
+    mp = start_dev_engine(teacher_model_dir, log_dir=modes_log_dir, name="teacher-engine")
+    yield mp
+    mp.stop()
+
+
+@pytest.fixture(scope="session")
+def rules_judge(modes_log_dir: Path) -> Iterator[ManagedProcess]:
+    mp = start_judge(modes_log_dir, "judge-rules", {"HINDSIGHT_JUDGE_BACKEND": "rules", "HINDSIGHT_JUDGE_M": "3"})
+    yield mp
+    mp.stop()
+
+
+@pytest.fixture(scope="session")
+def broken_judge(modes_log_dir: Path, tiny_model_dir: Path) -> Iterator[ManagedProcess]:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens here
+    env = {
+        "HINDSIGHT_JUDGE_BACKEND": "llm",
+        "HINDSIGHT_JUDGE_ENGINE_URL": dead,
+        "HINDSIGHT_JUDGE_TOKENIZER_PATH": str(tiny_model_dir),
+        "HINDSIGHT_JUDGE_M": "1",
+        "HINDSIGHT_JUDGE_ENGINE_MAX_ATTEMPTS": "1",
+        "HINDSIGHT_JUDGE_ENGINE_CONNECT_TIMEOUT_S": "1",
+        "HINDSIGHT_JUDGE_REQUEST_DEADLINE_S": "3",
+    }
+    mp = start_judge(modes_log_dir, "judge-broken", env)
+    yield mp
+    mp.stop()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-_BOX_RE = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
+_BOX_RE = re.compile(r"\\boxed\s*\{((?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*)\}")  # two nesting levels
 _WRAPPER_RE = re.compile(r"^\\(?:text|textbf|mathbf|mathrm|bf)\s*\{(.*)\}$", re.DOTALL)
 _NUMBER_RE = re.compile(r"^([+-]?)\s*(\d+(?:\.\d+)?)$")
 _HINT_RE = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.DOTALL)

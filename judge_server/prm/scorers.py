@@ -5,7 +5,8 @@
 generation limit: exceeding it never truncates. Observation: turn/boolean ``within_budget`` (count, rate) and
 turn/float ``output_tokens`` (sum, mean).
 
-``LLMJudgeScorer(judge_url, api_key=None, m=None, reward_range="signed", missing_next_state="reject")`` — name
+``LLMJudgeScorer(judge_url, api_key=None, m=None, reward_range="signed", missing_next_state="reject",
+timeout_s=120, deadline_s=300)`` — name
 ``llm_judge``: ``POST /v1/judge`` with tasks ``["prm"]`` through ``judge_server.client.JudgeClient`` for
 (context, response, next_state) of each turn. Reward = the majority score (signed: -1/0/+1; ``unit``: mapped
 to (score + 1) / 2 in [0, 1] for ``process_weighted``). A ``judge_failed`` item, a null score or an unreachable
@@ -69,6 +70,8 @@ class LLMJudgeScorer(BaseScorer):
         m: int | None = None,
         reward_range: Literal["signed", "unit"] = "signed",
         missing_next_state: Literal["reject", "zero"] = "reject",
+        timeout_s: float = 120.0,
+        deadline_s: float = 300.0,
         client: Any = None,
         weight: float = 1.0,
         enabled: bool = True,
@@ -90,7 +93,9 @@ class LLMJudgeScorer(BaseScorer):
                 raise ValueError("LLMJudgeScorer needs judge_url (or a client)")
             from judge_server.client import JudgeClient  # the judge helper's client; imported only when used
 
-            self._client, self._owns_client = JudgeClient(judge_url, api_key=api_key), True
+            # Bounded per call and in total: the runner adds no timeout of its own.
+            self._client = JudgeClient(judge_url, api_key=api_key, timeout_s=timeout_s, deadline_s=deadline_s)
+            self._owns_client = True
 
     def validate_prm_config(self, config: PRMConfig, *, training_enabled: bool) -> None:
         if training_enabled and config.advantage_shaping.mode == "process_weighted" and self.reward_range != "unit":

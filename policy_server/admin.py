@@ -1,0 +1,116 @@
+"""Admin routes for the trainer and operators (admin key): sample lease/ack/stats, mode, weight sync.
+
+- ``GET /v1/samples/lease?max=N&wait_s=S`` -> ``{"lease_id", "samples": [...]}``: up to N ready samples,
+  waiting up to S seconds for the first one (``lease_id`` null and ``samples`` empty when none came).
+  N above ``max_lease_size`` or S above ``max_lease_wait_s`` is a 400 (explicit limits, no silent cap).
+- ``POST /v1/samples/ack {"lease_id"}``: consume; idempotent (a second ack answers ``already_acked``);
+  404 for an unknown lease, 409 for an expired one (its samples went back to ready).
+- ``GET /v1/samples/stats``: counts by status, reject reasons, pending retries, sessions, leases.
+- ``GET|POST /admin/mode {"mode", "w_rl", "w_opd"}``: the reward mode used for turns judged from now on.
+- ``POST /admin/weights/update {"model_path", "weight_version"}`` -> ``{"success", "weight_version", "paused_s"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+
+from policy_server.auth import require_admin
+from policy_server.errors import Conflict, InvalidRequest, NotFound
+from policy_server.store import LeaseError
+
+router = APIRouter()
+
+
+class AckBody(BaseModel):
+    lease_id: str = Field(..., min_length=1)
+
+
+class ModeBody(BaseModel):
+    mode: str | None = None
+    w_rl: float | None = None
+    w_opd: float | None = None
+
+
+class WeightsBody(BaseModel):
+    model_path: str = Field(..., min_length=1)
+    weight_version: str = Field(..., min_length=1)
+
+
+def _st(request: Request) -> Any:
+    st = request.app.state.policy
+    require_admin(request, st.settings)
+    return st
+
+
+@router.get("/v1/samples/lease")
+async def lease(request: Request, max: int = 64, wait_s: float = 0.0) -> dict[str, Any]:  # noqa: A002
+    st = _st(request)
+    if not 1 <= max <= st.settings.max_lease_size:
+        raise InvalidRequest(f"max must be in [1, {st.settings.max_lease_size}]", param="max")
+    if not 0 <= wait_s <= st.settings.max_lease_wait_s:
+        raise InvalidRequest(f"wait_s must be in [0, {st.settings.max_lease_wait_s}]", param="wait_s")
+    end = time.monotonic() + wait_s
+    while True:
+        got = await asyncio.to_thread(st.store.lease, max, st.settings.lease_timeout_s)
+        if got is not None:
+            lease_id, samples = got
+            return {"lease_id": lease_id, "samples": samples, "lease_timeout_s": st.settings.lease_timeout_s}
+        if time.monotonic() >= end:
+            return {"lease_id": None, "samples": [], "lease_timeout_s": st.settings.lease_timeout_s}
+        await asyncio.sleep(min(0.1, max(0.0, end - time.monotonic())))
+
+
+@router.post("/v1/samples/ack")
+async def ack(request: Request, body: AckBody) -> dict[str, Any]:
+    st = _st(request)
+    try:
+        return await asyncio.to_thread(st.store.ack, body.lease_id)
+    except LeaseError as exc:
+        raise (NotFound if exc.kind == "unknown" else Conflict)(str(exc)) from None
+
+
+@router.get("/v1/samples/stats")
+async def stats(request: Request) -> dict[str, Any]:
+    st = _st(request)
+    out = await asyncio.to_thread(st.store.stats)
+    out.update(mode=st.mode_state.to_dict(), judge_configured=st.pipeline is not None,
+               dispatch={"processed": st.dispatcher.processed, "retries": st.dispatcher.retries,
+                         "running_sessions": len(st.dispatcher._running)},
+               weight_version=st.gate.version, weight_updates=st.weight_sync.updates,
+               max_unconsumed_samples=st.settings.max_unconsumed_samples)
+    return out
+
+
+@router.get("/admin/mode")
+async def get_mode(request: Request) -> dict[str, Any]:
+    return _st(request).mode_state.to_dict()
+
+
+@router.post("/admin/mode")
+async def set_mode(request: Request, body: ModeBody) -> dict[str, Any]:
+    st = _st(request)
+    from policy_server.rewards import InvalidMode
+
+    try:
+        st.mode_state.set(body.mode, body.w_rl, body.w_opd)
+    except InvalidMode as exc:
+        raise InvalidRequest(str(exc)) from None
+    return st.mode_state.to_dict()
+
+
+@router.post("/admin/weights/update")
+async def update_weights(request: Request, body: WeightsBody) -> dict[str, Any]:
+    st = _st(request)
+    try:
+        result = await st.weight_sync.update(body.model_path, body.weight_version)
+    except Exception:
+        st.metrics.weight_updates.labels(outcome="failed").inc()
+        raise
+    st.metrics.weight_updates.labels(outcome="ok").inc()
+    st.metrics.paused_s.set(result["paused_s"])
+    return result

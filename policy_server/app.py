@@ -1,0 +1,139 @@
+"""The policy server app: ``create_app(settings)`` + lifespan wiring of every component.
+
+Role: OpenAI-compatible live proxy in front of the policy engine (or its router) that records
+token-exact main turns, pairs them with their next state, judges them asynchronously and serves the
+resulting samples to the trainer (docs/CONTRACTS.md "Policy server"; issue 4, issue 5 item 5).
+
+Run: ``hindsight-policy --model-path DIR --engine-url URL --data-dir DIR ...`` (policy_server.cli).
+
+Lifespan: loads the tokenizer, opens the store (SQLite WAL under ``data_dir``), creates ONE
+EngineClient for generation plus one per weight-sync worker (shared connection pool), the judge and
+teacher clients and the reward pipeline when configured, reads the engine's current weight_version,
+starts the judge dispatcher (which immediately resumes pending work found in the store) and the idle
+session sweeper; on shutdown stops both and closes every client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+
+from engine.chat import load_tokenizer
+from engine.client import EngineClient, EngineTimeouts, RetryPolicy
+from engine.errors import EngineError
+from policy_server.dispatch import Dispatcher
+from policy_server.errors import install_error_handlers
+from policy_server.generation import Generator
+from policy_server.metrics import Metrics
+from policy_server.sessions import SessionTracker
+from policy_server.settings import PolicySettings
+from policy_server.store import Store
+from policy_server.weight_sync import WeightGate, WeightSync
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PolicyState:
+    settings: PolicySettings
+    store: Store
+    engine: EngineClient
+    generator: Generator
+    gate: WeightGate
+    weight_sync: WeightSync
+    sessions: SessionTracker
+    dispatcher: Dispatcher
+    metrics: Metrics
+    mode_state: Any
+    pipeline: Any | None
+    backlog_cache: list[float]  # [value, checked_at_monotonic]
+
+
+def _build_pipeline(settings: PolicySettings, tokenizer: Any, http: httpx.AsyncClient,
+                    retry: RetryPolicy) -> tuple[Any, Any, list[Any]]:
+    """(mode_state, pipeline or None, closables). The pipeline needs the judge service."""
+    from policy_server.rewards import ModeState
+
+    mode_state = ModeState.from_settings(settings)
+    if not settings.judge_url:
+        logger.warning("no --judge-url: turns are recorded and stay pending_judge until a judge is configured")
+        return mode_state, None, []
+    from judge_server.client import JudgeClient
+    from policy_server.rewards import RewardPipeline
+
+    judge = JudgeClient(settings.judge_url, api_key=settings.judge_api_key)
+    teacher = None
+    if settings.teacher_url:
+        teacher = EngineClient(settings.teacher_url, api_key=settings.teacher_api_key, http=http, retry=retry)
+    pipeline = RewardPipeline(judge=judge, teacher=teacher, tokenizer=tokenizer, settings=settings,
+                              mode_state=mode_state)
+    return mode_state, pipeline, [judge]
+
+
+def create_app(settings: PolicySettings) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tokenizer = await asyncio.to_thread(load_tokenizer, settings.model_path)
+        store = await asyncio.to_thread(Store, settings.data_dir)
+        timeouts = EngineTimeouts()
+        retry = RetryPolicy(max_attempts=settings.engine_max_attempts, deadline_s=settings.engine_deadline_s)
+        # One pool for every engine call of this process; trust_env=False: loopback never via a proxy.
+        http = httpx.AsyncClient(timeout=timeouts.to_httpx(), trust_env=False,
+                                 limits=httpx.Limits(max_connections=settings.max_concurrent_requests + 16,
+                                                     max_keepalive_connections=settings.max_concurrent_requests))
+        engine = EngineClient(settings.engine_url, api_key=settings.engine_api_key,
+                              admin_api_key=settings.engine_admin_api_key, http=http, retry=retry)
+        workers = [EngineClient(u, api_key=settings.engine_api_key, admin_api_key=settings.engine_admin_api_key,
+                                http=http, retry=retry) for u in settings.engine_worker_urls]
+        version = None
+        with contextlib.suppress(EngineError):
+            version = await workers[0].weight_version()
+        gate = WeightGate(settings.gate_timeout_s, version=version)
+        mode_state, pipeline, closables = _build_pipeline(settings, tokenizer, http, retry)
+        dispatcher = Dispatcher(store, pipeline, concurrency=settings.dispatch_concurrency,
+                                retry_initial_s=settings.dispatch_retry_initial_s,
+                                retry_max_s=settings.dispatch_retry_max_s)
+        sessions = SessionTracker(store, idle_timeout_s=settings.session_idle_timeout_s,
+                                  sweep_interval_s=settings.idle_sweep_interval_s, on_new_work=dispatcher.wake)
+        state = PolicyState(
+            settings=settings, store=store, engine=engine,
+            generator=Generator(engine, tokenizer, gate, max_resumes=settings.max_resumes),
+            gate=gate, weight_sync=WeightSync(workers, gate, pause_mode=settings.pause_mode,
+                                              deadline_s=settings.weight_update_deadline_s),
+            sessions=sessions, dispatcher=dispatcher, metrics=Metrics(), mode_state=mode_state, pipeline=pipeline,
+            backlog_cache=[0.0, -1e9],
+        )
+        app.state.policy = state
+        tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
+                 asyncio.create_task(sessions.run_sweeper(), name="idle-sweeper")]
+        pending = (await asyncio.to_thread(store.stats))["samples"]["pending_judge"]
+        logger.info("policy server ready: engine %s, weight_version %s, %d pending judge job(s) resumed",
+                    settings.engine_url, version, pending)
+        try:
+            yield
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await dispatcher.aclose()
+            for c in closables:
+                with contextlib.suppress(Exception):
+                    await c.aclose()
+            await http.aclose()
+            store.close()
+
+    app = FastAPI(title="hindsight-policy", lifespan=lifespan)
+    app.state.settings = settings
+    install_error_handlers(app)
+    from policy_server import admin, routes
+
+    app.include_router(routes.router)
+    app.include_router(admin.router)
+    return app

@@ -1,0 +1,41 @@
+"""Bearer-key checks: a client key for the OpenAI routes, a separate admin key for trainer/admin routes.
+
+Without ``api_key`` the client routes are open (loopback dev use). Admin routes require
+``admin_api_key`` when set; when it is not set they fall back to ``api_key`` (and are open only if
+neither is set). Keys are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Request
+
+from policy_server.errors import Unauthorized
+from policy_server.settings import PolicySettings
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _check(request: Request, key: str | None, what: str) -> None:
+    if not key:
+        return
+    token = _bearer(request)
+    if token is None:
+        raise Unauthorized(f"missing bearer token ({what} key required)")
+    if not hmac.compare_digest(token.encode(), key.encode()):
+        raise Unauthorized(f"invalid {what} key")
+
+
+def require_client(request: Request, settings: PolicySettings) -> None:
+    _check(request, settings.api_key, "api")
+
+
+def require_admin(request: Request, settings: PolicySettings) -> None:
+    _check(request, settings.admin_api_key or settings.api_key, "admin")

@@ -1,0 +1,49 @@
+"""``hindsight-policy``: run the policy server (every PolicySettings field is a flag; env HINDSIGHT_POLICY_*).
+
+    hindsight-policy --model-path DIR --engine-url http://127.0.0.1:30010 --data-dir ./data \
+        [--judge-url URL] [--teacher-url URL] [--mode rl|opd|combine] [--port 30000] ...
+
+Flags override environment variables. Boolean fields take a value (``--at-least-one false``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+
+from policy_server.settings import PolicySettings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hindsight-policy", description=__doc__.splitlines()[0])
+    for name, field in PolicySettings.model_fields.items():
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=field.description or "")
+    return parser
+
+
+def settings_from_args(argv: list[str] | None = None) -> PolicySettings:
+    args = build_parser().parse_args(argv)
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    return PolicySettings(**given)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        settings = settings_from_args(argv)
+    except ValueError as exc:
+        print(f"hindsight-policy: invalid configuration:\n{exc}", file=sys.stderr)  # noqa: T201
+        sys.exit(2)
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per engine call is noise
+    from policy_server.app import create_app
+
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
+                timeout_graceful_shutdown=5)
+
+
+if __name__ == "__main__":
+    main()

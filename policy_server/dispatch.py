@@ -1,0 +1,159 @@
+"""Judge dispatch: turns whose pairing is resolved -> RewardPipeline -> sample status, asynchronously.
+
+Role: the user's reply is never delayed by judging. The work queue IS the store (samples with status
+``pending_judge``), so pending work survives a crash and a restart resumes it (issue 4 item 5).
+
+Contract:
+- Each session's pending turns are processed serially in turn order (the at-least-one rule depends on
+  the order); different sessions run concurrently, at most ``dispatch_concurrency`` at a time.
+- ``session_has_included`` comes from the store; the outcome (status, reject_reason, Sample JSON) and
+  the session's ``has_included`` flag are persisted in one transaction.
+- A judge service that cannot be reached (``JudgeUnavailable``, also when the pipeline reports it as a
+  ``judge_unavailable`` rejection) or an engine that is down (teacher ``EngineUnavailable``/
+  ``EngineTimeout``) keeps the job ``pending_judge``: it is retried with capped exponential backoff
+  (attempts and last error are stored and reported in stats), never dropped, never scored 0.
+- Any other pipeline exception rejects the turn with reason ``pipeline_error: ...`` (explicit, visible).
+- Without a pipeline (no judge configured) jobs stay pending and are reported as such.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from engine.errors import EngineTimeout, EngineUnavailable
+from policy_server.store import Store
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_TURN_KEYS = ("prompt_ids", "response_ids", "rollout_logprobs", "weight_version", "weight_versions")
+PIPELINE_TURN_KEYS = ("session_id", "turn_index", "messages", "tools", "prompt_ids", "response_ids",
+                      "rollout_logprobs", "response", "weight_version", "weight_versions", "sampling_params")
+
+
+def _retryable_errors() -> tuple[type[BaseException], ...]:
+    errs: list[type[BaseException]] = [EngineUnavailable, EngineTimeout]
+    try:
+        from judge_server.client import JudgeUnavailable
+
+        errs.append(JudgeUnavailable)
+    except ImportError:  # the judge client is optional for a server that never judges
+        pass
+    return tuple(errs)
+
+
+class Dispatcher:
+    """Polls the store for pending_judge samples; woken early by :meth:`wake`."""
+
+    def __init__(self, store: Store, pipeline: Any | None, *, concurrency: int = 8, retry_initial_s: float = 0.5,
+                 retry_max_s: float = 30.0, poll_s: float = 1.0):
+        self.store = store
+        self.pipeline = pipeline
+        self.concurrency = concurrency
+        self.retry_initial_s = retry_initial_s
+        self.retry_max_s = retry_max_s
+        self.poll_s = poll_s
+        self._wake = asyncio.Event()
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._sem = asyncio.Semaphore(concurrency)
+        self._retry_at: dict[str, float] = {}
+        self._retryable = _retryable_errors()
+        self.processed = 0
+        self.retries = 0
+        self.outcomes: dict[str, int] = {}
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.schedule()
+            except Exception:  # keep dispatching after a transient store error; retried next tick
+                logger.exception("dispatch scheduling failed")
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s)
+            except TimeoutError:
+                pass
+
+    async def schedule(self) -> int:
+        """Start a worker for every session with pending work and none running; returns how many."""
+        if self.pipeline is None:
+            return 0
+        jobs = await asyncio.to_thread(self.store.pending_jobs)
+        now = time.monotonic()
+        sessions = {j["session_id"] for j in jobs}
+        started = 0
+        for sid in sorted(sessions):
+            if sid in self._running or self._retry_at.get(sid, 0.0) > now:
+                continue
+            self._running[sid] = asyncio.create_task(self._session_worker(sid), name=f"judge-{sid}")
+            started += 1
+        return started
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait until every running session worker finished (tests, shutdown)."""
+        if self._running:
+            await asyncio.wait(list(self._running.values()), timeout=timeout_s)
+
+    async def aclose(self) -> None:
+        for t in list(self._running.values()):
+            t.cancel()
+        await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+    async def _session_worker(self, session_id: str) -> None:
+        try:
+            async with self._sem:
+                while True:
+                    jobs = [j for j in await asyncio.to_thread(self.store.pending_jobs) if j["session_id"] == session_id]
+                    if not jobs:
+                        return
+                    job = jobs[0]
+                    ok = await self._process(job)
+                    if not ok:
+                        delay = min(self.retry_max_s, self.retry_initial_s * 2 ** min(job["attempts"], 10))
+                        self._retry_at[session_id] = time.monotonic() + delay
+                        asyncio.get_running_loop().call_later(delay, self.wake)
+                        return
+                    self._retry_at.pop(session_id, None)
+        finally:
+            self._running.pop(session_id, None)
+
+    async def _process(self, job: dict[str, Any]) -> bool:
+        """Judge one turn; returns False when it must be retried later."""
+        turn = await asyncio.to_thread(self.store.get_turn, job["session_id"], job["turn_index"])
+        session = await asyncio.to_thread(self.store.session, job["session_id"])
+        assert turn is not None and session is not None, "a pending sample always has its turn and session"
+        try:
+            result = await self.pipeline.process(
+                {k: turn.get(k) for k in PIPELINE_TURN_KEYS}, turn["next_state"],
+                session_has_included=bool(session["has_included"]), session_done=turn["session_done"])
+        except self._retryable as exc:
+            return await self._retry_later(job, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # a pipeline bug must not stall the session: reject visibly
+            logger.exception("reward pipeline failed on %s/%s", job["session_id"], job["turn_index"])
+            result = {"status": "rejected", "reject_reason": f"pipeline_error: {type(exc).__name__}: {exc}",
+                      "included": False, "sample": {}}
+        reason = result.get("reject_reason") or ""
+        if result.get("status") == "rejected" and reason.startswith("judge_unavailable"):
+            return await self._retry_later(job, reason)
+        data = dict(result.get("sample") or {})
+        data.update({k: turn.get(k) for k in SAMPLE_TURN_KEYS})
+        data.update(sample_id=job["sample_id"], session_id=job["session_id"], turn_index=job["turn_index"],
+                     created_at=turn["created_at"])
+        await asyncio.to_thread(self.store.complete_judge, job["sample_id"], status=result["status"],
+                                reject_reason=result.get("reject_reason"), included=bool(result.get("included")),
+                                data=data)
+        self.processed += 1
+        self.outcomes[result["status"]] = self.outcomes.get(result["status"], 0) + 1
+        return True
+
+    async def _retry_later(self, job: dict[str, Any], error: str) -> bool:
+        self.retries += 1
+        logger.warning("judging %s/%s deferred (attempt %d): %s", job["session_id"], job["turn_index"],
+                       job["attempts"] + 1, error)
+        await asyncio.to_thread(self.store.note_attempt, job["sample_id"], error)
+        return False

@@ -1,0 +1,131 @@
+"""The policy server's error tree and its single mapping to HTTP (OpenAI error shape).
+
+    PolicyError
+    ├── InvalidRequest       400 bad body, unknown role, tool message without a matching call, bad header
+    ├── Unauthorized         401 missing/wrong bearer key
+    ├── NotFound             404 unknown lease, unknown route object
+    ├── Conflict             409 lease expired
+    ├── PayloadTooLarge      413 body over max_body_bytes
+    ├── Backpressure         429 the store holds max_unconsumed_samples not yet consumed
+    ├── ServiceUnavailable   503 gate timeout during weight sync, shutting down
+    └── UpstreamFailed       50x generation could not finish (wraps EngineError)
+
+``engine.errors`` are mapped here too (EngineUnavailable 503, EngineTimeout 504, EngineBadResponse 502,
+EngineRejected 400), after the engine client's own retries. Every error body is OpenAI's
+``{"error": {"message", "type", "param", "code"}}`` so the official client raises the right class.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.errors import EngineBadResponse, EngineError, EngineRejected, EngineTimeout, EngineUnavailable
+
+logger = logging.getLogger(__name__)
+
+
+class PolicyError(Exception):
+    status_code = 500
+    error_type = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class InvalidRequest(PolicyError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class Unauthorized(PolicyError):
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class NotFound(PolicyError):
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class Conflict(PolicyError):
+    status_code = 409
+    error_type = "conflict_error"
+
+
+class PayloadTooLarge(PolicyError):
+    status_code = 413
+    error_type = "invalid_request_error"
+
+
+class Backpressure(PolicyError):
+    status_code = 429
+    error_type = "rate_limit_error"
+
+
+class ServiceUnavailable(PolicyError):
+    status_code = 503
+    error_type = "service_unavailable"
+
+
+class UpstreamFailed(PolicyError):
+    status_code = 502
+    error_type = "upstream_error"
+
+
+_ENGINE_STATUS = {EngineUnavailable: 503, EngineTimeout: 504, EngineBadResponse: 502, EngineRejected: 400}
+
+
+def error_body(status: int, message: str, error_type: str, param: str | None = None,
+               code: str | int | None = None) -> dict[str, object]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code if code is not None else status}}
+
+
+def engine_error_status(exc: EngineError) -> int:
+    for cls, status in _ENGINE_STATUS.items():
+        if isinstance(exc, cls):
+            return status
+    return 502
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """The one place where exceptions become HTTP responses."""
+
+    @app.exception_handler(PolicyError)
+    async def _policy(_: Request, exc: PolicyError) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, exc.message, exc.error_type, exc.param, exc.code),
+                            status_code=exc.status_code)
+
+    @app.exception_handler(EngineError)
+    async def _engine(_: Request, exc: EngineError) -> JSONResponse:
+        status = engine_error_status(exc)
+        logger.warning("engine failure -> HTTP %d: %s", status, exc)
+        kind = "invalid_request_error" if status == 400 else "upstream_error"
+        return JSONResponse(error_body(status, f"policy engine: {exc.message}", kind), status_code=status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in exc.errors()[:5]:
+            loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+            parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+        return JSONResponse(error_body(400, "invalid request: " + "; ".join(parts), "invalid_request_error"),
+                            status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, str(exc.detail), "invalid_request_error"),
+                            status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal_error"),
+                            status_code=500)

@@ -1,0 +1,171 @@
+"""Token-exact generation: render -> /generate (ids, log-probs) -> parse, with pause-resume and streaming.
+
+Role: the only path from a chat request to the policy engine. Contract (issue 4 items 2, issue 5 item 5):
+
+- The prompt is ``engine.chat.render_prompt_ids(tokenizer, messages, tools)`` with the policy tokenizer;
+  it goes to the engine's ``/generate`` as ``input_ids`` with ``return_logprob`` through
+  ``engine.client.EngineClient`` (``stream_generate`` for streaming). The result keeps exactly the
+  sampled ids (stop token included) and one rollout log-prob each; the text is only for the client.
+- Every engine submission first passes the weight gate (policy_server.weight_sync): during a weight
+  update new submissions wait (bounded) instead of failing.
+- A generation that comes back aborted (``finish_reason.type == "abort"``, HTTP 200 with the partial
+  output: SGLang's ``pause_generation`` mode ``abort``) is resubmitted with ``prompt + ids so far`` and
+  ``max_new_tokens`` reduced by what was produced; ids and log-probs are concatenated. Each segment's
+  ``weight_version`` is kept: ``weight_versions`` lists every version that produced tokens (in order),
+  and ``weight_version`` is the first (the oldest, the conservative one for staleness). With a holding
+  pause mode (retract/in_place) a request in flight across an update also lists the version it started on.
+- At most ``max_resumes`` resubmissions; then the request fails with 503 (never loops forever).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.chat import render_prompt_ids
+from engine.client import EngineClient
+from engine.errors import EngineBadResponse
+from policy_server.errors import ServiceUnavailable
+from policy_server.weight_sync import WeightGate
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenResult:
+    """What was sampled for one request, token-exact."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish: dict[str, Any] = field(default_factory=dict)
+    weight_versions: list[str] = field(default_factory=list)
+    resumes: int = 0
+
+    @property
+    def weight_version(self) -> str | None:
+        return self.weight_versions[0] if self.weight_versions else None
+
+    def add_version(self, version: str | None) -> None:
+        if version is not None and version not in self.weight_versions:
+            self.weight_versions.append(version)
+
+
+class Generator:
+    """Renders prompts and drives the engine; one instance per server."""
+
+    def __init__(self, engine: EngineClient, tokenizer: Any, gate: WeightGate, *, max_resumes: int = 8,
+                 deadline_s: float | None = None):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.gate = gate
+        self.max_resumes = max_resumes
+        self.deadline_s = deadline_s
+
+    async def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        # Template rendering + tokenization is CPU work proportional to the history: off the event loop.
+        return await asyncio.to_thread(render_prompt_ids, self.tokenizer, messages, tools)
+
+    def _segment_params(self, sp: dict[str, Any], produced: int) -> dict[str, Any]:
+        out = dict(sp)
+        out["max_new_tokens"] = int(sp["max_new_tokens"]) - produced
+        return out
+
+    def _note_epoch(self, res: GenResult, start_epoch: int, start_version: str | None) -> None:
+        # Holding pause modes keep the request on the engine while weights change under it.
+        if self.gate.epoch != start_epoch and start_version is not None and start_version not in res.weight_versions:
+            res.weight_versions.insert(0, start_version)
+
+    def _resume_or_fail(self, res: GenResult, finish: dict[str, Any]) -> None:
+        res.resumes += 1
+        if res.resumes > self.max_resumes:
+            raise ServiceUnavailable(
+                f"generation was interrupted {res.resumes} times (last: {finish.get('message')}); try again")
+        logger.info("generation aborted after %d tokens (%s); resubmitting", len(res.response_ids),
+                    finish.get("message"))
+
+    async def generate(self, prompt_ids: list[int], sp: dict[str, Any]) -> GenResult:
+        """Non-streaming generation with transparent resume."""
+        res = GenResult(prompt_ids=list(prompt_ids))
+        while True:
+            await self.gate.wait_open()
+            epoch, version = self.gate.epoch, self.gate.version
+            seg_sp = self._segment_params(sp, len(res.response_ids))
+            gens = await self.engine.generate_ids(res.prompt_ids + res.response_ids, seg_sp, return_logprob=True,
+                                                  deadline_s=self.deadline_s)
+            g = gens[0]
+            self._note_epoch(res, epoch, version)
+            if g.output_ids:
+                res.add_version(g.weight_version)
+            res.response_ids += g.output_ids
+            res.logprobs += g.output_logprobs or []
+            res.text += g.text
+            if not g.aborted:
+                if not res.weight_versions:
+                    res.add_version(g.weight_version)
+                res.finish = g.finish_reason
+                return res
+            self._resume_or_fail(res, g.finish_reason)
+            if seg_sp["max_new_tokens"] - len(g.output_ids) <= 0:
+                res.finish = {"type": "length", "length": sp["max_new_tokens"]}
+                return res
+
+    async def stream(self, prompt_ids: list[int], sp: dict[str, Any], res: GenResult) -> AsyncIterator[str]:
+        """Streaming generation: yields text deltas as tokens arrive; fills ``res`` (token-exact) as it goes.
+
+        SGLang chunks are cumulative per submission, so each chunk's new ids/log-probs/text are the
+        suffix beyond the previous chunk of the same submission.
+        """
+        while True:
+            await self.gate.wait_open()
+            epoch, version = self.gate.epoch, self.gate.version
+            seg_sp = self._segment_params(sp, len(res.response_ids))
+            payload = {"input_ids": res.prompt_ids + res.response_ids, "sampling_params": seg_sp,
+                       "return_logprob": True}
+            seen_ids = seen_text = 0
+            finish: dict[str, Any] | None = None
+            async for chunk in self.engine.stream_generate(payload, deadline_s=self.deadline_s):
+                meta = chunk.get("meta_info") or {}
+                ids = chunk.get("output_ids") or []
+                lps = meta.get("output_token_logprobs") or []
+                if len(lps) != len(ids):
+                    raise EngineBadResponse(f"stream chunk has {len(ids)} ids but {len(lps)} log-probs")
+                new = ids[seen_ids:]
+                if new:
+                    if [int(e[1]) for e in lps[seen_ids:]] != [int(t) for t in new]:
+                        raise EngineBadResponse("stream chunk log-prob ids differ from output_ids")
+                    if any(e[0] is None for e in lps[seen_ids:]):
+                        raise EngineBadResponse("stream chunk has a null log-prob for a sampled token")
+                    res.response_ids += [int(t) for t in new]
+                    res.logprobs += [float(e[0]) for e in lps[seen_ids:]]
+                    res.add_version(meta.get("weight_version"))
+                    seen_ids = len(ids)
+                fr = meta.get("finish_reason")
+                text = chunk.get("text") or ""
+                if not fr:
+                    # An incomplete UTF-8 sequence decodes to U+FFFD until its last byte arrives: wait for it.
+                    text = text.rstrip("\ufffd")
+                if len(text) > seen_text:
+                    delta = text[seen_text:]
+                    seen_text = len(text)
+                    res.text += delta
+                    yield delta
+                if fr:
+                    finish = {"type": fr} if isinstance(fr, str) else fr
+            self._note_epoch(res, epoch, version)
+            if finish is None:
+                raise EngineBadResponse("engine stream ended without a finish_reason")
+            if finish.get("type") != "abort":
+                if not res.weight_versions:
+                    res.add_version(self.gate.version)
+                res.finish = finish
+                return
+            self._resume_or_fail(res, finish)
+            if sp["max_new_tokens"] - len(res.response_ids) <= 0:
+                res.finish = {"type": "length", "length": sp["max_new_tokens"]}
+                return
+

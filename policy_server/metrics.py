@@ -1,0 +1,32 @@
+"""Prometheus metrics of one policy server (own registry, so several apps can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("hindsight_policy_requests_total", "HTTP requests", ["route", "status"], registry=r)
+        self.latency = Histogram("hindsight_policy_request_seconds", "request latency", ["route"], registry=r,
+                                 buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
+        self.engine_errors = Counter("hindsight_policy_engine_errors_total", "engine failures by class", ["kind"],
+                                     registry=r)
+        self.turns = Counter("hindsight_policy_turns_total", "served turns", ["turn_type"], registry=r)
+        self.resumes = Counter("hindsight_policy_resumes_total", "generations resubmitted after an abort", registry=r)
+        self.mismatches = Counter("hindsight_policy_history_mismatches_total", "rewritten histories", registry=r)
+        self.backpressure = Counter("hindsight_policy_backpressure_total", "main turns refused (429)", registry=r)
+        self.weight_updates = Counter("hindsight_policy_weight_updates_total", "weight updates", ["outcome"],
+                                      registry=r)
+        self.paused_s = Gauge("hindsight_policy_last_pause_seconds", "duration of the last weight-sync pause",
+                              registry=r)
+        self.gate_waiting = Gauge("hindsight_policy_gate_waiting", "requests waiting at the weight gate", registry=r)
+        self.samples = Gauge("hindsight_policy_samples", "samples by status", ["status"], registry=r)
+
+    def render(self, stats: dict[str, object] | None = None) -> bytes:
+        if stats:
+            for status, n in (stats.get("samples") or {}).items():  # type: ignore[union-attr]
+                self.samples.labels(status=status).set(n)
+        return generate_latest(self.registry)

@@ -1,0 +1,158 @@
+"""OpenAI chat-completions shapes at the HTTP edge: request validation, sampling mapping, responses.
+
+Contract (sglang-protocol.md §4.3-4.4): non-streaming ``chat.completion`` objects and streaming
+``chat.completion.chunk`` events (role chunk, content/reasoning/tool-call deltas, finish chunk, optional
+usage chunk with ``choices: []``, then ``[DONE]``). Unknown request fields are accepted and ignored, as
+OpenAI-compatible servers do; wrong values of known fields are a 400 with a message naming the field.
+The body fallbacks ``session_id``/``turn_type``/``session_done`` are removed before anything else sees
+the request.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from policy_server.errors import InvalidRequest
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+SESSION_BODY_KEYS = ("session_id", "turn_type", "session_done")
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(..., min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    n: int | None = Field(None, ge=1)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > 32:
+            raise ValueError("at most 32 stop sequences")
+        return v
+
+
+def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Check roles, contents and tool-call linkage; return template-ready copies (developer -> system)."""
+    out: list[dict[str, Any]] = []
+    call_ids: set[str] = set()
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise InvalidRequest(f"messages[{i}].role {role!r} is not one of {', '.join(ROLES)}",
+                                 param=f"messages[{i}].role")
+        content = msg.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise InvalidRequest(f"messages[{i}].content must be a string or a list of parts",
+                                 param=f"messages[{i}].content")
+        if isinstance(content, list) and not all(isinstance(p, dict) and p.get("type") for p in content):
+            raise InvalidRequest(f"messages[{i}].content parts need a type", param=f"messages[{i}].content")
+        m = dict(msg)
+        if role == "developer":
+            m["role"] = "system"
+        if role == "assistant":
+            for j, tc in enumerate(msg.get("tool_calls") or []):
+                fn = tc.get("function") if isinstance(tc, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise InvalidRequest(f"messages[{i}].tool_calls[{j}] needs function.name",
+                                         param=f"messages[{i}].tool_calls")
+                if tc.get("id"):
+                    call_ids.add(str(tc["id"]))
+        elif content is None:
+            raise InvalidRequest(f"messages[{i}] ({role}) needs content", param=f"messages[{i}].content")
+        if role == "tool":
+            tcid = msg.get("tool_call_id")
+            if not tcid:
+                raise InvalidRequest(f"messages[{i}] is a tool message without tool_call_id",
+                                     param=f"messages[{i}].tool_call_id")
+            if str(tcid) not in call_ids:
+                raise InvalidRequest(
+                    f"messages[{i}].tool_call_id {tcid!r} does not match any earlier assistant tool call",
+                    param=f"messages[{i}].tool_call_id")
+        out.append(m)
+    return out
+
+
+def validate_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> None:
+    for i, t in enumerate(tools or []):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str):
+            raise InvalidRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
+                                 param=f"tools[{i}]")
+    if isinstance(tool_choice, str) and tool_choice not in ("none", "auto", "required"):
+        raise InvalidRequest(f"tool_choice {tool_choice!r} must be none, auto, required or a function",
+                             param="tool_choice")
+    if tool_choice not in (None, "none", "auto") and not tools:
+        raise InvalidRequest("tool_choice needs tools", param="tool_choice")
+
+
+def sampling_params(req: ChatRequest, default_max_tokens: int) -> dict[str, Any]:
+    """OpenAI fields -> SGLang ``sampling_params`` (only the keys SGLang and the router accept)."""
+    if req.n not in (None, 1):
+        raise InvalidRequest("only n=1 is supported", param="n")
+    sp: dict[str, Any] = {"max_new_tokens": req.max_completion_tokens or req.max_tokens or default_max_tokens}
+    if req.temperature is not None:
+        sp["temperature"] = req.temperature
+    if req.top_p is not None:
+        sp["top_p"] = req.top_p
+    if req.stop:
+        sp["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+    if req.seed is not None:
+        sp["sampling_seed"] = req.seed
+    if req.presence_penalty is not None:
+        sp["presence_penalty"] = req.presence_penalty
+    if req.frequency_penalty is not None:
+        sp["frequency_penalty"] = req.frequency_penalty
+    return sp
+
+
+def finish_reason(engine_finish: dict[str, Any], has_tool_calls: bool) -> str:
+    kind = engine_finish.get("type")
+    if kind == "length":
+        return "length"
+    return "tool_calls" if has_tool_calls else "stop"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(*, rid: str, model: str, message: dict[str, Any], finish: str, prompt_tokens: int,
+               completion_tokens: int, weight_version: str | None, session_id: str | None) -> dict[str, Any]:
+    return {
+        "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "usage": usage(prompt_tokens, completion_tokens),
+        "metadata": {"weight_version": weight_version, "session_id": session_id},
+    }
+
+
+def chunk(*, rid: str, model: str, created: int, delta: dict[str, Any] | None = None,
+          finish: str | None = None, usage_obj: dict[str, int] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+    if usage_obj is not None:
+        body["choices"] = []
+        body["usage"] = usage_obj
+    else:
+        body["choices"] = [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}]
+    return body

@@ -1,0 +1,173 @@
+"""Sessions, turns and next-state pairing.
+
+Role: decide, for each main request, which earlier turn it answers and with what next state; end
+sessions on ``X-Session-Done`` or after an idle timeout. State lives in the store, so pairing and
+idle expiry survive restarts.
+
+Pairing rule (issue 4 item 4). Let the session's awaiting turn T have request messages ``M`` and
+sampled assistant reply ``R``; a new *main* request of the same session has messages ``N``:
+
+1. ``N`` extends T when ``N[:len(M)]`` equals ``M`` and ``N[len(M)]`` is an assistant message equal to
+   ``R`` (messages are compared by role, text content with surrounding whitespace stripped, tool calls
+   by function name and parsed JSON arguments, tool results by ``tool_call_id``; ``reasoning_content``
+   is ignored because clients commonly drop it from the history).
+2. Then T's next state is ``N[len(M)+1:]``: one user reply, or one or more tool results (each typed by
+   role), possibly followed by a user message. It must be non-empty and contain only ``user``/``tool``
+   messages; a system/developer message appended by the client is not feedback on R and is dropped from
+   the next state (recorded in the note).
+3. Anything else (history rewritten or truncated, reply edited, no new message) is a **mismatch**.
+   Conservative decision: the pair cannot be trusted, so T is resolved as ``mismatch`` and its sample is
+   **rejected** with reason ``history_mismatch`` (counted per session and in stats) instead of being
+   judged against feedback that may belong to a different reply. The new request is served and recorded
+   normally and starts a fresh pairing.
+
+Side turns are served but neither recorded nor used for pairing (heartbeats carry unrelated messages).
+A session ends on ``X-Session-Done`` (its last turn gets no next state) or when it has been idle for
+``session_idle_timeout_s`` (same outcome); the reward pipeline then handles the last turn per mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from policy_server.store import Store
+
+logger = logging.getLogger(__name__)
+
+FEEDBACK_ROLES = ("user", "tool")
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """Outcome of comparing a new request with the awaiting turn."""
+
+    kind: str  # "paired" | "mismatch"
+    next_state: list[dict[str, Any]] | None = None
+    note: str | None = None
+    dropped: list[str] = field(default_factory=list)
+
+
+def _args(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value.strip()
+    return value
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return (content or "").strip()
+
+
+def message_key(msg: dict[str, Any]) -> tuple[Any, ...]:
+    """What must stay equal for two messages to count as the same history entry."""
+    calls = tuple(
+        (tc.get("function", {}).get("name"), json.dumps(_args(tc.get("function", {}).get("arguments")), sort_keys=True))
+        for tc in (msg.get("tool_calls") or [])
+    )
+    return (msg.get("role"), _text(msg.get("content")), calls, msg.get("tool_call_id") if msg.get("role") == "tool" else None)
+
+
+def pair_next_state(prev_messages: list[dict[str, Any]], prev_response: dict[str, Any],
+                    new_messages: list[dict[str, Any]]) -> Pairing:
+    """Apply the pairing rule of the module docstring (pure)."""
+    n = len(prev_messages)
+    if len(new_messages) < n + 2:
+        return Pairing("mismatch", note=f"new history has {len(new_messages)} messages, expected more than {n + 1}")
+    for i, (old, new) in enumerate(zip(prev_messages, new_messages[:n], strict=True)):
+        if message_key(old) != message_key(new):
+            return Pairing("mismatch", note=f"message {i} ({old.get('role')}) was rewritten")
+    assistant = new_messages[n]
+    expected = message_key({"role": "assistant", **prev_response})
+    if message_key(assistant) != expected:
+        return Pairing("mismatch", note=f"message {n} is not the recorded assistant reply")
+    tail = new_messages[n + 1 :]
+    kept = [dict(m) for m in tail if m.get("role") in FEEDBACK_ROLES]
+    dropped = [str(m.get("role")) for m in tail if m.get("role") not in FEEDBACK_ROLES]
+    if not kept:
+        return Pairing("mismatch", note="no user or tool message after the recorded reply")
+    if any(m.get("role") == "assistant" for m in tail):
+        return Pairing("mismatch", note="another assistant message follows the recorded reply")
+    state = [{k: v for k, v in m.items() if k in ("role", "content", "tool_call_id", "name")} for m in kept]
+    for m in state:
+        m["content"] = _text(m.get("content"))
+    note = f"dropped non-feedback roles {dropped}" if dropped else None
+    return Pairing("paired", next_state=state, note=note, dropped=dropped)
+
+
+class SessionTracker:
+    """Applies pairing and session ends against the store; runs the idle sweeper.
+
+    ``on_new_work`` is called (no args) whenever a sample becomes pending_judge, to wake the dispatcher.
+    """
+
+    def __init__(self, store: Store, *, idle_timeout_s: float, sweep_interval_s: float = 1.0,
+                 on_new_work: Any = None):
+        self.store = store
+        self.idle_timeout_s = idle_timeout_s
+        self.sweep_interval_s = sweep_interval_s
+        self.on_new_work = on_new_work or (lambda: None)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.mismatches = 0
+
+    def _lock(self, session_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(session_id, asyncio.Lock())
+
+    async def on_request(self, session_id: str, messages: list[dict[str, Any]], *, main: bool, done: bool) -> None:
+        """Called when a request arrives (before generation): pair the awaiting turn, handle side+done."""
+        async with self._lock(session_id):
+            await asyncio.to_thread(self.store.touch_session, session_id)
+            awaiting = await asyncio.to_thread(self.store.awaiting_turn, session_id)
+            if awaiting is not None and main:
+                p = pair_next_state(awaiting["messages"], awaiting["response"], messages)
+                if p.kind == "mismatch":
+                    self.mismatches += 1
+                    logger.warning("session %s turn %s: history mismatch (%s); rejecting that turn",
+                                   session_id, awaiting["turn_index"], p.note)
+                await asyncio.to_thread(
+                    self.store.resolve_turn, session_id, awaiting["turn_index"], pairing=p.kind,
+                    next_state=p.next_state, session_done=False, note=p.note,
+                    reject_reason="history_mismatch" if p.kind == "mismatch" else None,
+                )
+                self.on_new_work()
+            elif done and not main:
+                # A side request that ends the session: the awaiting main turn becomes the last turn.
+                if await asyncio.to_thread(self.store.end_session, session_id):
+                    self.on_new_work()
+
+    async def on_main_turn(self, session_id: str, record: dict[str, Any], *, done: bool) -> int:
+        """Record a generated main turn (durably, before the client gets the answer)."""
+        async with self._lock(session_id):
+            idx = await asyncio.to_thread(self.store.record_turn, session_id, record, session_done=done)
+        self.on_new_work()
+        return idx
+
+    async def sweep_idle(self, now: float | None = None) -> int:
+        """End every session idle for longer than the timeout; returns how many ended."""
+        now = time.time() if now is None else now
+        ended = 0
+        for sid in await asyncio.to_thread(self.store.idle_sessions, now - self.idle_timeout_s):
+            async with self._lock(sid):
+                await asyncio.to_thread(self.store.end_session, sid, now=now)
+            self._locks.pop(sid, None)
+            ended += 1
+        if ended:
+            logger.info("ended %d idle session(s)", ended)
+            self.on_new_work()
+        return ended
+
+    async def run_sweeper(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval_s)
+            try:
+                await self.sweep_idle()
+            except Exception:  # the sweeper must outlive a transient store error; it retries next tick
+                logger.exception("idle sweep failed")

@@ -1,0 +1,99 @@
+"""Settings of the policy server: one pydantic-settings class, env prefix ``HINDSIGHT_POLICY_``.
+
+Every field is also a CLI flag of ``hindsight-policy`` (``--model-path`` for ``model_path``; see
+policy_server.cli), CLI values win over environment variables. Built once in ``main()`` (or by a
+test) and passed to ``create_app(settings)``; never instantiated at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class PolicySettings(BaseSettings):
+    """Resolved configuration; names carry units (``_s``, ``_bytes``)."""
+
+    model_config = SettingsConfigDict(env_prefix="HINDSIGHT_POLICY_", extra="ignore")
+
+    # --- upstreams
+    model_path: str = Field(..., description="policy tokenizer + chat template folder (HF layout)")
+    engine_url: str = Field(..., description="policy engine or its sglang-router")
+    engine_worker_urls: Annotated[list[str], NoDecode] = Field(default_factory=list,
+                                          description="engines that get pause/update/continue (default: engine_url)")
+    engine_api_key: str | None = None
+    engine_admin_api_key: str | None = None
+    judge_url: str | None = Field(None, description="judge service; without it no turn is judged (stays pending)")
+    judge_api_key: str | None = None
+    teacher_url: str | None = Field(None, description="teacher engine for opd/combine")
+    teacher_api_key: str | None = None
+    served_model_name: str = "hindsight-policy"
+
+    # --- storage and reward modes
+    data_dir: str = "./hindsight-data"
+    mode: Literal["rl", "opd", "combine"] = "rl"
+    w_rl: float = 1.0
+    w_opd: float = 1.0
+    prm_config: str | None = None
+    judge_m: int | None = None
+    at_least_one: bool = True
+    teacher_top_k: int = 0
+    teacher_temperature: float = 1.0
+    teacher_max_concurrency: int = 4
+    teacher_deadline_s: float | None = None
+
+    # --- serving
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    admin_api_key: str | None = None
+    default_turn_type: Literal["main", "side"] = "main"
+    session_idle_timeout_s: float = 600.0
+    idle_sweep_interval_s: float = 1.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    default_max_tokens: int = 1024
+    max_concurrent_requests: int = 256
+    engine_deadline_s: float = 120.0
+    engine_max_attempts: int = 5
+    max_resumes: int = 8
+
+    # --- weight sync
+    pause_mode: Literal["abort", "retract", "in_place"] = "abort"
+    gate_timeout_s: float = 120.0
+    weight_update_deadline_s: float = 600.0
+
+    # --- sample store / dispatch
+    lease_timeout_s: float = 600.0
+    max_lease_size: int = 4096
+    max_lease_wait_s: float = 60.0
+    max_unconsumed_samples: int = 1_000_000
+    dispatch_concurrency: int = 8
+    dispatch_retry_initial_s: float = 0.5
+    dispatch_retry_max_s: float = 30.0
+
+    log_level: str = "INFO"
+
+    @field_validator("engine_worker_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [u.strip() for u in v.split(",") if u.strip()]
+        return v
+
+    @field_validator("engine_url", "judge_url", "teacher_url")
+    @classmethod
+    def _strip_slash(cls, v: str | None) -> str | None:
+        return v.rstrip("/") if v else v
+
+    @model_validator(mode="after")
+    def _defaults(self) -> PolicySettings:
+        if not self.engine_worker_urls:
+            self.engine_worker_urls = [self.engine_url]
+        for name in ("session_idle_timeout_s", "gate_timeout_s", "lease_timeout_s", "engine_deadline_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be >= 1024")
+        return self

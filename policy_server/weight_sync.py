@@ -1,0 +1,125 @@
+"""Weight sync without downtime (issue 5 item 5): a gate for new generations and the update sequence.
+
+Contract (sglang-protocol.md §3; docs/CONTRACTS.md ``POST /admin/weights/update``):
+
+1. Close the gate: new engine submissions (new requests and resubmissions of aborted ones) wait at
+   :meth:`WeightGate.wait_open`, at most ``gate_timeout_s`` each (then 503 with a message): they are
+   delayed, not failed.
+2. ``pause_generation(mode)`` on every engine worker URL (the router does not fan these out). Mode
+   ``abort`` (SGLang's default) returns in-flight requests as aborted with their partial output; the
+   generator resubmits them once the gate opens (policy_server.generation). ``retract``/``in_place``
+   hold them inside the engine and resume them after ``continue``.
+3. ``update_weights_from_disk(model_path, weight_version)`` on every worker.
+4. ``continue_generation`` on every worker (also after a failed step, so the engines never stay paused),
+   then open the gate and bump the epoch. The result is ``{"success", "weight_version", "paused_s"}``;
+   a failed step raises with the workers that failed named.
+Only one update runs at a time (a lock); a second waits for the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from engine.client import EngineClient
+from engine.errors import EngineError
+from policy_server.errors import ServiceUnavailable, UpstreamFailed
+
+logger = logging.getLogger(__name__)
+
+
+class WeightGate:
+    """Open except during an update. ``epoch`` counts completed updates; ``version`` is the current one."""
+
+    def __init__(self, timeout_s: float, version: str | None = None):
+        self.timeout_s = timeout_s
+        self.version = version
+        self.epoch = 0
+        self.waiting = 0
+        self._open = asyncio.Event()
+        self._open.set()
+
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+    def close(self) -> None:
+        self._open.clear()
+
+    def open(self) -> None:
+        self._open.set()
+
+    async def wait_open(self) -> None:
+        if self._open.is_set():
+            return
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._open.wait()
+        except TimeoutError:
+            raise ServiceUnavailable(
+                f"weight update in progress for more than {self.timeout_s:.0f}s; retry shortly") from None
+        finally:
+            self.waiting -= 1
+
+
+class WeightSync:
+    """Runs pause -> update_weights_from_disk -> continue on every worker behind the gate."""
+
+    def __init__(self, workers: list[EngineClient], gate: WeightGate, *, pause_mode: str = "abort",
+                 deadline_s: float = 600.0):
+        self.workers = workers
+        self.gate = gate
+        self.pause_mode = pause_mode
+        self.deadline_s = deadline_s
+        self._lock = asyncio.Lock()
+        self.updates = 0
+        self.failures = 0
+        self.last_paused_s = 0.0
+
+    async def _all(self, step: str, calls: list[Any]) -> list[str]:
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        failed = []
+        for w, r in zip(self.workers, results, strict=True):
+            if isinstance(r, BaseException):
+                if not isinstance(r, (EngineError, TimeoutError)):
+                    raise r
+                logger.error("%s failed on %s: %s", step, w.base_url, r)
+                failed.append(f"{w.base_url}: {r}")
+        return failed
+
+    async def update(self, model_path: str, weight_version: str) -> dict[str, Any]:
+        async with self._lock:
+            self.gate.close()
+            t0 = time.monotonic()
+            failed: list[str] = []
+            step = "pause_generation"
+            try:
+                failed = await self._all(step, [w.pause_generation(self.pause_mode) for w in self.workers])
+                if not failed:
+                    step = "update_weights_from_disk"
+                    failed = await self._all(step, [
+                        w.update_weights_from_disk(model_path, weight_version=weight_version,
+                                                   deadline_s=self.deadline_s)
+                        for w in self.workers])
+            finally:
+                cont = await self._all("continue_generation", [w.continue_generation() for w in self.workers])
+                if not failed and not cont:
+                    self.gate.version = weight_version
+                    self.updates += 1
+                self.gate.epoch += 1
+                self.gate.open()
+                paused_s = time.monotonic() - t0
+                self.last_paused_s = paused_s
+            if failed or cont:
+                self.failures += 1
+                msg = "; ".join(failed or cont)
+                raise UpstreamFailed(f"weight update failed at {step if failed else 'continue_generation'}: {msg}")
+            logger.info("weights updated to %s from %s in %.3fs (pause mode %s)", weight_version, model_path,
+                        paused_s, self.pause_mode)
+            return {"success": True, "weight_version": weight_version, "paused_s": round(paused_s, 4)}
+
+
+__all__ = ["WeightGate", "WeightSync", "ServiceUnavailable"]

@@ -19,6 +19,7 @@ engine is behind the URL. Contract (../shared/reference/sglang-protocol.md ยง1-ย
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import random
@@ -40,6 +41,8 @@ from engine.errors import (
 logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# tenacity 9.2 renamed wait_exponential_jitter(initial=) to multiplier= (the old name warns); support both.
+_BACKOFF_KW = "multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters else "initial"
 
 
 @dataclass(frozen=True)
@@ -199,7 +202,7 @@ class EngineClient:
             policy = AsyncRetrying(
                 stop=stop_after_attempt(self.retry.max_attempts if retry else 1),
                 wait=wait_exponential_jitter(
-                    initial=self.retry.initial_backoff_s, max=self.retry.max_backoff_s, jitter=self.retry.jitter_s
+                    **{_BACKOFF_KW: self.retry.initial_backoff_s}, max=self.retry.max_backoff_s, jitter=self.retry.jitter_s
                 ),
                 retry=retry_if_exception_type(_Retryable),
                 reraise=True,

@@ -195,16 +195,17 @@ def resolve_sampling(params: dict[str, Any], prompt_len: int, context_length: in
     for key in UNSUPPORTED_SAMPLING_KEYS:
         if key in p:
             raise ProtocolError(f"sampling_params.{key} is not supported by the dev engine")
-    max_new = params["max_new_tokens"] if "max_new_tokens" in params else 128
-    if max_new is None:
-        max_new = context_length - prompt_len
+    explicit = params.get("max_new_tokens")
+    # An explicit budget over the context is an error; the default (128) and null are clamped, as in SGLang.
+    max_new = explicit if explicit is not None else min(128 if "max_new_tokens" not in params else context_length,
+                                                        max(context_length - prompt_len, 0))
     if max_new < 0:
         raise ProtocolError(f"max_new_tokens must be at least 0, got {max_new}.")
     if prompt_len >= context_length:
         raise ProtocolError(
             f"The input ({prompt_len} tokens) is longer than the model's context length ({context_length} tokens)."
         )
-    if prompt_len + max_new > context_length:
+    if explicit is not None and prompt_len + max_new > context_length:
         raise ProtocolError(
             f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
             f"You requested a total of {prompt_len + max_new} tokens: {prompt_len} tokens from the input "

@@ -1,0 +1,120 @@
+"""End-to-end: hindsight-judge (real uvicorn process) -> real sglang-router 0.3.2 -> two CPU dev engines.
+
+Checks (issue 3): with the regex constraint on, 100% of votes parse; each voting round is ONE engine
+request (router's prometheus /generate counter == judge usage.engine_calls == rounds); a killed engine
+is survived (the router retries on the other one); all engines down -> judge_failed, score null, HTTP 200.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, start_router, wait_http
+
+pytestmark = pytest.mark.e2e
+
+REQ = {
+    "context": [{"role": "user", "content": "Rename report.txt to summary.txt"}],
+    "response": {"content": "Done.", "tool_calls": [{"function": {"name": "mv", "arguments": {"a": "report.txt"}}}]},
+    "next_state": [{"role": "tool", "content": "mv: cannot stat 'report.txt': No such file"}],
+}
+
+
+class Stack:
+    def __init__(self, engines: list[ManagedProcess], router: ManagedProcess, judge: ManagedProcess):
+        self.engines, self.router, self.judge = engines, router, judge
+
+    def router_generate_count(self) -> int:
+        text = httpx.get(f"http://127.0.0.1:{self.router.extra['prometheus_port']}/metrics", trust_env=False).text
+        m = re.search(r'smg_http_requests_total\{method="POST",path="/generate"\} (\d+)', text)
+        return int(m.group(1)) if m else 0
+
+    def post(self, path: str, body: dict, timeout_s: float = 60.0) -> httpx.Response:
+        return httpx.post(self.judge.url + path, json=body, timeout=timeout_s, trust_env=False)
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    log_dir = tmp_path_factory.mktemp("judge-e2e")
+    started: list[ManagedProcess] = []
+    try:
+        with ThreadPoolExecutor(2) as pool:  # the engines start in parallel: ~8 s each on this machine
+            futures = [pool.submit(start_dev_engine, tiny_model_dir, log_dir=log_dir, name=f"engine{i}")
+                       for i in range(2)]
+            engines = [f.result() for f in futures]
+        started += engines
+        router = start_router([e.url for e in engines], log_dir=log_dir)
+        started.append(router)
+        port = free_port()
+        judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--engine-url", router.url,
+                                "--port", str(port), "--tokenizer-path", str(tiny_model_dir),
+                                "--constrain-output", "--max-new-tokens", "64", "--request-deadline-s", "15",
+                                "--log-level", "warning"],
+                      url=f"http://127.0.0.1:{port}", log_dir=log_dir,
+                      env={"HINDSIGHT_JUDGE_REASONING_MAX_CHARS": "24", "HINDSIGHT_JUDGE_HINT_MAX_CHARS": "60",
+                           "HINDSIGHT_JUDGE_ENGINE_MAX_ATTEMPTS": "3"})
+        started.append(judge)
+        wait_http(judge.url + "/ready", deadline_s=60, proc=judge.proc)
+        yield Stack(engines, router, judge)
+    finally:
+        for p in reversed(started):
+            p.stop()
+
+
+def test_regex_votes_all_parse_and_one_request_per_round(stack: Stack) -> None:
+    before = stack.router_generate_count()
+    total_calls = 0
+    votes: list[int | None] = []
+    for m in (3, 5):
+        r = stack.post("/v1/judge", {**REQ, "tasks": ["prm", "hint"], "m": m})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["prm"]["status"] in ("ok", "tie") and len(body["prm"]["votes"]) == m
+        assert len(body["hint"]["votes"]) == m and body["hint"]["status"] == "ok"
+        votes += body["prm"]["votes"] + body["hint"]["votes"]
+        assert body["usage"]["engine_calls"] == 2  # fixed policy: one n=m call per task
+        total_calls += body["usage"]["engine_calls"]
+        if body["hint"]["accepted"]:
+            assert len(body["hint"]["hint"]) > 10
+    assert None not in votes and len(votes) == 16  # 100% of constrained votes parse
+    assert stack.router_generate_count() - before == total_calls == 4
+
+
+def test_adaptive_rounds_match_engine_requests(stack: Stack) -> None:
+    before = stack.router_generate_count()
+    r = stack.post("/v1/judge", {**REQ, "tasks": ["prm"], "m": 3, "policy": "adaptive"})
+    body = r.json()
+    assert body["prm"]["status"] in ("ok", "tie") and None not in body["prm"]["votes"]
+    assert 2 <= len(body["prm"]["votes"]) <= 7
+    assert stack.router_generate_count() - before == body["usage"]["engine_calls"] >= 1
+
+
+def test_batch_and_metrics(stack: Stack) -> None:
+    r = stack.post("/v1/judge/batch", {"items": [{**REQ, "tasks": ["prm"]}] * 4})
+    results = r.json()["results"]
+    assert len(results) == 4 and all(x["prm"]["status"] in ("ok", "tie") for x in results)
+    metrics = httpx.get(stack.judge.url + "/metrics", trust_env=False).text
+    assert "hindsight_judge_votes_per_turn_bucket" in metrics
+    assert "hindsight_judge_engine_call_seconds_bucket" in metrics
+
+
+def test_killed_engine_survived_then_all_down_is_judge_failed(stack: Stack) -> None:
+    stack.engines[0].kill()
+    for _ in range(4):  # round robin would hit the dead engine every other call
+        r = stack.post("/v1/judge", {**REQ, "tasks": ["prm"]})
+        assert r.status_code == 200 and r.json()["prm"]["status"] in ("ok", "tie"), r.text
+    stack.engines[1].kill()
+    r = stack.post("/v1/judge", {**REQ, "tasks": ["prm", "hint"]}, timeout_s=40)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["prm"]["status"] == "judge_failed" and body["prm"]["score"] is None and body["prm"]["reason"]
+    assert body["hint"]["status"] == "judge_failed" and body["hint"]["accepted"] is False
+    ready = httpx.get(stack.judge.url + "/ready", timeout=10, trust_env=False)
+    assert ready.status_code == 503

@@ -94,7 +94,8 @@ class TurnCache:
             chain.append(self._items[cur])
             cur = self._items[cur].parent_id
         chain.reverse()
-        rewards = {it.interaction_id: self._rewards[it.interaction_id] for it in chain if it.interaction_id in self._rewards}
+        ids = [it.interaction_id for it in chain]
+        rewards = {iid: self._rewards[iid] for iid in ids if iid in self._rewards}
         return TurnCache(chain, rewards)
 
     @classmethod

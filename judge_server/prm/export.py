@@ -104,7 +104,9 @@ async def score_branches(
     return SessionScore(session_id, tuple(branches), stats)
 
 
-async def score_session(runner: PRMRunner, turns: Sequence[Mapping[str, Any]], *, is_eval: bool = False) -> dict[int, list[float]]:
+async def score_session(
+    runner: PRMRunner, turns: Sequence[Mapping[str, Any]], *, is_eval: bool = False
+) -> dict[int, list[float]]:
     """The policy server's hook: ``turn_index -> token_rewards`` for a session whose turns are ready."""
     if not runner.active:
         return {}

@@ -178,7 +178,9 @@ class PRMCollector(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterator[Any]:
-        turn = GaugeMetricFamily("hindsight_prm_turn_reward", "Mean weighted PRM turn reward", labels=["namespace", "scorer"])
+        turn = GaugeMetricFamily(
+            "hindsight_prm_turn_reward", "Mean weighted PRM turn reward", labels=["namespace", "scorer"]
+        )
         traj = GaugeMetricFamily(
             "hindsight_prm_trajectory_reward", "Mean per-branch weighted PRM reward sum", labels=["namespace", "scorer"]
         )

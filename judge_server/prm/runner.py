@@ -215,10 +215,15 @@ class PRMRunner:
             if by_id is None:
                 raise PRMRejected(f"trajectory scorer {name!r} returned None", scorer=name)
             if not isinstance(by_id, Mapping):
-                raise PRMRejected(f"trajectory scorer {name!r} must return a mapping, got {type(by_id).__name__}", scorer=name)
+                raise PRMRejected(
+                    f"trajectory scorer {name!r} must return a mapping, got {type(by_id).__name__}", scorer=name
+                )
             unknown = set(by_id) - {iid for iid, _ in items}
             if unknown:
-                raise PRMRejected(f"trajectory scorer {name!r} returned unknown interaction ids {sorted(map(str, unknown))}", scorer=name)
+                raise PRMRejected(
+                    f"trajectory scorer {name!r} returned unknown interaction ids {sorted(map(str, unknown))}",
+                    scorer=name,
+                )
             nones = [iid for iid, value in by_id.items() if value is None]
             if nones:
                 raise PRMRejected(f"trajectory scorer {name!r} returned None for {sorted(nones)}", scorer=name)
@@ -228,7 +233,9 @@ class PRMRunner:
                 try:
                     out.append(scorer.prepare_result(interaction, raw, ctx))
                 except Exception as exc:
-                    raise PRMRejected(f"scorer {name!r} prepare_result raised on {iid!r}: {exc!r}", scorer=name) from exc
+                    raise PRMRejected(
+                        f"scorer {name!r} prepare_result raised on {iid!r}: {exc!r}", scorer=name
+                    ) from exc
             return out
 
         async def one(interaction: Interaction) -> PRMScorerResult | BaseException | None:
@@ -263,7 +270,8 @@ class PRMRunner:
         for (iid, interaction), result in zip(items, results, strict=True):
             if not isinstance(result, PRMScorerResult):
                 raise PRMRejected(
-                    f"scorer {name!r} must produce PRMScorerResult, got {type(result).__name__} for {iid!r}", scorer=name
+                    f"scorer {name!r} must produce PRMScorerResult, got {type(result).__name__} for {iid!r}",
+                    scorer=name,
                 )
             try:
                 raw = to_token_rewards(result.reward, interaction.output_len)

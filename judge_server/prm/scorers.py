@@ -49,7 +49,9 @@ class LengthBudgetScorer(BaseScorer):
             reward=result,
             observations=(
                 PRMMetricObservation("within_budget", "turn", iid, bool(result), "boolean", ("count", "rate")),
-                PRMMetricObservation("output_tokens", "turn", iid, float(interaction.output_len), "float", ("sum", "mean")),
+                PRMMetricObservation(
+                    "output_tokens", "turn", iid, float(interaction.output_len), "float", ("sum", "mean")
+                ),
             ),
         )
 
@@ -125,7 +127,9 @@ class LLMJudgeScorer(BaseScorer):
         observations = [PRMMetricObservation("judge_tie", "turn", iid, status == "tie", "boolean", ("count", "rate"))]
         confidence = prm.get("confidence")
         if isinstance(confidence, int | float) and not isinstance(confidence, bool):
-            observations.append(PRMMetricObservation("judge_confidence", "turn", iid, float(confidence), "float", ("mean",)))
+            observations.append(
+                PRMMetricObservation("judge_confidence", "turn", iid, float(confidence), "float", ("mean",))
+            )
         return PRMScorerResult(reward=reward, observations=tuple(observations))
 
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> RawReward | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from prm_test_scorers import A, B, C, make_turns
+from prm_test_scorers import A, C, make_turns
 
 from judge_server.prm import PRMConfigError, PRMRunner, PRMRunnerClosed, score_session
 

@@ -1,0 +1,132 @@
+"""Bench: adaptive vs fixed voting on a seeded synthetic vote source, and n-in-one-call vs m calls.
+
+Run:  python bench/judge_votes.py [--turns 2000] [--seed 0] [--no-engine]
+
+Part 1 (pure, seeded): each turn has a true verdict in {1, 0, -1}; each vote equals it with probability
+``agreement`` and is otherwise one of the two other values (a 5% share of votes unparseable). The same
+per-turn vote stream feeds fixed m=5 (first five votes) and the adaptive policy (as many as it asks for),
+through judge_server.voting.run_policy. Printed: mean votes per turn (and the ratio to 5) and the share of
+turns where adaptive gives the same (score, status) as fixed m=5, and each policy's share of turns
+with status ok and the true verdict ("correct").
+
+Part 2 (one CPU dev engine, tiny model): one judge prompt rendered with the real template, sampled as
+ONE /generate with n=m vs m separate n=1 calls. Printed: the prompt tokens the engine reports per
+prefill (n samples of one call share one prefill in SGLang, protocol §1.3; m separate calls each
+prefill unless the radix cache catches them) and the wall-clock ratio. Ratios, one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from judge_server.voting import Vote, run_policy
+
+
+def synthetic_stream(rng: random.Random, agreement: float, length: int = 32) -> tuple[int, list[int | None]]:
+    truth = rng.choice([1, 0, -1])
+    others = [v for v in (1, 0, -1) if v != truth]
+    out: list[int | None] = []
+    for _ in range(length):
+        if rng.random() < 0.05:
+            out.append(None)
+        else:
+            out.append(truth if rng.random() < agreement else rng.choice(others))
+    return truth, out
+
+
+async def _score(stream: list[int | None], **kw: object) -> tuple[int | None, str, int]:
+    pos = 0
+
+    async def sample(k: int, round_index: int) -> list[Vote]:
+        nonlocal pos
+        votes = [Vote(v) for v in stream[pos:pos + k]]
+        pos += k
+        return votes
+
+    r = await run_policy(sample, **kw)  # type: ignore[arg-type]
+    return r.score, r.status, len(r.votes)
+
+
+async def bench_policies(turns: int, seed: int) -> None:
+    print(f"# part 1: synthetic votes, {turns} turns per row, seed {seed}")
+    print(f"{'agreement':>9} {'policy':>22} {'votes/turn':>10} {'vs fixed5':>9} {'same as fixed5':>14} "
+          f"{'correct':>8} {'fixed5 correct':>14}")
+    for agreement in (0.95, 0.85, 0.7, 0.55):
+        for m, m_max in ((5, 9), (3, 7)):
+            rng = random.Random(seed)
+            votes_used = 0
+            same = correct = fixed_correct = 0
+            for _ in range(turns):
+                truth, stream = synthetic_stream(rng, agreement)
+                fixed = await _score(stream, policy="fixed", m=5, m_max=5)
+                adaptive = await _score(stream, policy="adaptive", m=m, m_max=m_max, min_valid=1, escalate_step=2)
+                votes_used += adaptive[2]
+                same += (adaptive[0], adaptive[1]) == (fixed[0], fixed[1])
+                correct += adaptive[:2] == (truth, "ok")
+                fixed_correct += fixed[:2] == (truth, "ok")
+            mean = votes_used / turns
+            label = f"adaptive m={m} m_max={m_max}"
+            print(f"{agreement:>9.2f} {label:>22} {mean:>10.2f} {mean / 5:>9.2f} {same / turns:>14.3f} "
+                  f"{correct / turns:>8.3f} {fixed_correct / turns:>14.3f}")
+
+
+async def bench_engine(m: int) -> None:
+    from engine.chat import load_tokenizer, render_prompt_ids
+    from engine.client import EngineClient
+    from engine.procs import start_dev_engine
+    from engine.tiny_model import build_tiny_model
+    from prompts import TokenCounter, load_template, render_judge_messages
+
+    print(f"\n# part 2: one dev engine (tiny model), m={m} votes of one judge prompt")
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(Path(tmp) / "tiny", seed=0)
+        tok = load_tokenizer(str(model_dir))
+        messages, _ = render_judge_messages(
+            load_template("prm_eval_v1"),
+            context=[{"role": "user", "content": "Please rename report.txt to summary.txt in ~/docs."}],
+            response={"content": "Renamed it.", "tool_calls": [{"function": {"name": "mv", "arguments": "{}"}}]},
+            next_state=[{"role": "user", "content": "No, that is the wrong folder; use ~/work."}],
+            counter=TokenCounter.from_tokenizer(tok), context_budget_tokens=2000, part_budget_tokens=1000)
+        ids = render_prompt_ids(tok, messages)
+        engine = start_dev_engine(model_dir, log_dir=Path(tmp) / "logs")
+        try:
+            async with EngineClient(engine.url) as client:
+                sp = {"temperature": 0.6, "max_new_tokens": 32}
+                await client.generate_ids(ids, {**sp, "n": 1}, return_logprob=False)  # warm-up
+                t0 = time.perf_counter()
+                one = await client.generate_ids(ids, {**sp, "n": m}, return_logprob=False)
+                t_one = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                sep = await asyncio.gather(*(client.generate_ids(ids, {**sp, "n": 1}, return_logprob=False)
+                                             for _ in range(m)))
+                t_sep = time.perf_counter() - t0
+        finally:
+            engine.stop()
+    prefill_one = one[0].prompt_tokens or len(ids)  # one shared prefill for the n samples
+    prefill_sep = sum((g[0].prompt_tokens or len(ids)) - int(g[0].meta_info.get("cached_tokens") or 0) for g in sep)
+    print(f"prompt length: {len(ids)} tokens")
+    print(f"prompt tokens prefilled: n-in-one-call {prefill_one}, {m} separate calls {prefill_sep}, "
+          f"ratio {prefill_sep / prefill_one:.2f}x")
+    print(f"wall clock: n-in-one-call {t_one * 1000:.0f} ms, {m} separate calls {t_sep * 1000:.0f} ms, "
+          f"ratio {t_sep / t_one:.2f}x")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--turns", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--m", type=int, default=5)
+    p.add_argument("--no-engine", action="store_true")
+    args = p.parse_args()
+    asyncio.run(bench_policies(args.turns, args.seed))
+    if not args.no_engine:
+        asyncio.run(bench_engine(args.m))
+
+
+if __name__ == "__main__":
+    main()

@@ -42,7 +42,9 @@ class JudgeSettings(BaseSettings):
     temperature: float = 0.6
     top_p: float = 1.0
     max_new_tokens: int = 2048
-    sampling_seed: int | None = None  # reproducibility only; rounds use seed + round index
+    # Reproducibility only; rounds use seed + round index. Beware: engines seed all n samples of one call
+    # alike, so a fixed seed makes the votes of a round identical (no noise control): leave unset to vote.
+    sampling_seed: int | None = None
     constrain_output: bool = False  # send the <template>.regex.txt constraint with every judge call
     reasoning_max_chars: int = 1500
     hint_max_chars: int = 600

@@ -1,0 +1,71 @@
+"""JudgeClient (used by the policy server): retries transport errors and 5xx within its budget, then raises
+JudgeUnavailable; a 4xx is raised at once as JudgeRequestRejected; a judged answer comes back as the dict.
+Also the CLI's flag parsing (flags override env; unset flags fall through to the environment)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from judge_server.cli import parse_args
+from judge_server.client import JudgeClient, JudgeRequestRejected, JudgeUnavailable
+from judge_server.settings import JudgeSettings
+
+pytestmark = pytest.mark.unit
+
+ARGS = ([{"role": "user", "content": "hi"}], {"content": "hello"}, [{"role": "user", "content": "thanks"}], ["prm"])
+
+
+def client_for(handler) -> JudgeClient:  # noqa: ANN001
+    return JudgeClient("http://judge", api_key="k", transport=httpx.MockTransport(handler),
+                       max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
+
+
+async def test_retries_then_succeeds() -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) == 1:
+            raise httpx.ConnectError("refused", request=request)
+        if len(calls) == 2:
+            return httpx.Response(503, json={"error": {"message": "busy"}})
+        return httpx.Response(200, json={"prm": {"score": 1, "status": "ok"}})
+
+    async with client_for(handler) as c:
+        out = await c.judge(*ARGS, m=3)
+    assert out["prm"]["score"] == 1 and len(calls) == 3
+    assert calls[-1].headers["authorization"] == "Bearer k"
+    assert b'"m":3' in calls[-1].content.replace(b" ", b"")
+
+
+async def test_unavailable_after_retries() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    async with client_for(handler) as c:
+        with pytest.raises(JudgeUnavailable, match="3 attempt"):
+            await c.judge(*ARGS)
+
+
+async def test_4xx_not_retried() -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(422, json={"error": {"message": "next_state: field required"}})
+
+    async with client_for(handler) as c:
+        with pytest.raises(JudgeRequestRejected, match="next_state"):
+            await c.judge(*ARGS)
+    assert calls == [1]
+
+
+def test_cli_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HINDSIGHT_JUDGE_M", "5")
+    monkeypatch.setenv("HINDSIGHT_JUDGE_PORT", "9999")
+    overrides, level = parse_args(["--backend", "rules", "--port", "1234", "--constrain-output"])
+    s = JudgeSettings(**overrides)
+    assert (s.backend, s.port, s.m, s.constrain_output, s.host, level) == ("rules", 1234, 5, True, "127.0.0.1", "info")
+    with pytest.raises(ValueError, match="engine_url"):
+        JudgeSettings(backend="llm")

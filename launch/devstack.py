@@ -1,0 +1,294 @@
+"""The CPU dev stack: the whole Hindsight serving loop on 127.0.0.1, started and stopped by PID.
+
+    python launch/devstack.py start|stop|status     (normally through launch/dev.sh)
+
+Contract (issue 8, docs/LAUNCH.md "CPU dev stack"):
+- ``start`` builds the tiny policy model and its teacher under ``$HINDSIGHT_RUN_DIR/models`` when
+  missing (``hindsight-tiny-model``; the teacher via ``--teacher-of --prefer-text``), then starts on free
+  loopback ports, each waited on with a deadline: the policy dev engine behind a real sglang-router, the
+  judge/teacher dev engine behind a second router, ``hindsight-judge`` (backend ``$JUDGE_BACKEND``,
+  llm by default) and ``hindsight-policy`` (``$MODE``: rl|opd|combine). It returns once everything is
+  ready, after writing ``$HINDSIGHT_RUN_DIR/endpoints.json`` (policy_url, judge_url, policy_engine_url,
+  judge_engine_url, api_key, admin_api_key, mode, judge_backend, model paths, data/checkpoint dirs).
+- Every process runs in its own session; ``pids.json`` records name, PID and kernel start time after
+  each start. ``stop`` signals only those process groups, and only when the PID still belongs to the
+  process we started (start time matches), SIGTERM then SIGKILL after a grace period; it never looks
+  processes up by name. A failed ``start`` stops what it had started and says which part failed,
+  with the tail of its log.
+- ``start`` on a running stack prints the endpoints and changes nothing; leftovers of a half-dead stack
+  are stopped first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, start_router, wait_http
+
+TEACHER_PREFERRED_TEXT = "Thanks, that worked."
+READY_DEADLINE_S = float(os.environ.get("HINDSIGHT_DEV_READY_TIMEOUT_S", "120"))
+STOP_GRACE_S = float(os.environ.get("HINDSIGHT_DEV_STOP_GRACE_S", "15"))
+# The tiny judge writes random text: keep its free-form parts short so a vote costs well under a second,
+# and constrain its output with the templates' regexes so every vote parses (random but well-formed).
+DEV_JUDGE_ENV = {
+    "HINDSIGHT_JUDGE_CONSTRAIN_OUTPUT": "true",
+    "HINDSIGHT_JUDGE_REASONING_MAX_CHARS": "40",
+    "HINDSIGHT_JUDGE_HINT_MAX_CHARS": "60",
+    "HINDSIGHT_JUDGE_MAX_NEW_TOKENS": "96",
+}
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run_dir_from_env() -> Path:
+    return Path(os.environ.get("HINDSIGHT_RUN_DIR", ".hindsight/dev")).resolve()
+
+
+def console_script(name: str) -> str:
+    """The entry point installed next to this interpreter (same venv), else the one on PATH."""
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else name
+
+
+# --- PID bookkeeping -------------------------------------------------------------------------------
+
+def proc_start_ticks(pid: int) -> int | None:
+    """Kernel start time of ``pid`` (field 22 of /proc/PID/stat), or None when it does not exist."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces; fields after it are space separated.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def read_pids(run_dir: Path) -> list[dict]:
+    try:
+        return json.loads((run_dir / "pids.json").read_text())
+    except FileNotFoundError:
+        return []
+
+
+def write_json(path: Path, data: object) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def is_ours(entry: dict) -> bool:
+    return proc_start_ticks(entry["pid"]) == entry["start_ticks"]
+
+
+def stop_entries(entries: list[dict]) -> list[str]:
+    """SIGTERM each recorded process group that is still ours, wait, SIGKILL the stubborn; newest first."""
+    live = [e for e in reversed(entries) if is_ours(e)]
+    for e in live:
+        try:
+            os.killpg(e["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    end = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < end and any(is_ours(e) for e in live):
+        _reap(live)
+        time.sleep(0.1)
+    for e in live:
+        if is_ours(e):
+            say(f"  {e['name']} (pid {e['pid']}) ignored SIGTERM for {STOP_GRACE_S:.0f}s: SIGKILL")
+            try:
+                os.killpg(e["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    _reap(live)
+    return [e["name"] for e in live]
+
+
+def _reap(entries: list[dict]) -> None:
+    # Children of this very process (a failed start) must be waited for, or they linger as zombies.
+    for e in entries:
+        try:
+            os.waitpid(e["pid"], os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+# --- start -----------------------------------------------------------------------------------------
+
+class Stack:
+    """Starts the parts in order, recording each PID before waiting on the next."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.log_dir = run_dir / "logs"
+        self.entries: list[dict] = []
+
+    def record(self, mp: ManagedProcess) -> ManagedProcess:
+        ticks = proc_start_ticks(mp.pid)
+        self.entries.append({"name": mp.name, "pid": mp.pid, "start_ticks": ticks, "url": mp.url,
+                             "log": str(mp.log_path)})
+        write_json(self.run_dir / "pids.json", self.entries)
+        return mp
+
+    def service(self, name: str, cmd: list[str], env: dict[str, str], ready_path: str, port: int) -> ManagedProcess:
+        mp = self.record(spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=self.log_dir, env=env))
+        try:
+            wait_http(mp.url + ready_path, deadline_s=READY_DEADLINE_S, proc=mp.proc)
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"{name} failed to become ready: {exc}\n--- {mp.log_path} (tail)\n{mp.log_tail()}") from None
+        return mp
+
+
+def build_models(run_dir: Path) -> tuple[Path, Path]:
+    models = run_dir / "models"
+    policy, teacher = models / "policy", models / "teacher"
+    tool = console_script("hindsight-tiny-model")
+    log = run_dir / "logs" / "models.log"
+    for out, extra, what in ((policy, [], "tiny policy model"),
+                             (teacher, ["--teacher-of", str(policy), "--prefer-text", TEACHER_PREFERRED_TEXT],
+                              f"teacher (fine-tuned to prefer {TEACHER_PREFERRED_TEXT!r})")):
+        if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+            continue
+        say(f"building the {what} in {out} ...")
+        t0 = time.monotonic()
+        with open(log, "ab") as fh:
+            res = subprocess.run([tool, str(out), "--seed", "0", *extra], stdout=fh, stderr=subprocess.STDOUT)
+        if res.returncode != 0:
+            raise RuntimeError(f"hindsight-tiny-model failed for {out} (see {log})")
+        say(f"  done in {time.monotonic() - t0:.1f}s")
+    return policy, teacher
+
+
+def start(run_dir: Path, mode: str, judge_backend: str) -> dict:
+    entries = read_pids(run_dir)
+    endpoints_path = run_dir / "endpoints.json"
+    if entries and all(is_ours(e) for e in entries) and endpoints_path.exists():
+        endpoints = json.loads(endpoints_path.read_text())
+        say(f"dev stack already running (mode {endpoints['mode']}); `launch/dev.sh stop` first to restart it")
+        return endpoints
+    if entries:
+        stopped = stop_entries(entries)
+        say(f"stopped leftovers of an earlier dev stack: {', '.join(stopped) or 'none alive'}")
+        (run_dir / "pids.json").unlink(missing_ok=True)
+    endpoints_path.unlink(missing_ok=True)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    policy_model, teacher_model = build_models(run_dir)
+
+    stack = Stack(run_dir)
+    api_key, admin_api_key = "sk-dev-" + secrets.token_hex(8), "sk-admin-" + secrets.token_hex(8)
+    t0 = time.monotonic()
+    try:
+        say("starting the policy dev engine and its router ...")
+        p_engine = stack.record(start_dev_engine(policy_model, log_dir=stack.log_dir, name="policy-engine",
+                                                 deadline_s=READY_DEADLINE_S,
+                                                 extra_args=["--served-model-name", "hindsight-policy", "--torch-threads", "1"]))
+        p_router = stack.record(start_router([p_engine.url], log_dir=stack.log_dir, name="policy-router"))
+        say("starting the judge/teacher dev engine and its router ...")
+        j_engine = stack.record(start_dev_engine(teacher_model, log_dir=stack.log_dir, name="judge-engine",
+                                                 deadline_s=READY_DEADLINE_S,
+                                                 extra_args=["--served-model-name", "judge", "--seed", "1", "--torch-threads", "1"]))
+        j_router = stack.record(start_router([j_engine.url], log_dir=stack.log_dir, name="judge-router"))
+
+        say(f"starting hindsight-judge (backend {judge_backend}) ...")
+        judge_port = free_port()
+        judge = stack.service(
+            "judge", [console_script("hindsight-judge"), "--engine-url", j_router.url, "--host", "127.0.0.1",
+                      "--port", str(judge_port)],
+            {"HINDSIGHT_JUDGE_API_KEY": api_key, "HINDSIGHT_JUDGE_BACKEND": judge_backend, **DEV_JUDGE_ENV},
+            "/ready", judge_port)
+
+        say(f"starting hindsight-policy (mode {mode}) ...")
+        policy_port = free_port()
+        data_dir = run_dir / "data"
+        policy = stack.service(
+            "policy", [console_script("hindsight-policy"), "--model-path", str(policy_model),
+                       "--engine-url", p_router.url, "--engine-worker-urls", p_engine.url,
+                       "--judge-url", judge.url, "--teacher-url", j_router.url, "--data-dir", str(data_dir),
+                       "--mode", mode, "--host", "127.0.0.1", "--port", str(policy_port)],
+            {"HINDSIGHT_POLICY_API_KEY": api_key, "HINDSIGHT_POLICY_ADMIN_API_KEY": admin_api_key,
+             "HINDSIGHT_POLICY_JUDGE_API_KEY": api_key,
+             # Short idle timeout: a demo session that is never closed still gets its last turn handled.
+             "HINDSIGHT_POLICY_SESSION_IDLE_TIMEOUT_S": "30"},
+            "/ready", policy_port)
+    except BaseException as exc:
+        say(f"dev stack failed to start; stopping what was started ({', '.join(e['name'] for e in stack.entries)})")
+        stop_entries(stack.entries)
+        (run_dir / "pids.json").unlink(missing_ok=True)
+        if isinstance(exc, RuntimeError):
+            raise SystemExit(f"error: {exc}") from None
+        raise
+
+    endpoints = {
+        "mode": mode, "judge_backend": judge_backend,
+        "policy_url": policy.url, "judge_url": judge.url,
+        "policy_engine_url": p_engine.url, "policy_router_url": p_router.url,
+        "judge_engine_url": j_engine.url, "judge_router_url": j_router.url, "teacher_url": j_router.url,
+        "api_key": api_key, "admin_api_key": admin_api_key,
+        "policy_model_path": str(policy_model), "teacher_model_path": str(teacher_model),
+        "data_dir": str(data_dir), "checkpoint_dir": str(run_dir / "checkpoints"),
+        "log_dir": str(stack.log_dir),
+    }
+    write_json(endpoints_path, endpoints)
+    os.chmod(endpoints_path, 0o600)  # it holds the keys
+    say(f"dev stack ready in {time.monotonic() - t0:.1f}s (mode {mode}, judge backend {judge_backend})")
+    for name in ("policy_url", "judge_url", "policy_engine_url", "judge_router_url"):
+        say(f"  {name:18s} {endpoints[name]}")
+    say(f"  endpoints + keys   {endpoints_path}")
+    return endpoints
+
+
+def stop(run_dir: Path) -> None:
+    entries = read_pids(run_dir)
+    if not entries:
+        say(f"no dev stack recorded in {run_dir}")
+        return
+    stopped = stop_entries(entries)
+    gone = [e for e in entries if is_ours(e)]
+    if gone:
+        raise SystemExit(f"error: still running: {', '.join(e['name'] + ' ' + str(e['pid']) for e in gone)}")
+    (run_dir / "pids.json").unlink(missing_ok=True)
+    (run_dir / "endpoints.json").unlink(missing_ok=True)
+    say(f"stopped {', '.join(stopped) if stopped else 'nothing (all had already exited)'}")
+
+
+def status(run_dir: Path) -> int:
+    entries = read_pids(run_dir)
+    if not entries:
+        say(f"no dev stack recorded in {run_dir}")
+        return 1
+    for e in entries:
+        say(f"  {e['name']:14s} pid {e['pid']:<8d} {'running' if is_ours(e) else 'NOT running':12s} {e['url']}")
+    return 0 if all(is_ours(e) for e in entries) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="launch/dev.sh", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["start", "stop", "status"])
+    args = parser.parse_args(argv)
+    run_dir = run_dir_from_env()
+    mode = os.environ.get("MODE", "rl")
+    backend = os.environ.get("JUDGE_BACKEND", "llm")
+    if mode not in ("rl", "opd", "combine"):
+        parser.error(f"MODE={mode!r}: use rl, opd or combine")
+    if backend not in ("llm", "rules"):
+        parser.error(f"JUDGE_BACKEND={backend!r}: use llm or rules")
+    if args.command == "start":
+        run_dir.mkdir(parents=True, exist_ok=True)
+        start(run_dir, mode, backend)
+        return 0
+    if args.command == "stop":
+        stop(run_dir)
+        return 0
+    return status(run_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The CPU dev stack end to end: `launch/dev.sh start`, `demo`, `stop`, and nothing left running.
+
+Contract (launch/devstack.py, launch/demo.py): `start` returns once every part answers on 127.0.0.1 and
+writes endpoints.json (policy_url, judge_url, policy_engine_url, api_key, admin_api_key, ...); a second
+`start` changes nothing; the policy server refuses a request without the key; `demo` drives a session
+with a tool call through the openai client, shows judge verdicts and stored samples, trains one step
+and reports the engine's new weight version; `stop` ends every recorded PID and frees every port, and
+never signals a process whose PID was recycled (start time differs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEV = ROOT / "launch" / "dev.sh"
+sys.path.insert(0, str(ROOT / "launch"))
+import devstack  # noqa: E402
+
+
+def dev(cmd: str, run_dir: Path, timeout_s: float, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "HINDSIGHT_RUN_DIR": str(run_dir), "PYTHON": sys.executable, **env}
+    return subprocess.run(["bash", str(DEV), cmd], cwd=ROOT, env=full_env, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def port_open(url: str) -> bool:
+    u = urlparse(url)
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((u.hostname, u.port)) == 0
+
+
+@pytest.fixture(scope="module")
+def stack_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, teacher_model_dir: Path):
+    """A run dir with the session's tiny models in place (dev.sh builds them only when missing)."""
+    run_dir = tmp_path_factory.mktemp("devstack")
+    shutil.copytree(tiny_model_dir, run_dir / "models" / "policy")
+    shutil.copytree(teacher_model_dir, run_dir / "models" / "teacher")
+    yield run_dir
+    if (run_dir / "pids.json").exists():  # a failed test must not leave the stack running
+        dev("stop", run_dir, 60)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_dev_stack_start_demo_stop(stack_dir: Path) -> None:
+    res = dev("start", stack_dir, 240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "building" not in res.stdout  # the prebuilt models were reused
+    endpoints = json.loads((stack_dir / "endpoints.json").read_text())
+    for key in ("policy_url", "judge_url", "policy_engine_url", "api_key", "admin_api_key"):
+        assert endpoints[key], key
+    assert endpoints["mode"] == "rl" and endpoints["judge_backend"] == "llm"
+    entries = devstack.read_pids(stack_dir)
+    assert [e["name"] for e in entries] == ["policy-engine", "policy-router", "judge-engine", "judge-router",
+                                            "judge", "policy"]
+    assert all(devstack.is_ours(e) for e in entries)
+    assert all(urlparse(e["url"]).hostname == "127.0.0.1" for e in entries)
+
+    again = dev("start", stack_dir, 60)
+    assert again.returncode == 0 and "already running" in again.stdout
+    assert devstack.read_pids(stack_dir) == entries
+
+    with httpx.Client(trust_env=False, timeout=10) as c:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert c.post(endpoints["policy_url"] + "/v1/chat/completions", json=body).status_code == 401
+        assert c.get(endpoints["policy_url"] + "/v1/samples/stats",
+                     headers={"Authorization": f"Bearer {endpoints['api_key']}"}).status_code in (401, 403)
+
+    demo = dev("demo", stack_dir, 300)
+    out = demo.stdout
+    assert demo.returncode == 0, out + demo.stderr
+    assert "judge backend: llm" in out
+    assert re.search(r"tool call get_weather\(\{\"city\": ", out), out
+    verdicts = re.findall(r"turn (\d): PRM votes \[([-01, ]+)\] -> score (-?\d|None)", out)
+    assert len(verdicts) >= 3, out  # every turn with a next state was judged with votes
+    assert "turn 3: no PRM verdict  [rejected: no_next_state]" in out
+    assert re.search(r"trained step 1 in", out), out
+    assert "policy engine weight version: default -> 1" in out
+    assert "a new request is served by weights v1" in out
+
+    stop = dev("stop", stack_dir, 90)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(Path(f"/proc/{e['pid']}").exists() for e in entries):
+        time.sleep(0.1)
+    for e in entries:
+        assert devstack.proc_start_ticks(e["pid"]) != e["start_ticks"], f"{e['name']} still running"
+        assert not port_open(e["url"]), f"{e['name']} still listens on {e['url']}"
+    assert not (stack_dir / "pids.json").exists() and not (stack_dir / "endpoints.json").exists()
+    assert "no dev stack recorded" in dev("stop", stack_dir, 30).stdout
+
+
+@pytest.mark.unit
+def test_stop_never_signals_a_recycled_pid(tmp_path: Path) -> None:
+    victim = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        ticks = devstack.proc_start_ticks(victim.pid)
+        assert ticks is not None
+        devstack.write_json(tmp_path / "pids.json", [
+            {"name": "recycled", "pid": victim.pid, "start_ticks": ticks + 1, "url": "", "log": ""},
+            {"name": "gone", "pid": 2**22 + 7, "start_ticks": 1, "url": "", "log": ""},
+        ])
+        res = dev("stop", tmp_path, 30)
+        assert res.returncode == 0, res.stderr
+        assert "nothing (all had already exited)" in res.stdout
+        assert victim.poll() is None, "a process that is not ours was signalled"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+@pytest.mark.unit
+def test_dev_sh_rejects_bad_input(tmp_path: Path) -> None:
+    res = dev("start", tmp_path, 30, MODE="ppo")
+    assert res.returncode == 2 and "MODE='ppo': use rl, opd or combine" in res.stderr
+    res = dev("start", tmp_path, 30, JUDGE_BACKEND="gpt")
+    assert res.returncode == 2 and "JUDGE_BACKEND='gpt'" in res.stderr
+    res = dev("frobnicate", tmp_path, 30)
+    assert res.returncode == 2 and "launch/dev.sh start" in res.stderr
+    assert not (tmp_path / "pids.json").exists()

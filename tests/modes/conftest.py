@@ -10,12 +10,16 @@ Everything runs on 127.0.0.1 ephemeral ports and is stopped by PID at the end of
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from engine.chat import load_tokenizer, render_prompt_ids
 from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, wait_http
+
+HINT_MARKER = "[user's hint / instruction]"
 
 
 @pytest.fixture(scope="session")
@@ -65,3 +69,32 @@ def broken_judge(modes_log_dir: Path, tiny_model_dir: Path) -> Iterator[ManagedP
     mp = start_judge(modes_log_dir, "judge-broken", env)
     yield mp
     mp.stop()
+
+
+@pytest.fixture(scope="session")
+def policy_tokenizer(tiny_model_dir: Path) -> Any:
+    return load_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def teacher_logprobs_torch(teacher_model_dir: Path, policy_tokenizer: Any) -> Callable[..., Any]:
+    """Independent recomputation of teacher log-probs: the hint is appended by hand to the last user
+    message, the policy template renders the prompt, the response ids are appended, the teacher
+    checkpoint runs in torch. Returns (per-token log-probs [T], top-k (values, indices) or None)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(teacher_model_dir), dtype=torch.float32).eval()
+
+    def compute(messages: list[dict[str, Any]], tools: Any, response_ids: list[int], hint: str, top_k: int = 0):
+        msgs = [dict(m) for m in messages]
+        last_user = max(i for i, m in enumerate(msgs) if m["role"] == "user")
+        msgs[last_user]["content"] = f"{msgs[last_user]['content']}\n\n{HINT_MARKER}\n{hint}"
+        prompt = render_prompt_ids(policy_tokenizer, msgs, tools)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + list(response_ids)])).logits[0]
+        lp = torch.log_softmax(logits[len(prompt) - 1 : -1].double(), dim=-1)  # (T, V): row t predicts resp[t]
+        token_lp = lp.gather(1, torch.tensor(response_ids)[:, None])[:, 0].tolist()
+        return token_lp, (lp.topk(top_k, dim=-1) if top_k else None)
+
+    return compute

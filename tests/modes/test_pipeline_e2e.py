@@ -13,9 +13,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import torch
-
-from engine.chat import load_tokenizer, render_prompt_ids
+from engine.chat import render_prompt_ids
 from engine.client import EngineClient
 from judge_server.client import JudgeClient
 from policy_server.rewards import RewardPipeline
@@ -25,21 +23,13 @@ pytestmark = pytest.mark.e2e
 POSITIVE = [{"role": "user", "content": "Thanks, that worked."}]
 NEGATIVE = [{"role": "user", "content": "No, that is wrong. Use the other file in /tmp."}]
 NEUTRAL = [{"role": "user", "content": "Now list the folder."}]
-MARKER = "[user's hint / instruction]"
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "read a file",
                                            "parameters": {"type": "object", "properties": {"path": {}}}}}]
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(str(tiny_model_dir))
-
-
-@pytest.fixture(scope="module")
-def teacher_model(teacher_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(teacher_model_dir), dtype=torch.float32).eval()
+def tokenizer(policy_tokenizer):
+    return policy_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -57,28 +47,26 @@ def turn(tokenizer):
     }
 
 
-def make_pipeline(judge_url, teacher_url, tokenizer, mode, **extra):
-    settings = SimpleNamespace(mode=mode, w_rl=1.0, w_opd=0.5, judge_m=3, at_least_one=True, teacher_top_k=0,
-                               teacher_temperature=1.0, **extra)
-    teacher = EngineClient(teacher_url) if teacher_url else None
-    return RewardPipeline(judge=JudgeClient(judge_url), teacher=teacher, tokenizer=tokenizer, settings=settings)
+@pytest.fixture
+async def make_pipeline():
+    """Factory of pipelines with a real JudgeClient (+ teacher EngineClient); clients closed after the test."""
+    clients = []
+
+    def make(judge_url, teacher_url, tokenizer, mode, **extra):
+        fields = {"mode": mode, "w_rl": 1.0, "w_opd": 0.5, "judge_m": 3, "at_least_one": True, "teacher_top_k": 0,
+                  "teacher_temperature": 1.0}
+        settings = SimpleNamespace(**{**fields, **extra})
+        judge = JudgeClient(judge_url, deadline_s=30.0)
+        teacher = EngineClient(teacher_url) if teacher_url else None
+        clients.extend(c for c in (judge, teacher) if c is not None)
+        return RewardPipeline(judge=judge, teacher=teacher, tokenizer=tokenizer, settings=settings)
+
+    yield make
+    for c in clients:
+        await c.aclose()
 
 
-def torch_teacher_logprobs(model, tokenizer, turn, hint, top_k=0):
-    """Independent recomputation: explicit hint-augmented messages -> policy template -> ids -> teacher."""
-    msgs = [dict(m) for m in turn["messages"]]
-    msgs[-1]["content"] = f"{msgs[-1]['content']}\n\n{MARKER}\n{hint}"
-    prompt = render_prompt_ids(tokenizer, msgs, turn["tools"])
-    resp = turn["response_ids"]
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + resp])).logits[0]
-    lp = torch.log_softmax(logits[len(prompt) - 1 : -1].double(), dim=-1)  # (T, V): position t predicts resp[t]
-    token_lp = lp.gather(1, torch.tensor(resp)[:, None])[:, 0].tolist()
-    top = lp.topk(top_k, dim=-1) if top_k else None
-    return token_lp, top
-
-
-async def test_rl_samples(rules_judge, tokenizer, turn):
+async def test_rl_samples(rules_judge, tokenizer, turn, make_pipeline):
     pipe = make_pipeline(rules_judge.url, None, tokenizer, "rl")
     n = len(turn["response_ids"])
     pos = await pipe.process(turn, POSITIVE, session_has_included=True, session_done=False)
@@ -99,7 +87,8 @@ async def test_rl_samples(rules_judge, tokenizer, turn):
 
 
 @pytest.mark.parametrize("top_k", [0, 4])
-async def test_opd_teacher_logprobs_match_torch(rules_judge, teacher_engine, tokenizer, teacher_model, turn, top_k):
+async def test_opd_teacher_logprobs_match_torch(rules_judge, teacher_engine, tokenizer, teacher_logprobs_torch,
+                                               turn, top_k, make_pipeline):
     pipe = make_pipeline(rules_judge.url, teacher_engine.url, tokenizer, "opd", teacher_top_k=top_k)
     out = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
     assert (out["status"], out["included"]) == ("ready", True), out["reject_reason"]
@@ -110,20 +99,21 @@ async def test_opd_teacher_logprobs_match_torch(rules_judge, teacher_engine, tok
     assert (s["mode"], s["has_teacher"], s["has_reward"], s["reward"], s["loss_mask"]) == ("opd", True, False, None,
                                                                                           [1] * n)
     assert out["prompt_versions"]["teacher_hint"].startswith("teacher_hint_v1@")
-    expected, top = torch_teacher_logprobs(teacher_model, tokenizer, turn, hint, top_k)
+    expected, top = teacher_logprobs_torch(turn["messages"], turn["tools"], turn["response_ids"], hint, top_k)
     assert len(s["teacher_logprobs"]) == n
     assert s["teacher_logprobs"][0] < 0  # the first response token is scored, not a 0.0 placeholder
     assert s["teacher_logprobs"] == pytest.approx(expected, abs=1e-4)
     if top_k:
         assert len(s["teacher_topk"]["ids"]) == n and all(len(r) == top_k for r in s["teacher_topk"]["ids"])
-        assert s["teacher_topk"]["logprobs"] == pytest.approx(top.values.tolist(), abs=1e-4)
+        for got, want in zip(s["teacher_topk"]["logprobs"], top.values.tolist(), strict=True):
+            assert got == pytest.approx(want, abs=1e-4)
         # ids may swap only between (near-)equal log-probs; check each id's log-prob instead of the order
         assert all(set(r) == set(e) for r, e in zip(s["teacher_topk"]["ids"], top.indices.tolist(), strict=True))
     else:
         assert s["teacher_topk"] is None
 
 
-async def test_opd_without_hint_is_rejected(rules_judge, teacher_engine, tokenizer, turn):
+async def test_opd_without_hint_is_rejected(rules_judge, teacher_engine, tokenizer, turn, make_pipeline):
     pipe = make_pipeline(rules_judge.url, teacher_engine.url, tokenizer, "opd")
     for state in (POSITIVE, NEUTRAL):
         out = await pipe.process(turn, state, session_has_included=False, session_done=False)
@@ -131,7 +121,8 @@ async def test_opd_without_hint_is_rejected(rules_judge, teacher_engine, tokeniz
         assert out["sample"]["teacher_logprobs"] is None and out["sample"]["hint"]["accepted"] is False
 
 
-async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_model, turn):
+async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_logprobs_torch, turn,
+                               make_pipeline):
     pipe = make_pipeline(rules_judge.url, teacher_engine.url, tokenizer, "combine")
     n = len(turn["response_ids"])
     both = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
@@ -139,7 +130,8 @@ async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_m
     assert both["status"] == "ready"
     assert (s["mode"], s["reward"], s["has_reward"], s["has_teacher"], s["w_rl"], s["w_opd"]) == (
         "combine", -1.0, True, True, 1.0, 0.5)
-    expected, _ = torch_teacher_logprobs(teacher_model, tokenizer, turn, NEGATIVE[0]["content"])
+    expected, _ = teacher_logprobs_torch(turn["messages"], turn["tools"], turn["response_ids"],
+                                         NEGATIVE[0]["content"])
     assert s["teacher_logprobs"] == pytest.approx(expected, abs=1e-4)
 
     rl_only = await pipe.process(turn, POSITIVE, session_has_included=True, session_done=False)
@@ -156,19 +148,20 @@ async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_m
     assert (s["reward"], s["has_reward"], s["has_teacher"]) == (0.0, True, False)
 
 
-async def test_at_least_one_promotes_neutral_only(rules_judge, tokenizer, turn):
+async def test_at_least_one_promotes_neutral_only(rules_judge, tokenizer, turn, make_pipeline):
     pipe = make_pipeline(rules_judge.url, None, tokenizer, "rl")
     out = await pipe.process(turn, NEUTRAL, session_has_included=False, session_done=False)
     s = out["sample"]
     assert (out["status"], out["included"], s["reward"], s["has_reward"]) == ("ready", True, 0.0, True)
     assert s["loss_mask"] == [1] * len(turn["response_ids"])
-    off = make_pipeline(rules_judge.url, None, tokenizer, "rl", )
+    off = make_pipeline(rules_judge.url, None, tokenizer, "rl")
     off.at_least_one = False
     out = await off.process(turn, NEUTRAL, session_has_included=False, session_done=False)
     assert (out["status"], out["reject_reason"]) == ("rejected", "prm_neutral")
 
 
-async def test_judge_failures_are_rejected_never_promoted(broken_judge, teacher_engine, tokenizer, turn):
+async def test_judge_failures_are_rejected_never_promoted(broken_judge, teacher_engine, tokenizer, turn,
+                                                         make_pipeline):
     for mode in ("rl", "combine"):
         pipe = make_pipeline(broken_judge.url, teacher_engine.url, tokenizer, mode)
         out = await pipe.process(turn, NEUTRAL, session_has_included=False, session_done=False)

@@ -158,7 +158,7 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
         }
 
     def model_card(engine: DevEngine) -> dict[str, Any]:
-        return {"id": engine.served_model_name, "object": "model", "created": int(request_time()),
+        return {"id": engine.served_model_name, "object": "model", "created": int(time.time()),
                 "owned_by": "sglang", "root": engine.served_model_name, "parent": None,
                 "max_model_len": engine.runner.context_length}
 
@@ -243,6 +243,3 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
 
     return app
 
-
-def request_time() -> float:
-    return time.time()

@@ -1,0 +1,224 @@
+"""Every reward mode end to end: client -> policy server -> policy dev engine; dispatcher -> judge server
+(rules backend) -> teacher dev engine. Samples are read back from the policy server's store and leased
+through the admin API.
+
+Contract (docs/REWARD_MODES.md, docs/CONTRACTS.md "Sample JSON"): exact loss masks, rewards and
+presence flags per mode and verdict; the mode is switched at runtime through POST /admin/mode and each
+sample records the mode it was judged under; teacher log-probs have one entry per sampled response id,
+the first one real, equal to a torch recomputation with the teacher checkpoint on the hint-augmented
+prompt (1e-4), with top-K rows [T][K]; at-least-one over sessions of all-neutral turns, of a mix, and of
+judge failures (a second policy server whose judge has no working engine); the last turn of a session
+is rejected ``no_next_state``; only ready samples are leased.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, wait_http
+
+pytestmark = pytest.mark.e2e
+
+ADMIN = {"Authorization": "Bearer admin-key"}
+TOP_K = 3
+POSITIVE = "Thanks, that worked."
+NEGATIVE = "No, that is wrong. Use the other file in /tmp."
+NEUTRAL = "Now list the folder."
+
+
+def start_policy(tiny_model_dir: Path, engine_url: str, judge_url: str, teacher_url: str, data_dir: Path,
+                 log_dir: Path, name: str) -> ManagedProcess:
+    port = free_port()
+    cmd = [sys.executable, "-m", "policy_server.cli", "--model-path", str(tiny_model_dir), "--engine-url", engine_url,
+           "--judge-url", judge_url, "--teacher-url", teacher_url, "--data-dir", str(data_dir), "--mode", "rl",
+           "--w-rl", "1.0", "--w-opd", "0.5", "--teacher-top-k", str(TOP_K), "--admin-api-key", "admin-key",
+           "--host", "127.0.0.1", "--port", str(port), "--dispatch-retry-max-s", "1"]
+    mp = spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir)
+    try:
+        wait_http(mp.url + "/health", deadline_s=60, proc=mp.proc)
+    except Exception:
+        tail = mp.log_tail()
+        mp.stop()
+        raise RuntimeError(f"{name} failed to start:\n{tail}") from None
+    mp.extra["data_dir"] = data_dir
+    return mp
+
+
+@pytest.fixture(scope="module")
+def policy_engine(tiny_model_dir, modes_log_dir):
+    mp = start_dev_engine(tiny_model_dir, log_dir=modes_log_dir, name="policy-engine")
+    yield mp
+    mp.stop()
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir, policy_engine, rules_judge, teacher_engine, modes_log_dir, tmp_path_factory):
+    mp = start_policy(tiny_model_dir, policy_engine.url, rules_judge.url, teacher_engine.url,
+                      tmp_path_factory.mktemp("policy-data"), modes_log_dir, "policy")
+    yield mp
+    mp.stop()
+
+
+@pytest.fixture(scope="module")
+def policy_broken_judge(tiny_model_dir, policy_engine, broken_judge, teacher_engine, modes_log_dir, tmp_path_factory):
+    mp = start_policy(tiny_model_dir, policy_engine.url, broken_judge.url, teacher_engine.url,
+                      tmp_path_factory.mktemp("policy-data-broken"), modes_log_dir, "policy-broken-judge")
+    yield mp
+    mp.stop()
+
+
+def run_session(url: str, feedback: list[str]) -> tuple[str, list[dict]]:
+    """One session: a turn per feedback message, each next request carries the reply + that feedback;
+    the last request sends X-Session-Done, so its turn has no next state. Returns (session id, the
+    request messages of every turn)."""
+    sid = f"s-{uuid.uuid4().hex[:8]}"
+    messages = [{"role": "system", "content": "You help with files."}, {"role": "user", "content": "Open the report."}]
+    contexts = []
+    with httpx.Client(base_url=url, timeout=60, trust_env=False) as client:
+        for i in range(len(feedback) + 1):
+            last = i == len(feedback)
+            headers = {"X-Session-Id": sid, **({"X-Session-Done": "true"} if last else {})}
+            resp = client.post("/v1/chat/completions", headers=headers,
+                               json={"model": "m", "messages": messages, "max_tokens": 6, "temperature": 1.0})
+            assert resp.status_code == 200, resp.text
+            contexts.append([dict(m) for m in messages])
+            if last:
+                break
+            msg = resp.json()["choices"][0]["message"]
+            reply = {"role": "assistant", "content": msg.get("content") or ""}
+            if msg.get("tool_calls"):
+                reply["tool_calls"] = msg["tool_calls"]
+            messages = messages + [reply, {"role": "user", "content": feedback[i]}]
+    return sid, contexts
+
+
+def session_samples(data_dir: Path, sid: str, n: int, deadline_s: float = 60.0) -> list[dict]:
+    """The session's n samples from the store (read-only), once none is pending_judge."""
+    db = Path(data_dir) / "hindsight.sqlite3"
+    end = time.monotonic() + deadline_s
+    rows: list = []
+    while time.monotonic() < end:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
+            rows = conn.execute("SELECT turn_index, status, reject_reason, data FROM samples WHERE session_id=? "
+                                "ORDER BY turn_index", (sid,)).fetchall()
+        if len(rows) == n and all(r[1] != "pending_judge" for r in rows):
+            return [{"turn_index": r[0], "status": r[1], "reject_reason": r[2],
+                     **({"data": json.loads(r[3])} if r[3] else {"data": None})} for r in rows]
+        time.sleep(0.2)
+    raise AssertionError(f"session {sid} not judged within {deadline_s}s: {rows}")
+
+
+def set_mode(url: str, **body) -> dict:
+    resp = httpx.post(url + "/admin/mode", json=body, headers=ADMIN, trust_env=False)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def check_common(row: dict, mode: str) -> dict:
+    d = row["data"]
+    assert d["mode"] == mode and (d["w_rl"], d["w_opd"]) == (1.0, 0.5)
+    n = len(d["response_ids"])
+    assert n > 0 and len(d["rollout_logprobs"]) == n and len(d["loss_mask"]) == n
+    assert d["loss_mask"] == ([1] * n if row["status"] == "ready" else [0] * n)
+    assert d["token_rewards"] is None
+    return d
+
+
+def test_mode_endpoint_validates(policy):
+    assert set_mode(policy.url) == {"mode": "rl", "w_rl": 1.0, "w_opd": 0.5}
+    for bad in ({"mode": "sft"}, {"w_rl": -1.0}):
+        resp = httpx.post(policy.url + "/admin/mode", json=bad, headers=ADMIN, trust_env=False)
+        assert resp.status_code == 400, resp.text
+    assert set_mode(policy.url) == {"mode": "rl", "w_rl": 1.0, "w_opd": 0.5}
+
+
+def test_rl_mix_and_all_neutral_sessions(policy):
+    set_mode(policy.url, mode="rl")
+    mixed, _ = run_session(policy.url, [NEUTRAL, POSITIVE, NEGATIVE, NEUTRAL])
+    neutral, _ = run_session(policy.url, [NEUTRAL, NEUTRAL])
+    rows = session_samples(policy.extra["data_dir"], mixed, 5)
+    # turn 0 neutral: first judged turn of a session without an included sample -> promoted, reward 0.0
+    assert [(r["status"], r["reject_reason"]) for r in rows] == [
+        ("ready", None), ("ready", None), ("ready", None), ("rejected", "prm_neutral"), ("rejected", "no_next_state")]
+    assert [check_common(r, "rl")["reward"] for r in rows] == [0.0, 1.0, -1.0, None, None]
+    assert [r["data"]["has_reward"] for r in rows] == [True, True, True, False, False]
+    assert all(r["data"]["has_teacher"] is False and r["data"]["teacher_logprobs"] is None for r in rows)
+    assert rows[3]["data"]["prm"]["score"] == 0 and rows[4]["data"]["prm"] is None
+
+    rows = session_samples(policy.extra["data_dir"], neutral, 3)
+    assert [(r["status"], r["reject_reason"]) for r in rows] == [
+        ("ready", None), ("rejected", "prm_neutral"), ("rejected", "no_next_state")]
+    assert [check_common(r, "rl")["reward"] for r in rows] == [0.0, None, None]
+
+
+def test_opd_session_teacher_logprobs(policy, teacher_logprobs_torch):
+    set_mode(policy.url, mode="opd")
+    try:
+        sid, contexts = run_session(policy.url, [NEGATIVE, POSITIVE])
+        rows = session_samples(policy.extra["data_dir"], sid, 3)
+    finally:
+        set_mode(policy.url, mode="rl")
+    assert [(r["status"], r["reject_reason"]) for r in rows] == [
+        ("ready", None), ("rejected", "no_hint"), ("rejected", "no_next_state")]
+    d = check_common(rows[0], "opd")
+    assert (d["has_teacher"], d["has_reward"], d["reward"]) == (True, False, None)
+    assert d["hint"]["accepted"] is True and d["hint"]["hint"] == NEGATIVE
+    n = len(d["response_ids"])
+    assert len(d["teacher_logprobs"]) == n and d["teacher_logprobs"][0] < 0  # first position real, not padding
+    expected, top = teacher_logprobs_torch(contexts[0], None, d["response_ids"], NEGATIVE, TOP_K)
+    assert d["teacher_logprobs"] == pytest.approx(expected, abs=1e-4)
+    assert len(d["teacher_topk"]["ids"]) == n and len(d["teacher_topk"]["logprobs"]) == n
+    for got, want in zip(d["teacher_topk"]["logprobs"], top.values.tolist(), strict=True):
+        assert got == pytest.approx(want, abs=1e-4)
+    d1 = check_common(rows[1], "opd")
+    assert d1["teacher_logprobs"] is None and d1["hint"]["accepted"] is False
+
+
+def test_combine_session_and_lease(policy, teacher_logprobs_torch):
+    set_mode(policy.url, mode="combine")
+    try:
+        sid, contexts = run_session(policy.url, [NEGATIVE, POSITIVE, NEUTRAL])
+        rows = session_samples(policy.extra["data_dir"], sid, 4)
+    finally:
+        set_mode(policy.url, mode="rl")
+    assert [(r["status"], r["reject_reason"]) for r in rows] == [
+        ("ready", None), ("ready", None), ("rejected", "no_signal: prm_neutral, no_hint"),
+        ("rejected", "no_next_state")]
+    both, rl_only = check_common(rows[0], "combine"), check_common(rows[1], "combine")
+    assert (both["reward"], both["has_reward"], both["has_teacher"]) == (-1.0, True, True)
+    expected, _ = teacher_logprobs_torch(contexts[0], None, both["response_ids"], NEGATIVE)
+    assert both["teacher_logprobs"] == pytest.approx(expected, abs=1e-4)
+    assert (rl_only["reward"], rl_only["has_reward"], rl_only["has_teacher"]) == (1.0, True, False)
+    assert rl_only["teacher_logprobs"] is None and rl_only["teacher_topk"] is None  # never teacher = rollout
+
+    # Only ready samples are leased, with the Sample JSON of CONTRACTS.md.
+    leased = {}
+    while True:
+        resp = httpx.get(policy.url + "/v1/samples/lease", params={"max": 64}, headers=ADMIN, trust_env=False)
+        body = resp.json()
+        if not body["samples"]:
+            break
+        leased.update({(s["session_id"], s["turn_index"]): s for s in body["samples"]})
+        httpx.post(policy.url + "/v1/samples/ack", json={"lease_id": body["lease_id"]}, headers=ADMIN,
+                   trust_env=False).raise_for_status()
+    mine = {k[1]: v for k, v in leased.items() if k[0] == sid}
+    assert sorted(mine) == [0, 1]
+    assert mine[0]["teacher_logprobs"] == both["teacher_logprobs"] and mine[0]["mode"] == "combine"
+
+
+def test_judge_failure_session_is_never_promoted(policy_broken_judge):
+    sid, _ = run_session(policy_broken_judge.url, [NEUTRAL, POSITIVE])
+    rows = session_samples(policy_broken_judge.extra["data_dir"], sid, 3)
+    assert [r["status"] for r in rows] == ["rejected"] * 3
+    assert [r["reject_reason"].split(":")[0] for r in rows] == ["judge_failed", "judge_failed", "no_next_state"]
+    for r in rows[:2]:
+        d = check_common(r, "rl")
+        assert d["prm"]["status"] == "judge_failed" and d["reward"] is None and d["has_reward"] is False

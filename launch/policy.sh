@@ -58,6 +58,8 @@ policy_start() {
   [[ -z $POLICY_ADMIN_API_KEY ]] || env+=("HINDSIGHT_POLICY_ADMIN_API_KEY=$POLICY_ADMIN_API_KEY")
   [[ -z $ENGINE_API_KEY ]] || env+=("HINDSIGHT_POLICY_ENGINE_API_KEY=$ENGINE_API_KEY")
   [[ -z $JUDGE_API_KEY ]] || env+=("HINDSIGHT_POLICY_JUDGE_API_KEY=$JUDGE_API_KEY")
+  # The default teacher is the judge engines' router, guarded by the engine key.
+  [[ -z $ENGINE_API_KEY ]] || env+=("HINDSIGHT_POLICY_TEACHER_API_KEY=$ENGINE_API_KEY")
   read -r -a extra <<<"$POLICY_ARGS"
   # Weight updates go to every engine directly (--engine-worker-urls), generation through the router.
   cmd=("$HINDSIGHT_POLICY_BIN" --model-path "$POLICY_MODEL_PATH"

@@ -228,6 +228,9 @@ def build_sample(
 
 
 def _result(status: str, reason: str | None, sample: dict[str, Any], versions: dict[str, str]) -> dict[str, Any]:
+    # The judge/teacher template versions travel with the sample (an addition to CONTRACTS.md's fields) so
+    # every stored verdict can be traced to the exact prompt text that produced it.
+    sample["prompt_versions"] = dict(versions)
     return {
         "status": status,
         "reject_reason": reason,
@@ -262,7 +265,7 @@ class RewardPipeline:
                 teacher,
                 tokenizer,
                 top_k=int(getattr(settings, "teacher_top_k", 0) or 0),
-                temperature=float(getattr(settings, "teacher_temperature", 1.0) or 1.0),
+                temperature=float(getattr(settings, "teacher_temperature", 1.0)),
                 max_concurrency=int(getattr(settings, "teacher_max_concurrency", 4) or 4),
                 deadline_s=getattr(settings, "teacher_deadline_s", None),
             )

@@ -111,7 +111,9 @@ def test_mode_state_validates_and_keeps_unset_values():
     snap = st.set("combine", w_rl=0.5)
     assert snap == ModeSnapshot("combine", 0.5, 1.0)
     assert st.to_dict() == {"mode": "combine", "w_rl": 0.5, "w_opd": 1.0}
-    for bad in [("sft", None, None), (None, -1.0, None), (None, None, math.nan), (None, "x", None), (None, None, math.inf)]:
+    bad_sets = [("sft", None, None), (None, -1.0, None), (None, None, math.nan), (None, "x", None),
+                (None, None, math.inf)]
+    for bad in bad_sets:
         with pytest.raises(InvalidMode):
             st.set(*bad)
     assert st.snapshot() == ModeSnapshot("combine", 0.5, 1.0)  # a rejected set changes nothing

@@ -171,6 +171,8 @@ def test_opd_session_teacher_logprobs(policy, teacher_logprobs_torch):
     d = check_common(rows[0], "opd")
     assert (d["has_teacher"], d["has_reward"], d["reward"]) == (True, False, None)
     assert d["hint"]["accepted"] is True and d["hint"]["hint"] == NEGATIVE
+    assert d["prompt_versions"]["teacher_hint"].startswith("teacher_hint_v1@")
+    assert d["prompt_versions"]["hint"].startswith("rules@")
     n = len(d["response_ids"])
     assert len(d["teacher_logprobs"]) == n and d["teacher_logprobs"][0] < 0  # first position real, not padding
     expected, top = teacher_logprobs_torch(contexts[0], None, d["response_ids"], NEGATIVE, TOP_K)

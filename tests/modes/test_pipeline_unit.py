@@ -61,7 +61,7 @@ async def test_rl_asks_prm_with_m_and_passes_turn_through():
     assert (s["mode"], s["reward"], s["has_reward"], s["has_teacher"], s["loss_mask"]) == ("rl", 1.0, True, False,
                                                                                             [1, 1, 1])
     assert (s["w_rl"], s["w_opd"], s["teacher_logprobs"], s["teacher_topk"]) == (0.5, 2.0, None, None)
-    assert out["prompt_versions"] == {"prm": "prm_eval_v1@abc"}
+    assert out["prompt_versions"] == s["prompt_versions"] == {"prm": "prm_eval_v1@abc"}
 
 
 @pytest.mark.parametrize("next_state", [None, []])

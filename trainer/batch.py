@@ -1,0 +1,151 @@
+"""Leased sample dicts -> padded training tensors, and the model forward that scores response tokens.
+
+Contract: a sample follows docs/CONTRACTS.md "Sample JSON". ``check_sample`` returns a reason string
+when a sample breaks it (per-token lists of the wrong length, no response); the loop then trains it
+with an all-zero mask and logs the reason, so a bad sample is visible, acked and never crashes a step.
+Sequences are prompt + response, right-padded to L; response position t of sample i is predicted by
+the logits at ``P_i - 1 + t`` (``resp_index``), so all per-token tensors are (B, T) response-aligned.
+Top-K teacher rows are used only for samples whose K equals the batch's most common K (others get
+``topk_valid`` 0), because mixing K would double-count padded bins.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainer.loss import entropy_from_logits, token_logprobs
+
+
+def check_sample(s: dict[str, Any]) -> str | None:
+    """None if the sample is trainable, else why not."""
+    resp = s.get("response_ids") or []
+    if not s.get("prompt_ids") or not resp:
+        return "empty prompt_ids or response_ids"
+    n = len(resp)
+    for key in ("rollout_logprobs", "loss_mask"):
+        if len(s.get(key) or []) != n:
+            return f"{key} has {len(s.get(key) or [])} entries for {n} response ids"
+    if s.get("has_teacher"):
+        if len(s.get("teacher_logprobs") or []) != n:
+            return f"has_teacher but teacher_logprobs has {len(s.get('teacher_logprobs') or [])} entries for {n} response ids"
+    if s.get("has_reward") and s.get("reward") is None:
+        return "has_reward but reward is null"
+    tr = s.get("token_rewards")
+    if tr is not None and len(tr) != n:
+        return f"token_rewards has {len(tr)} entries for {n} response ids"
+    topk = s.get("teacher_topk")
+    if topk and (len(topk.get("ids", [])) != n or len(topk.get("logprobs", [])) != n):
+        return "teacher_topk rows do not match response length"
+    return None
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # (B, L) long, pad 0
+    attention_mask: torch.Tensor  # (B, L) long
+    resp_index: torch.Tensor  # (B, T) long, logit position predicting response token t
+    response_ids: torch.Tensor  # (B, T) long
+    mask: torch.Tensor  # (B, T) float loss mask (0 on padding / excluded / invalid)
+    rollout_lp: torch.Tensor  # (B, T)
+    teacher_lp: torch.Tensor  # (B, T), 0 where missing
+    has_teacher: torch.Tensor  # (B,) bool
+    reward: torch.Tensor  # (B,), 0 where missing
+    has_reward: torch.Tensor  # (B,) bool
+    w_rl: torch.Tensor  # (B,)
+    w_opd: torch.Tensor  # (B,)
+    token_rewards: torch.Tensor  # (B, T), 0 where missing
+    has_token_rewards: torch.Tensor  # (B,) bool
+    topk_ids: torch.Tensor | None  # (B, T, K) long
+    topk_lp: torch.Tensor | None  # (B, T, K)
+    topk_valid: torch.Tensor  # (B, T) float
+    modes: list[str]
+
+    def to(self, device: torch.device) -> Batch:
+        for k, v in vars(self).items():
+            if isinstance(v, torch.Tensor):
+                setattr(self, k, v.to(device))
+        return self
+
+
+def collate(samples: list[dict[str, Any]], *, eos_id: int | None = None, mask_no_eos: bool = False, zero_mask: list[bool] | None = None) -> Batch:
+    """Pad a list of samples; ``zero_mask[i]`` forces sample i's loss mask to 0 (invalid / dummy rows)."""
+    B = len(samples)
+    zero_mask = zero_mask or [False] * B
+    P = [len(s["prompt_ids"]) for s in samples]
+    R = [len(s["response_ids"]) for s in samples]
+    L, T = max(p + r for p, r in zip(P, R)), max(R)
+    ks = [len(s["teacher_topk"]["ids"][0]) for s in samples if s.get("teacher_topk") and s["teacher_topk"].get("ids")]
+    K = Counter(ks).most_common(1)[0][0] if ks else 0
+
+    input_ids = torch.zeros(B, L, dtype=torch.long)
+    attn = torch.zeros(B, L, dtype=torch.long)
+    resp_index = torch.zeros(B, T, dtype=torch.long)
+    response_ids = torch.zeros(B, T, dtype=torch.long)
+    f = lambda: torch.zeros(B, T)  # noqa: E731
+    mask, rollout_lp, teacher_lp, token_rewards, topk_valid = f(), f(), f(), f(), f()
+    topk_ids = torch.zeros(B, T, K, dtype=torch.long) if K else None
+    topk_lp = torch.zeros(B, T, K) if K else None
+    for i, s in enumerate(samples):
+        p, r = P[i], R[i]
+        input_ids[i, : p + r] = torch.tensor(list(s["prompt_ids"]) + list(s["response_ids"]))
+        attn[i, : p + r] = 1
+        resp_index[i, :r] = torch.arange(p - 1, p - 1 + r)
+        resp_index[i, r:] = p - 1  # padding reads a real position; masked anyway
+        response_ids[i, :r] = torch.tensor(s["response_ids"])
+        excluded = zero_mask[i] or (mask_no_eos and eos_id is not None and s["response_ids"][-1] != eos_id)
+        if not excluded:
+            mask[i, :r] = torch.tensor(s["loss_mask"], dtype=torch.float32)
+        rollout_lp[i, :r] = torch.tensor(s["rollout_logprobs"], dtype=torch.float32)
+        if s.get("has_teacher") and s.get("teacher_logprobs"):
+            teacher_lp[i, :r] = torch.tensor(s["teacher_logprobs"], dtype=torch.float32)
+        if s.get("token_rewards") is not None:
+            token_rewards[i, :r] = torch.tensor(s["token_rewards"], dtype=torch.float32)
+        topk = s.get("teacher_topk")
+        if K and topk and topk.get("ids") and len(topk["ids"][0]) == K:
+            topk_ids[i, :r] = torch.tensor(topk["ids"], dtype=torch.long)
+            topk_lp[i, :r] = torch.tensor(topk["logprobs"], dtype=torch.float32)
+            topk_valid[i, :r] = mask[i, :r]
+    bools = lambda key: torch.tensor([bool(s.get(key)) for s in samples])  # noqa: E731
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attn,
+        resp_index=resp_index,
+        response_ids=response_ids,
+        mask=mask,
+        rollout_lp=rollout_lp,
+        teacher_lp=teacher_lp,
+        has_teacher=bools("has_teacher") & torch.tensor([bool(s.get("teacher_logprobs")) for s in samples]),
+        reward=torch.tensor([float(s["reward"]) if s.get("reward") is not None else 0.0 for s in samples]),
+        has_reward=bools("has_reward") & torch.tensor([s.get("reward") is not None for s in samples]),
+        w_rl=torch.tensor([float(s.get("w_rl", 1.0)) for s in samples]),
+        w_opd=torch.tensor([float(s.get("w_opd", 1.0)) for s in samples]),
+        token_rewards=token_rewards,
+        has_token_rewards=torch.tensor([s.get("token_rewards") is not None for s in samples]),
+        topk_ids=topk_ids,
+        topk_lp=topk_lp,
+        topk_valid=topk_valid,
+        modes=[str(s.get("mode", "rl")) for s in samples],
+    )
+
+
+@dataclass
+class Scored:
+    logprobs: torch.Tensor  # (B, T)
+    logits: torch.Tensor  # (B, T, V) at response positions
+    entropy: torch.Tensor | None  # (B, T)
+
+
+def score_responses(model: torch.nn.Module, batch: Batch, *, with_entropy: bool) -> Scored:
+    """Forward prompt+response once; log-probs (and optionally entropy) of the response tokens."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    full = out.logits  # (B, L, V)
+    # Gather only the response positions before any softmax: the (B, L, V) log-softmax is never built.
+    idx = batch.resp_index[..., None].expand(-1, -1, full.shape[-1])
+    logits = full.gather(1, idx).float()  # (B, T, V)
+    lp = token_logprobs(logits, batch.response_ids)
+    ent = entropy_from_logits(logits) if with_entropy else None
+    return Scored(logprobs=lp, logits=logits, entropy=ent)

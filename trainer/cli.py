@@ -1,0 +1,45 @@
+"""``hindsight-train``: parse the flags (trainer/settings.py), configure logging once, run the loop.
+
+    hindsight-train --policy-url URL --admin-api-key K --model-path DIR --out-dir DIR [--steps N] [--batch-size B] [--lr F] ...
+    torchrun --nproc-per-node 2 -m trainer.cli ...      # DDP; rank 0 talks to the policy server
+
+Exit status: 0 when the requested steps (or the sample file) are done, 2 on bad flags, 1 on a trainer
+failure (policy server unreachable past its deadline, refused weight update, diverged replicas).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from trainer.policy_client import TrainerError
+from trainer.settings import parse_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_config(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from trainer.train import train
+
+    try:
+        result = train(cfg)
+    except TrainerError as exc:
+        logging.getLogger("trainer").error("training stopped: %s", exc)
+        return 1
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    logging.getLogger("trainer").info("done: %s", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""The per-micro-batch objective: which advantage each sample gets, and the loss with its statistics.
+
+``token_advantages`` routes each sample to its advantage (docs/CONTRACTS.md: the trainer applies only the
+terms a sample has). With ``advantage_mode="sample"`` a sample's own ``mode`` field decides:
+rl -> A_rl broadcast; opd -> teacher - old; combine -> w_opd (teacher - old) + w_rl A_rl. The global modes
+``prm_gated_opd`` / ``multiplicative`` need both a PRM reward and teacher log-probs (one step per turn);
+samples lacking either get A = 0 and are counted. AReaL shaping of ``token_rewards`` runs last, only on
+samples that carry token rewards (others are inactive rows and keep A).
+
+``micro_loss`` returns this micro-batch's share of the batch loss (see loss.aggregate) and SUMS over valid
+tokens for the logged statistics, so they can be all-reduced across micro-batches and ranks exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainer.advantages import (
+    broadcast_to_tokens,
+    combine_advantages,
+    multiplicative_opd,
+    opd_advantages,
+    prm_gated_opd,
+    shape_advantages,
+    turn_steps,
+)
+from trainer.batch import Batch, score_responses
+from trainer.loss import aggregate, entropy_from_logits, low_var_kl, ppo_clip_loss, topk_reverse_kl
+from trainer.settings import TrainConfig
+
+STAT_KEYS = ("tokens", "pg", "clip", "approx_kl", "entropy", "ref_kl", "topk_kl", "adv", "adv_abs", "loss")
+
+
+def token_advantages(b: Batch, old_lp: torch.Tensor, rl_adv: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """(B, T) advantages for one micro-batch; ``rl_adv`` (B,) comes from the whole-batch RL baseline."""
+    mode = cfg.advantage_mode
+    mask = b.mask
+    if mode in ("prm_gated_opd", "multiplicative"):
+        usable = b.has_reward & b.has_teacher
+        step_ids, scores = turn_steps(mask * usable[:, None], b.reward)
+        fn = prm_gated_opd if mode == "prm_gated_opd" else multiplicative_opd
+        kw = {"wrong_value": cfg.gated_wrong_value} if mode == "prm_gated_opd" else {}
+        adv = fn(b.teacher_lp, old_lp, step_ids, scores, **kw)
+    else:
+        rl = broadcast_to_tokens(torch.where(b.has_reward, rl_adv, torch.zeros_like(rl_adv)), mask)
+        opd = opd_advantages(b.teacher_lp, old_lp, mask, b.has_teacher)
+        comb = combine_advantages(b.teacher_lp, old_lp, rl_adv, mask, b.has_teacher, b.has_reward, b.w_opd, b.w_rl)
+        modes = b.modes if mode == "sample" else [mode] * len(b.modes)
+        pick = torch.tensor([{"rl": 0, "opd": 1, "combine": 2}.get(m, 0) for m in modes], device=mask.device)[:, None]
+        adv = torch.where(pick == 0, rl, torch.where(pick == 1, opd, comb))
+    if cfg.shaping != "none" and bool(b.has_token_rewards.any()):
+        active = mask * b.has_token_rewards[:, None].to(mask.dtype)
+        adv = shape_advantages(
+            adv,
+            b.token_rewards,
+            cfg.shaping,
+            negative_scale=cfg.shaping_negative_scale,
+            zero_penalty=cfg.shaping_zero_penalty,
+            eps=cfg.shaping_eps,
+            mask=active,
+        )
+    return adv * mask
+
+
+def micro_loss(
+    model: torch.nn.Module,
+    ref_model: torch.nn.Module | None,
+    b: Batch,
+    old_lp: torch.Tensor,  # (B, T)
+    adv: torch.Tensor,  # (B, T)
+    cfg: TrainConfig,
+    *,
+    num_tokens: float,
+    num_seqs: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss share (with grad) and summed statistics of one micro-batch."""
+    need_entropy_grad = cfg.entropy_coef > 0
+    sc = score_responses(model, b, with_entropy=need_entropy_grad)
+    mask = b.mask
+    per_tok, clipped, _ = ppo_clip_loss(sc.logprobs, old_lp, adv, clip_low=cfg.clip_low, clip_high=cfg.clip_high)
+    agg = lambda x: aggregate(x, mask, cfg.aggregation, num_tokens=num_tokens, num_seqs=num_seqs)  # noqa: E731
+    pg = agg(per_tok)
+    loss = pg
+    stats: dict[str, float] = {}
+    if need_entropy_grad:
+        ent = sc.entropy
+        loss = loss - cfg.entropy_coef * agg(ent)
+    else:
+        with torch.no_grad():  # entropy is logged always; without its coefficient it needs no graph
+            ent = entropy_from_logits(sc.logits.detach())
+    if ref_model is not None:
+        with torch.no_grad():
+            ref_lp = score_responses(ref_model, b, with_entropy=False).logprobs
+        kl = low_var_kl(sc.logprobs, ref_lp)
+        loss = loss + cfg.kl_coef * agg(kl)
+        stats["ref_kl"] = float((kl.detach() * mask).sum())
+    if cfg.topk_coef > 0 and b.topk_ids is not None and bool(b.topk_valid.any()):
+        tk = topk_reverse_kl(sc.logits, b.topk_ids, b.topk_lp, b.topk_valid * mask)
+        tmask = b.topk_valid * mask
+        loss = loss + cfg.topk_coef * aggregate(tk, tmask, cfg.aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
+        stats["topk_kl"] = float((tk.detach() * tmask).sum())
+    with torch.no_grad():
+        d = (sc.logprobs.detach() - old_lp) * mask
+        stats.update(
+            tokens=float(mask.sum()),
+            pg=float(pg.detach()),
+            loss=float(loss.detach()),
+            clip=float((clipped * mask).sum()),
+            approx_kl=float((0.5 * d * d).sum()),
+            entropy=float((ent.detach() * mask).sum()),
+            adv=float((adv * mask).sum()),
+            adv_abs=float((adv.abs() * mask).sum()),
+        )
+    return loss, stats
+
+
+def new_stats() -> dict[str, Any]:
+    return {k: 0.0 for k in STAT_KEYS}

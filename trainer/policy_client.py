@@ -1,0 +1,195 @@
+"""Where the trainer gets samples and where it sends weights: the sample-source interface and its HTTP client.
+
+A ``SampleSource`` has three calls, mirroring the policy server's admin API (docs/CONTRACTS.md):
+
+    lease(max_samples, wait_s) -> Lease      GET  /v1/samples/lease?max=N&wait_s=S   -> {"lease_id", "samples"}
+    ack(lease_id)                            POST /v1/samples/ack {"lease_id"}
+    update_weights(model_path, version)      POST /admin/weights/update {"model_path", "weight_version"}
+
+The trainer acks a lease only after the checkpoint that contains its samples is on disk, so a lease
+that is never acked (crash) goes back to the server's pool and is trained exactly once.
+
+``PolicyClient`` is the HTTP implementation: one sync ``httpx.Client`` (the trainer is a sync program),
+explicit timeouts, admin bearer key, ``trust_env=False`` (loopback must not go through a proxy).
+Transport errors, 429 and 5xx are retried with capped exponential backoff + jitter within a total
+deadline, then raise ``PolicyUnavailable``; a 4xx is never retried and raises ``PolicyRejected`` with
+the server's message. ``FileSampleSource`` serves a JSONL file with the same semantics (dev runs and
+the DDP test); its ack cursor is persisted so a restart never re-serves an acked sample.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class TrainerError(Exception):
+    """Base of the trainer's own failures."""
+
+
+class PolicyUnavailable(TrainerError):
+    """The policy server could not be reached (or kept answering 5xx) within the call's deadline."""
+
+
+class PolicyRejected(TrainerError):
+    """The policy server answered 4xx: the request was wrong (bad key, unknown lease); never retried."""
+
+    def __init__(self, message: str, status_code: int):
+        super().__init__(f"{message} (HTTP {status_code})")
+        self.status_code = status_code
+
+
+class SourceExhausted(TrainerError):
+    """A finite source (a samples file) has nothing left to lease."""
+
+
+@dataclass
+class Lease:
+    lease_id: str
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+class SampleSource(Protocol):
+    def lease(self, max_samples: int, wait_s: float) -> Lease: ...
+
+    def ack(self, lease_id: str) -> None: ...
+
+    def update_weights(self, model_path: str, weight_version: str) -> dict[str, Any]: ...
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:300] or resp.reason_phrase
+    if isinstance(body, dict):
+        for key in ("detail", "message", "error"):
+            if key in body:
+                val = body[key]
+                return val.get("message", str(val)) if isinstance(val, dict) else str(val)
+    return str(body)[:300]
+
+
+class PolicyClient:
+    """HTTP ``SampleSource`` for the policy server's admin API."""
+
+    def __init__(
+        self,
+        base_url: str,
+        admin_api_key: str = "",
+        *,
+        timeout_s: float = 30.0,
+        deadline_s: float = 120.0,
+        weight_sync_timeout_s: float = 600.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        headers = {"Authorization": f"Bearer {admin_api_key}"} if admin_api_key else {}
+        self.timeout_s = timeout_s
+        self.deadline_s = deadline_s
+        self.weight_sync_timeout_s = weight_sync_timeout_s
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(connect=5.0, read=timeout_s, write=timeout_s, pool=timeout_s),
+            trust_env=False,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, *, read_s: float | None = None, **kw: Any) -> tuple[Any, int]:
+        """One logical call with retries; returns (json body, attempts used)."""
+        end = time.monotonic() + self.deadline_s
+        timeout = httpx.Timeout(connect=5.0, read=read_s or self.timeout_s, write=self.timeout_s, pool=self.timeout_s)
+        attempt, last = 0, ""
+        while True:
+            attempt += 1
+            try:
+                resp = self._http.request(method, path, timeout=timeout, **kw)
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if resp.status_code < 400:
+                    return (resp.json() if resp.content else {}), attempt
+                if resp.status_code not in RETRYABLE_STATUS:
+                    raise PolicyRejected(f"{method} {path}: {_message(resp)}", resp.status_code)
+                last = f"HTTP {resp.status_code}: {_message(resp)}"
+            backoff_s = min(8.0, 0.25 * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+            if time.monotonic() + backoff_s > end:
+                raise PolicyUnavailable(f"{method} {path} failed after {attempt} attempts within {self.deadline_s:.0f}s: {last}")
+            logger.warning("%s %s attempt %d failed (%s); retrying in %.2fs", method, path, attempt, last, backoff_s)
+            time.sleep(backoff_s)
+
+    def lease(self, max_samples: int, wait_s: float) -> Lease:
+        body, _ = self._call(
+            "GET", "/v1/samples/lease", params={"max": max_samples, "wait_s": wait_s}, read_s=self.timeout_s + wait_s
+        )
+        if not isinstance(body, dict) or not isinstance(body.get("samples", []), list):
+            raise TrainerError(f"lease answer is not {{lease_id, samples}}: {str(body)[:200]}")
+        return Lease(lease_id=str(body.get("lease_id") or ""), samples=body.get("samples") or [])
+
+    def ack(self, lease_id: str) -> None:
+        # A 4xx raises PolicyRejected; the loop tolerates it only when re-acking after a resume.
+        self._call("POST", "/v1/samples/ack", json={"lease_id": lease_id})
+
+    def update_weights(self, model_path: str, weight_version: str) -> dict[str, Any]:
+        body, _ = self._call(
+            "POST",
+            "/admin/weights/update",
+            json={"model_path": model_path, "weight_version": weight_version},
+            read_s=self.weight_sync_timeout_s,
+        )
+        if isinstance(body, dict) and body.get("success") is False:
+            raise TrainerError(f"weights update refused: {body}")
+        return body
+
+
+class FileSampleSource:
+    """Samples from a JSONL file, leased in order; the ack cursor persists in ``state_path``.
+
+    Unacked leases are forgotten on restart (they return to the pool, as a server's expired lease would).
+    No weight updates: ``update_weights`` only records the call.
+    """
+
+    def __init__(self, path: str | Path, state_path: str | Path):
+        self.samples = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        self.state_path = Path(state_path)
+        self.acked = json.loads(self.state_path.read_text())["acked"] if self.state_path.exists() else 0
+        self._next = self.acked
+        self._leases: dict[str, int] = {}  # lease_id -> end index
+        self.weight_updates: list[tuple[str, str]] = []
+
+    def lease(self, max_samples: int, wait_s: float) -> Lease:
+        if self._next >= len(self.samples):
+            raise SourceExhausted(f"all {len(self.samples)} samples of the file were leased")
+        end = min(self._next + max_samples, len(self.samples))
+        lease = Lease(lease_id=uuid.uuid4().hex, samples=self.samples[self._next : end])
+        self._leases[lease.lease_id] = end
+        self._next = end
+        return lease
+
+    def ack(self, lease_id: str) -> None:
+        if lease_id not in self._leases:
+            raise PolicyRejected(f"unknown lease {lease_id}", 404)
+        self.acked = max(self.acked, self._leases.pop(lease_id))
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"acked": self.acked}))
+        os.replace(tmp, self.state_path)
+
+    def update_weights(self, model_path: str, weight_version: str) -> dict[str, Any]:
+        self.weight_updates.append((model_path, weight_version))
+        return {"success": True, "weight_version": weight_version, "paused_s": 0.0}

@@ -1,0 +1,334 @@
+"""The Hindsight trainer: one top-down PPO loop over samples leased from the policy server.
+
+    hindsight-train --policy-url http://127.0.0.1:8100 --admin-api-key K --model-path DIR --out-dir runs/a --steps 100
+    torchrun --nproc-per-node 2 -m trainer.cli --samples-file s.jsonl --model-path DIR --out-dir runs/b   # DDP (gloo on CPU)
+
+Each step (docs/CONTRACTS.md "Trainer"; issue 6):
+  1. rank 0 leases up to batch_size samples (long-poll), broadcasts them; samples already trained (a
+     re-leased duplicate) and samples that break the contract are logged and trained with mask 0.
+  2. RL advantages r - b (batch or running mean, optional /std) are computed on the WHOLE batch on every
+     rank, so DDP ranks agree; each minibatch is split across ranks, then into micro-batches.
+  3. old log-probs: recomputed by the trainer before any update (or the rollout's, a setting); they serve
+     the PPO ratio and the OPD term teacher - old.
+  4. ppo_epochs x minibatches optimizer steps of PPO-clip (0.2 / 0.28) with token- or sequence-mean over the
+     minibatch's VALID tokens (global denominators, so micro-batching and sharding do not change the loss;
+     the loss is multiplied by world size because DDP averages gradients).
+  5. every save_every steps: checkpoint (HF safetensors + tokenizer) -> ack the leases it contains ->
+     POST /admin/weights/update {model_path, weight_version=str(step)}.
+Resume: the latest complete checkpoint is loaded (weights, optimizer, baseline, recent sample ids), its
+unacked leases are re-acked, and its weights are pushed to the engine. Unacked leases of a crashed step
+return to the server's pool; recently trained sample ids are refused if they come back.
+
+Differences from the prior system (openclaw-rl-notes.md §6, §9, §15): a baseline exists, every objective
+runs in every configuration, masked samples never dilute the step, no reference model is loaded when its
+KL coefficient is 0, and the train-vs-rollout log-prob gap is logged. FSDP2 is not implemented (models
+that fit one device use DDP); see the report in issue 6.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.chat import load_tokenizer
+from trainer.advantages import RunningMean, rl_sample_advantages
+from trainer.batch import Batch, check_sample, collate, score_responses
+from trainer.checkpoint import latest_checkpoint, load_optimizer, load_trainer_state, read_acked_step, save_checkpoint, write_acked_step
+from trainer.metrics import MetricsLogger
+from trainer.objective import STAT_KEYS, micro_loss, new_stats, token_advantages
+from trainer.policy_client import FileSampleSource, Lease, PolicyClient, PolicyRejected, SampleSource, SourceExhausted, TrainerError
+from trainer.settings import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------- compute init
+def compute_init() -> tuple[int, int, torch.device]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return rank, world, torch.device("cuda", local)
+    return rank, world, torch.device("cpu")
+
+
+def broadcast(obj: Any, world: int) -> Any:
+    """Rank 0's object on every rank (pickled over the process group)."""
+    if world == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def make_source(cfg: TrainConfig) -> SampleSource:
+    if cfg.samples_file:
+        return FileSampleSource(cfg.samples_file, Path(cfg.out_dir) / "file_source_state.json")
+    if cfg.policy_url:
+        return PolicyClient(cfg.policy_url, cfg.admin_api_key, timeout_s=cfg.http_timeout_s, deadline_s=cfg.http_deadline_s,
+                            weight_sync_timeout_s=cfg.weight_sync_timeout_s)
+    raise ValueError("one of policy_url or samples_file is required")
+
+
+def _pad_stack(rows: list[torch.Tensor], T: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), T)
+    for i, r in enumerate(rows):
+        out[i, : r.numel()] = r[:T]
+    return out
+
+
+# ----------------------------------------------------------------------------- one leased batch
+def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torch.nn.Module | None, opt: torch.optim.Optimizer,
+                   samples: list[dict[str, Any]], invalid: list[bool], cfg: TrainConfig, running: RunningMean,
+                   rank: int, world: int, device: torch.device, eos_id: int | None) -> dict[str, float]:
+    B, M = len(samples), cfg.minibatches
+    # (B,) presence flags of the whole batch: a sample that is not trained does not enter the baseline.
+    trainable = torch.tensor([not bad and any(s["loss_mask"]) for s, bad in zip(samples, invalid)])
+    rewards = torch.tensor([float(s["reward"]) if s.get("reward") is not None else 0.0 for s in samples])
+    has_r = torch.tensor([bool(s.get("has_reward")) and s.get("reward") is not None for s in samples]) & trainable
+    rl_adv = rl_sample_advantages(rewards, has_r, baseline=cfg.baseline, normalize=cfg.normalize_advantages, running=running)
+    minibatches = [list(range(m, B, M)) for m in range(M)]
+
+    # Plan: per minibatch, this rank's micro-batches (dummy zero-mask rows keep DDP backward counts equal).
+    plan: list[tuple[float, float, list[tuple[Batch, list[int]]]]] = []
+    for mb in minibatches:
+        bmask = collate([samples[i] for i in mb], eos_id=eos_id, mask_no_eos=cfg.mask_no_eos_with_zero,
+                        zero_mask=[invalid[i] for i in mb]).mask
+        num_tokens, num_seqs = float(bmask.sum()), float((bmask.sum(-1) > 0).sum())
+        mine = mb[rank::world]
+        n_micro = max(1, math.ceil(math.ceil(len(mb) / world) / cfg.micro_batch_size))
+        micros = []
+        for j in range(n_micro):
+            idx = mine[j * cfg.micro_batch_size : (j + 1) * cfg.micro_batch_size]
+            dummy = not idx
+            idx = idx or [mb[0]]
+            b = collate([samples[i] for i in idx], eos_id=eos_id, mask_no_eos=cfg.mask_no_eos_with_zero,
+                        zero_mask=[dummy or invalid[i] for i in idx]).to(device)
+            micros.append((b, [-1] * len(idx) if dummy else idx))
+        plan.append((num_tokens, num_seqs, micros))
+
+    # Old log-probs before any update; the train-vs-rollout gap is measured on the same pass.
+    gap = torch.zeros(2, dtype=torch.float64)
+    olds: list[list[torch.Tensor]] = []
+    with torch.no_grad():
+        for _, _, micros in plan:
+            row = []
+            for b, _ in micros:
+                lp = score_responses(model, b, with_entropy=False).logprobs
+                gap += torch.tensor([float(((lp - b.rollout_lp).abs() * b.mask).sum()), float(b.mask.sum())], dtype=torch.float64)
+                row.append(lp if cfg.old_logprobs == "recompute" else b.rollout_lp)
+            olds.append(row)
+
+    stats = new_stats()
+    grad_norms = []
+    for _ in range(cfg.ppo_epochs):
+        for (num_tokens, num_seqs, micros), old_row in zip(plan, olds):
+            for j, ((b, idx), old_lp) in enumerate(zip(micros, old_row)):
+                adv = token_advantages(b, old_lp, rl_adv[torch.tensor([max(i, 0) for i in idx])].to(device), cfg)
+                last = j == len(micros) - 1
+                ctx = ddp.no_sync() if (world > 1 and not last) else _nullctx()
+                with ctx:
+                    loss, st = micro_loss(ddp, ref_model, b, old_lp, adv, cfg, num_tokens=num_tokens, num_seqs=num_seqs)
+                    (loss * world).backward()  # DDP averages gradients over ranks; the shares are already global
+                for k, v in st.items():
+                    stats[k] += v
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+            grad_norms.append(float(gn))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    # Sum statistics over ranks; shares of the loss sum to the batch loss.
+    vec = torch.tensor([stats[k] for k in STAT_KEYS] + gap.tolist(), dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(vec)
+    s = dict(zip(STAT_KEYS, vec[: len(STAT_KEYS)].tolist()))
+    gap_sum, gap_n = vec[len(STAT_KEYS):].tolist()
+    n_upd = cfg.ppo_epochs * M
+    ntok = max(s["tokens"], 1.0)
+    has_any = bool(has_r.any())
+    out = {
+        "loss": s["loss"] / n_upd, "pg_loss": s["pg"] / n_upd,
+        "clip_frac": s["clip"] / ntok, "approx_kl": s["approx_kl"] / ntok, "entropy": s["entropy"] / ntok,
+        "adv_mean": s["adv"] / ntok, "adv_abs_mean": s["adv_abs"] / ntok,
+        "train_rollout_lp_abs_diff": gap_sum / max(gap_n, 1.0),
+        "reward_mean": float(rewards[has_r].mean()) if has_any else float("nan"),
+        "n_samples": B, "n_trained_samples": int(trainable.sum()), "n_invalid": int(sum(invalid)),
+        "n_with_reward": int(has_r.sum()), "n_with_teacher": sum(bool(s_.get("has_teacher")) for s_ in samples),
+        "n_tokens": int(s["tokens"] / cfg.ppo_epochs), "grad_norm": max(grad_norms),
+    }
+    if ref_model is not None:
+        out["ref_kl"] = s["ref_kl"] / ntok
+    if cfg.topk_coef > 0:
+        out["topk_kl"] = s["topk_kl"] / ntok
+    return out
+
+
+class _nullctx:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+def weight_checksum_spread(model: torch.nn.Module, world: int) -> float:
+    """Max difference of a float64 weight checksum across ranks (0.0 when the replicas are identical)."""
+    with torch.no_grad():
+        c = torch.stack([sum(p.double().sum() for p in model.parameters()), sum(p.double().abs().sum() for p in model.parameters())])
+    if world == 1:
+        return 0.0
+    allc = [torch.zeros_like(c) for _ in range(world)]
+    dist.all_gather(allc, c)
+    stacked = torch.stack(allc)
+    return float((stacked.max(0).values - stacked.min(0).values).max())
+
+
+# ----------------------------------------------------------------------------- the loop
+def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any]:
+    cfg.validate()
+    rank, world, device = compute_init()
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out_dir)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "world_size": world}, indent=2))
+
+    from transformers import AutoModelForCausalLM
+
+    ckpt = latest_checkpoint(out)
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt or cfg.model_path), dtype=torch.float32).to(device)
+    model.train()
+    eos_id = load_tokenizer(cfg.model_path).eos_token_id
+    ref_model = None
+    if cfg.kl_coef > 0:  # never load (or run) a reference model whose term is multiplied by 0
+        ref_model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=torch.float32).to(device).eval()
+        ref_model.requires_grad_(False)
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
+    running = RunningMean(momentum=cfg.running_mean_momentum)
+    trained_ids: deque[str] = deque(maxlen=cfg.remember_sample_ids)
+    step, last_saved = 0, 0
+    resume_leases: list[str] = []
+    if ckpt is not None:
+        st = load_trainer_state(ckpt)
+        load_optimizer(ckpt, opt)
+        step = last_saved = int(st["step"])
+        running = RunningMean(**st.get("running_mean", {"momentum": cfg.running_mean_momentum}))
+        trained_ids.extend(st.get("trained_sample_ids", []))
+        resume_leases = st.get("leases", [])
+        logger.info("resumed from %s (step %d, %d remembered sample ids)", ckpt, step, len(trained_ids))
+
+    metrics = MetricsLogger(out, enabled=rank == 0)
+    if rank == 0:
+        source = source or make_source(cfg)
+        if ckpt is not None and read_acked_step(out) < step:
+            for lease_id in resume_leases:  # the crash fell between checkpoint and ack
+                try:
+                    source.ack(lease_id)
+                except PolicyRejected as exc:
+                    logger.warning("re-ack of lease %s after resume refused (%s); its samples are in %s", lease_id, exc, ckpt)
+            write_acked_step(out, step)
+        if ckpt is not None and cfg.weight_sync and cfg.sync_on_resume:
+            source.update_weights(str(ckpt.resolve()), str(step))
+
+    bar = None
+    if rank == 0 and cfg.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
+    pending: list[str] = []
+    idle_since = time.monotonic()
+    t_last = time.monotonic()
+    ckpt_path = ckpt
+
+    def persist(at_step: int) -> Path:
+        """Checkpoint -> ack its leases -> push weights; rank 0 does the I/O, every rank waits for it."""
+        path = None
+        if rank == 0:
+            t0 = time.monotonic()
+            state = {"leases": list(pending), "trained_sample_ids": list(trained_ids), "running_mean": running.state_dict()}
+            path = save_checkpoint(out, at_step, model, opt, cfg.model_path, state, keep=cfg.keep_checkpoints)
+            for lease_id in pending:
+                source.ack(lease_id)
+            write_acked_step(out, at_step)
+            t1 = time.monotonic()
+            sync = source.update_weights(str(path.resolve()), str(at_step)) if cfg.weight_sync else {}
+            logger.info("step %d saved to %s (%.2fs), acked %d lease(s), weights pushed in %.2fs %s",
+                        at_step, path, t1 - t0, len(pending), time.monotonic() - t1, sync)
+        pending.clear()
+        return broadcast(path, world)
+
+    while step < cfg.steps:
+        lease, stop = None, False
+        if rank == 0:
+            try:
+                lease = source.lease(cfg.batch_size, cfg.lease_wait_s)
+            except SourceExhausted as exc:
+                logger.info("%s; stopping", exc)
+                stop = True
+            if lease is not None and not lease.samples:
+                if cfg.idle_timeout_s > 0 and time.monotonic() - idle_since > cfg.idle_timeout_s:
+                    logger.info("no sample for %.0fs; stopping", cfg.idle_timeout_s)
+                    stop = True
+        lease, stop = broadcast((lease, stop), world)
+        if stop:
+            break
+        if not lease.samples:
+            continue
+        idle_since = time.monotonic()
+        samples = lease.samples
+        reasons = [check_sample(s) for s in samples]
+        seen = set(trained_ids)
+        dup = [str(s.get("sample_id")) in seen for s in samples]
+        for s, why, d in zip(samples, reasons, dup):
+            if why or d:
+                logger.warning("sample %s not trained: %s", s.get("sample_id"), why or "already trained (re-leased duplicate)")
+        invalid = [bool(w) or d for w, d in zip(reasons, dup)]
+        pending.append(lease.lease_id)  # on every rank, so all ranks agree on when to persist
+        if all(invalid):
+            continue  # nothing to train; the lease is acked with the next checkpoint
+        step += 1
+        t_train = time.monotonic()
+        m = train_on_batch(ddp, model, ref_model, opt, samples, invalid, cfg, running, rank, world, device, eos_id)
+        t_done = time.monotonic()
+        trained_ids.extend(str(s.get("sample_id")) for s, bad in zip(samples, invalid) if not bad)
+        if world > 1 and cfg.check_ddp_sync:
+            spread = weight_checksum_spread(model, world)
+            m["ddp_weight_spread"] = spread
+            if spread != 0.0:
+                raise TrainerError(f"DDP replicas diverged at step {step}: checksum spread {spread}")
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            ckpt_path, last_saved = persist(step), step
+        now = time.monotonic()
+        # tokens_per_s counts the whole step (lease, update, checkpoint, sync); train_time_s only the update.
+        m.update(step_time_s=now - t_last, train_time_s=t_done - t_train, tokens_per_s=m["n_tokens"] / max(now - t_last, 1e-9), lr=cfg.lr,
+                 weight_versions=sorted({str(s.get("weight_version")) for s in samples}))
+        t_last = now
+        metrics.log(step, m)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{m['loss']:.4f}", reward=f"{m['reward_mean']:.3f}")
+    if pending and step > last_saved:
+        ckpt_path = persist(step)
+    elif pending:
+        # Leases that held only duplicates/invalid samples since the last save: nothing new to persist.
+        if rank == 0:
+            for lease_id in pending:
+                source.ack(lease_id)
+        pending.clear()
+    if bar is not None:
+        bar.close()
+    metrics.close()
+    return {"step": step, "checkpoint": str(ckpt_path) if ckpt_path else None, "rank": rank, "world_size": world}

@@ -117,6 +117,9 @@ def converse(agent: Agent) -> int:
     # Room for the whole constrained <tool_call> block (about 30 tokens for this tokenizer).
     r = agent.send(tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=96)
     agent.show(r)
+    if r["message"].get("tool_calls"):
+        print(f"  {'':>10}   (forced by tool_choice = constrained decoding: the ids are the model's samples, "
+              "their log-probs those of the masked distribution)")
     for tc in r["message"].get("tool_calls") or []:
         agent.say("tool", run_tool(tc["function"]["name"], tc["function"]["arguments"]), tool_call_id=tc["id"])
     if not r["message"].get("tool_calls"):
@@ -242,8 +245,11 @@ def train_one_step(endpoints: dict, batch_size: int) -> int:
             res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=TRAIN_DEADLINE_S)
         except subprocess.TimeoutExpired:
             raise SystemExit(f"error: the training step did not finish in {TRAIN_DEADLINE_S:.0f}s (log {log})") from None
-    for line in log.read_text(errors="replace").splitlines()[-8:]:
-        print(f"    {short(line, 110)}")
+    # The trainer's own summary lines; progress bars and HTTP access lines are in the log.
+    lines = [ln for ln in log.read_text(errors="replace").splitlines()
+             if ln.strip() and "Writing model shards" not in ln and "HTTP Request" not in ln]
+    for line in lines[-6:]:
+        print(f"    {short(line, 150)}")
     if res.returncode != 0:
         raise SystemExit(f"error: hindsight-train exited with {res.returncode} (log {log})")
     print(f"  trained step {step} in {time.monotonic() - t0:.1f}s; checkpoint {ckpt / f'step_{step:06d}'}")
@@ -288,6 +294,9 @@ def main() -> int:
     section("5. weight update")
     after = engine_weight_version(endpoints["policy_engine_url"])
     print(f"  policy engine weight version: {before} -> {after}")
+    stats = stats_of(endpoints)
+    print(f"  policy server: weight_version {stats.get('weight_version')}, weight updates "
+          f"{stats.get('weight_updates')}, samples {json.dumps(stats['samples'])}")
     if after != str(step):
         raise SystemExit(f"error: the engine reports weight version {after!r}, expected {str(step)!r}")
     agent.messages = agent.messages[:1] + [{"role": "user", "content": "And tomorrow?"}]

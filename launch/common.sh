@@ -149,9 +149,12 @@ opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopbac
 end = time.monotonic() + deadline_s
 while time.monotonic() < end:
     if pid:
+        # An exited child stays a zombie until the script waits for it: check the state, not existence.
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "gone"
+        if state in ("Z", "X", "gone"):
             sys.exit(f"process {pid} exited before {url} was ready")
     try:
         if opener.open(url, timeout=5).status == 200:

@@ -149,3 +149,17 @@ def test_unknown_argument_and_help(tmp_path: Path) -> None:
     assert res.returncode == 2 and "unknown argument '--frobnicate'" in res.stderr
     res = subprocess.run(["bash", str(LAUNCH / "run.sh"), "--help"], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0 and "MODE=rl|opd|combine" in res.stdout
+
+
+@pytest.mark.unit
+def test_a_process_that_dies_fails_the_wait_fast(tmp_path: Path) -> None:
+    """An engine that exits at once ends the script within seconds (not after its readiness deadline)."""
+    run_dir = tmp_path / "run"
+    res = subprocess.run(["bash", str(LAUNCH / "judge.sh")], capture_output=True, text=True, timeout=60,
+                         env={"PATH": os.environ["PATH"], "HINDSIGHT_RUN_DIR": str(run_dir), "HF_CKPT": "/m",
+                              "SGLANG_PYTHON": "false", "ENGINE_READY_TIMEOUT_S": "600", "PRM_TP": "1"})
+    assert res.returncode == 2, res.stderr
+    assert "error: prm-engine-0 not ready" in res.stderr and "exited before" in res.stderr
+    assert (run_dir / "logs" / "prm-engine-0.log").exists()
+    assert (run_dir / "commands.log").read_text().count("sglang.launch_server") == 2
+    assert list((run_dir / "pids").glob("*.pid")) == [], "the trap removes the PID files of what it stopped"

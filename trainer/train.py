@@ -261,7 +261,14 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
             state = {"leases": list(pending), "trained_sample_ids": list(trained_ids), "running_mean": running.state_dict()}
             path = save_checkpoint(out, at_step, model, opt, cfg.model_path, state, keep=cfg.keep_checkpoints)
             for lease_id in pending:
-                source.ack(lease_id)
+                try:
+                    source.ack(lease_id)
+                except PolicyRejected as exc:
+                    if exc.status_code != 409:
+                        raise
+                    # Expired while we trained: its samples went back to ready; when they are leased
+                    # again they are recognised as trained (sample ids in this checkpoint) and skipped.
+                    logger.warning("lease %s expired before its ack (%s)", lease_id, exc)
             write_acked_step(out, at_step)
             t1 = time.monotonic()
             sync = source.update_weights(str(path.resolve()), str(at_step)) if cfg.weight_sync else {}

@@ -95,7 +95,8 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
                    rank: int, world: int, device: torch.device, eos_id: int | None) -> dict[str, float]:
     B, M = len(samples), cfg.minibatches
     # (B,) presence flags of the whole batch: a sample that is not trained does not enter the baseline.
-    trainable = torch.tensor([not bad and any(s["loss_mask"]) for s, bad in zip(samples, invalid)])
+    no_eos = [cfg.mask_no_eos_with_zero and (not s.get("response_ids") or s["response_ids"][-1] != eos_id) for s in samples]
+    trainable = torch.tensor([not bad and not ne and any(s["loss_mask"]) for s, bad, ne in zip(samples, invalid, no_eos)])
     rewards = torch.tensor([float(s["reward"]) if s.get("reward") is not None else 0.0 for s in samples])
     has_r = torch.tensor([bool(s.get("has_reward")) and s.get("reward") is not None for s in samples]) & trainable
     rl_adv = rl_sample_advantages(rewards, has_r, baseline=cfg.baseline, normalize=cfg.normalize_advantages, running=running)

@@ -3,9 +3,12 @@
 - ``GET /v1/samples/lease?max=N&wait_s=S`` -> ``{"lease_id", "samples": [...]}``: up to N ready samples,
   waiting up to S seconds for the first one (``lease_id`` null and ``samples`` empty when none came).
   N above ``max_lease_size`` or S above ``max_lease_wait_s`` is a 400 (explicit limits, no silent cap).
+  ``prm_metrics``: the PRM metrics window drained by this lease (policy_server.scoring); only a lease that
+  hands out samples drains it, an empty answer carries ``{}``; always ``{}`` without PRM scoring.
 - ``POST /v1/samples/ack {"lease_id"}``: consume; idempotent (a second ack answers ``already_acked``);
   404 for an unknown lease, 409 for an expired one (its samples went back to ready).
-- ``GET /v1/samples/stats``: counts by status, reject reasons, pending retries, sessions, leases.
+- ``GET /v1/samples/stats``: counts by status, reject reasons, pending retries, sessions, leases, and ``prm``
+  (cumulative PRM metrics and outcome counts, not draining; ``{"enabled": false}`` without scoring).
 - ``GET|POST /admin/mode {"mode", "w_rl", "w_opd"}``: the reward mode used for turns judged from now on.
 - ``POST /admin/weights/update {"model_path", "weight_version"}`` -> ``{"success", "weight_version", "paused_s"}``.
 """
@@ -59,9 +62,12 @@ async def lease(request: Request, max: int = 64, wait_s: float = 0.0) -> dict[st
         got = await asyncio.to_thread(st.store.lease, max, st.settings.lease_timeout_s)
         if got is not None:
             lease_id, samples = got
-            return {"lease_id": lease_id, "samples": samples, "lease_timeout_s": st.settings.lease_timeout_s}
+            prm_metrics = st.scoring.drain_window() if st.scoring is not None else {}
+            return {"lease_id": lease_id, "samples": samples, "lease_timeout_s": st.settings.lease_timeout_s,
+                    "prm_metrics": prm_metrics}
         if time.monotonic() >= end:
-            return {"lease_id": None, "samples": [], "lease_timeout_s": st.settings.lease_timeout_s}
+            return {"lease_id": None, "samples": [], "lease_timeout_s": st.settings.lease_timeout_s,
+                    "prm_metrics": {}}
         await asyncio.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
 
@@ -82,7 +88,8 @@ async def stats(request: Request) -> dict[str, Any]:
                dispatch={"processed": st.dispatcher.processed, "retries": st.dispatcher.retries,
                          "running_sessions": len(st.dispatcher._running)},
                weight_version=st.gate.version, weight_updates=st.weight_sync.updates,
-               max_unconsumed_samples=st.settings.max_unconsumed_samples)
+               max_unconsumed_samples=st.settings.max_unconsumed_samples,
+               prm=st.scoring.summary() if st.scoring is not None else {"enabled": False})
     return out
 
 

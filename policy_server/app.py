@@ -11,6 +11,11 @@ EngineClient for generation plus one per weight-sync worker (shared connection p
 teacher clients and the reward pipeline when configured, reads the engine's current weight_version,
 starts the judge dispatcher (which immediately resumes pending work found in the store) and the idle
 session sweeper; on shutdown stops both and closes every client.
+
+PRM scoring (issue 7 item 9, policy_server.scoring): with ``--prm-config`` the runner is built first
+(a broken config or scorer stops the startup with a ``PRMStartupError`` naming the file), its metrics go
+on this server's ``/metrics`` registry, the dispatcher scores each accepted turn before storing it, and
+the runner is closed after the dispatcher stopped.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from policy_server.dispatch import Dispatcher
 from policy_server.errors import install_error_handlers
 from policy_server.generation import Generator
 from policy_server.metrics import Metrics
+from policy_server.scoring import PRMScoring
 from policy_server.sessions import SessionTracker
 from policy_server.settings import PolicySettings
 from policy_server.store import Store
@@ -54,6 +60,7 @@ class PolicyState:
     mode_state: Any
     pipeline: Any | None
     backlog_cache: list[float]  # [value, checked_at_monotonic]
+    scoring: PRMScoring | None = None
 
 
 def _build_pipeline(settings: PolicySettings, tokenizer: Any, http: httpx.AsyncClient,
@@ -81,6 +88,15 @@ def create_app(settings: PolicySettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tokenizer = await asyncio.to_thread(load_tokenizer, settings.model_path)
+        # First, so a broken --prm-config fails the startup before anything else is opened.
+        try:
+            scoring = await PRMScoring.start(settings.prm_config)
+        except Exception as exc:
+            logger.error("policy server not started: %s", exc)
+            raise
+        metrics = Metrics()
+        if scoring is not None:
+            scoring.register(metrics.registry)
         store = await asyncio.to_thread(Store, settings.data_dir)
         timeouts = EngineTimeouts()
         retry = RetryPolicy(max_attempts=settings.engine_max_attempts, deadline_s=settings.engine_deadline_s)
@@ -99,7 +115,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
         mode_state, pipeline, closables = _build_pipeline(settings, tokenizer, http, retry)
         dispatcher = Dispatcher(store, pipeline, concurrency=settings.dispatch_concurrency,
                                 retry_initial_s=settings.dispatch_retry_initial_s,
-                                retry_max_s=settings.dispatch_retry_max_s)
+                                retry_max_s=settings.dispatch_retry_max_s, scoring=scoring)
         sessions = SessionTracker(store, idle_timeout_s=settings.session_idle_timeout_s,
                                   sweep_interval_s=settings.idle_sweep_interval_s, on_new_work=dispatcher.wake)
         state = PolicyState(
@@ -107,8 +123,8 @@ def create_app(settings: PolicySettings) -> FastAPI:
             generator=Generator(engine, tokenizer, gate, max_resumes=settings.max_resumes),
             gate=gate, weight_sync=WeightSync(workers, gate, pause_mode=settings.pause_mode,
                                               deadline_s=settings.weight_update_deadline_s),
-            sessions=sessions, dispatcher=dispatcher, metrics=Metrics(), mode_state=mode_state, pipeline=pipeline,
-            backlog_cache=[0.0, -1e9],
+            sessions=sessions, dispatcher=dispatcher, metrics=metrics, mode_state=mode_state, pipeline=pipeline,
+            backlog_cache=[0.0, -1e9], scoring=scoring,
         )
         app.state.policy = state
         tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
@@ -123,6 +139,8 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await dispatcher.aclose()
+            if scoring is not None:  # after the dispatcher: no scoring is in flight any more
+                await scoring.aclose()
             for c in closables:
                 with contextlib.suppress(Exception):
                     await c.aclose()

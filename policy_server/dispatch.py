@@ -14,6 +14,10 @@ Contract:
   (attempts and last error are stored and reported in stats), never dropped, never scored 0.
 - Any other pipeline exception rejects the turn with reason ``pipeline_error: ...`` (explicit, visible).
 - Without a pipeline (no judge configured) jobs stay pending and are reported as such.
+- With PRM scoring on (``scoring``, policy_server.scoring), a turn the pipeline accepts is scored before
+  the write: its ``token_rewards`` (or its ``prm_rejected: ...`` rejection) are stored in the same
+  transaction as the status, so no sample is ever ``ready`` without them; a scorer dependency that is
+  unreachable keeps the job pending (retried like an unreachable judge).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 from typing import Any
 
 from engine.errors import EngineTimeout, EngineUnavailable
+from policy_server.scoring import apply_outcome
 from policy_server.store import Store
 
 logger = logging.getLogger(__name__)
@@ -48,9 +53,10 @@ class Dispatcher:
     """Polls the store for pending_judge samples; woken early by :meth:`wake`."""
 
     def __init__(self, store: Store, pipeline: Any | None, *, concurrency: int = 8, retry_initial_s: float = 0.5,
-                 retry_max_s: float = 30.0, poll_s: float = 1.0):
+                 retry_max_s: float = 30.0, poll_s: float = 1.0, scoring: Any | None = None):
         self.store = store
         self.pipeline = pipeline
+        self.scoring = scoring
         self.concurrency = concurrency
         self.retry_initial_s = retry_initial_s
         self.retry_max_s = retry_max_s
@@ -140,6 +146,11 @@ class Dispatcher:
         reason = result.get("reject_reason") or ""
         if result.get("status") == "rejected" and reason.startswith("judge_unavailable"):
             return await self._retry_later(job, reason)
+        if self.scoring is not None and result.get("status") == "ready":
+            outcome = await self.scoring.score_turn(turn, (result.get("sample") or {}).get("prm"))
+            if outcome.kind == "retry":
+                return await self._retry_later(job, f"prm: {outcome.reason}")
+            result = apply_outcome(result, outcome)
         data = dict(result.get("sample") or {})
         data.update({k: turn.get(k) for k in SAMPLE_TURN_KEYS})
         data.update(sample_id=job["sample_id"], session_id=job["session_id"], turn_index=job["turn_index"],

@@ -36,7 +36,8 @@ class PolicySettings(BaseSettings):
     mode: Literal["rl", "opd", "combine"] = "rl"
     w_rl: float = 1.0
     w_opd: float = 1.0
-    prm_config: str | None = None
+    prm_config: str | None = Field(None, description="PRM scorer YAML (docs/SCORERS.md): token_rewards for "
+                                   "every accepted turn; see policy_server.scoring")
     judge_m: int | None = None
     at_least_one: bool = True
     teacher_top_k: int = 0

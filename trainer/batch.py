@@ -11,6 +11,7 @@ Top-K teacher rows are used only for samples whose K equals the batch's most com
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +21,13 @@ import torch
 from trainer.loss import entropy_from_logits, token_logprobs
 
 
-def check_sample(s: dict[str, Any]) -> str | None:
-    """None if the sample is trainable, else why not."""
+def check_sample(s: dict[str, Any], *, shaping: str = "none") -> str | None:
+    """None if the sample is trainable, else why not.
+
+    ``token_rewards`` (issue 7) must be null or one finite float per response id; with ``process_weighted``
+    shaping they must lie in [0, 1] on loss-mask tokens (AReaL asserts this; here the sample is set aside
+    instead of crashing the step).
+    """
     resp = s.get("response_ids") or []
     if not s.get("prompt_ids") or not resp:
         return "empty prompt_ids or response_ids"
@@ -35,8 +41,13 @@ def check_sample(s: dict[str, Any]) -> str | None:
     if s.get("has_reward") and s.get("reward") is None:
         return "has_reward but reward is null"
     tr = s.get("token_rewards")
-    if tr is not None and len(tr) != n:
-        return f"token_rewards has {len(tr)} entries for {n} response ids"
+    if tr is not None:
+        if len(tr) != n:
+            return f"token_rewards has {len(tr)} entries for {n} response ids"
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in tr):
+            return "token_rewards holds a non-finite or non-numeric value"
+        if shaping == "process_weighted" and any(m and not 0.0 <= v <= 1.0 for v, m in zip(tr, s["loss_mask"])):
+            return "process_weighted shaping needs token_rewards in [0, 1] on loss-mask tokens"
     topk = s.get("teacher_topk")
     if topk and (len(topk.get("ids", [])) != n or len(topk.get("logprobs", [])) != n):
         return "teacher_topk rows do not match response length"

@@ -5,7 +5,8 @@ terms a sample has). With ``advantage_mode="sample"`` a sample's own ``mode`` fi
 rl -> A_rl broadcast; opd -> teacher - old; combine -> w_opd (teacher - old) + w_rl A_rl. The global modes
 ``prm_gated_opd`` / ``multiplicative`` need both a PRM reward and teacher log-probs (one step per turn);
 samples lacking either get A = 0 and are counted. AReaL shaping of ``token_rewards`` runs last, only on
-samples that carry token rewards (others are inactive rows and keep A).
+samples that carry token rewards (others are inactive rows and keep A): ``outcome_advantages`` then
+``shape``; the loop logs both, so the effect of shaping is visible in metrics.jsonl.
 
 ``micro_loss`` returns this micro-batch's share of the batch loss (see loss.aggregate) and SUMS over valid
 tokens for the logged statistics, so they can be all-reduced across micro-batches and ranks exactly.
@@ -30,11 +31,12 @@ from trainer.batch import Batch, score_responses
 from trainer.loss import aggregate, entropy_from_logits, low_var_kl, ppo_clip_loss, topk_reverse_kl
 from trainer.settings import TrainConfig
 
-STAT_KEYS = ("tokens", "pg", "clip", "approx_kl", "entropy", "ref_kl", "topk_kl", "adv", "adv_abs", "loss")
+STAT_KEYS = ("tokens", "pg", "clip", "approx_kl", "entropy", "ref_kl", "topk_kl", "adv", "adv_abs", "loss",
+             "adv_unshaped", "adv_unshaped_abs", "tr_tokens", "tr_sum")
 
 
-def token_advantages(b: Batch, old_lp: torch.Tensor, rl_adv: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
-    """(B, T) advantages for one micro-batch; ``rl_adv`` (B,) comes from the whole-batch RL baseline."""
+def outcome_advantages(b: Batch, old_lp: torch.Tensor, rl_adv: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """(B, T) outcome advantages before any process-reward shaping; ``rl_adv`` (B,) is the whole-batch RL term."""
     mode = cfg.advantage_mode
     mask = b.mask
     if mode in ("prm_gated_opd", "multiplicative"):
@@ -50,18 +52,26 @@ def token_advantages(b: Batch, old_lp: torch.Tensor, rl_adv: torch.Tensor, cfg: 
         modes = b.modes if mode == "sample" else [mode] * len(b.modes)
         pick = torch.tensor([{"rl": 0, "opd": 1, "combine": 2}.get(m, 0) for m in modes], device=mask.device)[:, None]
         adv = torch.where(pick == 0, rl, torch.where(pick == 1, opd, comb))
-    if cfg.shaping != "none" and bool(b.has_token_rewards.any()):
-        active = mask * b.has_token_rewards[:, None].to(mask.dtype)
-        adv = shape_advantages(
-            adv,
-            b.token_rewards,
-            cfg.shaping,
-            negative_scale=cfg.shaping_negative_scale,
-            zero_penalty=cfg.shaping_zero_penalty,
-            eps=cfg.shaping_eps,
-            mask=active,
-        )
     return adv * mask
+
+
+def shaping_mask(b: Batch) -> torch.Tensor:
+    """(B, T) tokens the shaping acts on: loss-mask tokens of samples that carry token_rewards."""
+    return b.mask * b.has_token_rewards[:, None].to(b.mask.dtype)
+
+
+def shape(b: Batch, adv: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """AReaL shaping of ``adv`` with the samples' ``token_rewards`` (the process reward p_t); identity when off."""
+    if cfg.shaping == "none" or not bool(b.has_token_rewards.any()):
+        return adv
+    out = shape_advantages(adv, b.token_rewards, cfg.shaping, negative_scale=cfg.shaping_negative_scale,
+                           zero_penalty=cfg.shaping_zero_penalty, eps=cfg.shaping_eps, mask=shaping_mask(b))
+    return out * b.mask
+
+
+def token_advantages(b: Batch, old_lp: torch.Tensor, rl_adv: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """(B, T) advantages for one micro-batch: outcome advantages, then the configured shaping."""
+    return shape(b, outcome_advantages(b, old_lp, rl_adv, cfg), cfg)
 
 
 def micro_loss(

@@ -2,7 +2,7 @@
 
 A ``SampleSource`` has three calls, mirroring the policy server's admin API (docs/CONTRACTS.md):
 
-    lease(max_samples, wait_s) -> Lease      GET  /v1/samples/lease?max=N&wait_s=S   -> {"lease_id", "samples"}
+    lease(max_samples, wait_s) -> Lease      GET  /v1/samples/lease?max=N&wait_s=S   -> {"lease_id", "samples", "prm_metrics"}
     ack(lease_id)                            POST /v1/samples/ack {"lease_id"}
     update_weights(model_path, version)      POST /admin/weights/update {"model_path", "weight_version"}
 
@@ -60,6 +60,8 @@ class SourceExhausted(TrainerError):
 class Lease:
     lease_id: str
     samples: list[dict[str, Any]] = field(default_factory=list)
+    # The policy server's PRM metrics window drained by this lease ({} when scoring is off; issue 7 item 5).
+    prm_metrics: dict[str, float] = field(default_factory=dict)
 
 
 class SampleSource(Protocol):
@@ -140,7 +142,9 @@ class PolicyClient:
         )
         if not isinstance(body, dict) or not isinstance(body.get("samples", []), list):
             raise TrainerError(f"lease answer is not {{lease_id, samples}}: {str(body)[:200]}")
-        return Lease(lease_id=str(body.get("lease_id") or ""), samples=body.get("samples") or [])
+        prm = body.get("prm_metrics") or {}
+        prm_metrics = {str(k): float(v) for k, v in prm.items() if isinstance(v, (int, float)) and not isinstance(v, bool)} if isinstance(prm, dict) else {}
+        return Lease(lease_id=str(body.get("lease_id") or ""), samples=body.get("samples") or [], prm_metrics=prm_metrics)
 
     def ack(self, lease_id: str) -> None:
         # A 4xx raises PolicyRejected; the loop tolerates it only when re-acking after a resume.

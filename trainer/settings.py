@@ -61,6 +61,8 @@ class TrainConfig:
     baseline: str = _f("batch_mean", "RL baseline", choices=BASELINES)
     running_mean_momentum: float = _f(0.9, "EMA momentum of the running-mean baseline")
     normalize_advantages: bool = _f(False, "divide RL advantages by their batch std")
+    prm_config: str = _f("", "PRM YAML shared with the policy server: sets shaping, its parameters and mask_no_eos_with_zero "
+                             "(trainer/prm.py)")
     shaping: str = _f("none", "AReaL shaping of token_rewards onto advantages", choices=("none", *SHAPING_MODES))
     shaping_negative_scale: float = _f(0.2, "gvpo negative_scale")
     shaping_zero_penalty: float = _f(0.4, "gvpo zero_penalty")
@@ -116,6 +118,9 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     args = build_parser().parse_args(argv)
     cfg = TrainConfig(**vars(args))
     try:
+        from trainer.prm import resolve_prm_config
+
+        cfg = resolve_prm_config(cfg)
         cfg.validate()
     except ValueError as exc:
         build_parser().error(str(exc))

@@ -9,7 +9,9 @@ Each step (docs/CONTRACTS.md "Trainer"; issue 6):
   2. RL advantages r - b (batch or running mean, optional /std) are computed on the WHOLE batch on every
      rank, so DDP ranks agree; each minibatch is split across ranks, then into micro-batches.
   3. old log-probs: recomputed by the trainer before any update (or the rollout's, a setting); they serve
-     the PPO ratio and the OPD term teacher - old.
+     the PPO ratio and the OPD term teacher - old. Then AReaL process-reward shaping (trainer/prm.py: flags
+     or ``--prm-config``) folds each sample's ``token_rewards`` into its normalised outcome advantage;
+     samples without token_rewards stay unshaped. The lease's PRM metrics window is logged with the step.
   4. ppo_epochs x minibatches optimizer steps of PPO-clip (0.2 / 0.28) with token- or sequence-mean over the
      minibatch's VALID tokens (global denominators, so micro-batching and sharding do not change the loss;
      the loss is multiplied by world size because DDP averages gradients).
@@ -44,8 +46,9 @@ from trainer.advantages import RunningMean, rl_sample_advantages
 from trainer.batch import Batch, check_sample, collate, score_responses
 from trainer.checkpoint import latest_checkpoint, load_optimizer, load_trainer_state, read_acked_step, save_checkpoint, write_acked_step
 from trainer.metrics import MetricsLogger
-from trainer.objective import STAT_KEYS, micro_loss, new_stats, token_advantages
+from trainer.objective import STAT_KEYS, micro_loss, new_stats, outcome_advantages, shape, shaping_mask
 from trainer.policy_client import FileSampleSource, Lease, PolicyClient, PolicyRejected, SampleSource, SourceExhausted, TrainerError
+from trainer.prm import resolve_prm_config
 from trainer.settings import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -137,7 +140,13 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
     for _ in range(cfg.ppo_epochs):
         for (num_tokens, num_seqs, micros), old_row in zip(plan, olds):
             for j, ((b, idx), old_lp) in enumerate(zip(micros, old_row)):
-                adv = token_advantages(b, old_lp, rl_adv[torch.tensor([max(i, 0) for i in idx])].to(device), cfg)
+                raw = outcome_advantages(b, old_lp, rl_adv[torch.tensor([max(i, 0) for i in idx])].to(device), cfg)
+                adv = shape(b, raw, cfg)
+                tr_mask = shaping_mask(b)
+                stats["adv_unshaped"] += float(raw.sum())
+                stats["adv_unshaped_abs"] += float(raw.abs().sum())
+                stats["tr_tokens"] += float(tr_mask.sum())
+                stats["tr_sum"] += float((b.token_rewards * tr_mask).sum())
                 last = j == len(micros) - 1
                 ctx = ddp.no_sync() if (world > 1 and not last) else _nullctx()
                 with ctx:
@@ -163,6 +172,11 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
         "loss": s["loss"] / n_upd, "pg_loss": s["pg"] / n_upd,
         "clip_frac": s["clip"] / ntok, "approx_kl": s["approx_kl"] / ntok, "entropy": s["entropy"] / ntok,
         "adv_mean": s["adv"] / ntok, "adv_abs_mean": s["adv_abs"] / ntok,
+        # Before process-reward shaping (equal to adv_* when shaping is off or no sample has token_rewards).
+        "adv_unshaped_mean": s["adv_unshaped"] / ntok, "adv_unshaped_abs_mean": s["adv_unshaped_abs"] / ntok,
+        "n_with_token_rewards": sum(s_.get("token_rewards") is not None for s_ in samples),
+        "token_reward_mean": s["tr_sum"] / s["tr_tokens"] if s["tr_tokens"] else float("nan"),
+        "shaped_tokens": int(s["tr_tokens"] / cfg.ppo_epochs) if cfg.shaping != "none" else 0,
         "train_rollout_lp_abs_diff": gap_sum / max(gap_n, 1.0),
         "reward_mean": float(rewards[has_r].mean()) if has_any else float("nan"),
         "n_samples": B, "n_trained_samples": int(trainable.sum()), "n_invalid": int(sum(invalid)),
@@ -198,6 +212,7 @@ def weight_checksum_spread(model: torch.nn.Module, world: int) -> float:
 
 # ----------------------------------------------------------------------------- the loop
 def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any]:
+    cfg = resolve_prm_config(cfg)  # --prm-config: shaping from the policy server's PRM YAML
     cfg.validate()
     rank, world, device = compute_init()
     torch.manual_seed(cfg.seed)
@@ -250,6 +265,11 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
 
         bar = tqdm(total=cfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
     pending: list[str] = []
+    # PRM metrics windows (rollout/prm_*) from leases not yet logged. A window arrives with each lease that
+    # returned samples; a lease with nothing trainable carries its window over to the next logged step (a
+    # later window's value wins for a key both have; prm_metrics_windows says how many were folded).
+    prm_window: dict[str, float] = {}
+    prm_windows = 0
     idle_since = time.monotonic()
     t_last = time.monotonic()
     ckpt_path = ckpt
@@ -297,7 +317,10 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
             continue
         idle_since = time.monotonic()
         samples = lease.samples
-        reasons = [check_sample(s) for s in samples]
+        reasons = [check_sample(s, shaping=cfg.shaping) for s in samples]
+        if lease.prm_metrics:  # the server's PRM window for these samples; logged with the next trained step
+            prm_window.update(lease.prm_metrics)
+            prm_windows += 1
         seen = set(trained_ids)
         dup = [str(s.get("sample_id")) in seen for s in samples]
         for s, why, d in zip(samples, reasons, dup):
@@ -324,6 +347,9 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
         m.update(step_time_s=now - t_last, train_time_s=t_done - t_train, tokens_per_s=m["n_tokens"] / max(now - t_last, 1e-9), lr=cfg.lr,
                  weight_versions=sorted({str(s.get("weight_version")) for s in samples}))
         t_last = now
+        if prm_windows:
+            m.update(prm_window, prm_metrics_windows=prm_windows)
+            prm_window, prm_windows = {}, 0
         metrics.log(step, m)
         if bar is not None:
             bar.update(1)

@@ -6,6 +6,9 @@ field names and shapes. Errors are mapped in one place: ``ProtocolError`` -> 400
 400, chat errors -> OpenAI's ``{"object": "error", ...}``. Auth follows SGLang's ``decide_request_auth``:
 ``/health*``, ``/ready*``, ``/metrics*`` are open; admin endpoints need the admin key when one is set
 (the api key is then not accepted), else the api key; every other endpoint needs the api key if set.
+Operations (engine.observability): ``X-Request-ID`` accepted or generated, echoed and logged; the resolved
+settings (secrets masked) logged at start; ``GET /metrics`` serves SGLang-named metrics (see metrics.py) and
+``hindsight_dev_engine_http_*`` route metrics, open without auth as in SGLang.
 
     app = create_app(DevEngineSettings(model_path=DIR))  # the model loads in the lifespan
 """
@@ -22,6 +25,7 @@ from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
@@ -29,6 +33,7 @@ from engine.dev_server.openai_chat import ChatError, chat_completions
 from engine.dev_server.protocol import ProtocolError
 from engine.dev_server.service import DevEngine
 from engine.dev_server.settings import DevEngineSettings
+from engine.observability import RequestContextMiddleware, RouteMetrics, log_settings
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +81,13 @@ async def read_object(request: Request) -> dict[str, Any]:
 
 
 def create_app(settings: DevEngineSettings) -> FastAPI:
+    registry = CollectorRegistry()  # per app: tests run several apps in one process
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        log_settings(logger, settings, title="dev engine")
         torch.set_num_threads(settings.torch_threads)
-        engine = await asyncio.to_thread(DevEngine, settings)
+        engine = await asyncio.to_thread(DevEngine, settings, registry)
         app.state.engine = engine
         app.state.started_at = time.time()
         logger.info("dev engine ready: %s (vocab %d, context %d)", settings.model_path,
@@ -98,6 +106,9 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
                            settings.admin_api_key):
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
         return await call_next(request)
+
+    # Added last, so outermost: 401s from the auth middleware get a request id and are counted too.
+    app.add_middleware(RequestContextMiddleware, route_metrics=RouteMetrics(registry, "hindsight_dev_engine"))
 
     @app.exception_handler(ProtocolError)
     async def protocol_error(_: Request, exc: ProtocolError) -> JSONResponse:
@@ -128,6 +139,10 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
         except (TimeoutError, ProtocolError):
             return Response(status_code=503)
         return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(eng(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/model_info")
     @app.get("/get_model_info")

@@ -1,7 +1,7 @@
 """``hindsight-dev-engine``: serve a local Hugging Face model over SGLang 0.5.23's HTTP protocol on the CPU.
 
     hindsight-dev-engine --model-path DIR [--host 127.0.0.1] [--port N] [--api-key KEY]
-                         [--admin-api-key KEY] [--served-model-name NAME] [--seed N]
+                         [--admin-api-key KEY] [--served-model-name NAME] [--seed N] [--log-json]
     python -m engine.dev_server.cli ...   (what engine.procs.start_dev_engine runs)
 
 Every flag is also an env var (``HINDSIGHT_DEV_ENGINE_<FLAG>``); flags win.
@@ -10,9 +10,9 @@ Every flag is also an env var (``HINDSIGHT_DEV_ENGINE_<FLAG>``); flags win.
 from __future__ import annotations
 
 import argparse
-import logging
 
 from engine.dev_server.settings import DevEngineSettings
+from engine.observability import configure_logging
 
 
 def parse_args(argv: list[str] | None = None) -> DevEngineSettings:
@@ -27,6 +27,7 @@ def parse_args(argv: list[str] | None = None) -> DevEngineSettings:
     parser.add_argument("--weight-version", dest="weight_version")
     parser.add_argument("--torch-threads", dest="torch_threads", type=int)
     parser.add_argument("--log-level", dest="log_level")
+    parser.add_argument("--log-json", dest="log_json", action="store_true", default=None)
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     try:
@@ -38,13 +39,14 @@ def parse_args(argv: list[str] | None = None) -> DevEngineSettings:
 
 def main(argv: list[str] | None = None) -> None:
     settings = parse_args(argv)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, json_logs=settings.log_json)
     import uvicorn
 
     from engine.dev_server.app import create_app
 
+    # log_config=None: uvicorn's own loggers go through the handler above (request ids, JSON when asked).
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=False, timeout_graceful_shutdown=2)
+                log_config=None, access_log=False, timeout_graceful_shutdown=2)
 
 
 if __name__ == "__main__":

@@ -134,3 +134,9 @@ class EngineControl:
     def num_requests(self) -> int:
         with self._cond:
             return len(self._requests)
+
+    def request_counts(self) -> tuple[int, int]:
+        """(running, queued): registered requests past admission, and those still waiting for it."""
+        with self._cond:
+            running = sum(1 for h in self._requests if h.started)
+            return running, len(self._requests) - running

@@ -10,15 +10,20 @@ starve the default executor; ``/health`` never touches the model and answers whi
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from engine.dev_server.control import PAUSE_MODES, EngineControl, RequestHandle
 from engine.dev_server.grammar import GrammarError
+from engine.dev_server.metrics import EngineMetrics
 from engine.dev_server.model_runner import Job, ModelRunner, RunResult, StepCallback, WeightLoadError
 from engine.dev_server.protocol import (
     GenerateSpec,
@@ -60,11 +65,12 @@ class Prepared:
 
 
 class DevEngine:
-    def __init__(self, settings: DevEngineSettings):
+    def __init__(self, settings: DevEngineSettings, registry: CollectorRegistry | None = None):
         self.settings = settings
         self.control = EngineControl()
         self.runner = ModelRunner(settings.model_path, seed=settings.seed, control=self.control,
                                   weight_version=settings.weight_version)
+        self.metrics = EngineMetrics(registry or CollectorRegistry(), self.served_model_name, self.control)
         self._pool = ThreadPoolExecutor(max_workers=settings.max_running_requests, thread_name_prefix="dev-engine")
         self._token_text: dict[int, str] = {}
 
@@ -104,13 +110,21 @@ class DevEngine:
         handle = prepared.job.handle
         self.control.register(handle)
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        # run_in_executor does not carry contextvars: copy them so worker-thread logs keep the request id.
+        ctx = contextvars.copy_context()
         try:
-            return await loop.run_in_executor(self._pool, self.runner.run, prepared.job, on_step)
+            result = await loop.run_in_executor(self._pool, ctx.run, self.runner.run, prepared.job, on_step)
         except asyncio.CancelledError:  # client went away: stop spending the model on it
             handle.aborted, handle.abort_message = True, "client disconnected"
             raise
         finally:
             self.control.release(handle)
+        self.metrics.observe_finished(prompt_len=len(prepared.job.prompt_ids),
+                                      output_lens=[len(s.output_ids) for s in result.samples],
+                                      prefilled=not result.aborted_before_prefill,
+                                      duration_s=time.perf_counter() - started)
+        return result
 
     def token_text(self, token_id: int) -> str:
         text = self._token_text.get(token_id)

@@ -31,3 +31,4 @@ class DevEngineSettings(BaseSettings):
     reasoning_parser: bool = True
     tool_call_parser: bool = True
     log_level: str = "info"
+    log_json: bool = False  # JSON-lines logs (engine.observability) instead of plain text

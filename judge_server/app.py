@@ -6,6 +6,9 @@ resolves the judge tokenizer (``tokenizer_path``, else the engine's local ``mode
 else text mode) and builds the JudgeService. Errors map to HTTP here and only here:
 InvalidRequest -> 400/413, Unauthorized -> 401, request validation -> 422, anything unexpected -> 500
 with a message (a bug, never an engine failure: those end as ``judge_failed`` tasks inside a 200).
+Operations (engine.observability): every request gets an ``X-Request-ID`` (accepted or generated, echoed,
+on every log line of that request, and forwarded to the judge engine on each engine call); the resolved
+settings are logged at start with secrets masked; /metrics adds ``hindsight_judge_http_*`` route metrics.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -25,6 +28,7 @@ from fastapi.responses import JSONResponse
 from engine.chat import load_tokenizer
 from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
+from engine.observability import RequestContextMiddleware, log_settings, propagate_request_id
 from judge_server.errors import JudgeError
 from judge_server.judge import JudgeService
 from judge_server.metrics import JudgeMetrics
@@ -34,18 +38,32 @@ from judge_server.settings import JudgeSettings
 logger = logging.getLogger(__name__)
 
 
-def build_engine_client(settings: JudgeSettings) -> EngineClient:
+def build_engine_client(settings: JudgeSettings) -> tuple[EngineClient, httpx.AsyncClient]:
+    """The engine client and the httpx client under it (ours to close: EngineClient does not own it).
+
+    We pass our own httpx client only to add the request-id event hook; timeouts and limits are the ones
+    EngineClient would set itself.
+    """
     assert settings.engine_url
-    return EngineClient(
+    timeouts = EngineTimeouts(connect_s=settings.engine_connect_timeout_s, read_s=settings.engine_read_timeout_s)
+    max_connections = max(8, settings.max_concurrent_engine_calls * 2)
+    http = httpx.AsyncClient(
+        timeout=timeouts.to_httpx(),
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        trust_env=False,  # the judge engine is on loopback or a private network, never behind an env proxy
+        event_hooks={"request": [propagate_request_id]},
+    )
+    client = EngineClient(
         settings.engine_url,
         api_key=settings.engine_api_key,
-        timeouts=EngineTimeouts(connect_s=settings.engine_connect_timeout_s, read_s=settings.engine_read_timeout_s),
+        timeouts=timeouts,
         retry=RetryPolicy(max_attempts=settings.engine_max_attempts,
                           initial_backoff_s=settings.engine_initial_backoff_s,
                           max_backoff_s=settings.engine_max_backoff_s,
                           deadline_s=settings.request_deadline_s),
-        max_connections=max(8, settings.max_concurrent_engine_calls * 2),
+        http=http,
     )
+    return client, http
 
 
 async def resolve_tokenizer(settings: JudgeSettings, client: EngineClient | None) -> tuple[Any, str | None]:
@@ -68,15 +86,17 @@ async def resolve_tokenizer(settings: JudgeSettings, client: EngineClient | None
 def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = None) -> FastAPI:
     """The judge app; ``engine_client`` lets tests inject a client (e.g. with a fault-injecting transport)."""
 
+    metrics = JudgeMetrics()  # per app, made here so the middleware below can record into it
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = engine_client
+        log_settings(logger, settings, title="judge")
+        client, http = engine_client, None
         if client is None and settings.backend == "llm":
-            client = build_engine_client(settings)
+            client, http = build_engine_client(settings)
         tokenizer, tok_path = (None, None)
         if settings.backend == "llm":
             tokenizer, tok_path = await resolve_tokenizer(settings, client)
-        metrics = JudgeMetrics()
         app.state.settings = settings
         app.state.metrics = metrics
         app.state.engine = client
@@ -87,22 +107,13 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
         try:
             yield
         finally:
-            if client is not None and engine_client is None:
+            if http is not None and client is not None:
                 await client.aclose()
+                await http.aclose()
 
     app = FastAPI(title="Hindsight judge", lifespan=lifespan)
     app.include_router(router)
-    known_paths = {r.path for r in router.routes}
-
-    @app.middleware("http")
-    async def _time_requests(request: Request, call_next: Any) -> Any:
-        started = time.perf_counter()
-        response = await call_next(request)
-        metrics = getattr(app.state, "metrics", None)
-        if metrics is not None:
-            path = request.url.path if request.url.path in known_paths else "other"
-            metrics.request_latency.labels(route=path).observe(time.perf_counter() - started)
-        return response
+    app.add_middleware(RequestContextMiddleware, route_metrics=metrics.routes)
 
     @app.exception_handler(JudgeError)
     async def _judge_error(_: Request, exc: JudgeError) -> JSONResponse:

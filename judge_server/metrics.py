@@ -1,12 +1,15 @@
 """Prometheus metrics of the judge service, in a registry per app (tests run several apps per process).
 
-verdicts by task and status, parse failures, votes per turn, engine calls and errors, latency histograms
-of HTTP routes and engine calls.
+verdicts by task and status, parse failures, votes per turn, engine calls and errors, engine call latency;
+HTTP requests and latency by route template, method and status (``hindsight_judge_http_*``, recorded by
+engine.observability's middleware).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from engine.observability import RouteMetrics
 
 LATENCY_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 
@@ -23,8 +26,7 @@ class JudgeMetrics:
         self.engine_errors = Counter("hindsight_judge_engine_errors_total", "Engine failures", ["kind"], registry=r)
         self.engine_latency = Histogram("hindsight_judge_engine_call_seconds", "Engine call latency", ["task"],
                                         buckets=LATENCY_BUCKETS_S, registry=r)
-        self.request_latency = Histogram("hindsight_judge_request_seconds", "HTTP request latency", ["route"],
-                                         buckets=LATENCY_BUCKETS_S, registry=r)
+        self.routes = RouteMetrics(r, prefix="hindsight_judge", buckets_s=LATENCY_BUCKETS_S)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

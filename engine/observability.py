@@ -63,6 +63,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
+access_logger = logging.getLogger(__name__ + ".access")  # its own name, so operators can filter access lines
 
 REQUEST_ID_HEADER = "X-Request-ID"
 SESSION_ID_HEADER = "X-Session-Id"
@@ -217,7 +218,7 @@ class RequestContextMiddleware:
         path = str(scope.get("path", ""))
         if self.access_log and path not in self.quiet_paths:
             level = logging.WARNING if status >= 500 else logging.INFO
-            logger.log(level, "%s %s -> %d in %.1f ms", method, path, status, duration_s * 1000)
+            access_logger.log(level, "%s %s -> %d in %.1f ms", method, path, status, duration_s * 1000)
 
 
 # ---------------------------------------------------------------------------------------------- logging
@@ -234,7 +235,8 @@ class ContextFilter(logging.Filter):
 
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s request_id=%(rid)s session_id=%(sid)s: %(message)s"
 _RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
-    "message", "asctime", "request_id", "session_id", "rid", "sid", "taskName"}
+    "message", "asctime", "request_id", "session_id", "rid", "sid", "taskName",
+    "color_message"}  # uvicorn's ANSI-coloured duplicate of the message
 
 
 class PlainFormatter(logging.Formatter):

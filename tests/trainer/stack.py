@@ -1,0 +1,126 @@
+"""The real stack for the trainer's e2e tests, and its scripted user.
+
+``start_stack`` starts, on 127.0.0.1 ephemeral ports: a dev engine on a private COPY of the tiny model
+(weight updates load checkpoints, but the copy keeps the shared fixture untouched), the judge server with
+the rules backend (m=1), and the policy server in mode rl (optionally with ``--prm-config``). Every process
+is stopped by PID in ``Stack.stop``.
+
+``ScriptedUser`` drives sessions through the policy server with the openai client. Its next message is
+"Thanks, that worked." when the assistant's reply contains the target, "No, that is wrong." otherwise, so
+the rules judge's verdict on each paired turn is a deterministic reward (+1 / -1) for the target. The last
+feedback is sent with ``X-Session-Done`` and max_tokens 1: it pairs the previous turn and closes the session
+(the closing turn itself is rejected ``no_next_state``, as it has no next state).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, wait_http
+
+ADMIN, CLIENT = "adm-key", "cli-key"
+GOOD, BAD = "Thanks, that worked.", "No, that is wrong."
+
+
+@dataclass
+class Stack:
+    model_dir: Path
+    engine: ManagedProcess
+    judge: ManagedProcess
+    policy: ManagedProcess
+    procs: list[ManagedProcess] = field(default_factory=list)
+
+    def admin(self) -> httpx.Client:
+        return httpx.Client(base_url=self.policy.url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30, trust_env=False)
+
+    def stats(self) -> dict:
+        with self.admin() as a:
+            r = a.get("/v1/samples/stats")
+            r.raise_for_status()
+            return r.json()
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+
+    def tails(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in self.procs)
+
+
+def start_stack(tiny_model_dir: Path, work: Path, *, prm_config: Path | None = None, engine_seed: int = 0) -> Stack:
+    model_dir = work / "policy-model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    logs = work / "logs"
+    procs: list[ManagedProcess] = []
+    try:
+        engine = start_dev_engine(model_dir, log_dir=logs, extra_args=["--seed", str(engine_seed)])
+        procs.append(engine)
+        jport = free_port()
+        judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--host", "127.0.0.1", "--port", str(jport)],
+                      url=f"http://127.0.0.1:{jport}", log_dir=logs,
+                      env={"HINDSIGHT_JUDGE_BACKEND": "rules", "HINDSIGHT_JUDGE_M": "1"})
+        procs.append(judge)
+        wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
+        pport = free_port()
+        cmd = [sys.executable, "-m", "policy_server.cli", "--model-path", str(model_dir), "--engine-url", engine.url,
+               "--judge-url", judge.url, "--data-dir", str(work / "data"), "--mode", "rl", "--api-key", CLIENT,
+               "--admin-api-key", ADMIN, "--port", str(pport), "--session-idle-timeout-s", "30",
+               "--idle-sweep-interval-s", "0.2", "--dispatch-retry-initial-s", "0.1", "--log-level", "WARNING"]
+        if prm_config is not None:
+            cmd += ["--prm-config", str(prm_config)]
+        policy = spawn("policy", cmd, url=f"http://127.0.0.1:{pport}", log_dir=logs)
+        procs.append(policy)
+        wait_http(policy.url + "/health", deadline_s=60, proc=policy.proc)
+    except Exception as exc:
+        tails = "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in procs)
+        for p in reversed(procs):
+            p.stop()
+        raise RuntimeError(f"stack failed: {exc}\n{tails}") from None
+    return Stack(model_dir=model_dir, engine=engine, judge=judge, policy=policy, procs=procs)
+
+
+class ScriptedUser:
+    """Sessions through the policy server's OpenAI API; feedback depends only on ``is_good(reply)``."""
+
+    def __init__(self, policy_url: str, is_good: Callable[[str], bool], *, max_tokens: int, workers: int = 4):
+        from openai import OpenAI
+
+        self.client = OpenAI(base_url=policy_url + "/v1", api_key=CLIENT, timeout=60, max_retries=0,
+                             http_client=httpx.Client(trust_env=False, timeout=60))
+        self.is_good = is_good
+        self.max_tokens = max_tokens
+        self.workers = workers
+
+    def _chat(self, messages: list[dict], sid: str, seed: int, max_tokens: int, done: bool = False) -> str:
+        headers = {"X-Session-Id": sid, **({"X-Session-Done": "true"} if done else {})}
+        r = self.client.chat.completions.create(model="policy", messages=messages, max_tokens=max_tokens, temperature=1.0,
+                                                seed=seed, extra_headers=headers)
+        return r.choices[0].message.content or ""
+
+    def session(self, sid: str, prompt: str, turns: int, seed: int) -> list[bool]:
+        """One session of ``turns`` judged turns; returns whether each reply contained the target."""
+        messages = [{"role": "user", "content": prompt}]
+        outcomes = []
+        for t in range(turns):
+            reply = self._chat(messages, sid, seed * 1000 + t, self.max_tokens)
+            good = self.is_good(reply)
+            outcomes.append(good)
+            messages = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": GOOD if good else BAD}]
+        self._chat(messages, sid, seed * 1000 + turns, 1, done=True)  # pairs the last turn and closes the session
+        return outcomes
+
+    def run(self, prefix: str, prompts: list[str], turns: int, seed: int) -> list[bool]:
+        """One session per prompt, ``workers`` at a time; the judged outcomes of all turns."""
+        with ThreadPoolExecutor(self.workers) as pool:
+            futs = [pool.submit(self.session, f"{prefix}-{i}", p, turns, seed + i) for i, p in enumerate(prompts)]
+            return [o for f in futs for o in f.result()]
+
+    def close(self) -> None:
+        self.client.close()

@@ -27,6 +27,9 @@ from engine.procs import start_dev_engine  # noqa: E402
 from policy_testkit import CLIENT_KEY, start_policy  # noqa: E402
 
 
+ROUNDS = 4
+
+
 async def _run(n: int, conc: int, call) -> list[float]:
     sem = asyncio.Semaphore(conc)
     lat: list[float] = []
@@ -65,10 +68,17 @@ async def bench(engine_url: str, policy_url: str, tokenizer, n: int, max_tokens:
         await _run(4, 4, direct)  # warm-up
         await _run(4, 4, proxied)
         for conc in (1, 32):
-            d = await _run(n, conc, direct)
-            p = await _run(n, conc, proxied)
+            # Alternate the two paths in rounds so drifting load on a shared machine hits both alike.
+            d: list[float] = []
+            p: list[float] = []
+            rounds = max(1, min(ROUNDS, n // conc))  # a round keeps at least `conc` requests in flight
+            for _ in range(rounds):
+                d += await _run(n // rounds, conc, direct)
+                p += await _run(n // rounds, conc, proxied)
             print(f"concurrency {conc:2d}  direct : {_fmt(d)}")  # noqa: T201
             print(f"concurrency {conc:2d}  policy : {_fmt(p)}")  # noqa: T201
+            print(f"concurrency {conc:2d}  overhead per request: mean {(statistics.mean(p) - statistics.mean(d)) * 1e3:+.1f} ms"  # noqa: T201
+                  f"  p50 {(statistics.median(p) - statistics.median(d)) * 1e3:+.1f} ms")
             print(f"concurrency {conc:2d}  latency ratio policy/direct (mean) = "  # noqa: T201
                   f"{statistics.mean(p) / statistics.mean(d):.3f}")
 

@@ -97,7 +97,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
         metrics = Metrics()
         if scoring is not None:
             scoring.register(metrics.registry)
-        store = await asyncio.to_thread(Store, settings.data_dir)
+        store = await asyncio.to_thread(Store, settings.data_dir, synchronous=settings.store_synchronous)
         timeouts = EngineTimeouts()
         retry = RetryPolicy(max_attempts=settings.engine_max_attempts, deadline_s=settings.engine_deadline_s)
         # One pool for every engine call of this process; trust_env=False: loopback never via a proxy.

@@ -122,26 +122,38 @@ class SessionTracker:
         return self._locks.setdefault(session_id, asyncio.Lock())
 
     async def on_request(self, session_id: str, messages: list[dict[str, Any]], *, main: bool, done: bool) -> None:
-        """Called when a request arrives (before generation): pair the awaiting turn, handle side+done."""
+        """Called when a request arrives (before generation): pair the awaiting turn, handle side+done.
+
+        One thread hop and at most one transaction: a main request resolves the awaiting turn's pairing
+        (with the activity touch); a main request with nothing to pair writes nothing (its turn record
+        creates/reopens the session); a side request touches the session, or ends it with done.
+        """
         async with self._lock(session_id):
-            await asyncio.to_thread(self.store.touch_session, session_id)
-            awaiting = await asyncio.to_thread(self.store.awaiting_turn, session_id)
-            if awaiting is not None and main:
-                p = pair_next_state(awaiting["messages"], awaiting["response"], messages)
-                if p.kind == "mismatch":
-                    self.mismatches += 1
-                    logger.warning("session %s turn %s: history mismatch (%s); rejecting that turn",
-                                   session_id, awaiting["turn_index"], p.note)
-                await asyncio.to_thread(
-                    self.store.resolve_turn, session_id, awaiting["turn_index"], pairing=p.kind,
-                    next_state=p.next_state, session_done=False, note=p.note,
-                    reject_reason="history_mismatch" if p.kind == "mismatch" else None,
-                )
-                self.on_new_work()
-            elif done and not main:
-                # A side request that ends the session: the awaiting main turn becomes the last turn.
-                if await asyncio.to_thread(self.store.end_session, session_id):
-                    self.on_new_work()
+            pairing, new_work = await asyncio.to_thread(self._arrive, session_id, messages, main, done)
+        if pairing is not None and pairing.kind == "mismatch":
+            self.mismatches += 1
+        if new_work:
+            self.on_new_work()
+
+    def _arrive(self, session_id: str, messages: list[dict[str, Any]], main: bool,
+                done: bool) -> tuple[Pairing | None, bool]:
+        """Blocking part of :meth:`on_request` (worker thread): (pairing applied or None, new judge work)."""
+        if not main:
+            if done:  # a side request that ends the session: the awaiting main turn becomes the last turn
+                return None, bool(self.store.end_session(session_id))
+            self.store.touch_session(session_id)
+            return None, False
+        awaiting = self.store.awaiting_turn(session_id)
+        if awaiting is None:
+            return None, False
+        p = pair_next_state(awaiting["messages"], awaiting["response"], messages)
+        if p.kind == "mismatch":
+            logger.warning("session %s turn %s: history mismatch (%s); rejecting that turn",
+                           session_id, awaiting["turn_index"], p.note)
+        self.store.resolve_turn(session_id, awaiting["turn_index"], pairing=p.kind, next_state=p.next_state,
+                                session_done=False, note=p.note, touch=True,
+                                reject_reason="history_mismatch" if p.kind == "mismatch" else None)
+        return p, True
 
     async def on_main_turn(self, session_id: str, record: dict[str, Any], *, done: bool) -> int:
         """Record a generated main turn (durably, before the client gets the answer)."""

@@ -66,6 +66,9 @@ class PolicySettings(BaseSettings):
     weight_update_deadline_s: float = 600.0
 
     # --- sample store / dispatch
+    store_synchronous: Literal["normal", "full"] = Field(
+        "normal", description="SQLite WAL sync: normal survives a killed server process, full also an OS "
+        "crash or power loss (fsync per commit); see policy_server.store")
     lease_timeout_s: float = 600.0
     max_lease_size: int = 4096
     max_lease_wait_s: float = 60.0

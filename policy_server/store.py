@@ -19,6 +19,15 @@ Contract (docs/CONTRACTS.md, issue 4 item 6):
 
 All methods are synchronous and short; the async server calls them through ``asyncio.to_thread``
 (one connection guarded by a lock, so calls are serialised; SQLite would serialise writers anyway).
+Each public write is ONE transaction: recording a main turn (session upsert, turn insert, rejection of
+overtaken turns, session end) commits once, and so does resolving a pairing (with the activity touch).
+
+Durability (``synchronous``): the store runs in WAL mode. With ``normal`` (the default) a commit has
+written its WAL frames to the OS before it returns, so an accepted turn survives ``kill -9`` or any
+crash of this process; only an OS crash or power loss may roll back the last commits (the database
+stays consistent: SQLite guarantees that in WAL mode). ``full`` also fsyncs the WAL on every commit,
+surviving power loss at ~1 ms per commit on ordinary disks. The contract "nothing accepted is lost
+when the server is killed" holds for both; choose ``full`` where the host itself is not trusted.
 """
 
 from __future__ import annotations
@@ -90,7 +99,9 @@ class LeaseError(Exception):
 class Store:
     """The SQLite store under ``data_dir/hindsight.sqlite3`` (created on first use)."""
 
-    def __init__(self, data_dir: str | Path):
+    def __init__(self, data_dir: str | Path, *, synchronous: str = "normal"):
+        if synchronous not in ("normal", "full"):
+            raise ValueError(f"synchronous must be normal or full, not {synchronous!r}")
         path = Path(data_dir)
         path.mkdir(parents=True, exist_ok=True)
         self.path = path / "hindsight.sqlite3"
@@ -98,8 +109,8 @@ class Store:
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: a commit survives power loss too, not only a killed process; commits are few and small.
-        self._db.execute("PRAGMA synchronous=FULL")
+        # See the module docstring: NORMAL survives a killed process, FULL also power loss.
+        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.executescript(SCHEMA)
 
     def close(self) -> None:
@@ -114,11 +125,7 @@ class Store:
         """Create the session if new, reopen it if it was done, and refresh its activity time."""
         now = time.time() if now is None else now
         with self._tx() as db:
-            db.execute(
-                "INSERT INTO sessions (session_id, last_activity) VALUES (?, ?) "
-                "ON CONFLICT(session_id) DO UPDATE SET last_activity=excluded.last_activity, done=0",
-                (session_id, now),
-            )
+            _touch(db, session_id, now)
 
     def awaiting_turn(self, session_id: str) -> dict[str, Any] | None:
         """The session's latest turn still waiting for its next state, as a turn dict."""
@@ -140,80 +147,53 @@ class Store:
         note: str | None = None,
         reject_reason: str | None = None,
         now: float | None = None,
+        touch: bool = False,
     ) -> str | None:
         """Close a turn's pairing and create its sample (pending_judge, or rejected with a reason).
 
+        ``touch`` also refreshes the session's activity time (and reopens it) in the same transaction.
         Returns the sample id, or None when the turn was already resolved (idempotent under races).
         """
         now = time.time() if now is None else now
         with self._tx() as db:
-            cur = db.execute(
-                "UPDATE turns SET pairing=?, pairing_note=?, next_state=?, session_done=? "
-                "WHERE session_id=? AND turn_index=? AND pairing='awaiting'",
-                (pairing, note, _dump(next_state), int(session_done), session_id, turn_index),
-            )
-            if cur.rowcount == 0:
-                return None
-            if pairing == "mismatch":
-                db.execute("UPDATE sessions SET mismatches=mismatches+1 WHERE session_id=?", (session_id,))
-            sample_id = uuid.uuid4().hex
-            status = "rejected" if reject_reason else "pending_judge"
-            db.execute(
-                "INSERT INTO samples (sample_id, session_id, turn_index, status, reject_reason, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (sample_id, session_id, turn_index, status, reject_reason, now, now),
-            )
-            return sample_id
+            if touch:
+                _touch(db, session_id, now)
+            return _resolve(db, session_id, turn_index, pairing=pairing, next_state=next_state,
+                            session_done=session_done, note=note, reject_reason=reject_reason, now=now)
 
     def record_turn(self, session_id: str, record: dict[str, Any], *, session_done: bool, now: float | None = None) -> int:
-        """Insert a main turn with the next turn index; returns that index.
+        """Insert a main turn with the next turn index; returns that index. One transaction.
 
-        A turn still ``awaiting`` in the same session at this point was overtaken by a concurrent
-        request of the same session: it can no longer be paired reliably and is rejected explicitly.
-        With ``session_done`` the new turn is the session's last: resolved with no next state.
+        The session is created or reopened (a new main turn revives a session an idle sweep ended while
+        the turn was generated). A turn still ``awaiting`` in the same session at this point was overtaken
+        by a concurrent request of the same session: it can no longer be paired reliably and is rejected
+        explicitly. With ``session_done`` the new turn is the session's last: resolved with no next state.
         """
         now = time.time() if now is None else now
         with self._tx() as db:
-            db.execute(
-                "INSERT INTO sessions (session_id, last_activity) VALUES (?, ?) ON CONFLICT(session_id) "
-                "DO UPDATE SET last_activity=excluded.last_activity",
-                (session_id, now),
-            )
+            _touch(db, session_id, now)
             idx = db.execute("SELECT next_turn_index FROM sessions WHERE session_id=?", (session_id,)).fetchone()[0]
             db.execute("UPDATE sessions SET next_turn_index=? WHERE session_id=?", (idx + 1, session_id))
             db.execute(
                 "INSERT INTO turns (session_id, turn_index, created_at, record, pairing) VALUES (?, ?, ?, ?, 'awaiting')",
                 (session_id, idx, now, _dump(record)),
             )
-        for older in self._awaiting_before(session_id, idx):
-            self.resolve_turn(session_id, older, pairing="mismatch", next_state=None, session_done=False,
-                              note="overtaken by a concurrent turn", reject_reason="concurrent_turns", now=now)
-        if session_done:
-            self.end_session(session_id, now=now)
+            older = db.execute(
+                "SELECT turn_index FROM turns WHERE session_id=? AND pairing='awaiting' AND turn_index<?",
+                (session_id, idx),
+            ).fetchall()
+            for (o,) in older:
+                _resolve(db, session_id, o, pairing="mismatch", next_state=None, session_done=False,
+                         note="overtaken by a concurrent turn", reject_reason="concurrent_turns", now=now)
+            if session_done:
+                _end(db, session_id, now)
         return idx
 
-    def _awaiting_before(self, session_id: str, turn_index: int) -> list[int]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT turn_index FROM turns WHERE session_id=? AND pairing='awaiting' AND turn_index<?",
-                (session_id, turn_index),
-            ).fetchall()
-        return [r[0] for r in rows]
-
     def end_session(self, session_id: str, *, now: float | None = None) -> list[str]:
-        """Mark the session done; its awaiting turn becomes the last turn (no next state)."""
+        """Mark the session done; its awaiting turn becomes the last turn (no next state). One transaction."""
         now = time.time() if now is None else now
         with self._tx() as db:
-            db.execute("UPDATE sessions SET done=1 WHERE session_id=?", (session_id,))
-            rows = db.execute(
-                "SELECT turn_index FROM turns WHERE session_id=? AND pairing='awaiting'", (session_id,)
-            ).fetchall()
-        out = []
-        for (idx,) in rows:
-            sid = self.resolve_turn(session_id, idx, pairing="session_end", next_state=None, session_done=True, now=now)
-            if sid:
-                out.append(sid)
-        return out
+            return _end(db, session_id, now)
 
     def idle_sessions(self, idle_before: float) -> list[str]:
         with self._lock:
@@ -401,6 +381,50 @@ class _Tx:
             self.store._db.execute("ROLLBACK" if exc_type else "COMMIT")
         finally:
             self.store._lock.release()
+
+
+def _touch(db: sqlite3.Connection, session_id: str, now: float) -> None:
+    db.execute(
+        "INSERT INTO sessions (session_id, last_activity) VALUES (?, ?) "
+        "ON CONFLICT(session_id) DO UPDATE SET last_activity=excluded.last_activity, done=0",
+        (session_id, now),
+    )
+
+
+def _resolve(db: sqlite3.Connection, session_id: str, turn_index: int, *, pairing: str,
+             next_state: list[dict[str, Any]] | None, session_done: bool, note: str | None,
+             reject_reason: str | None, now: float) -> str | None:
+    """Inside a transaction: see Store.resolve_turn."""
+    cur = db.execute(
+        "UPDATE turns SET pairing=?, pairing_note=?, next_state=?, session_done=? "
+        "WHERE session_id=? AND turn_index=? AND pairing='awaiting'",
+        (pairing, note, _dump(next_state), int(session_done), session_id, turn_index),
+    )
+    if cur.rowcount == 0:
+        return None
+    if pairing == "mismatch":
+        db.execute("UPDATE sessions SET mismatches=mismatches+1 WHERE session_id=?", (session_id,))
+    sample_id = uuid.uuid4().hex
+    status = "rejected" if reject_reason else "pending_judge"
+    db.execute(
+        "INSERT INTO samples (sample_id, session_id, turn_index, status, reject_reason, created_at, updated_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (sample_id, session_id, turn_index, status, reject_reason, now, now),
+    )
+    return sample_id
+
+
+def _end(db: sqlite3.Connection, session_id: str, now: float) -> list[str]:
+    """Inside a transaction: see Store.end_session."""
+    db.execute("UPDATE sessions SET done=1 WHERE session_id=?", (session_id,))
+    rows = db.execute("SELECT turn_index FROM turns WHERE session_id=? AND pairing='awaiting'", (session_id,)).fetchall()
+    out = []
+    for (idx,) in rows:
+        sid = _resolve(db, session_id, idx, pairing="session_end", next_state=None, session_done=True, note=None,
+                       reject_reason=None, now=now)
+        if sid:
+            out.append(sid)
+    return out
 
 
 def _dump(obj: Any) -> str | None:

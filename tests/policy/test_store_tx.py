@@ -1,0 +1,74 @@
+"""Store hot path (issue 4 item 1 follow-up): one transaction per write, the sync setting, reopen on record."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from policy_server.store import Store
+
+pytestmark = pytest.mark.unit
+
+U = {"role": "user", "content": "hi"}
+
+
+def _record() -> dict:
+    return {"messages": [U], "tools": None, "prompt_ids": [1, 2], "response_ids": [3, 4], "rollout_logprobs": [-0.1, -0.2],
+            "response": {"content": "x"}, "weight_version": "v0", "weight_versions": ["v0"], "sampling_params": {}}
+
+
+class _CountingConn:
+    """Wraps the store's connection and counts COMMITs."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db, self.commits = db, 0
+
+    def execute(self, sql: str, *a):
+        if sql.strip().upper() == "COMMIT":
+            self.commits += 1
+        return self.db.execute(sql, *a)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+
+def test_record_turn_is_one_transaction_with_overtaken_turn_and_session_end(tmp_path):
+    st = Store(tmp_path)
+    st.record_turn("s", _record(), session_done=False)
+    st._db = conn = _CountingConn(st._db)  # type: ignore[assignment]
+    idx = st.record_turn("s", _record(), session_done=True)  # overtakes turn 0, ends the session
+    assert conn.commits == 1 and idx == 1
+    rows = {r["turn_index"]: r for r in st.samples_of("s")}
+    assert rows[0]["status"] == "rejected" and rows[0]["reject_reason"] == "concurrent_turns"
+    assert rows[1]["status"] == "pending_judge" and st.get_turn("s", 1)["pairing"] == "session_end"
+    assert st.session("s")["done"] == 1
+
+
+def test_resolve_with_touch_is_one_transaction(tmp_path):
+    st = Store(tmp_path)
+    st.record_turn("s", _record(), session_done=False, now=100.0)
+    st._db = conn = _CountingConn(st._db)  # type: ignore[assignment]
+    sid = st.resolve_turn("s", 0, pairing="paired", next_state=[U], session_done=False, touch=True, now=200.0)
+    assert conn.commits == 1 and sid
+    assert st.session("s")["last_activity"] == 200.0
+    assert st.resolve_turn("s", 0, pairing="paired", next_state=[U], session_done=False) is None  # idempotent
+
+
+def test_record_reopens_a_session_ended_while_generating(tmp_path):
+    st = Store(tmp_path)
+    st.touch_session("s", now=1.0)
+    assert st.idle_sessions(10.0) == ["s"]
+    st.end_session("s", now=10.0)  # the idle sweep ended it while its turn was being generated
+    st.record_turn("s", _record(), session_done=False, now=11.0)
+    assert st.session("s")["done"] == 0 and st.awaiting_turn("s") is not None
+    assert st.idle_sessions(12.0 + 1) == ["s"]  # the sweep sees it again later, so the turn is not stranded
+
+
+@pytest.mark.parametrize("mode,expected", [("normal", 1), ("full", 2)])
+def test_synchronous_setting(tmp_path, mode, expected):
+    st = Store(tmp_path, synchronous=mode)
+    assert st._db.execute("PRAGMA synchronous").fetchone()[0] == expected
+    assert st._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    with pytest.raises(ValueError):
+        Store(tmp_path, synchronous="off")

@@ -36,6 +36,7 @@ class Stack:
     judge: ManagedProcess
     policy: ManagedProcess
     procs: list[ManagedProcess] = field(default_factory=list)
+    prm_config: Path | None = None
 
     def admin(self) -> httpx.Client:
         return httpx.Client(base_url=self.policy.url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30, trust_env=False)
@@ -54,7 +55,9 @@ class Stack:
         return "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in self.procs)
 
 
-def start_stack(tiny_model_dir: Path, work: Path, *, prm_config: Path | None = None, engine_seed: int = 0) -> Stack:
+def start_stack(tiny_model_dir: Path, work: Path, *, prm_yaml: str | None = None, engine_seed: int = 0) -> Stack:
+    """``prm_yaml``: PRM config text for ``--prm-config``; ``{judge_url}`` in it becomes the judge's URL.
+    The written file is ``Stack.prm_config`` (the trainer reads the same file)."""
     model_dir = work / "policy-model"
     shutil.copytree(tiny_model_dir, model_dir)
     logs = work / "logs"
@@ -73,7 +76,10 @@ def start_stack(tiny_model_dir: Path, work: Path, *, prm_config: Path | None = N
                "--judge-url", judge.url, "--data-dir", str(work / "data"), "--mode", "rl", "--api-key", CLIENT,
                "--admin-api-key", ADMIN, "--port", str(pport), "--session-idle-timeout-s", "30",
                "--idle-sweep-interval-s", "0.2", "--dispatch-retry-initial-s", "0.1", "--log-level", "WARNING"]
-        if prm_config is not None:
+        prm_config = None
+        if prm_yaml is not None:
+            prm_config = work / "prm.yaml"
+            prm_config.write_text(prm_yaml.replace("{judge_url}", judge.url))
             cmd += ["--prm-config", str(prm_config)]
         policy = spawn("policy", cmd, url=f"http://127.0.0.1:{pport}", log_dir=logs)
         procs.append(policy)
@@ -83,7 +89,7 @@ def start_stack(tiny_model_dir: Path, work: Path, *, prm_config: Path | None = N
         for p in reversed(procs):
             p.stop()
         raise RuntimeError(f"stack failed: {exc}\n{tails}") from None
-    return Stack(model_dir=model_dir, engine=engine, judge=judge, policy=policy, procs=procs)
+    return Stack(model_dir=model_dir, engine=engine, judge=judge, policy=policy, procs=procs, prm_config=prm_config)
 
 
 class ScriptedUser:

@@ -17,6 +17,8 @@ Adopting it in a service (what the judge server and the dev engine do; the polic
     log_settings(logger, settings, title="policy server")
     # background work outside a request (e.g. judge dispatch of a session's turn):
     with bind_ids(session_id=sid): ...
+    # forward the ids upstream: give EngineClient/JudgeClient callers an httpx client built with
+    # event_hooks={"request": [propagate_request_id]} (see judge_server/app.py build_engine_client)
 
 Contract:
 
@@ -27,17 +29,20 @@ Contract:
   ``X-Session-Id`` (1-256 printable ASCII characters, else none; this module never rejects a request, the
   service validates its own headers). One access line per request (``METHOD path -> status in ms``; the
   query string is never logged) except for the probe paths /health, /ready, /metrics. A response that never
-  started because the app raised counts as status 500, a cancelled one (client gone) as 499.
+  started because the app raised counts as status 500, a cancelled one (client gone) as 499. Limitation:
+  that 500 is written by Starlette's ServerErrorMiddleware, which sits outside every added middleware, so
+  it carries no ``X-Request-ID`` header (the access line still logs the id).
 - ``RouteMetrics`` (on a registry the service owns): ``<prefix>_http_requests_total`` and
   ``<prefix>_http_request_duration_seconds`` labelled ``route`` (the matched route's path template, e.g.
   ``/v1/models/{model:path}``; ``<unmatched>`` for 404s: never the raw URL), ``method`` (standard methods,
   else ``OTHER``) and ``status``. Label cardinality is thus bounded by the app's route table.
 - ``configure_logging(level, json_logs)`` installs one root handler whose filter stamps ``request_id`` and
   ``session_id`` (``-`` outside a request) on every record; plain text by default, JSON lines on request.
-- ``log_settings`` logs the resolved settings as one JSON line; a field whose name has a secret-like word
-  (``key``, ``secret``, ``token``, ``password``... as an underscore-separated part, so ``api_key`` and
-  ``hf_token`` are hidden but ``max_new_tokens`` and ``tokenizer_path`` are not) shows ``"***"`` when set,
-  and credentials inside URLs (``http://user:pass@host``) are masked too.
+- ``log_settings`` logs the resolved settings as one line (``<title> resolved config: <JSON>``). A field
+  whose name has a secret-like word (``key``, ``secret``, ``token``, ``password``... as a whole word of the
+  snake_case or camelCase name, so ``api_key``/``hfToken`` are hidden but ``max_new_tokens`` and
+  ``tokenizer_path`` are not) shows ``"***"`` when set (``null`` when unset: auth off is worth seeing), and
+  credentials inside URLs (``http://user:pass@host``) are masked too.
 - ``propagate_request_id`` is an httpx request event hook that forwards the current ids to upstream calls.
 """
 
@@ -312,7 +317,9 @@ def redact(value: Any, name: str = "") -> Any:
 
 def log_settings(log: logging.Logger, settings: BaseModel | Mapping[str, Any], *, title: str = "service"
                  ) -> dict[str, Any]:
-    """Log the resolved settings, secrets redacted, as one JSON line; returns what was logged."""
+    """Log the resolved settings, secrets redacted, as one line (JSON after the title; also as the ``config``
+    field of a JSON log line); returns what was logged."""
     shown = redact(settings)
-    log.info("%s resolved config: %s", title, json.dumps(shown, sort_keys=True, default=str))
+    log.info("%s resolved config: %s", title, json.dumps(shown, sort_keys=True, default=str),
+             extra={"config": shown})
     return shown

@@ -99,6 +99,7 @@ def test_startup_log_has_resolved_config_with_secrets_masked(ops: Ops) -> None:
     records = ops.judge_records()
     [cfg_line] = [x for x in records if x["message"].startswith("judge resolved config: ")]
     config = json.loads(cfg_line["message"].removeprefix("judge resolved config: "))
+    assert cfg_line["config"] == config  # also a structured field of the JSON line
     assert config["api_key"] == config["engine_api_key"] == "***"
     assert config["engine_url"] == ops.engine.url and config["backend"] == "llm"
     assert config["max_new_tokens"] == 8 and config["tokenizer_path"]  # not secrets, despite "token"

@@ -264,6 +264,7 @@ def test_log_settings_redacts_secrets(caplog: pytest.LogCaptureFixture) -> None:
     text = record.getMessage()
     assert text.startswith("demo resolved config: ")
     assert json.loads(text.removeprefix("demo resolved config: ")) == shown
+    assert record.config == shown  # a structured field of JSON log lines
     for secret in ("sk-live-1", "hf_abc", "pw", "pa55", "zzz"):
         assert secret not in text
 

@@ -154,20 +154,13 @@ def wait_for_samples(endpoints: dict, session_id: str, expected: int) -> list[di
 
 
 def session_samples(endpoints: dict, session_id: str) -> list[dict]:
-    """The session's rows of the policy server's sample store (read-only use of its SQLite file).
-
-    The admin API has no non-consuming read (leasing would take the samples from the trainer), so the
-    demo reads the store the way the policy server writes it, through policy_server.store.Store.
-    """
-    from policy_server.store import Store
-
-    store = Store(endpoints["data_dir"])
-    try:
-        rows = store.samples_of(session_id)
-    finally:
-        store.close()
+    """The session's sample rows, read through the policy server's non-consuming admin read
+    (``GET /v1/samples?session_id=...``: no lease, so the trainer still gets every sample)."""
+    with admin(endpoints) as c:
+        rows = c.get("/v1/samples", params={"session_id": session_id, "limit": 1000}).raise_for_status().json()
+    rows = rows["samples"]
     for r in rows:
-        r["sample"] = {**(r.get("data") or {}), "turn_index": r.get("turn_index")}
+        r["sample"] = {**(r.get("sample") or {}), "turn_index": r.get("turn_index")}
     return rows
 
 

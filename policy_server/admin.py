@@ -7,6 +7,11 @@
   hands out samples drains it, an empty answer carries ``{}``; always ``{}`` without PRM scoring.
 - ``POST /v1/samples/ack {"lease_id"}``: consume; idempotent (a second ack answers ``already_acked``);
   404 for an unknown lease, 409 for an expired one (its samples went back to ready).
+- ``GET /v1/samples?session_id=S&status=X&limit=N`` -> ``{"samples": [row, ...]}``: a NON-consuming read
+  (no lease, no state change; operators, the demo) of sample rows oldest first: ``sample_id, session_id,
+  turn_index, status, reject_reason, attempts, last_error, created_at, updated_at`` and ``sample`` (the
+  Sample JSON once judged, else null). Both filters optional; N in [1, ``max_lease_size``] (default 100);
+  an unknown status is a 400.
 - ``GET /v1/samples/stats``: counts by status, reject reasons, pending retries, sessions, leases, and ``prm``
   (cumulative PRM metrics and outcome counts, not draining; ``{"enabled": false}`` without scoring).
 - ``GET|POST /admin/mode {"mode", "w_rl", "w_opd"}``: the reward mode used for turns judged from now on.
@@ -24,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from policy_server.auth import require_admin
 from policy_server.errors import Conflict, InvalidRequest, NotFound
-from policy_server.store import LeaseError
+from policy_server.store import SAMPLE_STATUSES, LeaseError
 
 router = APIRouter()
 
@@ -78,6 +83,18 @@ async def ack(request: Request, body: AckBody) -> dict[str, Any]:
         return await asyncio.to_thread(st.store.ack, body.lease_id)
     except LeaseError as exc:
         raise (NotFound if exc.kind == "unknown" else Conflict)(str(exc)) from None
+
+
+@router.get("/v1/samples")
+async def list_samples(request: Request, session_id: str | None = None, status: str | None = None,
+                       limit: int = 100) -> dict[str, Any]:
+    st = _st(request)
+    if not 1 <= limit <= st.settings.max_lease_size:
+        raise InvalidRequest(f"limit must be in [1, {st.settings.max_lease_size}]", param="limit")
+    if status is not None and status not in SAMPLE_STATUSES:
+        raise InvalidRequest(f"status must be one of {', '.join(SAMPLE_STATUSES)}", param="status")
+    rows = await asyncio.to_thread(st.store.list_samples, session_id=session_id, status=status, limit=limit)
+    return {"samples": rows}
 
 
 @router.get("/v1/samples/stats")

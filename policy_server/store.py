@@ -357,6 +357,36 @@ class Store:
         out["data"] = json.loads(out["data"]) if out["data"] else None
         return out
 
+    def list_samples(self, *, session_id: str | None = None, status: str | None = None,
+                     limit: int = 100) -> list[dict[str, Any]]:
+        """Read-only view of sample rows (no lease, no state change), oldest first, with their Sample JSON.
+
+        Each row: sample_id, session_id, turn_index, status, reject_reason, attempts, last_error,
+        created_at, updated_at, and ``sample`` (the Sample JSON once judged, else None).
+        """
+        if status is not None and status not in SAMPLE_STATUSES:
+            raise ValueError(f"status must be one of {', '.join(SAMPLE_STATUSES)}, not {status!r}")
+        where, args = [], []
+        if session_id is not None:
+            where.append("session_id=?")
+            args.append(session_id)
+        if status is not None:
+            where.append("status=?")
+            args.append(status)
+        sql = ("SELECT sample_id, session_id, turn_index, status, reject_reason, attempts, last_error, created_at, "
+               "updated_at, data FROM samples" + (" WHERE " + " AND ".join(where) if where else "") +
+               (" ORDER BY turn_index" if session_id is not None else " ORDER BY created_at, session_id, turn_index")
+               + " LIMIT ?")
+        with self._lock:
+            rows = self._db.execute(sql, (*args, int(limit))).fetchall()
+        out = []
+        for r in rows:
+            d = dict(r)
+            data = d.pop("data")
+            d["sample"] = json.loads(data) if data else None
+            out.append(d)
+        return out
+
     def samples_of(self, session_id: str) -> list[dict[str, Any]]:
         with self._lock:
             rows = self._db.execute(

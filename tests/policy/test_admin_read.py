@@ -1,0 +1,98 @@
+"""The non-consuming admin read ``GET /v1/samples``.
+
+Policy server -> dev engine, judged by the real judge service (rules backend), all on loopback ports."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from engine.procs import ManagedProcess, free_port, spawn, wait_http
+from policy_testkit import admin, client, start_policy
+
+pytestmark = pytest.mark.e2e
+
+@pytest.fixture(scope="module")
+def judged_policy(tiny_model_dir, engine, tmp_path_factory) -> Iterator[ManagedProcess]:
+    d = tmp_path_factory.mktemp("judged-policy")
+    port = free_port()
+    judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1",
+                            "--port", str(port)], url=f"http://127.0.0.1:{port}", log_dir=d)
+    pol = None
+    try:
+        wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
+        pol = start_policy(tiny_model_dir, engine.url, d / "data", d, extra=["--judge-url", judge.url])
+        yield pol
+    finally:
+        if pol:
+            pol.stop()
+        judge.stop()
+
+
+def _chat(url: str, sid: str, messages: list[dict], headers: dict | None = None, **kw) -> dict:
+    with client(url) as c:
+        r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8, **kw},
+                   headers={"X-Session-Id": sid, **(headers or {})})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]
+
+
+def _rows(url: str, **params) -> list[dict]:
+    with admin(url) as a:
+        r = a.get("/v1/samples", params=params)
+    assert r.status_code == 200, r.text
+    return r.json()["samples"]
+
+
+def _settled(url: str, sid: str, n: int, timeout_s: float = 30.0) -> list[dict]:
+    end = time.monotonic() + timeout_s
+    while True:
+        rows = _rows(url, session_id=sid)
+        if len(rows) >= n and all(r["status"] != "pending_judge" for r in rows):
+            return rows
+        assert time.monotonic() < end, f"samples of {sid} not judged in time: {rows}"
+        time.sleep(0.2)
+
+
+def test_list_samples_is_a_non_consuming_read(judged_policy):
+    url = judged_policy.url
+    u = [{"role": "user", "content": "list the files"}]
+    a = _chat(url, "read-1", u)
+    _chat(url, "read-1", u + [{"role": "assistant", "content": a["content"]},
+                              {"role": "user", "content": "thanks, that worked"}])
+    b = _chat(url, "read-2", u)
+    # a rewritten history: read-2's first turn is rejected with a reason
+    _chat(url, "read-2", [{"role": "user", "content": "something else"}, {"role": "assistant", "content": "x"},
+                          {"role": "user", "content": "ok"}])
+    assert b is not None
+    rows = _settled(url, "read-1", 1)
+    assert [r["turn_index"] for r in rows] == [0] and rows[0]["status"] == "ready"
+    sample = rows[0]["sample"]
+    assert sample["sample_id"] == rows[0]["sample_id"] and sample["reward"] == 1.0
+    assert len(sample["response_ids"]) == len(sample["rollout_logprobs"]) == len(sample["loss_mask"])
+    rejected = _rows(url, session_id="read-2", status="rejected")
+    assert [(r["turn_index"], r["reject_reason"]) for r in rejected] == [(0, "history_mismatch")]
+    assert rejected[0]["sample"] is None
+    # reading twice changes nothing, and the trainer still leases the sample afterwards
+    assert _rows(url, session_id="read-1") == rows
+    with admin(url) as adm:
+        lease = adm.get("/v1/samples/lease", params={"max": 100}).json()
+        assert rows[0]["sample_id"] in {s["sample_id"] for s in lease["samples"]}
+        assert {r["status"] for r in _rows(url, status="leased")} >= {"leased"}
+        assert adm.post("/v1/samples/ack", json={"lease_id": lease["lease_id"]}).status_code == 200
+    assert _rows(url, session_id="read-1")[0]["status"] == "consumed"
+    assert len(_rows(url, limit=1)) == 1
+
+
+def test_list_samples_bad_input(judged_policy):
+    url = judged_policy.url
+    with client(url) as c:  # the client key is not the admin key
+        assert c.get("/v1/samples").status_code == 401
+    with admin(url) as a:
+        r = a.get("/v1/samples", params={"status": "eaten"})
+        assert r.status_code == 400 and "status must be one of" in r.json()["error"]["message"]
+        assert a.get("/v1/samples", params={"limit": 0}).status_code == 400
+        assert a.get("/v1/samples", params={"limit": "many"}).status_code == 400

@@ -12,6 +12,9 @@ Contract:
   ``judge_unavailable`` rejection) or an engine that is down (teacher ``EngineUnavailable``/
   ``EngineTimeout``) keeps the job ``pending_judge``: it is retried with capped exponential backoff
   (attempts and last error are stored and reported in stats), never dropped, never scored 0.
+- Every Sample JSON carries ``constrained`` (bool, :func:`is_constrained`): true when the turn was
+  sampled under a decoding constraint (a forced tool call), whose rollout log-probs are the masked
+  distribution's.
 - Any other pipeline exception rejects the turn with reason ``pipeline_error: ...`` (explicit, visible).
 - Without a pipeline (no judge configured) jobs stay pending and are reported as such.
 - With PRM scoring on (``scoring``, policy_server.scoring), a turn the pipeline accepts is scored before
@@ -36,6 +39,17 @@ logger = logging.getLogger(__name__)
 SAMPLE_TURN_KEYS = ("prompt_ids", "response_ids", "rollout_logprobs", "weight_version", "weight_versions")
 PIPELINE_TURN_KEYS = ("session_id", "turn_index", "messages", "tools", "prompt_ids", "response_ids",
                       "rollout_logprobs", "response", "weight_version", "weight_versions", "sampling_params")
+
+
+def is_constrained(turn: dict[str, Any]) -> bool:
+    """Whether the turn was sampled under a decoding constraint (forced tool call -> ``regex``).
+
+    Its rollout log-probs are then those of the engine's MASKED distribution, not the model's own, so
+    the trainer must not compare them with recomputed log-probs. Turns recorded before the explicit
+    ``constrained`` flag existed are recognised by the ``regex`` in their sampling params.
+    """
+    sp = turn.get("sampling_params") or {}
+    return bool(turn.get("constrained") or sp.get("regex") or sp.get("json_schema") or sp.get("ebnf"))
 
 
 def _retryable_errors() -> tuple[type[BaseException], ...]:
@@ -154,7 +168,7 @@ class Dispatcher:
         data = dict(result.get("sample") or {})
         data.update({k: turn.get(k) for k in SAMPLE_TURN_KEYS})
         data.update(sample_id=job["sample_id"], session_id=job["session_id"], turn_index=job["turn_index"],
-                     created_at=turn["created_at"])
+                     created_at=turn["created_at"], constrained=is_constrained(turn))
         await asyncio.to_thread(self.store.complete_judge, job["sample_id"], status=result["status"],
                                 reject_reason=result.get("reject_reason"), included=bool(result.get("included")),
                                 data=data)

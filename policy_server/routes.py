@@ -100,7 +100,9 @@ def _turn_record(messages: list[dict[str, Any]], tools: Any, res: GenResult, mes
     return {"messages": messages, "tools": tools, "prompt_ids": res.prompt_ids, "response_ids": res.response_ids,
             "rollout_logprobs": res.logprobs, "response": {k: message.get(k) for k in
                                                             ("content", "reasoning_content", "tool_calls")},
-            "weight_version": res.weight_version, "weight_versions": res.weight_versions, "sampling_params": sp}
+            "weight_version": res.weight_version, "weight_versions": res.weight_versions, "sampling_params": sp,
+            # A forced tool call decodes under a regex: the log-probs are the masked distribution's.
+            "constrained": "regex" in sp}
 
 
 def _message(content: str, reasoning: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:

@@ -5,7 +5,11 @@ engine for constrained decoding (SGLang's ``regex`` sampling parameter, also in 
 Hermes/Qwen block ``<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>`` that
 ``engine.chat.HermesToolCallParser`` parses. Arguments follow the function's JSON schema for flat
 objects (string/integer/number/boolean/enum properties, in schema order, all present); other schemas
-fall back to a flat JSON object of string values. The sampled ids stay the model's own samples.
+fall back to a flat JSON object of string values. The sampled ids stay the model's own samples, but
+their log-probs are not the model's: the engine renormalises over the tokens the regex allows, so a
+rollout log-prob of a constrained step is log p(token | allowed) (several nats above the model's own on
+a tiny random model). The turn record and its sample therefore say ``constrained: true`` (CONTRACTS.md),
+so the trainer does not treat those log-probs as comparable with recomputed ones.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The non-consuming admin read ``GET /v1/samples``.
+"""The non-consuming admin read ``GET /v1/samples`` and the ``constrained`` flag of forced tool calls.
 
 Policy server -> dev engine, judged by the real judge service (rules backend), all on loopback ports."""
 
@@ -14,6 +14,11 @@ from engine.procs import ManagedProcess, free_port, spawn, wait_http
 from policy_testkit import admin, client, start_policy
 
 pytestmark = pytest.mark.e2e
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
+                                            "parameters": {"type": "object",
+                                                           "properties": {"city": {"type": "string"}}}}}]
+
 
 @pytest.fixture(scope="module")
 def judged_policy(tiny_model_dir, engine, tmp_path_factory) -> Iterator[ManagedProcess]:
@@ -96,3 +101,26 @@ def test_list_samples_bad_input(judged_policy):
         assert r.status_code == 400 and "status must be one of" in r.json()["error"]["message"]
         assert a.get("/v1/samples", params={"limit": 0}).status_code == 400
         assert a.get("/v1/samples", params={"limit": "many"}).status_code == 400
+
+
+def test_forced_tool_call_sample_is_marked_constrained(judged_policy):
+    url = judged_policy.url
+    u = [{"role": "user", "content": "weather in Paris?"}]
+    m = _chat(url, "forced", u, tools=TOOLS, max_tokens=64,
+              tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    [call] = m["tool_calls"]
+    _chat(url, "forced", u + [{"role": "assistant", "content": m["content"], "tool_calls": [call]},
+                              {"role": "tool", "tool_call_id": call["id"], "content": "sunny, thanks"},
+                              ], tools=TOOLS, headers={"X-Session-Done": "true"})
+    free = [{"role": "user", "content": "hello"}]
+    f = _chat(url, "free", free, tools=TOOLS, tool_choice="auto")
+    _chat(url, "free", free + [{"role": "assistant", "content": f["content"], "tool_calls": f.get("tool_calls")}
+                               if f.get("tool_calls") else {"role": "assistant", "content": f["content"]},
+                               {"role": "user", "content": "thanks"}])
+    forced = _settled(url, "forced", 2)
+    assert forced[0]["status"] == "ready" and forced[0]["sample"]["constrained"] is True
+    # turn 1 (free choice, session done) is settled too; when judged it says constrained false
+    if forced[1]["sample"] is not None:
+        assert forced[1]["sample"]["constrained"] is False
+    free_rows = _settled(url, "free", 1)
+    assert free_rows[0]["sample"]["constrained"] is False

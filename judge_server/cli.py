@@ -33,6 +33,8 @@ def parse_cli(argv: list[str] | None = None) -> tuple[dict[str, object], str, bo
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--api-key")
+    p.add_argument("--allow-unauthenticated", action="store_true", default=None,
+                   help="serve a non-loopback host without an API key (an authenticating gateway is in front)")
     p.add_argument("--backend", choices=["llm", "rules"])
     p.add_argument("--tokenizer-path")
     p.add_argument("--m", type=int)
@@ -56,7 +58,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[dict[str, object], str]:
 def main(argv: list[str] | None = None) -> None:
     overrides, log_level, log_json = parse_cli(argv)
     configure_logging(log_level, json_logs=log_json)
-    settings = JudgeSettings(**overrides)  # env vars fill whatever the flags leave unset
+    try:
+        settings = JudgeSettings(**overrides)  # env vars fill whatever the flags leave unset
+    except ValueError as exc:
+        raise SystemExit(f"hindsight-judge: invalid settings: {exc}") from None
     # log_config=None: uvicorn's loggers use the handler above; the middleware writes the access lines.
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level,
                 log_config=None, access_log=False)

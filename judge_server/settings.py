@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from engine.security import check_exposure
+
 DEFAULT_POSITIVE = ["thanks", "thank you", "worked", "works", "great", "perfect", "correct"]
 DEFAULT_NEGATIVE = ["wrong", "not what", "redo", "incorrect", "error", "failed", "no,"]
 
@@ -24,6 +26,7 @@ class JudgeSettings(BaseSettings):
     port: int = 8100
     api_key: str | None = None  # Bearer key for /v1/*, /get_reward, /slime/*; /health, /ready, /metrics stay open
     backend: Literal["llm", "rules"] = "llm"
+    allow_unauthenticated: bool = False  # explicit opt-out of the key requirement on non-loopback hosts
 
     # --- judge engine (an SGLang engine or sglang-router)
     engine_url: str | None = None
@@ -91,4 +94,5 @@ class JudgeSettings(BaseSettings):
             raise ValueError(f"need 1 <= m <= m_max and m <= max_m (m={self.m}, m_max={self.m_max})")
         if self.min_valid < 1:
             raise ValueError("min_valid must be >= 1")
+        check_exposure("hindsight-judge", self.host, self.api_key, allow_unauthenticated=self.allow_unauthenticated)
         return self

@@ -22,6 +22,8 @@ def parse_args(argv: list[str] | None = None) -> DevEngineSettings:
     parser.add_argument("--port", type=int)
     parser.add_argument("--api-key", dest="api_key")
     parser.add_argument("--admin-api-key", dest="admin_api_key")
+    parser.add_argument("--allow-unauthenticated", dest="allow_unauthenticated", action="store_true", default=None,
+                        help="serve a non-loopback host without an API key (an authenticating gateway is in front)")
     parser.add_argument("--served-model-name", dest="served_model_name")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--weight-version", dest="weight_version")

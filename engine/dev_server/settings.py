@@ -6,8 +6,10 @@ Env prefix ``HINDSIGHT_DEV_ENGINE_`` (e.g. ``HINDSIGHT_DEV_ENGINE_API_KEY``); th
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from engine.security import check_exposure
 
 
 class DevEngineSettings(BaseSettings):
@@ -18,6 +20,7 @@ class DevEngineSettings(BaseSettings):
     port: int = Field(default=30000, ge=0, le=65535)
     api_key: str | None = None
     admin_api_key: str | None = None
+    allow_unauthenticated: bool = False  # explicit opt-out of the key requirement on non-loopback hosts
     # SGLang's default served name is the model path; the router uses it as model_id.
     served_model_name: str | None = None
     seed: int = 0
@@ -32,3 +35,8 @@ class DevEngineSettings(BaseSettings):
     tool_call_parser: bool = True
     log_level: str = "info"
     log_json: bool = False  # JSON-lines logs (engine.observability) instead of plain text
+
+    @model_validator(mode="after")
+    def _check_exposure(self) -> DevEngineSettings:
+        check_exposure("hindsight-dev-engine", self.host, self.api_key, allow_unauthenticated=self.allow_unauthenticated)
+        return self

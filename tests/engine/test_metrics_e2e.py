@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,7 +86,10 @@ def test_request_id_echoed_and_logged(engine: ManagedProcess) -> None:
     assert r.status_code == 200 and r.headers["x-request-id"] == "eng-ops-42"
     fresh = httpx.get(engine.url + "/health", trust_env=False).headers["x-request-id"]
     assert re.fullmatch(r"[0-9a-f]{32}", fresh)
-    log = engine.log_path.read_text()
+    # the access line is written when the response completes, which can be just after the client has it
+    end = time.monotonic() + 5.0
+    while not re.search("request_id=eng-ops-42", log := engine.log_path.read_text()) and time.monotonic() < end:
+        time.sleep(0.05)
     assert re.search(r"request_id=eng-ops-42 session_id=-: POST /generate -> 200 in [\d.]+ ms", log), log[-2000:]
 
 

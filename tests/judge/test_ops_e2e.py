@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,15 @@ class Ops:
     def post(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
         return httpx.post(self.judge.url + "/v1/judge", json=body, trust_env=False, timeout=60,
                           headers={"Authorization": f"Bearer {JUDGE_KEY}", **(headers or {})})
+
+    def wait_records(self, pred, deadline_s: float = 5.0) -> list[dict[str, Any]]:
+        """Access lines are written when the response completes, which can be just after the client has it."""
+        end = time.monotonic() + deadline_s
+        while True:
+            hits = [x for x in self.judge_records() if pred(x)]
+            if hits or time.monotonic() > end:
+                return hits
+            time.sleep(0.05)
 
     def judge_records(self) -> list[dict[str, Any]]:
         lines = [ln for ln in self.judge.log_path.read_text().splitlines() if ln.strip()]
@@ -68,7 +78,7 @@ def test_request_id_echoed_logged_and_forwarded_to_the_engine(ops: Ops) -> None:
     assert r.status_code == 200, r.text
     assert r.headers["x-request-id"] == "judge-ops-1"
     assert r.json()["usage"]["engine_calls"] == 1
-    access = [x for x in ops.judge_records() if x["message"].startswith("POST /v1/judge -> 200")]
+    access = ops.wait_records(lambda x: x["message"].startswith("POST /v1/judge -> 200"))
     assert [(x["request_id"], x["session_id"]) for x in access] == [("judge-ops-1", "sess-a")]
     # The engine saw the same ids on the judge's /generate call.
     assert re.search(r"request_id=judge-ops-1 session_id=sess-a: POST /generate -> 200",

@@ -40,6 +40,7 @@ from policy_server.metrics import Metrics
 from policy_server.scoring import PRMScoring
 from policy_server.sessions import SessionTracker
 from policy_server.settings import PolicySettings
+from policy_server.shutdown import DrainMiddleware, DrainState
 from policy_server.store import Store
 from policy_server.weight_sync import WeightGate, WeightSync
 
@@ -135,10 +136,17 @@ def create_app(settings: PolicySettings) -> FastAPI:
         try:
             yield
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await dispatcher.aclose()
+            # Graceful part (policy_server.shutdown): chat requests are finished by now; the sweeper stops
+            # first (no new work), then the dispatcher judges for at most shutdown_drain_s.
+            tasks[1].cancel()
+            await asyncio.gather(tasks[1], return_exceptions=True)
+            drained = await dispatcher.shutdown(settings.shutdown_drain_s)
+            tasks[0].cancel()
+            await asyncio.gather(tasks[0], return_exceptions=True)
+            left = (await asyncio.to_thread(store.stats))["samples"]["pending_judge"]
+            logger.info("shutdown: %d turn(s) judged while draining, %d judge call(s) cancelled, %d pending "
+                        "judge job(s) stay in the store for the next start", drained["judged"],
+                        drained["cancelled"], left)
             if scoring is not None:  # after the dispatcher: no scoring is in flight any more
                 await scoring.aclose()
             for c in closables:
@@ -149,6 +157,8 @@ def create_app(settings: PolicySettings) -> FastAPI:
 
     app = FastAPI(title="hindsight-policy", lifespan=lifespan)
     app.state.settings = settings
+    app.state.drain = DrainState()
+    app.add_middleware(DrainMiddleware, state=app.state.drain)
     install_error_handlers(app)
     from policy_server import admin, routes
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 import uvicorn
@@ -40,9 +41,18 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per engine call is noise
     from policy_server.app import create_app
+    from policy_server.shutdown import DrainingServer
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
-                timeout_graceful_shutdown=5)
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                            timeout_graceful_shutdown=5)
+    server = DrainingServer(config, app.state.drain, grace_s=settings.shutdown_grace_s)
+    # uvicorn re-raises the signal that stopped it once it is done; this handler turns that into a normal
+    # return, so a graceful SIGTERM shutdown exits 0 (policy_server.shutdown).
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    server.run()
+    if not server.started:
+        sys.exit(3)  # the lifespan startup failed (logged)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,26 @@ class Dispatcher:
         if self._running:
             await asyncio.wait(list(self._running.values()), timeout=timeout_s)
 
+    async def shutdown(self, drain_s: float) -> dict[str, int]:
+        """Bounded drain before exit: keep judging (the run loop keeps scheduling) until nothing is runnable
+        (no worker running and every pending session is in retry backoff, or none is pending) or ``drain_s``
+        passed; then cancel what still runs. A cancelled worker's sample stays pending_judge: its outcome is
+        written in one transaction or not at all. Returns counts for the shutdown log."""
+        end = time.monotonic() + drain_s
+        done_before = self.processed
+        self.wake()
+        while self.pipeline is not None and time.monotonic() < end:
+            if not self._running:
+                jobs = await asyncio.to_thread(self.store.pending_jobs)
+                now = time.monotonic()
+                if not any(self._retry_at.get(j["session_id"], 0.0) <= now for j in jobs):
+                    break
+                self.wake()
+            await asyncio.sleep(0.05)
+        cancelled = len(self._running)
+        await self.aclose()
+        return {"judged": self.processed - done_before, "cancelled": cancelled}
+
     async def aclose(self) -> None:
         for t in list(self._running.values()):
             t.cancel()

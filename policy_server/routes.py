@@ -243,9 +243,10 @@ async def health() -> dict[str, str]:
 @router.get("/ready")
 async def ready(request: Request) -> JSONResponse:
     st = _state(request)
-    ok = await st.engine.health(timeout_s=2.0)
+    draining = request.app.state.drain.draining
+    ok = not draining and await st.engine.health(timeout_s=2.0)
     body = {"ready": ok, "engine_url": st.settings.engine_url, "weight_version": st.gate.version,
-            "gate_open": st.gate.is_open, "judge": bool(st.pipeline)}
+            "gate_open": st.gate.is_open, "judge": bool(st.pipeline), "draining": draining}
     return JSONResponse(body, status_code=200 if ok else 503)
 
 

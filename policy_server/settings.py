@@ -77,6 +77,12 @@ class PolicySettings(BaseSettings):
     dispatch_retry_initial_s: float = 0.5
     dispatch_retry_max_s: float = 30.0
 
+    # --- shutdown (policy_server.shutdown)
+    shutdown_grace_s: float = Field(30.0, description="on SIGTERM, how long chat requests in flight may run on "
+                                    "while new ones get 503")
+    shutdown_drain_s: float = Field(10.0, description="then how long the dispatcher may keep judging; what is "
+                                    "left stays pending_judge for the next start")
+
     log_level: str = "INFO"
 
     @field_validator("engine_worker_urls", mode="before")

@@ -7,6 +7,9 @@ Sequences are prompt + response, right-padded to L; response position t of sampl
 the logits at ``P_i - 1 + t`` (``resp_index``), so all per-token tensors are (B, T) response-aligned.
 Top-K teacher rows are used only for samples whose K equals the batch's most common K (others get
 ``topk_valid`` 0), because mixing K would double-count padded bins.
+``constrained`` (CONTRACTS "Sample JSON") marks samples decoded under a grammar mask (forced tool calls):
+their ``rollout_logprobs`` are the masked distribution's, so the loop never uses them as old log-probs
+(``trainer.objective.select_old_logprobs``) nor in the train-vs-rollout gap; a missing flag means false.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ def check_sample(s: dict[str, Any], *, shaping: str = "none") -> str | None:
             return "token_rewards holds a non-finite or non-numeric value"
         if shaping == "process_weighted" and any(m and not 0.0 <= v <= 1.0 for v, m in zip(tr, s["loss_mask"])):
             return "process_weighted shaping needs token_rewards in [0, 1] on loss-mask tokens"
+    if s.get("constrained") is not None and not isinstance(s["constrained"], bool):
+        return f"constrained must be a bool, got {s['constrained']!r}"
     topk = s.get("teacher_topk")
     if topk and (len(topk.get("ids", [])) != n or len(topk.get("logprobs", [])) != n):
         return "teacher_topk rows do not match response length"
@@ -73,6 +78,7 @@ class Batch:
     topk_ids: torch.Tensor | None  # (B, T, K) long
     topk_lp: torch.Tensor | None  # (B, T, K)
     topk_valid: torch.Tensor  # (B, T) float
+    constrained: torch.Tensor  # (B,) bool: rollout_lp come from a grammar-masked distribution
     modes: list[str]
 
     def to(self, device: torch.device) -> Batch:
@@ -139,6 +145,7 @@ def collate(samples: list[dict[str, Any]], *, eos_id: int | None = None, mask_no
         topk_ids=topk_ids,
         topk_lp=topk_lp,
         topk_valid=topk_valid,
+        constrained=bools("constrained"),
         modes=[str(s.get("mode", "rl")) for s in samples],
     )
 

@@ -5,11 +5,16 @@ half-written ``step_*`` that resume would pick):
 
     config.json, generation_config.json, model.safetensors   (save_pretrained, safetensors)
     tokenizer files, chat template ...                        (copied from the initial model folder)
-    optimizer.pt                                              (AdamW state + torch RNG)
+    optimizer.pt                                              (AdamW state + its format + torch RNG)
     trainer_state.json                                        (step, leases to ack, recent sample ids, baseline)
 
 ``out_dir/ack_state.json`` records the last step whose leases were acked; a resume re-acks any lease of
 the latest checkpoint above it (the crash fell between save and ack).
+
+Under ``--parallel fsdp2`` the caller passes ``model_state`` / ``optim_state`` gathered on rank 0 by
+``trainer.parallel.gather_for_checkpoint`` (full tensors on CPU); ``save_pretrained`` then writes them into the
+same safetensors layout a DDP or single-process run produces, and optimizer.pt records ``format``
+``fqn_full`` (parameter-name keyed) instead of ``torch`` (``Optimizer.state_dict()``).
 """
 
 from __future__ import annotations
@@ -61,18 +66,28 @@ def save_checkpoint(
     state: dict[str, Any],
     *,
     keep: int = 3,
+    model_state: dict[str, Any] | None = None,
+    optim_state: dict[str, Any] | None = None,
+    optim_format: str = "torch",
 ) -> Path:
-    """Persist model + optimizer + state atomically; returns the final folder."""
+    """Persist model + optimizer + state atomically; returns the final folder.
+
+    ``model_state`` / ``optim_state`` replace the model's and optimizer's own state (FSDP2 full gathers).
+    """
     out = Path(out_dir)
     final = step_dir(out, step)
     tmp = out / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    if model_state is not None:
+        model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True)
     for f in Path(tokenizer_src).iterdir():
         if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and f.name not in _SKIP_NAMES and not (tmp / f.name).exists():
             shutil.copy2(f, tmp / f.name)
-    torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+    torch.save({"optimizer": optim_state if optim_state is not None else optimizer.state_dict(), "format": optim_format,
+                "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({**state, "step": step}))
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
@@ -95,9 +110,14 @@ def load_trainer_state(ckpt: Path) -> dict[str, Any]:
     return json.loads((ckpt / "trainer_state.json").read_text())
 
 
-def load_optimizer(ckpt: Path, optimizer: torch.optim.Optimizer) -> None:
+def load_optimizer(ckpt: Path, optimizer: torch.optim.Optimizer, *, model: torch.nn.Module | None = None,
+                   parallel: str = "ddp", world: int = 1) -> None:
+    """Restore optimizer state (in the format it was written, see trainer.parallel) and the torch RNG."""
+    from trainer.parallel import load_optimizer_state
+
     blob = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
+    # Checkpoints written before the format key existed hold Optimizer.state_dict().
+    load_optimizer_state(model, optimizer, blob["optimizer"], blob.get("format", "torch"), parallel, world)
     torch.set_rng_state(blob["torch_rng"])
 
 

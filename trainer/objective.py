@@ -8,6 +8,11 @@ samples lacking either get A = 0 and are counted. AReaL shaping of ``token_rewar
 samples that carry token rewards (others are inactive rows and keep A): ``outcome_advantages`` then
 ``shape``; the loop logs both, so the effect of shaping is visible in metrics.jsonl.
 
+Old log-probs (``select_old_logprobs``): the trainer's recomputation, or with ``--old-logprobs rollout`` the
+rollout's, EXCEPT for ``constrained`` samples (forced tool calls decoded under a regex mask): their rollout
+log-probs are log p(token | allowed), several nats above the model's own, so they would bias both the PPO
+ratio and teacher - old; those rows always take the recomputation.
+
 ``micro_loss`` returns this micro-batch's share of the batch loss (see loss.aggregate) and SUMS over valid
 tokens for the logged statistics, so they can be all-reduced across micro-batches and ranks exactly.
 """
@@ -33,6 +38,15 @@ from trainer.settings import TrainConfig
 
 STAT_KEYS = ("tokens", "pg", "clip", "approx_kl", "entropy", "ref_kl", "topk_kl", "adv", "adv_abs", "loss",
              "adv_unshaped", "adv_unshaped_abs", "tr_tokens", "tr_sum")
+
+
+def select_old_logprobs(recomputed: torch.Tensor, rollout: torch.Tensor, constrained: torch.Tensor, source: str) -> torch.Tensor:
+    """(B, T) old log-probs: ``recomputed`` / ``rollout`` are (B, T), ``constrained`` (B,) bool, source recompute|rollout."""
+    if source == "recompute":
+        return recomputed
+    if source != "rollout":
+        raise ValueError(f"old log-prob source must be recompute or rollout, got {source!r}")
+    return torch.where(constrained.to(recomputed.device)[:, None], recomputed, rollout)
 
 
 def outcome_advantages(b: Batch, old_lp: torch.Tensor, rl_adv: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:

@@ -15,6 +15,7 @@ from typing import Any
 
 from trainer.advantages import BASELINES, SHAPING_MODES
 from trainer.loss import AGGREGATIONS
+from trainer.parallel import PARALLEL_MODES
 
 ADVANTAGE_MODES = ("sample", "rl", "opd", "combine", "prm_gated_opd", "multiplicative")
 
@@ -57,7 +58,8 @@ class TrainConfig:
     topk_coef: float = _f(0.0, "weight of the top-K reverse-KL distillation loss (needs teacher_topk)")
     # --- advantages
     advantage_mode: str = _f("sample", "'sample' follows each sample's mode field", choices=ADVANTAGE_MODES)
-    old_logprobs: str = _f("recompute", "old log-probs for ratio and OPD: trainer recomputation or rollout", choices=("recompute", "rollout"))
+    old_logprobs: str = _f("recompute", "old log-probs for ratio and OPD: trainer recomputation or rollout (constrained samples "
+                                        "always use the recomputation)", choices=("recompute", "rollout"))
     baseline: str = _f("batch_mean", "RL baseline", choices=BASELINES)
     running_mean_momentum: float = _f(0.9, "EMA momentum of the running-mean baseline")
     normalize_advantages: bool = _f(False, "divide RL advantages by their batch std")
@@ -74,7 +76,9 @@ class TrainConfig:
     save_every: int = _f(1, "checkpoint (then ack + weight sync) every N steps; leases wait until then")
     keep_checkpoints: int = _f(3, "checkpoints kept on disk (older ones are deleted)")
     remember_sample_ids: int = _f(100_000, "recent trained sample ids kept to refuse re-leased duplicates")
-    check_ddp_sync: bool = _f(True, "all-gather a weight checksum each step and fail if ranks diverge")
+    parallel: str = _f("ddp", "under torchrun: ddp (full replicas) or fsdp2 (fully_shard per decoder layer + root; full state "
+                              "gathered on rank 0 for checkpoints); ignored with one process", choices=PARALLEL_MODES)
+    check_ddp_sync: bool = _f(True, "ddp: all-gather a weight checksum each step and fail if ranks diverge (fsdp2 holds no replicas)")
     progress: bool = _f(True, "progress bar on stderr")
 
     def validate(self) -> None:

@@ -2,14 +2,16 @@
 
     hindsight-train --policy-url http://127.0.0.1:8100 --admin-api-key K --model-path DIR --out-dir runs/a --steps 100
     torchrun --nproc-per-node 2 -m trainer.cli --samples-file s.jsonl --model-path DIR --out-dir runs/b   # DDP (gloo on CPU)
+    torchrun --nproc-per-node 2 -m trainer.cli ... --parallel fsdp2                                     # FSDP2 shards
 
 Each step (docs/CONTRACTS.md "Trainer"; issue 6):
   1. rank 0 leases up to batch_size samples (long-poll), broadcasts them; samples already trained (a
      re-leased duplicate) and samples that break the contract are logged and trained with mask 0.
   2. RL advantages r - b (batch or running mean, optional /std) are computed on the WHOLE batch on every
      rank, so DDP ranks agree; each minibatch is split across ranks, then into micro-batches.
-  3. old log-probs: recomputed by the trainer before any update (or the rollout's, a setting); they serve
-     the PPO ratio and the OPD term teacher - old. Then AReaL process-reward shaping (trainer/prm.py: flags
+  3. old log-probs: recomputed by the trainer before any update (or the rollout's, a setting, except for
+     ``constrained`` samples, which always use the recomputation); they serve the PPO ratio and the OPD
+     term teacher - old. The train-vs-rollout gap is measured on unconstrained samples only. Then AReaL process-reward shaping (trainer/prm.py: flags
      or ``--prm-config``) folds each sample's ``token_rewards`` into its normalised outcome advantage;
      samples without token_rewards stay unshaped. The lease's PRM metrics window is logged with the step.
   4. ppo_epochs x minibatches optimizer steps of PPO-clip (0.2 / 0.28) with token- or sequence-mean over the
@@ -23,8 +25,8 @@ return to the server's pool; recently trained sample ids are refused if they com
 
 Differences from the prior system (openclaw-rl-notes.md §6, §9, §15): a baseline exists, every objective
 runs in every configuration, masked samples never dilute the step, no reference model is loaded when its
-KL coefficient is 0, and the train-vs-rollout log-prob gap is logged. FSDP2 is not implemented (models
-that fit one device use DDP); see the report in issue 6.
+KL coefficient is 0, and the train-vs-rollout log-prob gap is logged. ``--parallel fsdp2`` shards the model
+(trainer/parallel.py); every rank then takes part in the checkpoint's full-state gather.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from trainer.advantages import RunningMean, rl_sample_advantages
 from trainer.batch import Batch, check_sample, collate, score_responses
 from trainer.checkpoint import latest_checkpoint, load_optimizer, load_trainer_state, read_acked_step, save_checkpoint, write_acked_step
 from trainer.metrics import MetricsLogger
-from trainer.objective import STAT_KEYS, micro_loss, new_stats, outcome_advantages, shape, shaping_mask
+from trainer.objective import STAT_KEYS, micro_loss, new_stats, outcome_advantages, select_old_logprobs, shape, shaping_mask
+from trainer import parallel
 from trainer.policy_client import FileSampleSource, Lease, PolicyClient, PolicyRejected, SampleSource, SourceExhausted, TrainerError
 from trainer.prm import resolve_prm_config
 from trainer.settings import TrainConfig
@@ -123,16 +126,21 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
             micros.append((b, [-1] * len(idx) if dummy else idx))
         plan.append((num_tokens, num_seqs, micros))
 
-    # Old log-probs before any update; the train-vs-rollout gap is measured on the same pass.
-    gap = torch.zeros(2, dtype=torch.float64)
+    # Old log-probs before any update; the train-vs-rollout gap is measured on the same pass, separately for
+    # constrained samples (their rollout log-probs are of the grammar-masked distribution, not a drift signal).
+    gap = torch.zeros(4, dtype=torch.float64)  # |diff| sum, tokens (unconstrained); |diff| sum, tokens (constrained)
     olds: list[list[torch.Tensor]] = []
     with torch.no_grad():
         for _, _, micros in plan:
             row = []
             for b, _ in micros:
                 lp = score_responses(model, b, with_entropy=False).logprobs
-                gap += torch.tensor([float(((lp - b.rollout_lp).abs() * b.mask).sum()), float(b.mask.sum())], dtype=torch.float64)
-                row.append(lp if cfg.old_logprobs == "recompute" else b.rollout_lp)
+                diff = (lp - b.rollout_lp).abs()
+                con = b.mask * b.constrained[:, None].to(b.mask.dtype)
+                free = b.mask - con
+                gap += torch.tensor([float((diff * free).sum()), float(free.sum()), float((diff * con).sum()), float(con.sum())],
+                                    dtype=torch.float64)
+                row.append(select_old_logprobs(lp, b.rollout_lp, b.constrained, cfg.old_logprobs))
             olds.append(row)
 
     stats = new_stats()
@@ -148,14 +156,13 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
                 stats["tr_tokens"] += float(tr_mask.sum())
                 stats["tr_sum"] += float((b.token_rewards * tr_mask).sum())
                 last = j == len(micros) - 1
-                ctx = ddp.no_sync() if (world > 1 and not last) else _nullctx()
-                with ctx:
+                with parallel.grad_sync(ddp, cfg.parallel, world, enabled=last):
                     loss, st = micro_loss(ddp, ref_model, b, old_lp, adv, cfg, num_tokens=num_tokens, num_seqs=num_seqs)
-                    (loss * world).backward()  # DDP averages gradients over ranks; the shares are already global
+                    (loss * world).backward()  # DDP/FSDP2 average gradients over ranks; the shares are already global
                 for k, v in st.items():
                     stats[k] += v
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
-            grad_norms.append(float(gn))
+            grad_norms.append(parallel.grad_norm(gn))
             opt.step()
             opt.zero_grad(set_to_none=True)
 
@@ -164,7 +171,7 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
     if world > 1:
         dist.all_reduce(vec)
     s = dict(zip(STAT_KEYS, vec[: len(STAT_KEYS)].tolist()))
-    gap_sum, gap_n = vec[len(STAT_KEYS):].tolist()
+    gap_sum, gap_n, cgap_sum, cgap_n = vec[len(STAT_KEYS):].tolist()
     n_upd = cfg.ppo_epochs * M
     ntok = max(s["tokens"], 1.0)
     has_any = bool(has_r.any())
@@ -178,6 +185,9 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
         "token_reward_mean": s["tr_sum"] / s["tr_tokens"] if s["tr_tokens"] else float("nan"),
         "shaped_tokens": int(s["tr_tokens"] / cfg.ppo_epochs) if cfg.shaping != "none" else 0,
         "train_rollout_lp_abs_diff": gap_sum / max(gap_n, 1.0),
+        # Constrained samples are excluded from the gap above; their own mean |diff| is informational.
+        "n_constrained": sum(bool(s_.get("constrained")) for s_ in samples),
+        "constrained_rollout_lp_abs_diff": cgap_sum / cgap_n if cgap_n else float("nan"),
         "reward_mean": float(rewards[has_r].mean()) if has_any else float("nan"),
         "n_samples": B, "n_trained_samples": int(trainable.sum()), "n_invalid": int(sum(invalid)),
         "n_with_reward": int(has_r.sum()), "n_with_teacher": sum(bool(s_.get("has_teacher")) for s_ in samples),
@@ -188,14 +198,6 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
     if cfg.topk_coef > 0:
         out["topk_kl"] = s["topk_kl"] / ntok
     return out
-
-
-class _nullctx:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: object) -> None:
-        return None
 
 
 def weight_checksum_spread(model: torch.nn.Module, world: int) -> float:
@@ -231,7 +233,11 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
     if cfg.kl_coef > 0:  # never load (or run) a reference model whose term is multiplied by 0
         ref_model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=torch.float32).to(device).eval()
         ref_model.requires_grad_(False)
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+        ref_model = parallel.shard_frozen(ref_model, cfg.parallel, world)
+    if cfg.parallel == "fsdp2" and world == 1:
+        logger.info("--parallel fsdp2 with one process: nothing to shard, training the plain model")
+    ddp = parallel.wrap(model, cfg.parallel, world)  # before the optimizer: fsdp2 replaces parameters by shards
+    fsdp = cfg.parallel == "fsdp2" and world > 1
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
     running = RunningMean(momentum=cfg.running_mean_momentum)
     trained_ids: deque[str] = deque(maxlen=cfg.remember_sample_ids)
@@ -239,7 +245,7 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
     resume_leases: list[str] = []
     if ckpt is not None:
         st = load_trainer_state(ckpt)
-        load_optimizer(ckpt, opt)
+        load_optimizer(ckpt, opt, model=model, parallel=cfg.parallel, world=world)
         step = last_saved = int(st["step"])
         running = RunningMean(**st.get("running_mean", {"momentum": cfg.running_mean_momentum}))
         trained_ids.extend(st.get("trained_sample_ids", []))
@@ -277,10 +283,13 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
     def persist(at_step: int) -> Path:
         """Checkpoint -> ack its leases -> push weights; rank 0 does the I/O, every rank waits for it."""
         path = None
+        t0 = time.monotonic()
+        model_state, optim_state = parallel.gather_for_checkpoint(model, opt, cfg.parallel, world)  # collective (fsdp2)
         if rank == 0:
-            t0 = time.monotonic()
             state = {"leases": list(pending), "trained_sample_ids": list(trained_ids), "running_mean": running.state_dict()}
-            path = save_checkpoint(out, at_step, model, opt, cfg.model_path, state, keep=cfg.keep_checkpoints)
+            path = save_checkpoint(out, at_step, model, opt, cfg.model_path, state, keep=cfg.keep_checkpoints,
+                                   model_state=model_state, optim_state=optim_state,
+                                   optim_format=parallel.optimizer_format(cfg.parallel, world))
             for lease_id in pending:
                 try:
                     source.ack(lease_id)
@@ -335,7 +344,7 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
         m = train_on_batch(ddp, model, ref_model, opt, samples, invalid, cfg, running, rank, world, device, eos_id)
         t_done = time.monotonic()
         trained_ids.extend(str(s.get("sample_id")) for s, bad in zip(samples, invalid) if not bad)
-        if world > 1 and cfg.check_ddp_sync:
+        if world > 1 and cfg.check_ddp_sync and not fsdp:
             spread = weight_checksum_spread(model, world)
             m["ddp_weight_spread"] = spread
             if spread != 0.0:

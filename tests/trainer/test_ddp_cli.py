@@ -2,7 +2,9 @@
 
 Contract under test (issue 6 item 4): two ranks on the same batches end with identical weights (the loop
 all-gathers a weight checksum every step and fails on any spread) and the same loss and weights as one
-process on the same batches, because the loss is normalised by the whole batch's valid tokens.
+process on the same batches, because the loss is normalised by the whole batch's valid tokens. The same
+holds for ``--parallel fsdp2`` (sharded parameters, full state gathered on rank 0 for the checkpoint), also
+across a resume that restores the sharded optimizer state.
 """
 
 from __future__ import annotations
@@ -46,27 +48,89 @@ def test_cli_unreachable_policy_server_fails_explicitly(tiny_model_dir, tmp_path
     assert "training stopped" in r.stderr and "failed after" in r.stderr
 
 
-@pytest.mark.e2e
-def test_ddp_two_ranks_match_one_process(tiny_model_dir, sample_file, tmp_path):
-    common = ["--samples-file", str(sample_file), "--model-path", str(tiny_model_dir), "--steps", "2", "--batch-size", "8",
-              "--micro-batch-size", "2", "--lr", "1e-2", "--no-progress", "--no-weight-sync", "--aggregation", "token_mean"]
-    single, ddp = tmp_path / "single", tmp_path / "ddp"
-    r1 = run_cli([*common, "--out-dir", str(single)])
+COMMON = ["--steps", "3", "--batch-size", "8", "--micro-batch-size", "2", "--lr", "1e-2", "--no-progress", "--no-weight-sync",
+          "--aggregation", "token_mean"]
+
+
+def metrics_of(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tiny_model_dir, sample_file, tmp_path_factory) -> dict[str, Path]:
+    """One process and two DDP ranks over the same 3 batches (shared by the DDP and FSDP2 tests)."""
+    root = tmp_path_factory.mktemp("runs")
+    common = ["--samples-file", str(sample_file), "--model-path", str(tiny_model_dir), *COMMON]
+    out = {"single": root / "single", "ddp": root / "ddp"}
+    r1 = run_cli([*common, "--out-dir", str(out["single"])])
     assert r1.returncode == 0, r1.stderr[-3000:]
-    r2 = run_cli([*common, "--out-dir", str(ddp)], nproc=2)
+    r2 = run_cli([*common, "--out-dir", str(out["ddp"])], nproc=2)
     assert r2.returncode == 0, r2.stderr[-3000:]
-    m1 = [json.loads(x) for x in (single / "metrics.jsonl").read_text().splitlines()]
-    m2 = [json.loads(x) for x in (ddp / "metrics.jsonl").read_text().splitlines()]
-    assert json.loads((ddp / "config.json").read_text())["world_size"] == 2
-    assert [m["ddp_weight_spread"] for m in m2] == [0.0, 0.0]  # both ranks hold bit-identical weights
+    return out
+
+
+def assert_same_training(m1: list[dict], m2: list[dict]) -> None:
+    assert [m["step"] for m in m2] == [m["step"] for m in m1] == [1, 2, 3]
     for a, b in zip(m1, m2):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
         assert b["n_tokens"] == a["n_tokens"]
         # Adam hides a gradient scale error in the weights; the pre-clip gradient norm does not.
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
-    w1 = load_file(str(single / "step_000002" / "model.safetensors"))
-    w2 = load_file(str(ddp / "step_000002" / "model.safetensors"))
-    w0 = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    w1, w2 = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert sorted(w1) == sorted(w2)  # same HF layout (tied lm_head stored once)
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.e2e
+def test_ddp_two_ranks_match_one_process(tiny_model_dir, reference_runs):
+    single, ddp = reference_runs["single"], reference_runs["ddp"]
+    m1, m2 = metrics_of(single), metrics_of(ddp)
+    assert json.loads((ddp / "config.json").read_text())["world_size"] == 2
+    assert [m["ddp_weight_spread"] for m in m2] == [0.0, 0.0, 0.0]  # both ranks hold bit-identical weights
+    assert_same_training(m1, m2)
+    assert_same_weights(single / "step_000003", ddp / "step_000003")
+    w1 = load_file(str(single / "step_000003" / "model.safetensors"))
+    w0 = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
     assert any(not torch.equal(w0[k], w1[k]) for k in w0)
+
+
+@pytest.mark.e2e
+def test_fsdp2_two_ranks_match_one_process_and_ddp_across_a_resume(tiny_model_dir, sample_file, reference_runs, tmp_path):
+    """--parallel fsdp2 (fully_shard per decoder layer + root, gloo): same losses and gradient norms as one process,
+    the same saved weights as DDP; steps 1-2, then a resume (sharded optimizer state restored from the gathered
+    full state) for step 3, so a wrong optimizer gather/restore shows in step 3's weights."""
+    out = tmp_path / "fsdp2"
+    common = ["--samples-file", str(sample_file), "--model-path", str(tiny_model_dir), *COMMON, "--parallel", "fsdp2",
+              "--out-dir", str(out)]
+    r = run_cli([*common[: common.index("--steps") + 1], "2", *common[common.index("--steps") + 2 :]], nproc=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "fsdp2: sharded 2 decoder layers + root over 2 ranks" in r.stderr
+    blob = torch.load(out / "step_000002" / "optimizer.pt", weights_only=False)
+    assert blob["format"] == "fqn_full" and blob["optimizer"]["state"]
+    r = run_cli(common, nproc=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stderr
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["parallel"] == "fsdp2" and cfg["world_size"] == 2
+    m = metrics_of(out)
+    assert all("ddp_weight_spread" not in x for x in m)  # no replicas to compare under fsdp2
+    assert_same_training(metrics_of(reference_runs["single"]), m)
+    assert_same_weights(reference_runs["ddp"] / "step_000003", out / "step_000003")
+    assert_same_weights(reference_runs["single"] / "step_000003", out / "step_000003")
+
+
+@pytest.mark.unit
+def test_optimizer_state_format_mismatch_is_an_error():
+    from trainer.parallel import load_optimizer_state
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(ValueError, match="format 'fqn_full'.*--parallel ddp"):
+        load_optimizer_state(model, opt, {"state": {}, "param_groups": []}, "fqn_full", "ddp", 1)
+    with pytest.raises(ValueError, match="format 'torch'.*--parallel fsdp2"):
+        load_optimizer_state(model, opt, opt.state_dict(), "torch", "fsdp2", 2)
+    load_optimizer_state(model, opt, opt.state_dict(), "torch", "fsdp2", 1)  # one process: nothing is sharded

@@ -245,7 +245,10 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
     resume_leases: list[str] = []
     if ckpt is not None:
         st = load_trainer_state(ckpt)
-        load_optimizer(ckpt, opt, model=model, parallel=cfg.parallel, world=world)
+        try:
+            load_optimizer(ckpt, opt, model=model, parallel=cfg.parallel, world=world)
+        except ValueError as exc:  # e.g. an fsdp2 checkpoint resumed with --parallel ddp: never reset Adam silently
+            raise TrainerError(f"cannot resume from {ckpt}: {exc}") from exc
         step = last_saved = int(st["step"])
         running = RunningMean(**st.get("running_mean", {"momentum": cfg.running_mean_momentum}))
         trained_ids.extend(st.get("trained_sample_ids", []))

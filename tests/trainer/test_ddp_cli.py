@@ -121,6 +121,9 @@ def test_fsdp2_two_ranks_match_one_process_and_ddp_across_a_resume(tiny_model_di
     assert_same_training(metrics_of(reference_runs["single"]), m)
     assert_same_weights(reference_runs["ddp"] / "step_000003", out / "step_000003")
     assert_same_weights(reference_runs["single"] / "step_000003", out / "step_000003")
+    # The gathered (fqn_full) optimizer state is never loaded as a DDP one, nor silently dropped.
+    r = run_cli([*common[: common.index("--parallel")], *common[common.index("--parallel") + 2 :], "--steps", "4"])
+    assert r.returncode == 1 and "cannot resume from" in r.stderr and "format 'fqn_full'" in r.stderr, r.stderr[-2000:]
 
 
 @pytest.mark.unit

@@ -10,6 +10,8 @@ Top-K teacher rows are used only for samples whose K equals the batch's most com
 ``constrained`` (CONTRACTS "Sample JSON") marks samples decoded under a grammar mask (forced tool calls):
 their ``rollout_logprobs`` are the masked distribution's, so the loop never uses them as old log-probs
 (``trainer.objective.select_old_logprobs``) nor in the train-vs-rollout gap; a missing flag means false.
+``temperature`` (B,) is each sample's ``sampling_params.temperature`` (1.0 when absent; trainer/rollout_correction.py);
+a ``sampling_params`` that is not an object, or a temperature that is not a finite number >= 0, breaks the contract.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from trainer.loss import entropy_from_logits, token_logprobs
+from trainer.rollout_correction import check_sampling_params, sample_temperature
 
 
 def check_sample(s: dict[str, Any], *, shaping: str = "none") -> str | None:
@@ -53,6 +56,12 @@ def check_sample(s: dict[str, Any], *, shaping: str = "none") -> str | None:
             return "process_weighted shaping needs token_rewards in [0, 1] on loss-mask tokens"
     if s.get("constrained") is not None and not isinstance(s["constrained"], bool):
         return f"constrained must be a bool, got {s['constrained']!r}"
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in s["rollout_logprobs"]):
+        # A NaN/inf here would turn the rollout importance weight (and the gap metric) into NaN.
+        return "rollout_logprobs holds a non-finite or non-numeric value"
+    sp_err = check_sampling_params(s)
+    if sp_err:
+        return sp_err
     topk = s.get("teacher_topk")
     if topk and (len(topk.get("ids", [])) != n or len(topk.get("logprobs", [])) != n):
         return "teacher_topk rows do not match response length"
@@ -79,6 +88,7 @@ class Batch:
     topk_lp: torch.Tensor | None  # (B, T, K)
     topk_valid: torch.Tensor  # (B, T) float
     constrained: torch.Tensor  # (B,) bool: rollout_lp come from a grammar-masked distribution
+    temperature: torch.Tensor  # (B,) float: the engine's sampling temperature (1.0 when unknown)
     modes: list[str]
 
     def to(self, device: torch.device) -> Batch:
@@ -146,6 +156,7 @@ def collate(samples: list[dict[str, Any]], *, eos_id: int | None = None, mask_no
         topk_lp=topk_lp,
         topk_valid=topk_valid,
         constrained=bools("constrained"),
+        temperature=torch.tensor([sample_temperature(s) for s in samples], dtype=torch.float32),
         modes=[str(s.get("mode", "rl")) for s in samples],
     )
 

@@ -1,8 +1,9 @@
 """An in-process ``SampleSource`` that samples from the CURRENT policy weights: the honest learning proof.
 
 It plays the policy server's role for tests, benches and CPU experiments: ``lease`` renders scripted
-user prompts with the chat template (engine.chat.render_prompt_ids), samples replies at temperature 1
-(no top-k/top-p, so the recorded ``rollout_logprobs`` are the sampling distribution's), scores them with
+user prompts with the chat template (engine.chat.render_prompt_ids), samples replies at ``temperature`` (1 by
+default; no top-k/top-p) and records, as SGLang does, log softmax(logits / T) of each sampled token as
+``rollout_logprobs`` and ``{"temperature", "max_new_tokens"}`` as ``sampling_params``; scores them with
 a deterministic ``reward_fn(response_ids) -> float | None`` and, with a teacher folder, attaches teacher
 log-probs (and optionally top-K) of the sampled reply: Sample JSON as in docs/CONTRACTS.md.
 ``update_weights`` reloads the policy from the checkpoint folder, as an engine's update_weights_from_disk
@@ -41,6 +42,7 @@ class LocalSampleSource:
         max_new_tokens: int = 12,
         teacher_topk: int = 0,
         seed: int = 0,
+        temperature: float = 1.0,
         replay_unacked: bool = False,
     ):
         from transformers import AutoModelForCausalLM
@@ -52,6 +54,9 @@ class LocalSampleSource:
         self.mode = mode
         self.max_new_tokens = max_new_tokens
         self.teacher_topk = teacher_topk
+        if not temperature > 0:
+            raise ValueError("temperature must be > 0")
+        self.temperature = float(temperature)
         self.rng = random.Random(seed)
         self.gen = torch.Generator().manual_seed(seed)
         self.policy = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
@@ -64,7 +69,7 @@ class LocalSampleSource:
 
     @torch.no_grad()
     def sample_replies(self, prompts_ids: list[list[int]], model: torch.nn.Module | None = None) -> list[tuple[list[int], list[float]]]:
-        """Batched ancestral sampling at temperature 1 -> per prompt (response ids incl. EOS if reached, log-probs).
+        """Batched ancestral sampling at ``self.temperature`` -> per prompt (response ids incl. EOS if reached, log-probs).
 
         Prompts are left-padded with explicit position ids, so each row sees exactly its own prompt.
         """
@@ -82,7 +87,7 @@ class LocalSampleSource:
             # No KV cache: replies are a few tokens long and the full forward keeps this version-proof.
             pos = (attn.cumsum(-1) - 1).clamp(min=0)
             logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits[:, -1].float()
-            lp = torch.log_softmax(logits, -1)  # (B, V)
+            lp = torch.log_softmax(logits / self.temperature, -1)  # (B, V), the engine's temperature-scaled log-probs
             tok = torch.multinomial(lp.exp(), 1, generator=self.gen)[:, 0]  # (B,)
             for i in range(B):
                 if not done[i]:
@@ -124,6 +129,7 @@ class LocalSampleSource:
             "reward": reward, "has_reward": reward is not None, "has_teacher": t_lp is not None,
             "prm": None, "hint": None, "teacher_logprobs": t_lp, "teacher_topk": topk, "token_rewards": None,
             "w_rl": 1.0, "w_opd": 1.0, "weight_version": self.weight_version, "created_at": time.time(),
+            "sampling_params": {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens},
         }
 
     def lease(self, max_samples: int, wait_s: float = 0.0) -> Any:

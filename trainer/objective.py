@@ -13,12 +13,18 @@ rollout's, EXCEPT for ``constrained`` samples (forced tool calls decoded under a
 log-probs are log p(token | allowed), several nats above the model's own, so they would bias both the PPO
 ratio and teacher - old; those rows always take the recomputation.
 
+Off-policy correction (trainer/rollout_correction.py): ``micro_loss`` takes the PPO old log-probs at the loss
+temperature (T = 1, or each sample's temperature with ``--logprob-temperature sample``, in which case the new
+log-probs of the PPO term are scaled the same way) and multiplies the per-token PPO term by the detached
+rollout importance weight; the OPD advantage keeps T = 1 old log-probs (the teacher's temperature).
+
 ``micro_loss`` returns this micro-batch's share of the batch loss (see loss.aggregate) and SUMS over valid
 tokens for the logged statistics, so they can be all-reduced across micro-batches and ranks exactly.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,8 +40,11 @@ from trainer.advantages import (
 )
 from trainer.batch import Batch, score_responses
 from trainer.loss import aggregate, entropy_from_logits, low_var_kl, ppo_clip_loss, topk_reverse_kl
+from trainer.rollout_correction import IS_STAT_KEYS, rollout_is_weights, temperature_logprobs
 from trainer.settings import TrainConfig
 
+# Sums of the old-log-prob pass: train-vs-rollout gap (|diff| sum, tokens) of unconstrained and constrained samples.
+OLD_STAT_KEYS = ("gap_sum", "gap_n", "cgap_sum", "cgap_n", *IS_STAT_KEYS)
 STAT_KEYS = ("tokens", "pg", "clip", "approx_kl", "entropy", "ref_kl", "topk_kl", "adv", "adv_abs", "loss",
              "adv_unshaped", "adv_unshaped_abs", "tr_tokens", "tr_sum")
 
@@ -47,6 +56,37 @@ def select_old_logprobs(recomputed: torch.Tensor, rollout: torch.Tensor, constra
     if source != "rollout":
         raise ValueError(f"old log-prob source must be recompute or rollout, got {source!r}")
     return torch.where(constrained.to(recomputed.device)[:, None], recomputed, rollout)
+
+
+@dataclass
+class OldLogprobs:
+    pg: torch.Tensor  # (B, T) old log-probs of the PPO ratio, at the loss temperature
+    adv: torch.Tensor  # (B, T) old log-probs of the OPD term teacher - old, at T = 1
+    is_weight: torch.Tensor  # (B, T) rollout importance weight applied to the PPO term
+    stats: dict[str, float]  # OLD_STAT_KEYS sums over valid tokens, plus is_max
+
+
+@torch.no_grad()
+def old_logprobs(model: torch.nn.Module, b: Batch, cfg: TrainConfig) -> OldLogprobs:
+    """One micro-batch's old log-probs, gap sums and rollout importance weights, before any update.
+
+    The gap is measured separately for constrained samples (their rollout log-probs are of the grammar-masked
+    distribution, not a drift signal). With ``mis`` the rejected tokens are removed from ``b.mask`` here, so
+    every later loss term and statistic of the step leaves them out (the caller fixes the denominators).
+    """
+    sc = score_responses(model, b, with_entropy=False)
+    lp1 = sc.logprobs
+    lp = temperature_logprobs(sc.logits, b.response_ids, b.temperature) if cfg.logprob_temperature == "sample" else lp1
+    diff = (lp - b.rollout_lp).abs()
+    con = b.mask * b.constrained[:, None].to(b.mask.dtype)
+    free = b.mask - con
+    pg = select_old_logprobs(lp, b.rollout_lp, b.constrained, cfg.old_logprobs)
+    w = rollout_is_weights(pg, b.rollout_lp, b.mask, cfg.rollout_correction, cfg.rollout_is_cap)
+    b.mask = b.mask * w.keep  # identity unless mis rejected tokens
+    stats = {"gap_sum": float((diff * free).sum()), "gap_n": float(free.sum()),
+             "cgap_sum": float((diff * con).sum()), "cgap_n": float(con.sum()), **w.stats}
+    return OldLogprobs(pg=pg, adv=select_old_logprobs(lp1, b.rollout_lp, b.constrained, cfg.old_logprobs),
+                       is_weight=w.applied, stats=stats)
 
 
 def outcome_advantages(b: Batch, old_lp: torch.Tensor, rl_adv: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
@@ -92,18 +132,24 @@ def micro_loss(
     model: torch.nn.Module,
     ref_model: torch.nn.Module | None,
     b: Batch,
-    old_lp: torch.Tensor,  # (B, T)
+    old_lp: torch.Tensor,  # (B, T) PPO old log-probs at the loss temperature
     adv: torch.Tensor,  # (B, T)
     cfg: TrainConfig,
     *,
     num_tokens: float,
     num_seqs: float,
+    is_weight: torch.Tensor | None = None,  # (B, T) rollout importance weight (None = 1)
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss share (with grad) and summed statistics of one micro-batch."""
     need_entropy_grad = cfg.entropy_coef > 0
     sc = score_responses(model, b, with_entropy=need_entropy_grad)
     mask = b.mask
-    per_tok, clipped, _ = ppo_clip_loss(sc.logprobs, old_lp, adv, clip_low=cfg.clip_low, clip_high=cfg.clip_high)
+    lp = sc.logprobs
+    if cfg.logprob_temperature == "sample":
+        lp = temperature_logprobs(sc.logits, b.response_ids, b.temperature)
+    per_tok, clipped, _ = ppo_clip_loss(lp, old_lp, adv, clip_low=cfg.clip_low, clip_high=cfg.clip_high)
+    if is_weight is not None:
+        per_tok = per_tok * is_weight.detach()
     agg = lambda x: aggregate(x, mask, cfg.aggregation, num_tokens=num_tokens, num_seqs=num_seqs)  # noqa: E731
     pg = agg(per_tok)
     loss = pg
@@ -126,7 +172,7 @@ def micro_loss(
         loss = loss + cfg.topk_coef * aggregate(tk, tmask, cfg.aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
         stats["topk_kl"] = float((tk.detach() * tmask).sum())
     with torch.no_grad():
-        d = (sc.logprobs.detach() - old_lp) * mask
+        d = (lp.detach() - old_lp) * mask
         stats.update(
             tokens=float(mask.sum()),
             pg=float(pg.detach()),

@@ -16,6 +16,7 @@ from typing import Any
 from trainer.advantages import BASELINES, SHAPING_MODES
 from trainer.loss import AGGREGATIONS
 from trainer.parallel import PARALLEL_MODES
+from trainer.rollout_correction import LOGPROB_TEMPERATURES, ROLLOUT_CORRECTIONS
 
 ADVANTAGE_MODES = ("sample", "rl", "opd", "combine", "prm_gated_opd", "multiplicative")
 
@@ -60,6 +61,13 @@ class TrainConfig:
     advantage_mode: str = _f("sample", "'sample' follows each sample's mode field", choices=ADVANTAGE_MODES)
     old_logprobs: str = _f("recompute", "old log-probs for ratio and OPD: trainer recomputation or rollout (constrained samples "
                                         "always use the recomputation)", choices=("recompute", "rollout"))
+    rollout_correction: str = _f("tis", "off-policy correction of the PPO term by w = exp(old - rollout) per token: none, tis "
+                                        "(min(w, cap)) or mis (tokens with w > cap leave the loss); trainer/rollout_correction.py",
+                                 choices=ROLLOUT_CORRECTIONS)
+    rollout_is_cap: float = _f(2.0, "cap C of the rollout importance weight (tis truncates at C, mis rejects above C); >= 1")
+    logprob_temperature: str = _f("one", "temperature of the PPO log-probs: one (T = 1; the IS weight absorbs the client's "
+                                         "temperature) or sample (each sample's sampling_params.temperature)",
+                                  choices=LOGPROB_TEMPERATURES)
     baseline: str = _f("batch_mean", "RL baseline", choices=BASELINES)
     running_mean_momentum: float = _f(0.9, "EMA momentum of the running-mean baseline")
     normalize_advantages: bool = _f(False, "divide RL advantages by their batch std")
@@ -94,6 +102,8 @@ class TrainConfig:
         for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef", "topk_coef", "lr", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if not self.rollout_is_cap >= 1.0:  # a cap below 1 would alter exactly on-policy tokens (w = 1)
+            raise ValueError("rollout_is_cap must be >= 1")
         if not (0.0 <= self.running_mean_momentum < 1.0):
             raise ValueError("running_mean_momentum must be in [0, 1)")
 

@@ -11,7 +11,11 @@ Each step (docs/CONTRACTS.md "Trainer"; issue 6):
      rank, so DDP ranks agree; each minibatch is split across ranks, then into micro-batches.
   3. old log-probs: recomputed by the trainer before any update (or the rollout's, a setting, except for
      ``constrained`` samples, which always use the recomputation); they serve the PPO ratio and the OPD
-     term teacher - old. The train-vs-rollout gap is measured on unconstrained samples only. Then AReaL process-reward shaping (trainer/prm.py: flags
+     term teacher - old. The train-vs-rollout gap is measured on unconstrained samples only. The same pass gives
+     the rollout importance weights w = exp(old - rollout) (``--rollout-correction none|tis|mis``, cap
+     ``--rollout-is-cap``; trainer/rollout_correction.py) that correct the PPO term for the client's sampling
+     temperature and for stale weights, constrained samples included; with ``--logprob-temperature sample`` the
+     PPO log-probs are taken at each sample's own temperature. Then AReaL process-reward shaping (trainer/prm.py: flags
      or ``--prm-config``) folds each sample's ``token_rewards`` into its normalised outcome advantage;
      samples without token_rewards stay unshaped. The lease's PRM metrics window is logged with the step.
   4. ppo_epochs x minibatches optimizer steps of PPO-clip (0.2 / 0.28) with token- or sequence-mean over the
@@ -45,13 +49,14 @@ import torch.distributed as dist
 
 from engine.chat import load_tokenizer
 from trainer.advantages import RunningMean, rl_sample_advantages
-from trainer.batch import Batch, check_sample, collate, score_responses
+from trainer.batch import Batch, check_sample, collate
 from trainer.checkpoint import latest_checkpoint, load_optimizer, load_trainer_state, read_acked_step, save_checkpoint, write_acked_step
 from trainer.metrics import MetricsLogger
-from trainer.objective import STAT_KEYS, micro_loss, new_stats, outcome_advantages, select_old_logprobs, shape, shaping_mask
+from trainer.objective import OLD_STAT_KEYS, STAT_KEYS, OldLogprobs, micro_loss, new_stats, old_logprobs, outcome_advantages, shape, shaping_mask
 from trainer import parallel
 from trainer.policy_client import FileSampleSource, Lease, PolicyClient, PolicyRejected, SampleSource, SourceExhausted, TrainerError
 from trainer.prm import resolve_prm_config
+from trainer.rollout_correction import is_metrics, sample_temperature
 from trainer.settings import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -126,29 +131,31 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
             micros.append((b, [-1] * len(idx) if dummy else idx))
         plan.append((num_tokens, num_seqs, micros))
 
-    # Old log-probs before any update; the train-vs-rollout gap is measured on the same pass, separately for
-    # constrained samples (their rollout log-probs are of the grammar-masked distribution, not a drift signal).
-    gap = torch.zeros(4, dtype=torch.float64)  # |diff| sum, tokens (unconstrained); |diff| sum, tokens (constrained)
-    olds: list[list[torch.Tensor]] = []
-    with torch.no_grad():
-        for _, _, micros in plan:
-            row = []
-            for b, _ in micros:
-                lp = score_responses(model, b, with_entropy=False).logprobs
-                diff = (lp - b.rollout_lp).abs()
-                con = b.mask * b.constrained[:, None].to(b.mask.dtype)
-                free = b.mask - con
-                gap += torch.tensor([float((diff * free).sum()), float(free.sum()), float((diff * con).sum()), float(con.sum())],
-                                    dtype=torch.float64)
-                row.append(select_old_logprobs(lp, b.rollout_lp, b.constrained, cfg.old_logprobs))
-            olds.append(row)
+    # Old log-probs before any update (trainer.objective.old_logprobs): PPO old log-probs at the loss temperature,
+    # T = 1 old log-probs for the OPD term, the rollout importance weights and the train-vs-rollout gap.
+    olds: list[list[OldLogprobs]] = []
+    old_sums = dict.fromkeys(OLD_STAT_KEYS, 0.0)
+    is_max = 0.0
+    eff = torch.zeros(len(plan), 2, dtype=torch.float64)  # per minibatch: valid tokens, samples after mis rejection
+    for k, (_, _, micros) in enumerate(plan):
+        olds.append([old_logprobs(model, b, cfg) for b, _ in micros])
+        for (b, _), o in zip(micros, olds[-1]):
+            for key in OLD_STAT_KEYS:
+                old_sums[key] += o.stats[key]
+            is_max = max(is_max, o.stats["is_max"])
+            eff[k] += torch.tensor([float(b.mask.sum()), float((b.mask.sum(-1) > 0).sum())], dtype=torch.float64)
+    if cfg.rollout_correction == "mis":
+        # Rejected tokens leave the denominators too (slime #657): the global counts after rejection, all ranks.
+        if world > 1:
+            dist.all_reduce(eff)
+        plan = [(float(eff[k, 0]), float(eff[k, 1]), micros) for k, (_, _, micros) in enumerate(plan)]
 
     stats = new_stats()
     grad_norms = []
     for _ in range(cfg.ppo_epochs):
         for (num_tokens, num_seqs, micros), old_row in zip(plan, olds):
-            for j, ((b, idx), old_lp) in enumerate(zip(micros, old_row)):
-                raw = outcome_advantages(b, old_lp, rl_adv[torch.tensor([max(i, 0) for i in idx])].to(device), cfg)
+            for j, ((b, idx), old) in enumerate(zip(micros, old_row)):
+                raw = outcome_advantages(b, old.adv, rl_adv[torch.tensor([max(i, 0) for i in idx])].to(device), cfg)
                 adv = shape(b, raw, cfg)
                 tr_mask = shaping_mask(b)
                 stats["adv_unshaped"] += float(raw.sum())
@@ -157,7 +164,8 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
                 stats["tr_sum"] += float((b.token_rewards * tr_mask).sum())
                 last = j == len(micros) - 1
                 with parallel.grad_sync(ddp, cfg.parallel, world, enabled=last):
-                    loss, st = micro_loss(ddp, ref_model, b, old_lp, adv, cfg, num_tokens=num_tokens, num_seqs=num_seqs)
+                    loss, st = micro_loss(ddp, ref_model, b, old.pg, adv, cfg, num_tokens=num_tokens, num_seqs=num_seqs,
+                                          is_weight=old.is_weight)
                     (loss * world).backward()  # DDP/FSDP2 average gradients over ranks; the shares are already global
                 for k, v in st.items():
                     stats[k] += v
@@ -167,11 +175,15 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
             opt.zero_grad(set_to_none=True)
 
     # Sum statistics over ranks; shares of the loss sum to the batch loss.
-    vec = torch.tensor([stats[k] for k in STAT_KEYS] + gap.tolist(), dtype=torch.float64)
+    vec = torch.tensor([stats[k] for k in STAT_KEYS] + [old_sums[k] for k in OLD_STAT_KEYS], dtype=torch.float64)
+    vmax = torch.tensor([is_max], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(vec)
+        dist.all_reduce(vmax, op=dist.ReduceOp.MAX)
     s = dict(zip(STAT_KEYS, vec[: len(STAT_KEYS)].tolist()))
-    gap_sum, gap_n, cgap_sum, cgap_n = vec[len(STAT_KEYS):].tolist()
+    o = dict(zip(OLD_STAT_KEYS, vec[len(STAT_KEYS) :].tolist()))
+    gap_sum, gap_n, cgap_sum, cgap_n = o["gap_sum"], o["gap_n"], o["cgap_sum"], o["cgap_n"]
+    is_out = is_metrics(o, float(vmax[0]), cfg.rollout_correction)
     n_upd = cfg.ppo_epochs * M
     ntok = max(s["tokens"], 1.0)
     has_any = bool(has_r.any())
@@ -192,6 +204,10 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
         "n_samples": B, "n_trained_samples": int(trainable.sum()), "n_invalid": int(sum(invalid)),
         "n_with_reward": int(has_r.sum()), "n_with_teacher": sum(bool(s_.get("has_teacher")) for s_ in samples),
         "n_tokens": int(s["tokens"] / cfg.ppo_epochs), "grad_norm": max(grad_norms),
+        # Off-policy correction (rollout_is_* over valid tokens before mis rejection) and the samples' temperatures.
+        **is_out,
+        "n_with_sampling_params": sum(isinstance(s_.get("sampling_params"), dict) for s_ in samples),
+        "sample_temperature_mean": sum(sample_temperature(s_) for s_ in samples) / max(B, 1),
     }
     if ref_model is not None:
         out["ref_kl"] = s["ref_kl"] / ntok

@@ -6,7 +6,10 @@ nor the OPD term teacher - old sees them; they are left out of ``train_rollout_l
 ``n_constrained`` (their own gap in ``constrained_rollout_lp_abs_diff``). The in-process checks train the
 tiny model on one batch whose rollout log-probs are exact, then on the same batch with one sample's rollout
 log-probs shifted by +5 nats: flagged constrained, nothing but the constrained metrics may change; not
-flagged (the control), the advantages and the gap must change.
+flagged (the control), the advantages and the gap must change. That invariance holds with
+``--rollout-correction none``; with the default ``tis`` a constrained sample DOES take the rollout importance
+weight exp(recomputed - rollout) (the right correction for its grammar-masked behaviour distribution,
+trainer/rollout_correction.py), which the last test pins at e^-5 for the shifted sample.
 """
 
 from __future__ import annotations
@@ -80,12 +83,13 @@ def fresh_model(tiny_model_dir: Path):
     return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).train()
 
 
-def train_once(model0, samples: list[dict], tiny_model_dir: Path, old_logprobs: str) -> tuple[dict, dict]:
+def train_once(model0, samples: list[dict], tiny_model_dir: Path, old_logprobs: str, rollout_correction: str = "none") -> tuple[dict, dict]:
     from trainer.train import train_on_batch
 
     model = copy.deepcopy(model0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir="unused", micro_batch_size=4, progress=False, old_logprobs=old_logprobs)
+    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir="unused", micro_batch_size=4, progress=False, old_logprobs=old_logprobs,
+                      rollout_correction=rollout_correction)
     m = train_on_batch(model, model, None, opt, samples, [False] * len(samples), cfg, RunningMean(), 0, 1, torch.device("cpu"), None)
     return m, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -127,3 +131,20 @@ def test_control_unflagged_shift_does_reach_the_update_with_rollout_old_logprobs
     assert bad_m["train_rollout_lp_abs_diff"] > 0.5
     # token-mean advantage drops by SHIFT * (sample 0's tokens) / (all tokens)
     assert bad_m["adv_mean"] == pytest.approx(base_m["adv_mean"] - SHIFT * n0 / base_m["n_tokens"], abs=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("old_logprobs", ["rollout", "recompute"])
+def test_tis_weights_a_constrained_sample_by_its_masked_behaviour_probability(tiny_model_dir, combine_samples, fresh_model, old_logprobs):
+    """Constrained rows always use recomputed old log-probs, so even with --old-logprobs rollout their weight is
+    exp(recomputed - (recomputed + 5)) = e^-5 on every token of sample 0, and ~1 on the others."""
+    base_m, base_w = train_once(fresh_model, combine_samples, tiny_model_dir, old_logprobs, "tis")
+    con_m, con_w = train_once(fresh_model, shifted(combine_samples, constrained=True), tiny_model_dir, old_logprobs, "tis")
+    n0, n = sum(combine_samples[0]["loss_mask"]), base_m["n_tokens"]
+    assert base_m["rollout_is_mean"] == pytest.approx(1.0, abs=1e-4) and base_m["rollout_is_truncated_frac"] == 0.0
+    expected = (n0 * math.exp(-SHIFT) + (n - n0) * 1.0) / n
+    assert con_m["rollout_is_mean"] == pytest.approx(expected, abs=1e-4)
+    assert con_m["rollout_is_applied_mean"] == pytest.approx(expected, abs=1e-4)
+    assert con_m["rollout_is_truncated_frac"] == 0.0  # w < 1 is never truncated
+    assert con_m["loss"] != pytest.approx(base_m["loss"], rel=1e-3)  # sample 0's PPO term shrank by e^-5
+    assert any(not torch.allclose(con_w[k], base_w[k], atol=1e-7) for k in base_w)

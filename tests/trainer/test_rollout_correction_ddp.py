@@ -1,0 +1,55 @@
+"""``--rollout-correction mis`` under torchrun: rejected tokens leave the GLOBAL denominators on every rank.
+
+Contract under test (trainer/train.py old-log-prob pass): after mis rejects tokens, each minibatch's valid-token
+and sample counts are all-reduced across ranks, so two DDP ranks give the same loss, token count, gradient norm
+and weights as one process on the same batches, with the same masked fraction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.trainer.conftest import write_samples
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def run_cli(args: list[str], *, nproc: int = 0, timeout_s: float = 150) -> subprocess.CompletedProcess:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", f"--nproc-per-node={nproc}"] if nproc else [sys.executable]
+    return subprocess.run([*launcher, "-m", "trainer.cli", *args], env=ENV, capture_output=True, text=True, timeout=timeout_s)
+
+
+@pytest.mark.slow
+def test_mis_two_ranks_match_one_process(tiny_model_dir, tmp_path):
+    path = tmp_path / "samples.jsonl"
+    samples = write_samples(tiny_model_dir, path, 16, seed=7)
+    for i, s in enumerate(samples):  # every third sample comes from a much "hotter" behaviour: w = e^4 > 2 on its tokens
+        if i % 3 == 0:
+            s["rollout_logprobs"] = [lp - 4.0 for lp in s["rollout_logprobs"]]
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    common = ["--samples-file", str(path), "--model-path", str(tiny_model_dir), "--steps", "2", "--batch-size", "8",
+              "--micro-batch-size", "2", "--lr", "1e-2", "--no-progress", "--no-weight-sync", "--rollout-correction", "mis"]
+    outs = {}
+    for name, nproc in (("single", 0), ("ddp", 2)):
+        outs[name] = tmp_path / name
+        r = run_cli([*common, "--out-dir", str(outs[name])], nproc=nproc)
+        assert r.returncode == 0, r.stderr[-3000:]
+    m1, m2 = ([json.loads(x) for x in (outs[n] / "metrics.jsonl").read_text().splitlines()] for n in ("single", "ddp"))
+    assert [m["step"] for m in m1] == [m["step"] for m in m2] == [1, 2]
+    for a, b in zip(m1, m2):
+        assert a["rollout_is_masked_frac"] > 0.1  # the shifted samples' tokens were rejected
+        assert b["rollout_is_masked_frac"] == pytest.approx(a["rollout_is_masked_frac"])
+        assert b["n_tokens"] == a["n_tokens"]
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    w1, w2 = (load_file(str(outs[n] / "step_000002" / "model.safetensors")) for n in ("single", "ddp"))
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4)  # Adam amplifies float noise near 0

@@ -10,7 +10,9 @@ Lifespan: loads the tokenizer, opens the store (SQLite WAL under ``data_dir``), 
 EngineClient for generation plus one per weight-sync worker (shared connection pool), the judge and
 teacher clients and the reward pipeline when configured, reads the engine's current weight_version,
 starts the judge dispatcher (which immediately resumes pending work found in the store) and the idle
-session sweeper; on shutdown stops both and closes every client.
+session sweeper; on shutdown stops both (with the bounded judge drain of policy_server.shutdown) and
+closes every client and the store. Every resource goes on one AsyncExitStack as soon as it exists, so
+a setup step that fails closes what the earlier steps opened (runner, clients, store) before re-raising.
 
 PRM scoring (issue 7 item 9, policy_server.scoring): with ``--prm-config`` the runner is built first
 (a broken config or scorer stops the startup with a ``PRMStartupError`` naming the file), its metrics go
@@ -64,96 +66,107 @@ class PolicyState:
     scoring: PRMScoring | None = None
 
 
-def _build_pipeline(settings: PolicySettings, tokenizer: Any, http: httpx.AsyncClient,
-                    retry: RetryPolicy) -> tuple[Any, Any, list[Any]]:
-    """(mode_state, pipeline or None, closables). The pipeline needs the judge service."""
+def _build_pipeline(settings: PolicySettings, tokenizer: Any, http: httpx.AsyncClient, retry: RetryPolicy,
+                    stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
+    """(mode_state, pipeline or None). The pipeline needs the judge service; its client closes with ``stack``."""
     from policy_server.rewards import ModeState
 
     mode_state = ModeState.from_settings(settings)
     if not settings.judge_url:
         logger.warning("no --judge-url: turns are recorded and stay pending_judge until a judge is configured")
-        return mode_state, None, []
+        return mode_state, None
     from judge_server.client import JudgeClient
     from policy_server.rewards import RewardPipeline
 
     judge = JudgeClient(settings.judge_url, api_key=settings.judge_api_key)
+    stack.push_async_callback(_quiet_close, judge)
     teacher = None
     if settings.teacher_url:
         teacher = EngineClient(settings.teacher_url, api_key=settings.teacher_api_key, http=http, retry=retry)
     pipeline = RewardPipeline(judge=judge, teacher=teacher, tokenizer=tokenizer, settings=settings,
                               mode_state=mode_state)
-    return mode_state, pipeline, [judge]
+    return mode_state, pipeline
+
+
+async def _quiet_close(closable: Any) -> None:
+    try:
+        await closable.aclose()
+    except Exception:  # noqa: BLE001 - shutdown goes on; the failure is logged
+        logger.exception("closing %s failed", type(closable).__name__)
+
+
+async def _stop_background(settings: PolicySettings, store: Store, dispatcher: Dispatcher,
+                           tasks: list[asyncio.Task[None]]) -> None:
+    """Graceful part (policy_server.shutdown): chat requests are finished by now; the sweeper stops first (no
+    new work), then the dispatcher judges for at most shutdown_drain_s and what is left stays pending."""
+    tasks[1].cancel()
+    await asyncio.gather(tasks[1], return_exceptions=True)
+    drained = await dispatcher.shutdown(settings.shutdown_drain_s)
+    tasks[0].cancel()
+    await asyncio.gather(tasks[0], return_exceptions=True)
+    left = (await asyncio.to_thread(store.stats))["samples"]["pending_judge"]
+    logger.info("shutdown: %d turn(s) judged while draining, %d judge call(s) cancelled, %d pending judge job(s) "
+                "stay in the store for the next start", drained["judged"], drained["cancelled"], left)
 
 
 def create_app(settings: PolicySettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        tokenizer = await asyncio.to_thread(load_tokenizer, settings.model_path)
-        # First, so a broken --prm-config fails the startup before anything else is opened.
-        try:
-            scoring = await PRMScoring.start(settings.prm_config)
-        except Exception as exc:
-            logger.error("policy server not started: %s", exc)
-            raise
-        metrics = Metrics()
-        if scoring is not None:
-            scoring.register(metrics.registry)
-        store = await asyncio.to_thread(Store, settings.data_dir, synchronous=settings.store_synchronous)
-        timeouts = EngineTimeouts()
-        retry = RetryPolicy(max_attempts=settings.engine_max_attempts, deadline_s=settings.engine_deadline_s)
-        # One pool for every engine call of this process; trust_env=False: loopback never via a proxy.
-        http = httpx.AsyncClient(timeout=timeouts.to_httpx(), trust_env=False,
-                                 limits=httpx.Limits(max_connections=settings.max_concurrent_requests + 16,
-                                                     max_keepalive_connections=settings.max_concurrent_requests))
-        engine = EngineClient(settings.engine_url, api_key=settings.engine_api_key,
-                              admin_api_key=settings.engine_admin_api_key, http=http, retry=retry)
-        workers = [EngineClient(u, api_key=settings.engine_api_key, admin_api_key=settings.engine_admin_api_key,
-                                http=http, retry=retry) for u in settings.engine_worker_urls]
-        version = None
-        with contextlib.suppress(EngineError):
-            version = await workers[0].weight_version()
-        gate = WeightGate(settings.gate_timeout_s, version=version)
-        mode_state, pipeline, closables = _build_pipeline(settings, tokenizer, http, retry)
-        dispatcher = Dispatcher(store, pipeline, concurrency=settings.dispatch_concurrency,
-                                retry_initial_s=settings.dispatch_retry_initial_s,
-                                retry_max_s=settings.dispatch_retry_max_s, scoring=scoring)
-        sessions = SessionTracker(store, idle_timeout_s=settings.session_idle_timeout_s,
-                                  sweep_interval_s=settings.idle_sweep_interval_s, on_new_work=dispatcher.wake)
-        state = PolicyState(
-            settings=settings, store=store, engine=engine,
-            generator=Generator(engine, tokenizer, gate, max_resumes=settings.max_resumes),
-            gate=gate, weight_sync=WeightSync(workers, gate, pause_mode=settings.pause_mode,
-                                              deadline_s=settings.weight_update_deadline_s),
-            sessions=sessions, dispatcher=dispatcher, metrics=metrics, mode_state=mode_state, pipeline=pipeline,
-            backlog_cache=[0.0, -1e9], scoring=scoring,
-        )
-        app.state.policy = state
-        tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
-                 asyncio.create_task(sessions.run_sweeper(), name="idle-sweeper")]
-        pending = (await asyncio.to_thread(store.stats))["samples"]["pending_judge"]
-        logger.info("policy server ready: engine %s, weight_version %s, %d pending judge job(s) resumed",
-                    settings.engine_url, version, pending)
-        try:
+        # Every resource is registered on the stack as soon as it exists, so a failure anywhere in the
+        # setup closes exactly what was already opened (in reverse order) before the error propagates;
+        # on a normal shutdown the same stack closes everything after the background work stopped.
+        async with contextlib.AsyncExitStack() as stack:
+            tokenizer = await asyncio.to_thread(load_tokenizer, settings.model_path)
+            # First, so a broken --prm-config fails the startup before anything else is opened.
+            try:
+                scoring = await PRMScoring.start(settings.prm_config)
+            except Exception as exc:
+                logger.error("policy server not started: %s", exc)
+                raise
+            if scoring is not None:  # closed last: after the dispatcher, no scoring is in flight any more
+                stack.push_async_callback(scoring.aclose)
+            metrics = Metrics()
+            if scoring is not None:
+                scoring.register(metrics.registry)
+            store = await asyncio.to_thread(Store, settings.data_dir, synchronous=settings.store_synchronous)
+            stack.callback(store.close)
+            timeouts = EngineTimeouts()
+            retry = RetryPolicy(max_attempts=settings.engine_max_attempts, deadline_s=settings.engine_deadline_s)
+            # One pool for every engine call of this process; trust_env=False: loopback never via a proxy.
+            http = httpx.AsyncClient(timeout=timeouts.to_httpx(), trust_env=False,
+                                     limits=httpx.Limits(max_connections=settings.max_concurrent_requests + 16,
+                                                         max_keepalive_connections=settings.max_concurrent_requests))
+            stack.push_async_callback(http.aclose)
+            engine = EngineClient(settings.engine_url, api_key=settings.engine_api_key,
+                                  admin_api_key=settings.engine_admin_api_key, http=http, retry=retry)
+            workers = [EngineClient(u, api_key=settings.engine_api_key, admin_api_key=settings.engine_admin_api_key,
+                                    http=http, retry=retry) for u in settings.engine_worker_urls]
+            version = None
+            with contextlib.suppress(EngineError):
+                version = await workers[0].weight_version()
+            gate = WeightGate(settings.gate_timeout_s, version=version)
+            mode_state, pipeline = _build_pipeline(settings, tokenizer, http, retry, stack)
+            dispatcher = Dispatcher(store, pipeline, concurrency=settings.dispatch_concurrency,
+                                    retry_initial_s=settings.dispatch_retry_initial_s,
+                                    retry_max_s=settings.dispatch_retry_max_s, scoring=scoring)
+            sessions = SessionTracker(store, idle_timeout_s=settings.session_idle_timeout_s,
+                                      sweep_interval_s=settings.idle_sweep_interval_s, on_new_work=dispatcher.wake)
+            state = PolicyState(
+                settings=settings, store=store, engine=engine,
+                generator=Generator(engine, tokenizer, gate, max_resumes=settings.max_resumes),
+                gate=gate, weight_sync=WeightSync(workers, gate, pause_mode=settings.pause_mode,
+                                                  deadline_s=settings.weight_update_deadline_s),
+                sessions=sessions, dispatcher=dispatcher, metrics=metrics, mode_state=mode_state,
+                pipeline=pipeline, backlog_cache=[0.0, -1e9], scoring=scoring,
+            )
+            tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
+                     asyncio.create_task(sessions.run_sweeper(), name="idle-sweeper")]
+            stack.push_async_callback(_stop_background, settings, store, dispatcher, tasks)
+            pending = (await asyncio.to_thread(store.stats))["samples"]["pending_judge"]
+            app.state.policy = state
+            logger.info("policy server ready: engine %s, weight_version %s, %d pending judge job(s) resumed",
+                        settings.engine_url, version, pending)
             yield
-        finally:
-            # Graceful part (policy_server.shutdown): chat requests are finished by now; the sweeper stops
-            # first (no new work), then the dispatcher judges for at most shutdown_drain_s.
-            tasks[1].cancel()
-            await asyncio.gather(tasks[1], return_exceptions=True)
-            drained = await dispatcher.shutdown(settings.shutdown_drain_s)
-            tasks[0].cancel()
-            await asyncio.gather(tasks[0], return_exceptions=True)
-            left = (await asyncio.to_thread(store.stats))["samples"]["pending_judge"]
-            logger.info("shutdown: %d turn(s) judged while draining, %d judge call(s) cancelled, %d pending "
-                        "judge job(s) stay in the store for the next start", drained["judged"],
-                        drained["cancelled"], left)
-            if scoring is not None:  # after the dispatcher: no scoring is in flight any more
-                await scoring.aclose()
-            for c in closables:
-                with contextlib.suppress(Exception):
-                    await c.aclose()
-            await http.aclose()
-            store.close()
 
     app = FastAPI(title="hindsight-policy", lifespan=lifespan)
     app.state.settings = settings

@@ -76,6 +76,7 @@ class Dispatcher:
         self.retry_max_s = retry_max_s
         self.poll_s = poll_s
         self._wake = asyncio.Event()
+        self._closed = False
         self._running: dict[str, asyncio.Task[None]] = {}
         self._sem = asyncio.Semaphore(concurrency)
         self._retry_at: dict[str, float] = {}
@@ -88,7 +89,9 @@ class Dispatcher:
         self._wake.set()
 
     async def run(self) -> None:
-        while True:
+        # The flag, not only task.cancel(), ends the loop: in Python 3.11 a cancel() that races with the
+        # wake event completing inside asyncio.wait_for is swallowed, and the loop would go on forever.
+        while not self._closed:
             self._wake.clear()
             try:
                 await self.schedule()
@@ -140,6 +143,8 @@ class Dispatcher:
         return {"judged": self.processed - done_before, "cancelled": cancelled}
 
     async def aclose(self) -> None:
+        self._closed = True
+        self.wake()
         for t in list(self._running.values()):
             t.cancel()
         await asyncio.gather(*self._running.values(), return_exceptions=True)

@@ -35,6 +35,7 @@ from fastapi import FastAPI
 from engine.chat import load_tokenizer
 from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
+from engine.observability import RequestContextMiddleware, RouteMetrics, log_settings, propagate_request_id
 from policy_server.dispatch import Dispatcher
 from policy_server.errors import install_error_handlers
 from policy_server.generation import Generator
@@ -116,6 +117,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
         # setup closes exactly what was already opened (in reverse order) before the error propagates;
         # on a normal shutdown the same stack closes everything after the background work stopped.
         async with contextlib.AsyncExitStack() as stack:
+            log_settings(logger, settings, title="policy server")
             tokenizer = await asyncio.to_thread(load_tokenizer, settings.model_path)
             # First, so a broken --prm-config fails the startup before anything else is opened.
             try:
@@ -125,7 +127,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 raise
             if scoring is not None:  # closed last: after the dispatcher, no scoring is in flight any more
                 stack.push_async_callback(scoring.aclose)
-            metrics = Metrics()
+            metrics = app.state.metrics
             if scoring is not None:
                 scoring.register(metrics.registry)
             store = await asyncio.to_thread(Store, settings.data_dir, synchronous=settings.store_synchronous)
@@ -133,7 +135,9 @@ def create_app(settings: PolicySettings) -> FastAPI:
             timeouts = EngineTimeouts()
             retry = RetryPolicy(max_attempts=settings.engine_max_attempts, deadline_s=settings.engine_deadline_s)
             # One pool for every engine call of this process; trust_env=False: loopback never via a proxy.
+            # The request/session ids of the chat request go upstream with each engine call (observability).
             http = httpx.AsyncClient(timeout=timeouts.to_httpx(), trust_env=False,
+                                     event_hooks={"request": [propagate_request_id]},
                                      limits=httpx.Limits(max_connections=settings.max_concurrent_requests + 16,
                                                          max_keepalive_connections=settings.max_concurrent_requests))
             stack.push_async_callback(http.aclose)
@@ -171,7 +175,12 @@ def create_app(settings: PolicySettings) -> FastAPI:
     app = FastAPI(title="hindsight-policy", lifespan=lifespan)
     app.state.settings = settings
     app.state.drain = DrainState()
+    app.state.metrics = Metrics()
     app.add_middleware(DrainMiddleware, state=app.state.drain)
+    # Added last, so outermost: request/session ids, access line and route metrics for every response,
+    # the drain 503s included (engine.observability).
+    app.add_middleware(RequestContextMiddleware,
+                       route_metrics=RouteMetrics(app.state.metrics.registry, prefix="hindsight_policy"))
     install_error_handlers(app)
     from policy_server import admin, routes
 

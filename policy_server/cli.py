@@ -4,6 +4,9 @@
         [--judge-url URL] [--teacher-url URL] [--mode rl|opd|combine] [--port 30000] ...
 
 Flags override environment variables. Boolean fields take a value (``--at-least-one false``).
+Logging goes through engine.observability (request and session ids on every line, ``--log-json true`` for
+JSON lines); the resolved settings, secrets redacted, are logged at start. SIGTERM shuts down gracefully
+(policy_server.shutdown) and exits 0.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 
 import uvicorn
 
+from engine.observability import configure_logging
 from policy_server.settings import PolicySettings
 
 
@@ -37,15 +41,15 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         print(f"hindsight-policy: invalid configuration:\n{exc}", file=sys.stderr)  # noqa: T201
         sys.exit(2)
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level.upper(), json_logs=settings.log_json)  # request/session ids on every line
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per engine call is noise
     from policy_server.app import create_app
     from policy_server.shutdown import DrainingServer
 
     app = create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                            timeout_graceful_shutdown=5)
+    # log_config=None: uvicorn's loggers flow through configure_logging; the access line is the middleware's.
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                            log_config=None, access_log=False, timeout_graceful_shutdown=5)
     server = DrainingServer(config, app.state.drain, grace_s=settings.shutdown_grace_s)
     # uvicorn re-raises the signal that stopped it once it is done; this handler turns that into a normal
     # return, so a graceful SIGTERM shutdown exits 0 (policy_server.shutdown).

@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from engine.errors import EngineTimeout, EngineUnavailable
+from engine.observability import bind_ids
 from policy_server.scoring import apply_outcome
 from policy_server.store import Store
 
@@ -150,6 +151,11 @@ class Dispatcher:
         await asyncio.gather(*self._running.values(), return_exceptions=True)
 
     async def _session_worker(self, session_id: str) -> None:
+        # The session id on every log line of this background work, and forwarded to the judge/teacher.
+        with bind_ids(session_id=session_id):
+            await self._session_jobs(session_id)
+
+    async def _session_jobs(self, session_id: str) -> None:
         try:
             async with self._sem:
                 while True:

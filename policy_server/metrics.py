@@ -1,4 +1,10 @@
-"""Prometheus metrics of one policy server (own registry, so several apps can live in one process)."""
+"""Prometheus metrics of one policy server (own registry, so several apps can live in one process).
+
+Per-route request counts and latencies (``hindsight_policy_http_requests_total``,
+``hindsight_policy_http_request_duration_seconds`` by route template, method, status) come from
+engine.observability.RouteMetrics on this registry (policy_server.app); this class holds the
+policy-specific series.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,6 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("hindsight_policy_requests_total", "HTTP requests", ["route", "status"], registry=r)
         self.latency = Histogram("hindsight_policy_request_seconds", "request latency", ["route"], registry=r,
                                  buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
         self.engine_errors = Counter("hindsight_policy_engine_errors_total", "engine failures by class", ["kind"],

@@ -84,6 +84,7 @@ class PolicySettings(BaseSettings):
                                     "left stays pending_judge for the next start")
 
     log_level: str = "INFO"
+    log_json: bool = Field(False, description="JSON log lines (engine.observability) instead of plain text")
 
     @field_validator("engine_worker_urls", mode="before")
     @classmethod

@@ -37,7 +37,8 @@ from policy_server.store import Store
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_TURN_KEYS = ("prompt_ids", "response_ids", "rollout_logprobs", "weight_version", "weight_versions")
+SAMPLE_TURN_KEYS = ("prompt_ids", "response_ids", "rollout_logprobs", "weight_version", "weight_versions",
+                    "sampling_params")
 PIPELINE_TURN_KEYS = ("session_id", "turn_index", "messages", "tools", "prompt_ids", "response_ids",
                       "rollout_logprobs", "response", "weight_version", "weight_versions", "sampling_params")
 

@@ -105,15 +105,18 @@ def validate_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> None
         raise InvalidRequest("tool_choice needs tools", param="tool_choice")
 
 
-def sampling_params(req: ChatRequest, default_max_tokens: int) -> dict[str, Any]:
-    """OpenAI fields -> SGLang ``sampling_params`` (only the keys SGLang and the router accept)."""
+def sampling_params(req: ChatRequest, default_max_tokens: int, default_temperature: float = 1.0) -> dict[str, Any]:
+    """OpenAI fields -> SGLang ``sampling_params`` (only the keys SGLang and the router accept).
+
+    temperature and top_p are always sent explicitly (OpenAI's defaults when the client omits them), so the
+    sample records the distribution the tokens were really drawn from and the trainer's off-policy
+    correction never has to guess an engine-side default.
+    """
     if req.n not in (None, 1):
         raise InvalidRequest("only n=1 is supported", param="n")
     sp: dict[str, Any] = {"max_new_tokens": req.max_completion_tokens or req.max_tokens or default_max_tokens}
-    if req.temperature is not None:
-        sp["temperature"] = req.temperature
-    if req.top_p is not None:
-        sp["top_p"] = req.top_p
+    sp["temperature"] = req.temperature if req.temperature is not None else default_temperature
+    sp["top_p"] = req.top_p if req.top_p is not None else 1.0
     if req.stop:
         sp["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
     if req.seed is not None:

@@ -127,7 +127,7 @@ async def chat_completions(request: Request) -> Response:
         raise InvalidRequest(f"{loc}: {first.get('msg')}", param=loc or None) from None
     messages = oa.validate_messages(req.messages)
     oa.validate_tools(req.tools, req.tool_choice)
-    sp = oa.sampling_params(req, st.settings.default_max_tokens)
+    sp = oa.sampling_params(req, st.settings.default_max_tokens, st.settings.default_temperature)
     regex = forced_tool_regex(req.tools, req.tool_choice)
     if regex:
         sp["regex"] = regex

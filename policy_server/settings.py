@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from engine.security import check_exposure
+
 
 class PolicySettings(BaseSettings):
     """Resolved configuration; names carry units (``_s``, ``_bytes``)."""
@@ -50,11 +52,15 @@ class PolicySettings(BaseSettings):
     port: int = 30000
     api_key: str | None = None
     admin_api_key: str | None = None
+    allow_unauthenticated: bool = Field(False, description="serve a non-loopback host without an API key "
+                                        "(only behind an authenticating gateway)")
     default_turn_type: Literal["main", "side"] = "main"
     session_idle_timeout_s: float = 600.0
     idle_sweep_interval_s: float = 1.0
     max_body_bytes: int = 8 * 1024 * 1024
     default_max_tokens: int = 1024
+    default_temperature: float = Field(1.0, ge=0.0, le=2.0, description="temperature when the client sends none "
+                                       "(OpenAI's default); always sent to the engine and recorded with the sample")
     max_concurrent_requests: int = 256
     engine_deadline_s: float = 120.0
     engine_max_attempts: int = 5
@@ -107,4 +113,5 @@ class PolicySettings(BaseSettings):
                 raise ValueError(f"{name} must be > 0")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
+        check_exposure("hindsight-policy", self.host, self.api_key, allow_unauthenticated=self.allow_unauthenticated)
         return self

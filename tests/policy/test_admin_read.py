@@ -4,6 +4,7 @@ Policy server -> dev engine, judged by the real judge service (rules backend), a
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -78,6 +79,9 @@ def test_list_samples_is_a_non_consuming_read(judged_policy):
     sample = rows[0]["sample"]
     assert sample["sample_id"] == rows[0]["sample_id"] and sample["reward"] == 1.0
     assert len(sample["response_ids"]) == len(sample["rollout_logprobs"]) == len(sample["loss_mask"])
+    # the distribution the tokens were drawn from is recorded explicitly, client defaults included
+    assert sample["sampling_params"]["temperature"] == 1.0 and sample["sampling_params"]["top_p"] == 1.0
+    assert sample["sampling_params"]["max_new_tokens"] == 8
     rejected = _rows(url, session_id="read-2", status="rejected")
     assert [(r["turn_index"], r["reject_reason"]) for r in rejected] == [(0, "history_mismatch")]
     assert rejected[0]["sample"] is None
@@ -124,3 +128,19 @@ def test_forced_tool_call_sample_is_marked_constrained(judged_policy):
         assert forced[1]["sample"]["constrained"] is False
     free_rows = _settled(url, "free", 1)
     assert free_rows[0]["sample"]["constrained"] is False
+
+
+def test_client_temperature_is_recorded(judged_policy):
+    url = judged_policy.url
+    u = [{"role": "user", "content": "pick a city"}]
+    a = _chat(url, "temp", u, temperature=0.7, top_p=0.9)
+    _chat(url, "temp", u + [{"role": "assistant", "content": a["content"]}, {"role": "user", "content": "thanks"}])
+    sp = _settled(url, "temp", 1)[0]["sample"]["sampling_params"]
+    assert sp["temperature"] == 0.7 and sp["top_p"] == 0.9
+
+
+def test_refuses_to_listen_beyond_loopback_without_a_key(tiny_model_dir, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "policy_server.cli", "--model-path", str(tiny_model_dir),
+                           "--engine-url", "http://127.0.0.1:9", "--data-dir", str(tmp_path), "--host", "0.0.0.0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "without an API key" in proc.stderr

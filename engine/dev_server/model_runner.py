@@ -133,6 +133,11 @@ class ModelRunner:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def partial_text(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of an unfinished sample for a stream chunk: a trailing incomplete UTF-8 sequence decodes to
+        U+FFFD until its last byte is sampled, so it is held back, as SGLang's detokenizer does."""
+        return self.decode(ids, skip_special_tokens).rstrip("\ufffd")
+
     # ------------------------------------------------------------------ generation
     def run(self, job: Job, on_step: StepCallback | None = None) -> RunResult:
         """Admit, prefill, decode; always returns (aborts are results, not exceptions)."""

@@ -251,7 +251,7 @@ async def _stream(engine: DevEngine, req: ChatRequest, prepared: Prepared, parse
         sample = result.samples[k]
         final = sample.finish_reason is not None
         text = (engine.runner.final_text(sample, p.job.sampling) if final
-                else engine.runner.decode(sample.output_ids, p.job.sampling.skip_special_tokens))
+                else engine.runner.partial_text(sample.output_ids, p.job.sampling.skip_special_tokens))
         parsed = parse(text) if final or not buffer_content else None
         out: list[dict[str, Any]] = []
         delta: dict[str, Any] = {}

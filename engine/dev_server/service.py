@@ -151,7 +151,7 @@ class DevEngine:
         if final or sample.finish_reason is not None:
             text = self.runner.final_text(sample, job.sampling)
         else:
-            text = self.runner.decode(sample.output_ids, job.sampling.skip_special_tokens)
+            text = self.runner.partial_text(sample.output_ids, job.sampling.skip_special_tokens)
         meta = build_meta(rid=p.sample_rids[k], finish_reason=sample.finish_reason, prompt_ids=job.prompt_ids,
                           output_ids=sample.output_ids, weight_version=result.weight_version,
                           started_at=result.started_at, aborted_before_prefill=result.aborted_before_prefill)

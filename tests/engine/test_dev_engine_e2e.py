@@ -148,6 +148,18 @@ async def test_stream_is_cumulative_and_ends_with_done(client):
     assert sorted({c["index"] for c in multi}) == [0, 1]
 
 
+async def test_stream_holds_back_incomplete_utf8(client):
+    # The tiny tokenizer has no merge for "é": each of its two UTF-8 bytes is its own token, so a cumulative
+    # chunk cut between them would end in U+FFFD; SGLang's detokenizer holds such a tail back.
+    chunks = [c async for c in client.stream_generate({"input_ids": PROMPT, "sampling_params": {
+        "max_new_tokens": 6, "regex": "(é){3}", "temperature": 1.0}})]
+    assert len(chunks) >= 6
+    assert all(not c["text"].endswith("\ufffd") for c in chunks)
+    assert chunks[-1]["text"] == "ééé"
+    assert [len(c["output_ids"]) for c in chunks] == list(range(1, len(chunks) + 1))
+    assert all("ééé".startswith(c["text"]) for c in chunks)  # every chunk is a clean prefix of the answer
+
+
 BAD_INPUTS = [
     (b"{not json", "str", "malformed JSON"),
     (b"", "dict", "JSON body is required"),

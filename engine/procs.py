@@ -95,6 +95,27 @@ def spawn(name: str, cmd: list[str], *, url: str, log_dir: Path, env: dict[str, 
     return ManagedProcess(name=name, proc=proc, url=url, log_path=log_path)
 
 
+def start_process(
+    name: str,
+    cmd: list[str],
+    *,
+    url: str,
+    log_dir: Path,
+    ready_path: str = "/health",
+    env: dict[str, str] | None = None,
+    deadline_s: float = 90.0,
+) -> ManagedProcess:
+    """Spawn ``cmd`` and wait until ``url + ready_path`` answers 200; on failure stop it and raise with its log tail."""
+    mp = spawn(name, cmd, url=url, log_dir=log_dir, env=env)
+    try:
+        wait_http(mp.url + ready_path, deadline_s=deadline_s, proc=mp.proc)
+    except Exception:
+        tail = mp.log_tail()
+        mp.stop()
+        raise RuntimeError(f"{name} failed to become ready on {ready_path}:\n{tail}") from None
+    return mp
+
+
 def start_dev_engine(
     model_path: str | Path,
     *,
@@ -112,14 +133,7 @@ def start_dev_engine(
     if api_key:
         cmd += ["--api-key", api_key]
     cmd += extra_args or []
-    mp = spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir)
-    try:
-        wait_http(mp.url + "/health", deadline_s=deadline_s, proc=mp.proc)
-    except Exception:
-        tail = mp.log_tail()
-        mp.stop()
-        raise RuntimeError(f"{name} failed to start:\n{tail}") from None
-    return mp
+    return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, deadline_s=deadline_s)
 
 
 def start_router(
@@ -148,12 +162,8 @@ def start_router(
     if api_key:
         cmd += ["--api-key", api_key]
     cmd += extra_args or []
-    mp = spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir)
+    # /readiness, not /health: the router answers /health with 200 even with no healthy worker.
+    mp = start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, ready_path="/readiness",
+                       deadline_s=deadline_s)
     mp.extra["prometheus_port"] = prom_port
-    try:
-        wait_http(mp.url + "/readiness", deadline_s=deadline_s, proc=mp.proc)
-    except Exception:
-        tail = mp.log_tail()
-        mp.stop()
-        raise RuntimeError(f"{name} failed to become ready:\n{tail}") from None
     return mp

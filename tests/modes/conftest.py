@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, wait_http
+from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
 
 HINT_MARKER = "[user's hint / instruction]"
 
@@ -30,14 +30,7 @@ def modes_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def start_judge(log_dir: Path, name: str, env: dict[str, str]) -> ManagedProcess:
     port = free_port()
     cmd = [sys.executable, "-m", "judge_server.cli", "--host", "127.0.0.1", "--port", str(port)]
-    mp = spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env=env)
-    try:
-        wait_http(mp.url + "/health", deadline_s=60, proc=mp.proc)
-    except Exception:
-        tail = mp.log_tail()
-        mp.stop()
-        raise RuntimeError(f"{name} failed to start:\n{tail}") from None
-    return mp
+    return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env=env, deadline_s=60)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, wait_http
+from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
 
 pytestmark = pytest.mark.e2e
 
@@ -41,13 +41,7 @@ def start_policy(tiny_model_dir: Path, engine_url: str, judge_url: str, teacher_
            "--judge-url", judge_url, "--teacher-url", teacher_url, "--data-dir", str(data_dir), "--mode", "rl",
            "--w-rl", "1.0", "--w-opd", "0.5", "--teacher-top-k", str(TOP_K), "--admin-api-key", "admin-key",
            "--host", "127.0.0.1", "--port", str(port), "--dispatch-retry-max-s", "1"]
-    mp = spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir)
-    try:
-        wait_http(mp.url + "/health", deadline_s=60, proc=mp.proc)
-    except Exception:
-        tail = mp.log_tail()
-        mp.stop()
-        raise RuntimeError(f"{name} failed to start:\n{tail}") from None
+    mp = start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, deadline_s=60)
     mp.extra["data_dir"] = data_dir
     return mp
 

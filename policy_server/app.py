@@ -16,8 +16,9 @@ a setup step that fails closes what the earlier steps opened (runner, clients, s
 
 PRM scoring (issue 7 item 9, policy_server.scoring): with ``--prm-config`` the runner is built first
 (a broken config or scorer stops the startup with a ``PRMStartupError`` naming the file), its metrics go
-on this server's ``/metrics`` registry, the dispatcher scores each accepted turn before storing it, and
-the runner is closed after the dispatcher stopped.
+on this server's ``/metrics`` registry, the dispatcher scores each accepted turn before storing it
+(``--prm-scope turn``) or holds it ``pending_score`` and scores the whole session once it ended
+(``--prm-scope session``), and the runner is closed after the dispatcher stopped.
 """
 
 from __future__ import annotations
@@ -105,9 +106,10 @@ async def _stop_background(settings: PolicySettings, store: Store, dispatcher: D
     drained = await dispatcher.shutdown(settings.shutdown_drain_s)
     tasks[0].cancel()
     await asyncio.gather(tasks[0], return_exceptions=True)
-    left = (await asyncio.to_thread(store.stats))["samples"]["pending_judge"]
+    counts = (await asyncio.to_thread(store.stats))["samples"]
     logger.info("shutdown: %d turn(s) judged while draining, %d judge call(s) cancelled, %d pending judge job(s) "
-                "stay in the store for the next start", drained["judged"], drained["cancelled"], left)
+                "and %d held sample(s) awaiting session scoring stay in the store for the next start",
+                drained["judged"], drained["cancelled"], counts["pending_judge"], counts["pending_score"])
 
 
 def create_app(settings: PolicySettings) -> FastAPI:
@@ -121,7 +123,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
             tokenizer = await asyncio.to_thread(load_tokenizer, settings.model_path)
             # First, so a broken --prm-config fails the startup before anything else is opened.
             try:
-                scoring = await PRMScoring.start(settings.prm_config)
+                scoring = await PRMScoring.start(settings.prm_config, scope=settings.prm_scope)
             except Exception as exc:
                 logger.error("policy server not started: %s", exc)
                 raise
@@ -166,10 +168,15 @@ def create_app(settings: PolicySettings) -> FastAPI:
             tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
                      asyncio.create_task(sessions.run_sweeper(), name="idle-sweeper")]
             stack.push_async_callback(_stop_background, settings, store, dispatcher, tasks)
-            pending = (await asyncio.to_thread(store.stats))["samples"]["pending_judge"]
+            counts = (await asyncio.to_thread(store.stats))["samples"]
             app.state.policy = state
-            logger.info("policy server ready: engine %s, weight_version %s, %d pending judge job(s) resumed",
-                        settings.engine_url, version, pending)
+            logger.info("policy server ready: engine %s, weight_version %s, %d pending judge job(s) and %d held "
+                        "sample(s) awaiting session scoring resumed", settings.engine_url, version,
+                        counts["pending_judge"], counts["pending_score"])
+            if counts["pending_score"] and scoring is None:
+                logger.warning("%d sample(s) are held pending_score for session PRM scoring, but PRM scoring is off: "
+                               "they stay held (not leasable) until the server runs with --prm-config again",
+                               counts["pending_score"])
             yield
 
     app = FastAPI(title="hindsight-policy", lifespan=lifespan)

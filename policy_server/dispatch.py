@@ -16,11 +16,19 @@ Contract:
   sampled under a decoding constraint (a forced tool call), whose rollout log-probs are the masked
   distribution's.
 - Any other pipeline exception rejects the turn with reason ``pipeline_error: ...`` (explicit, visible).
-- Without a pipeline (no judge configured) jobs stay pending and are reported as such.
-- With PRM scoring on (``scoring``, policy_server.scoring), a turn the pipeline accepts is scored before
-  the write: its ``token_rewards`` (or its ``prm_rejected: ...`` rejection) are stored in the same
-  transaction as the status, so no sample is ever ``ready`` without them; a scorer dependency that is
+- Without a pipeline (no judge configured) jobs stay pending and are reported as such (held samples of an
+  ended session are still scored).
+- With PRM scoring on (``scoring``, policy_server.scoring), scope ``turn``: a turn the pipeline accepts is
+  scored before the write: its ``token_rewards`` (or its ``prm_rejected: ...`` rejection) are stored in the
+  same transaction as the status, so no sample is ever ``ready`` without them; a scorer dependency that is
   unreachable keeps the job pending (retried like an unreachable judge).
+- Scope ``session``: an accepted turn is stored ``pending_score`` (held). A session's worker, once it has no
+  ``pending_judge`` job left, scores the session if the store says it is scorable (ended, every turn
+  decided: ``Store.scorable_sessions``) and writes every held sample's outcome in one transaction; an
+  unreachable scorer dependency notes an attempt on the held samples and retries the session with the same
+  capped backoff. Sessions that are only scorable (nothing to judge) are scheduled too, so held samples
+  found at startup are scored after a restart (also when the server now runs with ``--prm-scope turn``:
+  they were held for a session score and get one; without any PRM scoring they stay held, logged at start).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from typing import Any
 
 from engine.errors import EngineTimeout, EngineUnavailable
 from engine.observability import bind_ids
-from policy_server.scoring import apply_outcome
+from policy_server.scoring import apply_outcome, held_outcomes
 from policy_server.store import Store
 
 logger = logging.getLogger(__name__)
@@ -104,13 +112,23 @@ class Dispatcher:
             except TimeoutError:
                 pass
 
+    @property
+    def session_scope(self) -> bool:
+        return self.scoring is not None and self.scoring.scope == "session"
+
+    async def _work_sessions(self) -> set[str]:
+        """Sessions with something to do: pending_judge jobs (with a pipeline), or held samples ready to be scored."""
+        sessions: set[str] = set()
+        if self.pipeline is not None:
+            sessions.update(j["session_id"] for j in await asyncio.to_thread(self.store.pending_jobs))
+        if self.scoring is not None:  # also in turn scope: samples held by an earlier session-scope run
+            sessions.update(await asyncio.to_thread(self.store.scorable_sessions))
+        return sessions
+
     async def schedule(self) -> int:
         """Start a worker for every session with pending work and none running; returns how many."""
-        if self.pipeline is None:
-            return 0
-        jobs = await asyncio.to_thread(self.store.pending_jobs)
+        sessions = await self._work_sessions()
         now = time.monotonic()
-        sessions = {j["session_id"] for j in jobs}
         started = 0
         for sid in sorted(sessions):
             if sid in self._running or self._retry_at.get(sid, 0.0) > now:
@@ -132,11 +150,11 @@ class Dispatcher:
         end = time.monotonic() + drain_s
         done_before = self.processed
         self.wake()
-        while self.pipeline is not None and time.monotonic() < end:
+        while (self.pipeline is not None or self.scoring is not None) and time.monotonic() < end:
             if not self._running:
-                jobs = await asyncio.to_thread(self.store.pending_jobs)
+                sessions = await self._work_sessions()
                 now = time.monotonic()
-                if not any(self._retry_at.get(j["session_id"], 0.0) <= now for j in jobs):
+                if not any(self._retry_at.get(sid, 0.0) <= now for sid in sessions):
                     break
                 self.wake()
             await asyncio.sleep(0.05)
@@ -160,13 +178,19 @@ class Dispatcher:
         try:
             async with self._sem:
                 while True:
-                    jobs = [j for j in await asyncio.to_thread(self.store.pending_jobs) if j["session_id"] == session_id]
+                    jobs = [] if self.pipeline is None else [
+                        j for j in await asyncio.to_thread(self.store.pending_jobs) if j["session_id"] == session_id]
                     if not jobs:
-                        return
-                    job = jobs[0]
-                    ok = await self._process(job)
-                    if not ok:
-                        delay = min(self.retry_max_s, self.retry_initial_s * 2 ** min(job["attempts"], 10))
+                        if self.scoring is None:
+                            return
+                        attempts = await self._score_session(session_id)
+                        if attempts is None:
+                            self._retry_at.pop(session_id, None)
+                            return
+                    else:
+                        attempts = None if await self._process(jobs[0]) else jobs[0]["attempts"]
+                    if attempts is not None:
+                        delay = min(self.retry_max_s, self.retry_initial_s * 2 ** min(attempts, 10))
                         self._retry_at[session_id] = time.monotonic() + delay
                         asyncio.get_running_loop().call_later(delay, self.wake)
                         return
@@ -192,7 +216,9 @@ class Dispatcher:
         reason = result.get("reject_reason") or ""
         if result.get("status") == "rejected" and reason.startswith("judge_unavailable"):
             return await self._retry_later(job, reason)
-        if self.scoring is not None and result.get("status") == "ready":
+        if self.session_scope and result.get("status") == "ready":
+            result = {**result, "status": "pending_score"}  # held until the whole session is scored
+        elif self.scoring is not None and result.get("status") == "ready":
             outcome = await self.scoring.score_turn(turn, (result.get("sample") or {}).get("prm"))
             if outcome.kind == "retry":
                 return await self._retry_later(job, f"prm: {outcome.reason}")
@@ -207,6 +233,31 @@ class Dispatcher:
         self.processed += 1
         self.outcomes[result["status"]] = self.outcomes.get(result["status"], 0) + 1
         return True
+
+    async def _score_session(self, session_id: str) -> int | None:
+        """Score the session's held samples if it is scorable; None when done (or nothing to do), else the
+        attempts so far (for the backoff) after noting this failed try on the held samples."""
+        if not await asyncio.to_thread(self.store.scorable_sessions, session_id):
+            return None
+        trajectory = await asyncio.to_thread(self.store.session_trajectory, session_id)
+        held = [t["sample"] for t in trajectory if (t.get("sample") or {}).get("status") == "pending_score"]
+        if not held:
+            return None
+        outcome = await self.scoring.score_held_session(trajectory)
+        if outcome.kind == "retry":
+            self.retries += 1
+            attempts = max(s["attempts"] for s in held)
+            logger.warning("scoring session %s deferred (attempt %d, %d held): %s", session_id, attempts + 1,
+                           len(held), outcome.reason)
+            await asyncio.to_thread(self.store.note_score_attempt, session_id, f"prm: {outcome.reason}")
+            return attempts
+        rows = held_outcomes(trajectory, outcome)
+        moved = await asyncio.to_thread(self.store.complete_score, rows)
+        status = "ready" if outcome.kind == "scored" else "rejected"
+        self.outcomes[status] = self.outcomes.get(status, 0) + moved
+        logger.info("scored session %s: %d held sample(s) %s", session_id, moved,
+                    "ready" if outcome.kind == "scored" else f"rejected ({outcome.reason})")
+        return None
 
     async def _retry_later(self, job: dict[str, Any], error: str) -> bool:
         self.retries += 1

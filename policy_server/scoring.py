@@ -1,4 +1,5 @@
-"""Process-reward scorers in the policy server: the PRM runner's lifecycle and per-turn scoring (issue 7 item 9).
+"""Process-reward scorers in the policy server: the PRM runner's lifecycle, per-turn and per-session scoring
+(issue 7 items 4, 8, 9).
 
 Role: when ``--prm-config YAML`` is set and scoring is active (``prm.enabled`` and at least one enabled
 scorer), every sample the reward pipeline accepts gets ``token_rewards`` from the configured scorers
@@ -11,24 +12,40 @@ Contract:
   enabled scorer -> ``None``: nothing is built, samples keep ``token_rewards: null``. The runner's metrics are
   registered on the server's Prometheus registry (``hindsight_prm_*`` on ``/metrics``). ``aclose()`` runs
   after the dispatcher stopped (no scoring in flight) and closes the owned scorers once.
-- When: the scoring unit is ONE turn, scored as soon as the reward pipeline decided it ``ready`` (so the turn
-  is paired with its next state; session-final turns have none and are rejected ``no_next_state`` by the
-  pipeline before any scorer runs). Turns the pipeline rejects are not scored. Scoring per turn keeps samples
-  flowing from long-lived live sessions; the price is that a ``BaseTrajectoryScorer`` sees one-turn
-  trajectories and ``prm_trajectory_reward`` / ``hindsight_prm_sessions_total`` count scored turns.
-  ``Interaction.messages`` is still the whole conversation up to the turn and ``ctx["messages"]`` adds the
-  answer and its next state. ``extra`` carries ``tools``, ``weight_version`` and the pipeline's verdict
-  ``judge_prm`` (so a scorer can reuse it instead of calling the judge again).
-- Where: the dispatcher calls :meth:`PRMScoring.score_turn` between the pipeline and the store write, and
-  the outcome goes into the SAME ``complete_judge`` transaction as the status. So a sample is never
-  ``ready`` without its token_rewards, and a crash before that write leaves it ``pending_judge``: the
-  restarted dispatcher judges and scores it again (the persisted pending state is the scoring queue too).
+- When (``--prm-scope``, default ``turn``):
+
+  * ``turn``: the scoring unit is ONE turn, scored as soon as the reward pipeline decided it ``ready`` (so
+    the turn is paired with its next state; session-final turns have none and are rejected
+    ``no_next_state`` by the pipeline before any scorer runs). Turns the pipeline rejects are not scored.
+    Scoring per turn keeps samples flowing from long-lived live sessions; the price is that a
+    ``BaseTrajectoryScorer`` sees one-turn trajectories and ``prm_trajectory_reward`` /
+    ``hindsight_prm_sessions_total`` count scored turns. The dispatcher calls :meth:`PRMScoring.score_turn`
+    between the pipeline and the store write, and the outcome goes into the SAME ``complete_judge``
+    transaction as the status; a crash before that write leaves the sample ``pending_judge`` and the
+    restarted dispatcher judges and scores it again (the persisted pending state is the scoring queue).
+  * ``session``: a turn the pipeline accepts is stored ``pending_score`` (its Sample JSON persisted, not
+    leasable) instead of ``ready``. When the session has ended (``X-Session-Done`` or the idle timeout) and
+    every turn of it is decided (none awaiting its next state, none ``pending_judge``), the dispatcher
+    calls :meth:`PRMScoring.score_held_session` with the whole session (:func:`session_turns`: every
+    resolved turn, parent-before-child as a linear chain, each with its stored next state; rejected turns
+    and the final turn without a next state are context and get no sample), and ``Store.complete_score``
+    makes every held sample ``ready`` with its token_rewards, or ``rejected``, in ONE transaction. A crash
+    while held leaves them ``pending_score`` and the restarted dispatcher scores the session (the persisted
+    held state is the queue). A session reopened after being scored is scored again when it ends next
+    (earlier turns are context then, never re-trained). Turn scorers run on every turn of the trajectory,
+    so an ``LLMJudgeScorer`` there needs ``missing_next_state: zero`` (the final turn has no next state).
+  * Both: ``Interaction.messages`` is the whole conversation up to the turn and ``ctx["messages"]`` adds
+    the branch's last answer and its next state. ``extra`` carries ``tools``, ``weight_version`` and the
+    pipeline's verdict ``judge_prm`` (so a scorer can reuse it instead of calling the judge again);
+    session scope adds ``sample_status`` and ``reject_reason``.
 - Outcomes: ``scored`` -> ``token_rewards`` (``len == len(response_ids)``, the weighted sum of all enabled
   scorers). ``PRMRejected`` / ``PRMInputError`` (or any unexpected scoring error) -> the sample is rejected
   with ``prm_rejected: <why>``, loss_mask zeroed, never stored as a reward 0. A scorer failing only because
   a dependency is unreachable (``JudgeUnavailable``, ``EngineUnavailable``, ``EngineTimeout`` anywhere in the
-  exception's cause chain) or a closing runner is not a verdict: ``retry`` keeps the sample pending_judge and
-  the dispatcher retries it with its capped backoff, like an unreachable judge.
+  exception's cause chain) or a closing runner is not a verdict: ``retry`` keeps the sample pending_judge
+  (session scope: the held samples ``pending_score``, attempts and last error noted on each) and the
+  dispatcher retries it with its capped backoff, like an unreachable judge. In session scope a rejection
+  (scorer veto, not scorable) rejects every held sample of the session with the same reason.
 - Metrics: ``drain_window()`` (the runner's window since the previous drain) is returned as ``prm_metrics``
   by ``GET /v1/samples/lease`` when that lease hands out samples; ``summary()`` (cumulative, not draining)
   is ``prm`` in ``GET /v1/samples/stats``. Metrics live in memory: a restart starts them from zero.
@@ -37,7 +54,7 @@ Contract:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from engine.errors import EngineTimeout, EngineUnavailable
@@ -57,6 +74,15 @@ class ScoreOutcome:
 
     kind: Literal["scored", "rejected", "retry"]
     token_rewards: list[float] | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionOutcome:
+    """What scoring decided for a whole session's held samples (``prm_scope: session``)."""
+
+    kind: Literal["scored", "rejected", "retry"]
+    token_rewards: dict[int, list[float]] = field(default_factory=dict)  # held turn_index -> rewards
     reason: str | None = None
 
 
@@ -103,6 +129,45 @@ def scoring_turn(turn: dict[str, Any], judge_prm: Any = None) -> dict[str, Any]:
     }
 
 
+def session_turns(trajectory: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``score_session`` turn dicts of a finished session (``Store.session_trajectory`` rows).
+
+    Every turn whose pairing is resolved is in, decided or not trained on alike (rejected turns and the final
+    turn without a next state are context); a turn still awaiting its next state (recorded after the session
+    was reopened) belongs to the next scoring and is left out. Linear chain in turn order: each turn's parent
+    is the previous recorded turn; ``next_state`` is the stored one (``[]`` when there is none). ``extra``
+    adds the sample's ``sample_status`` and ``reject_reason`` so a scorer can tell context from trained turns.
+    """
+    out: list[dict[str, Any]] = []
+    prev: int | None = None
+    for t in trajectory:
+        sample = t.get("sample")
+        if sample is None:
+            continue
+        data = sample.get("data") or {}
+        d = scoring_turn(t, data.get("prm"))
+        d.update(parent_turn_index=prev, sample_status=sample.get("status"), reject_reason=sample.get("reject_reason"))
+        out.append(d)
+        prev = t["turn_index"]
+    return out
+
+
+def held_outcomes(trajectory: list[dict[str, Any]],
+                  outcome: SessionOutcome) -> list[tuple[str, str, str | None, dict[str, Any]]]:
+    """``Store.complete_score`` rows for the held samples of a ``scored`` or ``rejected`` session outcome."""
+    rows = []
+    for t in trajectory:
+        sample = t.get("sample") or {}
+        if sample.get("status") != "pending_score":
+            continue
+        result = {"status": "ready", "reject_reason": None, "included": True, "sample": sample.get("data") or {}}
+        one = (ScoreOutcome("scored", token_rewards=outcome.token_rewards[t["turn_index"]])
+               if outcome.kind == "scored" else ScoreOutcome("rejected", reason=outcome.reason))
+        res = apply_outcome(result, one)
+        rows.append((sample["sample_id"], res["status"], res.get("reject_reason"), res["sample"]))
+    return rows
+
+
 def apply_outcome(result: dict[str, Any], outcome: ScoreOutcome) -> dict[str, Any]:
     """The dispatcher's pipeline result with the scoring outcome folded in (``retry`` is handled by the caller)."""
     sample = dict(result.get("sample") or {})
@@ -117,14 +182,17 @@ def apply_outcome(result: dict[str, Any], outcome: ScoreOutcome) -> dict[str, An
 class PRMScoring:
     """One per policy server: the runner built from ``--prm-config`` plus its counters."""
 
-    def __init__(self, runner: Any, config_path: str, config: Any):
+    def __init__(self, runner: Any, config_path: str, config: Any, *, scope: str = "turn"):
+        if scope not in ("turn", "session"):
+            raise ValueError(f"prm_scope must be turn or session, not {scope!r}")
         self.runner = runner
         self.config_path = config_path
         self.config = config
+        self.scope = scope
         self.outcomes: dict[str, int] = {"scored": 0, "rejected": 0, "retry": 0}
 
     @classmethod
-    async def start(cls, path: str | None) -> PRMScoring | None:
+    async def start(cls, path: str | None, *, scope: str = "turn") -> PRMScoring | None:
         """Build the runner from ``path``; None when no path is given or scoring is disabled there."""
         if not path:
             return None
@@ -141,8 +209,9 @@ class PRMScoring:
             raise PRMStartupError(f"--prm-config {path}: cannot start the PRM scorers: "
                                   f"{type(exc).__name__}: {exc}") from exc
         names = ", ".join(f"{s.name} (weight {s.weight})" for s in runner.scorers if s.enabled)
-        logger.info("PRM scoring on from %s: %s; shaping %s", path, names, config.prm.advantage_shaping.mode)
-        return cls(runner, path, config)
+        logger.info("PRM scoring on from %s: %s; shaping %s; scope %s", path, names,
+                    config.prm.advantage_shaping.mode, scope)
+        return cls(runner, path, config, scope=scope)
 
     def register(self, registry: Any) -> None:
         from judge_server.prm import register_prometheus
@@ -151,23 +220,13 @@ class PRMScoring:
 
     async def score_turn(self, turn: dict[str, Any], judge_prm: Any = None) -> ScoreOutcome:
         """Score one judged turn (a stored turn dict with its ``next_state``); see the module contract."""
-        from judge_server.prm import PRMError, PRMInputError, PRMRunnerClosed, score_session
+        from judge_server.prm import score_session
 
         idx = turn["turn_index"]
         try:
             rewards = await score_session(self.runner, [scoring_turn(turn, judge_prm)], is_eval=False)
-        except PRMRunnerClosed as exc:
-            return self._count(ScoreOutcome("retry", reason=f"PRMRunnerClosed: {exc}"))
         except Exception as exc:
-            cause = unreachable_cause(exc)
-            if cause is not None:
-                return self._count(ScoreOutcome("retry", reason=f"{type(cause).__name__}: {cause}"))
-            if not isinstance(exc, PRMError):  # a scorer-framework bug must not stall the session: reject visibly
-                logger.exception("PRM scoring failed on %s/%s", turn["session_id"], idx)
-                why = f"{type(exc).__name__}: {exc}"
-            else:
-                why = f"not scorable: {exc}" if isinstance(exc, PRMInputError) else str(exc)
-            return self._count(ScoreOutcome("rejected", reason=REJECT_PREFIX + why))
+            return self._count(self._failure(exc, f"{turn['session_id']}/{idx}"))
         got = rewards.get(idx)
         n = len(turn.get("response_ids") or [])
         if got is None or len(got) != n:
@@ -175,6 +234,52 @@ class PRMScoring:
                 "rejected", reason=f"{REJECT_PREFIX}expected {n} token rewards for turn {idx}, got "
                                    f"{'none' if got is None else len(got)}"))
         return self._count(ScoreOutcome("scored", token_rewards=[float(v) for v in got]))
+
+    async def score_held_session(self, trajectory: list[dict[str, Any]]) -> SessionOutcome:
+        """Score a finished session at once (``prm_scope: session``); ``trajectory`` is
+        ``Store.session_trajectory``. Every decided turn is part of the trajectory; only the held
+        (``pending_score``) ones get rewards. All-or-nothing: a rejection covers every held sample."""
+        from judge_server.prm import score_session
+
+        turns = session_turns(trajectory)
+        held = [t for t in trajectory if (t.get("sample") or {}).get("status") == "pending_score"]
+        sid = trajectory[0]["session_id"] if trajectory else "?"
+        try:
+            rewards = await score_session(self.runner, turns, is_eval=False)
+        except Exception as exc:
+            out = self._failure(exc, sid)
+            return self._count_session(SessionOutcome(out.kind, reason=out.reason), len(held))
+        per_turn: dict[int, list[float]] = {}
+        for t in held:
+            idx, n = t["turn_index"], len(t.get("response_ids") or [])
+            got = rewards.get(idx)
+            if got is None or len(got) != n:
+                return self._count_session(SessionOutcome(
+                    "rejected", reason=f"{REJECT_PREFIX}expected {n} token rewards for turn {idx}, got "
+                                       f"{'none' if got is None else len(got)}"), len(held))
+            per_turn[idx] = [float(v) for v in got]
+        return self._count_session(SessionOutcome("scored", token_rewards=per_turn), len(held))
+
+    def _failure(self, exc: BaseException, where: str) -> ScoreOutcome:
+        """Map a scoring exception: dependency unreachable or runner closing -> retry, else a rejection."""
+        from judge_server.prm import PRMError, PRMInputError, PRMRunnerClosed
+
+        if isinstance(exc, PRMRunnerClosed):
+            return ScoreOutcome("retry", reason=f"PRMRunnerClosed: {exc}")
+        cause = unreachable_cause(exc)
+        if cause is not None:
+            return ScoreOutcome("retry", reason=f"{type(cause).__name__}: {cause}")
+        if not isinstance(exc, PRMError):  # a scorer-framework bug must not stall the session: reject visibly
+            logger.error("PRM scoring failed on %s", where, exc_info=exc)
+            why = f"{type(exc).__name__}: {exc}"
+        else:
+            why = f"not scorable: {exc}" if isinstance(exc, PRMInputError) else str(exc)
+        return ScoreOutcome("rejected", reason=REJECT_PREFIX + why)
+
+    def _count_session(self, outcome: SessionOutcome, held: int) -> SessionOutcome:
+        # Counters are per turn (sample), like turn scope; a retry counts once per attempt.
+        self.outcomes[outcome.kind] += 1 if outcome.kind == "retry" else held
+        return outcome
 
     def _count(self, outcome: ScoreOutcome) -> ScoreOutcome:
         self.outcomes[outcome.kind] += 1
@@ -188,6 +293,7 @@ class PRMScoring:
         return {
             "enabled": True,
             "config": self.config_path,
+            "scope": self.scope,
             "advantage_shaping": self.config.prm.advantage_shaping.mode,
             "scorers": [{"name": s.name, "weight": s.weight} for s in self.runner.scorers if s.enabled],
             "turns": dict(self.outcomes),

@@ -40,6 +40,10 @@ class PolicySettings(BaseSettings):
     w_opd: float = 1.0
     prm_config: str | None = Field(None, description="PRM scorer YAML (docs/SCORERS.md): token_rewards for "
                                    "every accepted turn; see policy_server.scoring")
+    prm_scope: Literal["turn", "session"] = Field(
+        "turn", description="PRM scoring unit: turn (each accepted turn scored alone as soon as judged) or "
+        "session (accepted turns held as pending_score until the session ends, then the whole session is "
+        "scored at once with score_session); see policy_server.scoring")
     judge_m: int | None = None
     at_least_one: bool = True
     teacher_top_k: int = 0

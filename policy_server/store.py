@@ -12,7 +12,11 @@ Contract (docs/CONTRACTS.md, issue 4 item 6):
   ``awaiting`` (next state not known yet) -> ``paired`` | ``session_end`` | ``mismatch``.
 - ``samples``: one row per turn whose pairing is resolved, with status
   ``pending_judge -> ready -> leased -> consumed``, or ``rejected`` with ``reject_reason``.
-  ``data`` holds the Sample JSON of CONTRACTS.md once judged.
+  ``data`` holds the Sample JSON of CONTRACTS.md once judged. With session-scope PRM scoring
+  (policy_server.scoring) a turn the pipeline accepted waits as ``pending_judge -> pending_score`` (its
+  Sample JSON stored, not leasable) until its session is over and every turn of it is decided
+  (:meth:`Store.scorable_sessions`); then :meth:`Store.complete_score` makes all of the session's
+  ``pending_score`` samples ``ready`` (with token_rewards) or ``rejected`` in ONE transaction.
 - ``leases``: ``active -> acked`` or ``active -> expired``. Exactly-once: an acked sample is consumed
   and never leased again; a leased sample whose lease expires returns to ``ready``; acking twice is a
   no-op; acking an expired lease is refused (its samples may already be leased to someone else).
@@ -85,7 +89,7 @@ CREATE TABLE IF NOT EXISTS leases (
 );
 """
 
-SAMPLE_STATUSES = ("pending_judge", "ready", "leased", "consumed", "rejected")
+SAMPLE_STATUSES = ("pending_judge", "pending_score", "ready", "leased", "consumed", "rejected")
 
 
 class LeaseError(Exception):
@@ -234,9 +238,13 @@ class Store:
     def complete_judge(
         self, sample_id: str, *, status: str, reject_reason: str | None, included: bool, data: dict[str, Any]
     ) -> bool:
-        """Persist a judge outcome atomically with the sample's status and the session's at-least-one flag."""
-        if status not in ("ready", "rejected"):
-            raise ValueError(f"judge outcome status must be ready or rejected, not {status!r}")
+        """Persist a judge outcome atomically with the sample's status and the session's at-least-one flag.
+
+        ``pending_score`` (session-scope PRM) holds an accepted sample until its session is scored; it counts
+        as included for the at-least-one rule, which follows the pipeline's decisions in judging order.
+        """
+        if status not in ("ready", "rejected", "pending_score"):
+            raise ValueError(f"judge outcome status must be ready, rejected or pending_score, not {status!r}")
         with self._tx() as db:
             cur = db.execute(
                 "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? "
@@ -250,6 +258,68 @@ class Store:
                     (sample_id,),
                 )
             return bool(cur.rowcount)
+
+    # ------------------------------------------------------------------ session-scope scoring
+    def scorable_sessions(self, session_id: str | None = None) -> list[str]:
+        """Sessions (all, or just ``session_id``) whose held (``pending_score``) samples can be scored now: the
+        session is done, no turn of it awaits its next state and none is ``pending_judge`` (all decided)."""
+        only = "AND s.session_id=? " if session_id is not None else ""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT s.session_id FROM samples s JOIN sessions x ON x.session_id=s.session_id "
+                "WHERE s.status='pending_score' AND x.done=1 " + only +
+                "AND NOT EXISTS (SELECT 1 FROM samples p WHERE p.session_id=s.session_id AND p.status='pending_judge') "
+                "AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_id=s.session_id AND t.pairing='awaiting') "
+                "ORDER BY s.session_id", (session_id,) if session_id is not None else ()
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def session_trajectory(self, session_id: str) -> list[dict[str, Any]]:
+        """Every recorded turn of the session in turn order, each a turn dict plus ``sample`` (its sample row
+        with the Sample JSON in ``data``, or None while the turn awaits its next state)."""
+        with self._lock:
+            turns = self._db.execute(
+                "SELECT * FROM turns WHERE session_id=? ORDER BY turn_index", (session_id,)
+            ).fetchall()
+            samples = {
+                r["turn_index"]: dict(r)
+                for r in self._db.execute("SELECT * FROM samples WHERE session_id=?", (session_id,)).fetchall()
+            }
+        out = []
+        for row in turns:
+            turn = _turn_dict(row)
+            sample = samples.get(row["turn_index"])
+            if sample is not None:
+                sample["data"] = json.loads(sample["data"]) if sample["data"] else None
+            turn["sample"] = sample
+            out.append(turn)
+        return out
+
+    def note_score_attempt(self, session_id: str, error: str) -> int:
+        """A failed scoring try of the session: every held sample gets attempts+1 and the error."""
+        with self._tx() as db:
+            return db.execute(
+                "UPDATE samples SET attempts=attempts+1, last_error=?, updated_at=? "
+                "WHERE session_id=? AND status='pending_score'",
+                (error[:500], time.time(), session_id),
+            ).rowcount
+
+    def complete_score(self, outcomes: list[tuple[str, str, str | None, dict[str, Any]]]) -> int:
+        """Decide held samples in ONE transaction: each ``(sample_id, status, reject_reason, data)`` with status
+        ``ready`` or ``rejected``; a sample no longer ``pending_score`` is left alone. Returns how many moved."""
+        for _, status, _, _ in outcomes:
+            if status not in ("ready", "rejected"):
+                raise ValueError(f"score outcome status must be ready or rejected, not {status!r}")
+        now = time.time()
+        with self._tx() as db:
+            return sum(
+                db.execute(
+                    "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? "
+                    "WHERE sample_id=? AND status='pending_score'",
+                    (status, reason, _dump(data), now, sample_id),
+                ).rowcount
+                for sample_id, status, reason, data in outcomes
+            )
 
     # ------------------------------------------------------------------ leases
     def expire_leases(self, now: float | None = None) -> int:
@@ -327,6 +397,9 @@ class Store:
             retrying = self._db.execute(
                 "SELECT COUNT(*) FROM samples WHERE status='pending_judge' AND attempts>0"
             ).fetchone()[0]
+            score_retrying = self._db.execute(
+                "SELECT COUNT(*) FROM samples WHERE status='pending_score' AND attempts>0"
+            ).fetchone()[0]
         return {
             "samples": by_status,
             "reject_reasons": reasons,
@@ -337,13 +410,14 @@ class Store:
             "history_mismatches": sessions[2] or 0,
             "active_leases": leases,
             "pending_judge_retrying": retrying,
+            "pending_score_retrying": score_retrying,
         }
 
     def unconsumed_backlog(self) -> int:
-        """Samples accepted but not yet consumed (awaiting pairing, judging, ready or leased)."""
+        """Samples accepted but not yet consumed (awaiting pairing, judging, scoring, ready or leased)."""
         with self._lock:
             n = self._db.execute(
-                "SELECT COUNT(*) FROM samples WHERE status IN ('pending_judge','ready','leased')"
+                "SELECT COUNT(*) FROM samples WHERE status IN ('pending_judge','pending_score','ready','leased')"
             ).fetchone()[0]
             a = self._db.execute("SELECT COUNT(*) FROM turns WHERE pairing='awaiting'").fetchone()[0]
         return int(n) + int(a)

@@ -28,7 +28,7 @@ def test_failed_setup_closes_what_was_opened(tiny_model_dir, tmp_path, monkeypat
         async def aclose(self):
             closed.append("prm")
 
-    async def start(path):
+    async def start(path, *, scope="turn"):
         return Scoring()
 
     class RecordingStore(app_mod.Store):

@@ -28,12 +28,12 @@ import httpx
 import pytest
 
 from engine.errors import EngineUnavailable
-from engine.procs import ManagedProcess, free_port, spawn, wait_http
+from engine.procs import ManagedProcess, free_port, spawn
 from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
 from policy_server.store import Store
-from policy_testkit import admin, client, start_policy
+from policy_testkit import chat, lease_all, of_session, start_judge, start_policy, stats
 
 BUDGET = 3
 W_LEN, W_JUDGE = 0.5, 2.0
@@ -59,27 +59,6 @@ actor:
     return path
 
 
-def start_judge(log_dir: Path, name: str, port: int | None = None) -> ManagedProcess:
-    port = port or free_port()
-    cmd = [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1", "--port", str(port)]
-    mp = spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env={"HINDSIGHT_JUDGE_M": "3"})
-    try:
-        wait_http(mp.url + "/health", deadline_s=60, proc=mp.proc)
-    except Exception:
-        tail = mp.log_tail()
-        mp.stop()
-        raise RuntimeError(f"{name} failed to start:\n{tail}") from None
-    return mp
-
-
-def chat(url: str, sid: str, messages: list[dict], *, max_tokens: int, done: bool = False) -> dict:
-    headers = {"X-Session-Id": sid, **({"X-Session-Done": "true"} if done else {})}
-    with client(url) as c:
-        r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": max_tokens}, headers=headers)
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["message"]
-
-
 def run_session(url: str, feedback: list[tuple[str, int]]) -> str:
     """One session: turn i is generated with max_tokens feedback[i][1] and answered by feedback[i][0]; the
     last request ends the session (its turn has no next state)."""
@@ -93,13 +72,6 @@ def run_session(url: str, feedback: list[tuple[str, int]]) -> str:
     return sid
 
 
-def stats(url: str) -> dict:
-    with admin(url) as c:
-        r = c.get("/v1/samples/stats")
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def wait_settled(url: str, timeout_s: float = 60.0) -> dict:
     """Until no turn awaits pairing and no sample is pending_judge."""
     end = time.monotonic() + timeout_s
@@ -109,20 +81,6 @@ def wait_settled(url: str, timeout_s: float = 60.0) -> dict:
             return s
         assert time.monotonic() < end, f"samples did not settle: {s}"
         time.sleep(0.2)
-
-
-def lease_all(url: str) -> dict:
-    with admin(url) as c:
-        r = c.get("/v1/samples/lease", params={"max": 256, "wait_s": 0})
-        assert r.status_code == 200, r.text
-        body = r.json()
-        if body["lease_id"]:
-            assert c.post("/v1/samples/ack", json={"lease_id": body["lease_id"]}).status_code == 200
-    return body
-
-
-def of_session(samples: list[dict], sid: str) -> dict[int, dict]:
-    return {s["turn_index"]: s for s in samples if s["session_id"] == sid}
 
 
 # ------------------------------------------------------------------ e2e fixtures

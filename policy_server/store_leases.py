@@ -1,0 +1,93 @@
+"""Leases and acks: the consumer end of the sample state machine, exactly-once (a Store role class).
+
+Role: how the trainer takes training samples (``POST /v1/samples/lease`` and ``/v1/samples/ack``,
+policy_server.admin). Contract (docs/CONTRACTS.md):
+
+- :meth:`StoreLeases.lease` first expires overdue leases, then moves up to ``max_n`` ``ready``
+  samples (oldest first) to ``leased`` under a new lease ``active`` until ``now + lease_s``, in one
+  transaction; None when nothing is ready.
+- :meth:`ack` moves the lease's samples ``leased`` -> ``consumed`` and the lease ``active`` -> ``acked``.
+  Acking twice is a no-op (``already_acked``); an unknown lease or one that expired raises
+  :class:`LeaseError` (an expired lease's samples may already be leased to someone else).
+- :meth:`expire_leases` moves every overdue ``active`` lease to ``expired`` and its samples back to
+  ``ready`` (lease_id cleared), so nothing leased is lost if a consumer dies.
+
+Exactly-once: a consumed sample is never leased again; each write is one transaction (store_db).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from policy_server.store_db import StoreDB
+
+
+class LeaseError(Exception):
+    """An ack that cannot be honoured; ``kind`` is ``unknown`` or ``expired``."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+class StoreLeases(StoreDB):
+    """Lease, ack and lease expiry over ``ready`` samples (see the module docstring)."""
+
+    def expire_leases(self, now: float | None = None) -> int:
+        """Return the samples of every lease past its deadline to ``ready``; returns how many."""
+        now = time.time() if now is None else now
+        with self._tx() as db:
+            rows = db.execute("SELECT lease_id FROM leases WHERE state='active' AND expires_at<=?", (now,)).fetchall()
+            n = 0
+            for (lease_id,) in rows:
+                n += db.execute(
+                    "UPDATE samples SET status='ready', lease_id=NULL, updated_at=? WHERE lease_id=? AND status='leased'",
+                    (now, lease_id),
+                ).rowcount
+                db.execute("UPDATE leases SET state='expired' WHERE lease_id=?", (lease_id,))
+            return n
+
+    def lease(self, max_n: int, lease_s: float, now: float | None = None) -> tuple[str, list[dict[str, Any]]] | None:
+        """Lease up to ``max_n`` ready samples (oldest first); None when none is ready."""
+        now = time.time() if now is None else now
+        self.expire_leases(now)
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT sample_id, data FROM samples WHERE status='ready' ORDER BY created_at, sample_id LIMIT ?",
+                (max_n,),
+            ).fetchall()
+            if not rows:
+                return None
+            lease_id = uuid.uuid4().hex
+            ids = [r["sample_id"] for r in rows]
+            db.executemany(
+                "UPDATE samples SET status='leased', lease_id=?, updated_at=? WHERE sample_id=?",
+                [(lease_id, now, i) for i in ids],
+            )
+            db.execute(
+                "INSERT INTO leases (lease_id, created_at, expires_at, state, sample_ids) VALUES (?, ?, ?, 'active', ?)",
+                (lease_id, now, now + lease_s, json.dumps(ids)),
+            )
+        return lease_id, [json.loads(r["data"]) for r in rows]
+
+    def ack(self, lease_id: str, now: float | None = None) -> dict[str, Any]:
+        """Consume a lease's samples. Idempotent for an acked lease; LeaseError if unknown or expired."""
+        now = time.time() if now is None else now
+        self.expire_leases(now)
+        with self._tx() as db:
+            row = db.execute("SELECT state, sample_ids FROM leases WHERE lease_id=?", (lease_id,)).fetchone()
+            if row is None:
+                raise LeaseError("unknown", f"unknown lease_id {lease_id!r}")
+            if row["state"] == "acked":
+                return {"lease_id": lease_id, "acked": 0, "already_acked": True}
+            if row["state"] == "expired":
+                raise LeaseError("expired", f"lease {lease_id} expired; its samples were returned to ready")
+            n = db.execute(
+                "UPDATE samples SET status='consumed', updated_at=? WHERE lease_id=? AND status='leased'",
+                (now, lease_id),
+            ).rowcount
+            db.execute("UPDATE leases SET state='acked' WHERE lease_id=?", (lease_id,))
+        return {"lease_id": lease_id, "acked": n, "already_acked": False}

@@ -1,0 +1,107 @@
+"""Read-only views of the store: stats, backlog and admin sample listings (a Store role class).
+
+Role: what ``GET /v1/samples/stats``, ``GET /v1/samples`` and the main-turn backpressure check
+(``unconsumed_backlog``, policy_server.routes) read. Nothing here changes state or takes a
+transaction; each method takes the store lock for a consistent snapshot of its queries. Sample rows come back with the Sample JSON decoded (``data`` or ``sample``; None before
+the sample is judged). Statuses are those of policy_server.store (``SAMPLE_STATUSES``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from policy_server.store_db import SAMPLE_STATUSES, StoreDB
+
+
+class StoreReads(StoreDB):
+    """Counters and read-only sample views (see the module docstring)."""
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            by_status = dict.fromkeys(SAMPLE_STATUSES, 0)
+            for status, n in self._db.execute("SELECT status, COUNT(*) FROM samples GROUP BY status"):
+                by_status[status] = n
+            reasons = {
+                r: n
+                for r, n in self._db.execute(
+                    "SELECT reject_reason, COUNT(*) FROM samples WHERE status='rejected' GROUP BY reject_reason"
+                )
+            }
+            awaiting = self._db.execute("SELECT COUNT(*) FROM turns WHERE pairing='awaiting'").fetchone()[0]
+            turns = self._db.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
+            sessions = self._db.execute("SELECT COUNT(*), SUM(done=0), SUM(mismatches) FROM sessions").fetchone()
+            leases = self._db.execute("SELECT COUNT(*) FROM leases WHERE state='active'").fetchone()[0]
+            retrying = self._db.execute(
+                "SELECT COUNT(*) FROM samples WHERE status='pending_judge' AND attempts>0"
+            ).fetchone()[0]
+            score_retrying = self._db.execute(
+                "SELECT COUNT(*) FROM samples WHERE status='pending_score' AND attempts>0"
+            ).fetchone()[0]
+        return {
+            "samples": by_status,
+            "reject_reasons": reasons,
+            "turns": turns,
+            "turns_awaiting_next_state": awaiting,
+            "sessions": sessions[0],
+            "sessions_open": sessions[1] or 0,
+            "history_mismatches": sessions[2] or 0,
+            "active_leases": leases,
+            "pending_judge_retrying": retrying,
+            "pending_score_retrying": score_retrying,
+        }
+
+    def unconsumed_backlog(self) -> int:
+        """Samples accepted but not yet consumed (awaiting pairing, judging, scoring, ready or leased)."""
+        with self._lock:
+            n = self._db.execute(
+                "SELECT COUNT(*) FROM samples WHERE status IN ('pending_judge','pending_score','ready','leased')"
+            ).fetchone()[0]
+            a = self._db.execute("SELECT COUNT(*) FROM turns WHERE pairing='awaiting'").fetchone()[0]
+        return int(n) + int(a)
+
+    def sample_row(self, sample_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM samples WHERE sample_id=?", (sample_id,)).fetchone()
+        if row is None:
+            return None
+        out = dict(row)
+        out["data"] = json.loads(out["data"]) if out["data"] else None
+        return out
+
+    def list_samples(self, *, session_id: str | None = None, status: str | None = None,
+                     limit: int = 100) -> list[dict[str, Any]]:
+        """Read-only view of sample rows (no lease, no state change), oldest first, with their Sample JSON.
+
+        Each row: sample_id, session_id, turn_index, status, reject_reason, attempts, last_error,
+        created_at, updated_at, and ``sample`` (the Sample JSON once judged, else None).
+        """
+        if status is not None and status not in SAMPLE_STATUSES:
+            raise ValueError(f"status must be one of {', '.join(SAMPLE_STATUSES)}, not {status!r}")
+        where, args = [], []
+        if session_id is not None:
+            where.append("session_id=?")
+            args.append(session_id)
+        if status is not None:
+            where.append("status=?")
+            args.append(status)
+        sql = ("SELECT sample_id, session_id, turn_index, status, reject_reason, attempts, last_error, created_at, "
+               "updated_at, data FROM samples" + (" WHERE " + " AND ".join(where) if where else "") +
+               (" ORDER BY turn_index" if session_id is not None else " ORDER BY created_at, session_id, turn_index")
+               + " LIMIT ?")
+        with self._lock:
+            rows = self._db.execute(sql, (*args, int(limit))).fetchall()
+        out = []
+        for r in rows:
+            d = dict(r)
+            data = d.pop("data")
+            d["sample"] = json.loads(data) if data else None
+            out.append(d)
+        return out
+
+    def samples_of(self, session_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT sample_id FROM samples WHERE session_id=? ORDER BY turn_index", (session_id,)
+            ).fetchall()
+        return [r for r in (self.sample_row(x[0]) for x in rows) if r is not None]

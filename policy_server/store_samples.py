@@ -1,0 +1,132 @@
+"""Judge and session-scope scoring outcomes: the middle of the sample state machine (a Store role class).
+
+Role: the work queue of the judge dispatcher (policy_server.dispatch) and of session-scope PRM scoring
+(policy_server.scoring). A resolved turn's sample starts ``pending_judge`` (policy_server.store); here:
+
+- :meth:`StoreSamples.pending_jobs` lists the queue, :meth:`note_attempt` records a failed try
+  (attempts+1, last_error) and the sample stays ``pending_judge`` for a retry;
+- :meth:`complete_judge` moves ``pending_judge`` -> ``ready`` | ``rejected`` | ``pending_score`` with
+  its Sample JSON, atomically with the session's at-least-one flag; a sample no longer
+  ``pending_judge`` is left alone (a judge outcome is decided once);
+- session scope: :meth:`scorable_sessions` finds done sessions with held samples and nothing
+  undecided, :meth:`session_trajectory` reads the whole session, :meth:`note_score_attempt` records a
+  failed try, and :meth:`complete_score` moves every held sample ``pending_score`` -> ``ready`` |
+  ``rejected`` in ONE transaction.
+
+Every write is one transaction (store_db); ``pending_score`` samples are never leasable (store_leases).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from policy_server.store_db import StoreDB, dump_json, turn_dict
+
+
+class StoreSamples(StoreDB):
+    """Judge queue and outcomes, and session-scope scoring holds (see the module docstring)."""
+
+    # ------------------------------------------------------------------ judge work
+    def pending_jobs(self) -> list[dict[str, Any]]:
+        """Every pending_judge sample in (session, turn) order, with the turn it belongs to."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.sample_id, s.session_id, s.turn_index, s.attempts FROM samples s "
+                "WHERE s.status='pending_judge' ORDER BY s.session_id, s.turn_index"
+            ).fetchall()
+        return [dict(r) for r in rows]
+
+    def note_attempt(self, sample_id: str, error: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE samples SET attempts=attempts+1, last_error=?, updated_at=? WHERE sample_id=?",
+                (error[:500], time.time(), sample_id),
+            )
+
+    def complete_judge(
+        self, sample_id: str, *, status: str, reject_reason: str | None, included: bool, data: dict[str, Any]
+    ) -> bool:
+        """Persist a judge outcome atomically with the sample's status and the session's at-least-one flag.
+
+        ``pending_score`` (session-scope PRM) holds an accepted sample until its session is scored; it counts
+        as included for the at-least-one rule, which follows the pipeline's decisions in judging order.
+        """
+        if status not in ("ready", "rejected", "pending_score"):
+            raise ValueError(f"judge outcome status must be ready, rejected or pending_score, not {status!r}")
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? "
+                "WHERE sample_id=? AND status='pending_judge'",
+                (status, reject_reason, dump_json(data), time.time(), sample_id),
+            )
+            if cur.rowcount and included:
+                db.execute(
+                    "UPDATE sessions SET has_included=1 WHERE session_id="
+                    "(SELECT session_id FROM samples WHERE sample_id=?)",
+                    (sample_id,),
+                )
+            return bool(cur.rowcount)
+
+    # ------------------------------------------------------------------ session-scope scoring
+    def scorable_sessions(self, session_id: str | None = None) -> list[str]:
+        """Sessions (all, or just ``session_id``) whose held (``pending_score``) samples can be scored now: the
+        session is done, no turn of it awaits its next state and none is ``pending_judge`` (all decided)."""
+        only = "AND s.session_id=? " if session_id is not None else ""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT s.session_id FROM samples s JOIN sessions x ON x.session_id=s.session_id "
+                "WHERE s.status='pending_score' AND x.done=1 " + only +
+                "AND NOT EXISTS (SELECT 1 FROM samples p WHERE p.session_id=s.session_id AND p.status='pending_judge') "
+                "AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_id=s.session_id AND t.pairing='awaiting') "
+                "ORDER BY s.session_id", (session_id,) if session_id is not None else ()
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def session_trajectory(self, session_id: str) -> list[dict[str, Any]]:
+        """Every recorded turn of the session in turn order, each a turn dict plus ``sample`` (its sample row
+        with the Sample JSON in ``data``, or None while the turn awaits its next state)."""
+        with self._lock:
+            turns = self._db.execute(
+                "SELECT * FROM turns WHERE session_id=? ORDER BY turn_index", (session_id,)
+            ).fetchall()
+            samples = {
+                r["turn_index"]: dict(r)
+                for r in self._db.execute("SELECT * FROM samples WHERE session_id=?", (session_id,)).fetchall()
+            }
+        out = []
+        for row in turns:
+            turn = turn_dict(row)
+            sample = samples.get(row["turn_index"])
+            if sample is not None:
+                sample["data"] = json.loads(sample["data"]) if sample["data"] else None
+            turn["sample"] = sample
+            out.append(turn)
+        return out
+
+    def note_score_attempt(self, session_id: str, error: str) -> int:
+        """A failed scoring try of the session: every held sample gets attempts+1 and the error."""
+        with self._tx() as db:
+            return db.execute(
+                "UPDATE samples SET attempts=attempts+1, last_error=?, updated_at=? "
+                "WHERE session_id=? AND status='pending_score'",
+                (error[:500], time.time(), session_id),
+            ).rowcount
+
+    def complete_score(self, outcomes: list[tuple[str, str, str | None, dict[str, Any]]]) -> int:
+        """Decide held samples in ONE transaction: each ``(sample_id, status, reject_reason, data)`` with status
+        ``ready`` or ``rejected``; a sample no longer ``pending_score`` is left alone. Returns how many moved."""
+        for _, status, _, _ in outcomes:
+            if status not in ("ready", "rejected"):
+                raise ValueError(f"score outcome status must be ready or rejected, not {status!r}")
+        now = time.time()
+        with self._tx() as db:
+            return sum(
+                db.execute(
+                    "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? "
+                    "WHERE sample_id=? AND status='pending_score'",
+                    (status, reason, dump_json(data), now, sample_id),
+                ).rowcount
+                for sample_id, status, reason, data in outcomes
+            )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.procs import ManagedProcess, free_port, spawn, wait_http
+from engine.procs import ManagedProcess, free_port, start_process
 
 ADMIN_KEY = "admin-secret"
 CLIENT_KEY = "client-secret"
@@ -22,14 +22,7 @@ def start_policy(model_dir: Path, engine_url: str, data_dir: Path, log_dir: Path
            "--data-dir", str(data_dir), "--port", str(port), "--api-key", CLIENT_KEY,
            "--admin-api-key", ADMIN_KEY, "--engine-deadline-s", "10", "--engine-max-attempts", "3",
            *(extra or [])]
-    mp = spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env=env)
-    try:
-        wait_http(mp.url + "/health", deadline_s=60, proc=mp.proc)
-    except Exception:
-        tail = mp.log_tail()
-        mp.stop()
-        raise RuntimeError(f"policy server failed to start:\n{tail}") from None
-    return mp
+    return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env=env, deadline_s=60)
 
 
 def pythonpath_with_testkit() -> dict[str, str]:
@@ -43,14 +36,8 @@ def start_judge(log_dir: Path, name: str, port: int | None = None) -> ManagedPro
     """A real judge server with the deterministic rules backend ("thanks"/"worked" +1, "wrong"/"No," -1)."""
     port = port or free_port()
     cmd = [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1", "--port", str(port)]
-    mp = spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env={"HINDSIGHT_JUDGE_M": "3"})
-    try:
-        wait_http(mp.url + "/health", deadline_s=60, proc=mp.proc)
-    except Exception:
-        tail = mp.log_tail()
-        mp.stop()
-        raise RuntimeError(f"{name} failed to start:\n{tail}") from None
-    return mp
+    return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir,
+                         env={"HINDSIGHT_JUDGE_M": "3"}, deadline_s=60)
 
 
 def chat(url: str, sid: str, messages: list[dict], *, max_tokens: int, done: bool = False) -> dict:

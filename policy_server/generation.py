@@ -15,6 +15,17 @@ Role: the only path from a chat request to the policy engine. Contract (issue 4 
   and ``weight_version`` is the first (the oldest, the conservative one for staleness). With a holding
   pause mode (retract/in_place) a request in flight across an update also lists the version it started on.
 - At most ``max_resumes`` resubmissions; then the request fails with 503 (never loops forever).
+
+Request ids and client disconnects (house style §6 ASYNC "propagate client disconnects"; sglang-protocol
+§1.4, §3). Every engine submission carries a unique ``rid``: ``GenResult.rid_prefix`` (``hs-<32 hex>-``,
+one per chat request, the hex of its ``chatcmpl-`` id) plus the segment number (``hs-<hex>-0``, ``-1`` for
+the first resume, ...). The prefix is fixed-length and server-generated (never the client's X-Request-ID,
+which may repeat), and ends with ``-``, so SGLang's prefix matching in ``/abort_request`` hits every
+segment of this request and nothing else. When the client goes away the route marks the result
+``abandoned``, stops reading and calls :func:`abort_engine_requests` (best effort, ``ABORT_TIMEOUT_S``
+per worker, logged, never raised) on every engine WORKER URL: sglang-router 0.3.2 does not fan
+``/abort_request`` out. An abandoned result is never resumed: an abort that comes back for it is our own
+(or arrives after the client left) and raises :class:`GenerationAbandoned` instead of resubmitting.
 """
 
 from __future__ import annotations
@@ -27,11 +38,14 @@ from typing import Any
 
 from engine.chat import render_prompt_ids
 from engine.client import EngineClient
-from engine.errors import EngineBadResponse
+from engine.errors import EngineBadResponse, EngineError
 from policy_server.errors import ServiceUnavailable
 from policy_server.weight_sync import WeightGate
 
 logger = logging.getLogger(__name__)
+
+# An abort is a cleanup call on behalf of a client that is gone: short, and never worth a long retry.
+ABORT_TIMEOUT_S = 2.0
 
 # Below this many characters of message text (+ tool schemas) a prompt is rendered on the event loop.
 INLINE_RENDER_MAX_CHARS = 2048
@@ -48,17 +62,55 @@ def _prompt_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
     return n
 
 
+class GenerationAbandoned(Exception):
+    """The client of this generation is gone: it is stopped, never resumed, and nothing of it is recorded."""
+
+
+async def abort_engine_requests(workers: list[EngineClient], rid_prefix: str, *,
+                                timeout_s: float = ABORT_TIMEOUT_S) -> int:
+    """``POST /abort_request {"rid": rid_prefix}`` on every worker at once; returns how many acknowledged.
+
+    Best effort: a worker that fails (down, 404 on a router URL, slow past ``timeout_s``) is logged and
+    skipped; nothing is raised, because the client it would be raised to has already left.
+    """
+
+    async def one(worker: EngineClient) -> bool:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await worker.abort_request(rid_prefix)
+            return True
+        except (EngineError, TimeoutError) as exc:
+            logger.warning("abort_request %s on %s failed (best effort): %s", rid_prefix, worker.base_url,
+                           getattr(exc, "message", None) or repr(exc))
+            return False
+
+    acked = sum(await asyncio.gather(*(one(w) for w in workers)))
+    logger.info("aborted engine requests %s* on %d/%d worker(s)", rid_prefix, acked, len(workers))
+    return acked
+
+
 @dataclass
 class GenResult:
-    """What was sampled for one request, token-exact."""
+    """What was sampled for one request, token-exact, and the engine rids it used."""
 
     prompt_ids: list[int]
+    rid_prefix: str = ""  # "hs-<hex>-"; empty: the engine picks its own rids (nothing can be aborted)
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     text: str = ""
     finish: dict[str, Any] = field(default_factory=dict)
     weight_versions: list[str] = field(default_factory=list)
     resumes: int = 0
+    segments: int = 0  # engine submissions so far (the next rid's suffix)
+    abandoned: bool = False  # the client left: stop, never resume
+
+    def next_rid(self) -> str | None:
+        """The rid of the next engine submission (one per segment, so a resume never reuses an rid)."""
+        if self.abandoned:
+            raise GenerationAbandoned(f"client gone; not submitting {self.rid_prefix or 'the request'} again")
+        rid = f"{self.rid_prefix}{self.segments}" if self.rid_prefix else None
+        self.segments += 1
+        return rid
 
     @property
     def weight_version(self) -> str | None:
@@ -99,6 +151,9 @@ class Generator:
             res.weight_versions.insert(0, start_version)
 
     def _resume_or_fail(self, res: GenResult, finish: dict[str, Any]) -> None:
+        if res.abandoned:  # our own abort (the client left), not a weight-sync pause: never resubmit
+            raise GenerationAbandoned(f"generation {res.rid_prefix} aborted after its client left "
+                                      f"({finish.get('message')})")
         res.resumes += 1
         if res.resumes > self.max_resumes:
             raise ServiceUnavailable(
@@ -106,15 +161,15 @@ class Generator:
         logger.info("generation aborted after %d tokens (%s); resubmitting", len(res.response_ids),
                     finish.get("message"))
 
-    async def generate(self, prompt_ids: list[int], sp: dict[str, Any]) -> GenResult:
-        """Non-streaming generation with transparent resume."""
-        res = GenResult(prompt_ids=list(prompt_ids))
+    async def generate(self, prompt_ids: list[int], sp: dict[str, Any], res: GenResult | None = None) -> GenResult:
+        """Non-streaming generation with transparent resume; fills ``res`` (made here when not given)."""
+        res = res if res is not None else GenResult(prompt_ids=list(prompt_ids))
         while True:
             await self.gate.wait_open()
             epoch, version = self.gate.epoch, self.gate.version
             seg_sp = self._segment_params(sp, len(res.response_ids))
             gens = await self.engine.generate_ids(res.prompt_ids + res.response_ids, seg_sp, return_logprob=True,
-                                                  deadline_s=self.deadline_s)
+                                                  rid=res.next_rid(), deadline_s=self.deadline_s)
             g = gens[0]
             self._note_epoch(res, epoch, version)
             if g.output_ids:
@@ -142,8 +197,11 @@ class Generator:
             await self.gate.wait_open()
             epoch, version = self.gate.epoch, self.gate.version
             seg_sp = self._segment_params(sp, len(res.response_ids))
-            payload = {"input_ids": res.prompt_ids + res.response_ids, "sampling_params": seg_sp,
-                       "return_logprob": True}
+            payload: dict[str, Any] = {"input_ids": res.prompt_ids + res.response_ids, "sampling_params": seg_sp,
+                                       "return_logprob": True}
+            rid = res.next_rid()
+            if rid:
+                payload["rid"] = rid
             seen_ids = seen_text = 0
             finish: dict[str, Any] | None = None
             async for chunk in self.engine.stream_generate(payload, deadline_s=self.deadline_s):

@@ -5,35 +5,62 @@ headers, with body fallbacks ``session_id``/``turn_type``/``session_done`` remov
 default turn type is ``default_turn_type``. A request without a session id is served and not recorded
 (nothing could ever pair it). Only main turns are recorded; the record is committed before the client
 receives the end of the answer (the final chunk when streaming).
+
+Client disconnects (house style §6 "propagate client disconnects (abort upstream)"). A reply nobody reads
+must not keep the engine busy, and must not become a trainable turn. Detection:
+
+- non-streaming: uvicorn does NOT cancel a handler whose client hung up, so the generation (and its turn
+  record) runs as a task next to a watcher that awaits the next ASGI message; the body has been read in
+  full by then, so that message is ``http.disconnect``, delivered as soon as the socket closes.
+  Whichever ends first wins; a disconnect cancels the generation task (which closes the engine
+  connection) and the answer becomes a 499 that nobody receives;
+- streaming: the same watcher covers the wait for the first token; after that Starlette's
+  StreamingResponse listens for the disconnect itself and cancels the body iterator, and the response's
+  background task closes the iterator in every case, so its ``finally`` always sees how it ended.
+
+Then :func:`_abandon` marks the generation abandoned (an abort that comes back is never resumed, see
+policy_server.generation), sends ``abort_request(rid prefix)`` to every engine worker (best effort, short
+timeout, logged) and keeps the turn out of training: a reply the client did not get in full is never
+recorded; if the disconnect hit while the record was being written (one transaction in a worker thread:
+it commits whole or not at all) the record is awaited and then resolved ``mismatch`` with its sample
+``rejected`` (``reject_reason`` ``client_disconnected``), since the client's next request cannot contain
+it. "Delivered" means the stream got to ``data: [DONE]`` (the non-streaming JSON body was handed over).
+A generation that ends in an EngineTimeout is aborted the same way (the engine may still be running it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
+from starlette.background import BackgroundTask
 
 from engine.chat import DEFAULT_TOOL_PARSER, parse_assistant_output
-from engine.errors import EngineError
+from engine.errors import EngineError, EngineTimeout
 from policy_server import openai_schemas as oa
 from policy_server.app import PolicyState
 from policy_server.auth import require_client
-from policy_server.errors import (
-    Backpressure, InvalidRequest, PayloadTooLarge, PolicyError, engine_error_status, error_body,
-)
-from policy_server.generation import GenResult
-from policy_server.streaming import StreamSplitter
+from policy_server.errors import Backpressure, InvalidRequest, PayloadTooLarge
+from policy_server.generation import GenResult, abort_engine_requests
+from policy_server.store import Store
+from policy_server.streaming import ClientGone, assistant_message, sse_events, unless_disconnected
 from policy_server.tool_choice import forced_tool_regex
 
+logger = logging.getLogger(__name__)
 router = APIRouter()
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+DISCONNECT_REASON = "client_disconnected"
+CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request": logged, never received
+_cleanups: set[asyncio.Task[None]] = set()  # strong refs: a detached cleanup must not be garbage-collected
 
 
 def _state(request: Request) -> PolicyState:
@@ -105,11 +132,76 @@ def _turn_record(messages: list[dict[str, Any]], tools: Any, res: GenResult, mes
             "constrained": "regex" in sp}
 
 
-def _message(content: str, reasoning: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
-    if calls:
-        msg["tool_calls"] = calls
-    return msg
+@dataclass
+class _Turn:
+    """One chat request as the disconnect cleanup sees it (see :func:`_abandon`)."""
+
+    sid: str | None
+    res: GenResult
+    record_task: asyncio.Task[int] | None = None  # the turn record on its way into the store
+
+
+def _reject_turn(store: Store, sid: str, turn_index: int) -> str:
+    """Keep a recorded but undelivered turn out of training (worker thread): which outcome applied."""
+    note = "client disconnected before the reply was delivered"
+    if store.resolve_turn(sid, turn_index, pairing="mismatch", next_state=None, session_done=False, note=note,
+                          reject_reason=DISCONNECT_REASON) is not None:
+        return "rejected"
+    # Already resolved: the request ended its session (or the idle sweep did), so its sample was created
+    # pending_judge in the same transaction; reject it unless the judge has decided it in the meantime.
+    for row in store.list_samples(session_id=sid, status="pending_judge", limit=10_000):
+        if row["turn_index"] == turn_index and store.complete_judge(
+                row["sample_id"], status="rejected", reject_reason=DISCONNECT_REASON, included=False,
+                data=None):  # type: ignore[arg-type]  # no Sample JSON, like every pairing rejection
+            return "rejected"
+    return "already decided"
+
+
+async def _abandon(st: PolicyState, turn: _Turn, why: str) -> None:
+    """The client will not get (all of) this answer: abort it upstream and keep it out of training."""
+    turn.res.abandoned = True
+    logger.info("%s: aborting engine requests %s* (%d token(s) generated)", why, turn.res.rid_prefix,
+                len(turn.res.response_ids))
+    await abort_engine_requests(st.weight_sync.workers, turn.res.rid_prefix)
+    if turn.record_task is None or turn.sid is None:
+        return
+    try:
+        idx = await turn.record_task
+    except Exception:  # noqa: BLE001 - the record failed as a whole: nothing was written
+        logger.exception("turn record failed while its client disconnected")
+        return
+    outcome = await asyncio.to_thread(_reject_turn, st.store, turn.sid, idx)
+    logger.info("session %s turn %d was recorded as the client disconnected: %s (%s)", turn.sid, idx, outcome,
+                DISCONNECT_REASON)
+
+
+def _abandon_detached(st: PolicyState, turn: _Turn, why: str, *, close: AsyncIterator[str] | None = None
+                      ) -> asyncio.Task[None]:
+    """Run :func:`_abandon` as its own task: it must finish even when the caller is being cancelled."""
+    turn.res.abandoned = True  # at once, before any await: nothing may resubmit from here on
+
+    async def run() -> None:
+        if close is not None:
+            await close.aclose()  # type: ignore[attr-defined]  # stop reading the engine stream first
+        await _abandon(st, turn, why)
+
+    task = asyncio.create_task(run(), name=f"abandon-{turn.res.rid_prefix}")
+    _cleanups.add(task)
+    task.add_done_callback(_cleanups.discard)
+    return task
+
+
+async def _first_delta(deltas: AsyncIterator[str]) -> str | None:
+    try:
+        return await anext(deltas)
+    except StopAsyncIteration:
+        return None
+
+
+def _engine_failed(st: PolicyState, turn: _Turn, exc: EngineError) -> None:
+    st.metrics.engine_errors.labels(kind=type(exc).__name__).inc()
+    if isinstance(exc, EngineTimeout):  # we stopped waiting; the engine may still be generating it
+        _abandon_detached(st, turn, "engine call timed out")
 
 
 @router.post("/v1/chat/completions")
@@ -139,22 +231,25 @@ async def chat_completions(request: Request) -> Response:
     st.metrics.turns.labels(turn_type=turn_type if record else "side").inc()
     prompt_ids = await st.generator.render(messages, req.tools)
     model = req.model or st.settings.served_model_name
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    hexid = uuid.uuid4().hex
+    rid = f"chatcmpl-{hexid}"
     parse_tools = req.tool_choice != "none"
+    # Engine rids "hs-<hex>-<segment>": unique per submission, one abort prefix per chat request.
+    turn = _Turn(sid=sid, res=GenResult(prompt_ids=list(prompt_ids), rid_prefix=f"hs-{hexid}-"))
 
     async def finish_turn(res: GenResult, message: dict[str, Any]) -> None:
         st.metrics.resumes.inc(res.resumes)
         if record:
-            await st.sessions.on_main_turn(sid, _turn_record(messages, req.tools, res, message, sp), done=done)
+            assert sid is not None
+            turn.record_task = asyncio.ensure_future(
+                st.sessions.on_main_turn(sid, _turn_record(messages, req.tools, res, message, sp), done=done))
+            # Shielded: a disconnect now must not lose track of a write that commits anyway (see _abandon).
+            await asyncio.shield(turn.record_task)
 
-    if not req.stream:
-        try:
-            res = await st.generator.generate(prompt_ids, sp)
-        except EngineError as exc:
-            st.metrics.engine_errors.labels(kind=type(exc).__name__).inc()
-            raise
+    async def answer() -> JSONResponse:
+        res = await st.generator.generate(prompt_ids, sp, turn.res)
         parsed = parse_assistant_output(res.text, tool_parser=DEFAULT_TOOL_PARSER if parse_tools else None)
-        message = _message(parsed.content, parsed.reasoning_content, parsed.tool_calls)
+        message = assistant_message(parsed.content, parsed.reasoning_content, parsed.tool_calls)
         await finish_turn(res, message)
         st.metrics.latency.labels(route="chat").observe(time.monotonic() - t0)
         return JSONResponse(oa.completion(
@@ -163,68 +258,37 @@ async def chat_completions(request: Request) -> Response:
             weight_version=res.weight_version, session_id=sid))
 
     include_usage = bool((req.stream_options or {}).get("include_usage"))
-    res = GenResult(prompt_ids=list(prompt_ids))
-    deltas = st.generator.stream(prompt_ids, sp, res)
+    deltas = st.generator.stream(prompt_ids, sp, turn.res) if req.stream else None
     try:
+        if deltas is None:
+            return await unless_disconnected(request, answer())
         # The first delta is awaited before answering, so a down engine is a real 503, not a broken stream.
-        first: str | None = await anext(deltas)
-    except StopAsyncIteration:
-        first = None
-    except EngineError as exc:
-        st.metrics.engine_errors.labels(kind=type(exc).__name__).inc()
+        first = await unless_disconnected(request, _first_delta(deltas))
+    except ClientGone:
+        await asyncio.shield(_abandon_detached(st, turn, "client disconnected before its answer"))
+        return Response(status_code=CLIENT_CLOSED_STATUS)
+    except asyncio.CancelledError:
+        _abandon_detached(st, turn, "chat request cancelled")
         raise
-    events = _sse(st, rid, model, first, deltas, res, parse_tools, include_usage, finish_turn, t0)
-    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    except EngineError as exc:
+        _engine_failed(st, turn, exc)
+        raise
 
+    def undelivered() -> None:
+        # Cancelled at an await (Starlette saw http.disconnect) or closed at a yield (the background aclose).
+        # Detached: awaiting here could be cancelled again. An EngineTimeout may have started it already.
+        if not turn.res.abandoned:
+            _abandon_detached(st, turn, "client disconnected mid-stream", close=deltas)
 
-async def _sse(st: PolicyState, rid: str, model: str, first: str | None, deltas: AsyncIterator[str], res: GenResult,
-               parse_tools: bool, include_usage: bool, finish_turn: Any, t0: float) -> AsyncIterator[str]:
-    created = int(time.time())
-
-    def event(obj: dict[str, Any]) -> str:
-        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-    def out(pairs: list[tuple[str, str]]) -> list[str]:
-        return [event(oa.chunk(rid=rid, model=model, created=created,
-                               delta={"reasoning_content" if k == "reasoning" else "content": t})) for k, t in pairs]
-
-    splitter = StreamSplitter() if parse_tools else None
-    try:
-        yield event(oa.chunk(rid=rid, model=model, created=created, delta={"role": "assistant", "content": ""}))
-        pending = [first] if first is not None else []
-        while True:
-            for text in pending:
-                pairs = splitter.feed(text) if splitter else [("content", text)]
-                for e in out(pairs):
-                    yield e
-            try:
-                pending = [await anext(deltas)]
-            except StopAsyncIteration:
-                break
-        calls: list[dict[str, Any]] = []
-        if splitter:
-            tail, calls = splitter.finish()
-            for e in out(tail):
-                yield e
-            message = _message(splitter.content, splitter.reasoning or None, calls)
-        else:
-            message = _message(res.text, None, [])
-        if calls:
-            delta_calls = [{"index": i, "id": c["id"], "type": "function",
-                            "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
-                           for i, c in enumerate(calls)]
-            yield event(oa.chunk(rid=rid, model=model, created=created, delta={"tool_calls": delta_calls}))
-        await finish_turn(res, message)
-        yield event(oa.chunk(rid=rid, model=model, created=created, delta={},
-                             finish=oa.finish_reason(res.finish, bool(calls))))
-        if include_usage:
-            yield event(oa.chunk(rid=rid, model=model, created=created,
-                                 usage_obj=oa.usage(len(res.prompt_ids), len(res.response_ids))))
-        st.metrics.latency.labels(route="chat_stream").observe(time.monotonic() - t0)
-    except (EngineError, PolicyError) as exc:
-        status = engine_error_status(exc) if isinstance(exc, EngineError) else exc.status_code
-        yield event(error_body(status, str(getattr(exc, "message", exc)), "upstream_error"))
-    yield "data: [DONE]\n\n"
+    events = sse_events(
+        rid=rid, model=model, first=first, deltas=deltas, res=turn.res, parse_tools=parse_tools,
+        include_usage=include_usage, finish_turn=finish_turn, on_engine_error=lambda e: _engine_failed(st, turn, e),
+        on_complete=lambda: st.metrics.latency.labels(route="chat_stream").observe(time.monotonic() - t0),
+        on_undelivered=undelivered)
+    # The background task runs after the body ends or the client left (Starlette cancels the body on
+    # http.disconnect, then runs it): closing the iterator there runs its finally in every case.
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+                             background=BackgroundTask(events.aclose))  # type: ignore[attr-defined]
 
 
 @router.get("/v1/models")

@@ -1,7 +1,14 @@
-"""Incremental split of streamed assistant text into reasoning and content deltas (pure).
+"""How a chat answer reaches the client: the SSE event stream, client-disconnect detection, and the
+incremental split of streamed assistant text into reasoning and content deltas.
 
-Role: lets the policy server stream real token-by-token deltas while ending with exactly what
-``engine.chat.parse_assistant_output`` says about the whole text. Rules:
+:func:`sse_events` is the body of a streaming ``/v1/chat/completions`` answer (OpenAI chunks, an in-band
+error event, ``data: [DONE]``); it calls ``on_undelivered`` from its ``finally`` whenever it did not get to
+``[DONE]``, i.e. it was cancelled at an await (Starlette's StreamingResponse saw ``http.disconnect``) or
+closed at a yield (the response's background ``aclose``). :func:`unless_disconnected` runs work next to
+a watcher of the ASGI ``receive`` channel (see its docstring). Both are used by policy_server.routes.
+
+:class:`StreamSplitter` (pure) lets the policy server stream real token-by-token deltas while ending with
+exactly what ``engine.chat.parse_assistant_output`` says about the whole text. Rules:
 
 - A leading ``<think>`` block streams as ``reasoning_content`` deltas; text after ``</think>`` streams as
   ``content`` (its leading newlines dropped, as the parser does).
@@ -15,9 +22,21 @@ Role: lets the policy server stream real token-by-token deltas while ending with
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from starlette.requests import Request
 
 from engine.chat import parse_assistant_output
+from engine.errors import EngineError
+from policy_server import openai_schemas as oa
+from policy_server.errors import PolicyError, engine_error_status, error_body
+from policy_server.generation import GenResult
+
+T = TypeVar("T")
 
 THINK_OPEN, THINK_CLOSE, TOOL_OPEN = "<think>", "</think>", "<tool_call>"
 
@@ -109,3 +128,109 @@ class StreamSplitter:
             out.append(("content", final.content[len(self.content):]))
             self.content = final.content
         return out, final.tool_calls
+
+
+# ---------------------------------------------------------------------------------------------- disconnects
+class ClientGone(Exception):
+    """The client hung up before its answer was handed over."""
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Return once the client has hung up. Call only after the body was read in full: the next ASGI message
+    is then ``http.disconnect``, which uvicorn delivers when the socket closes (or, harmlessly, once the
+    response completed)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` unless the client hangs up first: then cancel it, let it unwind, raise ClientGone.
+
+    Why: uvicorn does not cancel a handler whose client disconnected (only a StreamingResponse listens for
+    it), so without this watcher a non-streaming answer would keep the engine busy to its last token.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the handler itself is cancelled (forced shutdown): never orphan the work
+        task.cancel()
+        watcher.cancel()
+        raise
+    if watcher.done():  # checked first: work that finished just as the client left was still not delivered
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)  # unwinds: the engine connection closes now
+        raise ClientGone
+    watcher.cancel()
+    return task.result()
+
+
+# ---------------------------------------------------------------------------------------------- SSE body
+def assistant_message(content: str, reasoning: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+async def sse_events(*, rid: str, model: str, first: str | None, deltas: AsyncIterator[str], res: GenResult,
+                     parse_tools: bool, include_usage: bool,
+                     finish_turn: Callable[[GenResult, dict[str, Any]], Awaitable[None]],
+                     on_engine_error: Callable[[EngineError], None], on_complete: Callable[[], None],
+                     on_undelivered: Callable[[], None]) -> AsyncIterator[str]:
+    """The streaming answer. ``finish_turn`` records the turn before the final chunk; ``on_undelivered`` runs
+    (synchronously, from ``finally``) when the stream did not get to ``[DONE]`` and must not await: at that
+    point the task may be inside a cancelled scope, so the caller detaches any cleanup."""
+    created = int(time.time())
+
+    def event(obj: dict[str, Any]) -> str:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+    def out(pairs: list[tuple[str, str]]) -> list[str]:
+        return [event(oa.chunk(rid=rid, model=model, created=created,
+                               delta={"reasoning_content" if k == "reasoning" else "content": t})) for k, t in pairs]
+
+    splitter = StreamSplitter() if parse_tools else None
+    delivered = False
+    try:
+        try:
+            yield event(oa.chunk(rid=rid, model=model, created=created, delta={"role": "assistant", "content": ""}))
+            pending = [first] if first is not None else []
+            while True:
+                for text in pending:
+                    for e in out(splitter.feed(text) if splitter else [("content", text)]):
+                        yield e
+                try:
+                    pending = [await anext(deltas)]
+                except StopAsyncIteration:
+                    break
+            calls: list[dict[str, Any]] = []
+            if splitter:
+                tail, calls = splitter.finish()
+                for e in out(tail):
+                    yield e
+                message = assistant_message(splitter.content, splitter.reasoning or None, calls)
+            else:
+                message = assistant_message(res.text, None, [])
+            if calls:
+                delta_calls = [{"index": i, "id": c["id"], "type": "function",
+                                "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+                               for i, c in enumerate(calls)]
+                yield event(oa.chunk(rid=rid, model=model, created=created, delta={"tool_calls": delta_calls}))
+            await finish_turn(res, message)
+            yield event(oa.chunk(rid=rid, model=model, created=created, delta={},
+                                 finish=oa.finish_reason(res.finish, bool(calls))))
+            if include_usage:
+                yield event(oa.chunk(rid=rid, model=model, created=created,
+                                     usage_obj=oa.usage(len(res.prompt_ids), len(res.response_ids))))
+            on_complete()
+        except (EngineError, PolicyError) as exc:
+            if isinstance(exc, EngineError):
+                on_engine_error(exc)
+            status = engine_error_status(exc) if isinstance(exc, EngineError) else exc.status_code
+            yield event(error_body(status, str(getattr(exc, "message", exc)), "upstream_error"))
+        yield "data: [DONE]\n\n"
+        delivered = True
+    finally:
+        if not delivered:
+            on_undelivered()

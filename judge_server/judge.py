@@ -17,6 +17,16 @@ Contract (issue 3, docs/CONTRACTS.md "Judge service"):
   votes of finished rounds kept. The HTTP answer stays 200: the status is per task (and per batch item).
 - Usage: ``engine_calls``; ``prompt_tokens`` counts each call's prompt once (n samples share one
   prefill); ``completion_tokens`` sums all samples.
+- Request ids and aborts (house style §6 "propagate client disconnects"; sglang-protocol §1.4, §3): with a
+  ``rid_prefix`` (``hj-<32 hex>-``, made per HTTP request by routes.py; ``hj-<hex>-<item>-`` per batch
+  item) every engine call carries ``rid = <prefix><task>-<round>``, so one ``/abort_request`` with the
+  prefix (:meth:`JudgeService.abort`) hits every round of the request and nothing else. The abort goes to
+  ``engine_url``: an engine takes it; sglang-router 0.3.2 does not fan ``/abort_request`` out and answers
+  404, which is logged and ignored (best effort). Cancelling the rounds also closes their connections,
+  which SGLang itself notices (it polls for disconnects of waiting ``/generate`` requests), so through a
+  router the rounds still stop, only later; operators who need the immediate abort point the judge at an
+  engine worker URL. Known limit: with ``n > 1`` real SGLang gives each parallel sample a fresh rid
+  (protocol §1.3), so the prefix abort can miss those samples there; the connection close still ends them.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from typing import Any
 
 from engine.chat import render_prompt_ids
 from engine.client import EngineClient, parse_generation
-from engine.errors import EngineBadResponse, EngineError, EngineTimeout
+from engine.errors import EngineBadResponse, EngineError, EngineRejected, EngineTimeout
 from judge_server.errors import InvalidRequest
 from judge_server.metrics import JudgeMetrics
 from judge_server.rules import RuleJudge
@@ -48,6 +58,8 @@ from prompts import (
 
 logger = logging.getLogger(__name__)
 
+# An abort is cleanup on behalf of a caller that is gone: short, and never worth a long retry.
+ABORT_TIMEOUT_S = 2.0
 ALLOWED = {"prm": frozenset({1, 0, -1}), "hint": frozenset({1, -1})}
 
 
@@ -96,7 +108,28 @@ class JudgeService:
         return {task: tpl.version for task, tpl in self.templates.items()}
 
     # ------------------------------------------------------------------ one item
-    async def judge(self, req: JudgeRequest) -> dict[str, Any]:
+    async def abort(self, rid_prefix: str) -> bool:
+        """Best-effort ``/abort_request`` of every engine call under ``rid_prefix``; never raises."""
+        if self.client is None:
+            return False
+        try:
+            async with asyncio.timeout(ABORT_TIMEOUT_S):
+                await self.client.abort_request(rid_prefix)
+        except EngineRejected as exc:
+            if exc.status_code == 404:  # a router: it does not fan aborts out (see the module docstring)
+                logger.info("judge engine %s has no /abort_request (a router?); rounds %s* end when the engine "
+                            "sees their connections close", self.client.base_url, rid_prefix)
+            else:
+                logger.warning("abort_request %s* refused by %s: %s", rid_prefix, self.client.base_url, exc.message)
+            return False
+        except (EngineError, TimeoutError) as exc:
+            logger.warning("abort_request %s* on %s failed (best effort): %s", rid_prefix, self.client.base_url,
+                           getattr(exc, "message", None) or repr(exc))
+            return False
+        logger.info("aborted judge engine requests %s*", rid_prefix)
+        return True
+
+    async def judge(self, req: JudgeRequest, rid_prefix: str | None = None) -> dict[str, Any]:
         m = req.m or self.settings.m
         if m > self.settings.max_m:
             raise InvalidRequest(f"m={m} exceeds the maximum of {self.settings.max_m}")
@@ -104,18 +137,20 @@ class JudgeService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_deadline_s
         usage = Usage()
-        results = await asyncio.gather(*(self._run_task(t, req, m, policy, deadline, usage) for t in req.tasks))
+        results = await asyncio.gather(*(self._run_task(t, req, m, policy, deadline, usage, rid_prefix)
+                                         for t in req.tasks))
         out: dict[str, Any] = dict(zip(req.tasks, results, strict=True))
         out["usage"] = asdict(usage)
         out["prompt_versions"] = {t: self.prompt_versions[t] for t in req.tasks}
         return out
 
     async def _run_task(
-        self, task: str, req: JudgeRequest, m: int, policy: str, deadline: float, usage: Usage
+        self, task: str, req: JudgeRequest, m: int, policy: str, deadline: float, usage: Usage,
+        rid_prefix: str | None = None,
     ) -> dict[str, Any]:
         collected: list[Vote] = []
         try:
-            sampler = self._sampler(task, req, deadline, usage)
+            sampler = self._sampler(task, req, deadline, usage, rid_prefix)
             async with asyncio.timeout_at(deadline):
                 result = await run_policy(
                     sampler, policy=policy, m=m, m_max=max(self.settings.m_max, m),
@@ -152,7 +187,8 @@ class JudgeService:
                 "reason": result.reason, "vote_status": result.status}
 
     # ------------------------------------------------------------------ vote sources
-    def _sampler(self, task: str, req: JudgeRequest, deadline: float, usage: Usage):  # noqa: ANN202
+    def _sampler(self, task: str, req: JudgeRequest, deadline: float, usage: Usage,  # noqa: ANN202
+                 rid_prefix: str | None = None):
         next_state = [m.model_dump(exclude_none=True) for m in req.next_state]
         if self.settings.backend == "rules":
             vote = self.rules.prm_vote(next_state) if task == "prm" else self.rules.hint_vote(next_state)
@@ -179,7 +215,8 @@ class JudgeService:
             prompt = {"text": render_plain_text(messages)}
 
         async def engine_sample(k: int, round_index: int) -> list[Vote]:
-            return await self._engine_call(task, prompt, k, round_index, deadline, usage)
+            rid = f"{rid_prefix}{task}-{round_index}" if rid_prefix else None
+            return await self._engine_call(task, prompt, k, round_index, deadline, usage, rid)
 
         return engine_sample
 
@@ -194,10 +231,13 @@ class JudgeService:
         return sp
 
     async def _engine_call(
-        self, task: str, prompt: dict[str, Any], k: int, round_index: int, deadline: float, usage: Usage
+        self, task: str, prompt: dict[str, Any], k: int, round_index: int, deadline: float, usage: Usage,
+        rid: str | None = None,
     ) -> list[Vote]:
         assert self.client is not None
         payload = {**prompt, "sampling_params": self.sampling_params(task, k, round_index), "stream": False}
+        if rid:
+            payload["rid"] = rid
         loop = asyncio.get_running_loop()
         async with self.semaphore:
             remaining_s = deadline - loop.time()

@@ -7,13 +7,24 @@
 - ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime rm-url): see compat.py.
 - ``GET /health`` liveness; ``GET /ready`` judge engine reachable (503 otherwise); ``GET /metrics``.
 Bearer ``api_key`` guards the POST routes when configured. Oversized input -> 413, bad input -> 400/422.
+
+Caller disconnects (house style §6 "propagate client disconnects (abort upstream)"): every judging route
+runs its work as a task next to a watcher of the ASGI ``receive`` channel. The body has been read in full
+by then, so the next message is ``http.disconnect``, which uvicorn delivers as soon as the caller's socket
+closes (uvicorn never cancels a handler by itself). When the caller leaves first, the work is cancelled
+(every in-flight voting round with it, closing their engine connections) and
+``JudgeService.abort(rid_prefix)`` aborts the engine requests of this HTTP request by rid prefix
+(``hj-<32 hex>-``; best effort, see judge_server.judge for routers); the answer is a 499 nobody reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-from typing import Any
+import logging
+import uuid
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
@@ -25,7 +36,10 @@ from judge_server.judge import JudgeService
 from judge_server.schemas import BatchRequest, JudgeRequest, OpenRLHFRequest, SlimeRequest
 from judge_server.voting import STATUS_FAILED
 
+logger = logging.getLogger(__name__)
 router = APIRouter()
+CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request": logged, never received
+T = TypeVar("T")
 
 
 async def require_key(request: Request) -> None:
@@ -60,15 +74,47 @@ def _service(request: Request) -> JudgeService:
 guarded = [Depends(require_key), Depends(check_size)]
 
 
-@router.post("/v1/judge", dependencies=guarded)
-async def judge_one(item: JudgeRequest, request: Request) -> dict[str, Any]:
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":  # body already read: this waits for the hang-up
+        pass
+
+
+async def _unless_disconnected(request: Request, service: JudgeService,
+                               work: Callable[[str], Coroutine[Any, Any, T]]) -> T | Response:
+    """Run ``work(rid_prefix)``; if the caller hangs up first, cancel it, abort its engine requests, 499."""
+    rid_prefix = f"hj-{uuid.uuid4().hex}-"
+    task = asyncio.ensure_future(work(rid_prefix))
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the handler itself is cancelled (shutdown): never orphan the rounds
+        task.cancel()
+        watcher.cancel()
+        raise
+    if not watcher.done():
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)  # the rounds unwind and close their engine connections
+    logger.info("caller disconnected; judge rounds %s* cancelled", rid_prefix)
+    await asyncio.shield(service.abort(rid_prefix))
+    return Response(status_code=CLIENT_CLOSED_STATUS)
+
+
+async def _judge_all(service: JudgeService, items: list[JudgeRequest], rid_prefix: str) -> list[dict[str, Any]]:
+    # One prefix per HTTP request, one sub-prefix per item: a single abort covers the whole batch.
+    return list(await asyncio.gather(*(service.judge(it, f"{rid_prefix}{i}-") for i, it in enumerate(items))))
+
+
+@router.post("/v1/judge", dependencies=guarded, response_model=None)
+async def judge_one(item: JudgeRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     _check_item(service, item)
-    return await service.judge(item)
+    return await _unless_disconnected(request, service, lambda rid: service.judge(item, rid))
 
 
-@router.post("/v1/judge/batch", dependencies=guarded)
-async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request) -> dict[str, Any]:
+@router.post("/v1/judge/batch", dependencies=guarded, response_model=None)
+async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     items = body.items if isinstance(body, BatchRequest) else body
     if not items:
@@ -77,18 +123,21 @@ async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request)
         raise InvalidRequest(f"batch of {len(items)} exceeds {service.settings.max_batch_items} items", 413)
     for item in items:
         _check_item(service, item)
-    return {"results": list(await asyncio.gather(*(service.judge(i) for i in items)))}
+    results = await _unless_disconnected(request, service, lambda rid: _judge_all(service, items, rid))
+    return results if isinstance(results, Response) else {"results": results}
 
 
-@router.post("/get_reward", dependencies=guarded)
-async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, Any]:
+@router.post("/get_reward", dependencies=guarded, response_model=None)
+async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     items = openrlhf_items(body.query, body.prompts, body.labels)
     if len(items) > service.settings.max_batch_items:
         raise InvalidRequest(f"batch of {len(items)} exceeds {service.settings.max_batch_items} items", 413)
     for item in items:
         _check_item(service, item)
-    results = await asyncio.gather(*(service.judge(i) for i in items))
+    results = await _unless_disconnected(request, service, lambda rid: _judge_all(service, items, rid))
+    if isinstance(results, Response):
+        return results
     rewards = [None if r["prm"]["status"] == STATUS_FAILED else float(r["prm"]["score"]) for r in results]
     return {"rewards": rewards, "scores": list(rewards),
             "extra_logs": {"status": [r["prm"]["status"] for r in results],
@@ -96,11 +145,13 @@ async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, 
 
 
 @router.post("/slime/reward", dependencies=guarded)
-async def slime_reward(body: SlimeRequest, request: Request) -> JSONResponse:
+async def slime_reward(body: SlimeRequest, request: Request) -> Response:
     service = _service(request)
     item = slime_item(body.prompt, body.response, body.label)
     _check_item(service, item)
-    result = await service.judge(item)
+    result = await _unless_disconnected(request, service, lambda rid: service.judge(item, rid))
+    if isinstance(result, Response):
+        return result
     prm = result["prm"]
     if prm["status"] == STATUS_FAILED:
         return JSONResponse({"error": {"type": "JudgeFailed", "message": prm["reason"]}, "prm": prm},

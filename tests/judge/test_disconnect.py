@@ -1,0 +1,159 @@
+"""A caller that leaves /v1/judge stops the judge engine's work (judge_server.routes, judge_server.judge).
+
+Contract pinned here:
+- e2e (real judge process -> dev engine worker URL): the caller hangs up 0.5 s into a /v1/judge whose two
+  voting rounds (prm + hint, n=3 each) would greedily generate 3 x 2500 tokens each; the rounds are cancelled,
+  the engine receives ``/abort_request`` and ``sglang:num_running_reqs`` drops to 0 within about a second, far
+  fewer tokens than asked are produced (without the abort the dev engine finishes a non-streaming request whose
+  client left), and a normal request right after is answered 200.
+- unit: every engine call carries ``rid = <prefix><task>-<round>`` and batch items get their own sub-prefix;
+  ``JudgeService.abort`` is best effort: a router's 404 or a dead engine is logged, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.client import EngineClient, RetryPolicy
+from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, wait_http
+from judge_server.judge import JudgeService
+from judge_server.metrics import JudgeMetrics
+from judge_server.schemas import JudgeRequest
+from judge_server.settings import JudgeSettings
+
+MAX_NEW = 2500  # greedy decoding of the tiny model never samples EOS: each sample runs to this length
+REQ = {
+    "context": [{"role": "user", "content": "Rename report.txt to summary.txt"}],
+    "response": {"content": "Done."},
+    "next_state": [{"role": "user", "content": "That is wrong, the file is still there."}],
+}
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5, trust_env=False).text
+    total = 0.0
+    for m in re.finditer(r"^%s\{([^}]*)\} (\S+)$" % re.escape(name), text, re.M):
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def wait_running(url: str, *, want_zero: bool, deadline_s: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        if (metric(url, "sglang:num_running_reqs") == 0) == want_zero:
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    raise AssertionError(f"num_running_reqs {'never dropped to 0' if want_zero else 'stayed 0'} in {deadline_s}s")
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, ...]]:
+    log_dir = tmp_path_factory.mktemp("judge-disconnect")
+    started: list[ManagedProcess] = []
+    try:
+        engine = start_dev_engine(tiny_model_dir, log_dir=log_dir)
+        started.append(engine)
+        port = free_port()
+        judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--engine-url", engine.url,
+                                "--port", str(port), "--tokenizer-path", str(tiny_model_dir),
+                                "--max-new-tokens", str(MAX_NEW), "--m", "3", "--request-deadline-s", "60"],
+                      url=f"http://127.0.0.1:{port}", log_dir=log_dir, env={"HINDSIGHT_JUDGE_TEMPERATURE": "0"})
+        started.append(judge)
+        wait_http(judge.url + "/ready", deadline_s=60, proc=judge.proc)
+        yield engine, judge
+    finally:
+        for p in reversed(started):
+            p.stop()
+
+
+@pytest.mark.e2e
+def test_caller_disconnect_cancels_rounds_and_aborts_engine(stack):
+    engine, judge = stack
+    aborts0 = metric(engine.url, "hindsight_dev_engine_http_requests_total", route="/abort_request", status="200")
+    tokens0 = metric(engine.url, "sglang:generation_tokens_total")
+
+    async def hang_up() -> float:
+        async with httpx.AsyncClient(trust_env=False, timeout=60) as ac:
+            task = asyncio.create_task(ac.post(judge.url + "/v1/judge", json={**REQ, "tasks": ["prm", "hint"]}))
+            await asyncio.to_thread(wait_running, engine.url, want_zero=False, deadline_s=15)
+            await asyncio.sleep(0.5)
+            assert not task.done(), "the judge answered before the caller could leave"
+            task.cancel()  # the caller's connection closes
+            await asyncio.gather(task, return_exceptions=True)
+            return await asyncio.to_thread(wait_running, engine.url, want_zero=True, deadline_s=1.5)
+
+    dropped_s = asyncio.run(hang_up())
+    aborts = metric(engine.url, "hindsight_dev_engine_http_requests_total", route="/abort_request", status="200")
+    assert aborts >= aborts0 + 1, "the judge engine never received /abort_request"
+    produced = metric(engine.url, "sglang:generation_tokens_total") - tokens0
+    asked = 2 * 3 * MAX_NEW
+    assert produced < 0.5 * asked, f"{produced} of {asked} tokens produced after the caller left ({dropped_s:.2f}s)"
+    log = Path(judge.log_path).read_text(errors="replace")
+    assert re.search(r"caller disconnected; judge rounds hj-[0-9a-f]{32}-\* cancelled", log)
+    assert re.search(r"aborted judge engine requests hj-[0-9a-f]{32}-\*", log)
+
+    # the service is healthy right after: a normal (one-sample) request is answered in full
+    r = httpx.post(judge.url + "/v1/judge", json={**REQ, "tasks": ["prm"], "m": 1}, timeout=60, trust_env=False)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["engine_calls"] == 1 and body["usage"]["completion_tokens"] == MAX_NEW
+    assert body["prm"]["status"] in ("ok", "tie", "no_valid_votes") and len(body["prm"]["votes"]) == 1
+    assert metric(engine.url, "sglang:num_running_reqs") == 0
+
+
+# ---------------------------------------------------------------------------------------------- unit
+def _service(handler) -> JudgeService:  # noqa: ANN001
+    client = EngineClient("http://judge-engine", transport=httpx.MockTransport(handler),
+                          retry=RetryPolicy(max_attempts=1, deadline_s=5))
+    settings = JudgeSettings(engine_url="http://judge-engine", m=2, max_new_tokens=8)
+    return JudgeService(settings, JudgeMetrics(), client=client)
+
+
+@pytest.mark.unit
+async def test_every_round_carries_a_rid_under_the_request_prefix():
+    rids: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        payload = json.loads(request.content)
+        rids.append(payload.get("rid"))
+        n = payload["sampling_params"]["n"]
+        return httpx.Response(200, json=[{"text": "\\boxed{1}", "output_ids": [1],
+                                          "meta_info": {"finish_reason": {"type": "stop"}, "prompt_tokens": 3}}] * n)
+
+    service = _service(handler)
+    out = await service.judge(JudgeRequest.model_validate(REQ), "hj-abc-0-")
+    assert out["prm"]["status"] == "ok" and out["usage"]["engine_calls"] == 2
+    assert sorted(rids) == ["hj-abc-0-hint-0", "hj-abc-0-prm-0"]
+    rids.clear()
+    await service.judge(JudgeRequest.model_validate({**REQ, "tasks": ["prm"]}))
+    assert rids == [None]  # without a prefix the engine picks its own rids
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("status,reachable", [(200, True), (404, True), (500, True), (None, False)])
+async def test_abort_is_best_effort(status, reachable, caplog):
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if not reachable:
+            raise httpx.ConnectError("connection refused")
+        seen.append({"path": request.url.path, **json.loads(request.content)})
+        return httpx.Response(status, json={})
+
+    service = _service(handler)
+    t0 = time.monotonic()
+    assert await service.abort("hj-ff-") is (status == 200)
+    assert time.monotonic() - t0 < 3.0
+    if reachable:
+        assert seen[0] == {"path": "/abort_request", "rid": "hj-ff-", "abort_all": False}

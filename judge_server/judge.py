@@ -39,7 +39,8 @@ from typing import Any
 
 from engine.chat import render_prompt_ids
 from engine.client import EngineClient, parse_generation
-from engine.errors import EngineBadResponse, EngineError, EngineRejected, EngineTimeout
+from engine.disconnect import abort_engine_requests
+from engine.errors import EngineBadResponse, EngineError, EngineTimeout
 from judge_server.errors import InvalidRequest
 from judge_server.metrics import JudgeMetrics
 from judge_server.rules import RuleJudge
@@ -58,8 +59,6 @@ from prompts import (
 
 logger = logging.getLogger(__name__)
 
-# An abort is cleanup on behalf of a caller that is gone: short, and never worth a long retry.
-ABORT_TIMEOUT_S = 2.0
 ALLOWED = {"prm": frozenset({1, 0, -1}), "hint": frozenset({1, -1})}
 
 
@@ -112,22 +111,7 @@ class JudgeService:
         """Best-effort ``/abort_request`` of every engine call under ``rid_prefix``; never raises."""
         if self.client is None:
             return False
-        try:
-            async with asyncio.timeout(ABORT_TIMEOUT_S):
-                await self.client.abort_request(rid_prefix)
-        except EngineRejected as exc:
-            if exc.status_code == 404:  # a router: it does not fan aborts out (see the module docstring)
-                logger.info("judge engine %s has no /abort_request (a router?); rounds %s* end when the engine "
-                            "sees their connections close", self.client.base_url, rid_prefix)
-            else:
-                logger.warning("abort_request %s* refused by %s: %s", rid_prefix, self.client.base_url, exc.message)
-            return False
-        except (EngineError, TimeoutError) as exc:
-            logger.warning("abort_request %s* on %s failed (best effort): %s", rid_prefix, self.client.base_url,
-                           getattr(exc, "message", None) or repr(exc))
-            return False
-        logger.info("aborted judge engine requests %s*", rid_prefix)
-        return True
+        return await abort_engine_requests([self.client], rid_prefix) == 1
 
     async def judge(self, req: JudgeRequest, rid_prefix: str | None = None) -> dict[str, Any]:
         m = req.m or self.settings.m

@@ -30,6 +30,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from engine.errors import EngineError, EngineRejected
+from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
 from judge_server.compat import openrlhf_items, slime_item
 from judge_server.errors import InvalidRequest, Unauthorized
 from judge_server.judge import JudgeService
@@ -38,7 +39,6 @@ from judge_server.voting import STATUS_FAILED
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
-CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request": logged, never received
 T = TypeVar("T")
 
 
@@ -74,31 +74,16 @@ def _service(request: Request) -> JudgeService:
 guarded = [Depends(require_key), Depends(check_size)]
 
 
-async def _wait_for_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":  # body already read: this waits for the hang-up
-        pass
-
-
 async def _unless_disconnected(request: Request, service: JudgeService,
                                work: Callable[[str], Coroutine[Any, Any, T]]) -> T | Response:
     """Run ``work(rid_prefix)``; if the caller hangs up first, cancel it, abort its engine requests, 499."""
     rid_prefix = f"hj-{uuid.uuid4().hex}-"
-    task = asyncio.ensure_future(work(rid_prefix))
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the handler itself is cancelled (shutdown): never orphan the rounds
-        task.cancel()
-        watcher.cancel()
-        raise
-    if not watcher.done():
-        watcher.cancel()
-        return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)  # the rounds unwind and close their engine connections
-    logger.info("caller disconnected; judge rounds %s* cancelled", rid_prefix)
-    await asyncio.shield(service.abort(rid_prefix))
-    return Response(status_code=CLIENT_CLOSED_STATUS)
+        return await unless_disconnected(request, work(rid_prefix))
+    except ClientGone:
+        logger.info("caller disconnected; judge rounds %s* cancelled", rid_prefix)
+        await asyncio.shield(service.abort(rid_prefix))
+        return Response(status_code=CLIENT_CLOSED_STATUS)
 
 
 async def _judge_all(service: JudgeService, items: list[JudgeRequest], rid_prefix: str) -> list[dict[str, Any]]:

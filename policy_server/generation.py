@@ -22,7 +22,7 @@ one per chat request, the hex of its ``chatcmpl-`` id) plus the segment number (
 the first resume, ...). The prefix is fixed-length and server-generated (never the client's X-Request-ID,
 which may repeat), and ends with ``-``, so SGLang's prefix matching in ``/abort_request`` hits every
 segment of this request and nothing else. When the client goes away the route marks the result
-``abandoned``, stops reading and calls :func:`abort_engine_requests` (best effort, ``ABORT_TIMEOUT_S``
+``abandoned``, stops reading and calls :func:`engine.disconnect.abort_engine_requests` (best effort, ``ABORT_TIMEOUT_S``
 per worker, logged, never raised) on every engine WORKER URL: sglang-router 0.3.2 does not fan
 ``/abort_request`` out. An abandoned result is never resumed: an abort that comes back for it is our own
 (or arrives after the client left) and raises :class:`GenerationAbandoned` instead of resubmitting.
@@ -38,14 +38,13 @@ from typing import Any
 
 from engine.chat import render_prompt_ids
 from engine.client import EngineClient
-from engine.errors import EngineBadResponse, EngineError
+from engine.errors import EngineBadResponse
 from policy_server.errors import ServiceUnavailable
 from policy_server.weight_sync import WeightGate
 
 logger = logging.getLogger(__name__)
 
 # An abort is a cleanup call on behalf of a client that is gone: short, and never worth a long retry.
-ABORT_TIMEOUT_S = 2.0
 
 # Below this many characters of message text (+ tool schemas) a prompt is rendered on the event loop.
 INLINE_RENDER_MAX_CHARS = 2048
@@ -64,29 +63,6 @@ def _prompt_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
 
 class GenerationAbandoned(Exception):
     """The client of this generation is gone: it is stopped, never resumed, and nothing of it is recorded."""
-
-
-async def abort_engine_requests(workers: list[EngineClient], rid_prefix: str, *,
-                                timeout_s: float = ABORT_TIMEOUT_S) -> int:
-    """``POST /abort_request {"rid": rid_prefix}`` on every worker at once; returns how many acknowledged.
-
-    Best effort: a worker that fails (down, 404 on a router URL, slow past ``timeout_s``) is logged and
-    skipped; nothing is raised, because the client it would be raised to has already left.
-    """
-
-    async def one(worker: EngineClient) -> bool:
-        try:
-            async with asyncio.timeout(timeout_s):
-                await worker.abort_request(rid_prefix)
-            return True
-        except (EngineError, TimeoutError) as exc:
-            logger.warning("abort_request %s on %s failed (best effort): %s", rid_prefix, worker.base_url,
-                           getattr(exc, "message", None) or repr(exc))
-            return False
-
-    acked = sum(await asyncio.gather(*(one(w) for w in workers)))
-    logger.info("aborted engine requests %s* on %d/%d worker(s)", rid_prefix, acked, len(workers))
-    return acked
 
 
 @dataclass

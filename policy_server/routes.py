@@ -45,21 +45,21 @@ from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
 from engine.chat import DEFAULT_TOOL_PARSER, parse_assistant_output
+from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, abort_engine_requests, unless_disconnected
 from engine.errors import EngineError, EngineTimeout
 from policy_server import openai_schemas as oa
 from policy_server.app import PolicyState
 from policy_server.auth import require_client
 from policy_server.errors import Backpressure, InvalidRequest, PayloadTooLarge
-from policy_server.generation import GenResult, abort_engine_requests
+from policy_server.generation import GenResult
 from policy_server.store import Store
-from policy_server.streaming import ClientGone, assistant_message, sse_events, unless_disconnected
+from policy_server.streaming import assistant_message, sse_events
 from policy_server.tool_choice import forced_tool_regex
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 DISCONNECT_REASON = "client_disconnected"
-CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request": logged, never received
 _cleanups: set[asyncio.Task[None]] = set()  # strong refs: a detached cleanup must not be garbage-collected
 
 

@@ -4,7 +4,7 @@ incremental split of streamed assistant text into reasoning and content deltas.
 :func:`sse_events` is the body of a streaming ``/v1/chat/completions`` answer (OpenAI chunks, an in-band
 error event, ``data: [DONE]``); it calls ``on_undelivered`` from its ``finally`` whenever it did not get to
 ``[DONE]``, i.e. it was cancelled at an await (Starlette's StreamingResponse saw ``http.disconnect``) or
-closed at a yield (the response's background ``aclose``). :func:`unless_disconnected` runs work next to
+closed at a yield (the response's background ``aclose``). ``engine.disconnect.unless_disconnected`` runs work next to
 a watcher of the ASGI ``receive`` channel (see its docstring). Both are used by policy_server.routes.
 
 :class:`StreamSplitter` (pure) lets the policy server stream real token-by-token deltas while ending with
@@ -22,13 +22,10 @@ exactly what ``engine.chat.parse_assistant_output`` says about the whole text. R
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
-
-from starlette.requests import Request
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from engine.chat import parse_assistant_output
 from engine.errors import EngineError
@@ -36,7 +33,6 @@ from policy_server import openai_schemas as oa
 from policy_server.errors import PolicyError, engine_error_status, error_body
 from policy_server.generation import GenResult
 
-T = TypeVar("T")
 
 THINK_OPEN, THINK_CLOSE, TOOL_OPEN = "<think>", "</think>", "<tool_call>"
 
@@ -131,38 +127,7 @@ class StreamSplitter:
 
 
 # ---------------------------------------------------------------------------------------------- disconnects
-class ClientGone(Exception):
-    """The client hung up before its answer was handed over."""
-
-
-async def wait_for_disconnect(request: Request) -> None:
-    """Return once the client has hung up. Call only after the body was read in full: the next ASGI message
-    is then ``http.disconnect``, which uvicorn delivers when the socket closes (or, harmlessly, once the
-    response completed)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` unless the client hangs up first: then cancel it, let it unwind, raise ClientGone.
-
-    Why: uvicorn does not cancel a handler whose client disconnected (only a StreamingResponse listens for
-    it), so without this watcher a non-streaming answer would keep the engine busy to its last token.
-    """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(wait_for_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the handler itself is cancelled (forced shutdown): never orphan the work
-        task.cancel()
-        watcher.cancel()
-        raise
-    if watcher.done():  # checked first: work that finished just as the client left was still not delivered
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)  # unwinds: the engine connection closes now
-        raise ClientGone
-    watcher.cancel()
-    return task.result()
+# ClientGone, wait_for_disconnect and unless_disconnected live in engine.disconnect (shared with the judge).
 
 
 # ---------------------------------------------------------------------------------------------- SSE body

@@ -24,7 +24,8 @@ import httpx
 import pytest
 
 from engine.client import EngineClient, RetryPolicy
-from policy_server.generation import GenerationAbandoned, Generator, GenResult, abort_engine_requests
+from engine.disconnect import abort_engine_requests
+from policy_server.generation import GenerationAbandoned, Generator, GenResult
 from policy_server.routes import DISCONNECT_REASON, _reject_turn
 from policy_server.store import Store
 from policy_server.weight_sync import WeightGate

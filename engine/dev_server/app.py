@@ -33,6 +33,7 @@ from engine.dev_server.openai_chat import ChatError, chat_completions
 from engine.dev_server.protocol import ProtocolError
 from engine.dev_server.service import DevEngine
 from engine.dev_server.settings import DevEngineSettings
+from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
 from engine.observability import RequestContextMiddleware, RouteMetrics, log_settings
 
 logger = logging.getLogger(__name__)
@@ -210,7 +211,12 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
         engine = eng(request)
         if isinstance(body, dict) and body.get("stream") is True:
             return StreamingResponse(engine.stream_generate(body), media_type="text/event-stream")
-        return await engine.generate(body)
+        try:
+            # As SGLang does, a caller that hangs up aborts its generation (the run's CancelledError marks the
+            # request aborted); a StreamingResponse already notices disconnects by itself.
+            return await unless_disconnected(request, engine.generate(body))
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED_STATUS)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:

@@ -101,3 +101,20 @@ def test_startup_log_has_resolved_config_with_keys_masked(engine: ManagedProcess
     assert config["served_model_name"] == "tiny" and config["host"] == "127.0.0.1"
     assert config["model_path"] and config["max_running_requests"] >= 1
     assert API_KEY not in log and ADMIN_KEY not in log
+
+
+def test_non_streaming_generate_is_aborted_when_the_caller_hangs_up(engine: ManagedProcess) -> None:
+    # ~3000 tokens take several seconds on the tiny model; a caller that leaves after 0.5 s must not keep
+    # the engine busy to the last token (SGLang aborts a request whose connection closed).
+    body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(engine.url + "/generate", headers=AUTH, trust_env=False, json=body,
+                   timeout=httpx.Timeout(10.0, read=0.5))
+    left = time.monotonic()
+    key = f"sglang:num_running_reqs{{{MODEL}}}"
+    while scrape(engine)[key] > 0:
+        assert time.monotonic() - left < 1.5, "the generation kept running after its caller left"
+        time.sleep(0.05)
+    r = httpx.post(engine.url + "/generate", headers=AUTH, trust_env=False, timeout=30,
+                   json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3}})
+    assert r.status_code == 200 and len(r.json()["output_ids"]) == 3

@@ -18,6 +18,15 @@ from pathlib import Path
 import httpx
 
 
+def metric_value(url: str, name: str, **labels: str) -> float:
+    """Sum of the Prometheus samples ``name`` at ``url/metrics`` whose labels include ``labels`` (0 if absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=5, trust_env=False).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
 def free_port() -> int:
     """An ephemeral loopback port that is free right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from engine.client import EngineClient, RetryPolicy
-from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, wait_http
+from engine.procs import ManagedProcess, free_port, metric_value, spawn, start_dev_engine, wait_http
 from judge_server.judge import JudgeService
 from judge_server.metrics import JudgeMetrics
 from judge_server.schemas import JudgeRequest
@@ -38,20 +38,10 @@ REQ = {
 }
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=5, trust_env=False).text
-    total = 0.0
-    for m in re.finditer(r"^%s\{([^}]*)\} (\S+)$" % re.escape(name), text, re.M):
-        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
-
-
 def wait_running(url: str, *, want_zero: bool, deadline_s: float) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
-        if (metric(url, "sglang:num_running_reqs") == 0) == want_zero:
+        if (metric_value(url, "sglang:num_running_reqs") == 0) == want_zero:
             return time.monotonic() - t0
         time.sleep(0.02)
     raise AssertionError(f"num_running_reqs {'never dropped to 0' if want_zero else 'stayed 0'} in {deadline_s}s")
@@ -80,8 +70,8 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.mark.e2e
 def test_caller_disconnect_cancels_rounds_and_aborts_engine(stack):
     engine, judge = stack
-    aborts0 = metric(engine.url, "hindsight_dev_engine_http_requests_total", route="/abort_request", status="200")
-    tokens0 = metric(engine.url, "sglang:generation_tokens_total")
+    aborts0 = metric_value(engine.url, "hindsight_dev_engine_http_requests_total", route="/abort_request", status="200")
+    tokens0 = metric_value(engine.url, "sglang:generation_tokens_total")
 
     async def hang_up() -> float:
         async with httpx.AsyncClient(trust_env=False, timeout=60) as ac:
@@ -94,9 +84,9 @@ def test_caller_disconnect_cancels_rounds_and_aborts_engine(stack):
             return await asyncio.to_thread(wait_running, engine.url, want_zero=True, deadline_s=1.5)
 
     dropped_s = asyncio.run(hang_up())
-    aborts = metric(engine.url, "hindsight_dev_engine_http_requests_total", route="/abort_request", status="200")
+    aborts = metric_value(engine.url, "hindsight_dev_engine_http_requests_total", route="/abort_request", status="200")
     assert aborts >= aborts0 + 1, "the judge engine never received /abort_request"
-    produced = metric(engine.url, "sglang:generation_tokens_total") - tokens0
+    produced = metric_value(engine.url, "sglang:generation_tokens_total") - tokens0
     asked = 2 * 3 * MAX_NEW
     assert produced < 0.5 * asked, f"{produced} of {asked} tokens produced after the caller left ({dropped_s:.2f}s)"
     log = Path(judge.log_path).read_text(errors="replace")
@@ -109,7 +99,7 @@ def test_caller_disconnect_cancels_rounds_and_aborts_engine(stack):
     body = r.json()
     assert body["usage"]["engine_calls"] == 1 and body["usage"]["completion_tokens"] == MAX_NEW
     assert body["prm"]["status"] in ("ok", "tie", "no_valid_votes") and len(body["prm"]["votes"]) == 1
-    assert metric(engine.url, "sglang:num_running_reqs") == 0
+    assert metric_value(engine.url, "sglang:num_running_reqs") == 0
 
 
 # ---------------------------------------------------------------------------------------------- unit

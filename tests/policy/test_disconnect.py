@@ -25,6 +25,7 @@ import pytest
 
 from engine.client import EngineClient, RetryPolicy
 from engine.disconnect import abort_engine_requests
+from engine.procs import metric_value
 from policy_server.generation import GenerationAbandoned, Generator, GenResult
 from policy_server.routes import DISCONNECT_REASON, _reject_turn
 from policy_server.store import Store
@@ -36,23 +37,12 @@ DROP_DEADLINE_S = 1.5
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def metric(engine_url: str, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels`` (0 when absent)."""
-    text = httpx.get(engine_url + "/metrics", timeout=5, trust_env=False).text
-    total = 0.0
-    for m in re.finditer(r"^%s\{([^}]*)\} (\S+)$" % re.escape(name), text, re.M):
-        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
-
-
 def running(engine_url: str) -> float:
-    return metric(engine_url, "sglang:num_running_reqs")
+    return metric_value(engine_url, "sglang:num_running_reqs")
 
 
 def aborts(engine_url: str) -> float:
-    return metric(engine_url, "hindsight_dev_engine_http_requests_total", route="/abort_request", status="200")
+    return metric_value(engine_url, "hindsight_dev_engine_http_requests_total", route="/abort_request", status="200")
 
 
 def wait_running(engine_url: str, *, want_zero: bool, deadline_s: float) -> float:
@@ -99,7 +89,7 @@ def test_nonstreaming_disconnect_aborts_engine_and_records_nothing(policy, engin
     msgs = [*hello, {"role": "assistant", "content": reply0["content"]}, {"role": "user", "content": "go on"}]
     assert running(engine.url) == 0
     aborts0 = aborts(engine.url)
-    tokens0 = metric(engine.url, "sglang:generation_tokens_total")
+    tokens0 = metric_value(engine.url, "sglang:generation_tokens_total")
 
     async def hang_up() -> float:
         async with httpx.AsyncClient(base_url=policy.url, trust_env=False, timeout=30,
@@ -116,7 +106,7 @@ def test_nonstreaming_disconnect_aborts_engine_and_records_nothing(policy, engin
     dropped_s = asyncio.run(hang_up())
     assert aborts(engine.url) >= aborts0 + 1, "the worker never received /abort_request"
     # the engine stopped early: far fewer tokens than the reply it was asked for (it would have produced all)
-    produced = metric(engine.url, "sglang:generation_tokens_total") - tokens0
+    produced = metric_value(engine.url, "sglang:generation_tokens_total") - tokens0
     assert produced < 0.8 * LONG, f"engine produced {produced} tokens after the client left ({dropped_s:.2f}s)"
     assert re.search(r"aborting engine requests hs-[0-9a-f]{32}-\*", policy_log(policy))
 

@@ -29,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = train(cfg)
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            # Every rank leaves its last collective before any rank tears the group down: a rank that
+            # destroys it early closes gloo's sockets under a peer still inside an all-reduce (SIGABRT).
+            dist.barrier()
     except TrainerError as exc:
         logging.getLogger("trainer").error("training stopped: %s", exc)
         return 1

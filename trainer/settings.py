@@ -35,7 +35,8 @@ class TrainConfig:
     samples_file: str = _f("", "JSONL of samples to train on instead of a policy server (dev, DDP tests)")
     steps: int = _f(10, "total optimizer batches (counted across resumes)")
     batch_size: int = _f(8, "samples leased per step")
-    lease_wait_s: float = _f(30.0, "long-poll wait for a lease when no sample is ready")
+    min_batch: int = _f(0, "samples a step waits for (up to lease_wait_s, holding partial leases); 0 = batch_size")
+    lease_wait_s: float = _f(30.0, "how long a step waits for min_batch samples before training on what it holds")
     idle_timeout_s: float = _f(0.0, "stop when no sample arrives for this long (0 = wait forever)")
     weight_sync: bool = _f(True, "POST /admin/weights/update after each checkpoint")
     sync_on_resume: bool = _f(True, "push the resumed checkpoint's weights to the engine at start")
@@ -97,6 +98,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "ppo_epochs", "minibatches", "micro_batch_size", "save_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if not 0 <= self.min_batch <= self.batch_size:
+            raise ValueError("min_batch must be in [0, batch_size] (0 = batch_size)")
         if self.batch_size < self.minibatches:
             raise ValueError("batch_size must be >= minibatches")
         for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef", "topk_coef", "lr", "max_grad_norm"):
@@ -106,6 +109,11 @@ class TrainConfig:
             raise ValueError("rollout_is_cap must be >= 1")
         if not (0.0 <= self.running_mean_momentum < 1.0):
             raise ValueError("running_mean_momentum must be in [0, 1)")
+
+    @property
+    def min_batch_size(self) -> int:
+        """The resolved ``--min-batch`` (0 stands for the batch size)."""
+        return self.min_batch or self.batch_size
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -5,7 +5,8 @@
     torchrun --nproc-per-node 2 -m trainer.cli ... --parallel fsdp2                                     # FSDP2 shards
 
 Each step (docs/CONTRACTS.md "Trainer"; issue 6):
-  1. rank 0 leases up to batch_size samples (long-poll), broadcasts them; samples already trained (a
+  1. rank 0 leases up to batch_size samples, waiting up to lease_wait_s for at least min_batch (holding partial
+     leases meanwhile; nothing leased = no step), broadcasts them; samples already trained (a
      re-leased duplicate) and samples that break the contract are logged and trained with mask 0.
   2. RL advantages r - b (batch or running mean, optional /std) are computed on the WHOLE batch on every
      rank, so DDP ranks agree; each minibatch is split across ranks, then into micro-batches.
@@ -54,7 +55,8 @@ from trainer.checkpoint import latest_checkpoint, load_optimizer, load_trainer_s
 from trainer.metrics import MetricsLogger
 from trainer.objective import OLD_STAT_KEYS, STAT_KEYS, OldLogprobs, micro_loss, new_stats, old_logprobs, outcome_advantages, shape, shaping_mask
 from trainer import parallel
-from trainer.policy_client import FileSampleSource, Lease, PolicyClient, PolicyRejected, SampleSource, SourceExhausted, TrainerError
+from trainer.policy_client import (FileSampleSource, Lease, PolicyClient, PolicyRejected, SampleSource, SourceExhausted,
+                                   TrainerError, collect_leases)
 from trainer.prm import resolve_prm_config
 from trainer.rollout_correction import is_metrics, sample_temperature
 from trainer.settings import TrainConfig
@@ -327,35 +329,39 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
         return broadcast(path, world)
 
     while step < cfg.steps:
-        lease, stop = None, False
+        # Live traffic: lease until min_batch samples are held or lease_wait_s ends (policy_client.collect_leases);
+        # an empty wait is no step (no checkpoint, no weight push).
+        leases: list[Lease] = []
+        stop = False
         if rank == 0:
             try:
-                lease = source.lease(cfg.batch_size, cfg.lease_wait_s)
+                leases = collect_leases(source, cfg.batch_size, cfg.min_batch_size, cfg.lease_wait_s)
             except SourceExhausted as exc:
                 logger.info("%s; stopping", exc)
                 stop = True
-            if lease is not None and not lease.samples:
+            if not stop and not leases:
                 if cfg.idle_timeout_s > 0 and time.monotonic() - idle_since > cfg.idle_timeout_s:
                     logger.info("no sample for %.0fs; stopping", cfg.idle_timeout_s)
                     stop = True
-        lease, stop = broadcast((lease, stop), world)
+        leases, stop = broadcast((leases, stop), world)
         if stop:
             break
-        if not lease.samples:
+        if not leases:
             continue
         idle_since = time.monotonic()
-        samples = lease.samples
+        samples = [s for lease in leases for s in lease.samples]
         reasons = [check_sample(s, shaping=cfg.shaping) for s in samples]
-        if lease.prm_metrics:  # the server's PRM window for these samples; logged with the next trained step
-            prm_window.update(lease.prm_metrics)
-            prm_windows += 1
+        for lease in leases:
+            if lease.prm_metrics:  # the server's PRM window for these samples; logged with the next trained step
+                prm_window.update(lease.prm_metrics)
+                prm_windows += 1
         seen = set(trained_ids)
         dup = [str(s.get("sample_id")) in seen for s in samples]
         for s, why, d in zip(samples, reasons, dup):
             if why or d:
                 logger.warning("sample %s not trained: %s", s.get("sample_id"), why or "already trained (re-leased duplicate)")
         invalid = [bool(w) or d for w, d in zip(reasons, dup)]
-        pending.append(lease.lease_id)  # on every rank, so all ranks agree on when to persist
+        pending.extend(lease.lease_id for lease in leases)  # on every rank, so all ranks agree on when to persist
         if all(invalid):
             continue  # nothing to train; the lease is acked with the next checkpoint
         step += 1

@@ -18,7 +18,7 @@ from trainer.loss import AGGREGATIONS
 from trainer.parallel import PARALLEL_MODES
 from trainer.rollout_correction import LOGPROB_TEMPERATURES, ROLLOUT_CORRECTIONS
 
-ADVANTAGE_MODES = ("sample", "rl", "opd", "combine", "prm_gated_opd", "multiplicative")
+ADVANTAGE_MODES = ("sample", "rl", "opd", "combine", "prm_gated_opd", "multiplicative", "multiplicative_literal")
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -69,9 +69,13 @@ class TrainConfig:
     logprob_temperature: str = _f("one", "temperature of the PPO log-probs: one (T = 1; the IS weight absorbs the client's "
                                          "temperature) or sample (each sample's sampling_params.temperature)",
                                   choices=LOGPROB_TEMPERATURES)
-    baseline: str = _f("batch_mean", "RL baseline", choices=BASELINES)
-    running_mean_momentum: float = _f(0.9, "EMA momentum of the running-mean baseline")
-    normalize_advantages: bool = _f(False, "divide RL advantages by their batch std")
+    baseline: str = _f("running_mean", "RL baseline (docs/REWARD_MODES.md): running_mean (EMA of earlier rewards, per sample), "
+                                       "window (mean of the last K), batch_mean, batch_mean_loo (leave-one-out) or none",
+                       choices=BASELINES)
+    running_mean_momentum: float = _f(0.9, "EMA momentum of the running_mean baseline (per sample)")
+    baseline_window: int = _f(32, "K of the window baseline: the last K rewards")
+    normalize_advantages: bool = _f(False, "divide RL advantages by their batch std (only with >= 2 rewards and std > eps; "
+                                           "never by eps)")
     prm_config: str = _f("", "PRM YAML shared with the policy server: sets shaping, its parameters and mask_no_eos_with_zero "
                              "(trainer/prm.py)")
     shaping: str = _f("none", "AReaL shaping of token_rewards onto advantages", choices=("none", *SHAPING_MODES))
@@ -107,6 +111,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0")
         if not self.rollout_is_cap >= 1.0:  # a cap below 1 would alter exactly on-policy tokens (w = 1)
             raise ValueError("rollout_is_cap must be >= 1")
+        if self.baseline_window < 1:
+            raise ValueError("baseline_window must be >= 1")
         if not (0.0 <= self.running_mean_momentum < 1.0):
             raise ValueError("running_mean_momentum must be in [0, 1)")
 

@@ -53,7 +53,8 @@ from trainer.advantages import RunningMean, rl_sample_advantages
 from trainer.batch import Batch, check_sample, collate
 from trainer.checkpoint import latest_checkpoint, load_optimizer, load_trainer_state, read_acked_step, save_checkpoint, write_acked_step
 from trainer.metrics import MetricsLogger
-from trainer.objective import OLD_STAT_KEYS, STAT_KEYS, OldLogprobs, micro_loss, new_stats, old_logprobs, outcome_advantages, shape, shaping_mask
+from trainer.objective import (OLD_STAT_KEYS, STAT_KEYS, OldLogprobs, carries_learning_term, micro_loss, new_stats, old_logprobs,
+                               outcome_advantages, shape, shaping_mask)
 from trainer import parallel
 from trainer.policy_client import (FileSampleSource, Lease, PolicyClient, PolicyRejected, SampleSource, SourceExhausted,
                                    TrainerError, collect_leases)
@@ -95,13 +96,6 @@ def make_source(cfg: TrainConfig) -> SampleSource:
     raise ValueError("one of policy_url or samples_file is required")
 
 
-def _pad_stack(rows: list[torch.Tensor], T: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), T)
-    for i, r in enumerate(rows):
-        out[i, : r.numel()] = r[:T]
-    return out
-
-
 # ----------------------------------------------------------------------------- one leased batch
 def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torch.nn.Module | None, opt: torch.optim.Optimizer,
                    samples: list[dict[str, Any]], invalid: list[bool], cfg: TrainConfig, running: RunningMean,
@@ -110,6 +104,8 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
     # (B,) presence flags of the whole batch: a sample that is not trained does not enter the baseline.
     no_eos = [cfg.mask_no_eos_with_zero and (not s.get("response_ids") or s["response_ids"][-1] != eos_id) for s in samples]
     trainable = torch.tensor([not bad and not ne and any(s["loss_mask"]) for s, bad, ne in zip(samples, invalid, no_eos)])
+    # A sample with no learning term in this mode is trained with mask 0: it would only dilute the denominators.
+    idle = [bad or not carries_learning_term(s, cfg) for s, bad in zip(samples, invalid)]
     rewards = torch.tensor([float(s["reward"]) if s.get("reward") is not None else 0.0 for s in samples])
     has_r = torch.tensor([bool(s.get("has_reward")) and s.get("reward") is not None for s in samples]) & trainable
     rl_adv = rl_sample_advantages(rewards, has_r, baseline=cfg.baseline, normalize=cfg.normalize_advantages, running=running)
@@ -119,7 +115,7 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
     plan: list[tuple[float, float, list[tuple[Batch, list[int]]]]] = []
     for mb in minibatches:
         bmask = collate([samples[i] for i in mb], eos_id=eos_id, mask_no_eos=cfg.mask_no_eos_with_zero,
-                        zero_mask=[invalid[i] for i in mb]).mask
+                        zero_mask=[idle[i] for i in mb]).mask
         num_tokens, num_seqs = float(bmask.sum()), float((bmask.sum(-1) > 0).sum())
         mine = mb[rank::world]
         n_micro = max(1, math.ceil(math.ceil(len(mb) / world) / cfg.micro_batch_size))
@@ -129,7 +125,7 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
             dummy = not idx
             idx = idx or [mb[0]]
             b = collate([samples[i] for i in idx], eos_id=eos_id, mask_no_eos=cfg.mask_no_eos_with_zero,
-                        zero_mask=[dummy or invalid[i] for i in idx]).to(device)
+                        zero_mask=[dummy or idle[i] for i in idx]).to(device)
             micros.append((b, [-1] * len(idx) if dummy else idx))
         plan.append((num_tokens, num_seqs, micros))
 
@@ -138,24 +134,29 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
     olds: list[list[OldLogprobs]] = []
     old_sums = dict.fromkeys(OLD_STAT_KEYS, 0.0)
     is_max = 0.0
-    eff = torch.zeros(len(plan), 2, dtype=torch.float64)  # per minibatch: valid tokens, samples after mis rejection
+    # per minibatch: valid tokens, samples after mis rejection; then tokens, samples with teacher top-K rows
+    eff = torch.zeros(len(plan), 4, dtype=torch.float64)
+    model.eval()  # a no-grad pass: no dropout in the old log-probs
     for k, (_, _, micros) in enumerate(plan):
         olds.append([old_logprobs(model, b, cfg) for b, _ in micros])
         for (b, _), o in zip(micros, olds[-1]):
             for key in OLD_STAT_KEYS:
                 old_sums[key] += o.stats[key]
             is_max = max(is_max, o.stats["is_max"])
-            eff[k] += torch.tensor([float(b.mask.sum()), float((b.mask.sum(-1) > 0).sum())], dtype=torch.float64)
+            tk = b.topk_valid * b.mask
+            eff[k] += torch.tensor([float(b.mask.sum()), float((b.mask.sum(-1) > 0).sum()), float(tk.sum()),
+                                    float((tk.sum(-1) > 0).sum())], dtype=torch.float64)
+    model.train()
+    if world > 1 and (cfg.rollout_correction == "mis" or cfg.topk_coef > 0):
+        dist.all_reduce(eff)
     if cfg.rollout_correction == "mis":
         # Rejected tokens leave the denominators too (slime #657): the global counts after rejection, all ranks.
-        if world > 1:
-            dist.all_reduce(eff)
         plan = [(float(eff[k, 0]), float(eff[k, 1]), micros) for k, (_, _, micros) in enumerate(plan)]
 
     stats = new_stats()
     grad_norms = []
     for _ in range(cfg.ppo_epochs):
-        for (num_tokens, num_seqs, micros), old_row in zip(plan, olds):
+        for mb_i, ((num_tokens, num_seqs, micros), old_row) in enumerate(zip(plan, olds)):
             for j, ((b, idx), old) in enumerate(zip(micros, old_row)):
                 raw = outcome_advantages(b, old.adv, rl_adv[torch.tensor([max(i, 0) for i in idx])].to(device), cfg)
                 adv = shape(b, raw, cfg)
@@ -167,7 +168,8 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
                 last = j == len(micros) - 1
                 with parallel.grad_sync(ddp, cfg.parallel, world, enabled=last):
                     loss, st = micro_loss(ddp, ref_model, b, old.pg, adv, cfg, num_tokens=num_tokens, num_seqs=num_seqs,
-                                          is_weight=old.is_weight)
+                                          is_weight=old.is_weight, num_topk_tokens=float(eff[mb_i, 2]),
+                                          num_topk_seqs=float(eff[mb_i, 3]))
                     (loss * world).backward()  # DDP/FSDP2 average gradients over ranks; the shares are already global
                 for k, v in st.items():
                     stats[k] += v
@@ -204,6 +206,7 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
         "constrained_rollout_lp_abs_diff": cgap_sum / cgap_n if cgap_n else float("nan"),
         "reward_mean": float(rewards[has_r].mean()) if has_any else float("nan"),
         "n_samples": B, "n_trained_samples": int(trainable.sum()), "n_invalid": int(sum(invalid)),
+        "n_learning_samples": B - sum(idle), "rl_adv_nonzero": int((rl_adv != 0).sum()),
         "n_with_reward": int(has_r.sum()), "n_with_teacher": sum(bool(s_.get("has_teacher")) for s_ in samples),
         "n_tokens": int(s["tokens"] / cfg.ppo_epochs), "grad_norm": max(grad_norms),
         # Off-policy correction (rollout_is_* over valid tokens before mis rejection) and the samples' temperatures.
@@ -257,7 +260,8 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
     ddp = parallel.wrap(model, cfg.parallel, world)  # before the optimizer: fsdp2 replaces parameters by shards
     fsdp = cfg.parallel == "fsdp2" and world > 1
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
-    running = RunningMean(momentum=cfg.running_mean_momentum)
+    window = cfg.baseline_window if cfg.baseline == "window" else 0
+    running = RunningMean(momentum=cfg.running_mean_momentum, window=window)
     trained_ids: deque[str] = deque(maxlen=cfg.remember_sample_ids)
     step, last_saved = 0, 0
     resume_leases: list[str] = []
@@ -268,7 +272,7 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
         except ValueError as exc:  # e.g. an fsdp2 checkpoint resumed with --parallel ddp: never reset Adam silently
             raise TrainerError(f"cannot resume from {ckpt}: {exc}") from exc
         step = last_saved = int(st["step"])
-        running = RunningMean(**st.get("running_mean", {"momentum": cfg.running_mean_momentum}))
+        running = RunningMean.from_state(st.get("running_mean"), momentum=cfg.running_mean_momentum, window=window)
         trained_ids.extend(st.get("trained_sample_ids", []))
         resume_leases = st.get("leases", [])
         logger.info("resumed from %s (step %d, %d remembered sample ids)", ckpt, step, len(trained_ids))

@@ -161,3 +161,54 @@ def test_opd_old_logprobs_are_at_temperature_one(tiny_model_dir):
     close(got.adv[0], recomputed.adv[0].tolist())  # drawn at T = 0.7: the T = 1 recomputation
     close(got.adv[1], rollout)  # drawn at T = 1: the rollout's own
     close(got.pg[0], rollout)  # the PPO term keeps the rollout's old log-probs (its IS weight corrects them)
+
+
+def _train_once(model0, samples: list[dict], cfg: TrainConfig) -> tuple[dict, dict]:
+    import copy
+
+    from trainer.train import train_on_batch
+
+    model = copy.deepcopy(model0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    m = train_on_batch(model, model, None, opt, samples, [False] * len(samples), cfg, RunningMean(), 0, 1,
+                       torch.device("cpu"), None)
+    return m, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.slow
+def test_rows_without_a_learning_term_do_not_dilute_the_step(tiny_model_dir):
+    """Baseline none: a promoted (reward 0) 4-token sample between two 3-token ones changes nothing at all,
+    where it used to add 4 tokens to the 6-token denominator (gradient x0.6)."""
+    from transformers import AutoModelForCausalLM
+
+    model0 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    a = _s(sample_id="a", response_ids=[7, 8, 9], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=1.0)
+    c = _s(sample_id="c", response_ids=[10, 11, 12], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=-1.0)
+    promoted = _s(sample_id="p", response_ids=[13, 14, 15, 16], rollout_logprobs=[-1.0] * 4, loss_mask=[1] * 4, reward=0.0)
+    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir="unused", micro_batch_size=4, baseline="none",
+                      rollout_correction="none", max_grad_norm=0.0)
+    m3, w3 = _train_once(model0, [a, promoted, c], cfg)
+    m2, w2 = _train_once(model0, [a, c], cfg)
+    assert m3["n_learning_samples"] == 2 and m3["n_tokens"] == 6 and m3["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+    for k in w2:
+        torch.testing.assert_close(w3[k], w2[k])
+
+
+@pytest.mark.slow
+def test_no_grad_passes_run_in_eval_mode(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model0 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).train()
+    seen: list[tuple[bool, bool]] = []  # (grad enabled, training) per forward
+    model0.register_forward_pre_hook(lambda mod, args: seen.append((torch.is_grad_enabled(), mod.training)))
+    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir="unused", micro_batch_size=4, rollout_correction="none")
+    import copy
+
+    from trainer.train import train_on_batch
+
+    model = copy.deepcopy(model0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    train_on_batch(model, model, None, opt, [_s(sample_id="a"), _s(sample_id="b", reward=-1.0)], [False, False], cfg,
+                   RunningMean(), 0, 1, torch.device("cpu"), None)
+    assert seen and all(not training for grad, training in seen if not grad)  # old log-probs: eval
+    assert any(grad and training for grad, training in seen) and model.training  # the update: train, and left so

@@ -65,6 +65,7 @@ def stack(tiny_model_dir, tmp_path_factory):
         st.stop()
 
 
+@pytest.mark.timeout(900)
 def test_trickle_closed_loop_learns_with_min_batch(stack, tmp_path):
     tokenizer = load_tokenizer(str(stack.model_dir))
     start = target_frequency(stack.engine.url, tokenizer)

@@ -366,8 +366,10 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
                 logger.warning("sample %s not trained: %s", s.get("sample_id"), why or "already trained (re-leased duplicate)")
         invalid = [bool(w) or d for w, d in zip(reasons, dup)]
         pending.extend(lease.lease_id for lease in leases)  # on every rank, so all ranks agree on when to persist
-        if all(invalid):
-            continue  # nothing to train; the lease is acked with the next checkpoint
+        if all(bad or not carries_learning_term(s, cfg) for s, bad in zip(samples, invalid)):
+            # Nothing to learn from (no step: Adam's momentum alone would still move the weights); the lease is
+            # acked with the next checkpoint.
+            continue
         step += 1
         t_train = time.monotonic()
         m = train_on_batch(ddp, model, ref_model, opt, samples, invalid, cfg, running, rank, world, device, eos_id)

@@ -108,3 +108,26 @@ def test_empty_waits_never_checkpoint_or_push_weights(tiny_model_dir, sample_fil
     assert src.calls == 4  # three empty waits, then the step's lease
     assert [v for _, v in src.weight_updates] == ["1"]  # one push, for the one trained step
     assert sorted(p.name for p in out.glob("step_*")) == ["step_000001"]
+
+
+@pytest.mark.slow
+def test_a_lease_without_any_learning_term_is_no_step(tiny_model_dir, sample_file, tmp_path):
+    """Baseline none: a lease of reward-0 samples (at-least-one promotions) carries no RL term: no step, no
+    checkpoint, no push; its lease is acked with the next step's checkpoint."""
+    import json
+
+    from trainer.settings import TrainConfig
+    from trainer.train import train
+
+    rows = [json.loads(x) for x in sample_file.read_text().splitlines()][:8]
+    for s in rows[:4]:
+        s["reward"] = 0.0
+    path = tmp_path / "zeros.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in rows))
+    src = QuietThenFile(path, tmp_path / "state.json", empty=0)
+    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir=str(tmp_path / "out"), steps=1, batch_size=4,
+                      micro_batch_size=4, lr=1e-3, baseline="none", progress=False)
+    assert train(cfg, source=src)["step"] == 1
+    assert [v for _, v in src.weight_updates] == ["1"] and src.inner.acked == 8  # both leases acked
+    (m,) = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert m["n_samples"] == 4 and m["n_learning_samples"] == sum(s["reward"] != 0 for s in rows[4:])

@@ -8,9 +8,10 @@ Each step (docs/CONTRACTS.md "Trainer"; issue 6):
   1. rank 0 leases up to batch_size samples, waiting up to lease_wait_s for at least min_batch (holding partial
      leases meanwhile; nothing leased = no step), broadcasts them; samples already trained (a
      re-leased duplicate) and samples that break the contract are logged and trained with mask 0.
-  2. RL advantages r - b (batch or running mean, optional /std) are computed on the WHOLE batch on every
-     rank, so DDP ranks agree; each minibatch is split across ranks, then into micro-batches.
-  3. old log-probs: recomputed by the trainer before any update (or the rollout's, a setting, except for
+  2. RL advantages r - b (trainer/baselines.py: a running baseline by default, optional /std) are computed on
+     the WHOLE batch on every rank, so DDP ranks agree; samples with no learning term in the mode get mask 0
+     (a lease with none is no step); each minibatch is split across ranks, then into micro-batches.
+  3. old log-probs (eval mode, no grad): recomputed by the trainer before any update (or the rollout's, a setting, except for
      ``constrained`` samples, which always use the recomputation); they serve the PPO ratio and the OPD
      term teacher - old. The train-vs-rollout gap is measured on unconstrained samples only. The same pass gives
      the rollout importance weights w = exp(old - rollout) (``--rollout-correction none|tis|mis``, cap

@@ -222,18 +222,6 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
     return out
 
 
-def weight_checksum_spread(model: torch.nn.Module, world: int) -> float:
-    """Max difference of a float64 weight checksum across ranks (0.0 when the replicas are identical)."""
-    with torch.no_grad():
-        c = torch.stack([sum(p.double().sum() for p in model.parameters()), sum(p.double().abs().sum() for p in model.parameters())])
-    if world == 1:
-        return 0.0
-    allc = [torch.zeros_like(c) for _ in range(world)]
-    dist.all_gather(allc, c)
-    stacked = torch.stack(allc)
-    return float((stacked.max(0).values - stacked.min(0).values).max())
-
-
 # ----------------------------------------------------------------------------- the loop
 def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any]:
     cfg = resolve_prm_config(cfg)  # --prm-config: shaping from the policy server's PRM YAML
@@ -377,7 +365,7 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
         t_done = time.monotonic()
         trained_ids.extend(str(s.get("sample_id")) for s, bad in zip(samples, invalid) if not bad)
         if world > 1 and cfg.check_ddp_sync and not fsdp:
-            spread = weight_checksum_spread(model, world)
+            spread = parallel.weight_checksum_spread(model, world)
             m["ddp_weight_spread"] = spread
             if spread != 0.0:
                 raise TrainerError(f"DDP replicas diverged at step {step}: checksum spread {spread}")

@@ -228,7 +228,7 @@ def train_one_step(endpoints: dict, batch_size: int) -> int:
     cmd = [devstack.console_script("hindsight-train"), "--policy-url", endpoints["policy_url"],
            "--admin-api-key", endpoints["admin_api_key"], "--model-path", endpoints["policy_model_path"],
            "--out-dir", str(ckpt), "--steps", str(step), "--batch-size", str(batch_size),
-           "--lease-wait-s", "10", "--no-progress"]
+           "--min-batch", "1", "--lease-wait-s", "10", "--no-progress"]  # the demo trains on what its session produced
     shown = " ".join("***" if i > 0 and cmd[i - 1] == "--admin-api-key" else a for i, a in enumerate(cmd))
     print(f"  $ {shown}")
     log = Path(endpoints["log_dir"]) / "demo-train.log"

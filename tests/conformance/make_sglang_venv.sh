@@ -8,8 +8,8 @@
 # Where: ${HINDSIGHT_SGLANG_VENV:-$HOME/.cache/hindsight/sglang-0.5.23}. Reused when its marker file
 # `.complete` exists (written only after the import check below passed), so a half-built venv is rebuilt.
 # On failure the reason goes to "$VENV.failed" (read by the test to skip with it) and the exit status is 1.
-# Cost measured on the CI kind of machine: about 4-5 minutes and 6 GB for a fresh build (torch 2.14.1 with
-# its CUDA wheels comes from the registry), a second or two when reused.
+# Cost measured on the CI kind of machine: 4-7 minutes (7 with tests running beside it) and 6 GB for a fresh
+# build (torch 2.14.1 comes with its CUDA wheels from the registry); about 30 s when reused (the import check).
 set -euo pipefail
 
 VENV="${HINDSIGHT_SGLANG_VENV:-$HOME/.cache/hindsight/sglang-0.5.23}"

@@ -17,7 +17,7 @@ touching this test; a path the validator does not know fails it. The test also a
 covered each feature above, so it cannot pass by recording nothing.
 
 Skipped (with the reason) when the SGLang venv is not there: CI builds it (.ci/run); locally run
-``bash tests/conformance/make_sglang_venv.sh`` once (about 4-5 minutes, 6 GB, reused afterwards).
+``bash tests/conformance/make_sglang_venv.sh`` once (4-7 minutes, 6 GB, reused afterwards).
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def _stop_table(records: list[dict[str, Any]], model_dir: Path) -> dict[str, lis
     return {s: tok.encode(s, add_special_tokens=False) for s in stops}
 
 
-def test_every_engine_body_is_accepted_by_sglang(stack: Stack, sglang_python: Path, tiny_model_dir: Path) -> None:
+def test_every_engine_body_is_accepted_by_sglang(sglang_python: Path, stack: Stack, tiny_model_dir: Path) -> None:
     _drive(stack, tiny_model_dir)
     records = stack.records()
     generates = [r["body"] for r in records if r["path"] == "/generate"]

@@ -85,6 +85,7 @@ def exported(url: str) -> set[str]:
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a whole dev stack (two engines, two routers, judge, policy) on shared CPUs
 def test_every_dashboard_metric_exists_on_a_live_dev_stack(tmp_path: Path, tiny_model_dir: Path,
                                                            teacher_model_dir: Path) -> None:
     shutil.copytree(tiny_model_dir, tmp_path / "models" / "policy")

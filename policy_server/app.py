@@ -38,7 +38,7 @@ from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
 from engine.observability import RequestContextMiddleware, RouteMetrics, log_settings, propagate_request_id
 from policy_server.dispatch import Dispatcher
-from policy_server.errors import install_error_handlers
+from policy_server.errors import StoreBusy, install_error_handlers
 from policy_server.generation import Generator
 from policy_server.metrics import Metrics
 from policy_server.scoring import PRMScoring
@@ -106,7 +106,12 @@ async def _stop_background(settings: PolicySettings, store: Store, dispatcher: D
     drained = await dispatcher.shutdown(settings.shutdown_drain_s)
     tasks[0].cancel()
     await asyncio.gather(tasks[0], return_exceptions=True)
-    counts = (await asyncio.to_thread(store.stats))["samples"]
+    try:
+        counts = (await asyncio.to_thread(store.stats))["samples"]
+    except StoreBusy as exc:  # the shutdown goes on: everything pending is in the store anyway
+        logger.warning("shutdown: %d turn(s) judged while draining; pending counts unknown (%s)",
+                       drained["judged"], exc)
+        return
     logger.info("shutdown: %d turn(s) judged while draining, %d judge call(s) cancelled, %d pending judge job(s) "
                 "and %d held sample(s) awaiting session scoring stay in the store for the next start",
                 drained["judged"], drained["cancelled"], counts["pending_judge"], counts["pending_score"])
@@ -132,7 +137,8 @@ def create_app(settings: PolicySettings) -> FastAPI:
             metrics = app.state.metrics
             if scoring is not None:
                 scoring.register(metrics.registry)
-            store = await asyncio.to_thread(Store, settings.data_dir, synchronous=settings.store_synchronous)
+            store = await asyncio.to_thread(Store, settings.data_dir, synchronous=settings.store_synchronous,
+                                          busy_timeout_s=settings.store_busy_timeout_s)
             stack.callback(store.close)
             timeouts = EngineTimeouts()
             retry = RetryPolicy(max_attempts=settings.engine_max_attempts, deadline_s=settings.engine_deadline_s)

@@ -39,3 +39,12 @@ def require_client(request: Request, settings: PolicySettings) -> None:
 
 def require_admin(request: Request, settings: PolicySettings) -> None:
     _check(request, settings.admin_api_key or settings.api_key, "admin")
+
+
+def is_admin(request: Request, settings: PolicySettings) -> bool:
+    """Whether the request carries the admin key (or admin routes are open): for detail shown only to admins."""
+    try:
+        require_admin(request, settings)
+    except Unauthorized:
+        return False
+    return True

@@ -49,7 +49,7 @@ from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, abort_engine_req
 from engine.errors import EngineError, EngineTimeout
 from policy_server import openai_schemas as oa
 from policy_server.app import PolicyState
-from policy_server.auth import require_client
+from policy_server.auth import is_admin, require_client
 from policy_server.errors import Backpressure, InvalidRequest, PayloadTooLarge
 from policy_server.generation import GenResult
 from policy_server.store import Store
@@ -306,12 +306,19 @@ async def health() -> dict[str, str]:
 
 @router.get("/ready")
 async def ready(request: Request) -> JSONResponse:
+    """200 when the engine answers, the store can start a write now and the server is not draining, else 503.
+    Anyone sees the three checks; the detail (engine URL, weight version, gate, why the store is busy) only
+    the admin key's holder."""
     st = _state(request)
     draining = request.app.state.drain.draining
-    ok = not draining and await st.engine.health(timeout_s=2.0)
-    body = {"ready": ok, "engine_url": st.settings.engine_url, "weight_version": st.gate.version,
-            "gate_open": st.gate.is_open, "judge": bool(st.pipeline), "draining": draining}
-    return JSONResponse(body, status_code=200 if ok else 503)
+    engine_ok = await st.engine.health(timeout_s=2.0)
+    store_problem = await asyncio.to_thread(st.store.probe, min(0.5, st.settings.store_busy_timeout_s))
+    ok = not draining and engine_ok and store_problem is None
+    body: dict[str, Any] = {"ready": ok, "engine": engine_ok, "store": store_problem is None, "draining": draining}
+    if is_admin(request, st.settings):
+        body.update(engine_url=st.settings.engine_url, weight_version=st.gate.version, gate_open=st.gate.is_open,
+                    judge=bool(st.pipeline), store_detail=store_problem)
+    return JSONResponse(body, status_code=200 if ok else 503, headers={} if ok else {"Retry-After": "5"})
 
 
 @router.get("/metrics")

@@ -79,6 +79,9 @@ class PolicySettings(BaseSettings):
     store_synchronous: Literal["normal", "full"] = Field(
         "normal", description="SQLite WAL sync: normal survives a killed server process, full also an OS "
         "crash or power loss (fsync per commit); see policy_server.store")
+    store_busy_timeout_s: float = Field(
+        5.0, gt=0, description="longest wait for the store (its lock, or SQLite's write lock held by another "
+        "connection); then the request is a 503 with Retry-After and /ready reports the store busy")
     lease_timeout_s: float = 600.0
     max_lease_size: int = 4096
     max_lease_wait_s: float = 60.0

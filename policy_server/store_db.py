@@ -11,6 +11,14 @@ such transaction. Reads take the lock without a transaction. All methods are syn
 async server calls them through ``asyncio.to_thread`` (one connection guarded by a lock, so calls are
 serialised; SQLite would serialise writers anyway).
 
+Busy database (another process or connection holds the write lock: an operator's sqlite3 shell, a backup,
+a second server on the same data dir): every wait is bounded by ``busy_timeout_s``, both for the store
+lock (:class:`BoundedLock`) and for SQLite's own lock (its busy timeout), and ends in
+:class:`~policy_server.errors.StoreBusy` (HTTP 503 with Retry-After). Every failure path releases the
+store lock and leaves no transaction open (``BEGIN`` failed: nothing to undo; ``COMMIT`` failed: rolled
+back), so the store serves again as soon as the other holder lets go. :meth:`StoreDB.probe` is the
+``/ready`` check: can a write transaction start within a short timeout right now.
+
 Durability (``synchronous``): the store runs in WAL mode. With ``normal`` (the default) a commit has
 written its WAL frames to the OS before it returns, so an accepted turn survives ``kill -9`` or any
 crash of this process; only an OS crash or power loss may roll back the last commits (the database
@@ -26,6 +34,8 @@ import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
+
+from policy_server.errors import StoreBusy
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -78,14 +88,17 @@ SAMPLE_STATUSES = ("pending_judge", "pending_score", "ready", "leased", "consume
 class StoreDB:
     """The SQLite connection under ``data_dir/hindsight.sqlite3``; base of every store role class."""
 
-    def __init__(self, data_dir: str | Path, *, synchronous: str = "normal"):
+    def __init__(self, data_dir: str | Path, *, synchronous: str = "normal", busy_timeout_s: float = 5.0):
         if synchronous not in ("normal", "full"):
             raise ValueError(f"synchronous must be normal or full, not {synchronous!r}")
+        if busy_timeout_s <= 0:
+            raise ValueError("busy_timeout_s must be > 0")
         path = Path(data_dir)
         path.mkdir(parents=True, exist_ok=True)
         self.path = path / "hindsight.sqlite3"
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
+        self.busy_timeout_s = busy_timeout_s
+        self._lock = BoundedLock(busy_timeout_s)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=busy_timeout_s)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         # See the module docstring: NORMAL survives a killed process, FULL also power loss.
@@ -93,27 +106,92 @@ class StoreDB:
         self._db.executescript(SCHEMA)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        # Bounded like every other wait: a shutdown never hangs on a store call that is still stuck.
+        if self._lock.acquire(timeout=self.busy_timeout_s):
+            try:
+                self._db.close()
+            finally:
+                self._lock.release()
+
+    def probe(self, timeout_s: float = 0.5) -> str | None:
+        """None when a write transaction can start within ``timeout_s`` now, else why not (for ``/ready``)."""
+        if not self._lock.acquire(timeout=timeout_s):
+            return "store busy: a store call holds the connection"
+        try:
+            self._db.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute("ROLLBACK")
+            except sqlite3.OperationalError as exc:
+                return f"store busy: {exc}"
+            finally:
+                self._db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+            return None
+        finally:
+            self._lock.release()
 
     def _tx(self) -> _Tx:
         return _Tx(self)
 
 
+class BoundedLock:
+    """The store lock: ``with lock:`` waits at most ``timeout_s``, then raises StoreBusy (never blocks forever)."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+
+    def acquire(self, timeout: float = -1) -> bool:
+        return self._lock.acquire(timeout=timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> BoundedLock:
+        if not self._lock.acquire(timeout=self.timeout_s):
+            raise StoreBusy(f"sample store busy: no store access within {self.timeout_s:g}s")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def _busy(exc: sqlite3.OperationalError) -> StoreBusy:
+    return StoreBusy(f"sample store busy: {exc}")
+
+
 class _Tx:
-    """``with store._tx() as db``: one IMMEDIATE transaction under the store lock."""
+    """``with store._tx() as db``: one IMMEDIATE transaction under the store lock; every path releases it."""
 
     def __init__(self, store: StoreDB):
         self.store = store
 
     def __enter__(self) -> sqlite3.Connection:
-        self.store._lock.acquire()
-        self.store._db.execute("BEGIN IMMEDIATE")
+        self.store._lock.__enter__()
+        try:
+            self.store._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            # SQLite's busy timeout ran out (another connection holds the write lock): no transaction was
+            # opened, so there is nothing to roll back; the store lock must not stay taken.
+            self.store._lock.release()
+            raise _busy(exc) from None
+        except BaseException:
+            self.store._lock.release()
+            raise
         return self.store._db
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
+        db = self.store._db
         try:
-            self.store._db.execute("ROLLBACK" if exc_type else "COMMIT")
+            if exc_type:
+                db.execute("ROLLBACK")
+                return
+            try:
+                db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                if db.in_transaction:  # a COMMIT that could not get its lock leaves the transaction open
+                    db.execute("ROLLBACK")
+                raise _busy(exc) from None
         finally:
             self.store._lock.release()
 

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from engine.chat import load_tokenizer
 from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
+from engine.http_guard import AdmissionMiddleware, BodyLimitMiddleware
 from engine.observability import RequestContextMiddleware, log_settings, propagate_request_id
 from judge_server.errors import JudgeError
 from judge_server.judge import JudgeService
@@ -83,6 +84,11 @@ async def resolve_tokenizer(settings: JudgeSettings, client: EngineClient | None
     return await asyncio.to_thread(load_tokenizer, path), path
 
 
+def _guard_error(status: int, message: str) -> dict[str, Any]:
+    kind = {413: "InvalidRequest", 429: "TooManyRequests"}.get(status, "InvalidRequest")
+    return {"error": {"type": kind, "message": message}}
+
+
 def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = None) -> FastAPI:
     """The judge app; ``engine_client`` lets tests inject a client (e.g. with a fault-injecting transport)."""
 
@@ -113,6 +119,12 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
 
     app = FastAPI(title="Hindsight judge", lifespan=lifespan)
     app.include_router(router)
+    # Hostile-input guards (engine.http_guard): a body over the limit is a 413 while reading, a body
+    # nested too deep or holding unpaired surrogates a 400, both before FastAPI parses it or auth runs;
+    # admission bounds the requests in flight (429 beyond). Outermost: request ids and route metrics.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_request_chars, error_body=_guard_error,
+                       json_max_depth=settings.max_json_depth)
+    app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight_requests, error_body=_guard_error)
     app.add_middleware(RequestContextMiddleware, route_metrics=metrics.routes)
 
     @app.exception_handler(JudgeError)
@@ -130,6 +142,8 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unexpected error")
-        return JSONResponse({"error": {"type": "InternalError", "message": repr(exc)}}, status_code=500)
+        # The type only: an exception's text may quote the caller's input, which an error body never echoes.
+        return JSONResponse({"error": {"type": "InternalError", "message": f"internal error ({type(exc).__name__})"}},
+                            status_code=500)
 
     return app

@@ -5,7 +5,8 @@
 - ``POST /v1/judge/batch`` ``{"items": [...]}`` (or a bare list) -> ``{"results": [...]}``, judged
   concurrently, one result per item in order, each with its own statuses.
 - ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime rm-url): see compat.py.
-- ``GET /health`` liveness; ``GET /ready`` judge engine reachable (503 otherwise); ``GET /metrics``.
+- ``GET /health`` liveness; ``GET /ready`` judge engine reachable (503 otherwise; backend, prompt versions,
+  tokenizer path and engine URL only with the API key); ``GET /metrics``.
 Bearer ``api_key`` guards the POST routes when configured. Oversized input -> 413, bad input -> 400/422.
 
 Caller disconnects (house style §6 "propagate client disconnects (abort upstream)"): every judging route
@@ -42,13 +43,18 @@ router = APIRouter()
 T = TypeVar("T")
 
 
-async def require_key(request: Request) -> None:
+def has_key(request: Request) -> bool:
+    """Whether the request carries the Bearer ``api_key`` (True when none is configured); constant time."""
     key = request.app.state.settings.api_key
     if not key:
-        return
+        return True
     auth = request.headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+async def require_key(request: Request) -> None:
+    if not has_key(request):
         raise Unauthorized("missing or invalid Bearer API key")
 
 
@@ -169,9 +175,11 @@ async def _engine_ready(service: JudgeService) -> bool:
 async def ready(request: Request) -> JSONResponse:
     service = _service(request)
     ok = await _engine_ready(service)
-    body = {"ready": ok, "backend": service.settings.backend, "prompt_versions": service.prompt_versions,
-            "tokenizer_path": request.app.state.tokenizer_path,
-            "engine_url": service.settings.engine_url if service.settings.backend == "llm" else None}
+    body: dict[str, Any] = {"ready": ok}
+    if has_key(request):  # paths and URLs only for the key's holder (open when no key is configured)
+        body.update(backend=service.settings.backend, prompt_versions=service.prompt_versions,
+                    tokenizer_path=request.app.state.tokenizer_path,
+                    engine_url=service.settings.engine_url if service.settings.backend == "llm" else None)
     return JSONResponse(body, status_code=200 if ok else 503)
 
 

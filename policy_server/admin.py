@@ -24,7 +24,7 @@ import asyncio
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from policy_server.auth import require_admin
@@ -56,15 +56,15 @@ def _st(request: Request) -> Any:
 
 
 @router.get("/v1/samples/lease")
-async def lease(request: Request, max: int = 64, wait_s: float = 0.0) -> dict[str, Any]:  # noqa: A002
+async def lease(request: Request, max_samples: int = Query(64, alias="max"), wait_s: float = 0.0) -> dict[str, Any]:
     st = _st(request)
-    if not 1 <= max <= st.settings.max_lease_size:
+    if not 1 <= max_samples <= st.settings.max_lease_size:
         raise InvalidRequest(f"max must be in [1, {st.settings.max_lease_size}]", param="max")
     if not 0 <= wait_s <= st.settings.max_lease_wait_s:
         raise InvalidRequest(f"wait_s must be in [0, {st.settings.max_lease_wait_s}]", param="wait_s")
     end = time.monotonic() + wait_s
     while True:
-        got = await asyncio.to_thread(st.store.lease, max, st.settings.lease_timeout_s)
+        got = await asyncio.to_thread(st.store.lease, max_samples, st.settings.lease_timeout_s)
         if got is not None:
             lease_id, samples = got
             prm_metrics = st.scoring.drain_window() if st.scoring is not None else {}

@@ -36,9 +36,10 @@ from fastapi import FastAPI
 from engine.chat import load_tokenizer
 from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
+from engine.http_guard import AdmissionMiddleware, BodyLimitMiddleware
 from engine.observability import RequestContextMiddleware, RouteMetrics, log_settings, propagate_request_id
 from policy_server.dispatch import Dispatcher
-from policy_server.errors import StoreBusy, install_error_handlers
+from policy_server.errors import RETRY_AFTER_S, StoreBusy, error_body, install_error_handlers
 from policy_server.generation import Generator
 from policy_server.metrics import Metrics
 from policy_server.scoring import PRMScoring
@@ -117,6 +118,11 @@ async def _stop_background(settings: PolicySettings, store: Store, dispatcher: D
                 drained["judged"], drained["cancelled"], counts["pending_judge"], counts["pending_score"])
 
 
+def _guard_error(status: int, message: str) -> dict[str, object]:
+    kind = {413: "invalid_request_error", 429: "rate_limit_error"}.get(status, "invalid_request_error")
+    return error_body(status, message, kind)
+
+
 def create_app(settings: PolicySettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -190,6 +196,11 @@ def create_app(settings: PolicySettings) -> FastAPI:
     app.state.drain = DrainState()
     app.state.metrics = Metrics()
     app.add_middleware(DrainMiddleware, state=app.state.drain)
+    # Hostile-input guards (engine.http_guard): body size while reading, before any route or auth runs;
+    # then admission (bounded in-flight requests, 429 beyond) around it, so a flood is refused unread.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, error_body=_guard_error)
+    app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_concurrent_requests,
+                       error_body=_guard_error, retry_after_s=RETRY_AFTER_S)
     # Added last, so outermost: request/session ids, access line and route metrics for every response,
     # the drain 503s included (engine.observability).
     app.add_middleware(RequestContextMiddleware,

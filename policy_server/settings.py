@@ -61,11 +61,14 @@ class PolicySettings(BaseSettings):
     default_turn_type: Literal["main", "side"] = "main"
     session_idle_timeout_s: float = 600.0
     idle_sweep_interval_s: float = 1.0
-    max_body_bytes: int = 8 * 1024 * 1024
+    max_body_bytes: int = Field(8 * 1024 * 1024, description="largest request body on any route; 413 while "
+                                "reading beyond it (engine.http_guard), before parsing or auth")
+    max_json_depth: int = Field(64, ge=4, le=512, description="deepest JSON nesting accepted in a body (400 beyond)")
     default_max_tokens: int = 1024
     default_temperature: float = Field(1.0, ge=0.0, le=2.0, description="temperature when the client sends none "
                                        "(OpenAI's default); always sent to the engine and recorded with the sample")
-    max_concurrent_requests: int = 256
+    max_concurrent_requests: int = Field(256, ge=1, description="requests in flight at once (probes exempt); "
+                                         "429 with Retry-After beyond it; also sizes the engine connection pool")
     engine_deadline_s: float = 120.0
     engine_max_attempts: int = 5
     max_resumes: int = 8

@@ -14,7 +14,8 @@
   an unknown status is a 400.
 - ``GET /v1/samples/stats``: counts by status, reject reasons, pending retries, sessions, leases, and ``prm``
   (cumulative PRM metrics and outcome counts, not draining; ``{"enabled": false}`` without scoring).
-- ``GET|POST /admin/mode {"mode", "w_rl", "w_opd"}``: the reward mode used for turns judged from now on.
+- ``GET|POST /admin/mode {"mode", "w_rl", "w_opd"}``: the reward mode used for turns judged from now on;
+  persisted in the store, so it survives a restart (it then overrides the ``--mode``/``--w-*`` flags).
 - ``POST /admin/weights/update {"model_path", "weight_version"}`` -> ``{"success", "weight_version", "paused_s"}``.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -118,12 +120,14 @@ async def get_mode(request: Request) -> dict[str, Any]:
 @router.post("/admin/mode")
 async def set_mode(request: Request, body: ModeBody) -> dict[str, Any]:
     st = _st(request)
-    from policy_server.rewards import InvalidMode
+    from policy_server.rewards import InvalidMode, ModeState
 
-    try:
-        st.mode_state.set(body.mode, body.w_rl, body.w_opd)
+    try:  # validated on a copy, persisted, then applied: a mode in force is always the persisted one
+        snap = ModeState(**st.mode_state.to_dict()).set(body.mode, body.w_rl, body.w_opd)
     except InvalidMode as exc:
         raise InvalidRequest(str(exc)) from None
+    await asyncio.to_thread(st.store.set_runtime, "mode", asdict(snap))
+    st.mode_state.set(snap.mode, snap.w_rl, snap.w_opd)
     return st.mode_state.to_dict()
 
 

@@ -164,6 +164,12 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 version = await workers[0].weight_version()
             gate = WeightGate(settings.gate_timeout_s, version=version)
             mode_state, pipeline = _build_pipeline(settings, tokenizer, http, retry, stack)
+            persisted = await asyncio.to_thread(store.get_runtime, "mode")
+            if persisted is not None:  # set through POST /admin/mode before a restart: it stays in force
+                mode_state.set(persisted["mode"], persisted["w_rl"], persisted["w_opd"])
+                flags = {"mode": settings.mode, "w_rl": settings.w_rl, "w_opd": settings.w_opd}
+                if flags != mode_state.to_dict():
+                    logger.warning("reward mode %s set through /admin/mode overrides the flags %s", persisted, flags)
             dispatcher = Dispatcher(store, pipeline, concurrency=settings.dispatch_concurrency,
                                     retry_initial_s=settings.dispatch_retry_initial_s,
                                     retry_max_s=settings.dispatch_retry_max_s, scoring=scoring)

@@ -58,6 +58,9 @@ class PolicySettings(BaseSettings):
     admin_api_key: str | None = None
     allow_unauthenticated: bool = Field(False, description="serve a non-loopback host without an API key "
                                         "(only behind an authenticating gateway)")
+    allow_client_key_for_admin: bool = Field(False, description="with an api_key and no admin_api_key, let the "
+                                             "client key (held by every agent) open the admin routes; without "
+                                             "this opt-out that configuration refuses to start")
     default_turn_type: Literal["main", "side"] = "main"
     session_idle_timeout_s: float = 600.0
     idle_sweep_interval_s: float = 1.0
@@ -124,4 +127,8 @@ class PolicySettings(BaseSettings):
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
         check_exposure("hindsight-policy", self.host, self.api_key, allow_unauthenticated=self.allow_unauthenticated)
+        if self.api_key and not self.admin_api_key and not self.allow_client_key_for_admin:
+            raise ValueError("an api_key without an admin_api_key would let every agent's client key lease samples, "
+                             "change the mode and load weights: set --admin-api-key (or pass "
+                             "--allow-client-key-for-admin true to accept that)")
         return self

@@ -2,8 +2,9 @@
 
 Role: everything the other store modules (policy_server.store, store_samples, store_leases, store_reads)
 share. :class:`StoreDB` opens ``data_dir/hindsight.sqlite3`` (created on first use) in WAL mode, creates
-the four tables (``sessions``, ``turns``, ``samples``, ``leases``; their states are described in
-policy_server.store) and owns the one connection and its lock.
+the tables (``sessions``, ``turns``, ``samples``, ``leases``, whose states are described in
+policy_server.store, and ``runtime``: admin changes that must survive a restart, such as the reward
+mode) and owns the one connection and its lock.
 
 Transactions: ``with self._tx() as db`` is ONE ``BEGIN IMMEDIATE`` transaction under the store lock,
 committed on normal exit and rolled back on an exception. Every public write of the store is exactly one
@@ -73,6 +74,10 @@ CREATE TABLE IF NOT EXISTS samples (
     UNIQUE (session_id, turn_index)
 );
 CREATE INDEX IF NOT EXISTS samples_status ON samples (status, created_at);
+CREATE TABLE IF NOT EXISTS runtime (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS leases (
     lease_id TEXT PRIMARY KEY,
     created_at REAL NOT NULL,
@@ -95,7 +100,12 @@ class StoreDB:
             raise ValueError("busy_timeout_s must be > 0")
         path = Path(data_dir)
         path.mkdir(parents=True, exist_ok=True)
+        # Every conversation is in here: only the server's user may read it (the directory too, since
+        # SQLite creates its -wal/-shm files next to the database with the process umask).
+        path.chmod(0o700)
         self.path = path / "hindsight.sqlite3"
+        self.path.touch(mode=0o600, exist_ok=True)
+        self.path.chmod(0o600)
         self.busy_timeout_s = busy_timeout_s
         self._lock = BoundedLock(busy_timeout_s)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=busy_timeout_s)
@@ -104,6 +114,10 @@ class StoreDB:
         # See the module docstring: NORMAL survives a killed process, FULL also power loss.
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.executescript(SCHEMA)
+        for side in ("-wal", "-shm"):  # created by the first access under the process umask
+            side_path = self.path.with_name(self.path.name + side)
+            if side_path.exists():
+                side_path.chmod(0o600)
 
     def close(self) -> None:
         # Bounded like every other wait: a shutdown never hangs on a store call that is still stuck.
@@ -132,6 +146,18 @@ class StoreDB:
 
     def _tx(self) -> _Tx:
         return _Tx(self)
+
+    def get_runtime(self, key: str) -> Any:
+        """A runtime setting changed through the admin API (e.g. the reward mode), or None if never set."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM runtime WHERE key=?", (key,)).fetchone()
+        return json.loads(row["value"]) if row else None
+
+    def set_runtime(self, key: str, value: Any) -> None:
+        """Persist a runtime setting, so it survives a restart (one transaction)."""
+        with self._tx() as db:
+            db.execute("INSERT INTO runtime (key, value) VALUES (?, ?) "
+                       "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, json.dumps(value)))
 
 
 class BoundedLock:

@@ -52,7 +52,8 @@ class ToolCall(_Open):
 
 
 class ChatMessage(_Open):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Checked by validate_messages (its message names the bad role); the enum documents it in OpenAPI.
+    role: str = Field(..., json_schema_extra={"enum": list(ROLES)})
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None

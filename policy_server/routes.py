@@ -92,11 +92,11 @@ def _utf8_header(request: Request, name: str) -> str | None:
 def session_info(request: Request, body: dict[str, Any], default_turn_type: str) -> tuple[str | None, str, bool]:
     """(session_id, turn_type, session_done) from headers, else the (removed) body fallbacks."""
     fallbacks = {k: body.pop(k) for k in oa.SESSION_BODY_KEYS if k in body}
+    if not isinstance(fallbacks.get("session_id", ""), str):
+        raise InvalidRequest("session_id must be a string", param="session_id")
     sid = _utf8_header(request, "x-session-id")
     if sid is None:
         sid = fallbacks.get("session_id")
-        if sid is not None and not isinstance(sid, str):
-            raise InvalidRequest("session_id must be a string", param="session_id")
     if sid is not None:
         if not sid or len(sid) > 256 or not sid.isprintable():
             raise InvalidRequest("X-Session-Id must be 1-256 printable characters", param="X-Session-Id")

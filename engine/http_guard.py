@@ -12,6 +12,8 @@ settings:
 - :class:`AdmissionMiddleware` (pure ASGI): at most ``max_in_flight`` requests run at once (streams count
   until their last byte); beyond that the answer is 429 with ``Retry-After``. Health, readiness and
   metrics probes are exempt, so an overloaded server still says so.
+- :class:`UnexpectedErrorMiddleware` (pure ASGI): the servers' top-level handler for bugs: one 500 in
+  the server's error shape, one log record with the request id, tracebacks rate-limited.
 - :func:`parse_json_body`: ``json.loads`` whose deep nesting is a clear error (``"[" * 100000`` raises
   RecursionError inside the decoder), then :func:`check_json_value`: nesting at most ``max_depth`` levels
   (chat templates and validators recurse: 600 levels crash them) and no unpaired UTF-16 surrogate in any
@@ -25,6 +27,8 @@ Error bodies differ per server (OpenAI's shape, the judge's, SGLang's), so each 
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -135,6 +139,51 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+
+
+class UnexpectedErrorMiddleware:
+    """Pure ASGI, inside the request-id middleware: a bug in a route becomes ONE 500 in the server's error
+    shape (the exception's type only: its text may quote the client's input) and ONE log record with the
+    request id; the traceback is logged for at most ``tracebacks_per_min`` errors a minute, the rest get a
+    single line. Not re-raised: re-raising makes Starlette and uvicorn log the same traceback twice more,
+    outside the request's context."""
+
+    def __init__(self, app: Any, *, error_body: ErrorBody, logger: logging.Logger, tracebacks_per_min: int = 10):
+        self.app = app
+        self.error_body = error_body
+        self.logger = logger
+        self.tracebacks_per_min = tracebacks_per_min
+        self._window: list[float] = []  # monotonic times of the tracebacks logged in the last minute
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:  # noqa: BLE001 - the top-level handler of the server: logged, answered 500
+            self._log(scope, exc)
+            if not started:
+                await _send_error(send, 500, self.error_body(500, f"internal error ({type(exc).__name__})"), [])
+
+    def _log(self, scope: dict[str, Any], exc: Exception) -> None:
+        now = time.monotonic()
+        self._window = [t for t in self._window if now - t < 60.0]
+        where = f"{scope.get('method', '')} {scope.get('path', '')}"
+        if len(self._window) < self.tracebacks_per_min:
+            self._window.append(now)
+            self.logger.error("unhandled error in %s", where, exc_info=exc)
+        else:
+            self.logger.error("unhandled error in %s: %s (traceback suppressed: over %d a minute)", where,
+                              type(exc).__name__, self.tracebacks_per_min)
 
 
 def check_json_value(value: Any, max_depth: int) -> None:

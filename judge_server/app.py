@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from engine.chat import load_tokenizer
 from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
-from engine.http_guard import AdmissionMiddleware, BodyLimitMiddleware
+from engine.http_guard import AdmissionMiddleware, BodyLimitMiddleware, UnexpectedErrorMiddleware
 from engine.observability import RequestContextMiddleware, log_settings, propagate_request_id
 from judge_server.errors import JudgeError
 from judge_server.judge import JudgeService
@@ -125,6 +125,9 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_request_chars, error_body=_guard_error,
                        json_max_depth=settings.max_json_depth)
     app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight_requests, error_body=_guard_error)
+    # Bugs: one 500 (the exception's type only) and one log record with the request id, tracebacks rate-limited.
+    app.add_middleware(UnexpectedErrorMiddleware, logger=logger,
+                       error_body=lambda _s, msg: {"error": {"type": "InternalError", "message": msg}})
     app.add_middleware(RequestContextMiddleware, route_metrics=metrics.routes)
 
     @app.exception_handler(JudgeError)
@@ -139,11 +142,5 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
         return JSONResponse({"error": {"type": "InvalidRequest", "message": "; ".join(msgs) or "invalid request"}},
                             status_code=422)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unexpected error")
-        # The type only: an exception's text may quote the caller's input, which an error body never echoes.
-        return JSONResponse({"error": {"type": "InternalError", "message": f"internal error ({type(exc).__name__})"}},
-                            status_code=500)
 
     return app

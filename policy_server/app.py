@@ -36,11 +36,11 @@ from fastapi import FastAPI
 from engine.chat import load_tokenizer
 from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
-from engine.http_guard import AdmissionMiddleware, BodyLimitMiddleware
+from engine.http_guard import AdmissionMiddleware, BodyLimitMiddleware, UnexpectedErrorMiddleware
 from engine.observability import RequestContextMiddleware, RouteMetrics, log_settings, propagate_request_id
 from policy_server.dispatch import Dispatcher
 from policy_server.errors import RETRY_AFTER_S, StoreBusy, error_body, install_error_handlers
-from policy_server.generation import Generator
+from policy_server.generation import Generator, context_length
 from policy_server.metrics import Metrics
 from policy_server.scoring import PRMScoring
 from policy_server.sessions import SessionTracker
@@ -177,7 +177,9 @@ def create_app(settings: PolicySettings) -> FastAPI:
                                       sweep_interval_s=settings.idle_sweep_interval_s, on_new_work=dispatcher.wake)
             state = PolicyState(
                 settings=settings, store=store, engine=engine,
-                generator=Generator(engine, tokenizer, gate, max_resumes=settings.max_resumes),
+                generator=await asyncio.to_thread(
+                    Generator, engine, tokenizer, gate, max_resumes=settings.max_resumes,
+                    max_prompt_tokens=settings.max_prompt_tokens or context_length(settings.model_path)),
                 gate=gate, weight_sync=WeightSync(workers, gate, pause_mode=settings.pause_mode,
                                                   deadline_s=settings.weight_update_deadline_s),
                 sessions=sessions, dispatcher=dispatcher, metrics=metrics, mode_state=mode_state,
@@ -207,6 +209,8 @@ def create_app(settings: PolicySettings) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, error_body=_guard_error)
     app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_concurrent_requests,
                        error_body=_guard_error, retry_after_s=RETRY_AFTER_S)
+    app.add_middleware(UnexpectedErrorMiddleware, logger=logger,
+                       error_body=lambda status, msg: error_body(status, msg, "internal_error"))
     # Added last, so outermost: request/session ids, access line and route metrics for every response,
     # the drain 503s included (engine.observability).
     app.add_middleware(RequestContextMiddleware,

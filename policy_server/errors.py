@@ -106,8 +106,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(PolicyError)
     async def _policy(_: Request, exc: PolicyError) -> JSONResponse:
-        if isinstance(exc, StoreBusy):
-            logger.warning("%s", exc.message)
         # 429/503 are "come back later": say when, so clients back off instead of hammering.
         headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status_code in (429, 503) else None
         return JSONResponse(error_body(exc.status_code, exc.message, exc.error_type, exc.param, exc.code),
@@ -134,8 +132,5 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(exc.status_code, str(exc.detail), "invalid_request_error"),
                             status_code=exc.status_code)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal_error"),
-                            status_code=500)
+    # Anything else is a bug: engine.http_guard.UnexpectedErrorMiddleware (installed by create_app, inside
+    # the request-id middleware) answers it 500 with one log record, the traceback rate-limited.

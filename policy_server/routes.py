@@ -220,6 +220,8 @@ async def chat_completions(request: Request) -> Response:
     t0 = time.monotonic()
     body = await _read_json(request, st.settings.max_json_depth)
     sid, turn_type, done = session_info(request, body, st.settings.default_turn_type)
+    if isinstance(body.get("messages"), list):  # a hopeless prompt is refused before any per-message work
+        st.generator.check_fits([m for m in body["messages"] if isinstance(m, dict)])
     try:
         req = oa.ChatRequest.model_validate(body)
     except ValidationError as exc:

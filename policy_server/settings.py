@@ -68,6 +68,9 @@ class PolicySettings(BaseSettings):
                                 "reading beyond it (engine.http_guard), before parsing or auth")
     max_json_depth: int = Field(64, ge=4, le=512, description="deepest JSON nesting accepted in a body (400 beyond)")
     default_max_tokens: int = 1024
+    max_prompt_tokens: int | None = Field(None, ge=1, description="the engine's context length in tokens: a prompt "
+                                          "that cannot fit is a 400 before it is rendered (default: the model's "
+                                          "max_position_embeddings from config.json; no check when unknown)")
     default_temperature: float = Field(1.0, ge=0.0, le=2.0, description="temperature when the client sends none "
                                        "(OpenAI's default); always sent to the engine and recorded with the sample")
     max_concurrent_requests: int = Field(256, ge=1, description="requests in flight at once (probes exempt); "

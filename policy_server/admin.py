@@ -31,9 +31,11 @@ from pydantic import BaseModel, Field
 
 from policy_server.auth import require_admin
 from policy_server.errors import Conflict, InvalidRequest, NotFound
+from policy_server.openai_schemas import error_responses
 from policy_server.store import SAMPLE_STATUSES, LeaseError
 
-router = APIRouter()
+# Every admin route may answer these (auth, body limit, admission, busy store); route-specific ones below.
+router = APIRouter(responses=error_responses(401, 413, 429, 503))
 
 
 class AckBody(BaseModel):
@@ -58,7 +60,10 @@ def _st(request: Request) -> Any:
 
 
 @router.get("/v1/samples/lease")
-async def lease(request: Request, max_samples: int = Query(64, alias="max"), wait_s: float = 0.0) -> dict[str, Any]:
+async def lease(request: Request,
+                max_samples: int = Query(64, alias="max", ge=1, description="samples at most, <= max_lease_size"),
+                wait_s: float = Query(0.0, ge=0, description="seconds to wait for a first sample, <= max_lease_wait_s"),
+                ) -> dict[str, Any]:
     st = _st(request)
     if not 1 <= max_samples <= st.settings.max_lease_size:
         raise InvalidRequest(f"max must be in [1, {st.settings.max_lease_size}]", param="max")
@@ -78,7 +83,7 @@ async def lease(request: Request, max_samples: int = Query(64, alias="max"), wai
         await asyncio.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
 
-@router.post("/v1/samples/ack")
+@router.post("/v1/samples/ack", responses=error_responses(404, 409))
 async def ack(request: Request, body: AckBody) -> dict[str, Any]:
     st = _st(request)
     try:
@@ -89,7 +94,7 @@ async def ack(request: Request, body: AckBody) -> dict[str, Any]:
 
 @router.get("/v1/samples")
 async def list_samples(request: Request, session_id: str | None = None, status: str | None = None,
-                       limit: int = 100) -> dict[str, Any]:
+                       limit: int = Query(100, ge=1, description="rows at most, <= max_lease_size")) -> dict[str, Any]:
     st = _st(request)
     if not 1 <= limit <= st.settings.max_lease_size:
         raise InvalidRequest(f"limit must be in [1, {st.settings.max_lease_size}]", param="limit")
@@ -131,7 +136,7 @@ async def set_mode(request: Request, body: ModeBody) -> dict[str, Any]:
     return st.mode_state.to_dict()
 
 
-@router.post("/admin/weights/update")
+@router.post("/admin/weights/update", responses=error_responses(502))
 async def update_weights(request: Request, body: WeightsBody) -> dict[str, Any]:
     st = _st(request)
     try:

@@ -220,4 +220,27 @@ def create_app(settings: PolicySettings) -> FastAPI:
 
     app.include_router(routes.router)
     app.include_router(admin.router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, corrected to what the server answers: a request validation error is a 400 in
+    OpenAI's error shape here (policy_server.errors), not FastAPI's 422."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        from policy_server.openai_schemas import ErrorResponse
+
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        schema.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = \
+            ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+        error_ref = {"description": "invalid request (names the field)",
+                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+        for ops in schema.get("paths", {}).values():
+            for op in ops.values():
+                responses = op.get("responses", {})
+                if responses.pop("422", None) is not None:
+                    responses.setdefault("400", error_ref)
+        app.openapi_schema = schema
+    return app.openapi_schema

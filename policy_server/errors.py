@@ -129,8 +129,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # exc.headers carries e.g. the Allow header of a 405, which HTTP requires.
         return JSONResponse(error_body(exc.status_code, str(exc.detail), "invalid_request_error"),
-                            status_code=exc.status_code)
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     # Anything else is a bug: engine.http_guard.UnexpectedErrorMiddleware (installed by create_app, inside
     # the request-id middleware) answers it 500 with one log record, the traceback rate-limited.

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
@@ -303,7 +303,7 @@ async def chat_completions(request: Request) -> Response:
                              background=BackgroundTask(events.aclose))  # type: ignore[attr-defined]
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=oa.error_responses(401))
 async def models(request: Request) -> dict[str, Any]:
     st = _state(request)
     require_client(request, st.settings)
@@ -316,7 +316,7 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/ready")
+@router.get("/ready", responses={503: {"description": "engine down, store busy or draining (same body)"}})
 async def ready(request: Request) -> JSONResponse:
     """200 when the engine answers, the store can start a write now and the server is not draining, else 503.
     Anyone sees the three checks; the detail (engine URL, weight version, gate, why the store is busy) only
@@ -333,7 +333,8 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ok else 503, headers={} if ok else {"Retry-After": "5"})
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain; version=0.0.4": {}}, "description": "Prometheus text"}})
 async def metrics(request: Request) -> Response:
     st = _state(request)
     st.metrics.gate_waiting.set(st.gate.waiting)

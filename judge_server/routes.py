@@ -28,7 +28,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from engine.errors import EngineError, EngineRejected
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
@@ -39,6 +39,15 @@ from judge_server.schemas import BatchRequest, JudgeRequest, OpenRLHFRequest, Sl
 from judge_server.voting import STATUS_FAILED
 
 logger = logging.getLogger(__name__)
+_ERROR = {"content": {"application/json": {"schema": {"type": "object", "required": ["error"], "properties": {
+    "error": {"type": "object", "required": ["type", "message"],
+              "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}}}}
+# What the judging routes answer besides 200/422 (documented so the OpenAPI matches the server).
+JUDGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "invalid input (JSON too deep, unpaired surrogates, m too large, empty batch)", **_ERROR},
+    401: {"description": "missing or wrong Bearer key", **_ERROR},
+    413: {"description": "body over max_request_chars, or too many items/messages", **_ERROR},
+    429: {"description": "too many requests in flight (Retry-After)", **_ERROR}}
 router = APIRouter()
 T = TypeVar("T")
 
@@ -97,14 +106,14 @@ async def _judge_all(service: JudgeService, items: list[JudgeRequest], rid_prefi
     return list(await asyncio.gather(*(service.judge(it, f"{rid_prefix}{i}-") for i, it in enumerate(items))))
 
 
-@router.post("/v1/judge", dependencies=guarded, response_model=None)
+@router.post("/v1/judge", dependencies=guarded, response_model=None, responses=JUDGE_ERRORS)
 async def judge_one(item: JudgeRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     _check_item(service, item)
     return await _unless_disconnected(request, service, lambda rid: service.judge(item, rid))
 
 
-@router.post("/v1/judge/batch", dependencies=guarded, response_model=None)
+@router.post("/v1/judge/batch", dependencies=guarded, response_model=None, responses=JUDGE_ERRORS)
 async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     items = body.items if isinstance(body, BatchRequest) else body
@@ -118,7 +127,7 @@ async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request)
     return results if isinstance(results, Response) else {"results": results}
 
 
-@router.post("/get_reward", dependencies=guarded, response_model=None)
+@router.post("/get_reward", dependencies=guarded, response_model=None, responses=JUDGE_ERRORS)
 async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     items = openrlhf_items(body.query, body.prompts, body.labels)
@@ -135,7 +144,8 @@ async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, 
                            "confidence": [r["prm"]["confidence"] for r in results]}}
 
 
-@router.post("/slime/reward", dependencies=guarded)
+@router.post("/slime/reward", dependencies=guarded,
+             responses={**JUDGE_ERRORS, 503: {"description": "judging failed (no reward)", **_ERROR}})
 async def slime_reward(body: SlimeRequest, request: Request) -> Response:
     service = _service(request)
     item = slime_item(body.prompt, body.response, body.label)
@@ -171,7 +181,7 @@ async def _engine_ready(service: JudgeService) -> bool:
         return False
 
 
-@router.get("/ready")
+@router.get("/ready", responses={503: {"description": "judge engine unreachable"}})
 async def ready(request: Request) -> JSONResponse:
     service = _service(request)
     ok = await _engine_ready(service)
@@ -183,7 +193,8 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain; version=0.0.4": {}}, "description": "Prometheus text"}})
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
 

@@ -189,7 +189,10 @@ _ERROR_TEXT = {400: "invalid request (names the field)", 401: "missing or wrong 
                429: "too many requests in flight, or sample backlog full (Retry-After)",
                502: "engine answered badly", 503: "engine unreachable, store busy or shutting down (Retry-After)",
                504: "engine timed out"}
-CHAT_RESPONSES = error_responses(400, 401, 413, 429, 502, 503, 504)
+CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "chat.completion, or with stream: true chat.completion.chunk events",
+          "content": {"application/json": {}, "text/event-stream": {}}},
+    **error_responses(400, 401, 413, 429, 502, 503, 504)}
 
 
 def chat_request_schema() -> dict[str, Any]:

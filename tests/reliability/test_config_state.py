@@ -49,3 +49,39 @@ def test_admin_key_mode_persistence_ready_detail_and_file_modes(tiny_model_dir, 
             assert a.get("/admin/mode").json() == {"mode": "combine", "w_rl": 1.0, "w_opd": 0.25}
     finally:
         pol.stop()
+
+
+def test_admission_control_sheds_load_with_429(tiny_model_dir, engine, run_dir):
+    """Beyond --max-concurrent-requests in flight, requests get 429 + Retry-After; probes still answer."""
+    import threading
+    import time
+
+    pol = start_policy(tiny_model_dir, engine.url, run_dir / "data", run_dir,
+                       extra=["--max-concurrent-requests", "2", "--max-lease-wait-s", "30"])
+    results: list[int] = []
+    release = time.monotonic() + 30
+
+    def hold() -> None:  # a lease on an empty queue waits: it stays in flight
+        with admin(pol.url) as a:
+            results.append(a.get("/v1/samples/lease", params={"max": 1, "wait_s": 4}).status_code)
+
+    threads = [threading.Thread(target=hold) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        with client(pol.url) as c:
+            while True:  # poll until both holders are in flight (each answers only after its wait)
+                r = c.get("/v1/models")
+                if r.status_code == 429 or time.monotonic() > release:
+                    break
+                time.sleep(0.05)
+            assert r.status_code == 429, r.text
+            assert r.headers["retry-after"] and r.json()["error"]["type"] == "rate_limit_error"
+            assert httpx.get(pol.url + "/health", timeout=10, trust_env=False).status_code == 200
+        for t in threads:
+            t.join(timeout=30)
+        assert results == [200, 200]
+        with client(pol.url) as c:
+            assert c.get("/v1/models").status_code == 200  # capacity is back
+    finally:
+        pol.stop()

@@ -108,6 +108,13 @@ def test_session_header_is_utf8(policy):
         _assert_openai_error(bad)
 
 
+def test_wrong_method_is_405_with_allow(policy):
+    with client(policy.url) as c:
+        r = c.delete("/v1/chat/completions")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json()["error"]["code"] == 405
+
+
 def test_admin_bad_input(policy):
     with admin(policy.url) as a:
         r = a.get("/v1/samples/lease", params={"wait_s": 0.5})  # empty queue: waits, then answers empty

@@ -6,6 +6,12 @@ default turn type is ``default_turn_type``. A request without a session id is se
 (nothing could ever pair it). Only main turns are recorded; the record is committed before the client
 receives the end of the answer (the final chunk when streaming).
 
+Hostile input (docs/CONTRACTS.md "Hostile input"): the body's size was bounded while it was read
+(engine.http_guard, before this route and its auth); here it is parsed with nesting and surrogate checks,
+a prompt that cannot fit the engine's context is refused before any per-message work, and the typed
+shapes of openai_schemas.ChatRequest are checked, all as 400s that name the field and never echo it.
+Nothing is recorded for a request that is refused. ``X-Session-Id`` is read as UTF-8.
+
 Client disconnects (house style §6 "propagate client disconnects (abort upstream)"). A reply nobody reads
 must not keep the engine busy, and must not become a trainable turn. Detection:
 

@@ -5,7 +5,8 @@
 - ``POST /v1/judge/batch`` ``{"items": [...]}`` (or a bare list) -> ``{"results": [...]}``, judged
   concurrently, one result per item in order, each with its own statuses.
 - ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime rm-url): see compat.py.
-- ``GET /health`` liveness; ``GET /ready`` judge engine reachable (503 otherwise); ``GET /metrics``.
+- ``GET /health`` liveness; ``GET /ready`` judge engine reachable (503 otherwise; backend, prompt versions,
+  tokenizer path and engine URL only with the API key); ``GET /metrics``.
 Bearer ``api_key`` guards the POST routes when configured. The two reward-client routes also take it as
 the URL query parameter ``api_key`` (those clients can only be given a URL, never a header); the query
 string is never logged (engine.observability), and metrics carry route templates only.
@@ -30,7 +31,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from engine.errors import EngineError, EngineRejected
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
@@ -40,17 +41,31 @@ from judge_server.judge import JudgeService
 from judge_server.schemas import BatchRequest, JudgeRequest, OpenRLHFRequest, SlimeRequest
 
 logger = logging.getLogger(__name__)
+_ERROR = {"content": {"application/json": {"schema": {"type": "object", "required": ["error"], "properties": {
+    "error": {"type": "object", "required": ["type", "message"],
+              "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}}}}
+# What the judging routes answer besides 200/422 (documented so the OpenAPI matches the server).
+JUDGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "invalid input (JSON too deep, unpaired surrogates, m too large, empty batch)", **_ERROR},
+    401: {"description": "missing or wrong Bearer key", **_ERROR},
+    413: {"description": "body over max_request_chars, or too many items/messages", **_ERROR},
+    429: {"description": "too many requests in flight (Retry-After)", **_ERROR}}
 router = APIRouter()
 T = TypeVar("T")
 
 
-async def require_key(request: Request) -> None:
+def has_key(request: Request) -> bool:
+    """Whether the request carries the Bearer ``api_key`` (True when none is configured); constant time."""
     key = request.app.state.settings.api_key
     if not key:
-        return
+        return True
     auth = request.headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+async def require_key(request: Request) -> None:
+    if not has_key(request):
         raise Unauthorized("missing or invalid Bearer API key")
 
 
@@ -105,14 +120,14 @@ async def _judge_all(service: JudgeService, items: list[JudgeRequest], rid_prefi
     return list(await asyncio.gather(*(service.judge(it, f"{rid_prefix}{i}-") for i, it in enumerate(items))))
 
 
-@router.post("/v1/judge", dependencies=guarded, response_model=None)
+@router.post("/v1/judge", dependencies=guarded, response_model=None, responses=JUDGE_ERRORS)
 async def judge_one(item: JudgeRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     _check_item(service, item)
     return await _unless_disconnected(request, service, lambda rid: service.judge(item, rid))
 
 
-@router.post("/v1/judge/batch", dependencies=guarded, response_model=None)
+@router.post("/v1/judge/batch", dependencies=guarded, response_model=None, responses=JUDGE_ERRORS)
 async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     items = body.items if isinstance(body, BatchRequest) else body
@@ -126,7 +141,7 @@ async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request)
     return results if isinstance(results, Response) else {"results": results}
 
 
-@router.post("/get_reward", dependencies=compat_guarded, response_model=None)
+@router.post("/get_reward", dependencies=compat_guarded, response_model=None, responses=JUDGE_ERRORS)
 async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     items = openrlhf_items(body.query, body.prompts, body.labels)
@@ -140,7 +155,8 @@ async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, 
     return openrlhf_reply(results, service.settings.compat_failed_reward)
 
 
-@router.post("/slime/reward", dependencies=compat_guarded, response_model=None)
+@router.post("/slime/reward", dependencies=compat_guarded, response_model=None,
+             responses={**JUDGE_ERRORS, 503: {"description": "judging failed (no reward)", **_ERROR}})
 async def slime_reward(body: SlimeRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     item = slime_item(body.prompt, body.response, body.label)
@@ -171,17 +187,20 @@ async def _engine_ready(service: JudgeService) -> bool:
         return False
 
 
-@router.get("/ready")
+@router.get("/ready", responses={503: {"description": "judge engine unreachable"}})
 async def ready(request: Request) -> JSONResponse:
     service = _service(request)
     ok = await _engine_ready(service)
-    body = {"ready": ok, "backend": service.settings.backend, "prompt_versions": service.prompt_versions,
-            "tokenizer_path": request.app.state.tokenizer_path,
-            "engine_url": service.settings.engine_url if service.settings.backend == "llm" else None}
+    body: dict[str, Any] = {"ready": ok}
+    if has_key(request):  # paths and URLs only for the key's holder (open when no key is configured)
+        body.update(backend=service.settings.backend, prompt_versions=service.prompt_versions,
+                    tokenizer_path=request.app.state.tokenizer_path,
+                    engine_url=service.settings.engine_url if service.settings.backend == "llm" else None)
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain; version=0.0.4": {}}, "description": "Prometheus text"}})
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
 

@@ -17,7 +17,8 @@
   an unknown status is a 400.
 - ``GET /v1/samples/stats``: counts by status, reject reasons, pending retries, sessions, leases, and ``prm``
   (cumulative PRM metrics and outcome counts, not draining; ``{"enabled": false}`` without scoring).
-- ``GET|POST /admin/mode {"mode", "w_rl", "w_opd"}``: the reward mode used for turns judged from now on.
+- ``GET|POST /admin/mode {"mode", "w_rl", "w_opd"}``: the reward mode used for turns judged from now on;
+  persisted in the store, so it survives a restart (it then overrides the ``--mode``/``--w-*`` flags).
 - ``POST /admin/weights/update {"model_path", "weight_version"}`` -> ``{"success", "weight_version", "paused_s"}``.
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -33,9 +35,11 @@ from pydantic import BaseModel, Field
 from policy_server.auth import require_admin
 from policy_server.errors import Conflict, InvalidRequest, NotFound
 from policy_server.ready_notifier import lease_when_ready
+from policy_server.openai_schemas import error_responses
 from policy_server.store import SAMPLE_STATUSES, LeaseError
 
-router = APIRouter()
+# Every admin route may answer these (auth, body limit, admission, busy store); route-specific ones below.
+router = APIRouter(responses=error_responses(401, 413, 429, 503))
 
 
 class AckBody(BaseModel):
@@ -60,8 +64,11 @@ def _st(request: Request) -> Any:
 
 
 @router.get("/v1/samples/lease")
-async def lease(request: Request, max_n: int = Query(64, alias="max"), min_n: int = Query(1, alias="min"),
-                wait_s: float = 0.0) -> dict[str, Any]:
+async def lease(request: Request,
+                max_n: int = Query(64, alias="max", ge=1, description="samples at most, <= max_lease_size"),
+                min_n: int = Query(1, alias="min", ge=1, description="return as soon as this many are ready, <= max"),
+                wait_s: float = Query(0.0, ge=0, description="seconds to wait for min samples, <= max_lease_wait_s"),
+                ) -> dict[str, Any]:
     st = _st(request)
     if not 1 <= max_n <= st.settings.max_lease_size:
         raise InvalidRequest(f"max must be in [1, {st.settings.max_lease_size}]", param="max")
@@ -78,7 +85,7 @@ async def lease(request: Request, max_n: int = Query(64, alias="max"), min_n: in
             "prm_metrics": prm_metrics}
 
 
-@router.post("/v1/samples/ack")
+@router.post("/v1/samples/ack", responses=error_responses(404, 409))
 async def ack(request: Request, body: AckBody) -> dict[str, Any]:
     st = _st(request)
     try:
@@ -89,7 +96,7 @@ async def ack(request: Request, body: AckBody) -> dict[str, Any]:
 
 @router.get("/v1/samples")
 async def list_samples(request: Request, session_id: str | None = None, status: str | None = None,
-                       limit: int = 100) -> dict[str, Any]:
+                       limit: int = Query(100, ge=1, description="rows at most, <= max_lease_size")) -> dict[str, Any]:
     st = _st(request)
     if not 1 <= limit <= st.settings.max_lease_size:
         raise InvalidRequest(f"limit must be in [1, {st.settings.max_lease_size}]", param="limit")
@@ -120,16 +127,18 @@ async def get_mode(request: Request) -> dict[str, Any]:
 @router.post("/admin/mode")
 async def set_mode(request: Request, body: ModeBody) -> dict[str, Any]:
     st = _st(request)
-    from policy_server.rewards import InvalidMode
+    from policy_server.rewards import InvalidMode, ModeState
 
-    try:
-        st.mode_state.set(body.mode, body.w_rl, body.w_opd)
+    try:  # validated on a copy, persisted, then applied: a mode in force is always the persisted one
+        snap = ModeState(**st.mode_state.to_dict()).set(body.mode, body.w_rl, body.w_opd)
     except InvalidMode as exc:
         raise InvalidRequest(str(exc)) from None
+    await asyncio.to_thread(st.store.set_runtime, "mode", asdict(snap))
+    st.mode_state.set(snap.mode, snap.w_rl, snap.w_opd)
     return st.mode_state.to_dict()
 
 
-@router.post("/admin/weights/update")
+@router.post("/admin/weights/update", responses=error_responses(502))
 async def update_weights(request: Request, body: WeightsBody) -> dict[str, Any]:
     st = _st(request)
     try:

@@ -130,6 +130,8 @@ class SessionTracker:
         """
         async with self._lock(session_id):
             pairing, new_work = await asyncio.to_thread(self._arrive, session_id, messages, main, done)
+        if done and not main:
+            self._forget_lock(session_id)
         if pairing is not None and pairing.kind == "mismatch":
             self.mismatches += 1
         if new_work:
@@ -159,8 +161,17 @@ class SessionTracker:
         """Record a generated main turn (durably, before the client gets the answer)."""
         async with self._lock(session_id):
             idx = await asyncio.to_thread(self.store.record_turn, session_id, record, session_done=done)
+        if done:
+            self._forget_lock(session_id)
         self.on_new_work()
         return idx
+
+    def _forget_lock(self, session_id: str) -> None:
+        """Drop the lock of an ended session (a new request would create a fresh one), unless a request of it
+        holds or awaits the lock right now: dropping it then would let two requests run unserialised."""
+        lock = self._locks.get(session_id)
+        if lock is not None and not lock.locked() and not getattr(lock, "_waiters", None):
+            del self._locks[session_id]
 
     async def sweep_idle(self, now: float | None = None) -> int:
         """End every session idle for longer than the timeout; returns how many ended."""

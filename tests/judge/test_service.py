@@ -139,7 +139,7 @@ async def test_transient_5xx_is_retried() -> None:
     eng.fail_next = 2
     async with judge_app(eng) as c:
         r = await c.post("/v1/judge", json={**REQ, "tasks": ["prm"]})
-    assert r.json()["prm"]["score"] == -1 and len(eng.requests) == 3
+    assert r.json()["prm"]["score"] == -1 and r.json()["prm"]["votes"] == [-1, -1, -1]
 
 
 async def test_engine_down_is_judge_failed_not_zero() -> None:
@@ -175,12 +175,19 @@ async def test_concurrency_bound() -> None:
     assert eng.max_in_flight <= 2 and len(eng.requests) == 12
 
 
+async def test_empty_reply_is_judged_like_any_other_turn() -> None:
+    eng = FakeEngine([r"\boxed{-1}"] * 3)
+    async with judge_app(eng) as c:
+        r = await c.post("/v1/judge", json={**REQ, "response": {"content": "   "}, "tasks": ["prm"]})
+    assert r.status_code == 200, r.text
+    assert r.json()["prm"]["score"] == -1 and r.json()["prm"]["votes"] == [-1, -1, -1]
+
+
 @pytest.mark.parametrize(
     "body,status",
     [
         ({"response": {"content": "x"}}, 422),  # next_state missing
         ({**REQ, "next_state": [{"role": "assistant", "content": "x"}]}, 422),  # wrong role
-        ({**REQ, "response": {"content": "   "}}, 422),  # empty response
         ({**REQ, "tasks": ["score"]}, 422),
         ({**REQ, "tasks": []}, 422),
         ({**REQ, "m": 0}, 422),

@@ -47,6 +47,7 @@ from starlette.background import BackgroundTask
 from engine.chat import DEFAULT_TOOL_PARSER, parse_assistant_output
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, abort_engine_requests, unless_disconnected
 from engine.errors import EngineError, EngineTimeout
+from policy_server import openai_fields as fields
 from policy_server import openai_schemas as oa
 from policy_server.app import PolicyState
 from policy_server.auth import require_client
@@ -54,7 +55,7 @@ from policy_server.errors import Backpressure, InvalidRequest, PayloadTooLarge
 from policy_server.generation import GenResult
 from policy_server.store import Store
 from policy_server.streaming import assistant_message, sse_events
-from policy_server.tool_choice import forced_tool_regex
+from policy_server.tool_choice import GRAMMAR_KEYS, forced_tool_grammar, response_format_schema
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -128,8 +129,9 @@ def _turn_record(messages: list[dict[str, Any]], tools: Any, res: GenResult, mes
             "rollout_logprobs": res.logprobs, "response": {k: message.get(k) for k in
                                                             ("content", "reasoning_content", "tool_calls")},
             "weight_version": res.weight_version, "weight_versions": res.weight_versions, "sampling_params": sp,
-            # A forced tool call decodes under a regex: the log-probs are the masked distribution's.
-            "constrained": "regex" in sp}
+            # A forced tool call or a JSON response format decodes under a grammar: the log-probs are the
+            # masked distribution's.
+            "constrained": any(k in sp for k in GRAMMAR_KEYS)}
 
 
 @dataclass
@@ -219,23 +221,38 @@ async def chat_completions(request: Request) -> Response:
         raise InvalidRequest(f"{loc}: {first.get('msg')}", param=loc or None) from None
     messages = oa.validate_messages(req.messages)
     oa.validate_tools(req.tools, req.tool_choice)
+    extras = fields.parse_extras(body)
     sp = oa.sampling_params(req, st.settings.default_max_tokens, st.settings.default_temperature)
-    regex = forced_tool_regex(req.tools, req.tool_choice)
-    if regex:
-        sp["regex"] = regex
+    forced = forced_tool_grammar(req.tools, req.tool_choice)
+    json_schema = response_format_schema(extras.response_format)
+    if forced and json_schema:
+        raise InvalidRequest("response_format json_object/json_schema cannot be combined with a forced tool_choice",
+                             param="response_format")
+    if forced:
+        sp["ebnf"] = forced
+    elif json_schema:
+        sp["json_schema"] = json_schema
+    fields.apply_extras(extras, sp, vocab_size=len(st.generator.tokenizer), forced_tools=bool(forced),
+                        tools=bool(req.tools) and req.tool_choice != "none")
     record = sid is not None and turn_type == "main"
     if record:
         await _check_backlog(st)
     if sid is not None:
         await st.sessions.on_request(sid, messages, main=record, done=done)
     st.metrics.turns.labels(turn_type=turn_type if record else "side").inc()
-    prompt_ids = await st.generator.render(messages, req.tools)
+    prompt_ids = await st.generator.render(messages, req.tools, fields.chat_template_kwargs(extras))
     model = req.model or st.settings.served_model_name
     hexid = uuid.uuid4().hex
     rid = f"chatcmpl-{hexid}"
     parse_tools = req.tool_choice != "none"
     # Engine rids "hs-<hex>-<segment>": unique per submission, one abort prefix per chat request.
-    turn = _Turn(sid=sid, res=GenResult(prompt_ids=list(prompt_ids), rid_prefix=f"hs-{hexid}-"))
+    turn = _Turn(sid=sid, res=GenResult(prompt_ids=list(prompt_ids), rid_prefix=f"hs-{hexid}-",
+                                        top_logprobs_num=extras.top_logprobs or 0))
+
+    def logprob_entries(start: int, end: int) -> list[dict[str, Any]]:
+        r = turn.res
+        return fields.token_logprobs(st.generator.tokenizer, r.response_ids[start:end], r.logprobs[start:end],
+                                     r.top_logprobs[start:end] if r.top_logprobs_num else None)
 
     async def finish_turn(res: GenResult, message: dict[str, Any]) -> None:
         st.metrics.resumes.inc(res.resumes)
@@ -249,13 +266,17 @@ async def chat_completions(request: Request) -> Response:
     async def answer() -> JSONResponse:
         res = await st.generator.generate(prompt_ids, sp, turn.res)
         parsed = parse_assistant_output(res.text, tool_parser=DEFAULT_TOOL_PARSER if parse_tools else None)
-        message = assistant_message(parsed.content, parsed.reasoning_content, parsed.tool_calls)
+        # A forced call cut short (max_tokens) is no call and no content: its markup never reaches the client.
+        content = None if forced and not parsed.tool_calls else parsed.content
+        message = assistant_message(content, parsed.reasoning_content, parsed.tool_calls)
         await finish_turn(res, message)
         st.metrics.latency.labels(route="chat").observe(time.monotonic() - t0)
         return JSONResponse(oa.completion(
             rid=rid, model=model, message=message, finish=oa.finish_reason(res.finish, bool(parsed.tool_calls)),
             prompt_tokens=len(prompt_ids), completion_tokens=len(res.response_ids),
-            weight_version=res.weight_version, session_id=sid))
+            logprobs={"content": logprob_entries(0, len(res.response_ids))} if extras.logprobs else None,
+            metadata=extras.metadata, hindsight=fields.hindsight_extension(res.weight_version, sid)),
+            headers=fields.hindsight_headers(res.weight_version, sid))
 
     include_usage = bool((req.stream_options or {}).get("include_usage"))
     deltas = st.generator.stream(prompt_ids, sp, turn.res) if req.stream else None
@@ -282,12 +303,14 @@ async def chat_completions(request: Request) -> Response:
 
     events = sse_events(
         rid=rid, model=model, first=first, deltas=deltas, res=turn.res, parse_tools=parse_tools,
+        forced_call=bool(forced), logprob_entries=logprob_entries if extras.logprobs else None,
         include_usage=include_usage, finish_turn=finish_turn, on_engine_error=lambda e: _engine_failed(st, turn, e),
         on_complete=lambda: st.metrics.latency.labels(route="chat_stream").observe(time.monotonic() - t0),
         on_undelivered=undelivered)
     # The background task runs after the body ends or the client left (Starlette cancels the body on
     # http.disconnect, then runs it): closing the iterator there runs its finally in every case.
-    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+    headers = {"Cache-Control": "no-cache", **fields.hindsight_headers(turn.res.weight_version, sid)}
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers,
                              background=BackgroundTask(events.aclose))  # type: ignore[attr-defined]
 
 

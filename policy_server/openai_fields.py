@@ -13,7 +13,10 @@ Contract (CONTRACTS.md "OpenAI fields"):
   top-k alternatives. Streaming chunks carry the entries of the tokens sampled since the previous chunk.
 - ``response_format``: ``json_object``/``json_schema`` are constrained decoding (policy_server.tool_choice);
   ``text`` is the default. Cannot be combined with a forced ``tool_choice`` (one grammar per request).
-- ``logit_bias``: token-id -> bias in [-100, 100], forwarded to the engine as is.
+- ``logit_bias``: token-id -> bias in [-100, 100], forwarded to the engine as is when the policy server
+  talks to its engine directly. sglang-router 0.3.2 drops ``logit_bias`` from ``/generate`` (its typed
+  sampling struct lacks it), so behind a router (``engine_url`` not among ``engine_worker_urls``) the
+  field is a 400 rather than silently ignored.
 - ``parallel_tool_calls: false``: a forced call is always exactly one; with ``tool_choice: auto`` the
   engine stops at the first ``</tool_call>`` (kept in the text), so at most one call is returned.
 - ``reasoning_effort``: one of ``none minimal low medium high xhigh``. The policy's chat template only has
@@ -93,9 +96,13 @@ def parse_extras(body: dict[str, Any]) -> ChatExtras:
 
 
 def apply_extras(extras: ChatExtras, sp: dict[str, Any], *, vocab_size: int, forced_tools: bool,
-                 tools: bool) -> None:
+                 tools: bool, behind_router: bool) -> None:
     """Add this module's engine sampling parameters to ``sp`` (in place)."""
     if extras.logit_bias:
+        if behind_router:
+            raise InvalidRequest("logit_bias is not available behind sglang-router, which drops it on the way to "
+                                 "the engine; point the policy server at the engine directly to use it",
+                                 param="logit_bias")
         bad = [k for k in extras.logit_bias if int(k) >= vocab_size]
         if bad:
             raise InvalidRequest(f"logit_bias token id {bad[0]} is outside the vocabulary ({vocab_size} tokens)",

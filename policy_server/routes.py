@@ -233,7 +233,8 @@ async def chat_completions(request: Request) -> Response:
     elif json_schema:
         sp["json_schema"] = json_schema
     fields.apply_extras(extras, sp, vocab_size=len(st.generator.tokenizer), forced_tools=bool(forced),
-                        tools=bool(req.tools) and req.tool_choice != "none")
+                        tools=bool(req.tools) and req.tool_choice != "none",
+                        behind_router=st.settings.engine_url not in st.settings.engine_worker_urls)
     record = sid is not None and turn_type == "main"
     if record:
         await _check_backlog(st)

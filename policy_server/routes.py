@@ -3,7 +3,7 @@
 Session protocol (issue 4 item 3): ``X-Session-Id``, ``X-Turn-Type: main|side``, ``X-Session-Done``
 headers, with body fallbacks ``session_id``/``turn_type``/``session_done`` removed before use. The
 default turn type is ``default_turn_type``. A request without a session id is served and not recorded
-(nothing could ever pair it). Only main turns are recorded; the record is committed before the client
+(nothing could ever pair it), unless session inference is on (policy_server.session_inference). Only main turns are recorded; the record is committed before the client
 receives the end of the answer (the final chunk when streaming).
 
 Client disconnects (house style §6 "propagate client disconnects (abort upstream)"). A reply nobody reads
@@ -235,10 +235,14 @@ async def chat_completions(request: Request) -> Response:
     fields.apply_extras(extras, sp, vocab_size=len(st.generator.tokenizer), forced_tools=bool(forced),
                         tools=bool(req.tools) and req.tool_choice != "none",
                         behind_router=st.settings.engine_url not in st.settings.engine_worker_urls)
-    record = sid is not None and turn_type == "main"
+    infer = sid is None and turn_type == "main" and st.inferrer is not None
+    record = (sid is not None or infer) and turn_type == "main"
     if record:
         await _check_backlog(st)
-    if sid is not None:
+    if infer:
+        assert st.inferrer is not None
+        sid = await st.inferrer.claim(messages, done=done)  # claims (pairs) the session it continues
+    elif sid is not None:
         await st.sessions.on_request(sid, messages, main=record, done=done)
     st.metrics.turns.labels(turn_type=turn_type if record else "side").inc()
     prompt_ids = await st.generator.render(messages, req.tools, fields.chat_template_kwargs(extras))

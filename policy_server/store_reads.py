@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from policy_server.store_db import SAMPLE_STATUSES, StoreDB
+from policy_server.store_db import SAMPLE_STATUSES, StoreDB, turn_dict
 
 
 class StoreReads(StoreDB):
@@ -38,6 +38,8 @@ class StoreReads(StoreDB):
             score_retrying = self._db.execute(
                 "SELECT COUNT(*) FROM samples WHERE status='pending_score' AND attempts>0"
             ).fetchone()[0]
+            inferred = self._db.execute(
+                "SELECT COUNT(*) FROM sessions WHERE session_id LIKE 'inferred-%'").fetchone()[0]
         return {
             "samples": by_status,
             "reject_reasons": reasons,
@@ -49,7 +51,16 @@ class StoreReads(StoreDB):
             "active_leases": leases,
             "pending_judge_retrying": retrying,
             "pending_score_retrying": score_retrying,
+            "inferred_sessions": inferred,
         }
+
+    def awaiting_open_turns(self) -> list[dict[str, Any]]:
+        """Awaiting turns of open sessions, oldest first: what session inference matches against."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT t.* FROM turns t JOIN sessions s ON s.session_id=t.session_id "
+                "WHERE s.done=0 AND t.pairing='awaiting' ORDER BY t.created_at").fetchall()
+        return [turn_dict(r) for r in rows]
 
     def unconsumed_backlog(self) -> int:
         """Samples accepted but not yet consumed (awaiting pairing, judging, scoring, ready or leased)."""

@@ -85,21 +85,25 @@ class StoreReads(StoreDB):
         """Read-only view of sample rows (no lease, no state change), oldest first, with their Sample JSON.
 
         Each row: sample_id, session_id, turn_index, status, reject_reason, attempts, last_error,
-        created_at, updated_at, and ``sample`` (the Sample JSON once judged, else None).
+        created_at, updated_at, ``sample`` (the Sample JSON once judged, else None) and ``turn``: the
+        turn's ``pairing``, ``pairing_note`` and ``next_state`` (the messages typed by role that followed
+        the reply, None until paired), so an operator sees why a sample was accepted or rejected.
         """
         if status is not None and status not in SAMPLE_STATUSES:
             raise ValueError(f"status must be one of {', '.join(SAMPLE_STATUSES)}, not {status!r}")
         where, args = [], []
         if session_id is not None:
-            where.append("session_id=?")
+            where.append("s.session_id=?")
             args.append(session_id)
         if status is not None:
-            where.append("status=?")
+            where.append("s.status=?")
             args.append(status)
-        sql = ("SELECT sample_id, session_id, turn_index, status, reject_reason, attempts, last_error, created_at, "
-               "updated_at, data FROM samples" + (" WHERE " + " AND ".join(where) if where else "") +
-               (" ORDER BY turn_index" if session_id is not None else " ORDER BY created_at, session_id, turn_index")
-               + " LIMIT ?")
+        sql = ("SELECT s.sample_id, s.session_id, s.turn_index, s.status, s.reject_reason, s.attempts, s.last_error, "
+               "s.created_at, s.updated_at, s.data, t.pairing, t.pairing_note, t.next_state FROM samples s "
+               "LEFT JOIN turns t ON t.session_id=s.session_id AND t.turn_index=s.turn_index"
+               + (" WHERE " + " AND ".join(where) if where else "")
+               + (" ORDER BY s.turn_index" if session_id is not None
+                  else " ORDER BY s.created_at, s.session_id, s.turn_index") + " LIMIT ?")
         with self._lock:
             rows = self._db.execute(sql, (*args, int(limit))).fetchall()
         out = []
@@ -107,6 +111,9 @@ class StoreReads(StoreDB):
             d = dict(r)
             data = d.pop("data")
             d["sample"] = json.loads(data) if data else None
+            next_state = d.pop("next_state")
+            d["turn"] = {"pairing": d.pop("pairing"), "pairing_note": d.pop("pairing_note"),
+                         "next_state": json.loads(next_state) if next_state else None}
             out.append(d)
         return out
 

@@ -1,6 +1,6 @@
 """End-to-end with the real agent clients users run: openai-agents (Runner.run / run_streamed with a typed
-``@function_tool``) and langchain-openai (``bind_tools`` with a forced tool, ``with_structured_output``)
-against the real policy server -> sglang-router -> dev engine.
+``@function_tool``), langchain-openai (``bind_tools`` with a forced tool, ``with_structured_output``) and
+litellm (a forced typed call with a session header) against the real policy server -> sglang-router -> dev engine.
 
 Contract (CONTRACTS.md "Forced tool calls", "OpenAI fields", docs/CLIENTS.md): a forced call of a tool
 with ``list[str]``, ``Optional[int]``, ``Literal`` and ``bool`` parameters arrives typed, so the SDK runs
@@ -13,6 +13,7 @@ tool-call turn early) pairs the tool-call turn with its tool result.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -146,3 +147,20 @@ def test_langchain_structured_output_json_schema(policy):
     llm = lc_model(policy, max_tokens=200)
     out = llm.with_structured_output(Grade, method="json_schema").invoke("grade this")
     assert isinstance(out, Grade)
+
+
+def test_litellm_forced_tool_call_and_session(policy, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download of the model price list
+    import litellm
+
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "maxItems": 4},
+                                         "exact": {"type": "boolean"}}, "required": ["ids", "exact"]}}}]
+    r = litellm.completion(model="openai/hindsight-policy", api_base=policy.url + "/v1", api_key=CLIENT_KEY,
+                           messages=[{"role": "user", "content": "find 1 and 2"}], tools=tools, max_tokens=200,
+                           tool_choice={"type": "function", "function": {"name": "lookup"}}, num_retries=0,
+                           extra_headers={"X-Session-Id": "litellm", "X-Session-Done": "true"})
+    [call] = r.choices[0].message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert all(isinstance(i, int) for i in args["ids"]) and isinstance(args["exact"], bool)
+    assert Store(data_dir(policy)).get_turn("litellm", 0)["constrained"] is True

@@ -46,14 +46,14 @@ class ChatExtras(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    logprobs: bool | None = None
+    logprobs: bool | None = Field(None, strict=True)  # "yes" is a 400, not True
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = Field(None, strict=True)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     user: str | None = None
-    store: bool | None = None
+    store: bool | None = Field(None, strict=True)
     metadata: dict[str, str] | None = None
 
     @field_validator("logit_bias")

@@ -124,8 +124,9 @@ async def _check_backlog(st: PolicyState) -> None:
 
 
 def _turn_record(messages: list[dict[str, Any]], tools: Any, res: GenResult, message: dict[str, Any],
-                 sp: dict[str, Any]) -> dict[str, Any]:
-    return {"messages": messages, "tools": tools, "prompt_ids": res.prompt_ids, "response_ids": res.response_ids,
+                 sp: dict[str, Any], template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"chat_template_kwargs": template_kwargs,  # the teacher renders its prompt the same way
+            "messages": messages, "tools": tools, "prompt_ids": res.prompt_ids, "response_ids": res.response_ids,
             "rollout_logprobs": res.logprobs, "response": {k: message.get(k) for k in
                                                             ("content", "reasoning_content", "tool_calls")},
             "weight_version": res.weight_version, "weight_versions": res.weight_versions, "sampling_params": sp,
@@ -245,7 +246,8 @@ async def chat_completions(request: Request) -> Response:
     elif sid is not None:
         await st.sessions.on_request(sid, messages, main=record, done=done)
     st.metrics.turns.labels(turn_type=turn_type if record else "side").inc()
-    prompt_ids = await st.generator.render(messages, req.tools, fields.chat_template_kwargs(extras))
+    template_kwargs = fields.chat_template_kwargs(extras)
+    prompt_ids = await st.generator.render(messages, req.tools, template_kwargs)
     model = req.model or st.settings.served_model_name
     hexid = uuid.uuid4().hex
     rid = f"chatcmpl-{hexid}"
@@ -264,7 +266,7 @@ async def chat_completions(request: Request) -> Response:
         if record:
             assert sid is not None
             turn.record_task = asyncio.ensure_future(
-                st.sessions.on_main_turn(sid, _turn_record(messages, req.tools, res, message, sp), done=done))
+                st.sessions.on_main_turn(sid, _turn_record(messages, req.tools, res, message, sp, template_kwargs), done=done))
             # Shielded: a disconnect now must not lose track of a write that commits anyway (see _abandon).
             await asyncio.shield(turn.record_task)
 

@@ -6,7 +6,10 @@
   concurrently, one result per item in order, each with its own statuses.
 - ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime rm-url): see compat.py.
 - ``GET /health`` liveness; ``GET /ready`` judge engine reachable (503 otherwise); ``GET /metrics``.
-Bearer ``api_key`` guards the POST routes when configured. Oversized input -> 413, bad input -> 400/422.
+Bearer ``api_key`` guards the POST routes when configured. The two reward-client routes also take it as
+the URL query parameter ``api_key`` (those clients can only be given a URL, never a header); the query
+string is never logged (engine.observability), and metrics carry route templates only.
+Oversized input -> 413, bad input -> 400/422.
 
 Caller disconnects (house style §6 "propagate client disconnects (abort upstream)"): every judging route
 runs its work as a task next to a watcher of the ASGI ``receive`` channel. The body has been read in full
@@ -31,11 +34,10 @@ from fastapi.responses import JSONResponse
 
 from engine.errors import EngineError, EngineRejected
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
-from judge_server.compat import openrlhf_items, slime_item
+from judge_server.compat import openrlhf_items, openrlhf_reply, slime_item, slime_reply
 from judge_server.errors import InvalidRequest, Unauthorized
 from judge_server.judge import JudgeService
 from judge_server.schemas import BatchRequest, JudgeRequest, OpenRLHFRequest, SlimeRequest
-from judge_server.voting import STATUS_FAILED
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -50,6 +52,17 @@ async def require_key(request: Request) -> None:
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
         raise Unauthorized("missing or invalid Bearer API key")
+
+
+async def require_key_or_query_key(request: Request) -> None:
+    """Reward-client routes only: the Bearer header, else the ``api_key`` URL query parameter."""
+    key = request.app.state.settings.api_key
+    query_key = request.query_params.get("api_key")
+    if not key or "authorization" in request.headers or query_key is None:
+        await require_key(request)
+        return
+    if not hmac.compare_digest(query_key.encode(), key.encode()):
+        raise Unauthorized("missing or invalid API key (Bearer header or api_key query parameter)")
 
 
 async def check_size(request: Request) -> None:
@@ -72,6 +85,7 @@ def _service(request: Request) -> JudgeService:
 
 
 guarded = [Depends(require_key), Depends(check_size)]
+compat_guarded = [Depends(require_key_or_query_key), Depends(check_size)]
 
 
 async def _unless_disconnected(request: Request, service: JudgeService,
@@ -112,7 +126,7 @@ async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request)
     return results if isinstance(results, Response) else {"results": results}
 
 
-@router.post("/get_reward", dependencies=guarded, response_model=None)
+@router.post("/get_reward", dependencies=compat_guarded, response_model=None)
 async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     items = openrlhf_items(body.query, body.prompts, body.labels)
@@ -123,26 +137,18 @@ async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, 
     results = await _unless_disconnected(request, service, lambda rid: _judge_all(service, items, rid))
     if isinstance(results, Response):
         return results
-    rewards = [None if r["prm"]["status"] == STATUS_FAILED else float(r["prm"]["score"]) for r in results]
-    return {"rewards": rewards, "scores": list(rewards),
-            "extra_logs": {"status": [r["prm"]["status"] for r in results],
-                           "confidence": [r["prm"]["confidence"] for r in results]}}
+    return openrlhf_reply(results, service.settings.compat_failed_reward)
 
 
-@router.post("/slime/reward", dependencies=guarded)
-async def slime_reward(body: SlimeRequest, request: Request) -> Response:
+@router.post("/slime/reward", dependencies=compat_guarded, response_model=None)
+async def slime_reward(body: SlimeRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     item = slime_item(body.prompt, body.response, body.label)
     _check_item(service, item)
     result = await _unless_disconnected(request, service, lambda rid: service.judge(item, rid))
     if isinstance(result, Response):
         return result
-    prm = result["prm"]
-    if prm["status"] == STATUS_FAILED:
-        return JSONResponse({"error": {"type": "JudgeFailed", "message": prm["reason"]}, "prm": prm},
-                            status_code=503)
-    return JSONResponse({"reward": float(prm["score"]), "status": prm["status"], "prm": prm,
-                         "prompt_versions": result["prompt_versions"]})
+    return slime_reply(result, service.settings.compat_failed_reward)
 
 
 @router.get("/health")

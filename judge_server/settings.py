@@ -72,6 +72,10 @@ class JudgeSettings(BaseSettings):
     max_request_chars: int = 1_000_000
     max_m: int = 16
 
+    # --- reward-client routes (/get_reward, /slime/reward): the reward of a judge_failed item. None (default):
+    # answer 503 so the client retries; a number: answer it, flagged judge_failed (a documented fallback).
+    compat_failed_reward: float | None = Field(default=None, allow_inf_nan=False)
+
     # --- rules backend keywords (case-insensitive; matched on word boundaries where the keyword starts/ends
     # with a letter)
     rules_positive: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(DEFAULT_POSITIVE))

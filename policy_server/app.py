@@ -11,7 +11,8 @@ EngineClient for generation plus one per weight-sync worker (shared connection p
 teacher clients and the reward pipeline when configured, reads the engine's current weight_version,
 starts the judge dispatcher (which immediately resumes pending work found in the store) and the idle
 session sweeper; on shutdown stops both (with the bounded judge drain of policy_server.shutdown) and
-closes every client and the store. Every resource goes on one AsyncExitStack as soon as it exists, so
+closes every client and the store. Lease waiters sleep on a ReadyNotifier that every store write making
+a sample ``ready`` feeds (policy_server.ready_notifier). Every resource goes on one AsyncExitStack as soon as it exists, so
 a setup step that fails closes what the earlier steps opened (runner, clients, store) before re-raising.
 
 PRM scoring (issue 7 item 9, policy_server.scoring): with ``--prm-config`` the runner is built first
@@ -41,6 +42,7 @@ from policy_server.dispatch import Dispatcher
 from policy_server.errors import install_error_handlers
 from policy_server.generation import Generator
 from policy_server.metrics import Metrics
+from policy_server.ready_notifier import LocalReadyNotifier, ReadyNotifier
 from policy_server.scoring import PRMScoring
 from policy_server.session_inference import SessionInferrer
 from policy_server.sessions import SessionTracker
@@ -67,6 +69,7 @@ class PolicyState:
     pipeline: Any | None
     backlog_cache: list[float]  # [value, checked_at_monotonic]
     scoring: PRMScoring | None = None
+    ready: ReadyNotifier | None = None  # wakes lease waiters when samples become ready
     inferrer: SessionInferrer | None = None  # only with settings.infer_sessions
 
 
@@ -136,6 +139,8 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 scoring.register(metrics.registry)
             store = await asyncio.to_thread(Store, settings.data_dir, synchronous=settings.store_synchronous)
             stack.callback(store.close)
+            ready = LocalReadyNotifier()
+            store.on_ready = ready.notify  # every write that makes a sample ready wakes the lease waiters
             timeouts = EngineTimeouts()
             retry = RetryPolicy(max_attempts=settings.engine_max_attempts, deadline_s=settings.engine_deadline_s)
             # One pool for every engine call of this process; trust_env=False: loopback never via a proxy.
@@ -165,7 +170,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 gate=gate, weight_sync=WeightSync(workers, gate, pause_mode=settings.pause_mode,
                                                   deadline_s=settings.weight_update_deadline_s),
                 sessions=sessions, dispatcher=dispatcher, metrics=metrics, mode_state=mode_state,
-                pipeline=pipeline, backlog_cache=[0.0, -1e9], scoring=scoring,
+                pipeline=pipeline, backlog_cache=[0.0, -1e9], scoring=scoring, ready=ready,
                 inferrer=SessionInferrer(store, sessions, metrics) if settings.infer_sessions else None,
             )
             tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher"),

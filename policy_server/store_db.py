@@ -7,7 +7,9 @@ policy_server.store) and owns the one connection and its lock.
 
 Transactions: ``with self._tx() as db`` is ONE ``BEGIN IMMEDIATE`` transaction under the store lock,
 committed on normal exit and rolled back on an exception. Every public write of the store is exactly one
-such transaction. Reads take the lock without a transaction. All methods are synchronous and short; the
+such transaction. Reads take the lock without a transaction. ``on_ready`` (a callable, or None) is called after every
+committed write that made at least one sample ``ready`` (policy_server.ready_notifier wakes lease waiters
+with it); it runs outside the lock and must not block. All methods are synchronous and short; the
 async server calls them through ``asyncio.to_thread`` (one connection guarded by a lock, so calls are
 serialised; SQLite would serialise writers anyway).
 
@@ -25,6 +27,7 @@ import json
 import sqlite3
 import threading
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 SCHEMA = """
@@ -91,6 +94,12 @@ class StoreDB:
         # See the module docstring: NORMAL survives a killed process, FULL also power loss.
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.executescript(SCHEMA)
+        self.on_ready: Callable[[], None] | None = None
+
+    def _ready_changed(self, n: int) -> None:
+        """After a commit: tell the listener that ``n`` samples became ready (nothing when n is 0)."""
+        if n and self.on_ready is not None:
+            self.on_ready()
 
     def close(self) -> None:
         with self._lock:

@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from engine.dev_server.openai_chat import ChatError, chat_completions
 from engine.dev_server.protocol import ProtocolError
+from engine.dev_server.recording import RequestRecorder
 from engine.dev_server.service import DevEngine
 from engine.dev_server.settings import DevEngineSettings
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
@@ -108,6 +109,8 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
         return await call_next(request)
 
+    if settings.record_requests:  # a body refused by the auth check is never read, so never recorded
+        app.add_middleware(RequestRecorder, path=settings.record_requests)
     # Added last, so outermost: 401s from the auth middleware get a request id and are counted too.
     app.add_middleware(RequestContextMiddleware, route_metrics=RouteMetrics(registry, "hindsight_dev_engine"))
 

@@ -35,6 +35,7 @@ class DevEngineSettings(BaseSettings):
     tool_call_parser: bool = True
     log_level: str = "info"
     log_json: bool = False  # JSON-lines logs (engine.observability) instead of plain text
+    record_requests: str | None = None  # append every POST/PUT body to this JSON-lines file (recording.py)
 
     @model_validator(mode="after")
     def _check_exposure(self) -> DevEngineSettings:

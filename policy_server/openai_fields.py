@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from policy_server.errors import InvalidRequest
 from policy_server.openai_schemas import ChatRequest
+from policy_server.tool_choice import forced_tool_grammar, response_format_schema
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 THINKING_OFF_EFFORTS = ("none", "minimal")
@@ -93,6 +94,21 @@ def parse_extras(body: dict[str, Any]) -> ChatExtras:
     if extras.top_logprobs and not extras.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
     return extras
+
+
+def apply_constraints(extras: ChatExtras, sp: dict[str, Any], tools: list[dict[str, Any]] | None,
+                      tool_choice: Any) -> bool:
+    """Set the engine grammar for a forced tool call or a JSON response format; True when a call is forced."""
+    forced = forced_tool_grammar(tools, tool_choice)
+    json_schema = response_format_schema(extras.response_format)
+    if forced and json_schema:
+        raise InvalidRequest("response_format json_object/json_schema cannot be combined with a forced tool_choice",
+                             param="response_format")
+    if forced:
+        sp["ebnf"] = forced
+    elif json_schema:
+        sp["json_schema"] = json_schema
+    return forced is not None
 
 
 def apply_extras(extras: ChatExtras, sp: dict[str, Any], *, vocab_size: int, forced_tools: bool,

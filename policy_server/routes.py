@@ -3,8 +3,9 @@
 Session protocol (issue 4 item 3): ``X-Session-Id``, ``X-Turn-Type: main|side``, ``X-Session-Done``
 headers, with body fallbacks ``session_id``/``turn_type``/``session_done`` removed before use. The
 default turn type is ``default_turn_type``. A request without a session id is served and not recorded
-(nothing could ever pair it), unless session inference is on (policy_server.session_inference). Only main turns are recorded; the record is committed before the client
-receives the end of the answer (the final chunk when streaming).
+(nothing could ever pair it), unless session inference is on (policy_server.session_inference). Only main
+turns are recorded; the record is committed before the client receives the end of the answer (the final
+chunk when streaming).
 
 Client disconnects (house style §6 "propagate client disconnects (abort upstream)"). A reply nobody reads
 must not keep the engine busy, and must not become a trainable turn. Detection:
@@ -55,7 +56,7 @@ from policy_server.errors import Backpressure, InvalidRequest, PayloadTooLarge
 from policy_server.generation import GenResult
 from policy_server.store import Store
 from policy_server.streaming import assistant_message, sse_events
-from policy_server.tool_choice import GRAMMAR_KEYS, forced_tool_grammar, response_format_schema
+from policy_server.tool_choice import GRAMMAR_KEYS
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -224,16 +225,8 @@ async def chat_completions(request: Request) -> Response:
     oa.validate_tools(req.tools, req.tool_choice)
     extras = fields.parse_extras(body)
     sp = oa.sampling_params(req, st.settings.default_max_tokens, st.settings.default_temperature)
-    forced = forced_tool_grammar(req.tools, req.tool_choice)
-    json_schema = response_format_schema(extras.response_format)
-    if forced and json_schema:
-        raise InvalidRequest("response_format json_object/json_schema cannot be combined with a forced tool_choice",
-                             param="response_format")
-    if forced:
-        sp["ebnf"] = forced
-    elif json_schema:
-        sp["json_schema"] = json_schema
-    fields.apply_extras(extras, sp, vocab_size=len(st.generator.tokenizer), forced_tools=bool(forced),
+    forced = fields.apply_constraints(extras, sp, req.tools, req.tool_choice)
+    fields.apply_extras(extras, sp, vocab_size=len(st.generator.tokenizer), forced_tools=forced,
                         tools=bool(req.tools) and req.tool_choice != "none",
                         behind_router=st.settings.engine_url not in st.settings.engine_worker_urls)
     infer = sid is None and turn_type == "main" and st.inferrer is not None
@@ -266,7 +259,8 @@ async def chat_completions(request: Request) -> Response:
         if record:
             assert sid is not None
             turn.record_task = asyncio.ensure_future(
-                st.sessions.on_main_turn(sid, _turn_record(messages, req.tools, res, message, sp, template_kwargs), done=done))
+                st.sessions.on_main_turn(sid, _turn_record(messages, req.tools, res, message, sp, template_kwargs),
+                                         done=done))
             # Shielded: a disconnect now must not lose track of a write that commits anyway (see _abandon).
             await asyncio.shield(turn.record_task)
 

@@ -75,10 +75,11 @@ class _Tok:
 
 def test_token_logprobs_shape():
     out = token_logprobs(_Tok(), [1, 2], [-0.5, -1.0], [[(-0.5, 1), (-2.0, 3)], [(-0.1, 3)]])
+    he = {"token": "hé", "bytes": [104, 195, 169]}
+    x = {"token": "x", "bytes": [120]}
     assert out == [
-        {"token": "hé", "bytes": [104, 195, 169], "logprob": -0.5, "top_logprobs": [
-            {"token": "hé", "bytes": [104, 195, 169], "logprob": -0.5}, {"token": "x", "bytes": [120], "logprob": -2.0}]},
-        {"token": "!", "bytes": [33], "logprob": -1.0, "top_logprobs": [{"token": "x", "bytes": [120], "logprob": -0.1}]},
+        {**he, "logprob": -0.5, "top_logprobs": [{**he, "logprob": -0.5}, {**x, "logprob": -2.0}]},
+        {"token": "!", "bytes": [33], "logprob": -1.0, "top_logprobs": [{**x, "logprob": -0.1}]},
     ]
     assert token_logprobs(_Tok(), [3], [-0.2], None)[0]["top_logprobs"] == []
 

@@ -65,7 +65,9 @@ class HermesToolCallParser:
         pos = 0
         for m in self.pattern.finditer(text):
             try:
-                obj = json.loads(m.group(1))
+                # strict=False: a grammar backend may admit raw control characters inside length-bounded
+                # strings (xgrammar does); they are data, and json.dumps below re-escapes them for the client.
+                obj = json.loads(m.group(1), strict=False)
             except ValueError:
                 continue
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):

@@ -42,7 +42,9 @@ WEATHER_TOOL = {
     "function": {
         "name": "get_weather",
         "description": "Current weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        # maxLength: the forced call is typed by this schema, and the tiny dev model rambles in unbounded strings.
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
+                       "required": ["city"]},
     },
 }
 
@@ -92,7 +94,7 @@ class Agent:
             out["tool_calls"] = [{"id": tc.id, "type": "function",
                                   "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
                                  for tc in msg.tool_calls]
-        meta = (resp.model_extra or {}).get("metadata") or {}
+        meta = (resp.model_extra or {}).get("hindsight") or {}  # Hindsight's own values (CONTRACTS.md)
         self.messages.append(out)
         return {"message": out, "weight_version": meta.get("weight_version"), "finish": resp.choices[0].finish_reason}
 

@@ -12,8 +12,9 @@
   404 for an unknown lease, 409 for an expired one (its samples went back to ready).
 - ``GET /v1/samples?session_id=S&status=X&limit=N`` -> ``{"samples": [row, ...]}``: a NON-consuming read
   (no lease, no state change; operators, the demo) of sample rows oldest first: ``sample_id, session_id,
-  turn_index, status, reject_reason, attempts, last_error, created_at, updated_at`` and ``sample`` (the
-  Sample JSON once judged, else null). Both filters optional; N in [1, ``max_lease_size``] (default 100);
+  turn_index, status, reject_reason, attempts, last_error, created_at, updated_at``, ``sample`` (the
+  Sample JSON once judged, else null) and ``turn`` (``pairing``, ``pairing_note``, ``next_state``: the
+  messages typed by role that followed the reply). Both filters optional; N in [1, ``max_lease_size``] (default 100);
   an unknown status is a 400.
 - ``GET /v1/samples/stats``: counts by status, reject reasons, pending retries, sessions, leases, and ``prm``
   (cumulative PRM metrics and outcome counts, not draining; ``{"enabled": false}`` without scoring).

@@ -45,6 +45,7 @@ from policy_server.generation import Generator, context_length
 from policy_server.metrics import Metrics
 from policy_server.ready_notifier import LocalReadyNotifier, ReadyNotifier
 from policy_server.scoring import PRMScoring
+from policy_server.session_inference import SessionInferrer
 from policy_server.sessions import SessionTracker
 from policy_server.settings import PolicySettings
 from policy_server.shutdown import DrainMiddleware, DrainState
@@ -70,6 +71,7 @@ class PolicyState:
     backlog_cache: list[float]  # [value, checked_at_monotonic]
     scoring: PRMScoring | None = None
     ready: ReadyNotifier | None = None  # wakes lease waiters when samples become ready
+    inferrer: SessionInferrer | None = None  # only with settings.infer_sessions
 
 
 def _build_pipeline(settings: PolicySettings, tokenizer: Any, http: httpx.AsyncClient, retry: RetryPolicy,
@@ -189,6 +191,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
                                                   deadline_s=settings.weight_update_deadline_s),
                 sessions=sessions, dispatcher=dispatcher, metrics=metrics, mode_state=mode_state,
                 pipeline=pipeline, backlog_cache=[0.0, -1e9], scoring=scoring, ready=ready,
+                inferrer=SessionInferrer(store, sessions, metrics) if settings.infer_sessions else None,
             )
             tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
                      asyncio.create_task(sessions.run_sweeper(), name="idle-sweeper")]

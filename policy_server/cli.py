@@ -25,7 +25,10 @@ from policy_server.settings import PolicySettings
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hindsight-policy", description=__doc__.splitlines()[0])
     for name, field in PolicySettings.model_fields.items():
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=field.description or "")
+        # A bare boolean flag (--infer-sessions) means true; an explicit value (--infer-sessions false) still works.
+        flag = {"nargs": "?", "const": "true"} if field.annotation is bool else {}
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=field.description or "",
+                            **flag)
     return parser
 
 

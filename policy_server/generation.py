@@ -109,6 +109,8 @@ class GenResult:
     resumes: int = 0
     segments: int = 0  # engine submissions so far (the next rid's suffix)
     abandoned: bool = False  # the client left: stop, never resume
+    top_logprobs_num: int = 0  # the client's top_logprobs: the engine reports that many alternatives per token
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)  # [len(response_ids)][K]
 
     def next_rid(self) -> str | None:
         """The rid of the next engine submission (one per segment, so a resume never reuses an rid)."""
@@ -150,13 +152,15 @@ class Generator:
             raise InvalidRequest(f"the prompt has at least {floor} tokens; the engine's context is "
                                  f"{self.max_prompt_tokens} tokens", param="messages", code="context_length_exceeded")
 
-    async def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    async def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
         # Template rendering + tokenization is CPU work proportional to the history. A short prompt
         # renders in ~0.1 ms, less than a thread hand-off costs, so it runs inline; a long history
         # would stall every other request on the loop for milliseconds, so it goes to a worker thread.
         if _prompt_chars(messages, tools) <= INLINE_RENDER_MAX_CHARS:
-            return render_prompt_ids(self.tokenizer, messages, tools)
-        return await asyncio.to_thread(render_prompt_ids, self.tokenizer, messages, tools)
+            return render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs)
+        return await asyncio.to_thread(render_prompt_ids, self.tokenizer, messages, tools,
+                                       chat_template_kwargs=chat_template_kwargs)
 
     def _segment_params(self, sp: dict[str, Any], produced: int) -> dict[str, Any]:
         out = dict(sp)
@@ -187,13 +191,16 @@ class Generator:
             epoch, version = self.gate.epoch, self.gate.version
             seg_sp = self._segment_params(sp, len(res.response_ids))
             gens = await self.engine.generate_ids(res.prompt_ids + res.response_ids, seg_sp, return_logprob=True,
-                                                  rid=res.next_rid(), deadline_s=self.deadline_s)
+                                                  rid=res.next_rid(), deadline_s=self.deadline_s,
+                                                  top_logprobs_num=res.top_logprobs_num)
             g = gens[0]
             self._note_epoch(res, epoch, version)
             if g.output_ids:
                 res.add_version(g.weight_version)
             res.response_ids += g.output_ids
             res.logprobs += g.output_logprobs or []
+            if res.top_logprobs_num:
+                res.top_logprobs += g.output_top_logprobs or [[] for _ in g.output_ids]
             res.text += g.text
             if not g.aborted:
                 if not res.weight_versions:
@@ -220,6 +227,8 @@ class Generator:
             rid = res.next_rid()
             if rid:
                 payload["rid"] = rid
+            if res.top_logprobs_num:
+                payload["top_logprobs_num"] = res.top_logprobs_num
             seen_ids = seen_text = 0
             finish: dict[str, Any] | None = None
             async for chunk in self.engine.stream_generate(payload, deadline_s=self.deadline_s):
@@ -236,6 +245,10 @@ class Generator:
                         raise EngineBadResponse("stream chunk has a null log-prob for a sampled token")
                     res.response_ids += [int(t) for t in new]
                     res.logprobs += [float(e[0]) for e in lps[seen_ids:]]
+                    if res.top_logprobs_num:
+                        rows = (meta.get("output_top_logprobs") or [])[seen_ids:len(ids)]
+                        rows += [[]] * (len(new) - len(rows))
+                        res.top_logprobs += [[(float(t[0]), int(t[1])) for t in (row or [])] for row in rows]
                     res.add_version(meta.get("weight_version"))
                     seen_ids = len(ids)
                 fr = meta.get("finish_reason")

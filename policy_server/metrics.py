@@ -28,6 +28,9 @@ class Metrics:
         self.paused_s = Gauge("hindsight_policy_last_pause_seconds", "duration of the last weight-sync pause",
                               registry=r)
         self.gate_waiting = Gauge("hindsight_policy_gate_waiting", "requests waiting at the weight gate", registry=r)
+        self.inferred_sessions = Counter("hindsight_policy_inferred_sessions_total",
+                                         "header-less main requests by session inference outcome", ["outcome"],
+                                         registry=r)
         self.samples = Gauge("hindsight_policy_samples", "samples by status", ["status"], registry=r)
 
     def render(self, stats: dict[str, object] | None = None) -> bytes:

@@ -2,8 +2,8 @@
 
 Contract (sglang-protocol.md §4.3-4.4): non-streaming ``chat.completion`` objects and streaming
 ``chat.completion.chunk`` events (role chunk, content/reasoning/tool-call deltas, finish chunk, optional
-usage chunk with ``choices: []``, then ``[DONE]``). Unknown request fields are accepted and ignored, as
-OpenAI-compatible servers do; wrong values of known fields are a 400 with a message naming the field.
+usage chunk with ``choices: []``, then ``[DONE]``). Wrong values of known fields are a 400 with a message
+naming the field; the further OpenAI fields and the rejection of unknown ones are policy_server.openai_fields.
 The body fallbacks ``session_id``/``turn_type``/``session_done`` are removed before anything else sees
 the request.
 """
@@ -293,21 +293,28 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def completion(*, rid: str, model: str, message: dict[str, Any], finish: str, prompt_tokens: int,
-               completion_tokens: int, weight_version: str | None, session_id: str | None) -> dict[str, Any]:
-    return {
+               completion_tokens: int, logprobs: dict[str, Any] | None = None,
+               metadata: dict[str, str] | None = None, hindsight: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``metadata`` is the client's own (echoed); Hindsight's values go in the ``hindsight`` extension field."""
+    body: dict[str, Any] = {
         "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
         "usage": usage(prompt_tokens, completion_tokens),
-        "metadata": {"weight_version": weight_version, "session_id": session_id},
     }
+    if metadata is not None:
+        body["metadata"] = metadata
+    if hindsight is not None:
+        body["hindsight"] = hindsight
+    return body
 
 
 def chunk(*, rid: str, model: str, created: int, delta: dict[str, Any] | None = None,
-          finish: str | None = None, usage_obj: dict[str, int] | None = None) -> dict[str, Any]:
+          finish: str | None = None, usage_obj: dict[str, int] | None = None,
+          logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
     if usage_obj is not None:
         body["choices"] = []
         body["usage"] = usage_obj
     else:
-        body["choices"] = [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}]
+        body["choices"] = [{"index": 0, "delta": delta or {}, "logprobs": logprobs, "finish_reason": finish}]
     return body

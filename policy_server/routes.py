@@ -3,8 +3,9 @@
 Session protocol (issue 4 item 3): ``X-Session-Id``, ``X-Turn-Type: main|side``, ``X-Session-Done``
 headers, with body fallbacks ``session_id``/``turn_type``/``session_done`` removed before use. The
 default turn type is ``default_turn_type``. A request without a session id is served and not recorded
-(nothing could ever pair it). Only main turns are recorded; the record is committed before the client
-receives the end of the answer (the final chunk when streaming).
+(nothing could ever pair it), unless session inference is on (policy_server.session_inference). Only main
+turns are recorded; the record is committed before the client receives the end of the answer (the final
+chunk when streaming).
 
 Hostile input (docs/CONTRACTS.md "Hostile input"): the body's size was bounded while it was read
 (engine.http_guard, before this route and its auth); here it is parsed with nesting and surrogate checks,
@@ -53,6 +54,7 @@ from engine.chat import DEFAULT_TOOL_PARSER, parse_assistant_output
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, abort_engine_requests, unless_disconnected
 from engine.errors import EngineError, EngineTimeout
 from engine.http_guard import BadJSON, parse_json_body
+from policy_server import openai_fields as fields
 from policy_server import openai_schemas as oa
 from policy_server.app import PolicyState
 from policy_server.auth import is_admin, require_client
@@ -60,7 +62,7 @@ from policy_server.errors import Backpressure, InvalidRequest
 from policy_server.generation import GenResult
 from policy_server.store import Store
 from policy_server.streaming import assistant_message, sse_events
-from policy_server.tool_choice import forced_tool_regex
+from policy_server.tool_choice import GRAMMAR_KEYS
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -137,13 +139,15 @@ async def _check_backlog(st: PolicyState) -> None:
 
 
 def _turn_record(messages: list[dict[str, Any]], tools: Any, res: GenResult, message: dict[str, Any],
-                 sp: dict[str, Any]) -> dict[str, Any]:
-    return {"messages": messages, "tools": tools, "prompt_ids": res.prompt_ids, "response_ids": res.response_ids,
+                 sp: dict[str, Any], template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"chat_template_kwargs": template_kwargs,  # the teacher renders its prompt the same way
+            "messages": messages, "tools": tools, "prompt_ids": res.prompt_ids, "response_ids": res.response_ids,
             "rollout_logprobs": res.logprobs, "response": {k: message.get(k) for k in
                                                             ("content", "reasoning_content", "tool_calls")},
             "weight_version": res.weight_version, "weight_versions": res.weight_versions, "sampling_params": sp,
-            # A forced tool call decodes under a regex: the log-probs are the masked distribution's.
-            "constrained": "regex" in sp}
+            # A forced tool call or a JSON response format decodes under a grammar: the log-probs are the
+            # masked distribution's.
+            "constrained": any(k in sp for k in GRAMMAR_KEYS)}
 
 
 @dataclass
@@ -237,43 +241,61 @@ async def chat_completions(request: Request) -> Response:
         raise InvalidRequest(f"{loc}: {first.get('msg')}", param=loc or None) from None
     messages = oa.validate_messages(req.messages)
     oa.validate_tools(req.tools, req.tool_choice)
+    extras = fields.parse_extras(body)
     sp = oa.sampling_params(req, st.settings.default_max_tokens, st.settings.default_temperature)
-    regex = forced_tool_regex(req.tools, req.tool_choice)
-    if regex:
-        sp["regex"] = regex
-    record = sid is not None and turn_type == "main"
+    forced = fields.apply_constraints(extras, sp, req.tools, req.tool_choice)
+    fields.apply_extras(extras, sp, vocab_size=len(st.generator.tokenizer), forced_tools=forced,
+                        tools=bool(req.tools) and req.tool_choice != "none",
+                        behind_router=st.settings.engine_url not in st.settings.engine_worker_urls)
+    infer = sid is None and turn_type == "main" and st.inferrer is not None
+    record = (sid is not None or infer) and turn_type == "main"
     if record:
         await _check_backlog(st)
-    if sid is not None:
+    if infer:
+        assert st.inferrer is not None
+        sid = await st.inferrer.claim(messages, done=done)  # claims (pairs) the session it continues
+    elif sid is not None:
         await st.sessions.on_request(sid, messages, main=record, done=done)
     st.metrics.turns.labels(turn_type=turn_type if record else "side").inc()
-    prompt_ids = await st.generator.render(messages, req.tools)
+    template_kwargs = fields.chat_template_kwargs(extras)
+    prompt_ids = await st.generator.render(messages, req.tools, template_kwargs)
     model = req.model or st.settings.served_model_name
     hexid = uuid.uuid4().hex
     rid = f"chatcmpl-{hexid}"
     parse_tools = req.tool_choice != "none"
     # Engine rids "hs-<hex>-<segment>": unique per submission, one abort prefix per chat request.
-    turn = _Turn(sid=sid, res=GenResult(prompt_ids=list(prompt_ids), rid_prefix=f"hs-{hexid}-"))
+    turn = _Turn(sid=sid, res=GenResult(prompt_ids=list(prompt_ids), rid_prefix=f"hs-{hexid}-",
+                                        top_logprobs_num=extras.top_logprobs or 0))
+
+    def logprob_entries(start: int, end: int) -> list[dict[str, Any]]:
+        r = turn.res
+        return fields.token_logprobs(st.generator.tokenizer, r.response_ids[start:end], r.logprobs[start:end],
+                                     r.top_logprobs[start:end] if r.top_logprobs_num else None)
 
     async def finish_turn(res: GenResult, message: dict[str, Any]) -> None:
         st.metrics.resumes.inc(res.resumes)
         if record:
             assert sid is not None
             turn.record_task = asyncio.ensure_future(
-                st.sessions.on_main_turn(sid, _turn_record(messages, req.tools, res, message, sp), done=done))
+                st.sessions.on_main_turn(sid, _turn_record(messages, req.tools, res, message, sp, template_kwargs),
+                                         done=done))
             # Shielded: a disconnect now must not lose track of a write that commits anyway (see _abandon).
             await asyncio.shield(turn.record_task)
 
     async def answer() -> JSONResponse:
         res = await st.generator.generate(prompt_ids, sp, turn.res)
         parsed = parse_assistant_output(res.text, tool_parser=DEFAULT_TOOL_PARSER if parse_tools else None)
-        message = assistant_message(parsed.content, parsed.reasoning_content, parsed.tool_calls)
+        # A forced call cut short (max_tokens) is no call and no content: its markup never reaches the client.
+        content = None if forced and not parsed.tool_calls else parsed.content
+        message = assistant_message(content, parsed.reasoning_content, parsed.tool_calls)
         await finish_turn(res, message)
         st.metrics.latency.labels(route="chat").observe(time.monotonic() - t0)
         return JSONResponse(oa.completion(
             rid=rid, model=model, message=message, finish=oa.finish_reason(res.finish, bool(parsed.tool_calls)),
             prompt_tokens=len(prompt_ids), completion_tokens=len(res.response_ids),
-            weight_version=res.weight_version, session_id=sid))
+            logprobs={"content": logprob_entries(0, len(res.response_ids))} if extras.logprobs else None,
+            metadata=extras.metadata, hindsight=fields.hindsight_extension(res.weight_version, sid)),
+            headers=fields.hindsight_headers(res.weight_version, sid))
 
     include_usage = bool((req.stream_options or {}).get("include_usage"))
     deltas = st.generator.stream(prompt_ids, sp, turn.res) if req.stream else None
@@ -300,12 +322,14 @@ async def chat_completions(request: Request) -> Response:
 
     events = sse_events(
         rid=rid, model=model, first=first, deltas=deltas, res=turn.res, parse_tools=parse_tools,
+        forced_call=bool(forced), logprob_entries=logprob_entries if extras.logprobs else None,
         include_usage=include_usage, finish_turn=finish_turn, on_engine_error=lambda e: _engine_failed(st, turn, e),
         on_complete=lambda: st.metrics.latency.labels(route="chat_stream").observe(time.monotonic() - t0),
         on_undelivered=undelivered)
     # The background task runs after the body ends or the client left (Starlette cancels the body on
     # http.disconnect, then runs it): closing the iterator there runs its finally in every case.
-    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+    headers = {"Cache-Control": "no-cache", **fields.hindsight_headers(turn.res.weight_version, sid)}
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers,
                              background=BackgroundTask(events.aclose))  # type: ignore[attr-defined]
 
 

@@ -56,6 +56,8 @@ class PolicySettings(BaseSettings):
     port: int = 30000
     api_key: str | None = None
     admin_api_key: str | None = None
+    infer_sessions: bool = Field(False, description="continue the open session whose recorded transcript a "
+                                 "request without a session id extends (policy_server.session_inference)")
     allow_unauthenticated: bool = Field(False, description="serve a non-loopback host without an API key "
                                         "(only behind an authenticating gateway)")
     allow_client_key_for_admin: bool = Field(False, description="with an api_key and no admin_api_key, let the "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from policy_server.store_db import SAMPLE_STATUSES, StoreDB
+from policy_server.store_db import SAMPLE_STATUSES, StoreDB, turn_dict
 
 
 class StoreReads(StoreDB):
@@ -38,6 +38,8 @@ class StoreReads(StoreDB):
             score_retrying = self._db.execute(
                 "SELECT COUNT(*) FROM samples WHERE status='pending_score' AND attempts>0"
             ).fetchone()[0]
+            inferred = self._db.execute(
+                "SELECT COUNT(*) FROM sessions WHERE session_id LIKE 'inferred-%'").fetchone()[0]
         return {
             "samples": by_status,
             "reject_reasons": reasons,
@@ -49,7 +51,16 @@ class StoreReads(StoreDB):
             "active_leases": leases,
             "pending_judge_retrying": retrying,
             "pending_score_retrying": score_retrying,
+            "inferred_sessions": inferred,
         }
+
+    def awaiting_open_turns(self) -> list[dict[str, Any]]:
+        """Awaiting turns of open sessions, oldest first: what session inference matches against."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT t.* FROM turns t JOIN sessions s ON s.session_id=t.session_id "
+                "WHERE s.done=0 AND t.pairing='awaiting' ORDER BY t.created_at").fetchall()
+        return [turn_dict(r) for r in rows]
 
     def unconsumed_backlog(self) -> int:
         """Samples accepted but not yet consumed (awaiting pairing, judging, scoring, ready or leased)."""
@@ -74,21 +85,25 @@ class StoreReads(StoreDB):
         """Read-only view of sample rows (no lease, no state change), oldest first, with their Sample JSON.
 
         Each row: sample_id, session_id, turn_index, status, reject_reason, attempts, last_error,
-        created_at, updated_at, and ``sample`` (the Sample JSON once judged, else None).
+        created_at, updated_at, ``sample`` (the Sample JSON once judged, else None) and ``turn``: the
+        turn's ``pairing``, ``pairing_note`` and ``next_state`` (the messages typed by role that followed
+        the reply, None until paired), so an operator sees why a sample was accepted or rejected.
         """
         if status is not None and status not in SAMPLE_STATUSES:
             raise ValueError(f"status must be one of {', '.join(SAMPLE_STATUSES)}, not {status!r}")
         where, args = [], []
         if session_id is not None:
-            where.append("session_id=?")
+            where.append("s.session_id=?")
             args.append(session_id)
         if status is not None:
-            where.append("status=?")
+            where.append("s.status=?")
             args.append(status)
-        sql = ("SELECT sample_id, session_id, turn_index, status, reject_reason, attempts, last_error, created_at, "
-               "updated_at, data FROM samples" + (" WHERE " + " AND ".join(where) if where else "") +
-               (" ORDER BY turn_index" if session_id is not None else " ORDER BY created_at, session_id, turn_index")
-               + " LIMIT ?")
+        sql = ("SELECT s.sample_id, s.session_id, s.turn_index, s.status, s.reject_reason, s.attempts, s.last_error, "
+               "s.created_at, s.updated_at, s.data, t.pairing, t.pairing_note, t.next_state FROM samples s "
+               "LEFT JOIN turns t ON t.session_id=s.session_id AND t.turn_index=s.turn_index"
+               + (" WHERE " + " AND ".join(where) if where else "")
+               + (" ORDER BY s.turn_index" if session_id is not None
+                  else " ORDER BY s.created_at, s.session_id, s.turn_index") + " LIMIT ?")
         with self._lock:
             rows = self._db.execute(sql, (*args, int(limit))).fetchall()
         out = []
@@ -96,6 +111,9 @@ class StoreReads(StoreDB):
             d = dict(r)
             data = d.pop("data")
             d["sample"] = json.loads(data) if data else None
+            next_state = d.pop("next_state")
+            d["turn"] = {"pairing": d.pop("pairing"), "pairing_note": d.pop("pairing_note"),
+                         "next_state": json.loads(next_state) if next_state else None}
             out.append(d)
         return out
 

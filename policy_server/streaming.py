@@ -131,7 +131,7 @@ class StreamSplitter:
 
 
 # ---------------------------------------------------------------------------------------------- SSE body
-def assistant_message(content: str, reasoning: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
+def assistant_message(content: str | None, reasoning: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
     msg: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
     if calls:
         msg["tool_calls"] = calls
@@ -139,20 +139,35 @@ def assistant_message(content: str, reasoning: str | None, calls: list[dict[str,
 
 
 async def sse_events(*, rid: str, model: str, first: str | None, deltas: AsyncIterator[str], res: GenResult,
-                     parse_tools: bool, include_usage: bool,
+                     parse_tools: bool, include_usage: bool, forced_call: bool = False,
+                     logprob_entries: Callable[[int, int], list[dict[str, Any]]] | None = None,
                      finish_turn: Callable[[GenResult, dict[str, Any]], Awaitable[None]],
                      on_engine_error: Callable[[EngineError], None], on_complete: Callable[[], None],
                      on_undelivered: Callable[[], None]) -> AsyncIterator[str]:
     """The streaming answer. ``finish_turn`` records the turn before the final chunk; ``on_undelivered`` runs
     (synchronously, from ``finally``) when the stream did not get to ``[DONE]`` and must not await: at that
-    point the task may be inside a cancelled scope, so the caller detaches any cleanup."""
+    point the task may be inside a cancelled scope, so the caller detaches any cleanup.
+
+    ``forced_call``: the reply was constrained to one tool call, so a call cut short is sent as nothing
+    (finish ``length``), never as content. ``logprob_entries(start, end)`` (when the client asked for
+    logprobs) gives the OpenAI entries of response tokens ``start:end``; each chunk after the role chunk
+    carries the tokens sampled since the previous one, the finish chunk the rest."""
     created = int(time.time())
+    sent_lp = 0
+
+    def lp() -> dict[str, Any] | None:
+        nonlocal sent_lp
+        if logprob_entries is None:
+            return None
+        end = len(res.response_ids)
+        entries, sent_lp = logprob_entries(sent_lp, end), end
+        return {"content": entries}
 
     def event(obj: dict[str, Any]) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
     def out(pairs: list[tuple[str, str]]) -> list[str]:
-        return [event(oa.chunk(rid=rid, model=model, created=created,
+        return [event(oa.chunk(rid=rid, model=model, created=created, logprobs=lp(),
                                delta={"reasoning_content" if k == "reasoning" else "content": t})) for k, t in pairs]
 
     splitter = StreamSplitter() if parse_tools else None
@@ -172,18 +187,22 @@ async def sse_events(*, rid: str, model: str, first: str | None, deltas: AsyncIt
             calls: list[dict[str, Any]] = []
             if splitter:
                 tail, calls = splitter.finish()
+                if forced_call and not calls:  # a forced call cut short: its markup is not content
+                    tail = [(k, t) for k, t in tail if k != "content"]
                 for e in out(tail):
                     yield e
-                message = assistant_message(splitter.content, splitter.reasoning or None, calls)
+                content = None if forced_call and not calls else splitter.content
+                message = assistant_message(content, splitter.reasoning or None, calls)
             else:
                 message = assistant_message(res.text, None, [])
             if calls:
                 delta_calls = [{"index": i, "id": c["id"], "type": "function",
                                 "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
                                for i, c in enumerate(calls)]
-                yield event(oa.chunk(rid=rid, model=model, created=created, delta={"tool_calls": delta_calls}))
+                yield event(oa.chunk(rid=rid, model=model, created=created, delta={"tool_calls": delta_calls},
+                                     logprobs=lp()))
             await finish_turn(res, message)
-            yield event(oa.chunk(rid=rid, model=model, created=created, delta={},
+            yield event(oa.chunk(rid=rid, model=model, created=created, delta={}, logprobs=lp(),
                                  finish=oa.finish_reason(res.finish, bool(calls))))
             if include_usage:
                 yield event(oa.chunk(rid=rid, model=model, created=created,

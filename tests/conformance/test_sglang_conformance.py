@@ -5,7 +5,8 @@ engine/dev_server/recording.py; the LLM judge with constrained votes on it; the 
 ``combine`` mode on it, with the same engine as teacher and a rules-backend judge, whose verdicts on
 the tiny model's replies are decided, so a turn gets a hint and is teacher-scored) exercises what the
 services send:
-chat turns with sampling options, streaming, a forced tool call (regex), judge votes (``n`` > 1, regex),
+chat turns with sampling options, streaming, a forced tool call (ebnf), a JSON response format
+(json_schema) with logit_bias and top log-probs, judge votes (``n`` > 1, regex),
 teacher scoring with top-K log-probs, a weight update (pause -> update_weights_from_disk -> continue) and a
 client hang-up (abort_request). The recorded bodies then go, as JSON, to tests/conformance/sglang_validate.py
 run by the separate SGLang venv's python (tests/conformance/make_sglang_venv.sh), which checks each with
@@ -172,6 +173,10 @@ def _drive(stack: Stack, model_dir: Path) -> None:
     _stream(stack, "conf-stream", {"messages": hello, "max_tokens": 5, "stream_options": {"include_usage": True}})
     _chat(stack, "conf-tool", {"messages": hello, "max_tokens": 48, "tools": TOOLS,
                                "tool_choice": {"type": "function", "function": {"name": "move_file"}}}, done=True)
+    _chat(stack, "conf-json", {"messages": hello, "max_tokens": 8, "logprobs": True, "top_logprobs": 2,
+                               "logit_bias": {"5": -3.5}, "response_format": {"type": "json_schema", "json_schema": {
+                                   "name": "r", "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                                           "required": ["ok"]}}}}, done=True)
     # The LLM judge's constrained votes (prm and hint, n = m per round) on the recording engine.
     judged = httpx.post(stack.judge.url + "/v1/judge", timeout=120, trust_env=False, json={
         "context": hello, "response": {"content": "Done."}, "tasks": ["prm", "hint"], "m": 3,
@@ -219,6 +224,11 @@ def test_every_engine_body_is_accepted_by_sglang(sglang_python: Path, stack: Sta
     covered = {
         "judge votes (n > 1)": any((sp.get("n") or 1) > 1 for sp in params),
         "regex constraint": any(sp.get("regex") for sp in params),
+        "ebnf constraint (forced tool call)": any(sp.get("ebnf") for sp in params),
+        "json_schema constraint": any(sp.get("json_schema") for sp in params),
+        "logit_bias": any(sp.get("logit_bias") for sp in params),
+        "output top log-probs": any(b.get("top_logprobs_num", 0) > 0 and any(
+            (sp.get("max_new_tokens") or 0) > 0 for sp in _sampling_params(b)) for b in generates),
         "teacher top-K scoring": any(b.get("top_logprobs_num", 0) > 0 and any(
             sp.get("max_new_tokens") == 0 for sp in _sampling_params(b)) for b in generates),
         "streaming": any(b.get("stream") is True for b in generates),

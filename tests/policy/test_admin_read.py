@@ -18,7 +18,9 @@ pytestmark = pytest.mark.e2e
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
                                             "parameters": {"type": "object",
-                                                           "properties": {"city": {"type": "string"}}}}}]
+                                                           "properties": {"city": {"type": "string",
+                                                                                   "maxLength": 24}},
+                                                           "required": ["city"]}}}]
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +84,14 @@ def test_list_samples_is_a_non_consuming_read(judged_policy):
     # the distribution the tokens were drawn from is recorded explicitly, client defaults included
     assert sample["sampling_params"]["temperature"] == 1.0 and sample["sampling_params"]["top_p"] == 1.0
     assert sample["sampling_params"]["max_new_tokens"] == 8
+    # the admin view shows the turn's next state (typed by role) and its pairing note
+    assert rows[0]["turn"] == {"pairing": "paired", "pairing_note": None,
+                               "next_state": [{"role": "user", "content": "thanks, that worked"}]}
     rejected = _rows(url, session_id="read-2", status="rejected")
     assert [(r["turn_index"], r["reject_reason"]) for r in rejected] == [(0, "history_mismatch")]
     assert rejected[0]["sample"] is None
+    assert rejected[0]["turn"]["pairing"] == "mismatch" and rejected[0]["turn"]["next_state"] is None
+    assert "rewritten" in rejected[0]["turn"]["pairing_note"]
     # reading twice changes nothing, and the trainer still leases the sample afterwards
     assert _rows(url, session_id="read-1") == rows
     with admin(url) as adm:

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.e2e
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
                                             "parameters": {"type": "object",
-                                                           "properties": {"city": {"type": "string"}}}}}]
+                                                           "properties": {"city": {"type": "string", "maxLength": 24}},
+                                                           "required": ["city"]}}}]
 
 
 def data_dir(policy) -> Path:

@@ -1,5 +1,5 @@
 """Unit tests of the policy server's pure parts: pairing rule, store state machine (exactly-once leases),
-stream splitting, request validation, settings/CLI, forced tool-call regex."""
+stream splitting, request validation, settings/CLI, forced tool-call grammars."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from policy_server.openai_schemas import validate_messages
 from policy_server.sessions import pair_next_state
 from policy_server.store import LeaseError, Store
 from policy_server.streaming import StreamSplitter
-from policy_server.tool_choice import forced_tool_regex
+from policy_server.tool_choice import forced_tool_grammar, response_format_schema
 
 pytestmark = pytest.mark.unit
 
@@ -183,13 +183,64 @@ def test_settings_from_cli_and_env(monkeypatch):
         settings_from_args(["--model-path", "m", "--engine-url", "http://r", "--pause-mode", "bogus"])
 
 
-def test_forced_tool_regex():
+def _accepts(ebnf: str, text: str) -> bool:
+    from xgrammar.testing import _is_grammar_accept_string
+
+    return bool(_is_grammar_accept_string(ebnf, text))
+
+
+def test_forced_tool_grammar_types_arguments_by_schema():
+    """The forced-call grammar admits exactly the Hermes block whose arguments satisfy the schema."""
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
-    rx = forced_tool_regex(tools, {"type": "function", "function": {"name": "get_weather"}})
-    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
-    assert re.fullmatch(rx, call)
-    assert json.loads(call[len("<tool_call>\n"):-len("\n</tool_call>")])["arguments"]["days"] == 3
-    assert forced_tool_regex(tools, "auto") is None
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                         "tags": {"type": "array", "items": {"type": "string"}},
+                                         "unit": {"enum": ["c", "f"]}, "limit": {"type": ["integer", "null"]}},
+        "required": ["city", "days", "tags", "unit", "limit"]}}}]
+    g = forced_tool_grammar(tools, {"type": "function", "function": {"name": "get_weather"}})
+    head = '<tool_call>\n{"name": "get_weather", "arguments": '
+    ok = head + '{"city": "Paris", "days": 3, "tags": ["a", "b"], "unit": "c", "limit": null}}\n</tool_call>'
+    assert _accepts(g, ok)
+    assert json.loads(ok[len("<tool_call>\n"):-len("\n</tool_call>")])["arguments"]["tags"] == ["a", "b"]
+    assert not _accepts(g, ok.replace('"days": 3', '"days": "3"'))  # integer, not a string
+    assert not _accepts(g, ok.replace('["a", "b"]', '"a, b"'))  # array, not a string
+    assert not _accepts(g, ok.replace('"unit": "c"', '"unit": "k"'))  # enum
+    assert not _accepts(g, ok.replace(', "limit": null', ''))  # required
+    assert not _accepts(g, ok.replace("</tool_call>", ""))  # the block is closed
+    assert forced_tool_grammar(tools, "auto") is None and forced_tool_grammar(tools, None) is None
     with pytest.raises(InvalidRequest):
-        forced_tool_regex(tools, {"type": "function", "function": {"name": "nope"}})
+        forced_tool_grammar(tools, {"type": "function", "function": {"name": "nope"}})
+
+
+def test_forced_tool_grammar_required_is_one_call_of_any_tool_and_empty_parameters():
+    tools = [{"type": "function", "function": {"name": "a"}},
+             {"type": "function", "function": {"name": "b", "parameters": {
+                 "type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"]}}}]
+    g = forced_tool_grammar(tools, "required")
+    assert _accepts(g, '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>')
+    assert _accepts(g, '<tool_call>\n{"name": "b", "arguments": {"x": true}}\n</tool_call>')
+    assert not _accepts(g, '<tool_call>\n{"name": "a", "arguments": {"x": true}}\n</tool_call>')
+    assert not _accepts(g, '<tool_call>\n{"name": "c", "arguments": {}}\n</tool_call>')
+
+
+@pytest.mark.parametrize("parameters, fragment", [
+    ({"type": "string"}, "type object"),
+    ({"type": "object", "properties": {"x": {"type": "bogus"}}}, "cannot be constrained"),
+    ({"type": "object", "properties": {"x": {"$ref": "https://example.com/s.json"}}}, "outside the schema"),
+])
+def test_unconstrainable_tool_schema_is_a_400(parameters, fragment):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    with pytest.raises(InvalidRequest) as exc:
+        forced_tool_grammar(tools, "required")
+    assert fragment in exc.value.message and exc.value.param == "tools[0].function.parameters"
+
+
+def test_response_format_schema():
+    assert response_format_schema(None) is None and response_format_schema({"type": "text"}) is None
+    assert json.loads(response_format_schema({"type": "json_object"})) == {"type": "object"}
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    assert json.loads(response_format_schema({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})) \
+        == schema
+    for bad in ({"type": "json_schema", "json_schema": {"name": "x"}}, {"type": "yaml"},
+                {"type": "json_schema", "json_schema": {"schema": {"type": "bogus"}}}):
+        with pytest.raises(InvalidRequest):
+            response_format_schema(bad)

@@ -42,7 +42,7 @@ def test_update_under_steady_traffic(pause_mode, tiny_model_dir, router, engine,
                 if r.status_code != 200 or '"error"' in r.text:
                     errors.append(f"{r.status_code} {r.text[:200]}")
                     continue
-                version = r.json()["metadata"]["weight_version"] if not body["stream"] else None
+                version = r.json()["hindsight"]["weight_version"] if not body["stream"] else None
                 results.append((r.status_code, version, started))
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]

@@ -77,3 +77,11 @@ def test_parsers_are_pluggable():
     assert out.content == "<think>x</think>y" and out.reasoning_content is None
     assert ThinkReasoningParser().split("no think") == (None, "no think")
     assert HermesToolCallParser().extract("nothing")[1] == []
+
+
+def test_tool_call_with_raw_control_character_in_a_string_is_parsed_and_re_escaped():
+    # xgrammar admits raw control characters inside length-bounded JSON strings; they are data, not a broken call.
+    parsed = parse_assistant_output('<tool_call>\n{"name": "f", "arguments": {"s": "a\x07b"}}\n</tool_call>')
+    [call] = parsed.tool_calls
+    assert call["function"]["arguments"] == '{"s": "a\\u0007b"}'
+    assert json.loads(call["function"]["arguments"]) == {"s": "a\x07b"} and parsed.content == ""

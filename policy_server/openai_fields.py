@@ -1,0 +1,164 @@
+"""The OpenAI chat fields beyond the basic sampling ones: what each does here, and unknown-field rejection.
+
+Role: validate and apply ``logprobs``/``top_logprobs``, ``response_format``, ``logit_bias``,
+``parallel_tool_calls``, ``reasoning_effort`` and the pass-through ``user``/``store``/``metadata``, and
+reject every other field the server does not implement (HTTP 400 naming them) instead of dropping it.
+Kept apart from ``policy_server.openai_schemas`` (the basic request model and message/tool validation).
+
+Contract (CONTRACTS.md "OpenAI fields"):
+
+- ``logprobs: true`` returns ``choices[0].logprobs.content``: one entry per sampled token (the stop
+  token included, as the engine reports it) ``{token, bytes, logprob, top_logprobs}``, with the rollout
+  log-probs the server records anyway; ``top_logprobs`` (0-20, needs ``logprobs``) adds the engine's
+  top-k alternatives. Streaming chunks carry the entries of the tokens sampled since the previous chunk.
+- ``response_format``: ``json_object``/``json_schema`` are constrained decoding (policy_server.tool_choice);
+  ``text`` is the default. Cannot be combined with a forced ``tool_choice`` (one grammar per request).
+- ``logit_bias``: token-id -> bias in [-100, 100], forwarded to the engine as is when the policy server
+  talks to its engine directly. sglang-router 0.3.2 drops ``logit_bias`` from ``/generate`` (its typed
+  sampling struct lacks it), so behind a router (``engine_url`` not among ``engine_worker_urls``) the
+  field is a 400 rather than silently ignored.
+- ``parallel_tool_calls: false``: a forced call is always exactly one; with ``tool_choice: auto`` the
+  engine stops at the first ``</tool_call>`` (kept in the text), so at most one call is returned.
+- ``reasoning_effort``: one of ``none minimal low medium high xhigh``. The policy's chat template only has
+  thinking on/off (``enable_thinking``): ``none``/``minimal`` render the prompt with thinking off (an empty
+  ``<think></think>`` block, so the reply has no reasoning), every other value leaves the template default.
+- ``user``, ``store``, ``metadata`` (a string map) are accepted and have no effect on generation; the
+  response's ``metadata`` echoes the request's (Hindsight's own values are headers and the ``hindsight``
+  field, see :func:`hindsight_extension`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from policy_server.errors import InvalidRequest
+from policy_server.openai_schemas import ChatRequest
+from policy_server.tool_choice import forced_tool_grammar, response_format_schema
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+THINKING_OFF_EFFORTS = ("none", "minimal")
+PARALLEL_STOP = "</tool_call>"
+
+
+class ChatExtras(BaseModel):
+    """The fields of this module; validated next to (not inside) ``ChatRequest``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    logprobs: bool | None = Field(None, strict=True)  # "yes" is a 400, not True
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = None
+    parallel_tool_calls: bool | None = Field(None, strict=True)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    user: str | None = None
+    store: bool | None = Field(None, strict=True)
+    metadata: dict[str, str] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"bias of token {key} must be in [-100, 100], got {bias}")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is not None and len(v) > 16:
+            raise ValueError("at most 16 keys")
+        return v
+
+
+def known_fields() -> frozenset[str]:
+    return frozenset(ChatRequest.model_fields) | frozenset(ChatExtras.model_fields)
+
+
+def parse_extras(body: dict[str, Any]) -> ChatExtras:
+    """Reject unknown fields (400 naming them), then validate this module's fields."""
+    unknown = sorted(set(body) - known_fields())
+    if unknown:
+        raise InvalidRequest(f"unsupported field(s): {', '.join(unknown)}; Hindsight rejects fields it does not "
+                             "implement instead of ignoring them", param=unknown[0])
+    try:
+        extras = ChatExtras.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        raise InvalidRequest(f"{loc}: {first.get('msg')}", param=loc or None) from None
+    if extras.top_logprobs and not extras.logprobs:
+        raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    return extras
+
+
+def apply_constraints(extras: ChatExtras, sp: dict[str, Any], tools: list[dict[str, Any]] | None,
+                      tool_choice: Any) -> bool:
+    """Set the engine grammar for a forced tool call or a JSON response format; True when a call is forced."""
+    forced = forced_tool_grammar(tools, tool_choice)
+    json_schema = response_format_schema(extras.response_format)
+    if forced and json_schema:
+        raise InvalidRequest("response_format json_object/json_schema cannot be combined with a forced tool_choice",
+                             param="response_format")
+    if forced:
+        sp["ebnf"] = forced
+    elif json_schema:
+        sp["json_schema"] = json_schema
+    return forced is not None
+
+
+def apply_extras(extras: ChatExtras, sp: dict[str, Any], *, vocab_size: int, forced_tools: bool,
+                 tools: bool, behind_router: bool) -> None:
+    """Add this module's engine sampling parameters to ``sp`` (in place)."""
+    if extras.logit_bias:
+        if behind_router:
+            raise InvalidRequest("logit_bias is not available behind sglang-router, which drops it on the way to "
+                                 "the engine; point the policy server at the engine directly to use it",
+                                 param="logit_bias")
+        bad = [k for k in extras.logit_bias if int(k) >= vocab_size]
+        if bad:
+            raise InvalidRequest(f"logit_bias token id {bad[0]} is outside the vocabulary ({vocab_size} tokens)",
+                                 param="logit_bias")
+        sp["logit_bias"] = dict(extras.logit_bias)
+    if extras.parallel_tool_calls is False and tools and not forced_tools:
+        sp["stop"] = [*sp.get("stop", []), PARALLEL_STOP]
+        sp["no_stop_trim"] = True  # the closing tag must stay in the text for the call to parse
+
+
+def chat_template_kwargs(extras: ChatExtras) -> dict[str, Any] | None:
+    if extras.reasoning_effort in THINKING_OFF_EFFORTS:
+        return {"enable_thinking": False}
+    return None
+
+
+def token_logprobs(tokenizer: Any, ids: list[int], logprobs: list[float],
+                   top: list[list[tuple[float, int]]] | None) -> list[dict[str, Any]]:
+    """OpenAI ``logprobs.content`` entries for sampled ids (``top``: per position (logprob, id) by rank)."""
+    out = []
+    for i, (tid, lp) in enumerate(zip(ids, logprobs, strict=True)):
+        text = tokenizer.decode([tid])
+        entry: dict[str, Any] = {"token": text, "bytes": list(text.encode()), "logprob": lp, "top_logprobs": []}
+        if top is not None and i < len(top):
+            for alt_lp, alt_id in top[i]:
+                alt = tokenizer.decode([alt_id])
+                entry["top_logprobs"].append({"token": alt, "bytes": list(alt.encode()), "logprob": alt_lp})
+        out.append(entry)
+    return out
+
+
+def hindsight_extension(weight_version: str | None, session_id: str | None) -> dict[str, Any]:
+    """Hindsight's own response values, in a clearly named extension field (also sent as headers)."""
+    return {"weight_version": weight_version, "session_id": session_id}
+
+
+def hindsight_headers(weight_version: str | None, session_id: str | None) -> dict[str, str]:
+    headers = {}
+    if weight_version is not None:
+        headers["X-Hindsight-Weight-Version"] = str(weight_version)
+    if session_id is not None and session_id.isascii():  # HTTP headers are latin-1; the body field has it all
+        headers["X-Hindsight-Session-Id"] = session_id
+    return headers

@@ -1,0 +1,83 @@
+"""Sessions without headers: continue the open session whose recorded transcript a request extends.
+
+Role: opt-in (``infer_sessions`` / ``--infer-sessions`` / ``HINDSIGHT_POLICY_INFER_SESSIONS=true``; off by
+default, and then a request without a session id is served and not recorded, as before). Many clients
+(hosted agent UIs, IDE agents) cannot add ``X-Session-Id``; they do resend the whole transcript, which
+is enough to find the session a main request belongs to.
+
+Rule, for a main request without a session id and with messages ``N``:
+
+1. Candidates are the open sessions whose awaiting turn T (messages ``M``, reply ``R``) is extended by
+   ``N`` in the sense of the pairing rule (policy_server.sessions.pair_next_state: ``N`` starts with ``M``
+   and ``R``, then brings user/tool feedback). Only a real extension counts.
+2. The candidate with the longest recorded transcript (``len(M)``) wins: a shorter one is a different
+   conversation that happens to share an opening. Ties (same length, hence the same ``M`` and ``R``:
+   e.g. the same task run in parallel under greedy decoding) go to the oldest awaiting turn; the pairs
+   are identical, so the reward signal is the same whichever wins, and the other session is matched by
+   its own continuation.
+3. No candidate: a new session ``inferred-<32 hex>``. This includes a **client retry** of a request whose
+   reply was lost (``N`` equals ``M``, no reply in it): it is indistinguishable from a fresh conversation
+   with the same opening (common in agent evals), so it starts a session instead of rejecting another
+   one's turn. The earlier turn keeps waiting and ends with its session (idle timeout), as a last turn.
+
+Matching and claiming the session (resolving its awaiting turn) happen under one lock, so two
+concurrent continuations never claim the same turn. The session id is returned to the client in the
+``X-Hindsight-Session-Id`` header (and the ``hindsight`` response field): a client that can keep it may
+send it back. Each outcome is counted (``hindsight_policy_inferred_sessions_total{outcome}``:
+``continued``, ``started``, ``tied``), and ``/v1/samples/stats`` reports ``inferred_sessions``.
+Cost: one read of the open sessions' awaiting turns per header-less main request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from policy_server.metrics import Metrics
+from policy_server.sessions import SessionTracker, message_key, pair_next_state
+from policy_server.store import Store
+
+INFERRED_PREFIX = "inferred-"
+
+
+def choose_session(awaiting: list[dict[str, Any]], messages: list[dict[str, Any]]) -> tuple[str | None, bool]:
+    """(session id to continue or None, whether the best match was a tie); ``awaiting`` oldest first (pure)."""
+    best: list[str] = []
+    best_len = -1
+    first = message_key(messages[0]) if messages else None
+    for turn in awaiting:
+        prev = turn["messages"]
+        if len(prev) < best_len or len(messages) < len(prev) + 2 or message_key(prev[0]) != first:
+            continue  # cheap rejections before the full pairing comparison
+        if pair_next_state(prev, turn["response"], messages).kind != "paired":
+            continue
+        if len(prev) > best_len:
+            best, best_len = [turn["session_id"]], len(prev)
+        else:
+            best.append(turn["session_id"])
+    return (best[0] if best else None), len(best) > 1
+
+
+class SessionInferrer:
+    """Finds (and claims) the session of a header-less main request; one per server."""
+
+    def __init__(self, store: Store, sessions: SessionTracker, metrics: Metrics):
+        self.store = store
+        self.sessions = sessions
+        self.metrics = metrics
+        self._lock = asyncio.Lock()
+
+    async def claim(self, messages: list[dict[str, Any]], *, done: bool) -> str:
+        """The session this request continues (its awaiting turn resolved now) or a new session id."""
+        async with self._lock:
+            awaiting = await asyncio.to_thread(self.store.awaiting_open_turns)
+            sid, tied = choose_session(awaiting, messages)
+            if sid is None:
+                self.metrics.inferred_sessions.labels(outcome="started").inc()
+                return f"{INFERRED_PREFIX}{uuid.uuid4().hex}"
+            if tied:
+                self.metrics.inferred_sessions.labels(outcome="tied").inc()
+            self.metrics.inferred_sessions.labels(outcome="continued").inc()
+            await self.sessions.on_request(sid, messages, main=True, done=done)
+            return sid

@@ -1,0 +1,89 @@
+"""policy_server.openai_fields (pure): unknown fields are named in a 400, each new field validates and maps to
+the engine parameters the module docstring promises; log-prob entries are OpenAI's shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from policy_server.errors import InvalidRequest
+from policy_server.openai_fields import (
+    PARALLEL_STOP,
+    apply_extras,
+    chat_template_kwargs,
+    hindsight_headers,
+    parse_extras,
+    token_logprobs,
+)
+
+pytestmark = pytest.mark.unit
+BASE = {"messages": [{"role": "user", "content": "x"}]}
+
+
+def test_unknown_fields_are_named_sorted():
+    with pytest.raises(InvalidRequest) as exc:
+        parse_extras({**BASE, "top_k": 2, "audio": {}, "temperature": 1})
+    assert "audio, top_k" in exc.value.message and exc.value.param == "audio"
+
+
+def test_known_fields_pass():
+    e = parse_extras({**BASE, "logprobs": True, "top_logprobs": 2, "reasoning_effort": "low", "user": "u",
+                      "store": False, "metadata": {"a": "b"}, "parallel_tool_calls": False,
+                      "response_format": {"type": "text"}, "logit_bias": {"3": -1.5}, "stream": False})
+    assert e.top_logprobs == 2 and e.metadata == {"a": "b"} and e.logit_bias == {"3": -1.5}
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"reasoning_effort": "max"}, "reasoning_effort"),
+    ({"top_logprobs": 1}, "top_logprobs"),  # needs logprobs
+    ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+    ({"logit_bias": {"-3": 1}}, "logit_bias"),
+    ({"logit_bias": {"3": -100.5}}, "logit_bias"),
+    ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+])
+def test_bad_values(body, param):
+    with pytest.raises(InvalidRequest) as exc:
+        parse_extras({**BASE, **body})
+    assert exc.value.param == param
+
+
+def test_apply_extras_maps_to_engine_params():
+    sp = {"max_new_tokens": 8, "stop": ["END"]}
+    apply_extras(parse_extras({**BASE, "logit_bias": {"7": 2}, "parallel_tool_calls": False}), sp, vocab_size=10,
+                 forced_tools=False, tools=True, behind_router=False)
+    assert sp == {"max_new_tokens": 8, "stop": ["END", PARALLEL_STOP], "no_stop_trim": True, "logit_bias": {"7": 2.0}}
+    sp = {"max_new_tokens": 8}
+    apply_extras(parse_extras({**BASE, "parallel_tool_calls": False}), sp, vocab_size=10, forced_tools=True,
+                 tools=True, behind_router=False)
+    assert sp == {"max_new_tokens": 8}  # a forced call is exactly one already
+    for kw in ({"vocab_size": 7, "behind_router": False}, {"vocab_size": 10, "behind_router": True}):
+        with pytest.raises(InvalidRequest):
+            apply_extras(parse_extras({**BASE, "logit_bias": {"7": 2}}), {}, forced_tools=False, tools=False, **kw)
+
+
+def test_reasoning_effort_template_kwargs():
+    assert chat_template_kwargs(parse_extras({**BASE, "reasoning_effort": "none"})) == {"enable_thinking": False}
+    assert chat_template_kwargs(parse_extras({**BASE, "reasoning_effort": "minimal"})) == {"enable_thinking": False}
+    assert chat_template_kwargs(parse_extras({**BASE, "reasoning_effort": "high"})) is None
+    assert chat_template_kwargs(parse_extras(BASE)) is None
+
+
+class _Tok:
+    def decode(self, ids: list[int]) -> str:
+        return {1: "hé", 2: "!", 3: "x"}[ids[0]]
+
+
+def test_token_logprobs_shape():
+    out = token_logprobs(_Tok(), [1, 2], [-0.5, -1.0], [[(-0.5, 1), (-2.0, 3)], [(-0.1, 3)]])
+    he = {"token": "hé", "bytes": [104, 195, 169]}
+    x = {"token": "x", "bytes": [120]}
+    assert out == [
+        {**he, "logprob": -0.5, "top_logprobs": [{**he, "logprob": -0.5}, {**x, "logprob": -2.0}]},
+        {"token": "!", "bytes": [33], "logprob": -1.0, "top_logprobs": [{**x, "logprob": -0.1}]},
+    ]
+    assert token_logprobs(_Tok(), [3], [-0.2], None)[0]["top_logprobs"] == []
+
+
+def test_hindsight_headers():
+    assert hindsight_headers("v1", "s") == {"X-Hindsight-Weight-Version": "v1", "X-Hindsight-Session-Id": "s"}
+    assert hindsight_headers(None, "sé") == {}  # not latin-1 safe: only the body field carries it

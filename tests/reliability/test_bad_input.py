@@ -103,7 +103,7 @@ def test_session_header_is_utf8(policy):
         r = c.post("/v1/chat/completions", json={"messages": [U], "max_tokens": 2},
                    headers={"X-Session-Id": "café".encode()})
         assert r.status_code == 200, r.text
-        assert r.json()["metadata"]["session_id"] == "café"
+        assert r.json()["hindsight"]["session_id"] == "café"
         bad = c.post("/v1/chat/completions", json={"messages": [U]}, headers={"X-Session-Id": b"\xff\xfe"})
         _assert_openai_error(bad)
 

@@ -6,7 +6,8 @@ resulting samples to the trainer (docs/CONTRACTS.md "Policy server"; issue 4, is
 
 Run: ``hindsight-policy --model-path DIR --engine-url URL --data-dir DIR ...`` (policy_server.cli).
 
-Lifespan: loads the tokenizer, opens the store (SQLite WAL under ``data_dir``), creates ONE
+Lifespan: loads the tokenizer, opens the store (SQLite WAL under ``data_dir``, or
+the PostgreSQL database of ``--store-url`` shared with other replicas), creates ONE
 EngineClient for generation plus one per weight-sync worker (shared connection pool), the judge and
 teacher clients and the reward pipeline when configured, reads the engine's current weight_version,
 starts the judge dispatcher (which immediately resumes pending work found in the store) and the idle
@@ -49,7 +50,7 @@ from policy_server.session_inference import SessionInferrer
 from policy_server.sessions import SessionTracker
 from policy_server.settings import PolicySettings
 from policy_server.shutdown import DrainMiddleware, DrainState
-from policy_server.store import Store
+from policy_server.store import PostgresStore, Store, StoreDB, sqlite_dir
 from policy_server.weight_sync import WeightGate, WeightSync
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,16 @@ class PolicyState:
     scoring: PRMScoring | None = None
     ready: ReadyNotifier | None = None  # wakes lease waiters when samples become ready
     inferrer: SessionInferrer | None = None  # only with settings.infer_sessions
+
+
+def _open_store(settings: PolicySettings) -> StoreDB:
+    """The SQLite store under the data dir (or the ``sqlite://`` URL's folder), or the shared PostgreSQL one."""
+    directory = sqlite_dir(settings.store_url, settings.data_dir)
+    if directory is not None:
+        return Store(directory, synchronous=settings.store_synchronous, busy_timeout_s=settings.store_busy_timeout_s)
+    assert settings.store_url is not None
+    return PostgresStore(settings.store_url, busy_timeout_s=settings.store_busy_timeout_s,
+                         pool_size=settings.store_pool_size)
 
 
 def _build_pipeline(settings: PolicySettings, tokenizer: Any, http: httpx.AsyncClient, retry: RetryPolicy,
@@ -148,8 +159,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
             metrics = app.state.metrics
             if scoring is not None:
                 scoring.register(metrics.registry)
-            store = await asyncio.to_thread(Store, settings.data_dir, synchronous=settings.store_synchronous,
-                                          busy_timeout_s=settings.store_busy_timeout_s)
+            store = await asyncio.to_thread(_open_store, settings)
             stack.callback(store.close)
             ready = LocalReadyNotifier()
             store.on_ready = ready.notify  # every write that makes a sample ready wakes the lease waiters

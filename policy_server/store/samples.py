@@ -1,7 +1,7 @@
 """Judge and session-scope scoring outcomes: the middle of the sample state machine (a Store role class).
 
 Role: the work queue of the judge dispatcher (policy_server.dispatch) and of session-scope PRM scoring
-(policy_server.scoring). A resolved turn's sample starts ``pending_judge`` (policy_server.store); here:
+(policy_server.scoring). A resolved turn's sample starts ``pending_judge`` (policy_server.store.sessions); here:
 
 - :meth:`StoreSamples.pending_jobs` lists the queue, :meth:`note_attempt` records a failed try
   (attempts+1, last_error) and the sample stays ``pending_judge`` for a retry;
@@ -17,7 +17,7 @@ A sample whose reward, teacher log-probs or token rewards are not usable numbers
 stored ``rejected`` with ``invalid_values: <why>`` instead of ``ready``/``pending_score``. Every write that
 made a sample ``ready`` tells ``on_ready`` after its commit (lease waiters wake up).
 
-Every write is one transaction (store_db); ``pending_score`` samples are never leasable (store_leases).
+Every write is one transaction (policy_server.store.base); ``pending_score`` samples are never leasable (policy_server.store.leases).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from engine.sample_values import value_problem
-from policy_server.store_db import StoreDB, dump_json, turn_dict
+from policy_server.store.base import StoreDB, dump_json, turn_dict
 
 
 class StoreSamples(StoreDB):
@@ -36,8 +36,8 @@ class StoreSamples(StoreDB):
     # ------------------------------------------------------------------ judge work
     def pending_jobs(self) -> list[dict[str, Any]]:
         """Every pending_judge sample in (session, turn) order, with the turn it belongs to."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT s.sample_id, s.session_id, s.turn_index, s.attempts FROM samples s "
                 "WHERE s.status='pending_judge' ORDER BY s.session_id, s.turn_index"
             ).fetchall()
@@ -81,8 +81,8 @@ class StoreSamples(StoreDB):
         """Sessions (all, or just ``session_id``) whose held (``pending_score``) samples can be scored now: the
         session is done, no turn of it awaits its next state and none is ``pending_judge`` (all decided)."""
         only = "AND s.session_id=? " if session_id is not None else ""
-        with self._lock:
-            rows = self._db.execute(
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT DISTINCT s.session_id FROM samples s JOIN sessions x ON x.session_id=s.session_id "
                 "WHERE s.status='pending_score' AND x.done=1 " + only +
                 "AND NOT EXISTS (SELECT 1 FROM samples p WHERE p.session_id=s.session_id AND p.status='pending_judge') "
@@ -94,13 +94,13 @@ class StoreSamples(StoreDB):
     def session_trajectory(self, session_id: str) -> list[dict[str, Any]]:
         """Every recorded turn of the session in turn order, each a turn dict plus ``sample`` (its sample row
         with the Sample JSON in ``data``, or None while the turn awaits its next state)."""
-        with self._lock:
-            turns = self._db.execute(
+        with self._read() as db:
+            turns = db.execute(
                 "SELECT * FROM turns WHERE session_id=? ORDER BY turn_index", (session_id,)
             ).fetchall()
             samples = {
                 r["turn_index"]: dict(r)
-                for r in self._db.execute("SELECT * FROM samples WHERE session_id=?", (session_id,)).fetchall()
+                for r in db.execute("SELECT * FROM samples WHERE session_id=?", (session_id,)).fetchall()
             }
         out = []
         for row in turns:

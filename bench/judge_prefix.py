@@ -53,7 +53,7 @@ async def run_layout(url: str, model_dir: Path, tok, turns: list[dict], *, v2: b
         service = JudgeService(settings, JudgeMetrics(), client=client, tokenizer=tok)
         for body in turns:
             req = JudgeRequest.model_validate(body)
-            whole += sum(len(p["input_ids"]) for p in service._prompts(req).values())
+            whole += sum(len(p["input_ids"]) for p in service.engine_prompts(req).values())
             t0 = time.perf_counter()
             out = await service.judge(req)
             wall += time.perf_counter() - t0

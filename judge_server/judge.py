@@ -148,7 +148,7 @@ class JudgeService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_deadline_s
         usages = {t: Usage() for t in req.tasks}
-        prompts = self._prompts(req) if self.settings.backend == "llm" else {}
+        prompts = self.engine_prompts(req) if self.settings.backend == "llm" else {}
         if len(prompts) > 1 and self.settings.prefill_shared_prefix:
             await self._prefill_shared_prefix(list(prompts.values()), deadline, usages[req.tasks[0]], rid_prefix)
         results = await asyncio.gather(*(self._run_task(t, req, prompts.get(t), m, policy, deadline, usages[t],
@@ -206,7 +206,7 @@ class JudgeService:
                 "reason": result.reason, "vote_status": result.status}
 
     # ------------------------------------------------------------------ vote sources
-    def _prompts(self, req: JudgeRequest) -> dict[str, dict[str, Any]]:
+    def engine_prompts(self, req: JudgeRequest) -> dict[str, dict[str, Any]]:
         """Each requested task's engine prompt: ``{"input_ids": [...]}``, or ``{"text": ...}`` without a tokenizer."""
         context = [m.model_dump(exclude_none=True) for m in req.context]
         response = req.response.model_dump(exclude_none=True)

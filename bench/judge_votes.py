@@ -13,9 +13,11 @@ target of the sequential rule: at agreement >= 0.85 at most 0.50x fixed m=5's vo
 correctness, below that at least its correctness at no more votes (PASS/MISS per agreement).
 
 Part 2 (one CPU dev engine, tiny model): one judge prompt rendered with the real template, sampled as
-ONE /generate with n=m vs m separate n=1 calls. Printed: the prompt tokens the engine reports per
-prefill (n samples of one call share one prefill in SGLang, protocol §1.3; m separate calls each
-prefill unless the radix cache catches them) and the wall-clock ratio. Ratios, one run.
+ONE /generate with n=m vs m separate n=1 calls, each from a cold prefix cache. Printed: the prompt tokens
+the engine reports prefilling (prompt_tokens - cached_tokens) (n samples of one call share one prefill in SGLang, protocol §1.3; m separate calls each
+prefill unless the prefix cache catches them: on the dev engine, whose prefills are serialised, the later
+ones reuse the first one's KV, so the token ratio is about 1 and the saving shows in the wall clock, i.e. in
+batched decoding) and the wall-clock ratio. Ratios, one run.
 """
 
 from __future__ import annotations
@@ -119,16 +121,19 @@ async def bench_engine(m: int) -> None:
             async with EngineClient(engine.url) as client:
                 sp = {"temperature": 0.6, "max_new_tokens": 32}
                 await client.generate_ids(ids, {**sp, "n": 1}, return_logprob=False)  # warm-up
+                await client.flush_cache()  # both sides start cold: the prefix cache would hide the difference
                 t0 = time.perf_counter()
                 one = await client.generate_ids(ids, {**sp, "n": m}, return_logprob=False)
                 t_one = time.perf_counter() - t0
+                await client.flush_cache()
                 t0 = time.perf_counter()
                 sep = await asyncio.gather(*(client.generate_ids(ids, {**sp, "n": 1}, return_logprob=False)
                                              for _ in range(m)))
                 t_sep = time.perf_counter() - t0
         finally:
             engine.stop()
-    prefill_one = one[0].prompt_tokens or len(ids)  # one shared prefill for the n samples
+    # one shared prefill for the n samples; the m concurrent calls arrive together, so none finds another's KV
+    prefill_one = (one[0].prompt_tokens or len(ids)) - int(one[0].meta_info.get("cached_tokens") or 0)
     prefill_sep = sum((g[0].prompt_tokens or len(ids)) - int(g[0].meta_info.get("cached_tokens") or 0) for g in sep)
     print(f"prompt length: {len(ids)} tokens")
     print(f"prompt tokens prefilled: n-in-one-call {prefill_one}, {m} separate calls {prefill_sep}, "

@@ -14,10 +14,10 @@ correctness, below that at least its correctness at no more votes (PASS/MISS per
 
 Part 2 (one CPU dev engine, tiny model): one judge prompt rendered with the real template, sampled as
 ONE /generate with n=m vs m separate n=1 calls, each from a cold prefix cache. Printed: the prompt tokens
-the engine reports prefilling (prompt_tokens - cached_tokens) (n samples of one call share one prefill in SGLang, protocol §1.3; m separate calls each
-prefill unless the prefix cache catches them: on the dev engine, whose prefills are serialised, the later
-ones reuse the first one's KV, so the token ratio is about 1 and the saving shows in the wall clock, i.e. in
-batched decoding) and the wall-clock ratio. Ratios, one run.
+the engine reports prefilling (prompt_tokens - cached_tokens; n samples of one call share one prefill in
+SGLang, protocol §1.3; m separate calls each prefill unless the prefix cache catches them: on the dev
+engine, whose prefills are serialised, the later ones reuse the first one's KV, so the token ratio is about
+1 and the saving shows in the wall clock, i.e. in batched decoding) and the wall-clock ratio. One run.
 """
 
 from __future__ import annotations

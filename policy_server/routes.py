@@ -228,7 +228,11 @@ async def chat_completions(request: Request) -> Response:
         await _check_backlog(st)
     arrival = await st.sessions.on_request(sid, messages, main=record, done=done) if sid is not None else None
     st.metrics.turns.labels(turn_type=turn_type if record else "side").inc()
-    prompt_ids = await st.generator.render(messages, req.tools)
+    try:
+        prompt_ids = await st.generator.render(messages, req.tools)
+    except BaseException:
+        st.sessions.settle_later(arrival)  # refused before generating: the pairing it owes is written anyway
+        raise
     model = req.model or st.settings.served_model_name
     hexid = uuid.uuid4().hex
     rid = f"chatcmpl-{hexid}"

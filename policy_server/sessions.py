@@ -149,8 +149,12 @@ class SessionTracker:
         """
         if main:
             self._in_flight[session_id] = self._in_flight.get(session_id, 0) + 1
-            async with self._lock(session_id):
-                resolution = await asyncio.to_thread(self._pair, session_id, messages)
+            try:
+                async with self._lock(session_id):
+                    resolution = await asyncio.to_thread(self._pair, session_id, messages)
+            except BaseException:
+                self._release(session_id)
+                raise
             return Arrival(session_id, resolution)
         async with self._lock(session_id):
             new_work = await asyncio.to_thread(self._side, session_id, done)

@@ -43,6 +43,9 @@ Contract:
   snake_case or camelCase name, so ``api_key``/``hfToken`` are hidden but ``max_new_tokens`` and
   ``tokenizer_path`` are not) shows ``"***"`` when set (``null`` when unset: auth off is worth seeing), and
   credentials inside URLs (``http://user:pass@host``) are masked too.
+- Every line the installed handler writes (plain or JSON) has secret query parameters in URLs masked
+  (``?api_key=...``, ``&token=...``: the names ``redact_query_secrets`` knows), whoever logged them: reward
+  clients that cannot send headers put the judge key in the URL, and e.g. httpx logs request URLs.
 - ``propagate_request_id`` is an httpx request event hook that forwards the current ids to upstream calls.
 """
 
@@ -87,6 +90,8 @@ _session_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("hindsi
 _VISIBLE_ID = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_REQUEST_ID_CHARS)
 _PRINTABLE_ID = re.compile(r"[\x20-\x7e]{1,%d}" % MAX_SESSION_ID_CHARS)
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
+_QUERY_SECRET = re.compile(r"(?P<name>[?&](?:api_key|apikey|api-key|key|token|access_token|secret|password)=)"
+                           r"[^&#\s\"'\\]+", re.IGNORECASE)
 
 
 # ---------------------------------------------------------------------------------------------- ids
@@ -244,6 +249,11 @@ _RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict
     "color_message"}  # uvicorn's ANSI-coloured duplicate of the message
 
 
+def redact_query_secrets(text: str) -> str:
+    """``text`` with the values of secret URL query parameters (``?api_key=K`` ...) shown as ``***``."""
+    return _QUERY_SECRET.sub(r"\g<name>" + REDACTED, text) if "=" in text else text
+
+
 class PlainFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__(PLAIN_FORMAT)
@@ -251,7 +261,7 @@ class PlainFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         record.rid = getattr(record, "request_id", None) or "-"
         record.sid = getattr(record, "session_id", None) or "-"
-        return super().format(record)
+        return redact_query_secrets(super().format(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -266,7 +276,7 @@ class JsonFormatter(logging.Formatter):
         out.update({k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRS and not k.startswith("_")})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False, default=str)
+        return redact_query_secrets(json.dumps(out, ensure_ascii=False, default=str))
 
 
 def configure_logging(level: str | int, json_logs: bool = False, *, stream: IO[str] | None = None

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from engine.chat import load_tokenizer
 from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
+from engine.http_guard import AdmissionMiddleware, BodyLimitMiddleware, UnexpectedErrorMiddleware
 from engine.observability import RequestContextMiddleware, log_settings, propagate_request_id
 from judge_server.errors import JudgeError
 from judge_server.judge import JudgeService
@@ -83,6 +84,11 @@ async def resolve_tokenizer(settings: JudgeSettings, client: EngineClient | None
     return await asyncio.to_thread(load_tokenizer, path), path
 
 
+def _guard_error(status: int, message: str) -> dict[str, Any]:
+    kind = {413: "InvalidRequest", 429: "TooManyRequests"}.get(status, "InvalidRequest")
+    return {"error": {"type": kind, "message": message}}
+
+
 def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = None) -> FastAPI:
     """The judge app; ``engine_client`` lets tests inject a client (e.g. with a fault-injecting transport)."""
 
@@ -113,6 +119,15 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
 
     app = FastAPI(title="Hindsight judge", lifespan=lifespan)
     app.include_router(router)
+    # Hostile-input guards (engine.http_guard): a body over the limit is a 413 while reading, a body
+    # nested too deep or holding unpaired surrogates a 400, both before FastAPI parses it or auth runs;
+    # admission bounds the requests in flight (429 beyond). Outermost: request ids and route metrics.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_request_chars, error_body=_guard_error,
+                       json_max_depth=settings.max_json_depth)
+    app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight_requests, error_body=_guard_error)
+    # Bugs: one 500 (the exception's type only) and one log record with the request id, tracebacks rate-limited.
+    app.add_middleware(UnexpectedErrorMiddleware, logger=logger,
+                       error_body=lambda _s, msg: {"error": {"type": "InternalError", "message": msg}})
     app.add_middleware(RequestContextMiddleware, route_metrics=metrics.routes)
 
     @app.exception_handler(JudgeError)
@@ -127,9 +142,5 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
         return JSONResponse({"error": {"type": "InvalidRequest", "message": "; ".join(msgs) or "invalid request"}},
                             status_code=422)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unexpected error")
-        return JSONResponse({"error": {"type": "InternalError", "message": repr(exc)}}, status_code=500)
 
     return app

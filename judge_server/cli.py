@@ -42,6 +42,8 @@ def parse_cli(argv: list[str] | None = None) -> tuple[dict[str, object], str, bo
     p.add_argument("--constrain-output", action="store_true", default=None)
     p.add_argument("--max-new-tokens", type=int)
     p.add_argument("--request-deadline-s", type=float)
+    p.add_argument("--compat-failed-reward", type=float,
+                   help="reward of a judge_failed item on /get_reward and /slime/reward (default: answer 503)")
     p.add_argument("--log-level", default=os.environ.get("HINDSIGHT_JUDGE_LOG_LEVEL", "info"))
     p.add_argument("--log-json", action="store_true", default=_env_flag("HINDSIGHT_JUDGE_LOG_JSON"))
     ns = vars(p.parse_args(argv))

@@ -1,4 +1,5 @@
-"""Mapping of other trainers' remote-reward requests onto judge requests (pure functions).
+"""Other trainers' remote-reward requests mapped onto judge requests, and judge results shaped into
+the answers their clients accept (pure functions; the routes are in routes.py).
 
 OpenRLHF ``POST /get_reward`` (``{"query": [...], "prompts"?: [...], "labels"?: [...]}``):
 - A query string that is a JSON object with ``response`` and ``next_state`` is taken as a full
@@ -6,12 +7,21 @@ OpenRLHF ``POST /get_reward`` (``{"query": [...], "prompts"?: [...], "labels"?: 
 - Otherwise ``prompts[i]`` must be given and be a prefix of ``query[i]``: context = one user message
   ``prompts[i]``, response = the rest of the query string, next state = ``labels[i]`` (a string is a user
   message; a message dict or a list of them is used as is). Without a label there is no evidence: 400.
-- Only the ``prm`` task runs. ``rewards[i]``/``scores[i]`` are the PRM score as a float, or ``null``
-  when that item's status is ``judge_failed`` (OpenRLHF keeps reward None for a failed sample; a made-up
-  0 would be a silent neutral reward). ``extra_logs`` carries per-item status and confidence.
+- Only the ``prm`` task runs. The answer holds numbers only, because OpenRLHF turns ``rewards``,
+  ``scores`` and (since its 2025 versions) every ``extra_logs`` value into a tensor:
+  ``{"rewards": [float], "scores": [float], "extra_logs": {name: [float]}}`` with one entry per query;
+  ``extra_logs`` = ``judge_ok``/``judge_tie``/``judge_no_valid_votes``/``judge_failed`` (1.0 for the
+  item's status, else 0.0) and ``judge_confidence`` (share of valid votes that agree; 0.0 when failed).
+- A ``judge_failed`` item has no score. By default the whole request is answered 503 ``RewardUnavailable``
+  so the client's retry path runs (OpenRLHF retries any non-2xx a few times, then raises: an explicit
+  failure, never a made-up reward). With ``compat_failed_reward`` set (``--compat-failed-reward F``) a
+  failed item is answered ``F`` instead, flagged by ``judge_failed: 1.0``: a documented numeric fallback
+  for runs that prefer a neutral reward to a stopped rollout.
 slime ``--rm-url`` (``{"prompt", "response", "label"}``): prompt is a string (one user message) or a
-message list; label is the next state as above. Answer ``{"reward", "status", "prm", ...}`` (use slime's
-``--reward-key reward``); a ``judge_failed`` item is answered 503 so slime's client retries it.
+message list; label is the next state as above. Answer ``{"reward": float, "status", "confidence", "prm",
+"prompt_versions"}``: slime must be run with ``--reward-key reward`` (without it slime takes the whole dict
+as the reward). A ``judge_failed`` item is answered 503 (slime retries with backoff, then raises), or
+``compat_failed_reward`` as above with ``status: "judge_failed"``.
 """
 
 from __future__ import annotations
@@ -21,8 +31,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from judge_server.errors import InvalidRequest
+from judge_server.errors import InvalidRequest, RewardUnavailable
 from judge_server.schemas import JudgeRequest
+from judge_server.voting import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
+
+# extra_logs name per PRM status: one-hot floats, so a trainer's tensor conversion and mean() both work.
+STATUS_LOG_NAMES = {STATUS_OK: "judge_ok", STATUS_TIE: "judge_tie", STATUS_NO_VALID: "judge_no_valid_votes",
+                    STATUS_FAILED: "judge_failed"}
 
 
 def label_to_next_state(label: Any) -> list[dict[str, Any]]:
@@ -80,3 +95,33 @@ def slime_item(prompt: Any, response: str, label: Any) -> JudgeRequest:
     body = {"context": context, "response": {"content": response},
             "next_state": label_to_next_state(label), "tasks": ["prm"]}
     return _build(body, "slime request")
+
+
+def _reward_of(prm: dict[str, Any], failed_reward: float | None) -> float:
+    if prm["status"] != STATUS_FAILED:
+        return float(prm["score"])
+    if failed_reward is None:
+        raise RewardUnavailable(f"judge failed: {prm.get('reason') or 'no verdict'}; retry the request")
+    return float(failed_reward)
+
+
+def openrlhf_reply(results: list[dict[str, Any]], failed_reward: float | None) -> dict[str, Any]:
+    """The /get_reward answer for judge results (one per query): numbers only, see the module docstring.
+
+    Raises RewardUnavailable (503) when an item failed and no ``failed_reward`` fallback is configured.
+    """
+    prms = [r["prm"] for r in results]
+    rewards = [_reward_of(prm, failed_reward) for prm in prms]
+    extra_logs = {name: [1.0 if prm["status"] == status else 0.0 for prm in prms]
+                  for status, name in STATUS_LOG_NAMES.items()}
+    extra_logs["judge_confidence"] = [0.0 if prm["status"] == STATUS_FAILED else float(prm["confidence"])
+                                      for prm in prms]
+    return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra_logs}
+
+
+def slime_reply(result: dict[str, Any], failed_reward: float | None) -> dict[str, Any]:
+    """The /slime/reward answer (read by slime with ``--reward-key reward``); RewardUnavailable as above."""
+    prm = result["prm"]
+    return {"reward": _reward_of(prm, failed_reward), "status": prm["status"],
+            "confidence": 0.0 if prm["status"] == STATUS_FAILED else float(prm["confidence"]),
+            "prm": prm, "prompt_versions": result["prompt_versions"]}

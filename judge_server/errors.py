@@ -3,6 +3,7 @@
     JudgeError
     ├── InvalidRequest        bad input we can name (-> 400, or 413 for oversized input)
     ├── Unauthorized          missing / wrong Bearer key (-> 401)
+    ├── RewardUnavailable     a reward-client route (OpenRLHF, slime) whose judge failed (-> 503, so they retry)
     └── JudgeUnavailable      (client side) the judge service could not be reached after retries
 
 Engine failures (engine.errors.EngineError) are NOT raised to the caller of /v1/judge: they end as a
@@ -31,6 +32,12 @@ class InvalidRequest(JudgeError):
 
 class Unauthorized(JudgeError):
     status_code = 401
+
+
+class RewardUnavailable(JudgeError):
+    """A /get_reward or /slime/reward item has no verdict: 503 runs the client's own retry path."""
+
+    status_code = 503
 
 
 class JudgeUnavailable(JudgeError):

@@ -5,8 +5,12 @@
 - ``POST /v1/judge/batch`` ``{"items": [...]}`` (or a bare list) -> ``{"results": [...]}``, judged
   concurrently, one result per item in order, each with its own statuses.
 - ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime rm-url): see compat.py.
-- ``GET /health`` liveness; ``GET /ready`` judge engine reachable (503 otherwise); ``GET /metrics``.
-Bearer ``api_key`` guards the POST routes when configured. Oversized input -> 413, bad input -> 400/422.
+- ``GET /health`` liveness; ``GET /ready`` judge engine reachable (503 otherwise; backend, prompt versions,
+  tokenizer path and engine URL only with the API key); ``GET /metrics``.
+Bearer ``api_key`` guards the POST routes when configured. The two reward-client routes also take it as
+the URL query parameter ``api_key`` (those clients can only be given a URL, never a header); the query
+string is never logged (engine.observability), and metrics carry route templates only.
+Oversized input -> 413, bad input -> 400/422.
 
 Caller disconnects (house style §6 "propagate client disconnects (abort upstream)"): every judging route
 runs its work as a task next to a watcher of the ASGI ``receive`` channel. The body has been read in full
@@ -27,29 +31,53 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from engine.errors import EngineError, EngineRejected
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
-from judge_server.compat import openrlhf_items, slime_item
+from judge_server.compat import openrlhf_items, openrlhf_reply, slime_item, slime_reply
 from judge_server.errors import InvalidRequest, Unauthorized
 from judge_server.judge import JudgeService
 from judge_server.schemas import BatchRequest, JudgeRequest, OpenRLHFRequest, SlimeRequest
-from judge_server.voting import STATUS_FAILED
 
 logger = logging.getLogger(__name__)
+_ERROR = {"content": {"application/json": {"schema": {"type": "object", "required": ["error"], "properties": {
+    "error": {"type": "object", "required": ["type", "message"],
+              "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}}}}
+# What the judging routes answer besides 200/422 (documented so the OpenAPI matches the server).
+JUDGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "invalid input (JSON too deep, unpaired surrogates, m too large, empty batch)", **_ERROR},
+    401: {"description": "missing or wrong Bearer key", **_ERROR},
+    413: {"description": "body over max_request_chars, or too many items/messages", **_ERROR},
+    429: {"description": "too many requests in flight (Retry-After)", **_ERROR}}
 router = APIRouter()
 T = TypeVar("T")
 
 
-async def require_key(request: Request) -> None:
+def has_key(request: Request) -> bool:
+    """Whether the request carries the Bearer ``api_key`` (True when none is configured); constant time."""
     key = request.app.state.settings.api_key
     if not key:
-        return
+        return True
     auth = request.headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+async def require_key(request: Request) -> None:
+    if not has_key(request):
         raise Unauthorized("missing or invalid Bearer API key")
+
+
+async def require_key_or_query_key(request: Request) -> None:
+    """Reward-client routes only: the Bearer header, else the ``api_key`` URL query parameter."""
+    key = request.app.state.settings.api_key
+    query_key = request.query_params.get("api_key")
+    if not key or "authorization" in request.headers or query_key is None:
+        await require_key(request)
+        return
+    if not hmac.compare_digest(query_key.encode(), key.encode()):
+        raise Unauthorized("missing or invalid API key (Bearer header or api_key query parameter)")
 
 
 async def check_size(request: Request) -> None:
@@ -72,6 +100,7 @@ def _service(request: Request) -> JudgeService:
 
 
 guarded = [Depends(require_key), Depends(check_size)]
+compat_guarded = [Depends(require_key_or_query_key), Depends(check_size)]
 
 
 async def _unless_disconnected(request: Request, service: JudgeService,
@@ -91,14 +120,14 @@ async def _judge_all(service: JudgeService, items: list[JudgeRequest], rid_prefi
     return list(await asyncio.gather(*(service.judge(it, f"{rid_prefix}{i}-") for i, it in enumerate(items))))
 
 
-@router.post("/v1/judge", dependencies=guarded, response_model=None)
+@router.post("/v1/judge", dependencies=guarded, response_model=None, responses=JUDGE_ERRORS)
 async def judge_one(item: JudgeRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     _check_item(service, item)
     return await _unless_disconnected(request, service, lambda rid: service.judge(item, rid))
 
 
-@router.post("/v1/judge/batch", dependencies=guarded, response_model=None)
+@router.post("/v1/judge/batch", dependencies=guarded, response_model=None, responses=JUDGE_ERRORS)
 async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     items = body.items if isinstance(body, BatchRequest) else body
@@ -112,7 +141,7 @@ async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request)
     return results if isinstance(results, Response) else {"results": results}
 
 
-@router.post("/get_reward", dependencies=guarded, response_model=None)
+@router.post("/get_reward", dependencies=compat_guarded, response_model=None, responses=JUDGE_ERRORS)
 async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     items = openrlhf_items(body.query, body.prompts, body.labels)
@@ -123,26 +152,19 @@ async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, 
     results = await _unless_disconnected(request, service, lambda rid: _judge_all(service, items, rid))
     if isinstance(results, Response):
         return results
-    rewards = [None if r["prm"]["status"] == STATUS_FAILED else float(r["prm"]["score"]) for r in results]
-    return {"rewards": rewards, "scores": list(rewards),
-            "extra_logs": {"status": [r["prm"]["status"] for r in results],
-                           "confidence": [r["prm"]["confidence"] for r in results]}}
+    return openrlhf_reply(results, service.settings.compat_failed_reward)
 
 
-@router.post("/slime/reward", dependencies=guarded)
-async def slime_reward(body: SlimeRequest, request: Request) -> Response:
+@router.post("/slime/reward", dependencies=compat_guarded, response_model=None,
+             responses={**JUDGE_ERRORS, 503: {"description": "judging failed (no reward)", **_ERROR}})
+async def slime_reward(body: SlimeRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     item = slime_item(body.prompt, body.response, body.label)
     _check_item(service, item)
     result = await _unless_disconnected(request, service, lambda rid: service.judge(item, rid))
     if isinstance(result, Response):
         return result
-    prm = result["prm"]
-    if prm["status"] == STATUS_FAILED:
-        return JSONResponse({"error": {"type": "JudgeFailed", "message": prm["reason"]}, "prm": prm},
-                            status_code=503)
-    return JSONResponse({"reward": float(prm["score"]), "status": prm["status"], "prm": prm,
-                         "prompt_versions": result["prompt_versions"]})
+    return slime_reply(result, service.settings.compat_failed_reward)
 
 
 @router.get("/health")
@@ -165,17 +187,20 @@ async def _engine_ready(service: JudgeService) -> bool:
         return False
 
 
-@router.get("/ready")
+@router.get("/ready", responses={503: {"description": "judge engine unreachable"}})
 async def ready(request: Request) -> JSONResponse:
     service = _service(request)
     ok = await _engine_ready(service)
-    body = {"ready": ok, "backend": service.settings.backend, "prompt_versions": service.prompt_versions,
-            "tokenizer_path": request.app.state.tokenizer_path,
-            "engine_url": service.settings.engine_url if service.settings.backend == "llm" else None}
+    body: dict[str, Any] = {"ready": ok}
+    if has_key(request):  # paths and URLs only for the key's holder (open when no key is configured)
+        body.update(backend=service.settings.backend, prompt_versions=service.prompt_versions,
+                    tokenizer_path=request.app.state.tokenizer_path,
+                    engine_url=service.settings.engine_url if service.settings.backend == "llm" else None)
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain; version=0.0.4": {}}, "description": "Prometheus text"}})
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
 

@@ -1,7 +1,7 @@
 """Pydantic I/O of the judge HTTP API (docs/CONTRACTS.md "Judge service").
 
 Validation is strict where a wrong input would silently change the verdict: next-state roles are only
-``user`` or ``tool``, the judged response must have content or tool calls, tasks are ``prm``/``hint``.
+``user`` or ``tool``, tasks are ``prm``/``hint``. An empty judged response is valid (an empty reply is a turn).
 FastAPI answers a violation with 422 and the field messages; size limits are checked in routes (413).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Message(BaseModel):
@@ -30,12 +30,8 @@ class JudgedResponse(BaseModel):
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
-
-    @model_validator(mode="after")
-    def _not_empty(self) -> JudgedResponse:
-        if not (self.content or "").strip() and not self.tool_calls:
-            raise ValueError("response must have non-empty content or tool_calls")
-        return self
+    # An empty or whitespace reply is judged like any other: the model did produce it, and the user's
+    # next state says how it went (refusing it would lose a real turn as a rejected sample).
 
 
 class JudgeRequest(BaseModel):

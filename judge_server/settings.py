@@ -80,8 +80,16 @@ class JudgeSettings(BaseSettings):
     request_deadline_s: float = 120.0
     max_batch_items: int = 256
     max_context_messages: int = 512
-    max_request_chars: int = 1_000_000
+    max_request_chars: int = Field(1_000_000, description="largest request body in bytes on any route; 413 while "
+                                   "reading beyond it, before parsing or auth (engine.http_guard)")
+    max_json_depth: int = Field(64, ge=4, le=512, description="deepest JSON nesting accepted in a body (400 beyond)")
+    max_in_flight_requests: int = Field(512, ge=1, description="requests in flight at once (probes exempt); "
+                                        "429 with Retry-After beyond it")
     max_m: int = 16
+
+    # --- reward-client routes (/get_reward, /slime/reward): the reward of a judge_failed item. None (default):
+    # answer 503 so the client retries; a number: answer it, flagged judge_failed (a documented fallback).
+    compat_failed_reward: float | None = Field(default=None, allow_inf_nan=False)
 
     # --- rules backend keywords (case-insensitive; matched on word boundaries where the keyword starts/ends
     # with a letter)

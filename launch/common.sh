@@ -15,6 +15,8 @@ HS_NAMES=()
 HS_DRY_RUN=${HS_DRY_RUN:-${DRY_RUN:-0}}
 HS_STOP_GRACE_S=${HS_STOP_GRACE_S:-20}
 HS_PYTHON=${PYTHON:-python}
+# Logs, pid files and data dirs hold prompts, replies and config: readable by this user only.
+umask 077
 
 hs_log() { printf '[hindsight %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 hs_die() { printf 'error: %s\n' "$*" >&2; exit 2; }

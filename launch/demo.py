@@ -10,7 +10,7 @@ runs the tool and sends its result, then the user gives feedback, and the last r
 session (``X-Session-Done``). Then print, readably: each reply, the judge's votes and verdicts per turn
 (and hints in opd/combine), the stored samples, one training step (``hindsight-train --steps 1``) and
 the weight update with the engine's new weight version, confirmed by one more chat reply served by the
-new weights. Exits non-zero, saying which step failed, when any step does not complete in time.
+new weights; finally write the run report (``hindsight-report``: HTML with plots) and print its path. Exits non-zero, saying which step failed, when any step does not complete in time.
 
 The tiny models are random: replies are word salad and an ``llm`` judge's verdicts are random (but
 well-formed, constrained by the prompt's regex). The demo shows the mechanics, not quality; use
@@ -228,7 +228,7 @@ def train_one_step(endpoints: dict, batch_size: int) -> int:
     cmd = [devstack.console_script("hindsight-train"), "--policy-url", endpoints["policy_url"],
            "--admin-api-key", endpoints["admin_api_key"], "--model-path", endpoints["policy_model_path"],
            "--out-dir", str(ckpt), "--steps", str(step), "--batch-size", str(batch_size),
-           "--lease-wait-s", "10", "--no-progress"]
+           "--min-batch", "1", "--lease-wait-s", "10", "--no-progress"]  # the demo trains on what its session produced
     shown = " ".join("***" if i > 0 and cmd[i - 1] == "--admin-api-key" else a for i, a in enumerate(cmd))
     print(f"  $ {shown}")
     log = Path(endpoints["log_dir"]) / "demo-train.log"
@@ -247,6 +247,16 @@ def train_one_step(endpoints: dict, batch_size: int) -> int:
         raise SystemExit(f"error: hindsight-train exited with {res.returncode} (log {log})")
     print(f"  trained step {step} in {time.monotonic() - t0:.1f}s; checkpoint {ckpt / f'step_{step:06d}'}")
     return step
+
+
+def write_run_report(endpoints: dict) -> None:
+    """The run report (hindsight-report) of the trainer's out dir plus the stored samples and judge metrics."""
+    from trainer.report.cli import write_report
+
+    section("6. run report")
+    path = write_report(Path(endpoints["checkpoint_dir"]), policy_url=endpoints["policy_url"],
+                        admin_api_key=endpoints["admin_api_key"], judge_url=endpoints["judge_url"])
+    print(f"  report: {path}")
 
 
 def main() -> int:
@@ -296,6 +306,7 @@ def main() -> int:
     agent.session_id = "demo-" + uuid.uuid4().hex[:8]
     reply = agent.send(done=True)
     print(f"  a new request is served by weights v{reply['weight_version']}: {short(reply['message']['content'])!r}")
+    write_run_report(endpoints)
     section("done")
     print(f"  logs: {endpoints['log_dir']}   stop the stack: launch/dev.sh stop")
     return 0

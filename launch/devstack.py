@@ -9,7 +9,8 @@ Contract (issue 8, docs/LAUNCH.md "CPU dev stack"):
   judge/teacher dev engine behind a second router, ``hindsight-judge`` (backend ``$JUDGE_BACKEND``,
   llm by default) and ``hindsight-policy`` (``$MODE``: rl|opd|combine). It returns once everything is
   ready, after writing ``$HINDSIGHT_RUN_DIR/endpoints.json`` (policy_url, judge_url, policy_engine_url,
-  judge_engine_url, api_key, admin_api_key, mode, judge_backend, model paths, data/checkpoint dirs).
+  judge_engine_url, the routers' URLs and Prometheus metrics URLs, api_key, admin_api_key, mode,
+  judge_backend, model paths, data/checkpoint dirs).
 - Every process runs in its own session; ``pids.json`` records name, PID and kernel start time after
   each start. ``stop`` signals only those process groups, and only when the PID still belongs to the
   process we started (start time matches), SIGTERM then SIGKILL after a grace period; it never looks
@@ -231,6 +232,9 @@ def start(run_dir: Path, mode: str, judge_backend: str) -> dict:
         "policy_url": policy.url, "judge_url": judge.url,
         "policy_engine_url": p_engine.url, "policy_router_url": p_router.url,
         "judge_engine_url": j_engine.url, "judge_router_url": j_router.url, "teacher_url": j_router.url,
+        # sglang-router serves its Prometheus metrics on a port of its own (the deploy/ scrape config's targets)
+        "policy_router_metrics_url": f"http://127.0.0.1:{p_router.extra['prometheus_port']}",
+        "judge_router_metrics_url": f"http://127.0.0.1:{j_router.extra['prometheus_port']}",
         "api_key": api_key, "admin_api_key": admin_api_key,
         "policy_model_path": str(policy_model), "teacher_model_path": str(teacher_model),
         "data_dir": str(data_dir), "checkpoint_dir": str(run_dir / "checkpoints"),

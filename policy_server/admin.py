@@ -1,8 +1,11 @@
 """Admin routes for the trainer and operators (admin key): sample lease/ack/stats, mode, weight sync.
 
-- ``GET /v1/samples/lease?max=N&wait_s=S`` -> ``{"lease_id", "samples": [...]}``: up to N ready samples,
-  waiting up to S seconds for the first one (``lease_id`` null and ``samples`` empty when none came).
-  N above ``max_lease_size`` or S above ``max_lease_wait_s`` is a 400 (explicit limits, no silent cap).
+- ``GET /v1/samples/lease?max=N&min=M&wait_s=S`` -> ``{"lease_id", "samples": [...]}``: up to N ready
+  samples, as soon as at least M (default 1) are ready, else at S seconds whatever is ready (``lease_id``
+  null and ``samples`` empty when nothing is); always 200 for valid parameters. The wait sleeps on the
+  ready notifier (policy_server.ready_notifier), several leasers may wait at once and never share a sample.
+  N outside [1, ``max_lease_size``], M outside [1, N] or S outside [0, ``max_lease_wait_s``] is a 400
+  (explicit limits, no silent cap).
   ``prm_metrics``: the PRM metrics window drained by this lease (policy_server.scoring); only a lease that
   hands out samples drains it, an empty answer carries ``{}``; always ``{}`` without PRM scoring.
 - ``POST /v1/samples/ack {"lease_id"}``: consume; idempotent (a second ack answers ``already_acked``);
@@ -14,24 +17,29 @@
   an unknown status is a 400.
 - ``GET /v1/samples/stats``: counts by status, reject reasons, pending retries, sessions, leases, and ``prm``
   (cumulative PRM metrics and outcome counts, not draining; ``{"enabled": false}`` without scoring).
-- ``GET|POST /admin/mode {"mode", "w_rl", "w_opd"}``: the reward mode used for turns judged from now on.
+- ``GET|POST /admin/mode {"mode", "w_rl", "w_opd"}``: the reward mode used for turns judged from now on;
+  persisted in the store, so it survives a restart (it then overrides the ``--mode``/``--w-*`` flags).
 - ``POST /admin/weights/update {"model_path", "weight_version"}`` -> ``{"success", "weight_version", "paused_s"}``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import math
+from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from policy_server.auth import require_admin
 from policy_server.errors import Conflict, InvalidRequest, NotFound
+from policy_server.ready_notifier import lease_when_ready
+from policy_server.openai_schemas import error_responses
 from policy_server.store import SAMPLE_STATUSES, LeaseError
 
-router = APIRouter()
+# Every admin route may answer these (auth, body limit, admission, busy store); route-specific ones below.
+router = APIRouter(responses=error_responses(401, 413, 429, 503))
 
 
 class AckBody(BaseModel):
@@ -56,27 +64,28 @@ def _st(request: Request) -> Any:
 
 
 @router.get("/v1/samples/lease")
-async def lease(request: Request, max: int = 64, wait_s: float = 0.0) -> dict[str, Any]:  # noqa: A002
+async def lease(request: Request,
+                max_n: int = Query(64, alias="max", ge=1, description="samples at most, <= max_lease_size"),
+                min_n: int = Query(1, alias="min", ge=1, description="return as soon as this many are ready, <= max"),
+                wait_s: float = Query(0.0, ge=0, description="seconds to wait for min samples, <= max_lease_wait_s"),
+                ) -> dict[str, Any]:
     st = _st(request)
-    if not 1 <= max <= st.settings.max_lease_size:
+    if not 1 <= max_n <= st.settings.max_lease_size:
         raise InvalidRequest(f"max must be in [1, {st.settings.max_lease_size}]", param="max")
-    if not 0 <= wait_s <= st.settings.max_lease_wait_s:
+    if not 1 <= min_n <= max_n:
+        raise InvalidRequest("min must be in [1, max]", param="min")
+    if not (math.isfinite(wait_s) and 0 <= wait_s <= st.settings.max_lease_wait_s):
         raise InvalidRequest(f"wait_s must be in [0, {st.settings.max_lease_wait_s}]", param="wait_s")
-    end = time.monotonic() + wait_s
-    while True:
-        got = await asyncio.to_thread(st.store.lease, max, st.settings.lease_timeout_s)
-        if got is not None:
-            lease_id, samples = got
-            prm_metrics = st.scoring.drain_window() if st.scoring is not None else {}
-            return {"lease_id": lease_id, "samples": samples, "lease_timeout_s": st.settings.lease_timeout_s,
-                    "prm_metrics": prm_metrics}
-        if time.monotonic() >= end:
-            return {"lease_id": None, "samples": [], "lease_timeout_s": st.settings.lease_timeout_s,
-                    "prm_metrics": {}}
-        await asyncio.sleep(min(0.1, max(0.0, end - time.monotonic())))
+    got = await lease_when_ready(st.store, st.ready, max_n=max_n, min_n=min_n, wait_s=wait_s,
+                                 lease_s=st.settings.lease_timeout_s)
+    lease_id, samples = got if got is not None else (None, [])
+    # Only a lease that hands out samples drains the PRM window (those samples' metrics).
+    prm_metrics = st.scoring.drain_window() if st.scoring is not None and samples else {}
+    return {"lease_id": lease_id, "samples": samples, "lease_timeout_s": st.settings.lease_timeout_s,
+            "prm_metrics": prm_metrics}
 
 
-@router.post("/v1/samples/ack")
+@router.post("/v1/samples/ack", responses=error_responses(404, 409))
 async def ack(request: Request, body: AckBody) -> dict[str, Any]:
     st = _st(request)
     try:
@@ -87,7 +96,7 @@ async def ack(request: Request, body: AckBody) -> dict[str, Any]:
 
 @router.get("/v1/samples")
 async def list_samples(request: Request, session_id: str | None = None, status: str | None = None,
-                       limit: int = 100) -> dict[str, Any]:
+                       limit: int = Query(100, ge=1, description="rows at most, <= max_lease_size")) -> dict[str, Any]:
     st = _st(request)
     if not 1 <= limit <= st.settings.max_lease_size:
         raise InvalidRequest(f"limit must be in [1, {st.settings.max_lease_size}]", param="limit")
@@ -118,16 +127,18 @@ async def get_mode(request: Request) -> dict[str, Any]:
 @router.post("/admin/mode")
 async def set_mode(request: Request, body: ModeBody) -> dict[str, Any]:
     st = _st(request)
-    from policy_server.rewards import InvalidMode
+    from policy_server.rewards import InvalidMode, ModeState
 
-    try:
-        st.mode_state.set(body.mode, body.w_rl, body.w_opd)
+    try:  # validated on a copy, persisted, then applied: a mode in force is always the persisted one
+        snap = ModeState(**st.mode_state.to_dict()).set(body.mode, body.w_rl, body.w_opd)
     except InvalidMode as exc:
         raise InvalidRequest(str(exc)) from None
+    await asyncio.to_thread(st.store.set_runtime, "mode", asdict(snap))
+    st.mode_state.set(snap.mode, snap.w_rl, snap.w_opd)
     return st.mode_state.to_dict()
 
 
-@router.post("/admin/weights/update")
+@router.post("/admin/weights/update", responses=error_responses(502))
 async def update_weights(request: Request, body: WeightsBody) -> dict[str, Any]:
     st = _st(request)
     try:

@@ -11,7 +11,8 @@ EngineClient for generation plus one per weight-sync worker (shared connection p
 teacher clients and the reward pipeline when configured, reads the engine's current weight_version,
 starts the judge dispatcher (which immediately resumes pending work found in the store) and the idle
 session sweeper; on shutdown stops both (with the bounded judge drain of policy_server.shutdown) and
-closes every client and the store. Every resource goes on one AsyncExitStack as soon as it exists, so
+closes every client and the store. Lease waiters sleep on a ReadyNotifier that every store write making
+a sample ``ready`` feeds (policy_server.ready_notifier). Every resource goes on one AsyncExitStack as soon as it exists, so
 a setup step that fails closes what the earlier steps opened (runner, clients, store) before re-raising.
 
 PRM scoring (issue 7 item 9, policy_server.scoring): with ``--prm-config`` the runner is built first
@@ -36,11 +37,13 @@ from fastapi import FastAPI
 from engine.chat import load_tokenizer
 from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
+from engine.http_guard import AdmissionMiddleware, BodyLimitMiddleware, UnexpectedErrorMiddleware
 from engine.observability import RequestContextMiddleware, RouteMetrics, log_settings, propagate_request_id
 from policy_server.dispatch import Dispatcher
-from policy_server.errors import install_error_handlers
-from policy_server.generation import Generator
+from policy_server.errors import RETRY_AFTER_S, StoreBusy, error_body, install_error_handlers
+from policy_server.generation import Generator, context_length
 from policy_server.metrics import Metrics
+from policy_server.ready_notifier import LocalReadyNotifier, ReadyNotifier
 from policy_server.scoring import PRMScoring
 from policy_server.sessions import SessionTracker
 from policy_server.settings import PolicySettings
@@ -66,6 +69,7 @@ class PolicyState:
     pipeline: Any | None
     backlog_cache: list[float]  # [value, checked_at_monotonic]
     scoring: PRMScoring | None = None
+    ready: ReadyNotifier | None = None  # wakes lease waiters when samples become ready
 
 
 def _build_pipeline(settings: PolicySettings, tokenizer: Any, http: httpx.AsyncClient, retry: RetryPolicy,
@@ -108,10 +112,20 @@ async def _stop_background(settings: PolicySettings, store: Store, dispatcher: D
     drained = await dispatcher.shutdown(settings.shutdown_drain_s)
     tasks[0].cancel()
     await asyncio.gather(tasks[0], return_exceptions=True)
-    counts = (await asyncio.to_thread(store.stats))["samples"]
+    try:
+        counts = (await asyncio.to_thread(store.stats))["samples"]
+    except StoreBusy as exc:  # the shutdown goes on: everything pending is in the store anyway
+        logger.warning("shutdown: %d turn(s) judged while draining; pending counts unknown (%s)",
+                       drained["judged"], exc)
+        return
     logger.info("shutdown: %d turn(s) judged while draining, %d judge call(s) cancelled, %d pending judge job(s) "
                 "and %d held sample(s) awaiting session scoring stay in the store for the next start",
                 drained["judged"], drained["cancelled"], counts["pending_judge"], counts["pending_score"])
+
+
+def _guard_error(status: int, message: str) -> dict[str, object]:
+    kind = {413: "invalid_request_error", 429: "rate_limit_error"}.get(status, "invalid_request_error")
+    return error_body(status, message, kind)
 
 
 def create_app(settings: PolicySettings) -> FastAPI:
@@ -134,8 +148,11 @@ def create_app(settings: PolicySettings) -> FastAPI:
             metrics = app.state.metrics
             if scoring is not None:
                 scoring.register(metrics.registry)
-            store = await asyncio.to_thread(Store, settings.data_dir, synchronous=settings.store_synchronous)
+            store = await asyncio.to_thread(Store, settings.data_dir, synchronous=settings.store_synchronous,
+                                          busy_timeout_s=settings.store_busy_timeout_s)
             stack.callback(store.close)
+            ready = LocalReadyNotifier()
+            store.on_ready = ready.notify  # every write that makes a sample ready wakes the lease waiters
             timeouts = EngineTimeouts()
             retry = RetryPolicy(max_attempts=settings.engine_max_attempts, deadline_s=settings.engine_deadline_s)
             # One pool for every engine call of this process; trust_env=False: loopback never via a proxy.
@@ -154,6 +171,12 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 version = await workers[0].weight_version()
             gate = WeightGate(settings.gate_timeout_s, version=version)
             mode_state, pipeline = _build_pipeline(settings, tokenizer, http, retry, stack)
+            persisted = await asyncio.to_thread(store.get_runtime, "mode")
+            if persisted is not None:  # set through POST /admin/mode before a restart: it stays in force
+                mode_state.set(persisted["mode"], persisted["w_rl"], persisted["w_opd"])
+                flags = {"mode": settings.mode, "w_rl": settings.w_rl, "w_opd": settings.w_opd}
+                if flags != mode_state.to_dict():
+                    logger.warning("reward mode %s set through /admin/mode overrides the flags %s", persisted, flags)
             dispatcher = Dispatcher(store, pipeline, concurrency=settings.dispatch_concurrency,
                                     retry_initial_s=settings.dispatch_retry_initial_s,
                                     retry_max_s=settings.dispatch_retry_max_s, scoring=scoring)
@@ -161,11 +184,13 @@ def create_app(settings: PolicySettings) -> FastAPI:
                                       sweep_interval_s=settings.idle_sweep_interval_s, on_new_work=dispatcher.wake)
             state = PolicyState(
                 settings=settings, store=store, engine=engine,
-                generator=Generator(engine, tokenizer, gate, max_resumes=settings.max_resumes),
+                generator=await asyncio.to_thread(
+                    Generator, engine, tokenizer, gate, max_resumes=settings.max_resumes,
+                    max_prompt_tokens=settings.max_prompt_tokens or context_length(settings.model_path)),
                 gate=gate, weight_sync=WeightSync(workers, gate, pause_mode=settings.pause_mode,
                                                   deadline_s=settings.weight_update_deadline_s),
                 sessions=sessions, dispatcher=dispatcher, metrics=metrics, mode_state=mode_state,
-                pipeline=pipeline, backlog_cache=[0.0, -1e9], scoring=scoring,
+                pipeline=pipeline, backlog_cache=[0.0, -1e9], scoring=scoring, ready=ready,
             )
             tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
                      asyncio.create_task(sessions.run_sweeper(), name="idle-sweeper")]
@@ -186,6 +211,13 @@ def create_app(settings: PolicySettings) -> FastAPI:
     app.state.drain = DrainState()
     app.state.metrics = Metrics()
     app.add_middleware(DrainMiddleware, state=app.state.drain)
+    # Hostile-input guards (engine.http_guard): body size while reading, before any route or auth runs;
+    # then admission (bounded in-flight requests, 429 beyond) around it, so a flood is refused unread.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, error_body=_guard_error)
+    app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_concurrent_requests,
+                       error_body=_guard_error, retry_after_s=RETRY_AFTER_S)
+    app.add_middleware(UnexpectedErrorMiddleware, logger=logger,
+                       error_body=lambda status, msg: error_body(status, msg, "internal_error"))
     # Added last, so outermost: request/session ids, access line and route metrics for every response,
     # the drain 503s included (engine.observability).
     app.add_middleware(RequestContextMiddleware,
@@ -195,4 +227,27 @@ def create_app(settings: PolicySettings) -> FastAPI:
 
     app.include_router(routes.router)
     app.include_router(admin.router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, corrected to what the server answers: a request validation error is a 400 in
+    OpenAI's error shape here (policy_server.errors), not FastAPI's 422."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        from policy_server.openai_schemas import ErrorResponse
+
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        schema.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = \
+            ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+        error_ref = {"description": "invalid request (names the field)",
+                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+        for ops in schema.get("paths", {}).values():
+            for op in ops.values():
+                responses = op.get("responses", {})
+                if responses.pop("422", None) is not None:
+                    responses.setdefault("400", error_ref)
+        app.openapi_schema = schema
+    return app.openapi_schema

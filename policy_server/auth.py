@@ -1,8 +1,9 @@
 """Bearer-key checks: a client key for the OpenAI routes, a separate admin key for trainer/admin routes.
 
 Without ``api_key`` the client routes are open (loopback dev use). Admin routes require
-``admin_api_key`` when set; when it is not set they fall back to ``api_key`` (and are open only if
-neither is set). Keys are compared in constant time.
+``admin_api_key``; the client key opens them only with the explicit ``allow_client_key_for_admin``
+opt-out (settings refuse an ``api_key`` without an ``admin_api_key`` otherwise), and they are open only
+when no key is set at all. Keys are compared in constant time.
 """
 
 from __future__ import annotations
@@ -38,4 +39,14 @@ def require_client(request: Request, settings: PolicySettings) -> None:
 
 
 def require_admin(request: Request, settings: PolicySettings) -> None:
-    _check(request, settings.admin_api_key or settings.api_key, "admin")
+    key = settings.admin_api_key or (settings.api_key if settings.allow_client_key_for_admin else None)
+    _check(request, key, "admin")
+
+
+def is_admin(request: Request, settings: PolicySettings) -> bool:
+    """Whether the request carries the admin key (or admin routes are open): for detail shown only to admins."""
+    try:
+        require_admin(request, settings)
+    except Unauthorized:
+        return False
+    return True

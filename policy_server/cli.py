@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     # log_config=None: uvicorn's loggers flow through configure_logging; the access line is the middleware's.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                             log_config=None, access_log=False, timeout_graceful_shutdown=5)
-    server = DrainingServer(config, app.state.drain, grace_s=settings.shutdown_grace_s)
+    # Hard bound on a stop: the chat grace, the judge drain, uvicorn's own 5 s and bounded store waits.
+    hard_stop_s = settings.shutdown_grace_s + settings.shutdown_drain_s + 10 + 2 * settings.store_busy_timeout_s
+    server = DrainingServer(config, app.state.drain, grace_s=settings.shutdown_grace_s, hard_stop_s=hard_stop_s)
     # uvicorn re-raises the signal that stopped it once it is done; this handler turns that into a normal
     # return, so a graceful SIGTERM shutdown exits 0 (policy_server.shutdown).
     signal.signal(signal.SIGTERM, lambda *_: None)

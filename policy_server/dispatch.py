@@ -16,6 +16,8 @@ Contract:
   sampled under a decoding constraint (a forced tool call), whose rollout log-probs are the masked
   distribution's.
 - Any other pipeline exception rejects the turn with reason ``pipeline_error: ...`` (explicit, visible).
+- A busy store (policy_server.errors.StoreBusy: another connection holds the SQLite write lock) defers the
+  session's work with the same capped backoff; nothing was written, so it stays pending and is retried.
 - Without a pipeline (no judge configured) jobs stay pending and are reported as such (held samples of an
   ended session are still scored).
 - With PRM scoring on (``scoring``, policy_server.scoring), scope ``turn``: a turn the pipeline accepts is
@@ -40,6 +42,7 @@ from typing import Any
 
 from engine.errors import EngineTimeout, EngineUnavailable
 from engine.observability import bind_ids
+from policy_server.errors import StoreBusy
 from policy_server.scoring import apply_outcome, held_outcomes
 from policy_server.store import Store
 
@@ -152,7 +155,10 @@ class Dispatcher:
         self.wake()
         while (self.pipeline is not None or self.scoring is not None) and time.monotonic() < end:
             if not self._running:
-                sessions = await self._work_sessions()
+                try:
+                    sessions = await self._work_sessions()
+                except StoreBusy:  # a locked store cannot be drained: what is pending stays pending
+                    break
                 now = time.monotonic()
                 if not any(self._retry_at.get(sid, 0.0) <= now for sid in sessions):
                     break
@@ -190,13 +196,20 @@ class Dispatcher:
                     else:
                         attempts = None if await self._process(jobs[0]) else jobs[0]["attempts"]
                     if attempts is not None:
-                        delay = min(self.retry_max_s, self.retry_initial_s * 2 ** min(attempts, 10))
-                        self._retry_at[session_id] = time.monotonic() + delay
-                        asyncio.get_running_loop().call_later(delay, self.wake)
+                        self._back_off(session_id, attempts)
                         return
                     self._retry_at.pop(session_id, None)
+        except StoreBusy as exc:
+            # The store is locked by someone else: nothing was written, the work stays pending; try later.
+            logger.warning("session %s: judge work deferred: %s", session_id, exc)
+            self._back_off(session_id, 3)
         finally:
             self._running.pop(session_id, None)
+
+    def _back_off(self, session_id: str, attempts: int) -> None:
+        delay = min(self.retry_max_s, self.retry_initial_s * 2 ** min(attempts, 10))
+        self._retry_at[session_id] = time.monotonic() + delay
+        asyncio.get_running_loop().call_later(delay, self.wake)
 
     async def _process(self, job: dict[str, Any]) -> bool:
         """Judge one turn; returns False when it must be retried later."""

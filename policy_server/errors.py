@@ -8,6 +8,7 @@
     ├── PayloadTooLarge      413 body over max_body_bytes
     ├── Backpressure         429 the store holds max_unconsumed_samples not yet consumed
     ├── ServiceUnavailable   503 gate timeout during weight sync, shutting down
+    │   └── StoreBusy        503 the SQLite store could not be reached within its busy timeout
     └── UpstreamFailed       50x generation could not finish (wraps EngineError)
 
 ``engine.errors`` are mapped here too (EngineUnavailable 503, EngineTimeout 504, EngineBadResponse 502,
@@ -75,11 +76,16 @@ class ServiceUnavailable(PolicyError):
     error_type = "service_unavailable"
 
 
+class StoreBusy(ServiceUnavailable):
+    """The store's lock or SQLite's write lock was not free within ``store_busy_timeout_s``: retry later."""
+
+
 class UpstreamFailed(PolicyError):
     status_code = 502
     error_type = "upstream_error"
 
 
+RETRY_AFTER_S = 2
 _ENGINE_STATUS = {EngineUnavailable: 503, EngineTimeout: 504, EngineBadResponse: 502, EngineRejected: 400}
 
 
@@ -100,8 +106,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(PolicyError)
     async def _policy(_: Request, exc: PolicyError) -> JSONResponse:
+        # 429/503 are "come back later": say when, so clients back off instead of hammering.
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status_code in (429, 503) else None
         return JSONResponse(error_body(exc.status_code, exc.message, exc.error_type, exc.param, exc.code),
-                            status_code=exc.status_code)
+                            status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(EngineError)
     async def _engine(_: Request, exc: EngineError) -> JSONResponse:
@@ -121,11 +129,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # exc.headers carries e.g. the Allow header of a 405, which HTTP requires.
         return JSONResponse(error_body(exc.status_code, str(exc.detail), "invalid_request_error"),
-                            status_code=exc.status_code)
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal_error"),
-                            status_code=500)
+    # Anything else is a bug: engine.http_guard.UnexpectedErrorMiddleware (installed by create_app, inside
+    # the request-id middleware) answers it 500 with one log record, the traceback rate-limited.

@@ -31,15 +31,17 @@ per worker, logged, never raised) on every engine WORKER URL: sglang-router 0.3.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.chat import render_prompt_ids
 from engine.client import EngineClient
 from engine.errors import EngineBadResponse
-from policy_server.errors import ServiceUnavailable
+from policy_server.errors import InvalidRequest, ServiceUnavailable
 from policy_server.weight_sync import WeightGate
 
 logger = logging.getLogger(__name__)
@@ -59,6 +61,34 @@ def _prompt_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
         if n > INLINE_RENDER_MAX_CHARS:
             break
     return n
+
+
+def prompt_token_floor(messages: list[dict[str, Any]], max_token_chars: int) -> int:
+    """A lower bound of the rendered prompt's length in tokens, without rendering it: every message adds at
+    least one token, and no token covers more than ``max_token_chars`` characters of its text."""
+    chars = 0
+    for m in messages:
+        c = m.get("content")
+        if isinstance(c, str):
+            chars += len(c)
+        elif isinstance(c, list):
+            chars += sum(len(p["text"]) for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return len(messages) + chars // max(1, max_token_chars)
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters any vocabulary entry spells (byte-level BPE: one character per byte)."""
+    return max((len(t) for t in tokenizer.get_vocab()), default=1)
+
+
+def context_length(model_path: str) -> int | None:
+    """``max_position_embeddings`` of the model's config.json, or None when the folder does not say."""
+    try:
+        with open(Path(model_path) / "config.json", encoding="utf-8") as f:
+            value = json.load(f).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 class GenerationAbandoned(Exception):
@@ -101,12 +131,24 @@ class Generator:
     """Renders prompts and drives the engine; one instance per server."""
 
     def __init__(self, engine: EngineClient, tokenizer: Any, gate: WeightGate, *, max_resumes: int = 8,
-                 deadline_s: float | None = None):
+                 deadline_s: float | None = None, max_prompt_tokens: int | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.gate = gate
         self.max_resumes = max_resumes
         self.deadline_s = deadline_s
+        self.max_prompt_tokens = max_prompt_tokens
+        self._max_token_chars = longest_token_chars(tokenizer) if max_prompt_tokens else 1
+
+    def check_fits(self, messages: list[dict[str, Any]]) -> None:
+        """400 before any rendering when the prompt cannot fit the engine's context: a multi-megabyte history
+        would otherwise be rendered and tokenized (seconds of CPU, gigabytes) only for the engine to refuse it."""
+        if self.max_prompt_tokens is None:
+            return
+        floor = prompt_token_floor(messages, self._max_token_chars)
+        if floor >= self.max_prompt_tokens:
+            raise InvalidRequest(f"the prompt has at least {floor} tokens; the engine's context is "
+                                 f"{self.max_prompt_tokens} tokens", param="messages", code="context_length_exceeded")
 
     async def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         # Template rendering + tokenization is CPU work proportional to the history. A short prompt

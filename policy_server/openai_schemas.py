@@ -11,9 +11,9 @@ the request.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 
 from policy_server.errors import InvalidRequest
 
@@ -21,13 +21,102 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 SESSION_BODY_KEYS = ("session_id", "turn_type", "session_done")
 
 
+# --- Typed shapes of the structured fields (messages, tools, tool_choice). They check TYPES and shapes only
+# (a 400 naming the field instead of a crash deeper in); the request keeps the client's raw dicts, which
+# are what gets rendered and recorded. Unknown keys inside them are allowed, as OpenAI's servers do.
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPart(_Open):
+    type: str = Field(..., min_length=1)
+    text: str | None = None
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, v: str | None, info: Any) -> str | None:
+        if v is None and info.data.get("type") == "text":
+            raise ValueError("a text part needs text (a string)")
+        return v
+
+
+class ToolCallFunction(_Open):
+    name: str
+    arguments: str | dict[str, Any] | None = None
+
+
+class ToolCall(_Open):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(_Open):
+    # Checked by validate_messages (its message names the bad role); the enum documents it in OpenAPI.
+    role: str = Field(..., json_schema_extra={"enum": list(ROLES)})
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDef(_Open):
+    name: str = Field(..., min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(_Open):
+    name: str = Field(..., min_length=1)
+
+
+class NamedToolChoice(_Open):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+def _inline_schema(adapter: TypeAdapter[Any]) -> dict[str, Any]:
+    """The adapter's JSON schema with its ``$defs`` inlined (FastAPI's OpenAPI does not carry nested defs)."""
+    schema = adapter.json_schema()
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return walk(defs[ref.split("/")[-1]])
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)
+
+
+_MESSAGES = TypeAdapter(list[ChatMessage])
+_TOOLS = TypeAdapter(list[Tool] | None)
+_TOOL_CHOICE = TypeAdapter(ToolChoice | None)
+Messages = Annotated[list[dict[str, Any]], WithJsonSchema({**_inline_schema(_MESSAGES), "minItems": 1})]
+Tools = Annotated[list[dict[str, Any]] | None, WithJsonSchema(_inline_schema(_TOOLS))]
+ToolChoiceField = Annotated[str | dict[str, Any] | None, WithJsonSchema(_inline_schema(_TOOL_CHOICE))]
+
+
 class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    messages: list[dict[str, Any]] = Field(..., min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    messages: Messages = Field(..., min_length=1)
+    tools: Tools = None
+    tool_choice: ToolChoiceField = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
@@ -46,6 +135,69 @@ class ChatRequest(BaseModel):
         if isinstance(v, list) and len(v) > 32:
             raise ValueError("at most 32 stop sequences")
         return v
+
+    # The typed shapes above validate; the raw value is kept (see the comment on _Open).
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        _MESSAGES.validate_python(v)
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        _TOOLS.validate_python(v)
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        _TOOL_CHOICE.validate_python(v)
+        return v
+
+
+class ChatRequestDoc(ChatRequest):
+    """The chat body as documented in OpenAPI: the request plus the session fallbacks (removed before use)."""
+
+    session_id: str | None = Field(None, min_length=1, max_length=256,
+                                   description="fallback for the X-Session-Id header")
+    turn_type: Literal["main", "side"] | None = Field(None, description="fallback for X-Turn-Type")
+    session_done: bool | None = Field(None, description="fallback for X-Session-Done")
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error envelope: every error of the policy server has this body."""
+
+    error: ErrorDetail
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for the error statuses a route really answers."""
+    return {code: {"model": ErrorResponse, "description": _ERROR_TEXT[code]} for code in codes}
+
+
+_ERROR_TEXT = {400: "invalid request (names the field)", 401: "missing or wrong bearer key",
+               404: "unknown object", 409: "conflict (expired lease)",
+               413: "body over max_body_bytes (refused while reading)",
+               429: "too many requests in flight, or sample backlog full (Retry-After)",
+               502: "engine answered badly", 503: "engine unreachable, store busy or shutting down (Retry-After)",
+               504: "engine timed out"}
+CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "chat.completion, or with stream: true chat.completion.chunk events",
+          "content": {"application/json": {}, "text/event-stream": {}}},
+    **error_responses(400, 401, 413, 429, 502, 503, 504)}
+
+
+def chat_request_schema() -> dict[str, Any]:
+    """The OpenAPI request-body schema of ``/v1/chat/completions`` (the route reads the body itself)."""
+    return _inline_schema(TypeAdapter(ChatRequestDoc))
 
 
 def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

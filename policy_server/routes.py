@@ -6,6 +6,12 @@ default turn type is ``default_turn_type``. A request without a session id is se
 (nothing could ever pair it). Only main turns are recorded; the record is committed before the client
 receives the end of the answer (the final chunk when streaming).
 
+Hostile input (docs/CONTRACTS.md "Hostile input"): the body's size was bounded while it was read
+(engine.http_guard, before this route and its auth); here it is parsed with nesting and surrogate checks,
+a prompt that cannot fit the engine's context is refused before any per-message work, and the typed
+shapes of openai_schemas.ChatRequest are checked, all as 400s that name the field and never echo it.
+Nothing is recorded for a request that is refused. ``X-Session-Id`` is read as UTF-8.
+
 Client disconnects (house style §6 "propagate client disconnects (abort upstream)"). A reply nobody reads
 must not keep the engine busy, and must not become a trainable turn. Detection:
 
@@ -31,7 +37,6 @@ A generation that ends in an EngineTimeout is aborted the same way (the engine m
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -40,17 +45,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
 from engine.chat import DEFAULT_TOOL_PARSER, parse_assistant_output
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, abort_engine_requests, unless_disconnected
 from engine.errors import EngineError, EngineTimeout
+from engine.http_guard import BadJSON, parse_json_body
 from policy_server import openai_schemas as oa
 from policy_server.app import PolicyState
-from policy_server.auth import require_client
-from policy_server.errors import Backpressure, InvalidRequest, PayloadTooLarge
+from policy_server.auth import is_admin, require_client
+from policy_server.errors import Backpressure, InvalidRequest
 from policy_server.generation import GenResult
 from policy_server.store import Store
 from policy_server.streaming import assistant_message, sse_events
@@ -78,12 +84,26 @@ def _flag(value: Any, name: str) -> bool:
     raise InvalidRequest(f"{name} must be one of true/false/1/0/yes/no, got {value!r}", param=name)
 
 
+def _utf8_header(request: Request, name: str) -> str | None:
+    """A header as UTF-8 text (HTTP stacks hand headers over as latin-1: ``café`` would become ``cafÃ©``)."""
+    raw = request.headers.get(name)
+    if raw is None:
+        return None
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise InvalidRequest(f"{name} must be UTF-8 text", param=name) from None
+
+
 def session_info(request: Request, body: dict[str, Any], default_turn_type: str) -> tuple[str | None, str, bool]:
     """(session_id, turn_type, session_done) from headers, else the (removed) body fallbacks."""
     fallbacks = {k: body.pop(k) for k in oa.SESSION_BODY_KEYS if k in body}
-    sid = request.headers.get("x-session-id", fallbacks.get("session_id"))
+    if not isinstance(fallbacks.get("session_id", ""), str):
+        raise InvalidRequest("session_id must be a string", param="session_id")
+    sid = _utf8_header(request, "x-session-id")
+    if sid is None:
+        sid = fallbacks.get("session_id")
     if sid is not None:
-        sid = str(sid)
         if not sid or len(sid) > 256 or not sid.isprintable():
             raise InvalidRequest("X-Session-Id must be 1-256 printable characters", param="X-Session-Id")
     turn_type = str(request.headers.get("x-turn-type", fallbacks.get("turn_type", default_turn_type))).strip().lower()
@@ -93,19 +113,13 @@ def session_info(request: Request, body: dict[str, Any], default_turn_type: str)
     return sid, turn_type, done
 
 
-async def _read_json(request: Request, max_bytes: int) -> dict[str, Any]:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > max_bytes:
-        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes")
-    raw = b""
-    async for part in request.stream():
-        raw += part
-        if len(raw) > max_bytes:
-            raise PayloadTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
+async def _read_json(request: Request, max_depth: int) -> dict[str, Any]:
+    """The JSON object body. Its size was bounded while reading (engine.http_guard.BodyLimitMiddleware);
+    deep nesting and unpaired surrogates are a 400 here, before any template or tokenizer sees them."""
     try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidRequest(f"body is not valid JSON: {exc}") from None
+        body = parse_json_body(await request.body(), max_depth=max_depth)
+    except BadJSON as exc:
+        raise InvalidRequest(str(exc)) from None
     if not isinstance(body, dict):
         raise InvalidRequest("body must be a JSON object")
     return body
@@ -204,17 +218,21 @@ def _engine_failed(st: PolicyState, turn: _Turn, exc: EngineError) -> None:
         _abandon_detached(st, turn, "engine call timed out")
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra={"requestBody": {"required": True, "content": {
+    "application/json": {"schema": oa.chat_request_schema()}}}}, responses=oa.CHAT_RESPONSES)
 async def chat_completions(request: Request) -> Response:
     st = _state(request)
     require_client(request, st.settings)
     t0 = time.monotonic()
-    body = await _read_json(request, st.settings.max_body_bytes)
+    body = await _read_json(request, st.settings.max_json_depth)
     sid, turn_type, done = session_info(request, body, st.settings.default_turn_type)
+    if isinstance(body.get("messages"), list):  # a hopeless prompt is refused before any per-message work
+        st.generator.check_fits([m for m in body["messages"] if isinstance(m, dict)])
     try:
         req = oa.ChatRequest.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        # The deepest error names the offending value best (a union lists one error per branch).
+        first = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
         loc = ".".join(str(x) for x in first.get("loc", ()))
         raise InvalidRequest(f"{loc}: {first.get('msg')}", param=loc or None) from None
     messages = oa.validate_messages(req.messages)
@@ -306,7 +324,7 @@ async def chat_completions(request: Request) -> Response:
                              background=BackgroundTask(close_stream))
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=oa.error_responses(401))
 async def models(request: Request) -> dict[str, Any]:
     st = _state(request)
     require_client(request, st.settings)
@@ -319,17 +337,25 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/ready")
+@router.get("/ready", responses={503: {"description": "engine down, store busy or draining (same body)"}})
 async def ready(request: Request) -> JSONResponse:
+    """200 when the engine answers, the store can start a write now and the server is not draining, else 503.
+    Anyone sees the three checks; the detail (engine URL, weight version, gate, why the store is busy) only
+    the admin key's holder."""
     st = _state(request)
     draining = request.app.state.drain.draining
-    ok = not draining and await st.engine.health(timeout_s=2.0)
-    body = {"ready": ok, "engine_url": st.settings.engine_url, "weight_version": st.gate.version,
-            "gate_open": st.gate.is_open, "judge": bool(st.pipeline), "draining": draining}
-    return JSONResponse(body, status_code=200 if ok else 503)
+    engine_ok = await st.engine.health(timeout_s=2.0)
+    store_problem = await asyncio.to_thread(st.store.probe, min(0.5, st.settings.store_busy_timeout_s))
+    ok = not draining and engine_ok and store_problem is None
+    body: dict[str, Any] = {"ready": ok, "engine": engine_ok, "store": store_problem is None, "draining": draining}
+    if is_admin(request, st.settings):
+        body.update(engine_url=st.settings.engine_url, weight_version=st.gate.version, gate_open=st.gate.is_open,
+                    judge=bool(st.pipeline), store_detail=store_problem)
+    return JSONResponse(body, status_code=200 if ok else 503, headers={} if ok else {"Retry-After": "5"})
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain; version=0.0.4": {}}, "description": "Prometheus text"}})
 async def metrics(request: Request) -> Response:
     st = _state(request)
     st.metrics.gate_waiting.set(st.gate.waiting)

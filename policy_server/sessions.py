@@ -158,6 +158,8 @@ class SessionTracker:
             return Arrival(session_id, resolution)
         async with self._lock(session_id):
             new_work = await asyncio.to_thread(self._side, session_id, done)
+        if done:
+            self._forget_lock(session_id)
         if new_work:
             self.on_new_work()
         return None
@@ -197,8 +199,17 @@ class SessionTracker:
             raise
         if arrival is not None and owned:
             self._release(arrival.session_id)
+        if done:
+            self._forget_lock(session_id)
         self.on_new_work()
         return idx
+
+    def _forget_lock(self, session_id: str) -> None:
+        """Drop the lock of an ended session (a new request would create a fresh one), unless a request of it
+        holds or awaits the lock right now: dropping it then would let two requests run unserialised."""
+        lock = self._locks.get(session_id)
+        if lock is not None and not lock.locked() and not getattr(lock, "_waiters", None):
+            del self._locks[session_id]
 
     def settle_later(self, arrival: Arrival | None) -> None:
         """The request ends without (more) recording: write its pairing alone if no turn record took it.

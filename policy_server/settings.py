@@ -58,14 +58,23 @@ class PolicySettings(BaseSettings):
     admin_api_key: str | None = None
     allow_unauthenticated: bool = Field(False, description="serve a non-loopback host without an API key "
                                         "(only behind an authenticating gateway)")
+    allow_client_key_for_admin: bool = Field(False, description="with an api_key and no admin_api_key, let the "
+                                             "client key (held by every agent) open the admin routes; without "
+                                             "this opt-out that configuration refuses to start")
     default_turn_type: Literal["main", "side"] = "main"
     session_idle_timeout_s: float = 600.0
     idle_sweep_interval_s: float = 1.0
-    max_body_bytes: int = 8 * 1024 * 1024
+    max_body_bytes: int = Field(8 * 1024 * 1024, description="largest request body on any route; 413 while "
+                                "reading beyond it (engine.http_guard), before parsing or auth")
+    max_json_depth: int = Field(64, ge=4, le=512, description="deepest JSON nesting accepted in a body (400 beyond)")
     default_max_tokens: int = 1024
+    max_prompt_tokens: int | None = Field(None, ge=1, description="the engine's context length in tokens: a prompt "
+                                          "that cannot fit is a 400 before it is rendered (default: the model's "
+                                          "max_position_embeddings from config.json; no check when unknown)")
     default_temperature: float = Field(1.0, ge=0.0, le=2.0, description="temperature when the client sends none "
                                        "(OpenAI's default); always sent to the engine and recorded with the sample")
-    max_concurrent_requests: int = 256
+    max_concurrent_requests: int = Field(256, ge=1, description="requests in flight at once (probes exempt); "
+                                         "429 with Retry-After beyond it; also sizes the engine connection pool")
     engine_deadline_s: float = 120.0
     engine_max_attempts: int = 5
     max_resumes: int = 8
@@ -79,6 +88,9 @@ class PolicySettings(BaseSettings):
     store_synchronous: Literal["normal", "full"] = Field(
         "normal", description="SQLite WAL sync: normal survives a killed server process, full also an OS "
         "crash or power loss (fsync per commit); see policy_server.store")
+    store_busy_timeout_s: float = Field(
+        5.0, gt=0, description="longest wait for the store (its lock, or SQLite's write lock held by another "
+        "connection); then the request is a 503 with Retry-After and /ready reports the store busy")
     lease_timeout_s: float = 600.0
     max_lease_size: int = 4096
     max_lease_wait_s: float = 60.0
@@ -118,4 +130,8 @@ class PolicySettings(BaseSettings):
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
         check_exposure("hindsight-policy", self.host, self.api_key, allow_unauthenticated=self.allow_unauthenticated)
+        if self.api_key and not self.admin_api_key and not self.allow_client_key_for_admin:
+            raise ValueError("an api_key without an admin_api_key would let every agent's client key lease samples, "
+                             "change the mode and load weights: set --admin-api-key (or pass "
+                             "--allow-client-key-for-admin true to accept that)")
         return self

@@ -17,6 +17,10 @@ Contract:
   turns and pairings are committed before they are acknowledged.
 - The process then exits 0 (policy_server.cli installs a SIGTERM handler so uvicorn's re-raised signal
   does not kill it with -15).
+- Hard stop: the first signal also arms a watchdog thread. If the process is still alive ``hard_stop_s``
+  after it (grace + drain + a margin; something is stuck, e.g. a worker thread in a store call), it logs
+  that and exits 1 with ``os._exit``: SIGTERM always ends the process within a known bound. Nothing is
+  lost by it: every accepted turn is committed before it is acknowledged.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
+import threading
 import time
 from types import FrameType
 from typing import Any
@@ -92,12 +98,29 @@ class DrainMiddleware:
 class DrainingServer(uvicorn.Server):
     """uvicorn.Server whose first exit signal drains chat requests before the normal shutdown."""
 
-    def __init__(self, config: uvicorn.Config, drain: DrainState, grace_s: float):
+    def __init__(self, config: uvicorn.Config, drain: DrainState, grace_s: float, hard_stop_s: float):
         super().__init__(config)
         self.drain = drain
         self.grace_s = grace_s
+        self.hard_stop_s = hard_stop_s
+        self._watchdog: threading.Timer | None = None
+
+    def _arm_watchdog(self) -> None:
+        if self._watchdog is not None:
+            return
+
+        def force() -> None:
+            logger.error("still running %.0fs after the stop signal: forcing the exit", self.hard_stop_s)
+            logging.shutdown()
+            os._exit(1)
+
+        # A daemon thread: it never keeps a process alive that stopped on its own.
+        self._watchdog = threading.Timer(self.hard_stop_s, force)
+        self._watchdog.daemon = True
+        self._watchdog.start()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._arm_watchdog()
         if self.drain.draining:
             super().handle_exit(sig, frame)
             return

@@ -3,9 +3,12 @@
 Role: how the trainer takes training samples (``POST /v1/samples/lease`` and ``/v1/samples/ack``,
 policy_server.admin). Contract (docs/CONTRACTS.md):
 
-- :meth:`StoreLeases.lease` first expires overdue leases, then moves up to ``max_n`` ``ready``
-  samples (oldest first) to ``leased`` under a new lease ``active`` until ``now + lease_s``, in one
-  transaction; None when nothing is ready.
+- :meth:`StoreLeases.lease` first expires overdue leases, then, when at least ``min_n`` (default 1)
+  samples are ``ready``, moves up to ``max_n`` of them (oldest first) to ``leased`` under a new lease
+  ``active`` until ``now + lease_s``, in one transaction; None when fewer than ``min_n`` are ready. Two
+  concurrent leases never share a sample (the transaction is serialised).
+- :meth:`next_lease_expiry`: the earliest deadline of an ``active`` lease (a waiter must look again
+  then: the expiry returns samples to ``ready``).
 - :meth:`ack` moves the lease's samples ``leased`` -> ``consumed`` and the lease ``active`` -> ``acked``.
   Acking twice is a no-op (``already_acked``); an unknown lease or one that expired raises
   :class:`LeaseError` (an expired lease's samples may already be leased to someone else).
@@ -48,10 +51,18 @@ class StoreLeases(StoreDB):
                     (now, lease_id),
                 ).rowcount
                 db.execute("UPDATE leases SET state='expired' WHERE lease_id=?", (lease_id,))
-            return n
+        self._ready_changed(n)
+        return n
 
-    def lease(self, max_n: int, lease_s: float, now: float | None = None) -> tuple[str, list[dict[str, Any]]] | None:
-        """Lease up to ``max_n`` ready samples (oldest first); None when none is ready."""
+    def next_lease_expiry(self) -> float | None:
+        """Unix time at which the earliest ``active`` lease expires; None when there is none."""
+        with self._lock:
+            row = self._db.execute("SELECT MIN(expires_at) FROM leases WHERE state='active'").fetchone()
+        return row[0]
+
+    def lease(self, max_n: int, lease_s: float, now: float | None = None, *,
+              min_n: int = 1) -> tuple[str, list[dict[str, Any]]] | None:
+        """Lease up to ``max_n`` ready samples (oldest first); None when fewer than ``min_n`` are ready."""
         now = time.time() if now is None else now
         self.expire_leases(now)
         with self._tx() as db:
@@ -59,7 +70,7 @@ class StoreLeases(StoreDB):
                 "SELECT sample_id, data FROM samples WHERE status='ready' ORDER BY created_at, sample_id LIMIT ?",
                 (max_n,),
             ).fetchall()
-            if not rows:
+            if not rows or len(rows) < min_n:
                 return None
             lease_id = uuid.uuid4().hex
             ids = [r["sample_id"] for r in rows]

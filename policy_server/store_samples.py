@@ -13,6 +13,10 @@ Role: the work queue of the judge dispatcher (policy_server.dispatch) and of ses
   failed try, and :meth:`complete_score` moves every held sample ``pending_score`` -> ``ready`` |
   ``rejected`` in ONE transaction.
 
+A sample whose reward, teacher log-probs or token rewards are not usable numbers (engine.sample_values) is
+stored ``rejected`` with ``invalid_values: <why>`` instead of ``ready``/``pending_score``. Every write that
+made a sample ``ready`` tells ``on_ready`` after its commit (lease waiters wake up).
+
 Every write is one transaction (store_db); ``pending_score`` samples are never leasable (store_leases).
 """
 
@@ -22,6 +26,7 @@ import json
 import time
 from typing import Any
 
+from engine.sample_values import value_problem
 from policy_server.store_db import StoreDB, dump_json, turn_dict
 
 
@@ -55,6 +60,7 @@ class StoreSamples(StoreDB):
         """
         if status not in ("ready", "rejected", "pending_score"):
             raise ValueError(f"judge outcome status must be ready, rejected or pending_score, not {status!r}")
+        status, reject_reason = _checked(status, reject_reason, data)
         with self._tx() as db:
             cur = db.execute(
                 "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? "
@@ -67,7 +73,8 @@ class StoreSamples(StoreDB):
                     "(SELECT session_id FROM samples WHERE sample_id=?)",
                     (sample_id,),
                 )
-            return bool(cur.rowcount)
+        self._ready_changed(cur.rowcount if status == "ready" else 0)
+        return bool(cur.rowcount)
 
     # ------------------------------------------------------------------ session-scope scoring
     def scorable_sessions(self, session_id: str | None = None) -> list[str]:
@@ -120,13 +127,24 @@ class StoreSamples(StoreDB):
         for _, status, _, _ in outcomes:
             if status not in ("ready", "rejected"):
                 raise ValueError(f"score outcome status must be ready or rejected, not {status!r}")
+        outcomes = [(sid, *_checked(status, reason, data), data) for sid, status, reason, data in outcomes]
         now = time.time()
+        moved = {"ready": 0, "rejected": 0}
         with self._tx() as db:
-            return sum(
-                db.execute(
+            for sample_id, status, reason, data in outcomes:
+                moved[status] += db.execute(
                     "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? "
                     "WHERE sample_id=? AND status='pending_score'",
                     (status, reason, dump_json(data), now, sample_id),
                 ).rowcount
-                for sample_id, status, reason, data in outcomes
-            )
+        self._ready_changed(moved["ready"])
+        return moved["ready"] + moved["rejected"]
+
+
+def _checked(status: str, reject_reason: str | None, data: dict[str, Any] | None) -> tuple[str, str | None]:
+    """A sample about to become leasable (or held for scoring) whose reward, teacher log-probs or token rewards
+    are unusable (engine.sample_values) is rejected with the reason instead: never leased, visible in stats."""
+    if status == "rejected" or data is None:
+        return status, reject_reason
+    why = value_problem(data)
+    return ("rejected", f"invalid_values: {why}") if why else (status, reject_reason)

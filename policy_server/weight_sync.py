@@ -12,7 +12,8 @@ Contract (sglang-protocol.md §3; docs/CONTRACTS.md ``POST /admin/weights/update
 3. ``update_weights_from_disk(model_path, weight_version)`` on every worker.
 4. ``continue_generation`` on every worker (also after a failed step, so the engines never stay paused),
    then open the gate and bump the epoch. The result is ``{"success", "weight_version", "paused_s"}``;
-   a failed step raises with the workers that failed named.
+   a failed step raises with the workers that failed named: 400 when every failing engine refused the
+   request itself (EngineRejected, e.g. a model_path that does not exist), else 502.
 Only one update runs at a time (a lock); a second waits for the first.
 """
 
@@ -24,8 +25,8 @@ import time
 from typing import Any
 
 from engine.client import EngineClient
-from engine.errors import EngineError
-from policy_server.errors import ServiceUnavailable, UpstreamFailed
+from engine.errors import EngineError, EngineRejected
+from policy_server.errors import InvalidRequest, ServiceUnavailable, UpstreamFailed
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class WeightSync:
         self.failures = 0
         self.last_paused_s = 0.0
 
-    async def _all(self, step: str, calls: list[Any]) -> list[str]:
+    async def _all(self, step: str, calls: list[Any], errors: list[BaseException] | None = None) -> list[str]:
         results = await asyncio.gather(*calls, return_exceptions=True)
         failed = []
         for w, r in zip(self.workers, results, strict=True):
@@ -88,6 +89,8 @@ class WeightSync:
                     raise r
                 logger.error("%s failed on %s: %s", step, w.base_url, r)
                 failed.append(f"{w.base_url}: {r}")
+                if errors is not None:
+                    errors.append(r)
         return failed
 
     async def update(self, model_path: str, weight_version: str) -> dict[str, Any]:
@@ -95,6 +98,7 @@ class WeightSync:
             self.gate.close()
             t0 = time.monotonic()
             failed: list[str] = []
+            errors: list[BaseException] = []
             step = "pause_generation"
             try:
                 failed = await self._all(step, [w.pause_generation(self.pause_mode) for w in self.workers])
@@ -103,7 +107,7 @@ class WeightSync:
                     failed = await self._all(step, [
                         w.update_weights_from_disk(model_path, weight_version=weight_version,
                                                    deadline_s=self.deadline_s)
-                        for w in self.workers])
+                        for w in self.workers], errors)
             finally:
                 cont = await self._all("continue_generation", [w.continue_generation() for w in self.workers])
                 if not failed and not cont:
@@ -116,6 +120,10 @@ class WeightSync:
             if failed or cont:
                 self.failures += 1
                 msg = "; ".join(failed or cont)
+                if failed and not cont and all(isinstance(e, EngineRejected) for e in errors):
+                    # Every engine refused the request itself (e.g. a model_path that does not exist): the
+                    # caller's error, not an upstream fault; generation continues on the old weights.
+                    raise InvalidRequest(f"weight update refused by the engine(s): {msg}", param="model_path")
                 raise UpstreamFailed(f"weight update failed at {step if failed else 'continue_generation'}: {msg}")
             logger.info("weights updated to %s from %s in %.3fs (pause mode %s)", weight_version, model_path,
                         paused_s, self.pause_mode)

@@ -7,9 +7,9 @@ where ``mask`` is 0, so padding and excluded samples never carry an advantage.
 Contracts (docs/CONTRACTS.md "Sample JSON"; ../shared/reference/openclaw-rl-notes.md §6.3, §7.6, §8.2;
 ../shared/reference/peers.md §1.4; ../shared/seeds/003_697b12601d0308a7.txt §5.2, §5.3):
 
-- rl:        A_t = r - b, optionally divided by the std of (r - b) over the batch; b is 0, the batch
-             mean, or a running mean of earlier batches. Only samples with ``has_reward`` count
-             (in the baseline too); the others get A = 0, never a silent reward of 0.
+- rl:        A_t = r - b with the baselines of trainer.baselines (running by default; optional / std,
+             never by eps). Only samples with ``has_reward`` count (in the baseline too); the others get
+             A = 0, never a silent reward of 0.
 - opd:       A_t = teacher_lp_t - old_lp_t where ``has_teacher``; old is the rollout log-prob or the
              trainer's recomputation (a trainer setting, chosen by the caller).
 - combine:   A_t = w_opd * (teacher_lp_t - old_lp_t) + w_rl * A^rl_t, each term only where the sample has
@@ -20,7 +20,12 @@ Contracts (docs/CONTRACTS.md "Sample JSON"; ../shared/reference/openclaw-rl-note
              prompt+response positions to next-token positions) is already done by the layout.
 - prm_gated_opd (seed §5.2): OPD inside steps the PRM judged correct (score > 0), a uniform
              ``wrong_value`` on the first step judged wrong (score <= 0 or NaN), 0 after it.
-- multiplicative (seed §5.3): A_t = PRM_step(t) * (teacher_lp_t - old_lp_t).
+- multiplicative (seed §5.3: PRM sets the weight, OPD the direction, every token of a wrong step is
+             negative): with d_t = teacher_lp_t - old_lp_t and s = PRM_step(t), A_t = s d_t when s > 0,
+             0 when s = 0 (or no verdict, NaN), -|s| |d_t| when s < 0.
+- multiplicative_literal: the literal product s d_t, an explicit opt-in. Its sign problem: in a wrong step
+             (s < 0) a token the teacher rejects (d_t < 0) gets A_t = s d_t > 0 and is REINFORCED, most
+             strongly where the teacher disagrees most.
 
 A Hindsight sample is one turn with one PRM verdict, so the loop uses one step per sample
 (``turn_steps``); the step functions accept any step segmentation for multi-step scorers.
@@ -29,65 +34,15 @@ A Hindsight sample is one turn with one PRM verdict, so the loop uses one step p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 
+from trainer.baselines import BASELINES, RunningMean, rl_sample_advantages
+
+__all__ = ["BASELINES", "SHAPING_MODES", "RunningMean", "rl_sample_advantages", "broadcast_to_tokens", "opd_advantages",
+           "combine_advantages", "shape_advantages", "turn_steps", "prm_gated_opd", "multiplicative_opd",
+           "multiplicative_opd_literal"]
+
 SHAPING_MODES = ("additive", "gvpo", "process_weighted")
-BASELINES = ("none", "batch_mean", "running_mean")
-
-
-@dataclass
-class RunningMean:
-    """Exponential moving average of rewards across batches; its state lives in the checkpoint."""
-
-    momentum: float = 0.9
-    value: float = 0.0
-    count: int = 0
-
-    def update(self, batch_mean: float) -> None:
-        # The first batch initialises the average, so no fake prior of 0 biases the early baseline.
-        self.value = batch_mean if self.count == 0 else self.momentum * self.value + (1 - self.momentum) * batch_mean
-        self.count += 1
-
-    def state_dict(self) -> dict[str, float | int]:
-        return {"momentum": self.momentum, "value": self.value, "count": self.count}
-
-
-def rl_sample_advantages(
-    rewards: torch.Tensor,  # (B,) float; ignored where has_reward is False
-    has_reward: torch.Tensor,  # (B,) bool
-    *,
-    baseline: str = "none",
-    normalize: bool = False,
-    running: RunningMean | None = None,
-    eps: float = 1e-6,
-) -> torch.Tensor:  # (B,) float, 0 where has_reward is False
-    """Per-sample RL advantage r - b (optionally / std). Computed on the WHOLE batch (all DDP ranks agree)."""
-    if baseline not in BASELINES:
-        raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
-    has = has_reward.bool()
-    r = torch.where(has, rewards.float(), torch.zeros_like(rewards, dtype=torch.float32))
-    n = int(has.sum())
-    if n == 0:
-        return torch.zeros_like(r)
-    batch_mean = float(r.sum() / n)
-    if baseline == "batch_mean":
-        b = batch_mean
-    elif baseline == "running_mean":
-        if running is None:
-            raise ValueError("baseline 'running_mean' needs a RunningMean")
-        # The baseline uses earlier batches only; this batch then updates it.
-        b = running.value if running.count > 0 else batch_mean
-        running.update(batch_mean)
-    else:
-        b = 0.0
-    adv = torch.where(has, r - b, torch.zeros_like(r))
-    if normalize:
-        # Population std over the samples that have a reward (a single sample has std 0 -> eps).
-        std = float((adv[has].pow(2).sum() / n - (adv[has].sum() / n) ** 2).clamp(min=0).sqrt())
-        adv = adv / (std + eps)
-    return adv
 
 
 def broadcast_to_tokens(sample_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -211,7 +166,23 @@ def multiplicative_opd(
     step_ids: torch.Tensor,  # (B, T) long, -1 on padding
     step_scores: torch.Tensor,  # (B, S)
 ) -> torch.Tensor:  # (B, T)
-    """Seed §5.3: A_t = PRM_step(t) * (teacher_lp_t - old_lp_t); PRM sets the weight, OPD the direction."""
+    """Seed §5.3: s d_t in a right step (s > 0), 0 in a neutral one, -|s| |d_t| in a wrong one (never positive)."""
     score = _step_score_per_token(step_ids, step_scores)
+    d = teacher_lp.float() - old_lp.float()
+    # NaN (no verdict) gives no weight: nan_to_num before the comparisons keeps NaN out of the result.
+    s = torch.nan_to_num(score, nan=0.0)
+    out = torch.where(s > 0, s * d, torch.where(s < 0, -s.abs() * d.abs(), torch.zeros_like(d)))
+    return torch.where(step_ids >= 0, out, torch.zeros_like(out))
+
+
+def multiplicative_opd_literal(
+    teacher_lp: torch.Tensor,  # (B, T)
+    old_lp: torch.Tensor,  # (B, T)
+    step_ids: torch.Tensor,  # (B, T) long, -1 on padding
+    step_scores: torch.Tensor,  # (B, S)
+) -> torch.Tensor:  # (B, T)
+    """The literal product s * d_t (opt-in ``multiplicative_literal``): REINFORCES teacher-rejected tokens of
+    wrong steps (s < 0, d_t < 0 -> A_t > 0); see the module docstring. A missing verdict (NaN) gives 0."""
+    score = torch.nan_to_num(_step_score_per_token(step_ids, step_scores), nan=0.0)
     out = score * (teacher_lp.float() - old_lp.float())
     return torch.where(step_ids >= 0, out, torch.zeros_like(out))

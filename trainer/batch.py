@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from engine.sample_values import value_problem
 from trainer.loss import entropy_from_logits, token_logprobs
 from trainer.rollout_correction import check_sampling_params, sample_temperature
 
@@ -46,6 +47,9 @@ def check_sample(s: dict[str, Any], *, shaping: str = "none") -> str | None:
             return f"has_teacher but teacher_logprobs has {len(s.get('teacher_logprobs') or [])} entries for {n} response ids"
     if s.get("has_reward") and s.get("reward") is None:
         return "has_reward but reward is null"
+    why = value_problem(s)  # the policy server checked the same before leasing; a sample file was not checked
+    if why:
+        return why
     tr = s.get("token_rewards")
     if tr is not None:
         if len(tr) != n:

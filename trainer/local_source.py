@@ -132,7 +132,7 @@ class LocalSampleSource:
             "sampling_params": {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens},
         }
 
-    def lease(self, max_samples: int, wait_s: float = 0.0) -> Any:
+    def lease(self, max_samples: int, wait_s: float = 0.0, min_samples: int = 1) -> Any:
         from trainer.policy_client import Lease
 
         if self.replay_unacked:

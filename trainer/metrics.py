@@ -1,8 +1,11 @@
 """Per-step metrics to stdout (one line), ``out_dir/metrics.jsonl`` and TensorBoard, on rank 0 only.
 
-TensorBoard goes through ``torch.utils.tensorboard`` when the ``tensorboard`` package is importable;
-otherwise it is skipped with one logged note (it is not a dependency of the project). Other ranks get a
-null logger, so the loop always calls ``log`` without rank checks (nanochat's DummyWandb pattern).
+TensorBoard event files go to ``out_dir/tensorboard/`` through ``tensorboardX`` (a project dependency:
+it writes the event format with protobuf alone, no TensorFlow or tensorboard install), every finite scalar
+as ``train/<key>``; a background thread flushes them every ``TB_FLUSH_S`` seconds (and at close), so a
+live ``tensorboard --logdir`` sees the curves grow during a run.
+Other ranks get a null logger, so the loop always calls ``log`` without rank checks (nanochat's
+DummyWandb pattern).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+TB_FLUSH_S = 10
+
 
 class MetricsLogger:
     def __init__(self, out_dir: str | Path, *, enabled: bool = True, to_stdout: bool = True):
@@ -28,12 +33,10 @@ class MetricsLogger:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(out / "metrics.jsonl", "a", buffering=1)
-        try:
-            from torch.utils.tensorboard import SummaryWriter
+        # Imported here: only rank 0 writes, and tensorboardX pulls in protobuf at import.
+        from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(out / "tensorboard"))
-        except ImportError:
-            logger.info("tensorboard is not installed: TensorBoard logging skipped (metrics.jsonl has everything)")
+        self._tb = SummaryWriter(logdir=str(out / "tensorboard"), flush_secs=TB_FLUSH_S)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:

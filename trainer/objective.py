@@ -16,7 +16,12 @@ ratio and teacher - old; those rows always take the recomputation.
 Off-policy correction (trainer/rollout_correction.py): ``micro_loss`` takes the PPO old log-probs at the loss
 temperature (T = 1, or each sample's temperature with ``--logprob-temperature sample``, in which case the new
 log-probs of the PPO term are scaled the same way) and multiplies the per-token PPO term by the detached
-rollout importance weight; the OPD advantage keeps T = 1 old log-probs (the teacher's temperature).
+rollout importance weight; the OPD advantage always uses T = 1 old log-probs (the teacher's temperature): with
+``--old-logprobs rollout`` the rollout's only for samples drawn at T = 1, the recomputation for the others.
+
+Denominators: a sample that carries no learning term in the configured mode (``carries_learning_term``) is
+trained with mask 0 like an excluded one; the top-K term is averaged over the tokens that have teacher top-K
+rows (``num_topk_tokens`` / ``num_topk_seqs``), not over every valid token.
 
 ``micro_loss`` returns this micro-batch's share of the batch loss (see loss.aggregate) and SUMS over valid
 tokens for the logged statistics, so they can be all-reduced across micro-batches and ranks exactly.
@@ -33,6 +38,7 @@ from trainer.advantages import (
     broadcast_to_tokens,
     combine_advantages,
     multiplicative_opd,
+    multiplicative_opd_literal,
     opd_advantages,
     prm_gated_opd,
     shape_advantages,
@@ -49,6 +55,33 @@ STAT_KEYS = ("tokens", "pg", "clip", "approx_kl", "entropy", "ref_kl", "topk_kl"
              "adv_unshaped", "adv_unshaped_abs", "tr_tokens", "tr_sum")
 
 
+STEP_MODES = ("prm_gated_opd", "multiplicative", "multiplicative_literal")
+
+
+def carries_learning_term(s: dict[str, Any], cfg: TrainConfig) -> bool:
+    """Whether a (valid) sample gives the step a learning signal in the configured mode; one that does not is
+    trained with mask 0, so it dilutes no denominator (docs/REWARD_MODES.md "Denominators").
+
+    rl: a reward, except a reward of exactly 0 under baseline ``none`` (A = 0 by construction: an at-least-one
+    promoted turn); opd: teacher log-probs; combine: either term with a non-zero weight; the step modes: both.
+    Token rewards under shaping and ``teacher_topk`` with ``--topk-coef`` > 0 are learning terms too."""
+    has_r = bool(s.get("has_reward")) and s.get("reward") is not None
+    has_t = bool(s.get("has_teacher"))
+    mode = s.get("mode", "rl") if cfg.advantage_mode == "sample" else cfg.advantage_mode
+    rl = has_r and not (cfg.baseline == "none" and float(s["reward"]) == 0.0)
+    if mode in STEP_MODES:
+        own = has_r and has_t
+    elif mode == "opd":
+        own = has_t
+    elif mode == "combine":
+        own = (rl and float(s.get("w_rl", 1.0)) != 0.0) or (has_t and float(s.get("w_opd", 1.0)) != 0.0)
+    else:
+        own = rl
+    shaped = cfg.shaping != "none" and s.get("token_rewards") is not None
+    topk = cfg.topk_coef > 0 and bool(s.get("teacher_topk"))
+    return own or shaped or topk
+
+
 def select_old_logprobs(recomputed: torch.Tensor, rollout: torch.Tensor, constrained: torch.Tensor, source: str) -> torch.Tensor:
     """(B, T) old log-probs: ``recomputed`` / ``rollout`` are (B, T), ``constrained`` (B,) bool, source recompute|rollout."""
     if source == "recompute":
@@ -61,7 +94,7 @@ def select_old_logprobs(recomputed: torch.Tensor, rollout: torch.Tensor, constra
 @dataclass
 class OldLogprobs:
     pg: torch.Tensor  # (B, T) old log-probs of the PPO ratio, at the loss temperature
-    adv: torch.Tensor  # (B, T) old log-probs of the OPD term teacher - old, at T = 1
+    adv: torch.Tensor  # (B, T) old log-probs of the OPD term teacher - old, at T = 1 (rollout ones only if drawn at T = 1)
     is_weight: torch.Tensor  # (B, T) rollout importance weight applied to the PPO term
     stats: dict[str, float]  # OLD_STAT_KEYS sums over valid tokens, plus is_max
 
@@ -85,7 +118,9 @@ def old_logprobs(model: torch.nn.Module, b: Batch, cfg: TrainConfig) -> OldLogpr
     b.mask = b.mask * w.keep  # identity unless mis rejected tokens
     stats = {"gap_sum": float((diff * free).sum()), "gap_n": float(free.sum()),
              "cgap_sum": float((diff * con).sum()), "cgap_n": float(con.sum()), **w.stats}
-    return OldLogprobs(pg=pg, adv=select_old_logprobs(lp1, b.rollout_lp, b.constrained, cfg.old_logprobs),
+    # The OPD term compares with the T = 1 teacher: rollout log-probs qualify only when drawn at T = 1.
+    not_t1 = b.constrained | ((b.temperature - 1.0).abs() > 1e-6).to(b.constrained.device)
+    return OldLogprobs(pg=pg, adv=select_old_logprobs(lp1, b.rollout_lp, not_t1, cfg.old_logprobs),
                        is_weight=w.applied, stats=stats)
 
 
@@ -93,10 +128,11 @@ def outcome_advantages(b: Batch, old_lp: torch.Tensor, rl_adv: torch.Tensor, cfg
     """(B, T) outcome advantages before any process-reward shaping; ``rl_adv`` (B,) is the whole-batch RL term."""
     mode = cfg.advantage_mode
     mask = b.mask
-    if mode in ("prm_gated_opd", "multiplicative"):
+    if mode in STEP_MODES:
         usable = b.has_reward & b.has_teacher
         step_ids, scores = turn_steps(mask * usable[:, None], b.reward)
-        fn = prm_gated_opd if mode == "prm_gated_opd" else multiplicative_opd
+        fn = {"prm_gated_opd": prm_gated_opd, "multiplicative": multiplicative_opd,
+              "multiplicative_literal": multiplicative_opd_literal}[mode]
         kw = {"wrong_value": cfg.gated_wrong_value} if mode == "prm_gated_opd" else {}
         adv = fn(b.teacher_lp, old_lp, step_ids, scores, **kw)
     else:
@@ -139,6 +175,8 @@ def micro_loss(
     num_tokens: float,
     num_seqs: float,
     is_weight: torch.Tensor | None = None,  # (B, T) rollout importance weight (None = 1)
+    num_topk_tokens: float | None = None,  # tokens with teacher top-K rows in the optimizer batch (None = num_tokens)
+    num_topk_seqs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss share (with grad) and summed statistics of one micro-batch."""
     need_entropy_grad = cfg.entropy_coef > 0
@@ -169,7 +207,9 @@ def micro_loss(
     if cfg.topk_coef > 0 and b.topk_ids is not None and bool(b.topk_valid.any()):
         tk = topk_reverse_kl(sc.logits, b.topk_ids, b.topk_lp, b.topk_valid * mask)
         tmask = b.topk_valid * mask
-        loss = loss + cfg.topk_coef * aggregate(tk, tmask, cfg.aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
+        loss = loss + cfg.topk_coef * aggregate(tk, tmask, cfg.aggregation,
+                                                num_tokens=num_tokens if num_topk_tokens is None else num_topk_tokens,
+                                                num_seqs=num_seqs if num_topk_seqs is None else num_topk_seqs)
         stats["topk_kl"] = float((tk.detach() * tmask).sum())
     with torch.no_grad():
         d = (lp.detach() - old_lp) * mask

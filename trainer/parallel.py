@@ -133,3 +133,15 @@ def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, sta
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, opt, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+
+
+def weight_checksum_spread(model: torch.nn.Module, world: int) -> float:
+    """Max difference of a float64 weight checksum across ranks (0.0 when the replicas are identical)."""
+    with torch.no_grad():
+        c = torch.stack([sum(p.double().sum() for p in model.parameters()), sum(p.double().abs().sum() for p in model.parameters())])
+    if world == 1:
+        return 0.0
+    allc = [torch.zeros_like(c) for _ in range(world)]
+    torch.distributed.all_gather(allc, c)
+    stacked = torch.stack(allc)
+    return float((stacked.max(0).values - stacked.min(0).values).max())

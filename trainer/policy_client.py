@@ -2,7 +2,7 @@
 
 A ``SampleSource`` has three calls, mirroring the policy server's admin API (docs/CONTRACTS.md):
 
-    lease(max_samples, wait_s) -> Lease      GET  /v1/samples/lease?max=N&wait_s=S   -> {"lease_id", "samples", "prm_metrics"}
+    lease(max_samples, wait_s, min_samples)  GET  /v1/samples/lease?max=N&min=M&wait_s=S -> {"lease_id", "samples", "prm_metrics"}
     ack(lease_id)                            POST /v1/samples/ack {"lease_id"}
     update_weights(model_path, version)      POST /admin/weights/update {"model_path", "weight_version"}
 
@@ -15,6 +15,11 @@ Transport errors, 429 and 5xx are retried with capped exponential backoff + jitt
 deadline, then raise ``PolicyUnavailable``; a 4xx is never retried and raises ``PolicyRejected`` with
 the server's message. ``FileSampleSource`` serves a JSONL file with the same semantics (dev runs and
 the DDP test); its ack cursor is persisted so a restart never re-serves an acked sample.
+
+:func:`collect_leases` assembles one training step from live traffic: it leases until it holds at least
+``min_batch`` samples or its wait ends, then hands over what it holds (possibly nothing: no step). A partial
+lease is HELD while more samples are awaited, never returned: the wait is capped at half the server's lease
+timeout from the first lease, so every held lease is acked (after the step's checkpoint) before it expires.
 """
 
 from __future__ import annotations
@@ -60,12 +65,13 @@ class SourceExhausted(TrainerError):
 class Lease:
     lease_id: str
     samples: list[dict[str, Any]] = field(default_factory=list)
-    # The policy server's PRM metrics window drained by this lease ({} when scoring is off; issue 7 item 5).
+    # The policy server's PRM metrics window drained by this lease ({} when scoring is off).
     prm_metrics: dict[str, float] = field(default_factory=dict)
+    lease_timeout_s: float | None = None  # the server's lease timeout (None: unknown, e.g. a file source)
 
 
 class SampleSource(Protocol):
-    def lease(self, max_samples: int, wait_s: float) -> Lease: ...
+    def lease(self, max_samples: int, wait_s: float, min_samples: int = 1) -> Lease: ...
 
     def ack(self, lease_id: str) -> None: ...
 
@@ -136,15 +142,16 @@ class PolicyClient:
             logger.warning("%s %s attempt %d failed (%s); retrying in %.2fs", method, path, attempt, last, backoff_s)
             time.sleep(backoff_s)
 
-    def lease(self, max_samples: int, wait_s: float) -> Lease:
-        body, _ = self._call(
-            "GET", "/v1/samples/lease", params={"max": max_samples, "wait_s": wait_s}, read_s=self.timeout_s + wait_s
-        )
+    def lease(self, max_samples: int, wait_s: float, min_samples: int = 1) -> Lease:
+        params = {"max": max_samples, "min": min_samples, "wait_s": wait_s}
+        body, _ = self._call("GET", "/v1/samples/lease", params=params, read_s=self.timeout_s + wait_s)
         if not isinstance(body, dict) or not isinstance(body.get("samples", []), list):
             raise TrainerError(f"lease answer is not {{lease_id, samples}}: {str(body)[:200]}")
         prm = body.get("prm_metrics") or {}
         prm_metrics = {str(k): float(v) for k, v in prm.items() if isinstance(v, (int, float)) and not isinstance(v, bool)} if isinstance(prm, dict) else {}
-        return Lease(lease_id=str(body.get("lease_id") or ""), samples=body.get("samples") or [], prm_metrics=prm_metrics)
+        timeout = body.get("lease_timeout_s")
+        return Lease(lease_id=str(body.get("lease_id") or ""), samples=body.get("samples") or [], prm_metrics=prm_metrics,
+                     lease_timeout_s=float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else None)
 
     def ack(self, lease_id: str) -> None:
         # A 4xx raises PolicyRejected; the loop tolerates it only when re-acking after a resume.
@@ -162,6 +169,30 @@ class PolicyClient:
         return body
 
 
+def collect_leases(source: SampleSource, batch_size: int, min_batch: int, wait_s: float) -> list[Lease]:
+    """Leases (each non-empty) holding between ``min_batch`` and ``batch_size`` samples in all, or fewer when
+    ``wait_s`` (capped at half the lease timeout once something is held) ended first; [] when nothing came.
+    A finite source that runs dry ends the collection with what is held (SourceExhausted when nothing is)."""
+    end = time.monotonic() + wait_s
+    held: list[Lease] = []
+    n = 0
+    while True:
+        try:
+            got = source.lease(batch_size - n, max(0.0, end - time.monotonic()), min_samples=max(1, min_batch - n))
+        except SourceExhausted:
+            if held:
+                return held
+            raise
+        if got.samples:
+            if not held and got.lease_timeout_s:
+                # Held leases must outlive the wait plus the step that follows it.
+                end = min(end, time.monotonic() + got.lease_timeout_s / 2)
+            held.append(got)
+            n += len(got.samples)
+        if n >= min_batch or time.monotonic() >= end:
+            return held
+
+
 class FileSampleSource:
     """Samples from a JSONL file, leased in order; the ack cursor persists in ``state_path``.
 
@@ -177,7 +208,8 @@ class FileSampleSource:
         self._leases: dict[str, int] = {}  # lease_id -> end index
         self.weight_updates: list[tuple[str, str]] = []
 
-    def lease(self, max_samples: int, wait_s: float) -> Lease:
+    def lease(self, max_samples: int, wait_s: float, min_samples: int = 1) -> Lease:
+        # A file never grows: what is left is all there will be, so min_samples cannot be waited for.
         if self._next >= len(self.samples):
             raise SourceExhausted(f"all {len(self.samples)} samples of the file were leased")
         end = min(self._next + max_samples, len(self.samples))

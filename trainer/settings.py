@@ -18,7 +18,7 @@ from trainer.loss import AGGREGATIONS
 from trainer.parallel import PARALLEL_MODES
 from trainer.rollout_correction import LOGPROB_TEMPERATURES, ROLLOUT_CORRECTIONS
 
-ADVANTAGE_MODES = ("sample", "rl", "opd", "combine", "prm_gated_opd", "multiplicative")
+ADVANTAGE_MODES = ("sample", "rl", "opd", "combine", "prm_gated_opd", "multiplicative", "multiplicative_literal")
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -35,7 +35,8 @@ class TrainConfig:
     samples_file: str = _f("", "JSONL of samples to train on instead of a policy server (dev, DDP tests)")
     steps: int = _f(10, "total optimizer batches (counted across resumes)")
     batch_size: int = _f(8, "samples leased per step")
-    lease_wait_s: float = _f(30.0, "long-poll wait for a lease when no sample is ready")
+    min_batch: int = _f(0, "samples a step waits for (up to lease_wait_s, holding partial leases); 0 = batch_size")
+    lease_wait_s: float = _f(30.0, "how long a step waits for min_batch samples before training on what it holds")
     idle_timeout_s: float = _f(0.0, "stop when no sample arrives for this long (0 = wait forever)")
     weight_sync: bool = _f(True, "POST /admin/weights/update after each checkpoint")
     sync_on_resume: bool = _f(True, "push the resumed checkpoint's weights to the engine at start")
@@ -68,9 +69,13 @@ class TrainConfig:
     logprob_temperature: str = _f("one", "temperature of the PPO log-probs: one (T = 1; the IS weight absorbs the client's "
                                          "temperature) or sample (each sample's sampling_params.temperature)",
                                   choices=LOGPROB_TEMPERATURES)
-    baseline: str = _f("batch_mean", "RL baseline", choices=BASELINES)
-    running_mean_momentum: float = _f(0.9, "EMA momentum of the running-mean baseline")
-    normalize_advantages: bool = _f(False, "divide RL advantages by their batch std")
+    baseline: str = _f("running_mean", "RL baseline (docs/REWARD_MODES.md): running_mean (EMA of earlier rewards, per sample), "
+                                       "window (mean of the last K), batch_mean, batch_mean_loo (leave-one-out) or none",
+                       choices=BASELINES)
+    running_mean_momentum: float = _f(0.9, "EMA momentum of the running_mean baseline (per sample)")
+    baseline_window: int = _f(32, "K of the window baseline: the last K rewards")
+    normalize_advantages: bool = _f(False, "divide RL advantages by their batch std (only with >= 2 rewards and std > eps; "
+                                           "never by eps)")
     prm_config: str = _f("", "PRM YAML shared with the policy server: sets shaping, its parameters and mask_no_eos_with_zero "
                              "(trainer/prm.py)")
     shaping: str = _f("none", "AReaL shaping of token_rewards onto advantages", choices=("none", *SHAPING_MODES))
@@ -97,6 +102,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "ppo_epochs", "minibatches", "micro_batch_size", "save_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if not 0 <= self.min_batch <= self.batch_size:
+            raise ValueError("min_batch must be in [0, batch_size] (0 = batch_size)")
         if self.batch_size < self.minibatches:
             raise ValueError("batch_size must be >= minibatches")
         for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef", "topk_coef", "lr", "max_grad_norm"):
@@ -104,8 +111,15 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0")
         if not self.rollout_is_cap >= 1.0:  # a cap below 1 would alter exactly on-policy tokens (w = 1)
             raise ValueError("rollout_is_cap must be >= 1")
+        if self.baseline_window < 1:
+            raise ValueError("baseline_window must be >= 1")
         if not (0.0 <= self.running_mean_momentum < 1.0):
             raise ValueError("running_mean_momentum must be in [0, 1)")
+
+    @property
+    def min_batch_size(self) -> int:
+        """The resolved ``--min-batch`` (0 stands for the batch size)."""
+        return self.min_batch or self.batch_size
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -5,11 +5,13 @@
     torchrun --nproc-per-node 2 -m trainer.cli ... --parallel fsdp2                                     # FSDP2 shards
 
 Each step (docs/CONTRACTS.md "Trainer"; issue 6):
-  1. rank 0 leases up to batch_size samples (long-poll), broadcasts them; samples already trained (a
+  1. rank 0 leases up to batch_size samples, waiting up to lease_wait_s for at least min_batch (holding partial
+     leases meanwhile; nothing leased = no step), broadcasts them; samples already trained (a
      re-leased duplicate) and samples that break the contract are logged and trained with mask 0.
-  2. RL advantages r - b (batch or running mean, optional /std) are computed on the WHOLE batch on every
-     rank, so DDP ranks agree; each minibatch is split across ranks, then into micro-batches.
-  3. old log-probs: recomputed by the trainer before any update (or the rollout's, a setting, except for
+  2. RL advantages r - b (trainer/baselines.py: a running baseline by default, optional /std) are computed on
+     the WHOLE batch on every rank, so DDP ranks agree; samples with no learning term in the mode get mask 0
+     (a lease with none is no step); each minibatch is split across ranks, then into micro-batches.
+  3. old log-probs (eval mode, no grad): recomputed by the trainer before any update (or the rollout's, a setting, except for
      ``constrained`` samples, which always use the recomputation); they serve the PPO ratio and the OPD
      term teacher - old. The train-vs-rollout gap is measured on unconstrained samples only. The same pass gives
      the rollout importance weights w = exp(old - rollout) (``--rollout-correction none|tis|mis``, cap
@@ -52,9 +54,11 @@ from trainer.advantages import RunningMean, rl_sample_advantages
 from trainer.batch import Batch, check_sample, collate
 from trainer.checkpoint import latest_checkpoint, load_optimizer, load_trainer_state, read_acked_step, save_checkpoint, write_acked_step
 from trainer.metrics import MetricsLogger
-from trainer.objective import OLD_STAT_KEYS, STAT_KEYS, OldLogprobs, micro_loss, new_stats, old_logprobs, outcome_advantages, shape, shaping_mask
+from trainer.objective import (OLD_STAT_KEYS, STAT_KEYS, OldLogprobs, carries_learning_term, micro_loss, new_stats, old_logprobs,
+                               outcome_advantages, shape, shaping_mask)
 from trainer import parallel
-from trainer.policy_client import FileSampleSource, Lease, PolicyClient, PolicyRejected, SampleSource, SourceExhausted, TrainerError
+from trainer.policy_client import (FileSampleSource, Lease, PolicyClient, PolicyRejected, SampleSource, SourceExhausted,
+                                   TrainerError, collect_leases)
 from trainer.prm import resolve_prm_config
 from trainer.rollout_correction import is_metrics, sample_temperature
 from trainer.settings import TrainConfig
@@ -93,13 +97,6 @@ def make_source(cfg: TrainConfig) -> SampleSource:
     raise ValueError("one of policy_url or samples_file is required")
 
 
-def _pad_stack(rows: list[torch.Tensor], T: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), T)
-    for i, r in enumerate(rows):
-        out[i, : r.numel()] = r[:T]
-    return out
-
-
 # ----------------------------------------------------------------------------- one leased batch
 def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torch.nn.Module | None, opt: torch.optim.Optimizer,
                    samples: list[dict[str, Any]], invalid: list[bool], cfg: TrainConfig, running: RunningMean,
@@ -108,6 +105,8 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
     # (B,) presence flags of the whole batch: a sample that is not trained does not enter the baseline.
     no_eos = [cfg.mask_no_eos_with_zero and (not s.get("response_ids") or s["response_ids"][-1] != eos_id) for s in samples]
     trainable = torch.tensor([not bad and not ne and any(s["loss_mask"]) for s, bad, ne in zip(samples, invalid, no_eos)])
+    # A sample with no learning term in this mode is trained with mask 0: it would only dilute the denominators.
+    idle = [bad or not carries_learning_term(s, cfg) for s, bad in zip(samples, invalid)]
     rewards = torch.tensor([float(s["reward"]) if s.get("reward") is not None else 0.0 for s in samples])
     has_r = torch.tensor([bool(s.get("has_reward")) and s.get("reward") is not None for s in samples]) & trainable
     rl_adv = rl_sample_advantages(rewards, has_r, baseline=cfg.baseline, normalize=cfg.normalize_advantages, running=running)
@@ -117,7 +116,7 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
     plan: list[tuple[float, float, list[tuple[Batch, list[int]]]]] = []
     for mb in minibatches:
         bmask = collate([samples[i] for i in mb], eos_id=eos_id, mask_no_eos=cfg.mask_no_eos_with_zero,
-                        zero_mask=[invalid[i] for i in mb]).mask
+                        zero_mask=[idle[i] for i in mb]).mask
         num_tokens, num_seqs = float(bmask.sum()), float((bmask.sum(-1) > 0).sum())
         mine = mb[rank::world]
         n_micro = max(1, math.ceil(math.ceil(len(mb) / world) / cfg.micro_batch_size))
@@ -127,7 +126,7 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
             dummy = not idx
             idx = idx or [mb[0]]
             b = collate([samples[i] for i in idx], eos_id=eos_id, mask_no_eos=cfg.mask_no_eos_with_zero,
-                        zero_mask=[dummy or invalid[i] for i in idx]).to(device)
+                        zero_mask=[dummy or idle[i] for i in idx]).to(device)
             micros.append((b, [-1] * len(idx) if dummy else idx))
         plan.append((num_tokens, num_seqs, micros))
 
@@ -136,24 +135,29 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
     olds: list[list[OldLogprobs]] = []
     old_sums = dict.fromkeys(OLD_STAT_KEYS, 0.0)
     is_max = 0.0
-    eff = torch.zeros(len(plan), 2, dtype=torch.float64)  # per minibatch: valid tokens, samples after mis rejection
+    # per minibatch: valid tokens, samples after mis rejection; then tokens, samples with teacher top-K rows
+    eff = torch.zeros(len(plan), 4, dtype=torch.float64)
+    model.eval()  # a no-grad pass: no dropout in the old log-probs
     for k, (_, _, micros) in enumerate(plan):
         olds.append([old_logprobs(model, b, cfg) for b, _ in micros])
         for (b, _), o in zip(micros, olds[-1]):
             for key in OLD_STAT_KEYS:
                 old_sums[key] += o.stats[key]
             is_max = max(is_max, o.stats["is_max"])
-            eff[k] += torch.tensor([float(b.mask.sum()), float((b.mask.sum(-1) > 0).sum())], dtype=torch.float64)
+            tk = b.topk_valid * b.mask
+            eff[k] += torch.tensor([float(b.mask.sum()), float((b.mask.sum(-1) > 0).sum()), float(tk.sum()),
+                                    float((tk.sum(-1) > 0).sum())], dtype=torch.float64)
+    model.train()
+    if world > 1 and (cfg.rollout_correction == "mis" or cfg.topk_coef > 0):
+        dist.all_reduce(eff)
     if cfg.rollout_correction == "mis":
         # Rejected tokens leave the denominators too (slime #657): the global counts after rejection, all ranks.
-        if world > 1:
-            dist.all_reduce(eff)
         plan = [(float(eff[k, 0]), float(eff[k, 1]), micros) for k, (_, _, micros) in enumerate(plan)]
 
     stats = new_stats()
     grad_norms = []
     for _ in range(cfg.ppo_epochs):
-        for (num_tokens, num_seqs, micros), old_row in zip(plan, olds):
+        for mb_i, ((num_tokens, num_seqs, micros), old_row) in enumerate(zip(plan, olds)):
             for j, ((b, idx), old) in enumerate(zip(micros, old_row)):
                 raw = outcome_advantages(b, old.adv, rl_adv[torch.tensor([max(i, 0) for i in idx])].to(device), cfg)
                 adv = shape(b, raw, cfg)
@@ -165,7 +169,8 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
                 last = j == len(micros) - 1
                 with parallel.grad_sync(ddp, cfg.parallel, world, enabled=last):
                     loss, st = micro_loss(ddp, ref_model, b, old.pg, adv, cfg, num_tokens=num_tokens, num_seqs=num_seqs,
-                                          is_weight=old.is_weight)
+                                          is_weight=old.is_weight, num_topk_tokens=float(eff[mb_i, 2]),
+                                          num_topk_seqs=float(eff[mb_i, 3]))
                     (loss * world).backward()  # DDP/FSDP2 average gradients over ranks; the shares are already global
                 for k, v in st.items():
                     stats[k] += v
@@ -202,6 +207,7 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
         "constrained_rollout_lp_abs_diff": cgap_sum / cgap_n if cgap_n else float("nan"),
         "reward_mean": float(rewards[has_r].mean()) if has_any else float("nan"),
         "n_samples": B, "n_trained_samples": int(trainable.sum()), "n_invalid": int(sum(invalid)),
+        "n_learning_samples": B - sum(idle), "rl_adv_nonzero": int((rl_adv != 0).sum()),
         "n_with_reward": int(has_r.sum()), "n_with_teacher": sum(bool(s_.get("has_teacher")) for s_ in samples),
         "n_tokens": int(s["tokens"] / cfg.ppo_epochs), "grad_norm": max(grad_norms),
         # Off-policy correction (rollout_is_* over valid tokens before mis rejection) and the samples' temperatures.
@@ -214,18 +220,6 @@ def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
     if cfg.topk_coef > 0:
         out["topk_kl"] = s["topk_kl"] / ntok
     return out
-
-
-def weight_checksum_spread(model: torch.nn.Module, world: int) -> float:
-    """Max difference of a float64 weight checksum across ranks (0.0 when the replicas are identical)."""
-    with torch.no_grad():
-        c = torch.stack([sum(p.double().sum() for p in model.parameters()), sum(p.double().abs().sum() for p in model.parameters())])
-    if world == 1:
-        return 0.0
-    allc = [torch.zeros_like(c) for _ in range(world)]
-    dist.all_gather(allc, c)
-    stacked = torch.stack(allc)
-    return float((stacked.max(0).values - stacked.min(0).values).max())
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -255,7 +249,8 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
     ddp = parallel.wrap(model, cfg.parallel, world)  # before the optimizer: fsdp2 replaces parameters by shards
     fsdp = cfg.parallel == "fsdp2" and world > 1
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
-    running = RunningMean(momentum=cfg.running_mean_momentum)
+    window = cfg.baseline_window if cfg.baseline == "window" else 0
+    running = RunningMean(momentum=cfg.running_mean_momentum, window=window)
     trained_ids: deque[str] = deque(maxlen=cfg.remember_sample_ids)
     step, last_saved = 0, 0
     resume_leases: list[str] = []
@@ -266,7 +261,7 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
         except ValueError as exc:  # e.g. an fsdp2 checkpoint resumed with --parallel ddp: never reset Adam silently
             raise TrainerError(f"cannot resume from {ckpt}: {exc}") from exc
         step = last_saved = int(st["step"])
-        running = RunningMean(**st.get("running_mean", {"momentum": cfg.running_mean_momentum}))
+        running = RunningMean.from_state(st.get("running_mean"), momentum=cfg.running_mean_momentum, window=window)
         trained_ids.extend(st.get("trained_sample_ids", []))
         resume_leases = st.get("leases", [])
         logger.info("resumed from %s (step %d, %d remembered sample ids)", ckpt, step, len(trained_ids))
@@ -327,44 +322,50 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
         return broadcast(path, world)
 
     while step < cfg.steps:
-        lease, stop = None, False
+        # Live traffic: lease until min_batch samples are held or lease_wait_s ends (policy_client.collect_leases);
+        # an empty wait is no step (no checkpoint, no weight push).
+        leases: list[Lease] = []
+        stop = False
         if rank == 0:
             try:
-                lease = source.lease(cfg.batch_size, cfg.lease_wait_s)
+                leases = collect_leases(source, cfg.batch_size, cfg.min_batch_size, cfg.lease_wait_s)
             except SourceExhausted as exc:
                 logger.info("%s; stopping", exc)
                 stop = True
-            if lease is not None and not lease.samples:
+            if not stop and not leases:
                 if cfg.idle_timeout_s > 0 and time.monotonic() - idle_since > cfg.idle_timeout_s:
                     logger.info("no sample for %.0fs; stopping", cfg.idle_timeout_s)
                     stop = True
-        lease, stop = broadcast((lease, stop), world)
+        leases, stop = broadcast((leases, stop), world)
         if stop:
             break
-        if not lease.samples:
+        if not leases:
             continue
         idle_since = time.monotonic()
-        samples = lease.samples
+        samples = [s for lease in leases for s in lease.samples]
         reasons = [check_sample(s, shaping=cfg.shaping) for s in samples]
-        if lease.prm_metrics:  # the server's PRM window for these samples; logged with the next trained step
-            prm_window.update(lease.prm_metrics)
-            prm_windows += 1
+        for lease in leases:
+            if lease.prm_metrics:  # the server's PRM window for these samples; logged with the next trained step
+                prm_window.update(lease.prm_metrics)
+                prm_windows += 1
         seen = set(trained_ids)
         dup = [str(s.get("sample_id")) in seen for s in samples]
         for s, why, d in zip(samples, reasons, dup):
             if why or d:
                 logger.warning("sample %s not trained: %s", s.get("sample_id"), why or "already trained (re-leased duplicate)")
         invalid = [bool(w) or d for w, d in zip(reasons, dup)]
-        pending.append(lease.lease_id)  # on every rank, so all ranks agree on when to persist
-        if all(invalid):
-            continue  # nothing to train; the lease is acked with the next checkpoint
+        pending.extend(lease.lease_id for lease in leases)  # on every rank, so all ranks agree on when to persist
+        if all(bad or not carries_learning_term(s, cfg) for s, bad in zip(samples, invalid)):
+            # Nothing to learn from (no step: Adam's momentum alone would still move the weights); the lease is
+            # acked with the next checkpoint.
+            continue
         step += 1
         t_train = time.monotonic()
         m = train_on_batch(ddp, model, ref_model, opt, samples, invalid, cfg, running, rank, world, device, eos_id)
         t_done = time.monotonic()
         trained_ids.extend(str(s.get("sample_id")) for s, bad in zip(samples, invalid) if not bad)
         if world > 1 and cfg.check_ddp_sync and not fsdp:
-            spread = weight_checksum_spread(model, world)
+            spread = parallel.weight_checksum_spread(model, world)
             m["ddp_weight_spread"] = spread
             if spread != 0.0:
                 raise TrainerError(f"DDP replicas diverged at step {step}: checksum spread {spread}")

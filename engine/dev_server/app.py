@@ -16,7 +16,7 @@ settings (secrets masked) logged at start; ``GET /metrics`` serves SGLang-named 
 from __future__ import annotations
 
 import asyncio
-import json
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -31,9 +31,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from engine.dev_server.openai_chat import ChatError, chat_completions
 from engine.dev_server.protocol import ProtocolError
+from engine.dev_server.recording import RequestRecorder
 from engine.dev_server.service import DevEngine
 from engine.dev_server.settings import DevEngineSettings
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
+from engine.http_guard import AdmissionMiddleware, BadJSON, BodyLimitMiddleware, parse_json_body
 from engine.observability import RequestContextMiddleware, RouteMetrics, log_settings
 
 logger = logging.getLogger(__name__)
@@ -58,7 +60,8 @@ def decide_auth(path: str, authorization: str | None, api_key: str | None, admin
         key = admin_api_key or api_key
     else:
         key = api_key
-    return key is None or authorization == f"Bearer {key}"
+    # Constant time: the time to refuse a key says nothing about how much of it was right.
+    return key is None or hmac.compare_digest((authorization or "").encode(), f"Bearer {key}".encode())
 
 
 async def read_json(request: Request, *, required: bool) -> Any:
@@ -69,8 +72,8 @@ async def read_json(request: Request, *, required: bool) -> Any:
             raise ProtocolError("a JSON body is required (send at least {})")
         return {}
     try:
-        return json.loads(raw)
-    except ValueError as exc:
+        return parse_json_body(raw, max_depth=request.app.state.max_json_depth)
+    except BadJSON as exc:
         raise ProtocolError(f"malformed JSON body: {exc}", contract=True) from None
 
 
@@ -108,6 +111,13 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
         return await call_next(request)
 
+    app.state.max_json_depth = settings.max_json_depth
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
+                       error_body=lambda _status, msg: {"error": msg})
+    app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight_requests,
+                       error_body=lambda _status, msg: {"error": msg})
+    if settings.record_requests:  # a body refused by the auth check is never read, so never recorded
+        app.add_middleware(RequestRecorder, path=settings.record_requests)
     # Added last, so outermost: 401s from the auth middleware get a request id and are counted too.
     app.add_middleware(RequestContextMiddleware, route_metrics=RouteMetrics(registry, "hindsight_dev_engine"))
 

@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> DevEngineSettings:
     parser.add_argument("--torch-threads", dest="torch_threads", type=int)
     parser.add_argument("--log-level", dest="log_level")
     parser.add_argument("--log-json", dest="log_json", action="store_true", default=None)
+    parser.add_argument("--record-requests", dest="record_requests", metavar="PATH",
+                        help="append every POST/PUT request body to this JSON-lines file (conformance tests)")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     try:

@@ -31,6 +31,11 @@ class DevEngineSettings(BaseSettings):
     # tokens; 0 disables it (SGLang --disable-radix-cache).
     prefix_cache_max_tokens: int = Field(default=16384, ge=0)
     max_running_requests: int = Field(default=64, ge=1)
+    # Hostile-input guards (engine.http_guard): body size (413 while reading), JSON nesting (400), and the
+    # requests in flight at once (429 beyond; probes exempt).
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_json_depth: int = Field(default=64, ge=4, le=512)
+    max_in_flight_requests: int = Field(default=1024, ge=1)
     # How long update_weights_from_disk waits for running (un-paused) requests before failing.
     update_wait_timeout_s: float = Field(default=60.0, gt=0)
     # Parse <think> blocks and <tool_call> blocks in chat responses (SGLang --reasoning-parser / --tool-call-parser).
@@ -38,6 +43,7 @@ class DevEngineSettings(BaseSettings):
     tool_call_parser: bool = True
     log_level: str = "info"
     log_json: bool = False  # JSON-lines logs (engine.observability) instead of plain text
+    record_requests: str | None = None  # append every POST/PUT body to this JSON-lines file (recording.py)
 
     @model_validator(mode="after")
     def _check_exposure(self) -> DevEngineSettings:

@@ -4,7 +4,8 @@ Contract (launch/devstack.py, launch/demo.py): `start` returns once every part a
 writes endpoints.json (policy_url, judge_url, policy_engine_url, api_key, admin_api_key, ...); a second
 `start` changes nothing; the policy server refuses a request without the key; `demo` drives a session
 with a tool call through the openai client, shows judge verdicts and stored samples, trains one step
-and reports the engine's new weight version; `stop` ends every recorded PID and frees every port, and
+and reports the engine's new weight version, then writes the run report (every plot renders in headless
+Chromium); `stop` ends every recorded PID and frees every port, and
 never signals a process whose PID was recycled (start time differs).
 """
 
@@ -28,6 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DEV = ROOT / "launch" / "dev.sh"
 sys.path.insert(0, str(ROOT / "launch"))
 import devstack  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from chromium_check import check_rendered, require_chromium  # noqa: E402
 
 
 def dev(cmd: str, run_dir: Path, timeout_s: float, **env: str) -> subprocess.CompletedProcess[str]:
@@ -91,6 +95,8 @@ def test_dev_stack_start_demo_stop(stack_dir: Path) -> None:
     assert re.search(r"trained step 1 in", out), out
     assert "policy engine weight version: default -> 1" in out
     assert "a new request is served by weights v1" in out
+    report = re.search(r"report: (\S+\.html)", out)
+    assert report and Path(report.group(1)).is_file(), out
 
     stop = dev("stop", stack_dir, 90)
     assert stop.returncode == 0, stop.stdout + stop.stderr
@@ -102,6 +108,11 @@ def test_dev_stack_start_demo_stop(stack_dir: Path) -> None:
         assert not port_open(e["url"]), f"{e['name']} still listens on {e['url']}"
     assert not (stack_dir / "pids.json").exists() and not (stack_dir / "endpoints.json").exists()
     assert "no dev stack recorded" in dev("stop", stack_dir, 30).stdout
+
+    # The demo's run report, opened in headless Chromium: every plot rendered, those with data have marks.
+    require_chromium()
+    check_rendered(Path(report.group(1)), ("verdicts_per_version", "samples_per_mode", "samples_per_status",
+                                           "judge_votes_per_turn", "ppo_loss", "trainer_throughput"))
 
 
 @pytest.mark.unit

@@ -52,14 +52,14 @@ def test_rl_batch_mean_normalized():
     close(adv, [1.0, -1.0])
 
 
-def test_rl_running_mean_uses_earlier_batches():
+def test_rl_running_mean_uses_earlier_samples():
     rm = RunningMean(momentum=0.5)
     a1 = rl_sample_advantages(T([1.0, 1.0]), T([True, True]), baseline="running_mean", running=rm)
-    close(a1, [0.0, 0.0])  # first batch: its own mean (1.0), then rm = 1.0
-    assert rm.value == pytest.approx(1.0) and rm.count == 1
+    close(a1, [0.0, 0.0])  # first batch: no history, its own mean (1.0); then per sample: 1, 0.5*1+0.5*1 = 1
+    assert rm.value == pytest.approx(1.0) and rm.count == 2
     a2 = rl_sample_advantages(T([-1.0, 0.0]), T([True, True]), baseline="running_mean", running=rm)
-    close(a2, [-2.0, -1.0])  # baseline 1.0 from the earlier batch
-    assert rm.value == pytest.approx(0.5 * 1.0 + 0.5 * -0.5)
+    close(a2, [-2.0, -1.0])  # baseline 1.0 from the earlier samples
+    assert rm.value == pytest.approx(0.5 * (0.5 * 1.0 + 0.5 * -1.0) + 0.5 * 0.0)
 
 
 def test_rl_no_rewards_at_all_is_zero_not_nan():
@@ -168,7 +168,8 @@ def test_multiplicative_opd():
     old = T([[-1.5, -2.0, -0.5], [-3.0, -1.0, -1.0]])  # diff 0.5, 1, -0.5 / 2, 0, 0
     step_ids = T([[0, 1, 1], [0, 0, -1]])
     scores = T([[1.0, -1.0], [0.5, 0.0]])
-    close(multiplicative_opd(teacher, old, step_ids, scores), [[0.5, -1.0, 0.5], [1.0, 0.0, 0.0]])
+    # step 1 of row 0 is wrong (-1): both its tokens are negative, -|d| (the literal product would give +0.5)
+    close(multiplicative_opd(teacher, old, step_ids, scores), [[0.5, -1.0, -0.5], [1.0, 0.0, 0.0]])
 
 
 def test_turn_steps_layout():

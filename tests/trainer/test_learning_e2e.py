@@ -106,7 +106,8 @@ def test_policy_learns_the_judged_target_through_the_real_stack(stack, tmp_path)
             assert ready[-1] >= SESSIONS * TURNS - 2, ready  # at most a couple of empty replies
             cfg = TrainConfig(model_path=str(stack.model_dir), out_dir=str(out), policy_url=stack.policy.url, admin_api_key=ADMIN,
                               steps=rnd + 1, batch_size=SESSIONS * TURNS, micro_batch_size=SESSIONS * TURNS, lr=2e-2,
-                              lease_wait_s=5.0, sync_on_resume=False, keep_checkpoints=1, progress=False, seed=rnd)
+                              min_batch=1, lease_wait_s=5.0, sync_on_resume=False, keep_checkpoints=1, progress=False,
+                              seed=rnd)
             assert train(cfg)["step"] == rnd + 1
             freqs.append(target_frequency(stack.engine.url, tokenizer))
     finally:

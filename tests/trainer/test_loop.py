@@ -70,6 +70,7 @@ def test_checkpoint_then_ack_then_weight_update(tiny_model_dir, sample_file, tmp
     assert reloaded is not None
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2]
+    assert list((out / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard curves by default"
     for key in ("loss", "clip_frac", "approx_kl", "entropy", "train_rollout_lp_abs_diff", "reward_mean", "grad_norm"):
         assert key in lines[0]
     # rollout log-probs came from the same weights: the gap is numerical noise only at step 1

@@ -59,8 +59,8 @@ class RecordingPolicyClient(PolicyClient):
         super().__init__(*a, **kw)
         self.leases: list[Lease] = []
 
-    def lease(self, max_samples: int, wait_s: float) -> Lease:
-        got = super().lease(max_samples, wait_s)
+    def lease(self, max_samples: int, wait_s: float, min_samples: int = 1) -> Lease:
+        got = super().lease(max_samples, wait_s, min_samples)
         if got.samples:
             self.leases.append(got)
         return got

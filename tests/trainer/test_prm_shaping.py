@@ -161,7 +161,7 @@ class ListSource:
     def __init__(self, leases: list[Lease]):
         self.leases, self.acked, self.weight_updates = list(leases), [], []
 
-    def lease(self, max_samples: int, wait_s: float) -> Lease:
+    def lease(self, max_samples: int, wait_s: float, min_samples: int = 1) -> Lease:
         return self.leases.pop(0)
 
     def ack(self, lease_id: str) -> None:
@@ -190,7 +190,7 @@ def test_loop_logs_shaped_vs_unshaped_advantages_and_prm_window(tiny_model_dir, 
     leases[0].samples[0]["token_rewards"] = [1.0]  # wrong length -> not trained, its window carries over
     yml = yaml_file(tmp_path, "process_weighted")
     cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir=str(tmp_path / "out"), prm_config=str(yml), steps=1,
-                      batch_size=8, micro_batch_size=8, lr=1e-3, progress=False)
+                      batch_size=8, min_batch=1, micro_batch_size=8, lr=1e-3, progress=False)
     src = ListSource(leases)
     assert train(cfg, source=src)["step"] == 1
     (m,) = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]

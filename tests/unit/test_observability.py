@@ -37,6 +37,7 @@ from engine.observability import (
     log_settings,
     propagate_request_id,
     redact,
+    redact_query_secrets,
 )
 
 pytestmark = pytest.mark.unit
@@ -228,6 +229,34 @@ def test_configure_logging_is_idempotent_and_checks_the_level() -> None:
         for x in [x for x in root.handlers if x not in before]:
             root.removeHandler(x)
         root.setLevel(level)
+
+
+@pytest.mark.parametrize("json_logs", [False, True])
+def test_handler_masks_secret_query_parameters(json_logs: bool) -> None:
+    root = logging.getLogger()
+    level, before = root.level, list(root.handlers)
+    out = io.StringIO()
+    try:
+        configure_logging("info", json_logs=json_logs, stream=out)
+        logging.getLogger("demo").info("POST %s -> 200", "http://h:1/get_reward?api_key=k-123&n=2")
+        logging.getLogger("demo").info("GET http://h/x?a=1&token=t-9 and max_new_tokens=5")
+    finally:
+        for x in [x for x in root.handlers if x not in before]:
+            root.removeHandler(x)
+        root.setLevel(level)
+    text = out.getvalue()
+    assert "k-123" not in text and "t-9" not in text
+    assert "api_key=***&n=2" in text and "token=***" in text and "max_new_tokens=5" in text
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("/get_reward?api_key=abc", "/get_reward?api_key=***"),
+    ("/r?x=1&API_KEY=abc&y=2", "/r?x=1&API_KEY=***&y=2"),
+    ('{"url": "http://h/r?key=abc"}', '{"url": "http://h/r?key=***"}'),
+    ("monkey=1 key=abc ?keys=abc", "monkey=1 key=abc ?keys=abc"),  # not a query parameter / not a secret name
+])
+def test_redact_query_secrets(text: str, expected: str) -> None:
+    assert redact_query_secrets(text) == expected
 
 
 # ------------------------------------------------------------------------------------------ redaction

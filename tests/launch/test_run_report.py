@@ -1,0 +1,112 @@
+"""The run report (trainer/report/, ``hindsight-report``).
+
+Contract: the summaries are pure functions of the stored sample rows / metrics.jsonl / the judge's
+/metrics text (hand-counted cases below); the page is one self-contained HTML file whose every plot
+(``page.PLOTS``) renders in headless Chromium: a non-blank screenshot per plot and no console error.
+The demo run's report is checked the same way in test_dev_stack.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.report import data as d
+from trainer.report.cli import main as report_main
+from trainer.report.page import PLOTS
+
+sys.path.insert(0, str(Path(__file__).parent))  # chromium_check, also used by test_dev_stack.py
+from chromium_check import check_rendered, inspect_page, require_chromium  # noqa: E402
+
+
+def row(status: str, *, version: str = "default", mode: str = "rl", prm: dict | None = None,
+        hint: dict | None = None, reason: str | None = None, reward: float | None = None) -> dict:
+    sample = {"mode": mode, "weight_version": version, "prm": prm, "hint": hint, "reward": reward,
+              "has_reward": reward is not None}
+    return {"status": status, "reject_reason": reason, "sample": sample}
+
+
+ROWS = [
+    row("ready", prm={"status": "ok", "score": 1, "votes": [1, 1, -1]}, reward=1.0),
+    row("consumed", prm={"status": "ok", "score": -1, "votes": [-1, -1, None]}, reward=-1.0),
+    row("rejected", prm={"status": "tie", "score": None, "votes": [1, -1]}, reason="tie"),
+    row("rejected", prm=None, reason="no_next_state"),
+    row("ready", version="1", mode="opd", prm={"status": "ok", "score": 1, "votes": [1]},
+        hint={"status": "ok", "accepted": True, "votes": [1, 1, 1]}, reward=1.0),
+    row("rejected", version="1", prm={"status": "judge_failed", "score": None, "votes": []},
+        reason="prm_rejected: too long"),
+    {"status": "pending_judge", "reject_reason": None, "sample": None},
+]
+
+
+@pytest.mark.unit
+def test_summaries_hand_counted() -> None:
+    assert [d.verdict_class(r) for r in ROWS] == ["+1", "-1", "tie", "no verdict", "+1", "judge_failed",
+                                                  "no verdict"]
+    versions, mix = d.verdict_mix_by_version(ROWS)
+    assert versions == ["default", "1", "unknown"]
+    assert mix == {"+1": [1.0, 1.0, 0.0], "-1": [1.0, 0.0, 0.0], "tie": [1.0, 0.0, 0.0],
+                   "judge_failed": [0.0, 1.0, 0.0], "no verdict": [1.0, 0.0, 1.0]}
+    assert d.reward_by_version(ROWS) == {"default": (0.0, 2), "1": (1.0, 1)}
+    assert d.mode_counts(ROWS) == {"not judged": 1, "opd": 1, "rl": 5}
+    assert d.status_counts(ROWS) == {"consumed": 1, "pending_judge": 1, "ready": 2, "rejected: no_next_state": 1,
+                                     "rejected: prm_rejected": 1, "rejected: tie": 1}
+    sizes, votes = d.votes_per_turn(ROWS)
+    assert sizes == ["0", "1", "2", "3"]
+    assert votes == {"prm": [1.0, 1.0, 1.0, 2.0], "hint": [0.0, 0.0, 0.0, 1.0]}
+
+
+@pytest.mark.unit
+def test_judge_tokens_from_metrics_text_and_later_step_wins(tmp_path: Path) -> None:
+    text = "\n".join([
+        "# TYPE hindsight_judge_tokens_per_turn histogram",
+        'hindsight_judge_tokens_per_turn_bucket{kind="prompt",task="prm",le="+Inf"} 4.0',
+        'hindsight_judge_tokens_per_turn_sum{kind="prompt",task="prm"} 1000.0',
+        'hindsight_judge_tokens_per_turn_count{kind="prompt",task="prm"} 4.0',
+        'hindsight_judge_tokens_per_turn_bucket{kind="completion",task="prm",le="+Inf"} 4.0',
+        'hindsight_judge_tokens_per_turn_sum{kind="completion",task="prm"} 120.0',
+        'hindsight_judge_tokens_per_turn_count{kind="completion",task="prm"} 4.0',
+        'hindsight_judge_tokens_per_turn_bucket{kind="prompt",task="hint",le="+Inf"} 2.0',
+        'hindsight_judge_tokens_per_turn_sum{kind="prompt",task="hint"} 300.0',
+        'hindsight_judge_tokens_per_turn_count{kind="prompt",task="hint"} 2.0', ""])
+    assert d.judge_tokens_per_turn(text) == (["hint", "prm"], {"prompt": [150.0, 250.0], "completion": [0.0, 30.0]})
+    assert d.judge_tokens_per_turn("# nothing\n") == ([], {})
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 3}\n{"step": 2, "loss": 2}\n{"step": 2, "loss": 1}\n')
+    assert d.read_steps(tmp_path) == [{"step": 1, "loss": 3}, {"step": 2, "loss": 1}]
+
+
+def synthetic_run(tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    out.mkdir()
+    lines = [{"step": s, "loss": 1.0 / s, "pg_loss": 0.5 / s, "reward_mean": 0.1 * s, "clip_frac": 0.05,
+              "approx_kl": 0.01 * s, "entropy": 3.0, "grad_norm": 1.0, "adv_mean": 0.0, "adv_abs_mean": 0.4,
+              "tokens_per_s": 50.0 + s, "n_trained_samples": 4, "step_time_s": 2.0} for s in (1, 2, 3)]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return out
+
+
+@pytest.mark.unit
+def test_cli_writes_a_self_contained_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = synthetic_run(tmp_path)
+    assert report_main([str(out)]) == 0
+    html = (out / "report.html").read_text()
+    assert capsys.readouterr().out.strip() == str(out / "report.html")
+    assert [html.count(f'data-plot="{n}"') for n in PLOTS] == [1] * len(PLOTS)
+    for external in ("<script", "src=", "href=", "@import", "url("):
+        assert external not in html, external
+    assert "no --policy-url" in html  # the missing input is said, not hidden
+    with pytest.raises(SystemExit) as exc:
+        report_main([str(tmp_path / "missing")])
+    assert exc.value.code == 2
+
+
+@pytest.mark.e2e
+def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    require_chromium()
+    out = synthetic_run(tmp_path)
+    assert report_main([str(out)]) == 0
+    check_rendered(out / "report.html", ("reward_per_step", "ppo_loss", "ppo_clip_kl", "trainer_throughput"))
+    assert inspect_page(out / "report.html").plots["reward_per_step"]["marks"] == 3  # one point per step

@@ -1,0 +1,173 @@
+"""The lease wait without servers: a real Store, the in-process ReadyNotifier and ``lease_when_ready``.
+
+Contract (policy_server.ready_notifier, store_leases, store_samples): a waiter sleeps until a store write
+makes a sample ready (judge outcome, session scoring, lease expiry) and is woken by that write, not by a
+poll; ``min_n`` holds the lease until enough samples are ready, the deadline hands out whatever is ready;
+unusable rewards / teacher log-probs / token rewards are rejected before they can be leased."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+
+import pytest
+
+from policy_server.ready_notifier import LocalReadyNotifier, lease_when_ready
+from policy_server.store import Store
+
+
+def _record() -> dict:
+    return {"prompt_ids": [1, 2], "response_ids": [3], "rollout_logprobs": [-0.5], "messages": []}
+
+
+def _judged_later(store: Store, sid: str, data: dict | None = None) -> str:
+    """A session's only turn, resolved and waiting for its judge (pending_judge); returns its sample id."""
+    store.record_turn(sid, _record(), session_done=True)
+    [job] = [j for j in store.pending_jobs() if j["session_id"] == sid]
+    return job["sample_id"]
+
+
+def _ready(store: Store, sample_id: str, **data) -> bool:
+    return store.complete_judge(sample_id, status="ready", reject_reason=None, included=True,
+                                data={"sample_id": sample_id, **data})
+
+
+def _wired(tmp_path) -> tuple[Store, LocalReadyNotifier]:
+    store = Store(tmp_path)
+    notifier = LocalReadyNotifier()
+    store.on_ready = notifier.notify
+    return store, notifier
+
+
+def test_notifier_generation_is_never_missed():
+    async def main() -> None:
+        n = LocalReadyNotifier()
+        seen = n.generation()
+        assert await n.wait(seen, 0.05) is False  # nothing happened: times out
+        n.notify()
+        await asyncio.sleep(0)  # notify from the loop's own thread is scheduled, like from a worker thread
+        assert n.generation() == seen + 1
+        t0 = time.monotonic()
+        assert await n.wait(seen, 5.0) is True  # a notification after `seen`: at once
+        assert time.monotonic() - t0 < 0.05
+
+    asyncio.run(main())
+
+
+def test_a_ready_sample_wakes_the_waiter_within_200ms(tmp_path):
+    async def main() -> None:
+        store, notifier = _wired(tmp_path)
+        sid = _judged_later(store, "s")
+        marks: dict[str, float] = {}
+        waiting = threading.Event()
+
+        def judge() -> None:
+            waiting.wait(5)
+            time.sleep(0.3)  # the waiter is inside notifier.wait by now (a poll would be mid-interval)
+            _ready(store, sid)
+            marks["ready"] = time.monotonic()
+
+        th = threading.Thread(target=judge)
+        th.start()
+        waiting.set()
+        got = await lease_when_ready(store, notifier, max_n=8, min_n=1, wait_s=10, lease_s=60)
+        marks["leased"] = time.monotonic()
+        th.join()
+        assert got is not None and [s["sample_id"] for s in got[1]] == [sid]
+        latency_s = marks["leased"] - marks["ready"]
+        print(f"wake latency {latency_s * 1000:.1f} ms")
+        assert latency_s < 0.2
+
+    asyncio.run(main())
+
+
+def test_min_holds_until_enough_are_ready_and_deadline_gives_what_is_there(tmp_path):
+    async def main() -> None:
+        store, notifier = _wired(tmp_path)
+        a, b, c = (_judged_later(store, s) for s in "abc")
+        _ready(store, a)
+        loop = asyncio.get_running_loop()
+        waiter = asyncio.create_task(lease_when_ready(store, notifier, max_n=8, min_n=2, wait_s=10, lease_s=60))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()  # one ready, two needed
+        t0 = time.monotonic()
+        await loop.run_in_executor(None, _ready, store, b)
+        lease_id, samples = await asyncio.wait_for(waiter, 2)
+        assert time.monotonic() - t0 < 0.2 and {s["sample_id"] for s in samples} == {a, b}
+        # deadline: min 2 with only one ready -> that one, at wait_s
+        _ready(store, c)
+        t0 = time.monotonic()
+        got = await lease_when_ready(store, notifier, max_n=8, min_n=2, wait_s=0.5, lease_s=60)
+        assert got is not None and [s["sample_id"] for s in got[1]] == [c]
+        assert 0.45 <= time.monotonic() - t0 < 1.0
+        # nothing ready at all: None at the deadline
+        t0 = time.monotonic()
+        assert await lease_when_ready(store, notifier, max_n=8, min_n=1, wait_s=0.3, lease_s=60) is None
+        assert 0.25 <= time.monotonic() - t0 < 0.8
+
+    asyncio.run(main())
+
+
+def test_an_expiring_lease_wakes_the_waiter(tmp_path):
+    async def main() -> None:
+        store, notifier = _wired(tmp_path)
+        sid = _judged_later(store, "s")
+        _ready(store, sid)
+        first = store.lease(8, lease_s=0.4)
+        assert first is not None
+        t0 = time.monotonic()
+        got = await lease_when_ready(store, notifier, max_n=8, min_n=1, wait_s=5, lease_s=60)
+        assert got is not None and [s["sample_id"] for s in got[1]] == [sid]
+        assert time.monotonic() - t0 < 0.4 + 0.3  # back at the first lease's deadline, not at wait_s
+
+    asyncio.run(main())
+
+
+def test_concurrent_waiters_get_disjoint_samples(tmp_path):
+    async def main() -> None:
+        store, notifier = _wired(tmp_path)
+        ids = [_judged_later(store, f"s{i}") for i in range(4)]
+        waiters = [asyncio.create_task(lease_when_ready(store, notifier, max_n=2, min_n=2, wait_s=10, lease_s=60))
+                   for _ in range(2)]
+        loop = asyncio.get_running_loop()
+        for sid in ids:  # arriving one at a time
+            await loop.run_in_executor(None, _ready, store, sid)
+        got = await asyncio.wait_for(asyncio.gather(*waiters), 5)
+        leased = [[s["sample_id"] for s in g[1]] for g in got]
+        assert sorted(leased[0] + leased[1]) == sorted(ids) and not set(leased[0]) & set(leased[1])
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("data, why", [
+    ({"reward": math.nan}, "reward is not a finite number"),
+    ({"reward": "1"}, "reward is not a finite number"),
+    ({"reward": math.inf}, "reward is not a finite number"),
+    ({"reward": 1.0, "teacher_logprobs": [-0.1, math.nan]}, "teacher_logprobs holds a non-finite"),
+    ({"teacher_logprobs": [-0.1, 0.5]}, "teacher_logprobs holds a positive"),
+    ({"token_rewards": [0.1, None]}, "token_rewards holds a non-finite"),
+    ({"teacher_topk": {"ids": [[1]], "logprobs": [[math.inf]]}}, "teacher_topk.logprobs holds a non-finite"),
+])
+def test_unusable_values_are_rejected_before_they_can_be_leased(tmp_path, data, why):
+    store, notified = Store(tmp_path), []
+    store.on_ready = lambda: notified.append(1)
+    sid = _judged_later(store, "s")
+    assert _ready(store, sid, **data)
+    [row] = store.list_samples(session_id="s", status=None, limit=10)
+    assert row["status"] == "rejected" and row["reject_reason"].startswith(f"invalid_values: {why}")
+    assert store.lease(8, 60) is None and notified == []  # never leasable, nobody woken
+
+
+def test_session_scoring_with_a_nan_token_reward_is_rejected(tmp_path):
+    store = Store(tmp_path)
+    good, bad = _judged_later(store, "g"), _judged_later(store, "b")
+    for sid in (good, bad):
+        store.complete_judge(sid, status="pending_score", reject_reason=None, included=True,
+                             data={"sample_id": sid, "reward": 1.0})
+    assert store.complete_score([(good, "ready", None, {"sample_id": good, "token_rewards": [0.5]}),
+                                 (bad, "ready", None, {"sample_id": bad, "token_rewards": [math.nan]})]) == 2
+    statuses = {r["sample_id"]: (r["status"], r["reject_reason"]) for r in store.list_samples(limit=10)}
+    assert statuses[good] == ("ready", None)
+    assert statuses[bad][0] == "rejected" and statuses[bad][1].startswith("invalid_values: token_rewards")

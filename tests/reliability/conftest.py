@@ -1,0 +1,25 @@
+"""Fixtures of the reliability suite: a real dev engine (module-scoped) and the policy-server test kit.
+
+Policy servers are started per test by the tests themselves (each needs its own settings and data dir),
+as subprocesses on ephemeral loopback ports, stopped by their PID."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# policy_testkit (start_policy, client/admin helpers) is shared with the policy-server tests.
+sys.path.insert(0, str(Path(__file__).parent.parent / "policy"))
+
+from engine.procs import ManagedProcess, start_dev_engine  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    mp = start_dev_engine(tiny_model_dir, log_dir=tmp_path_factory.mktemp("engine-logs"),
+                          extra_args=["--seed", "0", "--weight-version", "v0"])
+    yield mp
+    mp.stop()

@@ -1,0 +1,120 @@
+"""Pure pieces of the hostile-input defences, with hand-derived cases: JSON depth and surrogate checks
+(engine.http_guard), the prompt-length floor (policy_server.generation), the admin-key rule and its
+startup refusal (policy_server.settings/auth), the session-lock cleanup (policy_server.sessions), the
+runtime-settings table and file modes of the store (policy_server.store_db)."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+
+import pytest
+from starlette.requests import Request
+
+from engine.http_guard import BadJSON, check_json_value, parse_json_body
+from policy_server.auth import is_admin, require_admin
+from policy_server.errors import Unauthorized
+from policy_server.generation import prompt_token_floor
+from policy_server.sessions import SessionTracker
+from policy_server.settings import PolicySettings
+from policy_server.store import Store
+
+pytestmark = pytest.mark.unit
+
+
+def _nest(depth: int) -> object:
+    v: object = 1
+    for _ in range(depth):
+        v = [v]
+    return v
+
+
+@pytest.mark.parametrize("value,max_depth,ok", [
+    (_nest(3), 3, True),           # [[[1]]]: three containers
+    (_nest(4), 3, False),
+    ({"a": {"b": "c"}}, 2, True),
+    ({"a": {"b": {}}}, 2, False),  # an empty container still counts as a level
+    ("\ud800", 8, False),          # unpaired high surrogate
+    ({"\udc00": 1}, 8, False),     # in a key
+    ("caf\u00e9 \U0001F600", 8, True),
+])
+def test_check_json_value(value, max_depth, ok):
+    if ok:
+        check_json_value(value, max_depth)
+    else:
+        with pytest.raises(BadJSON):
+            check_json_value(value, max_depth)
+
+
+def test_parse_json_body_refuses_without_echo():
+    with pytest.raises(BadJSON, match="nested deeper than 64"):
+        parse_json_body(b"[" * 100_000, max_depth=64)
+    with pytest.raises(BadJSON) as info:
+        parse_json_body(b'{"x": "SECRET', max_depth=64)
+    assert "SECRET" not in str(info.value)
+    with pytest.raises(BadJSON, match="surrogate"):
+        parse_json_body(b'{"x": "\\ud800"}', max_depth=64)
+    assert parse_json_body(b'{"x": "\\ud83d\\ude00"}', max_depth=64) == {"x": "\U0001F600"}  # a valid pair
+
+
+def test_prompt_token_floor():
+    msgs = [{"role": "user", "content": "a" * 100}, {"role": "user", "content": [{"type": "text", "text": "b" * 50}]},
+            {"role": "assistant", "content": None}]
+    assert prompt_token_floor(msgs, 10) == 3 + 150 // 10
+    assert prompt_token_floor(msgs, 1000) == 3
+
+
+def _settings(**kw) -> PolicySettings:
+    return PolicySettings(model_path="m", engine_url="http://127.0.0.1:1", **kw)
+
+
+def _request(token: str | None) -> Request:
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    return Request({"type": "http", "method": "GET", "path": "/", "headers": headers, "query_string": b""})
+
+
+def test_admin_routes_never_accept_the_client_key():
+    with pytest.raises(ValueError, match="admin_api_key"):
+        _settings(api_key="client")
+    s = _settings(api_key="client", admin_api_key="admin")
+    with pytest.raises(Unauthorized):
+        require_admin(_request("client"), s)
+    require_admin(_request("admin"), s)
+    assert not is_admin(_request(None), s) and is_admin(_request("admin"), s)
+    opted = _settings(api_key="client", allow_client_key_for_admin=True)  # the explicit opt-out
+    require_admin(_request("client"), opted)
+    assert is_admin(_request(None), _settings())  # no key at all: loopback dev, open
+
+
+def test_session_lock_is_dropped_when_the_session_ends(tmp_path):
+    store = Store(tmp_path)
+    tracker = SessionTracker(store, idle_timeout_s=60)
+    rec = {"messages": [{"role": "user", "content": "hi"}], "tools": None, "prompt_ids": [1], "response_ids": [2],
+           "rollout_logprobs": [-0.1], "response": {"content": "x"}, "weight_version": "v0",
+           "weight_versions": ["v0"], "sampling_params": {}}
+
+    async def run() -> None:
+        await tracker.on_main_turn("s1", rec, done=False)
+        assert "s1" in tracker._locks
+        await tracker.on_main_turn("s1", rec, done=True)
+        assert "s1" not in tracker._locks
+        await tracker.on_request("s2", [{"role": "user", "content": "hi"}], main=False, done=True)
+        assert "s2" not in tracker._locks
+
+    asyncio.run(run())
+    store.close()
+
+
+def test_store_runtime_settings_and_private_files(tmp_path):
+    data = tmp_path / "data"
+    st = Store(data)
+    assert st.get_runtime("mode") is None
+    st.set_runtime("mode", {"mode": "opd", "w_rl": 1.0, "w_opd": 0.5})
+    st.set_runtime("mode", {"mode": "combine", "w_rl": 1.0, "w_opd": 0.5})
+    st.close()
+    st = Store(data)
+    assert st.get_runtime("mode") == {"mode": "combine", "w_rl": 1.0, "w_opd": 0.5}
+    st.close()
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    for f in data.iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) & 0o077 == 0, f

@@ -1,0 +1,177 @@
+"""What the run report reads, and the pure summaries it plots.
+
+Inputs (``collect``): the trainer's out dir (``metrics.jsonl``, later line wins for a step that was redone
+after a crash; ``config.json``), and optionally the policy server's admin API (``GET /v1/samples/stats``
+and the non-consuming ``GET /v1/samples?status=S&limit=N`` for every status the stats list, so reading
+changes nothing for the trainer) and the judge's ``/metrics`` text (judge tokens and votes per turn).
+The summaries below are pure functions of those rows; each is what one plot draws.
+
+Verdict classes of a sample (``verdict_class``): ``+1`` / ``0`` / ``-1`` for an ``ok`` PRM verdict by the
+sign of its score; ``tie``, ``no_valid_votes``, ``judge_failed`` for those statuses; ``no verdict`` when
+the row has no PRM verdict (e.g. rejected ``no_next_state``, or not judged yet).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+VERDICT_CLASSES = ("+1", "0", "-1", "tie", "no_valid_votes", "judge_failed", "no verdict")
+ROWS_PER_STATUS = 4096  # the policy server's default max_lease_size: the most one read may return
+
+
+@dataclass
+class RunData:
+    out_dir: Path
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, Any] | None = None
+    judge_metrics: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def read_steps(out_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl as one record per step, in step order; a redone step's later line wins."""
+    path = out_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            by_step[int(rec["step"])] = rec
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def collect(out_dir: Path, policy_url: str | None = None, admin_api_key: str | None = None,
+            judge_url: str | None = None, timeout_s: float = 30.0) -> RunData:
+    data = RunData(out_dir=out_dir, steps=read_steps(out_dir))
+    if (out_dir / "config.json").exists():
+        data.config = json.loads((out_dir / "config.json").read_text())
+    if not data.steps:
+        data.notes.append(f"no metrics.jsonl under {out_dir}: no trainer steps to plot")
+    if policy_url:
+        headers = {"Authorization": f"Bearer {admin_api_key}"} if admin_api_key else {}
+        with httpx.Client(base_url=policy_url, headers=headers, timeout=timeout_s, trust_env=False) as c:
+            data.stats = c.get("/v1/samples/stats").raise_for_status().json()
+            for status, n in sorted((data.stats.get("samples") or {}).items()):
+                if not n:
+                    continue
+                got = c.get("/v1/samples", params={"status": status, "limit": ROWS_PER_STATUS})
+                data.rows += got.raise_for_status().json()["samples"]
+                if n > ROWS_PER_STATUS:
+                    data.notes.append(f"{n} samples are {status}: the plots use the oldest {ROWS_PER_STATUS}")
+    else:
+        data.notes.append("no --policy-url: sample, verdict and judge plots are empty")
+    if judge_url:
+        with httpx.Client(timeout=timeout_s, trust_env=False) as c:
+            data.judge_metrics = c.get(judge_url.rstrip("/") + "/metrics").raise_for_status().text
+    return data
+
+
+# --- pure summaries --------------------------------------------------------------------------------
+
+def verdict_class(row: dict[str, Any]) -> str:
+    prm = (row.get("sample") or {}).get("prm")
+    if not prm:
+        return "no verdict"
+    status = prm.get("status")
+    if status == "ok" and isinstance(prm.get("score"), (int, float)):
+        return "+1" if prm["score"] > 0 else "-1" if prm["score"] < 0 else "0"
+    return status if status in VERDICT_CLASSES else "no verdict"
+
+
+def version_key(version: str) -> tuple[int, float, str]:
+    """Weight versions in training order: 'default' (the initial weights), then numeric steps, then the rest."""
+    if version == "default":
+        return (0, 0.0, version)
+    try:
+        return (1, float(version), version)
+    except ValueError:
+        return (2, 0.0, version)
+
+
+def weight_version_of(row: dict[str, Any]) -> str:
+    return str((row.get("sample") or {}).get("weight_version") or "unknown")
+
+
+def verdict_mix_by_version(rows: list[dict[str, Any]]) -> tuple[list[str], dict[str, list[float]]]:
+    """(versions, {verdict class: count per version}); classes that never occur are left out."""
+    counts = Counter((weight_version_of(r), verdict_class(r)) for r in rows)
+    versions = sorted({v for v, _ in counts}, key=version_key)
+    stacks = {c: [float(counts[(v, c)]) for v in versions] for c in VERDICT_CLASSES}
+    return versions, {c: vs for c, vs in stacks.items() if any(vs)}
+
+
+def reward_by_version(rows: list[dict[str, Any]]) -> dict[str, tuple[float, int]]:
+    """{version: (mean reward, n)} over samples that carry a finite reward."""
+    acc: dict[str, list[float]] = {}
+    for r in rows:
+        s = r.get("sample") or {}
+        if s.get("has_reward") and isinstance(s.get("reward"), (int, float)) and math.isfinite(s["reward"]):
+            acc.setdefault(weight_version_of(r), []).append(float(s["reward"]))
+    return {v: (sum(xs) / len(xs), len(xs)) for v, xs in sorted(acc.items(), key=lambda kv: version_key(kv[0]))}
+
+
+def mode_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Samples per reward mode (rl/opd/combine); rows without a Sample yet count as 'not judged'."""
+    return dict(sorted(Counter((r.get("sample") or {}).get("mode") or "not judged" for r in rows).items()))
+
+
+def status_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Samples per status, rejected ones split by reject reason (text before the first ':')."""
+    def label(r: dict[str, Any]) -> str:
+        if r.get("status") == "rejected":
+            return "rejected: " + str(r.get("reject_reason") or "?").split(":")[0]
+        return str(r.get("status"))
+    return dict(sorted(Counter(label(r) for r in rows).items()))
+
+
+def votes_per_turn(rows: list[dict[str, Any]]) -> tuple[list[str], dict[str, list[float]]]:
+    """Histogram of votes drawn per judged turn: (vote counts as labels, {"prm"|"hint": turns})."""
+    counts: Counter[tuple[str, int]] = Counter()
+    for r in rows:
+        s = r.get("sample") or {}
+        for task in ("prm", "hint"):
+            verdict = s.get(task)
+            if verdict and verdict.get("votes") is not None:
+                counts[(task, len(verdict["votes"]))] += 1
+    sizes = sorted({n for _, n in counts})
+    stacks = {t: [float(counts[(t, n)]) for n in sizes] for t in ("prm", "hint")}
+    return [str(n) for n in sizes], {t: v for t, v in stacks.items() if any(v)}
+
+
+def judge_tokens_per_turn(metrics_text: str | None) -> tuple[list[str], dict[str, list[float]]]:
+    """Mean judge tokens per turn by task (categories) and kind (stacks), from the
+    ``hindsight_judge_tokens_per_turn`` histogram's _sum / _count; empty when the judge does not export it."""
+    if not metrics_text:
+        return [], {}
+    sums: dict[tuple[str, str], float] = {}
+    cnts: dict[tuple[str, str], float] = {}
+    for fam in text_string_to_metric_families(metrics_text):
+        if fam.name != "hindsight_judge_tokens_per_turn":
+            continue
+        for s in fam.samples:
+            key = (s.labels.get("task", "?"), s.labels.get("kind", "?"))
+            if s.name.endswith("_sum"):
+                sums[key] = s.value
+            elif s.name.endswith("_count"):
+                cnts[key] = s.value
+    tasks = sorted({t for t, _ in cnts if cnts[(t, _)]})
+    kinds = [k for k in ("prompt", "cached", "completion") if any((t, k) in cnts for t in tasks)]
+    stacks = {k: [sums.get((t, k), 0.0) / cnts[(t, k)] if cnts.get((t, k)) else 0.0 for t in tasks] for k in kinds}
+    return tasks, stacks
+
+
+def step_series(steps: list[dict[str, Any]], *keys: str) -> dict[str, list[tuple[float, float]]]:
+    """{key: [(step, value), ...]} for the numeric values of each key."""
+    return {k: [(float(s["step"]), float(s[k])) for s in steps
+                if isinstance(s.get(k), (int, float)) and not isinstance(s.get(k), bool)] for k in keys}

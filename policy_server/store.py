@@ -31,8 +31,9 @@ Layout: :class:`Store` is assembled from one class per role, all sharing one con
 - policy_server.store_leases: ``ready`` -> ``leased`` -> ``consumed`` (or back to ``ready`` on expiry);
 - policy_server.store_reads: stats, backlog and the read-only admin views (no state change).
 
-Each public write is ONE transaction: recording a main turn (session upsert, turn insert, rejection of
-overtaken turns, session end) commits once, and so does resolving a pairing (with the activity touch).
+Each public write is ONE transaction: recording a main turn (the pairing of the turn it answers, session
+upsert, turn insert, rejection of overtaken turns, session end) commits once, so a continuing session costs
+one commit per turn; resolving a pairing alone (with the activity touch) is one commit too.
 Durability (``synchronous`` = ``normal`` | ``full``) is explained in policy_server.store_db.
 """
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from policy_server.store_db import SAMPLE_STATUSES, SCHEMA, StoreDB, dump_json, turn_dict
@@ -48,7 +50,18 @@ from policy_server.store_leases import LeaseError, StoreLeases
 from policy_server.store_reads import StoreReads
 from policy_server.store_samples import StoreSamples
 
-__all__ = ["SAMPLE_STATUSES", "SCHEMA", "LeaseError", "Store", "StoreDB"]
+__all__ = ["SAMPLE_STATUSES", "SCHEMA", "LeaseError", "Resolution", "Store", "StoreDB"]
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """How an awaiting turn's pairing closes (see :meth:`Store.resolve_turn`), written with the next turn."""
+
+    turn_index: int
+    pairing: str
+    next_state: list[dict[str, Any]] | None
+    note: str | None = None
+    reject_reason: str | None = None
 
 
 class Store(StoreSamples, StoreLeases, StoreReads):
@@ -98,8 +111,12 @@ class Store(StoreSamples, StoreLeases, StoreReads):
             return _resolve(db, session_id, turn_index, pairing=pairing, next_state=next_state,
                             session_done=session_done, note=note, reject_reason=reject_reason, now=now)
 
-    def record_turn(self, session_id: str, record: dict[str, Any], *, session_done: bool, now: float | None = None) -> int:
+    def record_turn(self, session_id: str, record: dict[str, Any], *, session_done: bool, now: float | None = None,
+                    resolve: Resolution | None = None) -> int:
         """Insert a main turn with the next turn index; returns that index. One transaction.
+
+        ``resolve`` first closes the pairing of the turn this one answers (as :meth:`resolve_turn` would; a no-op
+        when that turn was resolved meanwhile), in the same transaction: one commit per continuing turn.
 
         The session is created or reopened (a new main turn revives a session an idle sweep ended while
         the turn was generated). A turn still ``awaiting`` in the same session at this point was overtaken
@@ -109,6 +126,9 @@ class Store(StoreSamples, StoreLeases, StoreReads):
         now = time.time() if now is None else now
         with self._tx() as db:
             _touch(db, session_id, now)
+            if resolve is not None:
+                _resolve(db, session_id, resolve.turn_index, pairing=resolve.pairing, next_state=resolve.next_state,
+                         session_done=False, note=resolve.note, reject_reason=resolve.reject_reason, now=now)
             idx = db.execute("SELECT next_turn_index FROM sessions WHERE session_id=?", (session_id,)).fetchone()[0]
             db.execute("UPDATE sessions SET next_turn_index=? WHERE session_id=?", (idx + 1, session_id))
             db.execute(

@@ -5,14 +5,19 @@ Run:  python bench/judge_votes.py [--turns 2000] [--seed 0] [--no-engine]
 Part 1 (pure, seeded): each turn has a true verdict in {1, 0, -1}; each vote equals it with probability
 ``agreement`` and is otherwise one of the two other values (a 5% share of votes unparseable). The same
 per-turn vote stream feeds fixed m=5 (first five votes) and the adaptive policy (as many as it asks for),
-through judge_server.voting.run_policy. Printed: mean votes per turn (and the ratio to 5) and the share of
-turns where adaptive gives the same (score, status) as fixed m=5, and each policy's share of turns
-with status ok and the true verdict ("correct").
+through judge_server.voting.run_policy; so does the sequential stopping rule with the judge's default
+settings (JudgeSettings: stop_change_prob, stop_prior, sequential_first_round, m_max 9). Printed: mean
+votes per turn (and the ratio to 5) and the share of turns where the policy gives the same (score, status)
+as fixed m=5, and each policy's share of turns with status ok and the true verdict ("correct"); then the
+target of the sequential rule: at agreement >= 0.85 at most 0.50x fixed m=5's votes with at least its
+correctness, below that at least its correctness at no more votes (PASS/MISS per agreement).
 
 Part 2 (one CPU dev engine, tiny model): one judge prompt rendered with the real template, sampled as
-ONE /generate with n=m vs m separate n=1 calls. Printed: the prompt tokens the engine reports per
-prefill (n samples of one call share one prefill in SGLang, protocol §1.3; m separate calls each
-prefill unless the radix cache catches them) and the wall-clock ratio. Ratios, one run.
+ONE /generate with n=m vs m separate n=1 calls, each from a cold prefix cache. Printed: the prompt tokens
+the engine reports prefilling (prompt_tokens - cached_tokens; n samples of one call share one prefill in
+SGLang, protocol §1.3; m separate calls each prefill unless the prefix cache catches them: on the dev
+engine, whose prefills are serialised, the later ones reuse the first one's KV, so the token ratio is about
+1 and the saving shows in the wall clock, i.e. in batched decoding) and the wall-clock ratio. One run.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from judge_server.settings import JudgeSettings
 from judge_server.voting import Vote, run_policy
 
 
@@ -56,23 +62,40 @@ async def bench_policies(turns: int, seed: int) -> None:
     print(f"# part 1: synthetic votes, {turns} turns per row, seed {seed}")
     print(f"{'agreement':>9} {'policy':>22} {'votes/turn':>10} {'vs fixed5':>9} {'same as fixed5':>14} "
           f"{'correct':>8} {'fixed5 correct':>14}")
+    d = JudgeSettings(backend="rules")
+    policies = {
+        "adaptive m=5 m_max=9": {"policy": "adaptive", "m": 5, "m_max": 9, "escalate_step": 2},
+        "adaptive m=3 m_max=7": {"policy": "adaptive", "m": 3, "m_max": 7, "escalate_step": 2},
+    }
+    for p_stop in (d.stop_change_prob, 0.3):  # the default, and a cheaper setting that also stops at 2-1
+        policies[f"sequential p<{p_stop:.2f}"] = {
+            "policy": "sequential", "m": 5, "m_max": 9, "escalate_step": d.escalate_step, "stop_change_prob": p_stop,
+            "stop_prior": d.stop_prior, "first_round": d.sequential_first_round}
+    verdicts = []
     for agreement in (0.95, 0.85, 0.7, 0.55):
-        for m, m_max in ((5, 9), (3, 7)):
+        for label, kw in policies.items():
             rng = random.Random(seed)
             votes_used = 0
             same = correct = fixed_correct = 0
             for _ in range(turns):
                 truth, stream = synthetic_stream(rng, agreement)
                 fixed = await _score(stream, policy="fixed", m=5, m_max=5)
-                adaptive = await _score(stream, policy="adaptive", m=m, m_max=m_max, min_valid=1, escalate_step=2)
-                votes_used += adaptive[2]
-                same += (adaptive[0], adaptive[1]) == (fixed[0], fixed[1])
-                correct += adaptive[:2] == (truth, "ok")
+                other = await _score(stream, min_valid=1, **kw)
+                votes_used += other[2]
+                same += (other[0], other[1]) == (fixed[0], fixed[1])
+                correct += other[:2] == (truth, "ok")
                 fixed_correct += fixed[:2] == (truth, "ok")
             mean = votes_used / turns
-            label = f"adaptive m={m} m_max={m_max}"
             print(f"{agreement:>9.2f} {label:>22} {mean:>10.2f} {mean / 5:>9.2f} {same / turns:>14.3f} "
                   f"{correct / turns:>8.3f} {fixed_correct / turns:>14.3f}")
+            if kw["policy"] == "sequential":
+                cap = 0.5 if agreement >= 0.85 else 1.0
+                ok = mean / 5 <= cap and correct >= fixed_correct
+                verdicts.append(f"{label} agreement {agreement:.2f}: votes {mean / 5:.2f}x (target <= {cap:.2f}x), correct "
+                                f"{correct / turns:.3f} vs fixed5 {fixed_correct / turns:.3f} -> {'PASS' if ok else 'MISS'}")
+    print(f"# sequential targets (m=5, m_max=9, stop_prior={d.stop_prior}, first_round={d.sequential_first_round})")
+    for line in verdicts:
+        print(line)
 
 
 async def bench_engine(m: int) -> None:
@@ -87,7 +110,7 @@ async def bench_engine(m: int) -> None:
         model_dir = build_tiny_model(Path(tmp) / "tiny", seed=0)
         tok = load_tokenizer(str(model_dir))
         messages, _ = render_judge_messages(
-            load_template("prm_eval_v1"),
+            load_template(JudgeSettings(backend="rules").prm_template),
             context=[{"role": "user", "content": "Please rename report.txt to summary.txt in ~/docs."}],
             response={"content": "Renamed it.", "tool_calls": [{"function": {"name": "mv", "arguments": "{}"}}]},
             next_state=[{"role": "user", "content": "No, that is the wrong folder; use ~/work."}],
@@ -98,16 +121,19 @@ async def bench_engine(m: int) -> None:
             async with EngineClient(engine.url) as client:
                 sp = {"temperature": 0.6, "max_new_tokens": 32}
                 await client.generate_ids(ids, {**sp, "n": 1}, return_logprob=False)  # warm-up
+                await client.flush_cache()  # both sides start cold: the prefix cache would hide the difference
                 t0 = time.perf_counter()
                 one = await client.generate_ids(ids, {**sp, "n": m}, return_logprob=False)
                 t_one = time.perf_counter() - t0
+                await client.flush_cache()
                 t0 = time.perf_counter()
                 sep = await asyncio.gather(*(client.generate_ids(ids, {**sp, "n": 1}, return_logprob=False)
                                              for _ in range(m)))
                 t_sep = time.perf_counter() - t0
         finally:
             engine.stop()
-    prefill_one = one[0].prompt_tokens or len(ids)  # one shared prefill for the n samples
+    # one shared prefill for the n samples; the m concurrent calls arrive together, so none finds another's KV
+    prefill_one = (one[0].prompt_tokens or len(ids)) - int(one[0].meta_info.get("cached_tokens") or 0)
     prefill_sep = sum((g[0].prompt_tokens or len(ids)) - int(g[0].meta_info.get("cached_tokens") or 0) for g in sep)
     print(f"prompt length: {len(ids)} tokens")
     print(f"prompt tokens prefilled: n-in-one-call {prefill_one}, {m} separate calls {prefill_sep}, "

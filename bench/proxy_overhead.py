@@ -1,10 +1,18 @@
 """Proxy overhead of the policy server: the same requests direct to the engine's /generate vs. through
-``/v1/chat/completions`` of the policy server (render + record + SQLite commit + parse), at concurrency 1
-and 32. Prints mean/p50/p95 latency per path and the latency ratio (policy / direct).
+``/v1/chat/completions`` of the policy server (render + record + SQLite commit + parse).
 
-    python bench/proxy_overhead.py [--model-dir DIR] [--requests 64] [--max-tokens 16]
+    python bench/proxy_overhead.py [--model-dir DIR] [--requests 64] [--max-tokens 16] [--stub-turns 8]
+                                   [--engine both|stub|dev]
 
-Starts a dev engine and a policy server on 127.0.0.1 ephemeral ports (stopped by PID at the end); builds
+Part 1 (``stub``): against bench/instant_engine.py, an engine that answers a canned /generate at once, so
+the numbers are the proxy's own cost (on the dev engine the tiny model's queueing at 2 cores dominates and
+can even make the proxy look "faster"). 32 simulated users each run ``--stub-turns`` continuing turns of
+their own session (pairing + one store commit per turn). Printed: added latency (policy - direct) at p50 and
+p99 at concurrency 1 and 32, the policy server's sustained recorded turns/s at concurrency 32, and its CPU
+ms per recorded turn (its process's user+system time from /proc over that run).
+Part 2 (``dev``): the same comparison on the CPU dev engine (mean/p50/p95 and the latency ratio).
+
+Starts the engines and policy servers on 127.0.0.1 ephemeral ports (stopped by PID at the end); builds
 the tiny model in a temp dir when --model-dir is not given.
 """
 
@@ -12,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -23,7 +32,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy"))
 
 from engine.chat import load_tokenizer, render_prompt_ids  # noqa: E402
-from engine.procs import start_dev_engine  # noqa: E402
+from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process  # noqa: E402
 from policy_testkit import CLIENT_KEY, start_policy  # noqa: E402
 
 
@@ -83,11 +92,88 @@ async def bench(engine_url: str, policy_url: str, tokenizer, n: int, max_tokens:
                   f"{statistics.mean(p) / statistics.mean(d):.3f}")
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_instant_engine(tokenizer, log_dir: Path) -> ManagedProcess:  # noqa: ANN001
+    reply = tokenizer.encode("ok", add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    port = free_port()
+    cmd = [sys.executable, str(Path(__file__).with_name("instant_engine.py")), "--port", str(port),
+           "--output-ids", ",".join(str(t) for t in reply), "--text", "ok"]
+    return start_process("instant-engine", cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, deadline_s=30)
+
+
+def _q(lat: list[float], pct: int) -> float:
+    return statistics.quantiles(lat, n=100)[pct - 1]
+
+
+async def bench_stub(engine_url: str, policy: ManagedProcess, tokenizer, turns_per_user: int) -> None:  # noqa: ANN001
+    users = 32
+    async with httpx.AsyncClient(timeout=60, trust_env=False, limits=httpx.Limits(max_connections=64)) as http:
+        async def direct(ids: list[int]) -> None:
+            r = await http.post(engine_url + "/generate", json={
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": 16, "temperature": 1.0}, "return_logprob": True})
+            r.raise_for_status()
+
+        async def proxied(sid: str, messages: list[dict]) -> dict:
+            r = await http.post(policy.url + "/v1/chat/completions", headers={
+                "Authorization": f"Bearer {CLIENT_KEY}", "X-Session-Id": sid, "X-Turn-Type": "main"},
+                json={"messages": messages, "max_tokens": 16, "temperature": 1.0})
+            r.raise_for_status()
+            return r.json()["choices"][0]["message"]
+
+        async def user(tag: str, conc_sem: asyncio.Semaphore, d: list[float], p: list[float]) -> None:
+            messages = [{"role": "user", "content": f"{tag}: tell me about the weather"}]
+            for t in range(turns_per_user):
+                ids = render_prompt_ids(tokenizer, messages)  # the client's own work stays outside the timing
+                async with conc_sem:
+                    t0 = time.perf_counter()
+                    await direct(ids)
+                    d.append(time.perf_counter() - t0)
+                async with conc_sem:
+                    t0 = time.perf_counter()
+                    reply = await proxied(tag, messages)
+                    p.append(time.perf_counter() - t0)
+                messages = [*messages, {"role": "assistant", "content": reply.get("content") or ""},
+                            {"role": "user", "content": f"and turn {t + 1}?"}]
+
+        await asyncio.gather(*(user(f"warm-{i}", asyncio.Semaphore(4), [], []) for i in range(4)))
+        print(f"# part 1: instant engine stub, {users} users x {turns_per_user} continuing turns")  # noqa: T201
+        for conc in (1, 32):
+            sem = asyncio.Semaphore(conc)
+            d: list[float] = []
+            p: list[float] = []
+            await asyncio.gather(*(user(f"c{conc}-u{i}", sem, d, p) for i in range(users)))
+            print(f"concurrency {conc:2d}  added latency policy - direct: p50 {(_q(p, 50) - _q(d, 50)) * 1e3:+.2f} ms  "  # noqa: T201
+                  f"p99 {(_q(p, 99) - _q(d, 99)) * 1e3:+.2f} ms   (direct p50 {_q(d, 50) * 1e3:.2f} ms, "
+                  f"policy p50 {_q(p, 50) * 1e3:.2f} ms, p99 {_q(p, 99) * 1e3:.2f} ms)")
+
+        async def proxied_only(tag: str) -> None:
+            messages = [{"role": "user", "content": f"{tag}: tell me about the weather"}]
+            for t in range(turns_per_user):
+                reply = await proxied(tag, messages)
+                messages = [*messages, {"role": "assistant", "content": reply.get("content") or ""},
+                            {"role": "user", "content": f"and turn {t + 1}?"}]
+
+        cpu0, t0 = _cpu_s(policy.pid), time.perf_counter()
+        await asyncio.gather(*(proxied_only(f"load-u{i}") for i in range(users)))
+        wall, cpu = time.perf_counter() - t0, _cpu_s(policy.pid) - cpu0
+        n = users * turns_per_user
+        print(f"concurrency 32  sustained: {n / wall:.1f} recorded turns/s, "  # noqa: T201
+              f"{cpu * 1e3 / n:.2f} CPU ms per recorded turn (policy server process)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--stub-turns", type=int, default=8, help="continuing turns per simulated user (stub part)")
+    ap.add_argument("--engine", choices=["both", "stub", "dev"], default="both")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -96,15 +182,28 @@ def main() -> None:
             from engine.tiny_model import build_tiny_model
 
             model = build_tiny_model(work / "model")
-        eng = start_dev_engine(model, log_dir=work)
-        pol = None
-        try:
-            pol = start_policy(model, eng.url, work / "data", work)
-            asyncio.run(bench(eng.url, pol.url, load_tokenizer(str(model)), args.requests, args.max_tokens))
-        finally:
-            if pol:
-                pol.stop()
-            eng.stop()
+        tok = load_tokenizer(str(model))
+        if args.engine in ("both", "stub"):
+            eng = start_instant_engine(tok, work)
+            pol = None
+            try:
+                pol = start_policy(model, eng.url, work / "data-stub", work, name="policy-stub")
+                asyncio.run(bench_stub(eng.url, pol, tok, args.stub_turns))
+            finally:
+                if pol:
+                    pol.stop()
+                eng.stop()
+        if args.engine in ("both", "dev"):
+            print("# part 2: CPU dev engine (tiny model)")  # noqa: T201
+            eng = start_dev_engine(model, log_dir=work)
+            pol = None
+            try:
+                pol = start_policy(model, eng.url, work / "data", work)
+                asyncio.run(bench(eng.url, pol.url, tok, args.requests, args.max_tokens))
+            finally:
+                if pol:
+                    pol.stop()
+                eng.stop()
 
 
 if __name__ == "__main__":

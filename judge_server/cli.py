@@ -1,7 +1,7 @@
 """``hindsight-judge``: run the judge service with uvicorn on 127.0.0.1.
 
     hindsight-judge --engine-url http://127.0.0.1:30000 [--engine-api-key K] [--host 127.0.0.1] [--port N]
-                    [--api-key K] [--backend llm|rules] [--tokenizer-path DIR] [--m 3] [--policy fixed|adaptive]
+                    [--api-key K] [--backend llm|rules] [--tokenizer-path DIR] [--m 3] [--policy fixed|adaptive|sequential]
                     [--constrain-output] [--log-level info] [--log-json]
 
 Every flag is also an environment variable ``HINDSIGHT_JUDGE_<FLAG>`` (flags win); any other setting of
@@ -38,7 +38,7 @@ def parse_cli(argv: list[str] | None = None) -> tuple[dict[str, object], str, bo
     p.add_argument("--backend", choices=["llm", "rules"])
     p.add_argument("--tokenizer-path")
     p.add_argument("--m", type=int)
-    p.add_argument("--policy", choices=["fixed", "adaptive"])
+    p.add_argument("--policy", choices=["fixed", "adaptive", "sequential"])
     p.add_argument("--constrain-output", action="store_true", default=None)
     p.add_argument("--max-new-tokens", type=int)
     p.add_argument("--request-deadline-s", type=float)

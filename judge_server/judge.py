@@ -15,8 +15,15 @@ Contract (issue 3, docs/CONTRACTS.md "Judge service"):
 - Failures: engine errors are retried by EngineClient within the remaining deadline; when they persist
   (or the deadline passes) the task's status is ``judge_failed`` with ``score: null`` and a reason, the
   votes of finished rounds kept. The HTTP answer stays 200: the status is per task (and per batch item).
-- Usage: ``engine_calls``; ``prompt_tokens`` counts each call's prompt once (n samples share one
-  prefill); ``completion_tokens`` sums all samples.
+- One prefill per turn: the templates put everything about the turn first and the task's question last,
+  so the PRM and hint prompts of one item share a long prefix. With both tasks requested (and
+  ``prefill_shared_prefix``), one ``/generate`` of that common prefix with ``max_new_tokens=0`` runs before
+  the tasks, so the engine's prefix cache (SGLang's radix cache, the dev engine's prefix cache) holds it and
+  both tasks prefill only their own tail. It is an optimisation: its failure is logged and the tasks run.
+- Cost (per task, and the totals in ``usage``): ``engine_calls``; ``prompt_tokens`` counts each call's
+  prompt once (n samples share one prefill); ``cached_tokens`` the engine's ``meta_info.cached_tokens`` of
+  each call (first sample; 0 when missing); ``completion_tokens`` sums all samples. The shared-prefix call
+  is counted in the first requested task. ``prompt_tokens - cached_tokens`` is what was prefilled.
 - Request ids and aborts (house style §6 "propagate client disconnects"; sglang-protocol §1.4, §3): with a
   ``rid_prefix`` (``hj-<32 hex>-``, made per HTTP request by routes.py; ``hj-<hex>-<item>-`` per batch
   item) every engine call carries ``rid = <prefix><task>-<round>``, so one ``/abort_request`` with the
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -64,9 +72,28 @@ ALLOWED = {"prm": frozenset({1, 0, -1}), "hint": frozenset({1, -1})}
 
 @dataclass
 class Usage:
+    """Engine cost of one task (or, summed, of one item)."""
+
     engine_calls: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     completion_tokens: int = 0
+
+    def count_call(self, gen: Any, prompt_len: int) -> None:
+        """Add one engine call whose first sample is ``gen`` (prompt and cache counted once per call)."""
+        self.engine_calls += 1
+        self.prompt_tokens += int(gen.prompt_tokens) if gen.prompt_tokens is not None else prompt_len
+        self.cached_tokens += int(gen.meta_info.get("cached_tokens") or 0)
+
+
+def total_usage(parts: list[Usage]) -> Usage:
+    total = Usage()
+    for u in parts:
+        total.engine_calls += u.engine_calls
+        total.prompt_tokens += u.prompt_tokens
+        total.cached_tokens += u.cached_tokens
+        total.completion_tokens += u.completion_tokens
+    return total
 
 
 class JudgeService:
@@ -120,26 +147,30 @@ class JudgeService:
         policy = req.policy or self.settings.policy
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_deadline_s
-        usage = Usage()
-        results = await asyncio.gather(*(self._run_task(t, req, m, policy, deadline, usage, rid_prefix)
-                                         for t in req.tasks))
+        usages = {t: Usage() for t in req.tasks}
+        prompts = self.engine_prompts(req) if self.settings.backend == "llm" else {}
+        if len(prompts) > 1 and self.settings.prefill_shared_prefix:
+            await self._prefill_shared_prefix(list(prompts.values()), deadline, usages[req.tasks[0]], rid_prefix)
+        results = await asyncio.gather(*(self._run_task(t, req, prompts.get(t), m, policy, deadline, usages[t],
+                                                        rid_prefix) for t in req.tasks))
         out: dict[str, Any] = dict(zip(req.tasks, results, strict=True))
-        out["usage"] = asdict(usage)
+        out["usage"] = asdict(total_usage(list(usages.values())))
         out["prompt_versions"] = {t: self.prompt_versions[t] for t in req.tasks}
         return out
 
     async def _run_task(
-        self, task: str, req: JudgeRequest, m: int, policy: str, deadline: float, usage: Usage,
-        rid_prefix: str | None = None,
+        self, task: str, req: JudgeRequest, prompt: dict[str, Any] | None, m: int, policy: str, deadline: float,
+        usage: Usage, rid_prefix: str | None = None,
     ) -> dict[str, Any]:
         collected: list[Vote] = []
+        s = self.settings
         try:
-            sampler = self._sampler(task, req, deadline, usage, rid_prefix)
+            sampler = self._sampler(task, req, prompt, deadline, usage, rid_prefix)
             async with asyncio.timeout_at(deadline):
                 result = await run_policy(
-                    sampler, policy=policy, m=m, m_max=max(self.settings.m_max, m),
-                    min_valid=self.settings.min_valid, escalate_step=self.settings.escalate_step,
-                    collected=collected,
+                    sampler, policy=policy, m=m, m_max=max(s.m_max, m), min_valid=s.min_valid,
+                    escalate_step=s.escalate_step, collected=collected, outcomes=sorted(ALLOWED[task]),
+                    stop_change_prob=s.stop_change_prob, stop_prior=s.stop_prior, first_round=s.sequential_first_round,
                 )
         except (EngineError, TimeoutError) as exc:
             reason = str(exc) if isinstance(exc, EngineError) else (
@@ -148,12 +179,16 @@ class JudgeService:
             logger.warning("judge task %s failed: %s", task, reason)
             result = VoteResult(score=None, status=STATUS_FAILED, votes=[s.value for s in collected],
                                 confidence=0.0, reason=reason, samples=collected)
-        self._observe(task, result)
-        return self._task_json(task, result)
+        self._observe(task, result, usage)
+        return {**self._task_json(task, result), **asdict(usage)}
 
-    def _observe(self, task: str, result: VoteResult) -> None:
+    def _observe(self, task: str, result: VoteResult, usage: Usage) -> None:
         self.metrics.verdicts.labels(task=task, status=result.status).inc()
         self.metrics.votes_per_turn.labels(task=task).observe(len(result.votes))
+        for kind, tokens in (("prompt", usage.prompt_tokens), ("cached", usage.cached_tokens),
+                             ("completion", usage.completion_tokens)):
+            self.metrics.tokens_per_turn.labels(task=task, kind=kind).observe(tokens)
+            self.metrics.tokens_total.labels(task=task, kind=kind).inc(tokens)
         misses = sum(v is None for v in result.votes)
         if misses and result.status != STATUS_FAILED:
             self.metrics.parse_failures.labels(task=task).inc(misses)
@@ -171,32 +206,56 @@ class JudgeService:
                 "reason": result.reason, "vote_status": result.status}
 
     # ------------------------------------------------------------------ vote sources
-    def _sampler(self, task: str, req: JudgeRequest, deadline: float, usage: Usage,  # noqa: ANN202
-                 rid_prefix: str | None = None):
+    def engine_prompts(self, req: JudgeRequest) -> dict[str, dict[str, Any]]:
+        """Each requested task's engine prompt: ``{"input_ids": [...]}``, or ``{"text": ...}`` without a tokenizer."""
+        context = [m.model_dump(exclude_none=True) for m in req.context]
+        response = req.response.model_dump(exclude_none=True)
         next_state = [m.model_dump(exclude_none=True) for m in req.next_state]
+        prompts: dict[str, dict[str, Any]] = {}
+        for task in req.tasks:
+            messages, _info = render_judge_messages(
+                self.templates[task], context=context, response=response, next_state=next_state,
+                counter=self.counter, context_budget_tokens=self.settings.context_budget_tokens,
+                part_budget_tokens=self.settings.part_budget_tokens, include_reasoning=self.settings.include_reasoning,
+            )
+            if self.tokenizer is not None:
+                prompts[task] = {"input_ids": render_prompt_ids(self.tokenizer, messages)}
+            else:
+                prompts[task] = {"text": render_plain_text(messages)}
+        return prompts
+
+    async def _prefill_shared_prefix(self, prompts: list[dict[str, Any]], deadline: float, usage: Usage,
+                                     rid_prefix: str | None) -> None:
+        """Prefill the prompts' common prefix once (max_new_tokens=0) so every task's call reuses it."""
+        assert self.client is not None
+        key = "input_ids" if "input_ids" in prompts[0] else "text"
+        prefix = os.path.commonprefix([p[key] for p in prompts])
+        size = len(prefix) if key == "input_ids" else self.counter.count(prefix)
+        if size < self.settings.shared_prefix_min_tokens:
+            return
+        payload: dict[str, Any] = {key: prefix, "sampling_params": {"max_new_tokens": 0}, "stream": False}
+        if rid_prefix:
+            payload["rid"] = f"{rid_prefix}prefix"
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(deadline), self.semaphore:
+                raw = await self.client.generate(payload, deadline_s=max(0.001, deadline - loop.time()))
+            item = raw[0] if isinstance(raw, list) else raw
+            usage.count_call(parse_generation(item, return_logprob=False, url=self.client.base_url), size)
+        except (EngineError, TimeoutError) as exc:  # the tasks still run (and fail on their own if they must)
+            logger.warning("shared-prefix prefill failed: %s", exc)
+
+    def _sampler(self, task: str, req: JudgeRequest, prompt: dict[str, Any] | None, deadline: float,  # noqa: ANN202
+                 usage: Usage, rid_prefix: str | None = None):
         if self.settings.backend == "rules":
+            next_state = [m.model_dump(exclude_none=True) for m in req.next_state]
             vote = self.rules.prm_vote(next_state) if task == "prm" else self.rules.hint_vote(next_state)
 
             async def rule_sample(k: int, round_index: int) -> list[Vote]:
                 return [Vote(vote.value, vote.hint, vote.text) for _ in range(k)]
 
             return rule_sample
-
-        messages, _info = render_judge_messages(
-            self.templates[task],
-            context=[m.model_dump(exclude_none=True) for m in req.context],
-            response=req.response.model_dump(exclude_none=True),
-            next_state=next_state,
-            counter=self.counter,
-            context_budget_tokens=self.settings.context_budget_tokens,
-            part_budget_tokens=self.settings.part_budget_tokens,
-            include_reasoning=self.settings.include_reasoning,
-        )
-        prompt: dict[str, Any]
-        if self.tokenizer is not None:
-            prompt = {"input_ids": render_prompt_ids(self.tokenizer, messages)}
-        else:
-            prompt = {"text": render_plain_text(messages)}
+        assert prompt is not None
 
         async def engine_sample(k: int, round_index: int) -> list[Vote]:
             rid = f"{rid_prefix}{task}-{round_index}" if rid_prefix else None
@@ -235,9 +294,7 @@ class JudgeService:
         if len(items) != k:
             raise EngineBadResponse(f"asked for n={k} samples, engine returned {len(items)}", url=self.client.base_url)
         gens = [parse_generation(item, return_logprob=False, url=self.client.base_url) for item in items]
-        usage.engine_calls += 1
-        first = gens[0].prompt_tokens
-        usage.prompt_tokens += int(first) if first is not None else len(prompt.get("input_ids", []))
+        usage.count_call(gens[0], len(prompt.get("input_ids", [])))
         usage.completion_tokens += sum(len(g.output_ids) for g in gens)
         allowed = ALLOWED[task]
         votes = []

@@ -1,6 +1,7 @@
 """Prometheus metrics of the judge service, in a registry per app (tests run several apps per process).
 
-verdicts by task and status, parse failures, votes per turn, engine calls and errors, engine call latency;
+verdicts by task and status, parse failures, votes per turn, engine tokens per turn and in total by task and
+kind (prompt | cached | completion), engine calls and errors, engine call latency;
 HTTP requests and latency by route template, method and status (``hindsight_judge_http_*``, recorded by
 engine.observability's middleware).
 """
@@ -12,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from engine.observability import RouteMetrics
 
 LATENCY_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+TOKEN_BUCKETS = (0, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 
 class JudgeMetrics:
@@ -22,6 +24,11 @@ class JudgeMetrics:
         self.parse_failures = Counter("hindsight_judge_parse_failures_total", "Unparseable votes", ["task"], registry=r)
         self.votes_per_turn = Histogram("hindsight_judge_votes_per_turn", "Votes drawn per task", ["task"],
                                         buckets=(1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16), registry=r)
+        # judge cost per task and item (kind: prompt | cached | completion), and its running total
+        self.tokens_per_turn = Histogram("hindsight_judge_tokens_per_turn", "Engine tokens per task of one item",
+                                         ["task", "kind"], buckets=TOKEN_BUCKETS, registry=r)
+        self.tokens_total = Counter("hindsight_judge_tokens_total", "Engine tokens of all judged items",
+                                    ["task", "kind"], registry=r)
         self.engine_calls = Counter("hindsight_judge_engine_calls_total", "Engine /generate calls", ["task"], registry=r)
         self.engine_errors = Counter("hindsight_judge_engine_errors_total", "Engine failures", ["kind"], registry=r)
         self.engine_latency = Histogram("hindsight_judge_engine_call_seconds", "Engine call latency", ["task"],

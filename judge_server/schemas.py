@@ -42,7 +42,7 @@ class JudgeRequest(BaseModel):
     next_state: list[NextStateMessage] = Field(min_length=1)
     tasks: list[Literal["prm", "hint"]] = Field(default_factory=lambda: ["prm", "hint"], min_length=1)
     m: int | None = Field(default=None, ge=1)
-    policy: Literal["fixed", "adaptive"] | None = None
+    policy: Literal["fixed", "adaptive", "sequential"] | None = None
 
     @field_validator("tasks")
     @classmethod

@@ -13,15 +13,21 @@ Contract (issue 3, openclaw-rl-notes §5.3, §7.2, §15.1-3):
     at least ``min_valid`` parseable votes; if all m are cast and the result is split, escalates by
     ``escalate_step`` votes at a time up to ``m_max``. Fewer than ``min_valid`` parseable votes at the
     end -> status ``no_valid_votes`` (score 0), whatever the plurality.
+  * ``sequential``: a first round of ``first_round`` votes, then one vote per round; stops as soon as the
+    current result is ``ok`` with at least ``min_valid`` parseable votes and the probability that the
+    votes still missing from the m-vote budget would change it (:func:`change_probability`) is below
+    ``stop_change_prob``; a budget spent on a split result escalates like ``adaptive``, up to ``m_max``.
 - ``select_hint``: the prior rule (longest hint of a +1 vote, stripped, longer than ``min_chars``);
   with ``require_majority`` a hint is only taken when the vote result is ``ok`` with score 1.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 STATUS_OK = "ok"
 STATUS_TIE = "tie"
@@ -89,6 +95,52 @@ def next_round_size(votes: Sequence[int | None], m_total: int, min_valid: int) -
     return min(k, remaining)
 
 
+def _compositions(total: int, parts: int):  # noqa: ANN202 - every way to put `total` votes in `parts` bins
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(total + 1):
+        for rest in _compositions(total - first, parts - 1):
+            yield (first, *rest)
+
+
+@lru_cache(maxsize=4096)
+def _change_probability(leader: int, others: tuple[int, ...], invalid: int, remaining: int, prior: float) -> float:
+    counts = (leader, *others, invalid)
+    alphas = [c + prior for c in counts]
+    total_alpha = sum(alphas)
+    # Dirichlet-multinomial predictive of the next `remaining` votes, in log space
+    base = math.lgamma(remaining + 1) + math.lgamma(total_alpha) - math.lgamma(total_alpha + remaining)
+    p_change = 0.0
+    for x in _compositions(remaining, len(counts)):
+        log_p = base + sum(math.lgamma(a + k) - math.lgamma(a) - math.lgamma(k + 1) for a, k in zip(alphas, x, strict=True))
+        final_leader = leader + x[0]
+        if any(o + k >= final_leader for o, k in zip(others, x[1:-1], strict=True)):
+            p_change += math.exp(log_p)  # another verdict catches up (a tie changes the result too)
+    return min(1.0, p_change)
+
+
+def change_probability(votes: Sequence[int | None], remaining: int, outcomes: Sequence[int],
+                       prior: float = 0.5) -> float:
+    """Probability that ``remaining`` more votes change the current strict-plurality winner of ``votes``.
+
+    Each vote is a draw from unknown shares of the verdicts in ``outcomes`` plus "unparseable", with a
+    symmetric Dirichlet(``prior``) belief updated by the votes so far; the next ``remaining`` votes then follow
+    the Dirichlet-multinomial predictive, summed exactly over every split of them. A change is any final
+    count where another verdict reaches the leader's count. 1.0 when there is no strict winner yet.
+    """
+    valid = [v for v in votes if v is not None]
+    counts = Counter(valid)
+    ranked = counts.most_common()
+    if not ranked or (len(ranked) > 1 and ranked[1][1] == ranked[0][1]):
+        return 1.0
+    if remaining <= 0:
+        return 0.0
+    leader_value, leader = ranked[0]
+    others = tuple(sorted((counts.get(o, 0) for o in outcomes if o != leader_value), reverse=True))
+    return _change_probability(leader, others, len(votes) - len(valid), remaining, prior)
+
+
 Sampler = Callable[[int, int], Awaitable[list[Vote]]]
 
 
@@ -101,6 +153,10 @@ async def run_policy(
     min_valid: int = 1,
     escalate_step: int = 2,
     collected: list[Vote] | None = None,
+    outcomes: Sequence[int] = (1, 0, -1),
+    stop_change_prob: float = 0.05,
+    stop_prior: float = 0.5,
+    first_round: int = 2,
 ) -> VoteResult:
     """Draw votes per ``policy`` and aggregate them. ``collected`` receives samples as they arrive, so a
     caller still sees the votes of finished rounds when a later round raises."""
@@ -123,6 +179,25 @@ async def run_policy(
                 continue
             samples.extend(await sample(k, rounds))
             rounds += 1
+    elif policy == "sequential":
+        budget = m
+        k = min(budget, max(first_round, min_valid, 1))
+        while True:
+            if k:
+                samples.extend(await sample(k, rounds))
+                rounds += 1
+            values = [s.value for s in samples]
+            remaining = budget - len(values)
+            settled = (majority_vote(values).status == STATUS_OK
+                       and sum(v is not None for v in values) >= min_valid)
+            if settled and (remaining <= 0
+                            or change_probability(values, remaining, outcomes, stop_prior) < stop_change_prob):
+                break
+            if remaining <= 0:  # budget spent and still split (or too few parseable votes): escalate
+                if budget >= m_max:
+                    break
+                budget = min(m_max, budget + max(1, escalate_step))
+            k = 1
     else:
         raise ValueError(f"unknown voting policy {policy!r}")
     result = majority_vote([s.value for s in samples])

@@ -115,11 +115,13 @@ async def _quiet_close(closable: Any) -> None:
 
 
 async def _stop_background(settings: PolicySettings, store: Store, dispatcher: Dispatcher,
-                           tasks: list[asyncio.Task[None]]) -> None:
+                           tasks: list[asyncio.Task[None]], sessions: SessionTracker) -> None:
     """Graceful part (policy_server.shutdown): chat requests are finished by now; the sweeper stops first (no
-    new work), then the dispatcher judges for at most shutdown_drain_s and what is left stays pending."""
+    new work), pairings still being written land, then the dispatcher judges for at most shutdown_drain_s and
+    what is left stays pending."""
     tasks[1].cancel()
     await asyncio.gather(tasks[1], return_exceptions=True)
+    await sessions.drain_settles()
     drained = await dispatcher.shutdown(settings.shutdown_drain_s)
     tasks[0].cancel()
     await asyncio.gather(tasks[0], return_exceptions=True)
@@ -205,7 +207,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
             )
             tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
                      asyncio.create_task(sessions.run_sweeper(), name="idle-sweeper")]
-            stack.push_async_callback(_stop_background, settings, store, dispatcher, tasks)
+            stack.push_async_callback(_stop_background, settings, store, dispatcher, tasks, sessions)
             counts = (await asyncio.to_thread(store.stats))["samples"]
             app.state.policy = state
             logger.info("policy server ready: engine %s, weight_version %s, %d pending judge job(s) and %d held "

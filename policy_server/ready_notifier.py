@@ -3,7 +3,7 @@
 Role: ``GET /v1/samples/lease`` with ``wait_s`` sleeps on a notifier instead of polling the store. Every
 store write that makes a sample ``ready`` (a judge outcome, session-scope PRM scoring, an expired lease
 returning its samples) calls :meth:`ReadyNotifier.notify` after its transaction committed
-(policy_server.store_db ``on_ready``); a waiter re-checks the store on each wake-up.
+(policy_server.store.base ``on_ready``); a waiter re-checks the store on each wake-up.
 
 Contract:
 

@@ -253,12 +253,16 @@ async def chat_completions(request: Request) -> Response:
         await _check_backlog(st)
     if infer:
         assert st.inferrer is not None
-        sid = await st.inferrer.claim(messages, done=done)  # claims (pairs) the session it continues
-    elif sid is not None:
-        await st.sessions.on_request(sid, messages, main=record, done=done)
+        sid, arrival = await st.inferrer.claim(messages, done=done)  # claims the session it continues
+    else:
+        arrival = await st.sessions.on_request(sid, messages, main=record, done=done) if sid is not None else None
     st.metrics.turns.labels(turn_type=turn_type if record else "side").inc()
     template_kwargs = fields.chat_template_kwargs(extras)
-    prompt_ids = await st.generator.render(messages, req.tools, template_kwargs)
+    try:
+        prompt_ids = await st.generator.render(messages, req.tools, template_kwargs)
+    except BaseException:
+        st.sessions.settle_later(arrival)  # refused before generating: the pairing it owes is written anyway
+        raise
     model = req.model or st.settings.served_model_name
     hexid = uuid.uuid4().hex
     rid = f"chatcmpl-{hexid}"
@@ -278,7 +282,7 @@ async def chat_completions(request: Request) -> Response:
             assert sid is not None
             turn.record_task = asyncio.ensure_future(
                 st.sessions.on_main_turn(sid, _turn_record(messages, req.tools, res, message, sp, template_kwargs),
-                                         done=done))
+                                         done=done, arrival=arrival))
             # Shielded: a disconnect now must not lose track of a write that commits anyway (see _abandon).
             await asyncio.shield(turn.record_task)
 
@@ -299,11 +303,13 @@ async def chat_completions(request: Request) -> Response:
 
     include_usage = bool((req.stream_options or {}).get("include_usage"))
     deltas = st.generator.stream(prompt_ids, sp, turn.res) if req.stream else None
+    streaming = False
     try:
         if deltas is None:
             return await unless_disconnected(request, answer())
         # The first delta is awaited before answering, so a down engine is a real 503, not a broken stream.
         first = await unless_disconnected(request, _first_delta(deltas))
+        streaming = True
     except ClientGone:
         await asyncio.shield(_abandon_detached(st, turn, "client disconnected before its answer"))
         return Response(status_code=CLIENT_CLOSED_STATUS)
@@ -313,6 +319,9 @@ async def chat_completions(request: Request) -> Response:
     except EngineError as exc:
         _engine_failed(st, turn, exc)
         raise
+    finally:
+        if not streaming:  # answered, failed or gone: the pairing this request owes is written now at the latest
+            st.sessions.settle_later(arrival)
 
     def undelivered() -> None:
         # Cancelled at an await (Starlette saw http.disconnect) or closed at a yield (the background aclose).
@@ -326,11 +335,18 @@ async def chat_completions(request: Request) -> Response:
         include_usage=include_usage, finish_turn=finish_turn, on_engine_error=lambda e: _engine_failed(st, turn, e),
         on_complete=lambda: st.metrics.latency.labels(route="chat_stream").observe(time.monotonic() - t0),
         on_undelivered=undelivered)
+
+    async def close_stream() -> None:
+        try:
+            await events.aclose()  # type: ignore[attr-defined]
+        finally:
+            st.sessions.settle_later(arrival)
+
     # The background task runs after the body ends or the client left (Starlette cancels the body on
     # http.disconnect, then runs it): closing the iterator there runs its finally in every case.
     headers = {"Cache-Control": "no-cache", **fields.hindsight_headers(turn.res.weight_version, sid)}
     return StreamingResponse(events, media_type="text/event-stream", headers=headers,
-                             background=BackgroundTask(events.aclose))  # type: ignore[attr-defined]
+                             background=BackgroundTask(close_stream))
 
 
 @router.get("/v1/models", responses=oa.error_responses(401))

@@ -20,8 +20,9 @@ Rule, for a main request without a session id and with messages ``N``:
    with the same opening (common in agent evals), so it starts a session instead of rejecting another
    one's turn. The earlier turn keeps waiting and ends with its session (idle timeout), as a last turn.
 
-Matching and claiming the session (resolving its awaiting turn) happen under one lock, so two
-concurrent continuations never claim the same turn. The session id is returned to the client in the
+Matching and claiming the session happen under one lock, so two concurrent continuations never claim the
+same turn: the claim registers the request as the session's in-flight main request (its pairing is written
+with its turn record, one commit), and a session with a main request in flight is no candidate. The session id is returned to the client in the
 ``X-Hindsight-Session-Id`` header (and the ``hindsight`` response field): a client that can keep it may
 send it back. Each outcome is counted (``hindsight_policy_inferred_sessions_total{outcome}``:
 ``continued``, ``started``, ``tied``), and ``/v1/samples/stats`` reports ``inferred_sessions``.
@@ -35,7 +36,7 @@ import uuid
 from typing import Any
 
 from policy_server.metrics import Metrics
-from policy_server.sessions import SessionTracker, message_key, pair_next_state
+from policy_server.sessions import Arrival, SessionTracker, message_key, pair_next_state
 from policy_server.store import Store
 
 INFERRED_PREFIX = "inferred-"
@@ -68,16 +69,22 @@ class SessionInferrer:
         self.metrics = metrics
         self._lock = asyncio.Lock()
 
-    async def claim(self, messages: list[dict[str, Any]], *, done: bool) -> str:
-        """The session this request continues (its awaiting turn resolved now) or a new session id."""
+    async def claim(self, messages: list[dict[str, Any]], *, done: bool) -> tuple[str, Arrival | None]:
+        """The session this request continues with its arrival (as SessionTracker.on_request), or a new id.
+
+        The caller owns the arrival exactly as one from ``on_request``: it goes to ``on_main_turn`` and, whatever
+        happens, to ``settle_later``. A new session has no awaiting turn, hence no arrival.
+        """
         async with self._lock:
             awaiting = await asyncio.to_thread(self.store.awaiting_open_turns)
+            # A session whose awaiting turn is already being continued is claimed (pairing written with that turn).
+            awaiting = [t for t in awaiting if not self.sessions.in_flight(t["session_id"])]
             sid, tied = choose_session(awaiting, messages)
             if sid is None:
                 self.metrics.inferred_sessions.labels(outcome="started").inc()
-                return f"{INFERRED_PREFIX}{uuid.uuid4().hex}"
+                return f"{INFERRED_PREFIX}{uuid.uuid4().hex}", None
             if tied:
                 self.metrics.inferred_sessions.labels(outcome="tied").inc()
             self.metrics.inferred_sessions.labels(outcome="continued").inc()
-            await self.sessions.on_request(sid, messages, main=True, done=done)
-            return sid
+            arrival = await self.sessions.on_request(sid, messages, main=True, done=done)
+            return sid, arrival

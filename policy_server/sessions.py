@@ -21,6 +21,13 @@ sampled assistant reply ``R``; a new *main* request of the same session has mess
    judged against feedback that may belong to a different reply. The new request is served and recorded
    normally and starts a fresh pairing.
 
+Commits (one per turn on the hot path): a main request's pairing is decided when it arrives (a read),
+but written together with the turn it produces, in the same transaction (``Store.record_turn(resolve=)``).
+When no turn gets recorded (engine failure, client gone) :meth:`SessionTracker.settle_later` writes the
+pairing alone, so the answered turn is never stranded; the write is idempotent, so a race between the two
+is harmless. While a main request of a session is in flight the idle sweep leaves that session alone
+(its activity is refreshed when the turn is recorded, no longer at arrival).
+
 Side turns are served but neither recorded nor used for pairing (heartbeats carry unrelated messages).
 A session ends on ``X-Session-Done`` (its last turn gets no next state) or when it has been idle for
 ``session_idle_timeout_s`` (same outcome); the reward pipeline then handles the last turn per mode.
@@ -35,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy_server.store import Store
+from policy_server.store import Resolution, Store
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +110,15 @@ def pair_next_state(prev_messages: list[dict[str, Any]], prev_response: dict[str
     return Pairing("paired", next_state=state, note=note, dropped=dropped)
 
 
+@dataclass
+class Arrival:
+    """A main request between its arrival and its turn record: the pairing it will write (None: nothing)."""
+
+    session_id: str
+    resolution: Resolution | None
+    settled: bool = False  # the resolution is written (or being written) and the in-flight count released
+
+
 class SessionTracker:
     """Applies pairing and session ends against the store; runs the idle sweeper.
 
@@ -116,51 +132,73 @@ class SessionTracker:
         self.sweep_interval_s = sweep_interval_s
         self.on_new_work = on_new_work or (lambda: None)
         self._locks: dict[str, asyncio.Lock] = {}
+        self._in_flight: dict[str, int] = {}  # main requests per session between arrival and settle
+        self._settles: set[asyncio.Task[None]] = set()
         self.mismatches = 0
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         return self._locks.setdefault(session_id, asyncio.Lock())
 
-    async def on_request(self, session_id: str, messages: list[dict[str, Any]], *, main: bool, done: bool) -> None:
-        """Called when a request arrives (before generation): pair the awaiting turn, handle side+done.
+    async def on_request(self, session_id: str, messages: list[dict[str, Any]], *, main: bool,
+                         done: bool) -> Arrival | None:
+        """Called when a request arrives (before generation).
 
-        One thread hop and at most one transaction: a main request resolves the awaiting turn's pairing
-        (with the activity touch); a main request with nothing to pair writes nothing (its turn record
-        creates/reopens the session); a side request touches the session, or ends it with done.
+        A main request pairs the awaiting turn (a read; no commit) and returns its :class:`Arrival`, to be
+        passed to :meth:`on_main_turn` and, whatever happens, to :meth:`settle_later`. A side request
+        touches the session, or ends it with done (one transaction), and returns None.
         """
+        if main:
+            self._in_flight[session_id] = self._in_flight.get(session_id, 0) + 1
+            try:
+                async with self._lock(session_id):
+                    resolution = await asyncio.to_thread(self._pair, session_id, messages)
+            except BaseException:
+                self._release(session_id)
+                raise
+            return Arrival(session_id, resolution)
         async with self._lock(session_id):
-            pairing, new_work = await asyncio.to_thread(self._arrive, session_id, messages, main, done)
-        if done and not main:
+            new_work = await asyncio.to_thread(self._side, session_id, done)
+        if done:
             self._forget_lock(session_id)
-        if pairing is not None and pairing.kind == "mismatch":
-            self.mismatches += 1
         if new_work:
             self.on_new_work()
+        return None
 
-    def _arrive(self, session_id: str, messages: list[dict[str, Any]], main: bool,
-                done: bool) -> tuple[Pairing | None, bool]:
-        """Blocking part of :meth:`on_request` (worker thread): (pairing applied or None, new judge work)."""
-        if not main:
-            if done:  # a side request that ends the session: the awaiting main turn becomes the last turn
-                return None, bool(self.store.end_session(session_id))
-            self.store.touch_session(session_id)
-            return None, False
+    def _side(self, session_id: str, done: bool) -> bool:
+        if done:  # a side request that ends the session: the awaiting main turn becomes the last turn
+            return bool(self.store.end_session(session_id))
+        self.store.touch_session(session_id)
+        return False
+
+    def _pair(self, session_id: str, messages: list[dict[str, Any]]) -> Resolution | None:
+        """Blocking part of :meth:`on_request` for a main request (worker thread): the pairing to write."""
         awaiting = self.store.awaiting_turn(session_id)
         if awaiting is None:
-            return None, False
+            return None
         p = pair_next_state(awaiting["messages"], awaiting["response"], messages)
         if p.kind == "mismatch":
+            self.mismatches += 1
             logger.warning("session %s turn %s: history mismatch (%s); rejecting that turn",
                            session_id, awaiting["turn_index"], p.note)
-        self.store.resolve_turn(session_id, awaiting["turn_index"], pairing=p.kind, next_state=p.next_state,
-                                session_done=False, note=p.note, touch=True,
-                                reject_reason="history_mismatch" if p.kind == "mismatch" else None)
-        return p, True
+        return Resolution(awaiting["turn_index"], p.kind, p.next_state, p.note,
+                          "history_mismatch" if p.kind == "mismatch" else None)
 
-    async def on_main_turn(self, session_id: str, record: dict[str, Any], *, done: bool) -> int:
-        """Record a generated main turn (durably, before the client gets the answer)."""
-        async with self._lock(session_id):
-            idx = await asyncio.to_thread(self.store.record_turn, session_id, record, session_done=done)
+    async def on_main_turn(self, session_id: str, record: dict[str, Any], *, done: bool,
+                           arrival: Arrival | None = None) -> int:
+        """Record a generated main turn with its arrival's pairing: ONE commit, before the client gets the answer."""
+        owned = arrival is not None and not arrival.settled
+        if arrival is not None and owned:
+            arrival.settled = True
+        try:
+            async with self._lock(session_id):
+                idx = await asyncio.to_thread(self.store.record_turn, session_id, record, session_done=done,
+                                              resolve=arrival.resolution if arrival is not None and owned else None)
+        except BaseException:
+            if arrival is not None and owned:
+                arrival.settled = False  # nothing was written: settle_later still owes the pairing
+            raise
+        if arrival is not None and owned:
+            self._release(arrival.session_id)
         if done:
             self._forget_lock(session_id)
         self.on_new_work()
@@ -173,11 +211,59 @@ class SessionTracker:
         if lock is not None and not lock.locked() and not getattr(lock, "_waiters", None):
             del self._locks[session_id]
 
+    def settle_later(self, arrival: Arrival | None) -> None:
+        """The request ends without (more) recording: write its pairing alone if no turn record took it.
+
+        Idempotent and non-blocking (safe in ``finally`` and cancellation paths): the write runs as its own task.
+        """
+        if arrival is None or arrival.settled:
+            return
+        arrival.settled = True
+        task = asyncio.get_running_loop().create_task(self._settle(arrival), name=f"settle-{arrival.session_id}")
+        self._settles.add(task)
+        task.add_done_callback(self._settles.discard)
+
+    async def _settle(self, arrival: Arrival) -> None:
+        try:
+            r = arrival.resolution
+            if r is None:
+                return
+            async with self._lock(arrival.session_id):
+                sample_id = await asyncio.to_thread(
+                    self.store.resolve_turn, arrival.session_id, r.turn_index, pairing=r.pairing,
+                    next_state=r.next_state, session_done=False, note=r.note, reject_reason=r.reject_reason,
+                    touch=True)
+            if sample_id is not None:
+                self.on_new_work()
+        except Exception:  # a store failure here must not be silent; the turn stays awaiting (sweep ends it)
+            logger.exception("session %s: writing the pairing of turn %s failed", arrival.session_id,
+                             arrival.resolution.turn_index if arrival.resolution else None)
+        finally:
+            self._release(arrival.session_id)
+
+    def in_flight(self, session_id: str) -> bool:
+        """Whether a main request of this session is between its arrival and its settle."""
+        return self._in_flight.get(session_id, 0) > 0
+
+    def _release(self, session_id: str) -> None:
+        left = self._in_flight.get(session_id, 0) - 1
+        if left > 0:
+            self._in_flight[session_id] = left
+        else:
+            self._in_flight.pop(session_id, None)
+
+    async def drain_settles(self) -> None:
+        """Wait for pairing writes still running (shutdown, tests)."""
+        while self._settles:
+            await asyncio.gather(*list(self._settles), return_exceptions=True)
+
     async def sweep_idle(self, now: float | None = None) -> int:
         """End every session idle for longer than the timeout; returns how many ended."""
         now = time.time() if now is None else now
         ended = 0
         for sid in await asyncio.to_thread(self.store.idle_sessions, now - self.idle_timeout_s):
+            if self._in_flight.get(sid):  # a main request is being answered: not idle (see module docstring)
+                continue
             async with self._lock(sid):
                 await asyncio.to_thread(self.store.end_session, sid, now=now)
             self._locks.pop(sid, None)

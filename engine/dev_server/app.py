@@ -211,6 +211,7 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
             return PlainTextResponse("Cache not flushed. Please check backend logs for more details. (When there "
                                      "are running or waiting requests, the operation will not be performed.)\n",
                                      status_code=400)
+        eng(request).runner.prefix_cache.clear()
         return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. (When there are "
                                  "running or waiting requests, the operation will not be performed.)\n")
 

@@ -27,6 +27,7 @@ def parse_args(argv: list[str] | None = None) -> DevEngineSettings:
     parser.add_argument("--served-model-name", dest="served_model_name")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--weight-version", dest="weight_version")
+    parser.add_argument("--prefix-cache-max-tokens", dest="prefix_cache_max_tokens", type=int)
     parser.add_argument("--torch-threads", dest="torch_threads", type=int)
     parser.add_argument("--log-level", dest="log_level")
     parser.add_argument("--log-json", dest="log_json", action="store_true", default=None)

@@ -7,6 +7,11 @@ Contract:
   granularity and a weight swap happens between steps, never inside one.
 - One prefill per prompt; ``n`` samples share it (the KV cache is repeated n times) and decode as one
   batch of n rows. Rows that finished keep decoding a filler token that is never reported.
+- Prefix cache (prefix_cache.py, like SGLang's radix cache): the prefill reuses the KV of the longest held
+  prefix of the prompt and computes only the rest; ``RunResult.cached_tokens`` (-> ``meta_info.cached_tokens``)
+  is the reused length. At least the last prompt token is always computed, and with input log-probs the
+  reuse stops at ``logprob_start_len`` (those positions need their logits). Outputs are the same with and
+  without it (same sampled ids; log-probs equal up to float rounding). Cleared on every weight swap.
 - Input log-probs follow SGLang 0.5.23 (protocol §1.5): they cover ``prompt[logprob_start_len:]``, entry
   0 is null, entry k is log p(prompt[start+k] | prompt[:start+k]) of the temperature-scaled distribution.
   Output log-probs come from the very logits the token was sampled from (see sampling.py for the order).
@@ -33,6 +38,7 @@ import torch
 from engine.chat import load_tokenizer
 from engine.dev_server.control import EngineControl, RequestHandle
 from engine.dev_server.grammar import GrammarBackend
+from engine.dev_server.prefix_cache import PrefixCache
 from engine.dev_server.sampling import SamplingConfig, apply_penalties, sample_tokens, scaled_logprobs, top_logprobs
 
 logger = logging.getLogger(__name__)
@@ -76,6 +82,7 @@ class RunResult:
     input_ids_logged: list[int] = field(default_factory=list)
     input_top: list[list[tuple[float, int]] | None] = field(default_factory=list)
     aborted_before_prefill: bool = False
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     started_at: float = field(default_factory=time.monotonic)
 
 
@@ -83,7 +90,9 @@ StepCallback = Callable[[RunResult], None]
 
 
 class ModelRunner:
-    def __init__(self, model_path: str, *, seed: int, control: EngineControl, weight_version: str = "default"):
+    def __init__(self, model_path: str, *, seed: int, control: EngineControl, weight_version: str = "default",
+                 prefix_cache_max_tokens: int = 0):
+        self.prefix_cache = PrefixCache(prefix_cache_max_tokens)
         self.tokenizer = load_tokenizer(model_path)
         self.control = control
         self.model_path = model_path
@@ -125,6 +134,7 @@ class ModelRunner:
             self.model = model
             self.model_path = path
             self.epoch += 1
+            self.prefix_cache.clear()  # held KV was computed by the old weights
 
     def _next_seed(self) -> int:
         with self._rng_lock:
@@ -158,14 +168,26 @@ class ModelRunner:
             out = self.model(input_ids=ids, use_cache=True, logits_to_keep=0 if all_logits else 1)
         return out.logits, _cache_of(out)
 
+    def _prefill_prompt(self, prompt: list[int], all_logits: bool, start: int) -> tuple[torch.Tensor, Any, int]:
+        """Prefill through the prefix cache: (logits of prompt[reused:], KV of the whole prompt, reused)."""
+        max_reuse = min(len(prompt) - 1, start) if all_logits else len(prompt) - 1
+        with self._lock:  # lookup, forward and store under one lock: no weight swap can fall between them
+            reused, past = self.prefix_cache.lookup(prompt, max_reuse)
+            kw = {self._cache_kw: past} if past is not None else {}
+            out = self.model(input_ids=torch.tensor([prompt[reused:]]), use_cache=True,
+                             logits_to_keep=0 if all_logits else 1, **kw)
+            cache = _cache_of(out)
+            self.prefix_cache.store(prompt, cache)
+        return out.logits, cache, reused
+
     def _generate(self, job: Job, result: RunResult, on_step: StepCallback | None) -> None:
         cfg, handle, prompt = job.sampling, job.handle, job.prompt_ids
         n, plen = cfg.n, len(prompt)
         start = plen if job.logprob_start_len < 0 else job.logprob_start_len
         want_input = job.return_logprob and start < plen
-        logits, cache = self._prefill(torch.tensor([prompt]), want_input)
+        logits, cache, result.cached_tokens = self._prefill_prompt(prompt, want_input, start)
         if want_input:
-            self._input_logprobs(job, result, logits[0], start)
+            self._input_logprobs(job, result, logits[0], start, result.cached_tokens)
         if cfg.max_new_tokens == 0:
             for s in result.samples:
                 s.finish_reason = {"type": "length", "length": 0}
@@ -247,11 +269,11 @@ class ModelRunner:
             if s.finish_reason is None:
                 s.finish_reason = dict(reason)
 
-    def _input_logprobs(self, job: Job, result: RunResult, logits: torch.Tensor, start: int) -> None:
-        """Entries for prompt[start:], first null; logits row i predicts token i+1."""
+    def _input_logprobs(self, job: Job, result: RunResult, logits: torch.Tensor, start: int, offset: int) -> None:
+        """Entries for prompt[start:], first null; logits row i predicts token offset+i+1 (offset <= start)."""
         prompt = job.prompt_ids
         targets = torch.tensor(prompt[start + 1 :], dtype=torch.long)
-        lps = scaled_logprobs(logits[start : len(prompt) - 1].float(), job.sampling.temperature)
+        lps = scaled_logprobs(logits[start - offset : len(prompt) - 1 - offset].float(), job.sampling.temperature)
         vals = lps.gather(1, targets[:, None])[:, 0].tolist() if len(targets) else []
         result.input_logprobs = [None, *vals]
         result.input_ids_logged = list(prompt[start:])

@@ -206,7 +206,7 @@ async def chat_completions(engine: DevEngine, body: Any) -> Any:
         if req.return_meta_info:
             meta = build_meta(rid=prepared.sample_rids[k], finish_reason=sample.finish_reason, prompt_ids=prompt_ids,
                               output_ids=sample.output_ids, weight_version=result.weight_version,
-                              started_at=result.started_at)
+                              started_at=result.started_at, cached_tokens=result.cached_tokens)
             meta["output_token_logprobs"] = triples(sample.output_logprobs, sample.output_ids, None)
             choice["meta_info"] = meta
         choices.append(choice)

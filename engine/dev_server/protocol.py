@@ -300,7 +300,7 @@ def top_rows(rows: list[list[tuple[float, int]] | None], token_text: Any) -> lis
 
 def build_meta(
     *, rid: str, finish_reason: dict[str, Any] | None, prompt_ids: list[int], output_ids: list[int],
-    weight_version: str, started_at: float, aborted_before_prefill: bool = False,
+    weight_version: str, started_at: float, aborted_before_prefill: bool = False, cached_tokens: int = 0,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"id": rid, "finish_reason": finish_reason}
     if aborted_before_prefill:  # SGLang sends only these keys for a request aborted in the waiting queue
@@ -308,7 +308,7 @@ def build_meta(
         return meta
     meta.update(
         prompt_tokens=len(prompt_ids), weight_version=weight_version, completion_tokens=len(output_ids),
-        cached_tokens=0, reasoning_tokens=0, num_retractions=0, e2e_latency=time.monotonic() - started_at,
+        cached_tokens=cached_tokens, reasoning_tokens=0, num_retractions=0, e2e_latency=time.monotonic() - started_at,
         response_sent_to_client_ts=time.time(),
     )
     return meta

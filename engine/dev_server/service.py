@@ -69,7 +69,8 @@ class DevEngine:
         self.settings = settings
         self.control = EngineControl()
         self.runner = ModelRunner(settings.model_path, seed=settings.seed, control=self.control,
-                                  weight_version=settings.weight_version)
+                                  weight_version=settings.weight_version,
+                                  prefix_cache_max_tokens=settings.prefix_cache_max_tokens)
         self.metrics = EngineMetrics(registry or CollectorRegistry(), self.served_model_name, self.control)
         self._pool = ThreadPoolExecutor(max_workers=settings.max_running_requests, thread_name_prefix="dev-engine")
         self._token_text: dict[int, str] = {}
@@ -154,7 +155,8 @@ class DevEngine:
             text = self.runner.partial_text(sample.output_ids, job.sampling.skip_special_tokens)
         meta = build_meta(rid=p.sample_rids[k], finish_reason=sample.finish_reason, prompt_ids=job.prompt_ids,
                           output_ids=sample.output_ids, weight_version=result.weight_version,
-                          started_at=result.started_at, aborted_before_prefill=result.aborted_before_prefill)
+                          started_at=result.started_at, aborted_before_prefill=result.aborted_before_prefill,
+                          cached_tokens=result.cached_tokens)
         if job.return_logprob and not result.aborted_before_prefill:
             with_text = spec.return_text_in_logprobs
             tt = self.token_text if with_text else None

@@ -27,6 +27,9 @@ class DevEngineSettings(BaseSettings):
     weight_version: str = "default"
     # One torch thread: the tiny model is overhead-bound and the CI box has 2 cores shared by many processes.
     torch_threads: int = Field(default=1, ge=1)
+    # Prefix cache (SGLang's radix cache stand-in): KV of recent prompts held for reuse, bounded by prompt
+    # tokens; 0 disables it (SGLang --disable-radix-cache).
+    prefix_cache_max_tokens: int = Field(default=16384, ge=0)
     max_running_requests: int = Field(default=64, ge=1)
     # Hostile-input guards (engine.http_guard): body size (413 while reading), JSON nesting (400), and the
     # requests in flight at once (429 beyond; probes exempt).

@@ -49,10 +49,10 @@ from policy_server.store.postgres import PostgresDB
 from policy_server.store.migrations import LATEST_VERSION, SchemaError
 from policy_server.store.reads import StoreReads
 from policy_server.store.samples import StoreSamples
-from policy_server.store.sessions import StoreSessions
+from policy_server.store.sessions import Resolution, StoreSessions
 from policy_server.store.sqlite import SqliteDB
 
-__all__ = ["LATEST_VERSION", "SAMPLE_STATUSES", "LeaseError", "PostgresStore", "SchemaError", "Store", "StoreDB",
+__all__ = ["LATEST_VERSION", "SAMPLE_STATUSES", "LeaseError", "PostgresStore", "Resolution", "SchemaError", "Store", "StoreDB",
            "open_store", "sqlite_dir"]
 
 

@@ -4,8 +4,9 @@ Role: a turn is recorded ``awaiting`` (its next state not known yet), then resol
 ``session_end`` | ``mismatch``, which creates its sample ``pending_judge`` (or ``rejected`` with a reason);
 the idle sweep ends sessions. States of every table: policy_server.store.
 
-Each public write is ONE transaction: recording a main turn (session upsert, turn insert, rejection of
-overtaken turns, session end) commits once, and so does resolving a pairing (with the activity touch).
+Each public write is ONE transaction: recording a main turn (the pairing of the turn it answers, session
+upsert, turn insert, rejection of overtaken turns, session end) commits once, so a continuing session costs
+one commit per turn; resolving a pairing alone (with the activity touch) is one commit too.
 With several replicas on one PostgreSQL store, the session row is the serialisation point of a session:
 recording a turn upserts it first (a row lock held to the commit), so two replicas recording turns of the
 same session take consecutive turn indexes; a resolution is a conditional update (``pairing='awaiting'``),
@@ -17,9 +18,21 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from policy_server.store.base import StoreDB, dump_json, turn_dict
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """How an awaiting turn's pairing closes (see :meth:`StoreSessions.resolve_turn`), written with the next turn."""
+
+    turn_index: int
+    pairing: str
+    next_state: list[dict[str, Any]] | None
+    note: str | None = None
+    reject_reason: str | None = None
 
 
 class StoreSessions(StoreDB):
@@ -65,8 +78,12 @@ class StoreSessions(StoreDB):
             return _resolve(db, session_id, turn_index, pairing=pairing, next_state=next_state,
                             session_done=session_done, note=note, reject_reason=reject_reason, now=now)
 
-    def record_turn(self, session_id: str, record: dict[str, Any], *, session_done: bool, now: float | None = None) -> int:
+    def record_turn(self, session_id: str, record: dict[str, Any], *, session_done: bool, now: float | None = None,
+                    resolve: Resolution | None = None) -> int:
         """Insert a main turn with the next turn index; returns that index. One transaction.
+
+        ``resolve`` first closes the pairing of the turn this one answers (as :meth:`resolve_turn` would; a no-op
+        when that turn was resolved meanwhile), in the same transaction: one commit per continuing turn.
 
         The session is created or reopened (a new main turn revives a session an idle sweep ended while
         the turn was generated). A turn still ``awaiting`` in the same session at this point was overtaken
@@ -76,6 +93,9 @@ class StoreSessions(StoreDB):
         now = time.time() if now is None else now
         with self._tx() as db:
             _touch(db, session_id, now)
+            if resolve is not None:
+                _resolve(db, session_id, resolve.turn_index, pairing=resolve.pairing, next_state=resolve.next_state,
+                         session_done=False, note=resolve.note, reject_reason=resolve.reject_reason, now=now)
             idx = db.execute("SELECT next_turn_index FROM sessions WHERE session_id=?", (session_id,)).fetchone()[0]
             db.execute("UPDATE sessions SET next_turn_index=? WHERE session_id=?", (idx + 1, session_id))
             db.execute(

@@ -132,7 +132,8 @@ async def test_text_input_and_return_text_in_logprobs(client):
     assert all(isinstance(e[2], str) for e in meta["output_token_logprobs"])
     assert meta["output_token_logprobs_length"] == 3 and len(meta["output_top_logprobs"]) == 3
     assert all(len(row) == 2 and isinstance(row[0][2], str) for row in meta["output_top_logprobs"])
-    assert meta["weight_version"] == "default" and meta["cached_tokens"] == 0
+    # the shared engine may hold a prefix of this prompt from an earlier test (test_prefix_cache_e2e.py)
+    assert meta["weight_version"] == "default" and 0 <= meta["cached_tokens"] < meta["prompt_tokens"]
 
 
 async def test_stream_is_cumulative_and_ends_with_done(client):

@@ -117,14 +117,14 @@ async def test_every_round_carries_a_rid_under_the_request_prefix():
     def handler(request: httpx.Request) -> httpx.Response:
         payload = json.loads(request.content)
         rids.append(payload.get("rid"))
-        n = payload["sampling_params"]["n"]
+        n = payload["sampling_params"].get("n", 1)  # the shared-prefix prefill sends max_new_tokens=0 alone
         return httpx.Response(200, json=[{"text": "\\boxed{1}", "output_ids": [1],
                                           "meta_info": {"finish_reason": {"type": "stop"}, "prompt_tokens": 3}}] * n)
 
     service = _service(handler)
     out = await service.judge(JudgeRequest.model_validate(REQ), "hj-abc-0-")
-    assert out["prm"]["status"] == "ok" and out["usage"]["engine_calls"] == 2
-    assert sorted(rids) == ["hj-abc-0-hint-0", "hj-abc-0-prm-0"]
+    assert out["prm"]["status"] == "ok" and out["usage"]["engine_calls"] == 3
+    assert sorted(rids) == ["hj-abc-0-hint-0", "hj-abc-0-prefix", "hj-abc-0-prm-0"]
     rids.clear()
     await service.judge(JudgeRequest.model_validate({**REQ, "tasks": ["prm"]}))
     assert rids == [None]  # without a prefix the engine picks its own rids

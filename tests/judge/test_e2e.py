@@ -1,7 +1,8 @@
 """End-to-end: hindsight-judge (real uvicorn process) -> real sglang-router 0.3.2 -> two CPU dev engines.
 
 Checks (issue 3): with the regex constraint on, 100% of votes parse; each voting round is ONE engine
-request (router's prometheus /generate counter == judge usage.engine_calls == rounds); a killed engine
+request (router's prometheus /generate counter == judge usage.engine_calls == rounds, + 1 shared-prefix
+prefill when both tasks run); a killed engine
 is survived (the router retries on the other one); all engines down -> judge_failed, score null, HTTP 200.
 """
 
@@ -79,12 +80,14 @@ def test_regex_votes_all_parse_and_one_request_per_round(stack: Stack) -> None:
         assert body["prm"]["status"] in ("ok", "tie") and len(body["prm"]["votes"]) == m
         assert len(body["hint"]["votes"]) == m and body["hint"]["status"] == "ok"
         votes += body["prm"]["votes"] + body["hint"]["votes"]
-        assert body["usage"]["engine_calls"] == 2  # fixed policy: one n=m call per task
+        # fixed policy: one n=m call per task, plus the one prefill of the prompts' shared prefix
+        assert body["usage"]["engine_calls"] == 3
+        assert body["prm"]["engine_calls"] == 2 and body["hint"]["engine_calls"] == 1
         total_calls += body["usage"]["engine_calls"]
         if body["hint"]["accepted"]:
             assert len(body["hint"]["hint"]) > 10
     assert None not in votes and len(votes) == 16  # 100% of constrained votes parse
-    assert stack.router_generate_count() - before == total_calls == 4
+    assert stack.router_generate_count() - before == total_calls == 6
 
 
 def test_adaptive_rounds_match_engine_requests(stack: Stack) -> None:

@@ -38,6 +38,7 @@ class FakeEngine:
         self.prm = list(prm_texts)
         self.hint = list(hint_texts or [])
         self.requests: list[dict[str, Any]] = []
+        self.prefix_requests: list[dict[str, Any]] = []  # the judge's shared-prefix prefills (max_new_tokens=0)
         self.fail_next = 0  # answer this many /generate calls with 503
         self.down = False
         self.delay_s = 0.0
@@ -54,6 +55,11 @@ class FakeEngine:
             return httpx.Response(404, json={"error": "not found"})
         assert path == "/generate", path
         body = json.loads(request.content)
+        if body["sampling_params"].get("max_new_tokens") == 0:
+            self.prefix_requests.append(body)
+            return httpx.Response(200, json={"text": "", "output_ids": [], "meta_info": {
+                "prompt_tokens": 80, "cached_tokens": 0, "completion_tokens": 0,
+                "finish_reason": {"type": "length", "length": 0}}})
         self.requests.append(body)
         if self.fail_next > 0:
             self.fail_next -= 1
@@ -66,8 +72,7 @@ class FakeEngine:
         finally:
             self.in_flight -= 1
         prompt = body.get("text") or ""
-        pool = self.hint if "HINT_START" in (prompt + json.dumps(body.get("input_ids", []))) or \
-            "hindsight" in prompt else self.prm
+        pool = self.hint if "HINT_START" in prompt else self.prm  # only the hint question names the markers
         n = body["sampling_params"].get("n", 1)
         items = []
         for _ in range(n):
@@ -98,13 +103,17 @@ async def test_one_engine_call_per_round_with_n() -> None:
         r = await c.post("/v1/judge", json=REQ)
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["prm"] == {"score": 1, "status": "ok", "votes": [1, 1, 1], "confidence": 1.0, "reason": None}
+    verdict = {k: body["prm"][k] for k in ("score", "status", "votes", "confidence", "reason")}
+    assert verdict == {"score": 1, "status": "ok", "votes": [1, 1, 1], "confidence": 1.0, "reason": None}
     assert body["hint"]["accepted"] is False and body["hint"]["votes"] == [-1, -1, -1]
     assert len(eng.requests) == 2  # one call per task, n=3 each
     assert all(req["sampling_params"]["n"] == 3 for req in eng.requests)
     assert all(req["sampling_params"]["temperature"] == 0.6 for req in eng.requests)
-    assert body["usage"]["engine_calls"] == 2 and body["usage"]["prompt_tokens"] == 200
-    assert body["prompt_versions"]["prm"].startswith("prm_eval_v1@")
+    assert len(eng.prefix_requests) == 1  # the prompts' shared prefix, prefilled once before both tasks
+    assert body["usage"] == {"engine_calls": 3, "prompt_tokens": 280, "cached_tokens": 0, "completion_tokens": 9}
+    assert body["prm"]["engine_calls"] == 2 and body["prm"]["prompt_tokens"] == 180  # the prefix call counts here
+    assert body["hint"]["engine_calls"] == 1 and body["hint"]["prompt_tokens"] == 100
+    assert body["prompt_versions"]["prm"].startswith("prm_eval_v2@")
 
 
 async def test_adaptive_policy_rounds() -> None:

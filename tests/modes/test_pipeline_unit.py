@@ -47,7 +47,8 @@ def pipeline(judge, mode="rl", teacher=None, **settings):
     return RewardPipeline(judge=judge, teacher=teacher, tokenizer=None, settings=s)
 
 
-OK_PRM = {"prm": {"score": 1, "status": "ok", "votes": [1] * 5, "confidence": 1.0, "reason": None},
+OK_PRM = {"prm": {"score": 1, "status": "ok", "votes": [1] * 5, "confidence": 1.0, "reason": None,
+                  "engine_calls": 2, "prompt_tokens": 900, "cached_tokens": 400, "completion_tokens": 60},
           "prompt_versions": {"prm": "prm_eval_v1@abc"}}
 
 
@@ -62,6 +63,7 @@ async def test_rl_asks_prm_with_m_and_passes_turn_through():
                                                                                             [1, 1, 1])
     assert (s["w_rl"], s["w_opd"], s["teacher_logprobs"], s["teacher_topk"]) == (0.5, 2.0, None, None)
     assert out["prompt_versions"] == s["prompt_versions"] == {"prm": "prm_eval_v1@abc"}
+    assert s["prm"] == OK_PRM["prm"]  # the judge's verdict, cost fields included, reaches the sample unchanged
 
 
 @pytest.mark.parametrize("next_state", [None, []])

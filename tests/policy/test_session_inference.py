@@ -6,6 +6,8 @@ over HTTP with ``--infer-sessions``: header-less turns are recorded, paired and 
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
@@ -94,3 +96,36 @@ def test_inference_is_off_by_default(policy):
                    json={"messages": [U("unrecorded")], "max_tokens": 2})
     assert r.status_code == 200 and "x-hindsight-session-id" not in r.headers
     assert r.json()["hindsight"]["session_id"] is None
+
+
+@pytest.mark.unit
+async def test_a_session_being_continued_is_not_claimed_twice(tmp_path):
+    """The pairing is written with the turn record (one commit), so between a claim and that record the
+    awaiting turn is still in the store: a second identical header-less request must start a session
+    rather than claim the same turn; once the first settles, nothing is left to claim."""
+    from policy_server.metrics import Metrics
+    from policy_server.session_inference import SessionInferrer
+    from policy_server.sessions import SessionTracker
+
+    store = Store(tmp_path / "data")
+    try:
+        rec = {"messages": [U("hi")], "tools": None, "prompt_ids": [1, 2], "response_ids": [3, 4],
+               "rollout_logprobs": [-0.1, -0.2], "response": {"content": "hello", "tool_calls": None},
+               "weight_version": "v0", "weight_versions": ["v0"], "sampling_params": {}}
+        store.record_turn("s1", rec, session_done=False)
+        tracker = SessionTracker(store, idle_timeout_s=60)
+        inferrer = SessionInferrer(store, tracker, Metrics())
+        follow_up = [U("hi"), A("hello"), U("thanks")]
+        sid, arrival = await inferrer.claim(follow_up, done=False)
+        assert sid == "s1" and arrival is not None and arrival.resolution is not None
+        retry_sid, retry_arrival = await inferrer.claim(follow_up, done=False)
+        assert retry_sid.startswith(INFERRED_PREFIX) and retry_arrival is None
+        tracker.settle_later(arrival)  # the first request failed before recording: its pairing is written alone
+        for _ in range(200):
+            if not tracker.in_flight("s1"):
+                break
+            await asyncio.sleep(0.01)
+        assert not tracker.in_flight("s1")
+        assert store.awaiting_open_turns() == []
+    finally:
+        store.close()

@@ -72,3 +72,56 @@ def test_synchronous_setting(tmp_path, mode, expected):
     assert st._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     with pytest.raises(ValueError):
         Store(tmp_path, synchronous="off")
+
+
+def test_record_with_resolution_is_one_transaction(tmp_path):
+    from policy_server.store import Resolution
+
+    st = Store(tmp_path)
+    st.record_turn("s", _record(), session_done=False, now=100.0)
+    st._db = conn = _CountingConn(st._db)  # type: ignore[assignment]
+    idx = st.record_turn("s", _record(), session_done=False, now=200.0,
+                         resolve=Resolution(0, "paired", [U]))  # the next turn answers turn 0
+    assert conn.commits == 1 and idx == 1
+    assert st.get_turn("s", 0)["pairing"] == "paired" and st.get_turn("s", 0)["next_state"] == [U]
+    rows = {r["turn_index"]: r for r in st.samples_of("s")}
+    assert rows[0]["status"] == "pending_judge" and 1 not in rows  # turn 1 awaits its own next state
+    # a resolution that lost a race (turn already resolved) is a no-op, not an error
+    st.record_turn("s", _record(), session_done=False, resolve=Resolution(0, "mismatch", None, "x", "history_mismatch"))
+    assert st.get_turn("s", 0)["pairing"] == "paired"
+
+
+async def test_tracker_commits_once_per_continuing_turn(tmp_path):
+    from policy_server.sessions import SessionTracker
+
+    st = Store(tmp_path)
+    tracker = SessionTracker(st, idle_timeout_s=5.0)
+    first = await tracker.on_request("s", [U], main=True, done=False)
+    await tracker.on_main_turn("s", _record(), done=False, arrival=first)
+    st._db = conn = _CountingConn(st._db)  # type: ignore[assignment]
+    follow = [U, {"role": "assistant", "content": "x"}, {"role": "user", "content": "thanks"}]
+    arrival = await tracker.on_request("s", follow, main=True, done=False)
+    assert conn.commits == 0 and arrival.resolution.pairing == "paired"  # a read only at arrival
+    assert await tracker.sweep_idle(now=10**10) == 0  # in flight: not idle, however old its activity
+    await tracker.on_main_turn("s", {**_record(), "messages": follow}, done=False, arrival=arrival)
+    tracker.settle_later(arrival)  # already written with the turn: nothing more
+    await tracker.drain_settles()
+    assert conn.commits == 1
+    assert st.get_turn("s", 0)["next_state"] == [{"role": "user", "content": "thanks"}]
+
+
+async def test_pairing_written_alone_when_no_turn_is_recorded(tmp_path):
+    from policy_server.sessions import SessionTracker
+
+    st = Store(tmp_path)
+    tracker = SessionTracker(st, idle_timeout_s=5.0)
+    await tracker.on_main_turn("s", _record(), done=False,
+                               arrival=await tracker.on_request("s", [U], main=True, done=False))
+    follow = [U, {"role": "assistant", "content": "x"}, {"role": "user", "content": "wrong"}]
+    arrival = await tracker.on_request("s", follow, main=True, done=False)
+    tracker.settle_later(arrival)  # e.g. the engine failed: no turn 1, but turn 0's next state is known
+    tracker.settle_later(arrival)  # idempotent
+    await tracker.drain_settles()
+    assert st.get_turn("s", 0)["pairing"] == "paired" and st.awaiting_turn("s") is None
+    assert [r["status"] for r in st.samples_of("s")] == ["pending_judge"]
+    assert await tracker.sweep_idle(now=10**10) == 1  # released: the idle sweep may end it now

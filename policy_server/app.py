@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -191,7 +193,9 @@ def create_app(settings: PolicySettings) -> FastAPI:
                     logger.warning("reward mode %s set through /admin/mode overrides the flags %s", persisted, flags)
             dispatcher = Dispatcher(store, pipeline, concurrency=settings.dispatch_concurrency,
                                     retry_initial_s=settings.dispatch_retry_initial_s,
-                                    retry_max_s=settings.dispatch_retry_max_s, scoring=scoring)
+                                    retry_max_s=settings.dispatch_retry_max_s, scoring=scoring,
+                                    owner=settings.replica_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}",
+                                    claim_s=settings.dispatch_claim_s)
             sessions = SessionTracker(store, idle_timeout_s=settings.session_idle_timeout_s,
                                       sweep_interval_s=settings.idle_sweep_interval_s, on_new_work=dispatcher.wake)
             state = PolicyState(

@@ -22,8 +22,8 @@ Contract (docs/CONTRACTS.md):
   (policy_server.scoring) a turn the pipeline accepted waits as ``pending_judge -> pending_score`` (its
   Sample JSON stored, not leasable) until its session is over and every turn of it is decided; then
   ``complete_score`` makes all of the session's ``pending_score`` samples ``ready`` or ``rejected`` in ONE
-  transaction. ``pending_judge`` work is claimed by one replica at a time (``claimed_by`` until
-  ``claim_expires_at``; policy_server.store.samples).
+  transaction. A session's judge and scoring work is claimed by one replica at a time (``sessions.claimed_by``
+  until ``claim_expires_at``; policy_server.store.samples).
 - ``leases``: ``active -> acked`` or ``active -> expired``. Exactly-once: an acked sample is consumed
   and never leased again; a leased sample whose lease expires returns to ``ready``; acking twice is a
   no-op; acking an expired lease is refused (its samples may already be leased to someone else).

@@ -59,11 +59,11 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             state TEXT NOT NULL,
             sample_ids TEXT NOT NULL)""",
     )),
-    # Judge work is claimed by one replica at a time; a claim that is not renewed expires (its replica died)
-    # and another replica takes the work over.
+    # A session's judge work is claimed by one replica at a time (its turns are judged in order); a claim
+    # that is not renewed expires (its replica died) and another replica takes the work over.
     ("judge work claims", (
-        "ALTER TABLE samples ADD COLUMN claimed_by TEXT",
-        "ALTER TABLE samples ADD COLUMN claim_expires_at {real}",
+        "ALTER TABLE sessions ADD COLUMN claimed_by TEXT",
+        "ALTER TABLE sessions ADD COLUMN claim_expires_at {real}",
         "CREATE INDEX IF NOT EXISTS leases_active ON leases (state, expires_at)",
     )),
 )

@@ -82,3 +82,86 @@ def test_complete_judge_rejects_bad_status(store_factory):
         st.complete_judge("x", status="leased", reject_reason=None, included=False, data={})
 
 
+
+
+# ---------------------------------------------------------------- several stores on one database (replicas)
+def test_replicas_take_consecutive_turn_indexes(store_factory):
+    import threading
+
+    a, b = store_factory(), store_factory()
+    got: list[int] = []
+
+    def record(st: Store) -> None:
+        for _ in range(10):
+            got.append(st.record_turn("s", _record(), session_done=False))
+
+    threads = [threading.Thread(target=record, args=(st,)) for st in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == list(range(20))  # no index taken twice, none skipped
+    assert a.stats()["turns"] == 20 and b.stats()["reject_reasons"] == {"concurrent_turns": 19}
+
+
+def test_replicas_never_lease_the_same_sample(store_factory):
+    import threading
+
+    a, b = store_factory(), store_factory()
+    ids = {_ready_sample(a, f"s{i}") for i in range(40)}
+    leased: list[list[str]] = [[], []]
+
+    def take(st: Store, out: list[str]) -> None:
+        while (got := st.lease(3, lease_s=60)) is not None:
+            out.extend(s["sample_id"] for s in got[1])
+            assert st.ack(got[0])["acked"] == len(got[1])
+
+    threads = [threading.Thread(target=take, args=(st, out)) for st, out in ((a, leased[0]), (b, leased[1]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not set(leased[0]) & set(leased[1])
+    assert sorted(leased[0] + leased[1]) == sorted(ids)  # every sample exactly once
+    assert b.stats()["samples"]["consumed"] == 40
+
+
+def test_lease_taken_at_one_replica_is_acked_at_another(store_factory):
+    a, b = store_factory(), store_factory()
+    _ready_sample(a, "s")
+    lease_id, [sample] = a.lease(5, lease_s=60)
+    assert b.ack(lease_id)["acked"] == 1 and a.ack(lease_id)["already_acked"] is True
+    assert b.lease(5, lease_s=60) is None
+
+
+def test_idle_sweep_ends_a_session_once_and_spares_a_fresh_one(store_factory):
+    a, b = store_factory(), store_factory()
+    a.record_turn("s", _record(), session_done=False, now=100.0)
+    assert a.idle_sessions(150.0) == ["s"] and b.idle_sessions(150.0) == ["s"]
+    ended = [st.end_session("s", now=151.0, idle_before=150.0) for st in (a, b)]
+    assert sorted(len(e) for e in ended) == [0, 1]  # exactly one replica closed it
+    b.record_turn("t", _record(), session_done=False, now=100.0)
+    a.touch_session("t", now=160.0)  # a request arrived at another replica after the sweep listed it
+    assert b.end_session("t", now=161.0, idle_before=150.0) == [] and b.session("t")["done"] == 0
+
+
+def test_judge_claims_are_exclusive_and_expire(store_factory):
+    a, b = store_factory(), store_factory()
+    a.record_turn("s", _record(), session_done=True, now=100.0)
+    assert [j["session_id"] for j in b.pending_jobs("B", now=100.0)] == ["s"]
+    assert a.claim_session("s", "A", 10.0, now=100.0) is True
+    assert b.claim_session("s", "B", 10.0, now=101.0) is False
+    assert b.pending_jobs("B", now=101.0) == [] and [j["turn_index"] for j in a.pending_jobs("A", now=101.0)] == [0]
+    assert a.claim_session("s", "A", 10.0, now=105.0) is True  # renewal: now until 115
+    assert b.claim_session("s", "B", 10.0, now=112.0) is False
+    assert b.claim_session("s", "B", 10.0, now=116.0) is True  # A died: its claim expired, B takes over
+    b.release_session("s", "A")  # not A's any more: nothing happens
+    assert a.claim_session("s", "A", 10.0, now=117.0) is False
+    b.release_session("s", "B")
+    assert a.claim_session("s", "A", 10.0, now=118.0) is True
+
+
+def test_runtime_settings_are_shared(store_factory):
+    a, b = store_factory(), store_factory()
+    a.set_runtime("mode", {"mode": "opd", "w_rl": 1.0, "w_opd": 0.5})
+    assert b.get_runtime("mode") == {"mode": "opd", "w_rl": 1.0, "w_opd": 0.5}

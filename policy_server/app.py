@@ -46,6 +46,7 @@ from policy_server.dispatch import Dispatcher
 from policy_server.errors import RETRY_AFTER_S, StoreBusy, error_body, install_error_handlers
 from policy_server.generation import Generator, context_length
 from policy_server.metrics import Metrics
+from policy_server.replicas import ReplicaSync
 from policy_server.ready_notifier import LocalReadyNotifier, ReadyNotifier
 from policy_server.scoring import PRMScoring
 from policy_server.session_inference import SessionInferrer
@@ -121,8 +122,9 @@ async def _stop_background(settings: PolicySettings, store: Store, dispatcher: D
     """Graceful part (policy_server.shutdown): chat requests are finished by now; the sweeper stops first (no
     new work), pairings still being written land, then the dispatcher judges for at most shutdown_drain_s and
     what is left stays pending."""
-    tasks[1].cancel()
-    await asyncio.gather(tasks[1], return_exceptions=True)
+    for task in tasks[1:]:  # the idle sweeper, and the replica sync when there is one
+        task.cancel()
+    await asyncio.gather(*tasks[1:], return_exceptions=True)
     await sessions.drain_settles()
     drained = await dispatcher.shutdown(settings.shutdown_drain_s)
     tasks[0].cancel()
@@ -185,6 +187,13 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 version = await workers[0].weight_version()
             gate = WeightGate(settings.gate_timeout_s, version=version)
             mode_state, pipeline = _build_pipeline(settings, tokenizer, http, retry, stack)
+            replica_id = settings.replica_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}"
+            replicas = None
+            if isinstance(store, PostgresStore):  # other replicas may share this store: follow their admin changes
+                replicas = ReplicaSync(store, replica_id=replica_id, mode_state=mode_state, gate=gate,
+                                       interval_s=settings.idle_sweep_interval_s,
+                                       max_pause_s=settings.weight_update_deadline_s)
+                store.on_admin = replicas.wake
             persisted = await asyncio.to_thread(store.get_runtime, "mode")
             if persisted is not None:  # set through POST /admin/mode before a restart: it stays in force
                 mode_state.set(persisted["mode"], persisted["w_rl"], persisted["w_opd"])
@@ -194,8 +203,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
             dispatcher = Dispatcher(store, pipeline, concurrency=settings.dispatch_concurrency,
                                     retry_initial_s=settings.dispatch_retry_initial_s,
                                     retry_max_s=settings.dispatch_retry_max_s, scoring=scoring,
-                                    owner=settings.replica_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}",
-                                    claim_s=settings.dispatch_claim_s)
+                                    owner=replica_id, claim_s=settings.dispatch_claim_s)
             sessions = SessionTracker(store, idle_timeout_s=settings.session_idle_timeout_s,
                                       sweep_interval_s=settings.idle_sweep_interval_s, on_new_work=dispatcher.wake)
             state = PolicyState(
@@ -204,13 +212,16 @@ def create_app(settings: PolicySettings) -> FastAPI:
                     Generator, engine, tokenizer, gate, max_resumes=settings.max_resumes,
                     max_prompt_tokens=settings.max_prompt_tokens or context_length(settings.model_path)),
                 gate=gate, weight_sync=WeightSync(workers, gate, pause_mode=settings.pause_mode,
-                                                  deadline_s=settings.weight_update_deadline_s),
+                                                  deadline_s=settings.weight_update_deadline_s, replicas=replicas),
                 sessions=sessions, dispatcher=dispatcher, metrics=metrics, mode_state=mode_state,
                 pipeline=pipeline, backlog_cache=[0.0, -1e9], scoring=scoring, ready=ready,
                 inferrer=SessionInferrer(store, sessions, metrics) if settings.infer_sessions else None,
             )
             tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
                      asyncio.create_task(sessions.run_sweeper(), name="idle-sweeper")]
+            if replicas is not None:
+                await replicas.refresh()  # a mode or pause set at another replica holds from the first request
+                tasks.append(asyncio.create_task(replicas.run(), name="replica-sync"))
             stack.push_async_callback(_stop_background, settings, store, dispatcher, tasks, sessions)
             counts = (await asyncio.to_thread(store.stats))["samples"]
             app.state.policy = state

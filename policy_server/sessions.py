@@ -265,7 +265,8 @@ class SessionTracker:
             if self._in_flight.get(sid):  # a main request is being answered: not idle (see module docstring)
                 continue
             async with self._lock(sid):
-                await asyncio.to_thread(self.store.end_session, sid, now=now)
+                # Re-checked in the transaction: a turn recorded meanwhile at another replica keeps it open.
+                await asyncio.to_thread(self.store.end_session, sid, now=now, idle_before=now - self.idle_timeout_s)
             self._locks.pop(sid, None)
             ended += 1
         if ended:

@@ -20,7 +20,8 @@ change: empty in SQLite, whose write transactions are serialised anyway) and ``_
 skips rows another transaction holds).
 
 ``on_ready`` (a callable, or None) is called after every committed write that made at least one sample
-``ready`` (policy_server.ready_notifier wakes lease waiters with it); it must not block.
+``ready`` (policy_server.ready_notifier wakes lease waiters with it); ``on_admin`` after a change of shared
+admin state (policy_server.replicas). Both must not block; with PostgreSQL they run at every replica.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class StoreDB:
     _for_update = ""
     _skip_locked = ""
     busy_timeout_s: float
-    on_ready: Callable[[], None] | None
+    on_ready: Callable[[], None] | None = None
+    on_admin: Callable[[], None] | None = None
 
     def _tx(self) -> AbstractContextManager[Any]:
         raise NotImplementedError
@@ -61,6 +63,17 @@ class StoreDB:
         """After a commit: tell the listeners that ``n`` samples became ready (nothing when n is 0)."""
         if n:
             self._emit_ready()
+
+    def notify_admin(self) -> None:
+        """Announce a change of shared admin state (``runtime``) to every replica's ``on_admin``."""
+        if self.on_admin is not None:
+            self.on_admin()
+
+    def runtime_keys(self, prefix: str) -> list[str]:
+        """The runtime keys starting with ``prefix``, prefix removed (e.g. the replicas that reported in)."""
+        with self._read() as db:
+            rows = db.execute("SELECT key FROM runtime WHERE key LIKE ?", (prefix + "%",)).fetchall()
+        return sorted(r[0][len(prefix):] for r in rows if r[0].startswith(prefix))
 
     def get_runtime(self, key: str) -> Any:
         """A runtime setting changed through the admin API (e.g. the reward mode), or None if never set."""

@@ -19,6 +19,8 @@ Wake-ups: a commit that made samples ``ready`` sends ``NOTIFY hindsight_ready``;
 replica (``LISTEN`` on its own connection, reconnecting with a back-off) calls ``on_ready``, so a lease
 long-poll at any replica wakes when the judge outcome was written by another one. After a reconnect it
 calls ``on_ready`` once (a notification sent while it was away is not replayed by PostgreSQL).
+Shared admin changes (reward mode, weight-sync pause: policy_server.replicas) go the same way on
+``hindsight_admin`` to ``on_admin``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from policy_server.store.migrations import apply_migrations
 logger = logging.getLogger(__name__)
 
 READY_CHANNEL = "hindsight_ready"
+ADMIN_CHANNEL = "hindsight_admin"
 _SCHEMA_LOCK_KEY = 0x48696E64  # arbitrary constant: the advisory lock that serialises migrations
 
 
@@ -151,19 +154,29 @@ class PostgresDB(StoreDB):
             if self.on_ready is not None:
                 self.on_ready()
 
+    def notify_admin(self) -> None:
+        with self._tx() as db:
+            db.execute(f"NOTIFY {ADMIN_CHANNEL}")
+
+    def _dispatch(self, channel: str) -> None:
+        callback = self.on_ready if channel == READY_CHANNEL else self.on_admin
+        if callback is not None:
+            callback()
+
     def _listen(self) -> None:
         backoff_s, reconnect = 0.1, False
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(self.busy_timeout_s))) as c:
                     c.execute(f"LISTEN {READY_CHANNEL}")
-                    if reconnect and self.on_ready is not None:
-                        self.on_ready()  # anything that became ready while no listener was connected
+                    c.execute(f"LISTEN {ADMIN_CHANNEL}")
+                    if reconnect:  # anything announced while no listener was connected
+                        self._dispatch(READY_CHANNEL)
+                        self._dispatch(ADMIN_CHANNEL)
                     backoff_s, reconnect = 0.1, True
                     while not self._stop.is_set():
-                        for _ in c.notifies(timeout=0.5):
-                            if self.on_ready is not None:
-                                self.on_ready()
+                        for note in c.notifies(timeout=0.5):
+                            self._dispatch(note.channel)
             except psycopg.Error as exc:
                 if self._stop.is_set():
                     return

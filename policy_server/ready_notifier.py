@@ -14,9 +14,10 @@ Contract:
 - ``wait`` wakes EVERY waiter; they then compete for the samples through the store's lease transaction,
   which hands each sample to one lease only.
 
-:class:`LocalReadyNotifier` serves one process. A store shared by several replicas would implement the
-same three calls with PostgreSQL ``LISTEN``/``NOTIFY`` (``notify`` issues ``NOTIFY`` in the committing
-transaction; a listener task bumps the generation and wakes the local waiters).
+:class:`LocalReadyNotifier` serves one process. With the PostgreSQL store shared by replicas the same notifier is
+fed across processes: a commit that made samples ready sends ``NOTIFY hindsight_ready`` and every replica's store
+listener calls its ``on_ready`` (policy_server.store.postgres), so a waiter at any replica wakes on a judge outcome
+written at another one.
 """
 
 from __future__ import annotations

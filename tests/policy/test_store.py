@@ -165,3 +165,29 @@ def test_runtime_settings_are_shared(store_factory):
     a, b = store_factory(), store_factory()
     a.set_runtime("mode", {"mode": "opd", "w_rl": 1.0, "w_opd": 0.5})
     assert b.get_runtime("mode") == {"mode": "opd", "w_rl": 1.0, "w_opd": 0.5}
+
+
+def test_postgres_lock_wait_is_bounded_then_serves_again(pg_url):
+    """A row lock held elsewhere (an operator's transaction) makes a write StoreBusy after busy_timeout_s, not a
+    hang; the store serves again once it is released (policy_server.store.postgres)."""
+    import time
+
+    import psycopg
+
+    from policy_server.errors import StoreBusy
+    from policy_server.store import open_store
+
+    st = open_store(pg_url, "", busy_timeout_s=0.5)
+    try:
+        st.record_turn("s", _record(), session_done=False)
+        with psycopg.connect(pg_url) as other:
+            other.execute("SELECT * FROM sessions WHERE session_id='s' FOR UPDATE")
+            t0 = time.monotonic()
+            with pytest.raises(StoreBusy):
+                st.record_turn("s", _record(), session_done=False)
+            assert time.monotonic() - t0 < 3.0
+            assert st.probe(0.5) is None  # the database itself answers: only that row is locked
+            other.rollback()
+        assert st.record_turn("s", _record(), session_done=False) == 1
+    finally:
+        st.close()

@@ -84,9 +84,17 @@ def schema_version(db: Any) -> int:
 def apply_migrations(store: Any, *, real_type: str) -> list[int]:
     """Bring the store's schema to :data:`LATEST_VERSION`; returns the versions applied (empty when current).
 
-    ``store`` provides ``_tx()`` (one write transaction) and ``_lock_schema(db)`` (serialises concurrent
-    migrators inside that transaction)."""
+    ``store`` provides ``_tx()`` (one write transaction), ``_read()``, ``_has_table(name)`` and
+    ``_lock_schema(db)`` (serialises concurrent migrators inside that transaction)."""
     applied: list[int] = []
+    if store._has_table("schema_migrations"):  # the common case, a current schema, costs one read and no write
+        with store._read() as db:
+            current = schema_version(db)
+        if current > LATEST_VERSION:
+            raise SchemaError(f"store schema version {current} is newer than this release's "
+                              f"{LATEST_VERSION}: upgrade hindsight before opening this store")
+        if current == LATEST_VERSION:
+            return applied
     with store._tx() as db:
         store._lock_schema(db)
         db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "

@@ -123,6 +123,10 @@ class PostgresDB(StoreDB):
 
     _read = _tx  # a read is a transaction too: a consistent snapshot per statement, rolled back on error
 
+    def _has_table(self, name: str) -> bool:
+        with self._read() as db:
+            return db.execute("SELECT to_regclass(?)", (name,)).fetchone()[0] is not None
+
     def _lock_schema(self, db: _Conn) -> None:
         db.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK_KEY,))
 

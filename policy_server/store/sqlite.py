@@ -74,6 +74,10 @@ class SqliteDB(StoreDB):
             if side_path.exists():
                 side_path.chmod(0o600)
 
+    def _has_table(self, name: str) -> bool:
+        with self._read() as db:
+            return db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone() is not None
+
     def _lock_schema(self, db: sqlite3.Connection) -> None:
         """Migrations run inside BEGIN IMMEDIATE, which already excludes every other writer."""
 

@@ -16,7 +16,7 @@ from policy_server.store import LATEST_VERSION, SchemaError, Store, open_store
 
 pytestmark = pytest.mark.unit
 
-# The schema of the last release without schema_migrations (policy_server/store_db.py of that release).
+# The DDL of the last release without schema_migrations, exactly as that release created it.
 RELEASE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (session_id TEXT PRIMARY KEY, next_turn_index INTEGER NOT NULL DEFAULT 0,
     last_activity REAL NOT NULL, done INTEGER NOT NULL DEFAULT 0, has_included INTEGER NOT NULL DEFAULT 0,

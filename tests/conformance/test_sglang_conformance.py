@@ -45,7 +45,7 @@ from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_judge, start_policy  # n
 pytestmark = pytest.mark.e2e
 
 HERE = Path(__file__).parent
-LONG = 400  # max_tokens of the request whose client hangs up: far more than the time it is given
+LONG = 3000  # max_tokens of the request whose client hangs up (EOS banned): far more than the time it is given
 TOOLS = [{"type": "function", "function": {"name": "move_file", "description": "Rename a file",
                                            "parameters": {"type": "object", "properties": {
                                                "src": {"type": "string"}, "dst": {"type": "string"}},
@@ -140,9 +140,11 @@ def _stats(stack: Stack) -> dict[str, Any]:
     return r.json()
 
 
-def _hang_up(stack: Stack) -> None:
+def _hang_up(stack: Stack, eos_id: int) -> None:
     """A client that leaves mid-generation: the policy server must abort the engine request."""
-    body = {"messages": [{"role": "user", "content": "write a long story"}], "max_tokens": LONG, "temperature": 0}
+    # EOS banned: a greedy tiny model may otherwise end its "long" answer before the client leaves.
+    body = {"messages": [{"role": "user", "content": "write a long story"}], "max_tokens": LONG, "temperature": 0,
+            "logit_bias": {str(eos_id): -100}}
 
     async def run() -> None:
         async with httpx.AsyncClient(base_url=stack.policy.url, trust_env=False, timeout=60,
@@ -195,7 +197,7 @@ def _drive(stack: Stack, model_dir: Path) -> None:
                                                                      "weight_version": "v1"},
                    headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=120, trust_env=False)
     assert r.status_code == 200 and r.json()["success"], r.text
-    _hang_up(stack)
+    _hang_up(stack, json.loads((model_dir / "config.json").read_text())["eos_token_id"])
 
 
 def _sampling_params(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -73,6 +73,12 @@ def test_judge_tokens_from_metrics_text_and_later_step_wins(tmp_path: Path) -> N
         'hindsight_judge_tokens_per_turn_sum{kind="prompt",task="hint"} 300.0',
         'hindsight_judge_tokens_per_turn_count{kind="prompt",task="hint"} 2.0', ""])
     assert d.judge_tokens_per_turn(text) == (["hint", "prm"], {"prompt": [150.0, 250.0], "completion": [0.0, 30.0]})
+    cached = text + "\n".join([  # cached tokens are part of the prompt tokens: stacked as prefilled + cached
+        'hindsight_judge_tokens_per_turn_bucket{kind="cached",task="prm",le="+Inf"} 4.0',
+        'hindsight_judge_tokens_per_turn_sum{kind="cached",task="prm"} 800.0',
+        'hindsight_judge_tokens_per_turn_count{kind="cached",task="prm"} 4.0', ""])
+    assert d.judge_tokens_per_turn(cached) == (["hint", "prm"], {"prefilled": [150.0, 50.0], "cached": [0.0, 200.0],
+                                                                 "completion": [0.0, 30.0]})
     assert d.judge_tokens_per_turn("# nothing\n") == ([], {})
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 3}\n{"step": 2, "loss": 2}\n{"step": 2, "loss": 1}\n')
     assert d.read_steps(tmp_path) == [{"step": 1, "loss": 3}, {"step": 2, "loss": 1}]

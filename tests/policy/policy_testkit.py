@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -38,6 +40,23 @@ def start_judge(log_dir: Path, name: str, port: int | None = None) -> ManagedPro
     cmd = [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1", "--port", str(port)]
     return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir,
                          env={"HINDSIGHT_JUDGE_M": "3"}, deadline_s=60)
+
+
+@contextmanager
+def judged_policy_stack(model_dir: Path, engine_url: str, work: Path) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
+    """A policy server judged by a rules-backend judge (its default settings); yields (policy, judge), stops both."""
+    port = free_port()
+    judge = start_process("judge", [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host",
+                                    "127.0.0.1", "--port", str(port)],
+                          url=f"http://127.0.0.1:{port}", log_dir=work, deadline_s=60)
+    pol = None
+    try:
+        pol = start_policy(model_dir, engine_url, work / "data", work, extra=["--judge-url", judge.url])
+        yield pol, judge
+    finally:
+        if pol:
+            pol.stop()
+        judge.stop()
 
 
 def chat(url: str, sid: str, messages: list[dict], *, max_tokens: int, done: bool = False) -> dict:

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.procs import ManagedProcess, free_port, spawn, wait_http
-from policy_testkit import admin, client, start_policy
+from engine.procs import ManagedProcess
+from policy_testkit import admin, client, judged_policy_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -25,19 +25,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 @pytest.fixture(scope="module")
 def judged_policy(tiny_model_dir, engine, tmp_path_factory) -> Iterator[ManagedProcess]:
-    d = tmp_path_factory.mktemp("judged-policy")
-    port = free_port()
-    judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1",
-                            "--port", str(port)], url=f"http://127.0.0.1:{port}", log_dir=d)
-    pol = None
-    try:
-        wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
-        pol = start_policy(tiny_model_dir, engine.url, d / "data", d, extra=["--judge-url", judge.url])
+    with judged_policy_stack(tiny_model_dir, engine.url, tmp_path_factory.mktemp("judged-policy")) as (pol, _judge):
         yield pol
-    finally:
-        if pol:
-            pol.stop()
-        judge.stop()
 
 
 def _chat(url: str, sid: str, messages: list[dict], headers: dict | None = None, **kw) -> dict:

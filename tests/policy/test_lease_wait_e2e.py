@@ -7,15 +7,14 @@ lease (measured here from the chat answer that made it judgeable); concurrent le
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from engine.procs import ManagedProcess, free_port, spawn, wait_http
-from policy_testkit import admin, client, start_policy, stats
+from engine.procs import ManagedProcess
+from policy_testkit import admin, client, judged_policy_stack, stats
 
 pytestmark = pytest.mark.e2e
 U = [{"role": "user", "content": "list the files"}]
@@ -23,21 +22,10 @@ U = [{"role": "user", "content": "list the files"}]
 
 @pytest.fixture(scope="module")
 def judged_policy(tiny_model_dir, engine, tmp_path_factory) -> Iterator[ManagedProcess]:
-    d = tmp_path_factory.mktemp("lease-policy")
-    port = free_port()
-    judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1",
-                            "--port", str(port)], url=f"http://127.0.0.1:{port}", log_dir=d)
-    pol = None
-    try:
-        wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
-        pol = start_policy(tiny_model_dir, engine.url, d / "data", d, extra=["--judge-url", judge.url])
+    with judged_policy_stack(tiny_model_dir, engine.url, tmp_path_factory.mktemp("lease-policy")) as (pol, judge):
         yield pol
-    finally:
-        if pol:
-            pol.stop()
-        judge.stop()
     for mp in (pol, judge):
-        assert mp is None or " 500 " not in mp.log_path.read_text(errors="replace")
+        assert " 500 " not in mp.log_path.read_text(errors="replace")
 
 
 def _chat(url: str, sid: str, messages: list[dict]) -> dict:

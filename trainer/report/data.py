@@ -151,7 +151,10 @@ def votes_per_turn(rows: list[dict[str, Any]]) -> tuple[list[str], dict[str, lis
 
 def judge_tokens_per_turn(metrics_text: str | None) -> tuple[list[str], dict[str, list[float]]]:
     """Mean judge tokens per turn by task (categories) and kind (stacks), from the
-    ``hindsight_judge_tokens_per_turn`` histogram's _sum / _count; empty when the judge does not export it."""
+    ``hindsight_judge_tokens_per_turn`` histogram's _sum / _count; empty when the judge does not export it.
+
+    Cached prompt tokens are part of the prompt tokens, so the stacks are ``prefilled`` (prompt - cached),
+    ``cached`` and ``completion``: they add up to the tokens the engine saw per turn."""
     if not metrics_text:
         return [], {}
     sums: dict[tuple[str, str], float] = {}
@@ -167,8 +170,11 @@ def judge_tokens_per_turn(metrics_text: str | None) -> tuple[list[str], dict[str
                 cnts[key] = s.value
     tasks = sorted({t for t, _ in cnts if cnts[(t, _)]})
     kinds = [k for k in ("prompt", "cached", "completion") if any((t, k) in cnts for t in tasks)]
-    stacks = {k: [sums.get((t, k), 0.0) / cnts[(t, k)] if cnts.get((t, k)) else 0.0 for t in tasks] for k in kinds}
-    return tasks, stacks
+    means = {k: [sums.get((t, k), 0.0) / cnts[(t, k)] if cnts.get((t, k)) else 0.0 for t in tasks] for k in kinds}
+    if "prompt" in means and "cached" in means:
+        means["prefilled"] = [max(0.0, p - c) for p, c in zip(means.pop("prompt"), means["cached"])]
+    order = ("prefilled", "prompt", "cached", "completion")
+    return tasks, {k: means[k] for k in order if k in means}
 
 
 def step_series(steps: list[dict[str, Any]], *keys: str) -> dict[str, list[tuple[float, float]]]:

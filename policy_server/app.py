@@ -140,6 +140,13 @@ async def _stop_background(settings: PolicySettings, store: Store, dispatcher: D
                 drained["judged"], drained["cancelled"], counts["pending_judge"], counts["pending_score"])
 
 
+async def _leave(replicas: ReplicaSync) -> None:
+    try:
+        await replicas.leave()
+    except StoreBusy as exc:  # the shutdown goes on: a silent replica stops counting as live after 3 intervals
+        logger.warning("shutdown: replica state not cleared: %s", exc)
+
+
 def _guard_error(status: int, message: str) -> dict[str, object]:
     kind = {413: "invalid_request_error", 429: "rate_limit_error"}.get(status, "invalid_request_error")
     return error_body(status, message, kind)
@@ -222,6 +229,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
             if replicas is not None:
                 await replicas.refresh()  # a mode or pause set at another replica holds from the first request
                 tasks.append(asyncio.create_task(replicas.run(), name="replica-sync"))
+                stack.push_async_callback(_leave, replicas)  # runs after the background tasks stopped
             stack.push_async_callback(_stop_background, settings, store, dispatcher, tasks, sessions)
             counts = (await asyncio.to_thread(store.stats))["samples"]
             app.state.policy = state

@@ -94,6 +94,11 @@ class ReplicaSync:
     def _read(self) -> tuple[Any, Any]:
         return self.store.get_runtime("mode"), self.store.get_runtime("weights")
 
+    async def leave(self) -> None:
+        """At shutdown: this replica no longer counts as live (an update does not wait for its acknowledgement)."""
+        for key in (f"replica:{self.replica_id}", f"weights_seen:{self.replica_id}"):
+            await asyncio.to_thread(self.store.delete_runtime, key)
+
     # ------------------------------------------------------------------ the updating replica
     async def announce_pause(self) -> int:
         """Before the engines pause: every live replica holds new requests (acknowledged, bounded wait)."""

@@ -81,6 +81,11 @@ class StoreDB:
             row = db.execute("SELECT value FROM runtime WHERE key=?", (key,)).fetchone()
         return json.loads(row["value"]) if row else None
 
+    def delete_runtime(self, key: str) -> None:
+        """Forget a runtime setting (one transaction; nothing happens when it is not set)."""
+        with self._tx() as db:
+            db.execute("DELETE FROM runtime WHERE key=?", (key,))
+
     def set_runtime(self, key: str, value: Any) -> None:
         """Persist a runtime setting, so it survives a restart and every replica sees it (one transaction)."""
         with self._tx() as db:

@@ -264,6 +264,13 @@ def test_weight_update_at_a_holds_requests_at_b(tiny_model_dir, router, engine, 
         assert held["r"].status_code == 200 and held["at"] >= released_at
         assert held["r"].json()["hindsight"]["weight_version"] == "v-replicas"  # the new weights, at B too
         _wait(lambda: stats(b.url)["weight_version"] == "v-replicas", 10)  # B learnt the version
+        a.stop(grace_s=30)
+        b.stop(grace_s=30)
+        st = open_store(pg_url, "")
+        try:  # a replica that shut down no longer counts as live: a later update does not wait for it
+            assert st.runtime_keys("replica:") == [] and st.runtime_keys("weights_seen:") == []
+        finally:
+            st.close()
     finally:
         _SlowPause.release.set()
         a.stop()

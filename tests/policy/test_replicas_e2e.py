@@ -5,7 +5,8 @@ of any session. Sessions whose requests alternate between the replicas pair exac
 judge: "thanks, that worked" +1, "No, that is wrong." -1; no history mismatch), stats are the same at both;
 ``kill -9`` of a replica loses no answered turn and the other replica finishes its claimed judge work once the
 claim expires; two trainers leasing at different replicas never get the same sample (long-polls woken by
-LISTEN/NOTIFY whichever replica judged); a weight update called at A holds the chat requests arriving at B.
+LISTEN/NOTIFY whichever replica judged); a reward mode switched at A holds at B; a weight update called at A holds
+the chat requests arriving at B.
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ def test_alternating_sessions_pair_as_on_one_replica(pair):
     assert sa["history_mismatches"] == 0 and sa["turns"] == 12 and sa["reject_reasons"].get("concurrent_turns") is None
     keys = ("samples", "reject_reasons", "turns", "sessions", "sessions_open", "history_mismatches", "active_leases")
     assert {k: sa[k] for k in keys} == {k: sb[k] for k in keys}  # from the database: the same at every replica
+    # the reward mode switched at A is in force at B (runtime table + NOTIFY), without a restart
+    with admin(a.url) as ca, admin(b.url) as cb:
+        before = cb.get("/admin/mode").json()
+        r = ca.post("/admin/mode", json={"mode": "rl", "w_rl": 0.5, "w_opd": 2.0})
+        assert r.status_code == 200, r.text
+        _wait(lambda: cb.get("/admin/mode").json() == {"mode": "rl", "w_rl": 0.5, "w_opd": 2.0}, 10)
+        assert before != cb.get("/admin/mode").json()
 
 
 class _Blackhole:

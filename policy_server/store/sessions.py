@@ -92,12 +92,16 @@ class StoreSessions(StoreDB):
         """
         now = time.time() if now is None else now
         with self._tx() as db:
-            _touch(db, session_id, now)
+            # Create/reopen the session, refresh its activity and take the next index in one statement (it also
+            # row-locks the session until the commit: concurrent turns of the session, at any replica, queue here).
+            idx = db.execute(
+                "INSERT INTO sessions (session_id, last_activity, next_turn_index) VALUES (?, ?, 1) "
+                "ON CONFLICT(session_id) DO UPDATE SET last_activity=excluded.last_activity, done=0, "
+                "next_turn_index=sessions.next_turn_index+1 RETURNING next_turn_index",
+                (session_id, now)).fetchone()[0] - 1
             if resolve is not None:
                 _resolve(db, session_id, resolve.turn_index, pairing=resolve.pairing, next_state=resolve.next_state,
                          session_done=False, note=resolve.note, reject_reason=resolve.reject_reason, now=now)
-            idx = db.execute("SELECT next_turn_index FROM sessions WHERE session_id=?", (session_id,)).fetchone()[0]
-            db.execute("UPDATE sessions SET next_turn_index=? WHERE session_id=?", (idx + 1, session_id))
             db.execute(
                 "INSERT INTO turns (session_id, turn_index, created_at, record, pairing) VALUES (?, ?, ?, ?, 'awaiting')",
                 (session_id, idx, now, dump_json(record)),

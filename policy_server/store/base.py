@@ -49,6 +49,13 @@ class StoreDB:
     def _read(self) -> AbstractContextManager[Any]:
         raise NotImplementedError
 
+    def _has_table(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def _lock_schema(self, db: Any) -> None:
+        """Inside a migration transaction: wait until no other process migrates this database."""
+        raise NotImplementedError
+
     def probe(self, timeout_s: float = 0.5) -> str | None:
         raise NotImplementedError
 

@@ -210,7 +210,9 @@ def create_app(settings: PolicySettings) -> FastAPI:
             dispatcher = Dispatcher(store, pipeline, concurrency=settings.dispatch_concurrency,
                                     retry_initial_s=settings.dispatch_retry_initial_s,
                                     retry_max_s=settings.dispatch_retry_max_s, scoring=scoring,
-                                    owner=replica_id, claim_s=settings.dispatch_claim_s)
+                                    # one process on SQLite: nobody to share the work with, no claims needed
+                                    owner=replica_id if replicas is not None else None,
+                                    claim_s=settings.dispatch_claim_s)
             sessions = SessionTracker(store, idle_timeout_s=settings.session_idle_timeout_s,
                                       sweep_interval_s=settings.idle_sweep_interval_s, on_new_work=dispatcher.wake)
             state = PolicyState(

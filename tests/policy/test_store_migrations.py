@@ -121,3 +121,22 @@ def test_replicas_starting_together_migrate_once(pg_url):
     finally:
         for st in stores:
             st.close()
+
+
+def test_migrate_command_upgrades_a_release_data_dir(tmp_path):
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    _release_data_dir(data)
+    done = subprocess.run([sys.executable, "-m", "policy_server.cli", "migrate", "--data-dir", str(data)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"store schema at version {LATEST_VERSION}"
+    db = sqlite3.connect(data / "hindsight.sqlite3")
+    assert db.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0] == LATEST_VERSION
+    assert db.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 3
+    db.close()
+    bad = subprocess.run([sys.executable, "-m", "policy_server.cli", "migrate", "--store-url", "mysql://x/y"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "sqlite:// or postgresql://" in bad.stderr

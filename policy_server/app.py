@@ -215,6 +215,9 @@ def create_app(settings: PolicySettings) -> FastAPI:
                                     claim_s=settings.dispatch_claim_s)
             sessions = SessionTracker(store, idle_timeout_s=settings.session_idle_timeout_s,
                                       sweep_interval_s=settings.idle_sweep_interval_s, on_new_work=dispatcher.wake)
+            if replicas is not None:  # the sweep also spares sessions in flight at other replicas, and vice versa
+                sessions.remote_in_flight = replicas.remote_in_flight
+                replicas.in_flight = sessions.in_flight_sessions
             state = PolicyState(
                 settings=settings, store=store, engine=engine,
                 generator=await asyncio.to_thread(

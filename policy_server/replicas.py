@@ -13,8 +13,9 @@ each replica's store listener turns into a :meth:`ReplicaSync.refresh`; a period
   WeightGate: new chat requests wait there (delayed, not failed; in-flight ones aborted by the pause are
   resubmitted once the gate opens, as at the updating replica). :meth:`announce_done` publishes the new
   ``weight_version`` and opens every gate. A pause whose announcer died is lifted after ``max_pause_s``.
-- Liveness: each replica writes ``runtime["replica:<id>"]`` = its last refresh time; a replica silent for
-  ``3 * interval_s`` is not waited for.
+- Liveness: each replica writes ``runtime["replica:<id>"]`` = its last refresh time and the sessions it has a
+  main request in flight for (the idle sweep of every replica leaves those alone); a replica silent for
+  ``3 * interval_s`` is not waited for and its list no longer counts.
 
 With the SQLite store there is one process and nothing to share: the app does not start this.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from policy_server.errors import StoreBusy
@@ -35,7 +37,8 @@ class ReplicaSync:
     """Follows the shared reward mode and weight-sync pause (see the module docstring)."""
 
     def __init__(self, store: Any, *, replica_id: str, mode_state: Any, gate: Any, interval_s: float = 1.0,
-                 ack_timeout_s: float = 5.0, max_pause_s: float = 600.0):
+                 ack_timeout_s: float = 5.0, max_pause_s: float = 600.0,
+                 in_flight: Callable[[], list[str]] | None = None):
         self.store = store
         self.replica_id = replica_id
         self.mode_state = mode_state
@@ -43,6 +46,7 @@ class ReplicaSync:
         self.interval_s = interval_s
         self.ack_timeout_s = ack_timeout_s
         self.max_pause_s = max_pause_s
+        self.in_flight = in_flight  # the sessions with a main request in flight here (SessionTracker)
         self.local_update = False  # this replica's WeightSync holds the gate itself
         self._remote_paused = False
         self._wake = asyncio.Event()
@@ -89,7 +93,21 @@ class ReplicaSync:
                     self.gate.epoch += 1
                     self.gate.open()
                     logger.info("weight update done at another replica: weight_version %s", self.gate.version)
-        await asyncio.to_thread(self.store.set_runtime, f"replica:{self.replica_id}", {"at": time.time()})
+        await asyncio.to_thread(self.store.set_runtime, f"replica:{self.replica_id}",
+                                {"at": time.time(), "in_flight": self.in_flight() if self.in_flight else []})
+
+    async def remote_in_flight(self) -> set[str]:
+        """Sessions with a main request in flight at another live replica (for the idle sweep)."""
+        return await asyncio.to_thread(self._remote_in_flight)
+
+    def _remote_in_flight(self) -> set[str]:
+        live_after = time.time() - 3 * self.interval_s
+        out: set[str] = set()
+        for r in self.store.runtime_keys("replica:"):
+            beat = self.store.get_runtime(f"replica:{r}") or {}
+            if r != self.replica_id and beat.get("at", 0) > live_after:
+                out.update(beat.get("in_flight", []))
+        return out
 
     def _read(self) -> tuple[Any, Any]:
         return self.store.get_runtime("mode"), self.store.get_runtime("weights")

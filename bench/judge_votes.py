@@ -7,8 +7,8 @@ Part 1 (pure, seeded): each turn has a true verdict in {1, 0, -1}; each vote is 
 values, uniformly or, with ``--wrong-skew P``, the first of them (order 1, 0, -1) with probability P. The same
 per-turn vote stream feeds fixed m=5 (first five votes) and the adaptive policy (as many as it asks for),
 through judge_server.voting.run_policy; so does the sequential policy with the judge's default settings
-(JudgeSettings: sequential_stop_rule, error_budget_share, the agreement tracker's warm-up, m_max 9), with one
-fresh AgreementTracker per row (so each row includes the warm-up), and the change_prob rule at the default
+(JudgeSettings: sequential_stop_rule, error_budget_share, the vote-noise tracker's warm-up and window, m_max 9),
+with one fresh AgreementTracker per row (so each row includes the warm-up), and the change_prob rule at the default
 stop_change_prob for comparison. Printed: mean votes per turn (and the ratio to 5) and the share of turns where
 the policy gives the same (score, status) as fixed m=5, and each policy's share of turns with status ok and the
 true verdict ("correct"); then the target of the sequential rule: at agreement >= 0.85 at most 0.50x fixed m=5's

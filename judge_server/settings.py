@@ -70,12 +70,14 @@ class JudgeSettings(BaseSettings):
     # result) < stop_change_prob, under a symmetric Dirichlet(stop_prior) belief over the verdict shares.
     sequential_stop_rule: Literal["error_budget", "change_prob"] = "error_budget"
     error_budget_share: float = Field(default=1.0, gt=0, le=1)
-    # the noise estimate: first-round vote pairs of the last agreement_window_turns turns per task, blended with
-    # this warm-up default worth agreement_prior_turns turns (so a new instance starts at the default)
+    # the vote-noise estimate (agreement, unparseable share, wrong-vote concentration) from the last
+    # agreement_window_turns turns per task, blended with this warm-up default (symmetric wrong votes) worth
+    # agreement_prior_turns turns, so a new instance starts at the default; 5000 turns keep a skew test's
+    # standard error near 0.01
     default_agreement: float = Field(default=0.85, gt=0.5, lt=1)
     default_unparseable: float = Field(default=0.05, ge=0, lt=0.9)
     agreement_prior_turns: int = Field(default=50, ge=1)
-    agreement_window_turns: int = Field(default=2000, ge=1)
+    agreement_window_turns: int = Field(default=5000, ge=1)
     stop_change_prob: float = Field(default=0.1, gt=0, le=1)
     stop_prior: float = Field(default=0.5, gt=0)
     sequential_first_round: int = Field(default=2, ge=1)

@@ -18,10 +18,11 @@ Contract (issue 3, openclaw-rl-notes §5.3, §7.2, §15.1-3):
     votes still missing from the m-vote budget would change it (:func:`change_probability`) is below
     ``stop_change_prob``; a budget spent on a split result escalates like ``adaptive``, up to ``m_max``.
     That is ``stop_rule="change_prob"``; with ``stop_rule="error_budget"`` (the service default) it stops
-    instead as soon as the count state is in :func:`judge_server.vote_model.stop_table` for the noise that
-    ``tracker`` (an :class:`~judge_server.vote_model.AgreementTracker`) has estimated, after the tracker has
-    seen this turn's first two votes: the fewest expected votes whose expected error is at most
-    ``error_budget_share`` times that of fixed m-vote voting, up to ``m_max`` votes (vote_model.py).
+    instead as soon as the count state is in :func:`judge_server.vote_model.stop_table` for the vote noise
+    that ``tracker`` (an :class:`~judge_server.vote_model.AgreementTracker`) has estimated from earlier turns:
+    the fewest expected votes whose expected error is at most ``error_budget_share`` times that of fixed
+    m-vote voting, up to ``m_max`` votes (no ``budget`` escalation steps); the finished turn's votes then go
+    to the tracker (vote_model.py).
 - ``select_hint``: the prior rule (longest hint of a +1 vote, stripped, longer than ``min_chars``);
   with ``require_majority`` a hint is only taken when the vote result is ``ok`` with score 1.
 """
@@ -195,13 +196,13 @@ async def run_policy(
         first = min(max(m, 2), max(first_round, min_valid, 2))  # two votes at least: the tracker's pair
         samples.extend(await sample(first, 0))
         rounds = 1
-        tracker.observe([s.value for s in samples[:2]])
-        agreement, unparseable = tracker.estimate()
+        agreement, unparseable, concentration = tracker.estimate()
         table = stop_table(agreement, unparseable, len(outcomes), m, max(m, m_max, first), first, min_valid,
-                           error_budget_share)
+                           error_budget_share, concentration)
         while state_of([s.value for s in samples], outcomes) not in table:
             samples.extend(await sample(1, rounds))
             rounds += 1
+        tracker.observe([s.value for s in samples])
     elif policy == "sequential":
         budget = m
         k = min(budget, max(first_round, min_valid, 1))

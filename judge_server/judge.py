@@ -54,6 +54,7 @@ from judge_server.metrics import JudgeMetrics
 from judge_server.rules import RuleJudge
 from judge_server.schemas import JudgeRequest
 from judge_server.settings import JudgeSettings
+from judge_server.vote_model import AgreementTracker
 from judge_server.voting import STATUS_FAILED, STATUS_OK, Vote, VoteResult, run_policy, select_hint
 from prompts import (
     TokenCounter,
@@ -68,6 +69,12 @@ from prompts import (
 logger = logging.getLogger(__name__)
 
 ALLOWED = {"prm": frozenset({1, 0, -1}), "hint": frozenset({1, -1})}
+
+
+def tracker_for(s: JudgeSettings, k_outcomes: int) -> AgreementTracker:
+    return AgreementTracker(k_outcomes, default_agreement=s.default_agreement,
+                            default_unparseable=s.default_unparseable, prior_turns=s.agreement_prior_turns,
+                            window_turns=s.agreement_window_turns)
 
 
 @dataclass
@@ -109,6 +116,8 @@ class JudgeService:
     ):
         self.settings = settings
         self.metrics = metrics
+        # per-task vote-noise estimate of this instance, for the sequential error-budget rule (bounded window)
+        self.trackers = {task: tracker_for(settings, len(values)) for task, values in ALLOWED.items()}
         self.client = client
         self.tokenizer = tokenizer
         self.counter = TokenCounter.from_tokenizer(tokenizer) if tokenizer is not None else TokenCounter.estimate()
@@ -171,6 +180,8 @@ class JudgeService:
                     sampler, policy=policy, m=m, m_max=max(s.m_max, m), min_valid=s.min_valid,
                     escalate_step=s.escalate_step, collected=collected, outcomes=sorted(ALLOWED[task]),
                     stop_change_prob=s.stop_change_prob, stop_prior=s.stop_prior, first_round=s.sequential_first_round,
+                    stop_rule=s.sequential_stop_rule, tracker=self.trackers[task],
+                    error_budget_share=s.error_budget_share,
                 )
         except (EngineError, TimeoutError) as exc:
             reason = str(exc) if isinstance(exc, EngineError) else (

@@ -64,11 +64,20 @@ class JudgeSettings(BaseSettings):
     m_max: int = 7
     min_valid: int = 1
     escalate_step: int = 2
-    # sequential policy: stop once P(the votes left of the m-vote budget change the result) < stop_change_prob,
-    # that probability under a symmetric Dirichlet(stop_prior) belief over the verdict shares (voting.py).
-    # Default 0.1 (bench/judge_votes.py, synthetic votes): at 95% vote agreement 0.46x fixed m=5's votes at
-    # its correctness; at 85% 0.56x votes, more often correct (0.975 vs 0.957). 0.3 also stops at a 2-1 lead:
-    # 0.47x votes at 85% but a little less often correct than fixed m=5.
+    # sequential policy. error_budget (default): stop at the fewest expected votes whose expected error, under
+    # the vote noise estimated online from this service's own turns, is at most error_budget_share times fixed
+    # m-vote voting's (vote_model.py). change_prob: stop once P(the votes left of the m-vote budget change the
+    # result) < stop_change_prob, under a symmetric Dirichlet(stop_prior) belief over the verdict shares.
+    sequential_stop_rule: Literal["error_budget", "change_prob"] = "error_budget"
+    error_budget_share: float = Field(default=1.0, gt=0, le=1)
+    # the vote-noise estimate (agreement, unparseable share, wrong-vote concentration) from the last
+    # agreement_window_turns turns per task, blended with this warm-up default (symmetric wrong votes) worth
+    # agreement_prior_turns turns, so a new instance starts at the default; 5000 turns keep a skew test's
+    # standard error near 0.01
+    default_agreement: float = Field(default=0.85, gt=0.5, lt=1)
+    default_unparseable: float = Field(default=0.05, ge=0, lt=0.9)
+    agreement_prior_turns: int = Field(default=50, ge=1)
+    agreement_window_turns: int = Field(default=5000, ge=1)
     stop_change_prob: float = Field(default=0.1, gt=0, le=1)
     stop_prior: float = Field(default=0.5, gt=0)
     sequential_first_round: int = Field(default=2, ge=1)

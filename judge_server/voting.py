@@ -17,6 +17,12 @@ Contract (issue 3, openclaw-rl-notes §5.3, §7.2, §15.1-3):
     current result is ``ok`` with at least ``min_valid`` parseable votes and the probability that the
     votes still missing from the m-vote budget would change it (:func:`change_probability`) is below
     ``stop_change_prob``; a budget spent on a split result escalates like ``adaptive``, up to ``m_max``.
+    That is ``stop_rule="change_prob"``; with ``stop_rule="error_budget"`` (the service default) it stops
+    instead as soon as the count state is in :func:`judge_server.vote_model.stop_table` for the vote noise
+    that ``tracker`` (an :class:`~judge_server.vote_model.AgreementTracker`) has estimated from earlier turns:
+    the fewest expected votes whose expected error is at most ``error_budget_share`` times that of fixed
+    m-vote voting, up to ``m_max`` votes (no ``budget`` escalation steps); the finished turn's votes then go
+    to the tracker (vote_model.py).
 - ``select_hint``: the prior rule (longest hint of a +1 vote, stripped, longer than ``min_chars``);
   with ``require_majority`` a hint is only taken when the vote result is ``ok`` with score 1.
 """
@@ -28,6 +34,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+from judge_server.vote_model import AgreementTracker, stop_table, state_of
 
 STATUS_OK = "ok"
 STATUS_TIE = "tie"
@@ -157,6 +165,9 @@ async def run_policy(
     stop_change_prob: float = 0.05,
     stop_prior: float = 0.5,
     first_round: int = 2,
+    stop_rule: str = "change_prob",
+    tracker: AgreementTracker | None = None,
+    error_budget_share: float = 1.0,
 ) -> VoteResult:
     """Draw votes per ``policy`` and aggregate them. ``collected`` receives samples as they arrive, so a
     caller still sees the votes of finished rounds when a later round raises."""
@@ -179,6 +190,19 @@ async def run_policy(
                 continue
             samples.extend(await sample(k, rounds))
             rounds += 1
+    elif policy == "sequential" and stop_rule == "error_budget":
+        if tracker is None:
+            raise ValueError("stop_rule 'error_budget' needs an AgreementTracker")
+        first = min(max(m, 2), max(first_round, min_valid, 2))  # two votes at least: the tracker's pair
+        samples.extend(await sample(first, 0))
+        rounds = 1
+        agreement, unparseable, concentration = tracker.estimate()
+        table = stop_table(agreement, unparseable, len(outcomes), m, max(m, m_max, first), first, min_valid,
+                           error_budget_share, concentration)
+        while state_of([s.value for s in samples], outcomes) not in table:
+            samples.extend(await sample(1, rounds))
+            rounds += 1
+        tracker.observe([s.value for s in samples])
     elif policy == "sequential":
         budget = m
         k = min(budget, max(first_round, min_valid, 1))

@@ -1,4 +1,5 @@
-"""Unit tests of judge_server.voting (fixed rule, adaptive policy, hint selection) and the rules backend."""
+"""Unit tests of judge_server.voting (fixed rule, adaptive policy, the sequential error-budget rule of
+judge_server.vote_model, hint selection) and the rules backend."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ import pytest
 
 from judge_server.rules import RuleJudge
 from judge_server.settings import DEFAULT_NEGATIVE, DEFAULT_POSITIVE
+from judge_server.vote_model import (
+    AgreementTracker,
+    _states,
+    agreement_from_pair_rate,
+    distinct_third_rate,
+    fixed_error,
+    stop_table,
+)
 from judge_server.voting import (
     Vote,
     VoteResult,
@@ -178,3 +187,112 @@ def test_rules_hint_and_version() -> None:
     assert v.value == -1 and v.hint is None
     assert RULES.version.startswith("rules@") and len(RULES.version) == len("rules@") + 12
     assert RuleJudge(["yay"], ["boo"]).version != RULES.version
+
+
+# --- sequential policy, error-budget rule (judge_server.vote_model). Expectations derived by hand from the
+# one-coin vote model: P(verdict t true | counts) is proportional to (a * (K-1) / (1-a)) ** count_t.
+
+def tracker(agreement: float, unparseable: float = 0.05, k: int = 3, prior_turns: int = 10**6,
+            window: int = 10) -> AgreementTracker:
+    """A tracker whose huge warm-up weight pins its estimate to the given noise."""
+    return AgreementTracker(k, default_agreement=agreement, default_unparseable=unparseable,
+                            prior_turns=prior_turns, window_turns=window)
+
+
+@pytest.mark.unit
+def test_agreement_from_pair_rate_inverts_the_pair_agreement() -> None:
+    assert agreement_from_pair_rate(0.85 ** 2 + 0.15 ** 2 / 2, 3) == pytest.approx(0.85)
+    assert agreement_from_pair_rate(0.9 ** 2 + 0.1 ** 2, 2) == pytest.approx(0.9)  # 0.82
+    assert agreement_from_pair_rate(0.1, 3) == pytest.approx(1 / 3)  # below chance: clamped to chance
+
+
+@pytest.mark.unit
+def test_fixed_error_hand_derived() -> None:
+    assert fixed_error(0.9, 0.0, 2, 3, 1) == pytest.approx(1 - (0.9 ** 3 + 3 * 0.9 ** 2 * 0.1))  # binary, m=3
+    assert fixed_error(0.7, 0.0, 3, 2, 1) == pytest.approx(1 - 0.7 ** 2)  # m=2: right only when both agree
+    assert fixed_error(0.7, 0.1, 3, 1, 1) == pytest.approx(0.1 + 0.9 * 0.3)  # m=1: unparseable or wrong
+
+
+@pytest.mark.unit
+def test_tracker_estimate_blends_window_with_warm_up_default() -> None:
+    t = tracker(0.85, prior_turns=1)
+    assert t.estimate() == (0.85, 0.05, 0.5)  # nothing seen yet: the warm-up default, symmetric wrong votes
+    for votes in ([1, 1], [1, 0, 1], [None, 1], [1]):  # the single vote is ignored
+        t.observe(votes)
+    # pairs: 2 parseable, 1 agreeing; pair rate (1 + 0.73375) / (2 + 1) = 0.5779 -> a = 0.737
+    # unparseable: (1 of 6 votes + 2 * 0.05) / (6 + 2) = 0.1375; one third vote: far too few to leave symmetry
+    assert t.estimate() == (0.74, 0.14, 0.5)
+    small = tracker(0.85, prior_turns=1, window=2)
+    for votes in ([1, 1], [1, 0, 1], [None, 1]):
+        small.observe(votes)
+    # the window keeps the last two turns: pair rate 0.73375 / 2 -> a = 0.483; unparseable 1.1 / 6
+    assert small.estimate() == (0.48, 0.18, 0.5)
+
+
+@pytest.mark.unit
+def test_tracker_detects_concentrated_wrong_votes() -> None:
+    # 700 agreeing pairs, 300 disagreeing ones whose third vote always repeats one of them: wrong votes pile on
+    # one rival (the symmetric model at a=0.85 predicts a third verdict after 0.108 of the disagreeing pairs)
+    assert distinct_third_rate(0.85, 0.5, 3) == pytest.approx(6 * 0.85 * 0.075 ** 2 / (1 - 0.85 ** 2 - 2 * 0.075 ** 2))
+    piled = tracker(0.85, prior_turns=1, window=10_000)
+    spread = tracker(0.85, prior_turns=1, window=10_000)
+    for _ in range(700):
+        piled.observe([1, 1])
+        spread.observe([1, 1])
+    for _ in range(300):
+        piled.observe([1, 0, 1])
+        spread.observe([1, 0, -1])
+    pair_rate = (700 + 0.85 ** 2 + 0.15 ** 2 / 2) / 1001
+    assert piled.estimate() == (round(agreement_from_pair_rate(pair_rate, 3, 0.95), 2), 0.0, 0.95)
+    assert spread.estimate() == (round(agreement_from_pair_rate(pair_rate, 3), 2), 0.0, 0.5)
+
+
+@pytest.mark.unit
+def test_stop_table_at_a_two_one_lead_depends_on_the_noise() -> None:
+    # after 3 votes 2-1: the leader is wrong w.p. 1/(1+38+1/38) = 0.026 at a=0.95, above fixed m=5's error
+    # (0.0026), so the rule goes on; at a=0.85 it is wrong w.p. 0.088 and fixed m=5 w.p. 0.035, but stopping
+    # at 2-1 still fits the whole turn's error budget (most turns stop at 2-0 with error 0.015). If wrong votes
+    # pile on one rival (c=0.8), a 2-1 lead is more often two wrong votes: the rule goes on.
+    assert ((2, 1, 0), 0) not in stop_table(0.95, 0.05, 3, 5, 9, 2, 1, 1.0)
+    assert ((2, 1, 0), 0) in stop_table(0.85, 0.05, 3, 5, 9, 2, 1, 1.0)
+    assert ((2, 1, 0), 0) not in stop_table(0.85, 0.05, 3, 5, 9, 2, 1, 1.0, 0.8)
+    for a in (0.95, 0.85, 0.7, 0.55):
+        table = stop_table(a, 0.05, 3, 5, 9, 2, 1, 1.0)
+        assert ((2, 0, 0), 0) in table and ((1, 1, 0), 0) not in table  # a tie never ends a turn early
+        assert set(_states(9, 3)) <= table  # m_max votes always stop
+
+
+def error_budget_run(values: list[int | None], t: AgreementTracker, **kw: object):  # noqa: ANN201
+    sample, calls = scripted(values)
+    args = {"policy": "sequential", "m": 5, "m_max": 9, "stop_rule": "error_budget", "tracker": t, **kw}
+    return run_policy(sample, **args), calls
+
+
+@pytest.mark.unit
+async def test_error_budget_policy_on_hand_built_streams() -> None:
+    run, calls = error_budget_run([1, 1, -1, -1, -1], tracker(0.95))
+    r = await run
+    assert (r.score, r.status, r.votes, calls) == (1, "ok", [1, 1], [2])  # 2-0: stop
+    run, calls = error_budget_run([1, 0, 1, 1, 0], tracker(0.95))
+    r = await run
+    assert (r.score, r.votes, calls) == (1, [1, 0, 1, 1], [2, 1, 1])  # 2-1 goes on at 0.95; 3-1 stops
+    run, calls = error_budget_run([1, 0, 1, 1, 0], tracker(0.85))
+    r = await run
+    assert (r.score, r.votes, calls) == (1, [1, 0, 1], [2, 1])  # a noisier judge stops at 2-1
+    run, calls = error_budget_run([1, 0, -1, 1, 0, -1, None, None, None, 1], tracker(0.85), m_max=7)
+    r = await run
+    assert (r.status, len(r.votes)) == ("tie", 7)  # still split at m_max: a tie
+    run, calls = error_budget_run([-1, -1, 1], tracker(0.9, k=2), outcomes=(1, -1))
+    r = await run
+    assert (r.score, r.votes) == (-1, [-1, -1])  # the hint task's two verdicts
+
+
+@pytest.mark.unit
+async def test_error_budget_policy_feeds_the_tracker_its_first_two_votes() -> None:
+    t = tracker(0.85, prior_turns=1)
+    run, _ = error_budget_run([1, 0, 1, 1], t)
+    await run
+    assert list(t._turns) == [(2, 0, 0)]  # a parseable disagreeing pair, then one of its two verdicts
+    with pytest.raises(ValueError, match="AgreementTracker"):
+        run, _ = error_budget_run([1, 1], None)  # type: ignore[arg-type]
+        await run

@@ -157,3 +157,32 @@ async def test_teacher_bad_input(tokenizer):
         await _scorer(tokenizer, _engine_answer(GOOD)).score_turn(dict(TURN, response_ids=[]), HINT)
     with pytest.raises(TeacherFailed, match="teacher_bad_input"):
         await _scorer(tokenizer, _engine_answer(GOOD)).score_turn(TURN, "  ")
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_teacher_prompt_keeps_the_rollout_prefix_for_the_teacher_cache(tokenizer):
+    """The hint goes at the END of the last user message, so the teacher prompt repeats the rollout prompt up
+    to there: a prefix-caching teacher engine (SGLang's radix cache) prefills only the hint and what follows,
+    and successive turns of one session share their whole earlier conversation."""
+    history = [{"role": "system", "content": "You are a coding agent."},
+               {"role": "user", "content": "rename a.txt to b.txt " * 20},
+               {"role": "assistant", "content": "Done: renamed a.txt to b.txt."},
+               {"role": "user", "content": "now list the folder"}]
+    rollout = render_prompt_ids(tokenizer, history, None)
+    teacher = build_teacher_prompt_ids(tokenizer, history, None, HINT, TPL)
+    # Everything but the last user message's end-of-turn and the generation prompt is shared.
+    tail = len(render_prompt_ids(tokenizer, history, None)) - len(
+        tokenizer.encode(tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=False)
+                         .rsplit("now list the folder", 1)[0] + "now list the folder", add_special_tokens=False))
+    assert _common_prefix(rollout, teacher) >= len(rollout) - tail - 1
+    # The next turn's teacher prompt shares the earlier turn's whole conversation with this one.
+    later = [*history, {"role": "assistant", "content": "a.txt b.txt"}, {"role": "user", "content": "thanks"}]
+    earlier_conversation = render_prompt_ids(tokenizer, history[:3], None, add_generation_prompt=False)
+    shared = _common_prefix(teacher, build_teacher_prompt_ids(tokenizer, later, None, HINT, TPL))
+    assert shared >= len(earlier_conversation)

@@ -2,7 +2,7 @@
 
 Role: one definition of "a usable reward / teacher log-prob / token reward", applied twice: by the policy
 server before a sample becomes leasable (a failing sample is ``rejected`` with ``invalid_values: <why>``,
-policy_server.store_samples) and by the trainer on every leased sample (trained with mask 0,
+policy_server.store.samples) and by the trainer on every leased sample (trained with mask 0,
 trainer.batch.check_sample). One NaN would otherwise turn the whole batch's advantages into NaN.
 
 Contract of :func:`value_problem` (None = fine, else the reason):

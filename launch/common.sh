@@ -103,7 +103,7 @@ hs_render() {
     if (( redact )); then out+="'***' "; redact=0; continue; fi
     case "$word" in
       --*api-key|--*api-keys) redact=1; out+="$word " ;;
-      [A-Z_]*KEY=*) out+="${word%%=*}='***' " ;;
+      [A-Z_]*KEY=*|[A-Z_]*STORE_URL=*) out+="${word%%=*}='***' " ;;  # a store URL may hold a password
       [A-Z_]*=*) out+="${word%%=*}=$(hs_quote "${word#*=}") " ;;
       *) out+="$(hs_quote "$word") " ;;
     esac

@@ -2,7 +2,9 @@
 # launch/policy.sh: the policy side. Starts SGLang policy engines on ROLLOUT_GPUS (ROLLOUT_TP GPUs each)
 # behind an sglang-router, then hindsight-policy (the OpenAI-compatible proxy agents talk to) pointed
 # at the router, the judge (JUDGE_URL) and the teacher (TEACHER_URL), and stays in the foreground;
-# Ctrl-C or any process exiting stops exactly the processes it started.
+# Ctrl-C or any process exiting stops exactly the processes it started. POLICY_REPLICAS=N starts N
+# hindsight-policy replicas on ports POLICY_PORT + i*POLICY_REPLICA_PORT_STEP sharing STORE_URL
+# (postgresql://...; put any HTTP load balancer in front of them, docs/SCALING.md).
 #
 #   HF_CKPT=/models/Qwen3-4B MODE=rl launch/policy.sh [--dry-run] [VAR=VALUE ...]
 #
@@ -36,6 +38,9 @@ policy_defaults() {
   : "${TEACHER_URL:=http://$HS_CONNECT_HOST:$JUDGE_ROUTER_PORT}"  # OPD teacher: the judge engines' router
   : "${JUDGE_API_KEY:=}"
   : "${POLICY_DATA_DIR:=$HS_RUN_DIR/data}"
+  : "${POLICY_REPLICAS:=1}"              # hindsight-policy processes sharing STORE_URL
+  : "${POLICY_REPLICA_PORT_STEP:=10}"    # replica i listens on POLICY_PORT + i*STEP (30000, 30010, ...)
+  : "${STORE_URL:=}"                     # empty: SQLite under POLICY_DATA_DIR; postgresql://... for replicas
   : "${POLICY_ARGS:=}"                   # extra hindsight-policy flags
   : "${HINDSIGHT_POLICY_BIN:=hindsight-policy}"
 }
@@ -45,6 +50,17 @@ policy_validate() {
   [[ $MODE == rl || $MODE == opd || $MODE == combine ]] || hs_die "MODE='$MODE': use rl, opd or combine"
   hs_engine_count ROLLOUT_GPUS "$ROLLOUT_GPUS" "$ROLLOUT_TP" >/dev/null || exit 2
   hs_require_keys_if_public "$HOST" POLICY_API_KEY POLICY_ADMIN_API_KEY ENGINE_API_KEY
+  [[ $POLICY_REPLICAS =~ ^[1-9][0-9]*$ ]] || hs_die "POLICY_REPLICAS='$POLICY_REPLICAS': use a positive integer"
+  if (( POLICY_REPLICAS > 1 )) && [[ $STORE_URL != postgresql://* && $STORE_URL != postgres://* ]]; then
+    hs_die "POLICY_REPLICAS=$POLICY_REPLICAS needs STORE_URL=postgresql://... (replicas share one PostgreSQL store)"
+  fi
+  local i p
+  for (( i = 0; i < POLICY_REPLICAS; i++ )); do
+    p=$((POLICY_PORT + i * POLICY_REPLICA_PORT_STEP))
+    if (( p == POLICY_ROUTER_PORT || p == JUDGE_PORT || p == JUDGE_ROUTER_PORT )); then
+      hs_die "policy replica $i would listen on port $p, taken by another service: change POLICY_REPLICA_PORT_STEP"
+    fi
+  done
 }
 
 policy_start() {
@@ -60,14 +76,25 @@ policy_start() {
   [[ -z $JUDGE_API_KEY ]] || env+=("HINDSIGHT_POLICY_JUDGE_API_KEY=$JUDGE_API_KEY")
   # The default teacher is the judge engines' router, guarded by the engine key.
   [[ -z $ENGINE_API_KEY ]] || env+=("HINDSIGHT_POLICY_TEACHER_API_KEY=$ENGINE_API_KEY")
+  [[ -z $STORE_URL ]] || env+=("HINDSIGHT_POLICY_STORE_URL=$STORE_URL")
   read -r -a extra <<<"$POLICY_ARGS"
-  # Weight updates go to every engine directly (--engine-worker-urls), generation through the router.
-  cmd=("$HINDSIGHT_POLICY_BIN" --model-path "$POLICY_MODEL_PATH"
-    --engine-url "http://$HS_CONNECT_HOST:$POLICY_ROUTER_PORT" --engine-worker-urls "$workers"
-    --judge-url "$JUDGE_URL" --teacher-url "$TEACHER_URL" --data-dir "$POLICY_DATA_DIR"
-    --mode "$MODE" --w-rl "$W_RL" --w-opd "$W_OPD" --host "$HOST" --port "$POLICY_PORT" "${extra[@]}")
-  hs_spawn policy "${env[@]}" -- "${cmd[@]}"
-  hs_wait_http policy "http://$HS_CONNECT_HOST:$POLICY_PORT/ready" "$SERVICE_READY_TIMEOUT_S"
+  local i port name
+  for (( i = 0; i < POLICY_REPLICAS; i++ )); do
+    port=$((POLICY_PORT + i * POLICY_REPLICA_PORT_STEP))
+    name=policy; (( i == 0 )) || name=policy-$i
+    # Weight updates go to every engine directly (--engine-worker-urls), generation through the router.
+    cmd=("$HINDSIGHT_POLICY_BIN" --model-path "$POLICY_MODEL_PATH"
+      --engine-url "http://$HS_CONNECT_HOST:$POLICY_ROUTER_PORT" --engine-worker-urls "$workers"
+      --judge-url "$JUDGE_URL" --teacher-url "$TEACHER_URL" --data-dir "$POLICY_DATA_DIR"
+      --mode "$MODE" --w-rl "$W_RL" --w-opd "$W_OPD" --host "$HOST" --port "$port")
+    (( POLICY_REPLICAS == 1 )) || cmd+=(--replica-id "$name")
+    hs_spawn "$name" "${env[@]}" -- "${cmd[@]}" "${extra[@]}"
+  done
+  for (( i = 0; i < POLICY_REPLICAS; i++ )); do
+    name=policy; (( i == 0 )) || name=policy-$i
+    hs_wait_http "$name" "http://$HS_CONNECT_HOST:$((POLICY_PORT + i * POLICY_REPLICA_PORT_STEP))/ready" \
+      "$SERVICE_READY_TIMEOUT_S"
+  done
 }
 
 policy_main() {

@@ -135,6 +135,7 @@ async def set_mode(request: Request, body: ModeBody) -> dict[str, Any]:
     except InvalidMode as exc:
         raise InvalidRequest(str(exc)) from None
     await asyncio.to_thread(st.store.set_runtime, "mode", asdict(snap))
+    await asyncio.to_thread(st.store.notify_admin)  # the other replicas follow at once
     st.mode_state.set(snap.mode, snap.w_rl, snap.w_opd)
     return st.mode_state.to_dict()
 

@@ -6,7 +6,8 @@ resulting samples to the trainer (docs/CONTRACTS.md "Policy server"; issue 4, is
 
 Run: ``hindsight-policy --model-path DIR --engine-url URL --data-dir DIR ...`` (policy_server.cli).
 
-Lifespan: loads the tokenizer, opens the store (SQLite WAL under ``data_dir``), creates ONE
+Lifespan: loads the tokenizer, opens the store (SQLite WAL under ``data_dir``, or
+the PostgreSQL database of ``--store-url`` shared with other replicas), creates ONE
 EngineClient for generation plus one per weight-sync worker (shared connection pool), the judge and
 teacher clients and the reward pipeline when configured, reads the engine's current weight_version,
 starts the judge dispatcher (which immediately resumes pending work found in the store) and the idle
@@ -27,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,13 +46,14 @@ from policy_server.dispatch import Dispatcher
 from policy_server.errors import RETRY_AFTER_S, StoreBusy, error_body, install_error_handlers
 from policy_server.generation import Generator, context_length
 from policy_server.metrics import Metrics
+from policy_server.replicas import ReplicaSync
 from policy_server.ready_notifier import LocalReadyNotifier, ReadyNotifier
 from policy_server.scoring import PRMScoring
 from policy_server.session_inference import SessionInferrer
 from policy_server.sessions import SessionTracker
 from policy_server.settings import PolicySettings
 from policy_server.shutdown import DrainMiddleware, DrainState
-from policy_server.store import Store
+from policy_server.store import PostgresStore, Store, StoreDB, sqlite_dir
 from policy_server.weight_sync import WeightGate, WeightSync
 
 logger = logging.getLogger(__name__)
@@ -72,6 +76,16 @@ class PolicyState:
     scoring: PRMScoring | None = None
     ready: ReadyNotifier | None = None  # wakes lease waiters when samples become ready
     inferrer: SessionInferrer | None = None  # only with settings.infer_sessions
+
+
+def _open_store(settings: PolicySettings) -> StoreDB:
+    """The SQLite store under the data dir (or the ``sqlite://`` URL's folder), or the shared PostgreSQL one."""
+    directory = sqlite_dir(settings.store_url, settings.data_dir)
+    if directory is not None:
+        return Store(directory, synchronous=settings.store_synchronous, busy_timeout_s=settings.store_busy_timeout_s)
+    assert settings.store_url is not None
+    return PostgresStore(settings.store_url, busy_timeout_s=settings.store_busy_timeout_s,
+                         pool_size=settings.store_pool_size)
 
 
 def _build_pipeline(settings: PolicySettings, tokenizer: Any, http: httpx.AsyncClient, retry: RetryPolicy,
@@ -108,8 +122,9 @@ async def _stop_background(settings: PolicySettings, store: Store, dispatcher: D
     """Graceful part (policy_server.shutdown): chat requests are finished by now; the sweeper stops first (no
     new work), pairings still being written land, then the dispatcher judges for at most shutdown_drain_s and
     what is left stays pending."""
-    tasks[1].cancel()
-    await asyncio.gather(tasks[1], return_exceptions=True)
+    for task in tasks[1:]:  # the idle sweeper, and the replica sync when there is one
+        task.cancel()
+    await asyncio.gather(*tasks[1:], return_exceptions=True)
     await sessions.drain_settles()
     drained = await dispatcher.shutdown(settings.shutdown_drain_s)
     tasks[0].cancel()
@@ -123,6 +138,13 @@ async def _stop_background(settings: PolicySettings, store: Store, dispatcher: D
     logger.info("shutdown: %d turn(s) judged while draining, %d judge call(s) cancelled, %d pending judge job(s) "
                 "and %d held sample(s) awaiting session scoring stay in the store for the next start",
                 drained["judged"], drained["cancelled"], counts["pending_judge"], counts["pending_score"])
+
+
+async def _leave(replicas: ReplicaSync) -> None:
+    try:
+        await replicas.leave()
+    except StoreBusy as exc:  # the shutdown goes on: a silent replica stops counting as live after 3 intervals
+        logger.warning("shutdown: replica state not cleared: %s", exc)
 
 
 def _guard_error(status: int, message: str) -> dict[str, object]:
@@ -150,8 +172,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
             metrics = app.state.metrics
             if scoring is not None:
                 scoring.register(metrics.registry)
-            store = await asyncio.to_thread(Store, settings.data_dir, synchronous=settings.store_synchronous,
-                                          busy_timeout_s=settings.store_busy_timeout_s)
+            store = await asyncio.to_thread(_open_store, settings)
             stack.callback(store.close)
             ready = LocalReadyNotifier()
             store.on_ready = ready.notify  # every write that makes a sample ready wakes the lease waiters
@@ -173,6 +194,13 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 version = await workers[0].weight_version()
             gate = WeightGate(settings.gate_timeout_s, version=version)
             mode_state, pipeline = _build_pipeline(settings, tokenizer, http, retry, stack)
+            replica_id = settings.replica_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}"
+            replicas = None
+            if isinstance(store, PostgresStore):  # other replicas may share this store: follow their admin changes
+                replicas = ReplicaSync(store, replica_id=replica_id, mode_state=mode_state, gate=gate,
+                                       interval_s=settings.idle_sweep_interval_s,
+                                       max_pause_s=settings.weight_update_deadline_s)
+                store.on_admin = replicas.wake
             persisted = await asyncio.to_thread(store.get_runtime, "mode")
             if persisted is not None:  # set through POST /admin/mode before a restart: it stays in force
                 mode_state.set(persisted["mode"], persisted["w_rl"], persisted["w_opd"])
@@ -181,22 +209,32 @@ def create_app(settings: PolicySettings) -> FastAPI:
                     logger.warning("reward mode %s set through /admin/mode overrides the flags %s", persisted, flags)
             dispatcher = Dispatcher(store, pipeline, concurrency=settings.dispatch_concurrency,
                                     retry_initial_s=settings.dispatch_retry_initial_s,
-                                    retry_max_s=settings.dispatch_retry_max_s, scoring=scoring)
+                                    retry_max_s=settings.dispatch_retry_max_s, scoring=scoring,
+                                    # one process on SQLite: nobody to share the work with, no claims needed
+                                    owner=replica_id if replicas is not None else None,
+                                    claim_s=settings.dispatch_claim_s)
             sessions = SessionTracker(store, idle_timeout_s=settings.session_idle_timeout_s,
                                       sweep_interval_s=settings.idle_sweep_interval_s, on_new_work=dispatcher.wake)
+            if replicas is not None:  # the sweep also spares sessions in flight at other replicas, and vice versa
+                sessions.remote_in_flight = replicas.remote_in_flight
+                replicas.in_flight = sessions.in_flight_sessions
             state = PolicyState(
                 settings=settings, store=store, engine=engine,
                 generator=await asyncio.to_thread(
                     Generator, engine, tokenizer, gate, max_resumes=settings.max_resumes,
                     max_prompt_tokens=settings.max_prompt_tokens or context_length(settings.model_path)),
                 gate=gate, weight_sync=WeightSync(workers, gate, pause_mode=settings.pause_mode,
-                                                  deadline_s=settings.weight_update_deadline_s),
+                                                  deadline_s=settings.weight_update_deadline_s, replicas=replicas),
                 sessions=sessions, dispatcher=dispatcher, metrics=metrics, mode_state=mode_state,
                 pipeline=pipeline, backlog_cache=[0.0, -1e9], scoring=scoring, ready=ready,
                 inferrer=SessionInferrer(store, sessions, metrics) if settings.infer_sessions else None,
             )
             tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
                      asyncio.create_task(sessions.run_sweeper(), name="idle-sweeper")]
+            if replicas is not None:
+                await replicas.refresh()  # a mode or pause set at another replica holds from the first request
+                tasks.append(asyncio.create_task(replicas.run(), name="replica-sync"))
+                stack.push_async_callback(_leave, replicas)  # runs after the background tasks stopped
             stack.push_async_callback(_stop_background, settings, store, dispatcher, tasks, sessions)
             counts = (await asyncio.to_thread(store.stats))["samples"]
             app.state.policy = state

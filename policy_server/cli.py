@@ -3,6 +3,8 @@
     hindsight-policy --model-path DIR --engine-url http://127.0.0.1:30010 --data-dir ./data \
         [--judge-url URL] [--teacher-url URL] [--mode rl|opd|combine] [--port 30000] ...
 
+    hindsight-policy migrate [--store-url URL | --data-dir DIR]   # schema migrations only, then exit
+
 Flags override environment variables. Boolean fields take a value (``--at-least-one false``).
 Logging goes through engine.observability (request and session ids on every line, ``--log-json true`` for
 JSON lines); the resolved settings, secrets redacted, are logged at start. SIGTERM shuts down gracefully
@@ -38,7 +40,31 @@ def settings_from_args(argv: list[str] | None = None) -> PolicySettings:
     return PolicySettings(**given)
 
 
+def migrate(argv: list[str]) -> int:
+    """``hindsight-policy migrate``: bring the store's schema to this release's version (a server applies the
+    same migrations when it starts; this runs them ahead of a rolling upgrade of the replicas)."""
+    import os
+
+    from policy_server.store import LATEST_VERSION, SchemaError, open_store
+
+    parser = argparse.ArgumentParser(prog="hindsight-policy migrate", description=migrate.__doc__)
+    parser.add_argument("--store-url", default=os.environ.get("HINDSIGHT_POLICY_STORE_URL"))
+    parser.add_argument("--data-dir", default=os.environ.get("HINDSIGHT_POLICY_DATA_DIR", "./hindsight-data"))
+    args = parser.parse_args(argv)
+    try:
+        store = open_store(args.store_url, args.data_dir)
+    except (SchemaError, ValueError) as exc:
+        print(f"hindsight-policy migrate: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    store.close()
+    print(f"store schema at version {LATEST_VERSION}")  # noqa: T201
+    return 0
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["migrate"]:
+        sys.exit(migrate(argv[1:]))
     try:
         settings = settings_from_args(argv)
     except ValueError as exc:

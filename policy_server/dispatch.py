@@ -18,6 +18,10 @@ Contract:
 - Any other pipeline exception rejects the turn with reason ``pipeline_error: ...`` (explicit, visible).
 - A busy store (policy_server.errors.StoreBusy: another connection holds the SQLite write lock) defers the
   session's work with the same capped backoff; nothing was written, so it stays pending and is retried.
+- Replicas on one shared store (``owner`` = this replica's id): a session's worker first claims the session
+  (``Store.claim_session``, renewed while it runs, released when it ends), so one replica at a time judges
+  a session, in turn order; the claim of a replica that died expires after ``claim_s`` and another replica
+  finishes the work. Sessions another replica holds a live claim on are not scheduled here.
 - Without a pipeline (no judge configured) jobs stay pending and are reported as such (held samples of an
   ended session are still scored).
 - With PRM scoring on (``scoring``, policy_server.scoring), scope ``turn``: a turn the pipeline accepts is
@@ -36,6 +40,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -80,8 +85,11 @@ class Dispatcher:
     """Polls the store for pending_judge samples; woken early by :meth:`wake`."""
 
     def __init__(self, store: Store, pipeline: Any | None, *, concurrency: int = 8, retry_initial_s: float = 0.5,
-                 retry_max_s: float = 30.0, poll_s: float = 1.0, scoring: Any | None = None):
+                 retry_max_s: float = 30.0, poll_s: float = 1.0, scoring: Any | None = None,
+                 owner: str | None = None, claim_s: float = 30.0):
         self.store = store
+        self.owner = owner
+        self.claim_s = claim_s
         self.pipeline = pipeline
         self.scoring = scoring
         self.concurrency = concurrency
@@ -123,9 +131,9 @@ class Dispatcher:
         """Sessions with something to do: pending_judge jobs (with a pipeline), or held samples ready to be scored."""
         sessions: set[str] = set()
         if self.pipeline is not None:
-            sessions.update(j["session_id"] for j in await asyncio.to_thread(self.store.pending_jobs))
+            sessions.update(j["session_id"] for j in await asyncio.to_thread(self.store.pending_jobs, self.owner))
         if self.scoring is not None:  # also in turn scope: samples held by an earlier session-scope run
-            sessions.update(await asyncio.to_thread(self.store.scorable_sessions))
+            sessions.update(await asyncio.to_thread(self.store.scorable_sessions, None, self.owner))
         return sessions
 
     async def schedule(self) -> int:
@@ -178,14 +186,46 @@ class Dispatcher:
     async def _session_worker(self, session_id: str) -> None:
         # The session id on every log line of this background work, and forwarded to the judge/teacher.
         with bind_ids(session_id=session_id):
-            await self._session_jobs(session_id)
+            if self.owner is None:
+                await self._session_jobs(session_id)
+                return
+            try:
+                if not await asyncio.to_thread(self.store.claim_session, session_id, self.owner, self.claim_s):
+                    self._running.pop(session_id, None)
+                    return  # another replica works on this session; its claim expires if it dies
+            except StoreBusy as exc:
+                logger.warning("session %s: judge work deferred: %s", session_id, exc)
+                self._running.pop(session_id, None)
+                self._back_off(session_id, 3)
+                return
+            heartbeat = asyncio.create_task(self._renew_claim(session_id), name=f"claim-{session_id}")
+            try:
+                await self._session_jobs(session_id)
+            finally:
+                heartbeat.cancel()
+                with contextlib.suppress(StoreBusy):  # an unreleased claim just expires after claim_s
+                    await asyncio.to_thread(self.store.release_session, session_id, self.owner)
+
+    async def _renew_claim(self, session_id: str) -> None:
+        """Keep this replica's claim alive while its worker runs (a slow judge call outlasts one claim)."""
+        while True:
+            await asyncio.sleep(self.claim_s / 3)
+            try:
+                if not await asyncio.to_thread(self.store.claim_session, session_id, self.owner, self.claim_s):
+                    # Taken over after we stalled past the claim: outcomes are still decided once
+                    # (complete_judge only moves pending_judge), so the duplicate work is only wasted.
+                    logger.warning("session %s: judge claim lost to another replica", session_id)
+                    return
+            except StoreBusy as exc:
+                logger.warning("session %s: claim renewal deferred: %s", session_id, exc)
 
     async def _session_jobs(self, session_id: str) -> None:
         try:
             async with self._sem:
                 while True:
                     jobs = [] if self.pipeline is None else [
-                        j for j in await asyncio.to_thread(self.store.pending_jobs) if j["session_id"] == session_id]
+                        j for j in await asyncio.to_thread(self.store.pending_jobs, self.owner)
+                        if j["session_id"] == session_id]
                     if not jobs:
                         if self.scoring is None:
                             return

@@ -3,7 +3,7 @@
 Role: ``GET /v1/samples/lease`` with ``wait_s`` sleeps on a notifier instead of polling the store. Every
 store write that makes a sample ``ready`` (a judge outcome, session-scope PRM scoring, an expired lease
 returning its samples) calls :meth:`ReadyNotifier.notify` after its transaction committed
-(policy_server.store_db ``on_ready``); a waiter re-checks the store on each wake-up.
+(policy_server.store.base ``on_ready``); a waiter re-checks the store on each wake-up.
 
 Contract:
 
@@ -14,9 +14,10 @@ Contract:
 - ``wait`` wakes EVERY waiter; they then compete for the samples through the store's lease transaction,
   which hands each sample to one lease only.
 
-:class:`LocalReadyNotifier` serves one process. A store shared by several replicas would implement the
-same three calls with PostgreSQL ``LISTEN``/``NOTIFY`` (``notify`` issues ``NOTIFY`` in the committing
-transaction; a listener task bumps the generation and wakes the local waiters).
+:class:`LocalReadyNotifier` serves one process. With the PostgreSQL store shared by replicas the same notifier is
+fed across processes: a commit that made samples ready sends ``NOTIFY hindsight_ready`` and every replica's store
+listener calls its ``on_ready`` (policy_server.store.postgres), so a waiter at any replica wakes on a judge outcome
+written at another one.
 """
 
 from __future__ import annotations

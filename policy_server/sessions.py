@@ -26,7 +26,9 @@ but written together with the turn it produces, in the same transaction (``Store
 When no turn gets recorded (engine failure, client gone) :meth:`SessionTracker.settle_later` writes the
 pairing alone, so the answered turn is never stranded; the write is idempotent, so a race between the two
 is harmless. While a main request of a session is in flight the idle sweep leaves that session alone
-(its activity is refreshed when the turn is recorded, no longer at arrival).
+(its activity is refreshed when the turn is recorded, no longer at arrival); with replicas on a shared store
+that includes requests in flight at the other replicas (``remote_in_flight``, published by
+policy_server.replicas once per sweep interval), and the end itself re-checks idleness in its transaction.
 
 Side turns are served but neither recorded nor used for pairing (heartbeats carry unrelated messages).
 A session ends on ``X-Session-Done`` (its last turn gets no next state) or when it has been idle for
@@ -39,6 +41,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +138,13 @@ class SessionTracker:
         self._in_flight: dict[str, int] = {}  # main requests per session between arrival and settle
         self._settles: set[asyncio.Task[None]] = set()
         self.mismatches = 0
+        # Replicas on a shared store: the sessions with a main request in flight at another replica
+        # (policy_server.replicas); the sweep leaves those alone too.
+        self.remote_in_flight: Callable[[], Awaitable[set[str]]] | None = None
+
+    def in_flight_sessions(self) -> list[str]:
+        """The sessions with a main request of this process between arrival and settle (published to replicas)."""
+        return list(self._in_flight)
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         return self._locks.setdefault(session_id, asyncio.Lock())
@@ -261,11 +271,14 @@ class SessionTracker:
         """End every session idle for longer than the timeout; returns how many ended."""
         now = time.time() if now is None else now
         ended = 0
-        for sid in await asyncio.to_thread(self.store.idle_sessions, now - self.idle_timeout_s):
-            if self._in_flight.get(sid):  # a main request is being answered: not idle (see module docstring)
+        idle = await asyncio.to_thread(self.store.idle_sessions, now - self.idle_timeout_s)
+        remote = await self.remote_in_flight() if idle and self.remote_in_flight is not None else set()
+        for sid in idle:
+            if self._in_flight.get(sid) or sid in remote:  # a main request is being answered: not idle
                 continue
             async with self._lock(sid):
-                await asyncio.to_thread(self.store.end_session, sid, now=now)
+                # Re-checked in the transaction: a turn recorded meanwhile at another replica keeps it open.
+                await asyncio.to_thread(self.store.end_session, sid, now=now, idle_before=now - self.idle_timeout_s)
             self._locks.pop(sid, None)
             ended += 1
         if ended:

@@ -87,6 +87,15 @@ class PolicySettings(BaseSettings):
     weight_update_deadline_s: float = 600.0
 
     # --- sample store / dispatch
+    store_url: str | None = Field(
+        None, description="sqlite:///DIR (default: the data dir's SQLite file, one process) or "
+        "postgresql://user@host:port/db (shared by several replicas; see docs/SCALING.md)")
+    store_pool_size: int = Field(8, ge=1, description="PostgreSQL connections per replica")
+    replica_id: str | None = Field(
+        None, description="name of this replica in judge work claims (default: host:port:pid)")
+    dispatch_claim_s: float = Field(
+        30.0, gt=0, description="how long a replica's claim on judge work lasts without renewal; a replica "
+        "that died loses its claims after this and another replica finishes the work")
     store_synchronous: Literal["normal", "full"] = Field(
         "normal", description="SQLite WAL sync: normal survives a killed server process, full also an OS "
         "crash or power loss (fsync per commit); see policy_server.store")
@@ -116,6 +125,13 @@ class PolicySettings(BaseSettings):
         if isinstance(v, str):
             return [u.strip() for u in v.split(",") if u.strip()]
         return v
+
+    @field_validator("store_url")
+    @classmethod
+    def _store_scheme(cls, v: str | None) -> str | None:
+        if v and not v.startswith(("sqlite://", "postgresql://", "postgres://")):
+            raise ValueError("store_url must start with sqlite:// or postgresql://")
+        return v or None
 
     @field_validator("engine_url", "judge_url", "teacher_url")
     @classmethod

@@ -14,7 +14,9 @@ Contract (sglang-protocol.md §3; docs/CONTRACTS.md ``POST /admin/weights/update
    then open the gate and bump the epoch. The result is ``{"success", "weight_version", "paused_s"}``;
    a failed step raises with the workers that failed named: 400 when every failing engine refused the
    request itself (EngineRejected, e.g. a model_path that does not exist), else 502.
-Only one update runs at a time (a lock); a second waits for the first.
+Only one update runs at a time (a lock); a second waits for the first. With replicas on a shared store,
+step 1 also closes the gate of every replica and step 4 opens them and gives them the new version
+(policy_server.replicas), so no replica sends work into a paused engine.
 """
 
 from __future__ import annotations
@@ -70,8 +72,9 @@ class WeightSync:
     """Runs pause -> update_weights_from_disk -> continue on every worker behind the gate."""
 
     def __init__(self, workers: list[EngineClient], gate: WeightGate, *, pause_mode: str = "abort",
-                 deadline_s: float = 600.0):
+                 deadline_s: float = 600.0, replicas: Any | None = None):
         self.workers = workers
+        self.replicas = replicas  # policy_server.replicas.ReplicaSync with a shared store, else None
         self.gate = gate
         self.pause_mode = pause_mode
         self.deadline_s = deadline_s
@@ -100,7 +103,10 @@ class WeightSync:
             failed: list[str] = []
             errors: list[BaseException] = []
             step = "pause_generation"
+            epoch = None
             try:
+                if self.replicas is not None:  # every replica holds new requests before the engines pause
+                    epoch = await self.replicas.announce_pause()
                 failed = await self._all(step, [w.pause_generation(self.pause_mode) for w in self.workers])
                 if not failed:
                     step = "update_weights_from_disk"
@@ -115,6 +121,8 @@ class WeightSync:
                     self.updates += 1
                 self.gate.epoch += 1
                 self.gate.open()
+                if self.replicas is not None and epoch is not None:
+                    await self.replicas.announce_done(epoch)
                 paused_s = time.monotonic() - t0
                 self.last_paused_s = paused_s
             if failed or cont:

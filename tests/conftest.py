@@ -47,3 +47,54 @@ def run_dir(tmp_path: Path) -> Path:
     d = tmp_path / "run"
     d.mkdir()
     return d
+
+
+# ---------------------------------------------------------------- store backends
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """One throwaway PostgreSQL cluster for the whole run (engine.pgcluster); tests get their own databases."""
+    from engine.pgcluster import PgCluster, PgUnavailable
+
+    try:
+        cluster = PgCluster.start(fsync=False)  # no test crashes the host: durability of the OS is not tested
+    except PgUnavailable as exc:
+        pytest.skip(f"PostgreSQL tests need the server binaries: {exc}")
+    yield cluster
+    cluster.stop()
+
+
+_pg_db_counter = iter(range(1, 1_000_000))
+
+
+@pytest.fixture
+def pg_url(request: pytest.FixtureRequest) -> str:
+    """A fresh empty database of the session cluster (CREATE DATABASE per test keeps tests independent)."""
+    cluster = request.getfixturevalue("pg_cluster")
+    return cluster.create_database(f"t{os.getpid()}_{next(_pg_db_counter)}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The store URL of each backend: every test using it runs once per backend (one parametrized suite)."""
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'store'}"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def store_factory(store_url: str):
+    """``make(**kw)`` opens (or reopens) the test's store on its backend; every store opened is closed after."""
+    from policy_server.store import open_store
+
+    opened = []
+
+    def make(**kw):
+        if store_url.startswith("postgresql"):
+            kw.pop("synchronous", None)
+        store = open_store(store_url, "", **kw)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()  # idempotent: a test may have closed it already

@@ -163,3 +163,19 @@ def test_a_process_that_dies_fails_the_wait_fast(tmp_path: Path) -> None:
     assert (run_dir / "logs" / "prm-engine-0.log").exists()
     assert (run_dir / "commands.log").read_text().count("sglang.launch_server") == 2
     assert list((run_dir / "pids").glob("*.pid")) == [], "the trap removes the PID files of what it stopped"
+
+
+@pytest.mark.unit
+def test_policy_replicas_share_the_store_url(tmp_path: Path) -> None:
+    url = "postgresql://hs:" + SECRET + "@db.internal:5432/hindsight"
+    res = dry_run("policy.sh", tmp_path, POLICY_REPLICAS="3", STORE_URL=url)
+    assert res.returncode == 0, res.stderr
+    policies = [c for c in commands(res.stdout) if "hindsight-policy --model-path" in c]
+    assert [c.split("--port ")[1].split()[0] for c in policies] == ["30000", "30010", "30020"]
+    assert [c.split("--replica-id ")[1].split()[0] for c in policies] == ["policy", "policy-1", "policy-2"]
+    assert all(c.startswith("HINDSIGHT_POLICY_STORE_URL='***' ") for c in policies)
+    assert SECRET not in res.stdout  # the store URL's password is never printed
+    res = dry_run("policy.sh", tmp_path, POLICY_REPLICAS="2")
+    assert res.returncode == 2 and "needs STORE_URL=postgresql://" in res.stderr
+    res = dry_run("policy.sh", tmp_path, POLICY_REPLICAS="2", STORE_URL=url, POLICY_REPLICA_PORT_STEP="1")
+    assert res.returncode == 2 and "taken by another service" in res.stderr

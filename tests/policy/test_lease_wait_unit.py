@@ -1,6 +1,6 @@
-"""The lease wait without servers: a real Store, the in-process ReadyNotifier and ``lease_when_ready``.
+"""The lease wait without servers: a real Store (each test on SQLite and on PostgreSQL), the in-process ReadyNotifier and ``lease_when_ready``.
 
-Contract (policy_server.ready_notifier, store_leases, store_samples): a waiter sleeps until a store write
+Contract (policy_server.ready_notifier, policy_server.store.leases, policy_server.store.samples): a waiter sleeps until a store write
 makes a sample ready (judge outcome, session scoring, lease expiry) and is woken by that write, not by a
 poll; ``min_n`` holds the lease until enough samples are ready, the deadline hands out whatever is ready;
 unusable rewards / teacher log-probs / token rewards are rejected before they can be leased."""
@@ -34,8 +34,8 @@ def _ready(store: Store, sample_id: str, **data) -> bool:
                                 data={"sample_id": sample_id, **data})
 
 
-def _wired(tmp_path) -> tuple[Store, LocalReadyNotifier]:
-    store = Store(tmp_path)
+def _wired(store_factory) -> tuple[Store, LocalReadyNotifier]:
+    store = store_factory()
     notifier = LocalReadyNotifier()
     store.on_ready = notifier.notify
     return store, notifier
@@ -56,9 +56,9 @@ def test_notifier_generation_is_never_missed():
     asyncio.run(main())
 
 
-def test_a_ready_sample_wakes_the_waiter_within_200ms(tmp_path):
+def test_a_ready_sample_wakes_the_waiter_within_200ms(store_factory):
     async def main() -> None:
-        store, notifier = _wired(tmp_path)
+        store, notifier = _wired(store_factory)
         sid = _judged_later(store, "s")
         marks: dict[str, float] = {}
         waiting = threading.Event()
@@ -83,9 +83,9 @@ def test_a_ready_sample_wakes_the_waiter_within_200ms(tmp_path):
     asyncio.run(main())
 
 
-def test_min_holds_until_enough_are_ready_and_deadline_gives_what_is_there(tmp_path):
+def test_min_holds_until_enough_are_ready_and_deadline_gives_what_is_there(store_factory):
     async def main() -> None:
-        store, notifier = _wired(tmp_path)
+        store, notifier = _wired(store_factory)
         a, b, c = (_judged_later(store, s) for s in "abc")
         _ready(store, a)
         loop = asyncio.get_running_loop()
@@ -110,9 +110,9 @@ def test_min_holds_until_enough_are_ready_and_deadline_gives_what_is_there(tmp_p
     asyncio.run(main())
 
 
-def test_an_expiring_lease_wakes_the_waiter(tmp_path):
+def test_an_expiring_lease_wakes_the_waiter(store_factory):
     async def main() -> None:
-        store, notifier = _wired(tmp_path)
+        store, notifier = _wired(store_factory)
         sid = _judged_later(store, "s")
         _ready(store, sid)
         first = store.lease(8, lease_s=0.4)
@@ -125,9 +125,9 @@ def test_an_expiring_lease_wakes_the_waiter(tmp_path):
     asyncio.run(main())
 
 
-def test_concurrent_waiters_get_disjoint_samples(tmp_path):
+def test_concurrent_waiters_get_disjoint_samples(store_factory):
     async def main() -> None:
-        store, notifier = _wired(tmp_path)
+        store, notifier = _wired(store_factory)
         ids = [_judged_later(store, f"s{i}") for i in range(4)]
         waiters = [asyncio.create_task(lease_when_ready(store, notifier, max_n=2, min_n=2, wait_s=10, lease_s=60))
                    for _ in range(2)]
@@ -150,8 +150,8 @@ def test_concurrent_waiters_get_disjoint_samples(tmp_path):
     ({"token_rewards": [0.1, None]}, "token_rewards holds a non-finite"),
     ({"teacher_topk": {"ids": [[1]], "logprobs": [[math.inf]]}}, "teacher_topk.logprobs holds a non-finite"),
 ])
-def test_unusable_values_are_rejected_before_they_can_be_leased(tmp_path, data, why):
-    store, notified = Store(tmp_path), []
+def test_unusable_values_are_rejected_before_they_can_be_leased(store_factory, data, why):
+    store, notified = store_factory(), []
     store.on_ready = lambda: notified.append(1)
     sid = _judged_later(store, "s")
     assert _ready(store, sid, **data)
@@ -160,8 +160,8 @@ def test_unusable_values_are_rejected_before_they_can_be_leased(tmp_path, data, 
     assert store.lease(8, 60) is None and notified == []  # never leasable, nobody woken
 
 
-def test_session_scoring_with_a_nan_token_reward_is_rejected(tmp_path):
-    store = Store(tmp_path)
+def test_session_scoring_with_a_nan_token_reward_is_rejected(store_factory):
+    store = store_factory()
     good, bad = _judged_later(store, "g"), _judged_later(store, "b")
     for sid in (good, bad):
         store.complete_judge(sid, status="pending_score", reject_reason=None, included=True,

@@ -290,8 +290,8 @@ def _held_session(store: Store, sid: str = "s") -> None:
 
 
 @pytest.mark.unit
-def test_store_pending_score_state_machine(tmp_path):
-    store = Store(tmp_path)
+def test_store_pending_score_state_machine(store_factory):
+    store = store_factory()
     try:
         _held_session(store)
         st = store.stats()
@@ -342,8 +342,8 @@ async def _scoring(scorer: BaseTrajectoryScorer) -> PRMScoring:
 
 
 @pytest.mark.unit
-async def test_session_outcomes_in_process(tmp_path):
-    store = Store(tmp_path)
+async def test_session_outcomes_in_process(store_factory):
+    store = store_factory()
     try:
         _held_session(store)
         traj = store.session_trajectory("s")

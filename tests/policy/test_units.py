@@ -1,4 +1,4 @@
-"""Unit tests of the policy server's pure parts: pairing rule, store state machine (exactly-once leases),
+"""Unit tests of the policy server's pure parts: pairing rule (the store state machine: test_store.py),
 stream splitting, request validation, settings/CLI, forced tool-call grammars."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from policy_server.cli import settings_from_args
 from policy_server.errors import InvalidRequest
 from policy_server.openai_schemas import validate_messages
 from policy_server.sessions import pair_next_state
-from policy_server.store import LeaseError, Store
 from policy_server.streaming import StreamSplitter
 from policy_server.tool_choice import forced_tool_grammar, response_format_schema
 
@@ -50,71 +49,6 @@ def test_pair_several_tool_results_and_dropped_system():
 def test_pair_mismatch(new, why):
     p = pair_next_state([U], {"content": "Sunny."}, new)
     assert p.kind == "mismatch" and p.next_state is None and why in p.note
-
-
-def _record(n: int = 3) -> dict:
-    return {"messages": [U], "tools": None, "prompt_ids": [1, 2], "response_ids": list(range(n)),
-            "rollout_logprobs": [-0.5] * n, "response": {"content": "x"}, "weight_version": "v0",
-            "weight_versions": ["v0"], "sampling_params": {}}
-
-
-def _ready_sample(store: Store, sid: str) -> str:
-    store.record_turn(sid, _record(), session_done=True)
-    [job] = [j for j in store.pending_jobs() if j["session_id"] == sid]
-    assert store.complete_judge(job["sample_id"], status="ready", reject_reason=None, included=True,
-                                data={"sample_id": job["sample_id"], "session_id": sid})
-    return job["sample_id"]
-
-
-def test_store_turns_pairing_and_session_end(tmp_path):
-    st = Store(tmp_path)
-    assert st.record_turn("s", _record(), session_done=False) == 0
-    assert st.awaiting_turn("s")["turn_index"] == 0
-    sid = st.resolve_turn("s", 0, pairing="paired", next_state=[{"role": "user", "content": "ok"}], session_done=False)
-    assert sid and st.resolve_turn("s", 0, pairing="paired", next_state=None, session_done=False) is None
-    assert st.record_turn("s", _record(), session_done=True) == 1  # last turn: resolved with no next state
-    assert st.get_turn("s", 1)["pairing"] == "session_end"
-    assert [j["turn_index"] for j in st.pending_jobs()] == [0, 1]
-    st.close()
-    st2 = Store(tmp_path)  # durable across reopen
-    assert [j["turn_index"] for j in st2.pending_jobs()] == [0, 1]
-    assert st2.stats()["samples"]["pending_judge"] == 2
-
-
-def test_store_concurrent_turns_reject_the_overtaken(tmp_path):
-    st = Store(tmp_path)
-    st.record_turn("s", _record(), session_done=False)
-    st.record_turn("s", _record(), session_done=False)
-    assert st.stats()["reject_reasons"] == {"concurrent_turns": 1}
-    assert st.awaiting_turn("s")["turn_index"] == 1
-
-
-def test_lease_ack_exactly_once_and_expiry(tmp_path):
-    st = Store(tmp_path)
-    a, b = _ready_sample(st, "a"), _ready_sample(st, "b")
-    lease_id, samples = st.lease(1, lease_s=10, now=100.0)
-    assert [s["sample_id"] for s in samples] == [a]
-    lease2, samples2 = st.lease(10, lease_s=10, now=101.0)
-    assert [s["sample_id"] for s in samples2] == [b]  # a is leased: never handed out twice
-    assert st.lease(10, lease_s=10, now=102.0) is None
-    assert st.ack(lease_id, now=103.0) == {"lease_id": lease_id, "acked": 1, "already_acked": False}
-    assert st.ack(lease_id, now=104.0)["already_acked"] is True  # idempotent
-    # lease2 expires: b comes back, the old lease can no longer be acked, a (acked) never returns
-    lease3, samples3 = st.lease(10, lease_s=10, now=120.0)
-    assert [s["sample_id"] for s in samples3] == [b]
-    with pytest.raises(LeaseError) as e:
-        st.ack(lease2, now=121.0)
-    assert e.value.kind == "expired"
-    with pytest.raises(LeaseError):
-        st.ack("nope", now=121.5)
-    st.ack(lease3, now=122.0)
-    assert st.stats()["samples"]["consumed"] == 2 and st.lease(10, 10, now=500.0) is None
-
-
-def test_complete_judge_rejects_bad_status(tmp_path):
-    st = Store(tmp_path)
-    with pytest.raises(ValueError):
-        st.complete_judge("x", status="leased", reject_reason=None, included=False, data={})
 
 
 def _split(chunks: list[str]) -> tuple[str, str, list]:

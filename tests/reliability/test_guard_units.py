@@ -1,7 +1,7 @@
 """Pure pieces of the hostile-input defences, with hand-derived cases: JSON depth and surrogate checks
 (engine.http_guard), the prompt-length floor (policy_server.generation), the admin-key rule and its
 startup refusal (policy_server.settings/auth), the session-lock cleanup (policy_server.sessions), the
-runtime-settings table and file modes of the store (policy_server.store_db)."""
+runtime-settings table and file modes of the store (policy_server.store.sqlite)."""
 
 from __future__ import annotations
 

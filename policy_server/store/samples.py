@@ -1,7 +1,7 @@
 """Judge and session-scope scoring outcomes: the middle of the sample state machine (a Store role class).
 
 Role: the work queue of the judge dispatcher (policy_server.dispatch) and of session-scope PRM scoring
-(policy_server.scoring). A resolved turn's sample starts ``pending_judge`` (policy_server.store); here:
+(policy_server.scoring). A resolved turn's sample starts ``pending_judge`` (policy_server.store.sessions); here:
 
 - :meth:`StoreSamples.pending_jobs` lists the queue, :meth:`note_attempt` records a failed try
   (attempts+1, last_error) and the sample stays ``pending_judge`` for a retry;
@@ -17,7 +17,7 @@ A sample whose reward, teacher log-probs or token rewards are not usable numbers
 stored ``rejected`` with ``invalid_values: <why>`` instead of ``ready``/``pending_score``. Every write that
 made a sample ``ready`` tells ``on_ready`` after its commit (lease waiters wake up).
 
-Every write is one transaction (store_db); ``pending_score`` samples are never leasable (store_leases).
+Every write is one transaction (policy_server.store.base); ``pending_score`` samples are never leasable (policy_server.store.leases).
 """
 
 from __future__ import annotations
@@ -27,21 +27,43 @@ import time
 from typing import Any
 
 from engine.sample_values import value_problem
-from policy_server.store_db import StoreDB, dump_json, turn_dict
+from policy_server.store.base import StoreDB, dump_json, turn_dict
 
 
 class StoreSamples(StoreDB):
     """Judge queue and outcomes, and session-scope scoring holds (see the module docstring)."""
 
     # ------------------------------------------------------------------ judge work
-    def pending_jobs(self) -> list[dict[str, Any]]:
-        """Every pending_judge sample in (session, turn) order, with the turn it belongs to."""
-        with self._lock:
-            rows = self._db.execute(
+    def pending_jobs(self, available_to: str | None = None, now: float | None = None) -> list[dict[str, Any]]:
+        """Every pending_judge sample in (session, turn) order, with the turn it belongs to.
+
+        ``available_to`` (a replica id) leaves out the sessions another replica holds a live claim on."""
+        claim, args = _claim_filter(available_to, now)
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT s.sample_id, s.session_id, s.turn_index, s.attempts FROM samples s "
-                "WHERE s.status='pending_judge' ORDER BY s.session_id, s.turn_index"
+                "JOIN sessions x ON x.session_id=s.session_id "
+                "WHERE s.status='pending_judge'" + claim + " ORDER BY s.session_id, s.turn_index", args
             ).fetchall()
         return [dict(r) for r in rows]
+
+    def claim_session(self, session_id: str, owner: str, claim_s: float, now: float | None = None) -> bool:
+        """Take (or renew) ``owner``'s claim on the session's judge and scoring work until ``now + claim_s``.
+
+        True when ``owner`` holds the claim now: it was free, already ``owner``'s, or expired (its replica died
+        or stalled). One conditional update, so of several replicas exactly one wins."""
+        now = time.time() if now is None else now
+        with self._tx() as db:
+            return bool(db.execute(
+                "UPDATE sessions SET claimed_by=?, claim_expires_at=? WHERE session_id=? "
+                "AND (claimed_by IS NULL OR claimed_by=? OR claim_expires_at<?)",
+                (owner, now + claim_s, session_id, owner, now)).rowcount)
+
+    def release_session(self, session_id: str, owner: str) -> None:
+        """Give up ``owner``'s claim (its worker is done), so any replica may take the session's next work."""
+        with self._tx() as db:
+            db.execute("UPDATE sessions SET claimed_by=NULL, claim_expires_at=NULL WHERE session_id=? AND claimed_by=?",
+                       (session_id, owner))
 
     def note_attempt(self, sample_id: str, error: str) -> None:
         with self._tx() as db:
@@ -77,30 +99,33 @@ class StoreSamples(StoreDB):
         return bool(cur.rowcount)
 
     # ------------------------------------------------------------------ session-scope scoring
-    def scorable_sessions(self, session_id: str | None = None) -> list[str]:
+    def scorable_sessions(self, session_id: str | None = None, available_to: str | None = None,
+                          now: float | None = None) -> list[str]:
         """Sessions (all, or just ``session_id``) whose held (``pending_score``) samples can be scored now: the
-        session is done, no turn of it awaits its next state and none is ``pending_judge`` (all decided)."""
+        session is done, no turn of it awaits its next state and none is ``pending_judge`` (all decided).
+        ``available_to``: as in :meth:`pending_jobs`."""
         only = "AND s.session_id=? " if session_id is not None else ""
-        with self._lock:
-            rows = self._db.execute(
+        claim, claim_args = _claim_filter(available_to, now)
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT DISTINCT s.session_id FROM samples s JOIN sessions x ON x.session_id=s.session_id "
-                "WHERE s.status='pending_score' AND x.done=1 " + only +
+                "WHERE s.status='pending_score' AND x.done=1 " + only + (claim.strip() + " " if claim else "") +
                 "AND NOT EXISTS (SELECT 1 FROM samples p WHERE p.session_id=s.session_id AND p.status='pending_judge') "
                 "AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_id=s.session_id AND t.pairing='awaiting') "
-                "ORDER BY s.session_id", (session_id,) if session_id is not None else ()
+                "ORDER BY s.session_id", ((session_id,) if session_id is not None else ()) + claim_args
             ).fetchall()
         return [r[0] for r in rows]
 
     def session_trajectory(self, session_id: str) -> list[dict[str, Any]]:
         """Every recorded turn of the session in turn order, each a turn dict plus ``sample`` (its sample row
         with the Sample JSON in ``data``, or None while the turn awaits its next state)."""
-        with self._lock:
-            turns = self._db.execute(
+        with self._read() as db:
+            turns = db.execute(
                 "SELECT * FROM turns WHERE session_id=? ORDER BY turn_index", (session_id,)
             ).fetchall()
             samples = {
                 r["turn_index"]: dict(r)
-                for r in self._db.execute("SELECT * FROM samples WHERE session_id=?", (session_id,)).fetchall()
+                for r in db.execute("SELECT * FROM samples WHERE session_id=?", (session_id,)).fetchall()
             }
         out = []
         for row in turns:
@@ -148,3 +173,11 @@ def _checked(status: str, reject_reason: str | None, data: dict[str, Any] | None
         return status, reject_reason
     why = value_problem(data)
     return ("rejected", f"invalid_values: {why}") if why else (status, reject_reason)
+
+
+def _claim_filter(available_to: str | None, now: float | None) -> tuple[str, tuple[Any, ...]]:
+    """SQL (``AND ...`` on the sessions alias ``x``) leaving out sessions another replica holds a live claim on."""
+    if available_to is None:
+        return "", ()
+    now = time.time() if now is None else now
+    return (" AND (x.claimed_by IS NULL OR x.claimed_by=? OR x.claim_expires_at<?)", (available_to, now))

@@ -11,34 +11,34 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from policy_server.store_db import SAMPLE_STATUSES, StoreDB, turn_dict
+from policy_server.store.base import SAMPLE_STATUSES, StoreDB, turn_dict
 
 
 class StoreReads(StoreDB):
     """Counters and read-only sample views (see the module docstring)."""
 
     def stats(self) -> dict[str, Any]:
-        with self._lock:
+        with self._read() as db:
             by_status = dict.fromkeys(SAMPLE_STATUSES, 0)
-            for status, n in self._db.execute("SELECT status, COUNT(*) FROM samples GROUP BY status"):
+            for status, n in db.execute("SELECT status, COUNT(*) FROM samples GROUP BY status"):
                 by_status[status] = n
             reasons = {
                 r: n
-                for r, n in self._db.execute(
+                for r, n in db.execute(
                     "SELECT reject_reason, COUNT(*) FROM samples WHERE status='rejected' GROUP BY reject_reason"
                 )
             }
-            awaiting = self._db.execute("SELECT COUNT(*) FROM turns WHERE pairing='awaiting'").fetchone()[0]
-            turns = self._db.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
-            sessions = self._db.execute("SELECT COUNT(*), SUM(done=0), SUM(mismatches) FROM sessions").fetchone()
-            leases = self._db.execute("SELECT COUNT(*) FROM leases WHERE state='active'").fetchone()[0]
-            retrying = self._db.execute(
+            awaiting = db.execute("SELECT COUNT(*) FROM turns WHERE pairing='awaiting'").fetchone()[0]
+            turns = db.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
+            sessions = db.execute("SELECT COUNT(*), SUM(CASE WHEN done=0 THEN 1 ELSE 0 END), SUM(mismatches) FROM sessions").fetchone()
+            leases = db.execute("SELECT COUNT(*) FROM leases WHERE state='active'").fetchone()[0]
+            retrying = db.execute(
                 "SELECT COUNT(*) FROM samples WHERE status='pending_judge' AND attempts>0"
             ).fetchone()[0]
-            score_retrying = self._db.execute(
+            score_retrying = db.execute(
                 "SELECT COUNT(*) FROM samples WHERE status='pending_score' AND attempts>0"
             ).fetchone()[0]
-            inferred = self._db.execute(
+            inferred = db.execute(
                 "SELECT COUNT(*) FROM sessions WHERE session_id LIKE 'inferred-%'").fetchone()[0]
         return {
             "samples": by_status,
@@ -56,24 +56,24 @@ class StoreReads(StoreDB):
 
     def awaiting_open_turns(self) -> list[dict[str, Any]]:
         """Awaiting turns of open sessions, oldest first: what session inference matches against."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT t.* FROM turns t JOIN sessions s ON s.session_id=t.session_id "
                 "WHERE s.done=0 AND t.pairing='awaiting' ORDER BY t.created_at").fetchall()
         return [turn_dict(r) for r in rows]
 
     def unconsumed_backlog(self) -> int:
         """Samples accepted but not yet consumed (awaiting pairing, judging, scoring, ready or leased)."""
-        with self._lock:
-            n = self._db.execute(
+        with self._read() as db:
+            n = db.execute(
                 "SELECT COUNT(*) FROM samples WHERE status IN ('pending_judge','pending_score','ready','leased')"
             ).fetchone()[0]
-            a = self._db.execute("SELECT COUNT(*) FROM turns WHERE pairing='awaiting'").fetchone()[0]
+            a = db.execute("SELECT COUNT(*) FROM turns WHERE pairing='awaiting'").fetchone()[0]
         return int(n) + int(a)
 
     def sample_row(self, sample_id: str) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._db.execute("SELECT * FROM samples WHERE sample_id=?", (sample_id,)).fetchone()
+        with self._read() as db:
+            row = db.execute("SELECT * FROM samples WHERE sample_id=?", (sample_id,)).fetchone()
         if row is None:
             return None
         out = dict(row)
@@ -104,8 +104,8 @@ class StoreReads(StoreDB):
                + (" WHERE " + " AND ".join(where) if where else "")
                + (" ORDER BY s.turn_index" if session_id is not None
                   else " ORDER BY s.created_at, s.session_id, s.turn_index") + " LIMIT ?")
-        with self._lock:
-            rows = self._db.execute(sql, (*args, int(limit))).fetchall()
+        with self._read() as db:
+            rows = db.execute(sql, (*args, int(limit))).fetchall()
         out = []
         for r in rows:
             d = dict(r)
@@ -118,8 +118,8 @@ class StoreReads(StoreDB):
         return out
 
     def samples_of(self, session_id: str) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT sample_id FROM samples WHERE session_id=? ORDER BY turn_index", (session_id,)
             ).fetchall()
         return [r for r in (self.sample_row(x[0]) for x in rows) if r is not None]

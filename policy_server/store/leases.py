@@ -6,7 +6,8 @@ policy_server.admin). Contract (docs/CONTRACTS.md):
 - :meth:`StoreLeases.lease` first expires overdue leases, then, when at least ``min_n`` (default 1)
   samples are ``ready``, moves up to ``max_n`` of them (oldest first) to ``leased`` under a new lease
   ``active`` until ``now + lease_s``, in one transaction; None when fewer than ``min_n`` are ready. Two
-  concurrent leases never share a sample (the transaction is serialised).
+  concurrent leases, at one replica or several, never share a sample (SQLite serialises the transactions;
+  PostgreSQL claims the rows ``FOR UPDATE SKIP LOCKED``).
 - :meth:`next_lease_expiry`: the earliest deadline of an ``active`` lease (a waiter must look again
   then: the expiry returns samples to ``ready``).
 - :meth:`ack` moves the lease's samples ``leased`` -> ``consumed`` and the lease ``active`` -> ``acked``.
@@ -15,7 +16,7 @@ policy_server.admin). Contract (docs/CONTRACTS.md):
 - :meth:`expire_leases` moves every overdue ``active`` lease to ``expired`` and its samples back to
   ``ready`` (lease_id cleared), so nothing leased is lost if a consumer dies.
 
-Exactly-once: a consumed sample is never leased again; each write is one transaction (store_db).
+Exactly-once: a consumed sample is never leased again; each write is one transaction (policy_server.store.base).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 import uuid
 from typing import Any
 
-from policy_server.store_db import StoreDB
+from policy_server.store.base import StoreDB
 
 
 class LeaseError(Exception):
@@ -43,21 +44,22 @@ class StoreLeases(StoreDB):
         """Return the samples of every lease past its deadline to ``ready``; returns how many."""
         now = time.time() if now is None else now
         with self._tx() as db:
-            rows = db.execute("SELECT lease_id FROM leases WHERE state='active' AND expires_at<=?", (now,)).fetchall()
+            rows = db.execute("SELECT lease_id FROM leases WHERE state='active' AND expires_at<=? ORDER BY lease_id"
+                              + self._skip_locked, (now,)).fetchall()
             n = 0
             for (lease_id,) in rows:
                 n += db.execute(
                     "UPDATE samples SET status='ready', lease_id=NULL, updated_at=? WHERE lease_id=? AND status='leased'",
                     (now, lease_id),
                 ).rowcount
-                db.execute("UPDATE leases SET state='expired' WHERE lease_id=?", (lease_id,))
+                db.execute("UPDATE leases SET state='expired' WHERE lease_id=? AND state='active'", (lease_id,))
         self._ready_changed(n)
         return n
 
     def next_lease_expiry(self) -> float | None:
         """Unix time at which the earliest ``active`` lease expires; None when there is none."""
-        with self._lock:
-            row = self._db.execute("SELECT MIN(expires_at) FROM leases WHERE state='active'").fetchone()
+        with self._read() as db:
+            row = db.execute("SELECT MIN(expires_at) FROM leases WHERE state='active'").fetchone()
         return row[0]
 
     def lease(self, max_n: int, lease_s: float, now: float | None = None, *,
@@ -67,7 +69,8 @@ class StoreLeases(StoreDB):
         self.expire_leases(now)
         with self._tx() as db:
             rows = db.execute(
-                "SELECT sample_id, data FROM samples WHERE status='ready' ORDER BY created_at, sample_id LIMIT ?",
+                "SELECT sample_id, data FROM samples WHERE status='ready' ORDER BY created_at, sample_id LIMIT ?"
+                + self._skip_locked,
                 (max_n,),
             ).fetchall()
             if not rows or len(rows) < min_n:
@@ -89,7 +92,8 @@ class StoreLeases(StoreDB):
         now = time.time() if now is None else now
         self.expire_leases(now)
         with self._tx() as db:
-            row = db.execute("SELECT state, sample_ids FROM leases WHERE lease_id=?", (lease_id,)).fetchone()
+            row = db.execute("SELECT state, sample_ids FROM leases WHERE lease_id=?" + self._for_update,
+                             (lease_id,)).fetchone()
             if row is None:
                 raise LeaseError("unknown", f"unknown lease_id {lease_id!r}")
             if row["state"] == "acked":

@@ -1,61 +1,32 @@
-"""Durable SQLite (WAL) store for sessions, turns and training samples: the public ``Store``.
+"""Sessions and turns: the pairing half of the sample state machine (a Store role class).
 
-Role: the single source of truth of the policy server. Everything the server accepts (a recorded
-main turn, a judge outcome, a lease) is committed here before it is acknowledged, so a crash (even
-``kill -9``) loses nothing and a restart resumes from the same state.
-
-Contract (docs/CONTRACTS.md, issue 4 item 6):
-
-- ``sessions``: one row per session id: next turn index, last activity, done flag, whether it already
-  has an included sample (for the at-least-one rule), and the count of history mismatches.
-- ``turns``: one row per recorded main turn (the token-exact record) with its pairing state
-  ``awaiting`` (next state not known yet) -> ``paired`` | ``session_end`` | ``mismatch``.
-- ``samples``: one row per turn whose pairing is resolved, with status
-  ``pending_judge -> ready -> leased -> consumed``, or ``rejected`` with ``reject_reason``.
-  ``data`` holds the Sample JSON of CONTRACTS.md once judged. With session-scope PRM scoring
-  (policy_server.scoring) a turn the pipeline accepted waits as ``pending_judge -> pending_score`` (its
-  Sample JSON stored, not leasable) until its session is over and every turn of it is decided
-  (:meth:`Store.scorable_sessions`); then :meth:`Store.complete_score` makes all of the session's
-  ``pending_score`` samples ``ready`` (with token_rewards) or ``rejected`` in ONE transaction.
-- ``leases``: ``active -> acked`` or ``active -> expired``. Exactly-once: an acked sample is consumed
-  and never leased again; a leased sample whose lease expires returns to ``ready``; acking twice is a
-  no-op; acking an expired lease is refused (its samples may already be leased to someone else).
-
-Layout: :class:`Store` is assembled from one class per role, all sharing one connection:
-
-- this module: sessions and turns, i.e. the pairing half of the state machine (a turn is recorded
-  ``awaiting``, then resolved, which creates its sample ``pending_judge`` or ``rejected``);
-- policy_server.store_db: schema, connection, durability setting, the transaction helper, row codecs;
-- policy_server.store_samples: judge and session-scope scoring outcomes (``pending_judge`` ->
-  ``ready`` | ``rejected`` | ``pending_score``; ``pending_score`` -> ``ready`` | ``rejected``);
-- policy_server.store_leases: ``ready`` -> ``leased`` -> ``consumed`` (or back to ``ready`` on expiry);
-- policy_server.store_reads: stats, backlog and the read-only admin views (no state change).
+Role: a turn is recorded ``awaiting`` (its next state not known yet), then resolved ``paired`` |
+``session_end`` | ``mismatch``, which creates its sample ``pending_judge`` (or ``rejected`` with a reason);
+the idle sweep ends sessions. States of every table: policy_server.store.
 
 Each public write is ONE transaction: recording a main turn (the pairing of the turn it answers, session
 upsert, turn insert, rejection of overtaken turns, session end) commits once, so a continuing session costs
 one commit per turn; resolving a pairing alone (with the activity touch) is one commit too.
-Durability (``synchronous`` = ``normal`` | ``full``) is explained in policy_server.store_db.
+With several replicas on one PostgreSQL store, the session row is the serialisation point of a session:
+recording a turn upserts it first (a row lock held to the commit), so two replicas recording turns of the
+same session take consecutive turn indexes; a resolution is a conditional update (``pairing='awaiting'``),
+so a turn is resolved once whichever replica gets there first; an idle sweep ends a session only if it is
+still idle when its transaction runs, so exactly one replica closes it and a fresh turn is never cut off.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from policy_server.store_db import SAMPLE_STATUSES, SCHEMA, StoreDB, dump_json, turn_dict
-from policy_server.store_leases import LeaseError, StoreLeases
-from policy_server.store_reads import StoreReads
-from policy_server.store_samples import StoreSamples
-
-__all__ = ["SAMPLE_STATUSES", "SCHEMA", "LeaseError", "Resolution", "Store", "StoreDB"]
+from policy_server.store.base import StoreDB, dump_json, turn_dict
 
 
 @dataclass(frozen=True)
 class Resolution:
-    """How an awaiting turn's pairing closes (see :meth:`Store.resolve_turn`), written with the next turn."""
+    """How an awaiting turn's pairing closes (see :meth:`StoreSessions.resolve_turn`), written with the next turn."""
 
     turn_index: int
     pairing: str
@@ -64,12 +35,8 @@ class Resolution:
     reject_reason: str | None = None
 
 
-class Store(StoreSamples, StoreLeases, StoreReads):
-    """The SQLite store under ``data_dir/hindsight.sqlite3`` (created on first use).
-
-    ``Store(data_dir, synchronous="normal")``; the constructor, ``close`` and ``path`` come from
-    :class:`~policy_server.store_db.StoreDB`, the other role methods from the classes listed above.
-    """
+class StoreSessions(StoreDB):
+    """Session and turn writes and reads (see the module docstring)."""
 
     def touch_session(self, session_id: str, now: float | None = None) -> None:
         """Create the session if new, reopen it if it was done, and refresh its activity time."""
@@ -79,8 +46,8 @@ class Store(StoreSamples, StoreLeases, StoreReads):
 
     def awaiting_turn(self, session_id: str) -> dict[str, Any] | None:
         """The session's latest turn still waiting for its next state, as a turn dict."""
-        with self._lock:
-            row = self._db.execute(
+        with self._read() as db:
+            row = db.execute(
                 "SELECT * FROM turns WHERE session_id=? AND pairing='awaiting' ORDER BY turn_index DESC LIMIT 1",
                 (session_id,),
             ).fetchone()
@@ -125,12 +92,16 @@ class Store(StoreSamples, StoreLeases, StoreReads):
         """
         now = time.time() if now is None else now
         with self._tx() as db:
-            _touch(db, session_id, now)
+            # Create/reopen the session, refresh its activity and take the next index in one statement (it also
+            # row-locks the session until the commit: concurrent turns of the session, at any replica, queue here).
+            idx = db.execute(
+                "INSERT INTO sessions (session_id, last_activity, next_turn_index) VALUES (?, ?, 1) "
+                "ON CONFLICT(session_id) DO UPDATE SET last_activity=excluded.last_activity, done=0, "
+                "next_turn_index=sessions.next_turn_index+1 RETURNING next_turn_index",
+                (session_id, now)).fetchone()[0] - 1
             if resolve is not None:
                 _resolve(db, session_id, resolve.turn_index, pairing=resolve.pairing, next_state=resolve.next_state,
                          session_done=False, note=resolve.note, reject_reason=resolve.reject_reason, now=now)
-            idx = db.execute("SELECT next_turn_index FROM sessions WHERE session_id=?", (session_id,)).fetchone()[0]
-            db.execute("UPDATE sessions SET next_turn_index=? WHERE session_id=?", (idx + 1, session_id))
             db.execute(
                 "INSERT INTO turns (session_id, turn_index, created_at, record, pairing) VALUES (?, ?, ?, ?, 'awaiting')",
                 (session_id, idx, now, dump_json(record)),
@@ -146,33 +117,43 @@ class Store(StoreSamples, StoreLeases, StoreReads):
                 _end(db, session_id, now)
         return idx
 
-    def end_session(self, session_id: str, *, now: float | None = None) -> list[str]:
-        """Mark the session done; its awaiting turn becomes the last turn (no next state). One transaction."""
+    def end_session(self, session_id: str, *, now: float | None = None,
+                    idle_before: float | None = None) -> list[str]:
+        """Mark the session done; its awaiting turn becomes the last turn (no next state). One transaction.
+
+        With ``idle_before`` (the idle sweep) the session is ended only if it is still open and its last
+        activity is older than that when the transaction runs (under the session's row lock): a turn that
+        arrived meanwhile, at any replica, keeps it open, and of several sweeping replicas one ends it."""
         now = time.time() if now is None else now
         with self._tx() as db:
+            if idle_before is not None:
+                row = db.execute("SELECT done, last_activity FROM sessions WHERE session_id=?" + self._for_update,
+                                 (session_id,)).fetchone()
+                if row is None or row["done"] or row["last_activity"] >= idle_before:
+                    return []
             return _end(db, session_id, now)
 
     def idle_sessions(self, idle_before: float) -> list[str]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT session_id FROM sessions WHERE done=0 AND last_activity<?", (idle_before,)
             ).fetchall()
         return [r[0] for r in rows]
 
     def get_turn(self, session_id: str, turn_index: int) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._db.execute(
+        with self._read() as db:
+            row = db.execute(
                 "SELECT * FROM turns WHERE session_id=? AND turn_index=?", (session_id, turn_index)
             ).fetchone()
         return turn_dict(row) if row else None
 
     def session(self, session_id: str) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._db.execute("SELECT * FROM sessions WHERE session_id=?", (session_id,)).fetchone()
+        with self._read() as db:
+            row = db.execute("SELECT * FROM sessions WHERE session_id=?", (session_id,)).fetchone()
         return dict(row) if row else None
 
 
-def _touch(db: sqlite3.Connection, session_id: str, now: float) -> None:
+def _touch(db: Any, session_id: str, now: float) -> None:
     db.execute(
         "INSERT INTO sessions (session_id, last_activity) VALUES (?, ?) "
         "ON CONFLICT(session_id) DO UPDATE SET last_activity=excluded.last_activity, done=0",
@@ -180,7 +161,7 @@ def _touch(db: sqlite3.Connection, session_id: str, now: float) -> None:
     )
 
 
-def _resolve(db: sqlite3.Connection, session_id: str, turn_index: int, *, pairing: str,
+def _resolve(db: Any, session_id: str, turn_index: int, *, pairing: str,
              next_state: list[dict[str, Any]] | None, session_done: bool, note: str | None,
              reject_reason: str | None, now: float) -> str | None:
     """Inside a transaction: see Store.resolve_turn."""
@@ -203,7 +184,7 @@ def _resolve(db: sqlite3.Connection, session_id: str, turn_index: int, *, pairin
     return sample_id
 
 
-def _end(db: sqlite3.Connection, session_id: str, now: float) -> list[str]:
+def _end(db: Any, session_id: str, now: float) -> list[str]:
     """Inside a transaction: see Store.end_session."""
     db.execute("UPDATE sessions SET done=1 WHERE session_id=?", (session_id,))
     rows = db.execute("SELECT turn_index FROM turns WHERE session_id=? AND pairing='awaiting'", (session_id,)).fetchall()

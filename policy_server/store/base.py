@@ -1,0 +1,139 @@
+"""The backend-neutral base of the store: connection interface, transactions, row codecs, runtime settings.
+
+Role: what every store role class (sessions, samples, leases, reads) builds on. A backend
+(policy_server.store.sqlite, policy_server.store.postgres) subclasses :class:`StoreDB` and provides:
+
+- ``_tx()``: ``with self._tx() as db`` is ONE write transaction, committed on normal exit and rolled back on
+  an exception; every public write of the store is exactly one such transaction. A wait for the database
+  (a lock, a pool connection) is bounded by ``busy_timeout_s`` and ends in
+  :class:`~policy_server.errors.StoreBusy` (HTTP 503 with Retry-After).
+- ``_read()``: ``with self._read() as db`` gives a connection for a consistent read (no write).
+- ``probe(timeout_s)``: None when a write transaction can start now, else why not (``/ready``).
+- ``close()``, and ``_emit_ready()``: how "samples became ready" reaches ``on_ready`` (directly in one
+  process; through PostgreSQL ``NOTIFY`` to every replica).
+
+``db.execute(sql, params)`` takes SQLite-style SQL (``?`` placeholders) in both backends, and rows support
+``row["col"]``, ``row[0]``, tuple unpacking and ``dict(row)``. The SQL of the role classes is written in the
+common subset of SQLite and PostgreSQL; the two places where they differ are the class attributes
+``_for_update`` (row locks taken by a read-then-write, so that concurrent replicas serialise on the rows they
+change: empty in SQLite, whose write transactions are serialised anyway) and ``_skip_locked`` (a claim query
+skips rows another transaction holds).
+
+``on_ready`` (a callable, or None) is called after every committed write that made at least one sample
+``ready`` (policy_server.ready_notifier wakes lease waiters with it); ``on_admin`` after a change of shared
+admin state (policy_server.replicas). Both must not block; with PostgreSQL they run at every replica.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+SAMPLE_STATUSES = ("pending_judge", "pending_score", "ready", "leased", "consumed", "rejected")
+
+
+class StoreDB:
+    """Backend interface shared by the store role classes (see the module docstring)."""
+
+    _for_update = ""
+    _skip_locked = ""
+    busy_timeout_s: float
+    on_ready: Callable[[], None] | None = None
+    on_admin: Callable[[], None] | None = None
+
+    def _tx(self) -> AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def _read(self) -> AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def _has_table(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def _lock_schema(self, db: Any) -> None:
+        """Inside a migration transaction: wait until no other process migrates this database."""
+        raise NotImplementedError
+
+    def probe(self, timeout_s: float = 0.5) -> str | None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _emit_ready(self) -> None:
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def _ready_changed(self, n: int) -> None:
+        """After a commit: tell the listeners that ``n`` samples became ready (nothing when n is 0)."""
+        if n:
+            self._emit_ready()
+
+    def notify_admin(self) -> None:
+        """Announce a change of shared admin state (``runtime``) to every replica's ``on_admin``."""
+        if self.on_admin is not None:
+            self.on_admin()
+
+    def runtime_keys(self, prefix: str) -> list[str]:
+        """The runtime keys starting with ``prefix``, prefix removed (e.g. the replicas that reported in)."""
+        with self._read() as db:
+            rows = db.execute("SELECT key FROM runtime WHERE key LIKE ?", (prefix + "%",)).fetchall()
+        return sorted(r[0][len(prefix):] for r in rows if r[0].startswith(prefix))
+
+    def get_runtime(self, key: str) -> Any:
+        """A runtime setting changed through the admin API (e.g. the reward mode), or None if never set."""
+        with self._read() as db:
+            row = db.execute("SELECT value FROM runtime WHERE key=?", (key,)).fetchone()
+        return json.loads(row["value"]) if row else None
+
+    def delete_runtime(self, key: str) -> None:
+        """Forget a runtime setting (one transaction; nothing happens when it is not set)."""
+        with self._tx() as db:
+            db.execute("DELETE FROM runtime WHERE key=?", (key,))
+
+    def set_runtime(self, key: str, value: Any) -> None:
+        """Persist a runtime setting, so it survives a restart and every replica sees it (one transaction)."""
+        with self._tx() as db:
+            db.execute("INSERT INTO runtime (key, value) VALUES (?, ?) "
+                       "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, json.dumps(value)))
+
+
+class Row(tuple):  # type: ignore[type-arg]
+    """A result row readable by position, by column name, and as a mapping (``dict(row)``)."""
+
+    _names: tuple[str, ...]
+
+    def __new__(cls, values: Any, names: tuple[str, ...]) -> Row:
+        row = super().__new__(cls, values)
+        row._names = names
+        return row
+
+    def keys(self) -> tuple[str, ...]:
+        return self._names
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        if isinstance(key, str):
+            return tuple.__getitem__(self, self._names.index(key))
+        return tuple.__getitem__(self, key)
+
+
+def dump_json(obj: Any) -> str | None:
+    """JSON text of a column value (None stays NULL)."""
+    return None if obj is None else json.dumps(obj, ensure_ascii=False)
+
+
+def turn_dict(row: Any) -> dict[str, Any]:
+    """A ``turns`` row as the turn dict: the stored record plus its session, index and pairing columns."""
+    rec = json.loads(row["record"])
+    rec.update(
+        session_id=row["session_id"],
+        turn_index=row["turn_index"],
+        created_at=row["created_at"],
+        pairing=row["pairing"],
+        pairing_note=row["pairing_note"],
+        next_state=json.loads(row["next_state"]) if row["next_state"] else None,
+        session_done=bool(row["session_done"]),
+    )
+    return rec

@@ -1,0 +1,116 @@
+"""Versioned schema migrations of the store, one list for both backends, applied in order exactly once.
+
+Role: the only place the store's schema is defined or changed. ``MIGRATIONS[i]`` brings the schema from
+version ``i`` to ``i + 1``; :func:`apply_migrations` (run when a store opens, and by
+``hindsight-policy migrate``) applies the missing ones, each in one transaction together with its row in
+``schema_migrations``, so a crash mid-upgrade leaves the previous version intact. A database whose
+version is newer than this release knows is refused (:class:`SchemaError`): never a silent schema drift.
+
+Version 1 is the schema of the release before migrations existed (``CREATE TABLE IF NOT EXISTS``, so such
+a data dir is adopted as version 1 with nothing rewritten). Column types use ``{real}`` (SQLite ``REAL``,
+PostgreSQL ``DOUBLE PRECISION``: timestamps need 64-bit floats) so the statements are shared.
+Several replicas starting at once serialise on the backend's schema lock (``_lock_schema``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("initial schema", (
+        """CREATE TABLE IF NOT EXISTS sessions (
+            session_id TEXT PRIMARY KEY,
+            next_turn_index INTEGER NOT NULL DEFAULT 0,
+            last_activity {real} NOT NULL,
+            done INTEGER NOT NULL DEFAULT 0,
+            has_included INTEGER NOT NULL DEFAULT 0,
+            mismatches INTEGER NOT NULL DEFAULT 0)""",
+        """CREATE TABLE IF NOT EXISTS turns (
+            session_id TEXT NOT NULL,
+            turn_index INTEGER NOT NULL,
+            created_at {real} NOT NULL,
+            record TEXT NOT NULL,
+            pairing TEXT NOT NULL,
+            pairing_note TEXT,
+            next_state TEXT,
+            session_done INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (session_id, turn_index))""",
+        "CREATE INDEX IF NOT EXISTS turns_awaiting ON turns (session_id, pairing)",
+        """CREATE TABLE IF NOT EXISTS samples (
+            sample_id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            turn_index INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            reject_reason TEXT,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            last_error TEXT,
+            lease_id TEXT,
+            created_at {real} NOT NULL,
+            updated_at {real} NOT NULL,
+            data TEXT,
+            UNIQUE (session_id, turn_index))""",
+        "CREATE INDEX IF NOT EXISTS samples_status ON samples (status, created_at)",
+        "CREATE TABLE IF NOT EXISTS runtime (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """CREATE TABLE IF NOT EXISTS leases (
+            lease_id TEXT PRIMARY KEY,
+            created_at {real} NOT NULL,
+            expires_at {real} NOT NULL,
+            state TEXT NOT NULL,
+            sample_ids TEXT NOT NULL)""",
+    )),
+    # A session's judge work is claimed by one replica at a time (its turns are judged in order); a claim
+    # that is not renewed expires (its replica died) and another replica takes the work over.
+    ("judge work claims", (
+        "ALTER TABLE sessions ADD COLUMN claimed_by TEXT",
+        "ALTER TABLE sessions ADD COLUMN claim_expires_at {real}",
+        "CREATE INDEX IF NOT EXISTS leases_active ON leases (state, expires_at)",
+    )),
+)
+
+LATEST_VERSION = len(MIGRATIONS)
+
+
+class SchemaError(RuntimeError):
+    """The database's schema version is not one this release can use."""
+
+
+def schema_version(db: Any) -> int:
+    """The version recorded in ``schema_migrations`` (0 for a database that has none)."""
+    row = db.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
+    return int(row[0] or 0)
+
+
+def apply_migrations(store: Any, *, real_type: str) -> list[int]:
+    """Bring the store's schema to :data:`LATEST_VERSION`; returns the versions applied (empty when current).
+
+    ``store`` provides ``_tx()`` (one write transaction), ``_read()``, ``_has_table(name)`` and
+    ``_lock_schema(db)`` (serialises concurrent migrators inside that transaction)."""
+    applied: list[int] = []
+    if store._has_table("schema_migrations"):  # the common case, a current schema, costs one read and no write
+        with store._read() as db:
+            current = schema_version(db)
+        if current > LATEST_VERSION:
+            raise SchemaError(f"store schema version {current} is newer than this release's "
+                              f"{LATEST_VERSION}: upgrade hindsight before opening this store")
+        if current == LATEST_VERSION:
+            return applied
+    with store._tx() as db:
+        store._lock_schema(db)
+        db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+                   f"name TEXT NOT NULL, applied_at {real_type} NOT NULL)")
+    while True:
+        with store._tx() as db:
+            store._lock_schema(db)
+            current = schema_version(db)
+            if current > LATEST_VERSION:
+                raise SchemaError(f"store schema version {current} is newer than this release's "
+                                  f"{LATEST_VERSION}: upgrade hindsight before opening this store")
+            if current == LATEST_VERSION:
+                return applied
+            name, statements = MIGRATIONS[current]
+            for statement in statements:
+                db.execute(statement.format(real=real_type))
+            db.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                       (current + 1, name, time.time()))
+            applied.append(current + 1)

@@ -45,14 +45,7 @@ def _record_worker(url: str, data_dir: str, sessions: list[str], turns: int, thr
                 resolve = Resolution(k - 1, "paired", [{"role": "user", "content": "thanks"}]) if k else None
                 store.record_turn(sid, RECORD, session_done=k == turns - 1, resolve=resolve)
 
-    pool = [threading.Thread(target=drive, args=(c,)) for c in chunks]
-    start.wait()
-    t0 = time.perf_counter()
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    out.put(time.perf_counter() - t0)
+    out.put(_timed([threading.Thread(target=drive, args=(c,)) for c in chunks], start))
     store.close()
 
 
@@ -65,15 +58,19 @@ def _lease_worker(url: str, data_dir: str, threads: int, batch: int, start, out)
             got.extend(s["sample_id"] for s in lease[1])
             store.ack(lease[0])
 
-    pool = [threading.Thread(target=take) for _ in range(threads)]
+    out.put((_timed([threading.Thread(target=take) for _ in range(threads)], start), got))
+    store.close()
+
+
+def _timed(pool: list[threading.Thread], start) -> float:
+    """Seconds from starting ``pool`` (once ``start`` is set, so every process begins together) to its end."""
     start.wait()
     t0 = time.perf_counter()
     for t in pool:
         t.start()
     for t in pool:
         t.join()
-    out.put((time.perf_counter() - t0, got))
-    store.close()
+    return time.perf_counter() - t0
 
 
 def _run(workers: list[mp.Process], start, out, n: int) -> list:

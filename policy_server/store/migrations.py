@@ -90,10 +90,7 @@ def apply_migrations(store: Any, *, real_type: str) -> list[int]:
     if store._has_table("schema_migrations"):  # the common case, a current schema, costs one read and no write
         with store._read() as db:
             current = schema_version(db)
-        if current > LATEST_VERSION:
-            raise SchemaError(f"store schema version {current} is newer than this release's "
-                              f"{LATEST_VERSION}: upgrade hindsight before opening this store")
-        if current == LATEST_VERSION:
+        if _is_current(current):
             return applied
     with store._tx() as db:
         store._lock_schema(db)
@@ -103,10 +100,7 @@ def apply_migrations(store: Any, *, real_type: str) -> list[int]:
         with store._tx() as db:
             store._lock_schema(db)
             current = schema_version(db)
-            if current > LATEST_VERSION:
-                raise SchemaError(f"store schema version {current} is newer than this release's "
-                                  f"{LATEST_VERSION}: upgrade hindsight before opening this store")
-            if current == LATEST_VERSION:
+            if _is_current(current):
                 return applied
             name, statements = MIGRATIONS[current]
             for statement in statements:
@@ -114,3 +108,11 @@ def apply_migrations(store: Any, *, real_type: str) -> list[int]:
             db.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                        (current + 1, name, time.time()))
             applied.append(current + 1)
+
+
+def _is_current(version: int) -> bool:
+    """True at :data:`LATEST_VERSION`; a newer schema (written by a later release) is refused, never downgraded."""
+    if version > LATEST_VERSION:
+        raise SchemaError(f"store schema version {version} is newer than this release's "
+                          f"{LATEST_VERSION}: upgrade hindsight before opening this store")
+    return version == LATEST_VERSION

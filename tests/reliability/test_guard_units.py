@@ -118,3 +118,38 @@ def test_store_runtime_settings_and_private_files(tmp_path):
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     for f in data.iterdir():
         assert stat.S_IMODE(f.stat().st_mode) & 0o077 == 0, f
+
+
+def test_unexpected_errors_answer_one_500_and_rate_limit_their_tracebacks(caplog):
+    """A route bug is one 500 naming only the exception type (never its text, which may quote the input),
+    and one log record; past ``tracebacks_per_min`` in a minute the records carry no traceback."""
+    import logging
+
+    from engine.http_guard import UnexpectedErrorMiddleware
+
+    async def broken(scope, receive, send):
+        raise ValueError("secret user text")
+
+    log = logging.getLogger("test.guard")
+    mw = UnexpectedErrorMiddleware(broken, error_body=lambda status, msg: {"error": {"message": msg}},
+                                   logger=log, tracebacks_per_min=3)
+
+    async def one() -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(message):
+            sent.append(message)
+
+        await mw({"type": "http", "method": "POST", "path": "/x"}, None, send)
+        return sent
+
+    with caplog.at_level(logging.ERROR, logger="test.guard"):
+        answers = [asyncio.run(one()) for _ in range(5)]
+    for sent in answers:
+        assert sent[0]["status"] == 500
+        body = b"".join(m.get("body", b"") for m in sent[1:])
+        assert b"ValueError" in body and b"secret" not in body
+    records = [r for r in caplog.records if r.name == "test.guard"]
+    assert len(records) == 5  # one record per error
+    assert [r.exc_info is not None for r in records] == [True, True, True, False, False]
+    assert all("secret" not in r.getMessage() for r in records[3:])

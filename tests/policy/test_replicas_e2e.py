@@ -2,11 +2,11 @@
 
 Contract (docs/SCALING.md, policy_server.store.postgres, policy_server.replicas): any replica serves any request
 of any session. Sessions whose requests alternate between the replicas pair exactly as on one replica (rules
-judge: "thanks, that worked" +1, "No, that is wrong." -1; no history mismatch), stats are the same at both;
-``kill -9`` of a replica loses no answered turn and the other replica finishes its claimed judge work once the
-claim expires; two trainers leasing at different replicas never get the same sample (long-polls woken by
-LISTEN/NOTIFY whichever replica judged); a reward mode switched at A holds at B; a weight update called at A holds
-the chat requests arriving at B.
+judge: "thanks, that worked" +1, "No, that is wrong." -1; no history mismatch), stats and /metrics sample
+gauges are the same at both; ``kill -9`` of a replica loses no answered turn and the other replica finishes its
+claimed judge work once the claim expires; two trainers leasing at different replicas never get the same sample
+(long-polls woken by LISTEN/NOTIFY whichever replica judged); a reward mode switched at A holds at B; a weight
+update called at A holds the chat requests arriving at B.
 """
 
 from __future__ import annotations
@@ -88,6 +88,9 @@ def test_alternating_sessions_pair_as_on_one_replica(pair):
     assert sa["history_mismatches"] == 0 and sa["turns"] == 12 and sa["reject_reasons"].get("concurrent_turns") is None
     keys = ("samples", "reject_reasons", "turns", "sessions", "sessions_open", "history_mismatches", "active_leases")
     assert {k: sa[k] for k in keys} == {k: sb[k] for k in keys}  # from the database: the same at every replica
+    for status, n in sa["samples"].items():  # /metrics sample gauges too, whichever replica recorded the turn
+        assert metric_value(a.url, "hindsight_policy_samples", status=status) == n
+        assert metric_value(b.url, "hindsight_policy_samples", status=status) == n
     # the reward mode switched at A is in force at B (runtime table + NOTIFY), without a restart
     with admin(a.url) as ca, admin(b.url) as cb:
         before = cb.get("/admin/mode").json()

@@ -92,12 +92,12 @@ def nonzero_share(steps: list[list[float]], baseline: str) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--samples", type=int, default=120)
-    ap.add_argument("--rate-hz", type=float, default=20.0)
-    ap.add_argument("--train-s", type=float, default=0.15)
-    ap.add_argument("--p-good", type=float, default=0.3)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--samples", type=int, default=120, help="samples per run (one run per min-batch)")
+    ap.add_argument("--rate-hz", type=float, default=20.0, help="samples made ready per second")
+    ap.add_argument("--train-s", type=float, default=0.15, help="seconds one step 'trains' (checkpoint + push)")
+    ap.add_argument("--p-good", type=float, default=0.3, help="probability of reward +1 (else -1)")
+    ap.add_argument("--batch-size", type=int, default=8, help="lease max (the trainer's batch size)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the reward draws")
     args = ap.parse_args()
     print(f"{args.samples} samples at {args.rate_hz:g}/s, {args.train_s:g}s per step, P(+1) = {args.p_good:g}, "
           f"batch size {args.batch_size}")

@@ -300,6 +300,12 @@ def test_store_pending_score_state_machine(store_factory):
         assert store.unconsumed_backlog() == 1
         assert store.scorable_sessions() == ["s"] and store.scorable_sessions("s") == ["s"]
         assert store.scorable_sessions("other") == []
+        # scoring is claimed like judge work: a replica's live claim hides the session from the other replicas
+        assert store.claim_session("s", "A", 10.0, now=100.0)
+        assert store.scorable_sessions(available_to="B", now=101.0) == []
+        assert store.scorable_sessions(available_to="A", now=101.0) == ["s"]
+        assert store.scorable_sessions(available_to="B", now=111.0) == ["s"]  # A's claim expired: B may finish it
+        store.release_session("s", "A")
         assert [r["turn_index"] for r in store.list_samples(status="pending_score")] == [0]
         assert store.note_score_attempt("s", "prm: JudgeUnavailable: down") == 1
         assert store.stats()["pending_score_retrying"] == 1

@@ -2,11 +2,11 @@
 
 Contract (docs/SCALING.md, policy_server.store.postgres, policy_server.replicas): any replica serves any request
 of any session. Sessions whose requests alternate between the replicas pair exactly as on one replica (rules
-judge: "thanks, that worked" +1, "No, that is wrong." -1; no history mismatch), stats are the same at both;
-``kill -9`` of a replica loses no answered turn and the other replica finishes its claimed judge work once the
-claim expires; two trainers leasing at different replicas never get the same sample (long-polls woken by
-LISTEN/NOTIFY whichever replica judged); a reward mode switched at A holds at B; a weight update called at A holds
-the chat requests arriving at B.
+judge: "thanks, that worked" +1, "No, that is wrong." -1; no history mismatch), stats and /metrics sample
+gauges are the same at both; ``kill -9`` of a replica loses no answered turn and the other replica finishes its
+claimed judge work once the claim expires; two trainers leasing at different replicas never get the same sample
+(long-polls woken by LISTEN/NOTIFY whichever replica judged) and ack at the other replica; a reward mode switched
+at A holds at B; a weight update called at A holds the chat requests arriving at B.
 """
 
 from __future__ import annotations
@@ -88,6 +88,9 @@ def test_alternating_sessions_pair_as_on_one_replica(pair):
     assert sa["history_mismatches"] == 0 and sa["turns"] == 12 and sa["reject_reasons"].get("concurrent_turns") is None
     keys = ("samples", "reject_reasons", "turns", "sessions", "sessions_open", "history_mismatches", "active_leases")
     assert {k: sa[k] for k in keys} == {k: sb[k] for k in keys}  # from the database: the same at every replica
+    for status, n in sa["samples"].items():  # /metrics sample gauges too, whichever replica recorded the turn
+        assert metric_value(a.url, "hindsight_policy_samples", status=status) == n
+        assert metric_value(b.url, "hindsight_policy_samples", status=status) == n
     # the reward mode switched at A is in force at B (runtime table + NOTIFY), without a restart
     with admin(a.url) as ca, admin(b.url) as cb:
         before = cb.get("/admin/mode").json()
@@ -187,16 +190,21 @@ def test_two_trainers_at_two_replicas_never_share_a_sample(pair):
     got: dict[str, list[str]] = {"A": [], "B": []}
     stop = threading.Event()
 
-    def trainer(name: str, url: str) -> None:
-        with admin(url) as c:
+    bad_acks: list[str] = []
+
+    def trainer(name: str, url: str, ack_url: str) -> None:
+        """Leases at ``url`` and acks at the other replica (a lease is the database's, not the replica's)."""
+        with admin(url) as c, admin(ack_url) as other:
             while not stop.is_set():
                 body = c.get("/v1/samples/lease", params={"max": 2, "wait_s": 2}).json()
                 if body["lease_id"]:
                     got[name] += [s["sample_id"] for s in body["samples"]]
-                    r = c.post("/v1/samples/ack", json={"lease_id": body["lease_id"]})
-                    assert r.status_code == 200 and r.json()["acked"] == len(body["samples"])
+                    r = other.post("/v1/samples/ack", json={"lease_id": body["lease_id"]})
+                    if r.status_code != 200 or r.json()["acked"] != len(body["samples"]):
+                        bad_acks.append(r.text)
 
-    trainers = [threading.Thread(target=trainer, args=(n, u)) for n, u in (("A", a.url), ("B", b.url))]
+    trainers = [threading.Thread(target=trainer, args=(n, u, o))
+                for n, u, o in (("A", a.url, b.url), ("B", b.url, a.url))]
     for t in trainers:
         t.start()  # long-polling before any sample exists: woken by NOTIFY from whichever replica judges
     try:
@@ -208,7 +216,7 @@ def test_two_trainers_at_two_replicas_never_share_a_sample(pair):
         stop.set()
         for t in trainers:
             t.join(timeout=30)
-    assert not set(got["A"]) & set(got["B"])
+    assert bad_acks == [] and not set(got["A"]) & set(got["B"])
     assert len(got["A"] + got["B"]) == stats(b.url)["samples"]["consumed"] >= 8
 
 

@@ -3,7 +3,8 @@
 Contracts (trainer/baselines.py, trainer/advantages.py, trainer/objective.py, docs/REWARD_MODES.md):
 single-sample and equal-reward steps under every baseline; normalisation never divides by eps; the running
 baselines persist; multiplicative signs in right / neutral / wrong steps (and the literal opt-in); which
-samples carry a learning term (denominators); the OPD term at T = 1; non-finite values rejected by the trainer.
+samples carry a learning term (denominators, the top-K term's own); the OPD term at T = 1; non-finite values
+rejected by the trainer.
 """
 
 from __future__ import annotations
@@ -192,6 +193,26 @@ def test_rows_without_a_learning_term_do_not_dilute_the_step(tiny_model_dir):
     assert m3["n_learning_samples"] == 2 and m3["n_tokens"] == 6 and m3["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
     for k in w2:
         torch.testing.assert_close(w3[k], w2[k])
+
+
+@pytest.mark.slow
+def test_topk_term_is_divided_by_the_tokens_with_topk_rows(tiny_model_dir):
+    """Token mean: a 3-token sample with teacher top-K rows (reward 0, baseline none: no RL term) next to a 3-token
+    RL sample without them. The top-K term is sum(KL) / 3 (its own rows), not sum(KL) / 6 (every valid token);
+    the logged ``topk_kl`` is per valid token, so loss - pg_loss = c * topk_kl * 6 / 3."""
+    from transformers import AutoModelForCausalLM
+
+    model0 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    rows = {"ids": [[1, 2]] * 3, "logprobs": [[-0.5, -1.0]] * 3}
+    a = _s(sample_id="a", response_ids=[7, 8, 9], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=0.0,
+           teacher_topk=rows)
+    b = _s(sample_id="b", response_ids=[10, 11, 12], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=1.0)
+    c = 0.5
+    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir="unused", micro_batch_size=4, baseline="none",
+                      rollout_correction="none", max_grad_norm=0.0, topk_coef=c, ppo_epochs=1, minibatches=1)
+    m, _ = _train_once(model0, [a, b], cfg)
+    assert m["n_learning_samples"] == 2 and m["n_tokens"] == 6 and m["topk_kl"] > 0
+    assert m["loss"] - m["pg_loss"] == pytest.approx(c * m["topk_kl"] * 6 / 3, rel=1e-5)
 
 
 @pytest.mark.slow

@@ -99,7 +99,10 @@ def spawn(name: str, cmd: list[str], *, url: str, log_dir: Path, env: dict[str, 
     # Loopback servers must never be reached through an HTTP proxy from the environment.
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         full_env.pop(var, None)
-    with open(log_path, "ab") as log:
+    # Logs can hold prompts and error details: readable by the owner only (0600), whatever the umask.
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.fchmod(fd, 0o600)
+    with open(fd, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
     return ManagedProcess(name=name, proc=proc, url=url, log_path=log_path)
 

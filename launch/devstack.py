@@ -181,6 +181,7 @@ def start(run_dir: Path, mode: str, judge_backend: str) -> dict:
         (run_dir / "pids.json").unlink(missing_ok=True)
     endpoints_path.unlink(missing_ok=True)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").chmod(0o700)  # logs can hold prompts: the owner's only, like the data dir
     policy_model, teacher_model = build_models(run_dir)
 
     stack = Stack(run_dir)

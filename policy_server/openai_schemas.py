@@ -196,8 +196,15 @@ CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def chat_request_schema() -> dict[str, Any]:
-    """The OpenAPI request-body schema of ``/v1/chat/completions`` (the route reads the body itself)."""
-    return _inline_schema(TypeAdapter(ChatRequestDoc))
+    """The OpenAPI request-body schema of ``/v1/chat/completions`` (the route reads the body itself): every
+    field the route accepts, the OpenAI extras of ``policy_server.openai_fields`` included; any other field
+    is a 400, so the schema allows no additional properties."""
+    from policy_server.openai_fields import ChatExtras  # that module imports this one
+
+    schema = _inline_schema(TypeAdapter(ChatRequestDoc))
+    schema["properties"].update(_inline_schema(TypeAdapter(ChatExtras))["properties"])
+    schema["additionalProperties"] = False
+    return schema
 
 
 def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,6 +8,8 @@ Contract (judge_server/compat.py, docs/CONTRACTS.md "Reward clients"):
 - ``/slime/reward`` answers ``{"reward": float, ...}``, read by slime with ``--reward-key reward``.
 - Both routes take the judge key as the URL query parameter ``api_key`` (OpenRLHF and slime send no
   header); the key is in no log line and no metric label.
+- examples/reward_clients.py (the guide's example, docs/REWARD_CLIENTS.md) runs as written and prints the
+  rewards the rules backend decides; without the key it exits non-zero with the 401, never a reward.
 
 The clients below reproduce, in our own words, the response handling of those frameworks' remote reward
 functions (read from their public sources): OpenRLHF posts ``{"query", "prompts", "labels"}``, calls
@@ -21,6 +23,7 @@ retries any failure (4xx included) with capped exponential backoff, then raises;
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -245,3 +248,18 @@ def test_query_key_is_in_no_log_line_and_no_metric(rules_judge: ManagedProcess,
         text = judge.log_path.read_text()
         assert text.strip() and KEY not in text, judge.name
     assert "/get_reward" in rules_judge.log_path.read_text()
+
+
+@pytest.mark.e2e
+def test_reward_clients_example_runs_as_written(rules_judge: ManagedProcess) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "reward_clients.py"
+    run = [sys.executable, str(example), "--judge-url", rules_judge.url]
+    res = subprocess.run([*run, "--api-key", KEY], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    # The rules backend: "thanks, it worked" is a success (+1), "that is wrong, ..." a failure (-1).
+    assert "OpenRLHF /get_reward rewards: [1.0, -1.0]" in res.stdout, res.stdout
+    assert "slime /slime/reward label='thanks, it worked': reward=1.0 status=ok" in res.stdout, res.stdout
+    assert "slime /slime/reward label='that is wrong, I wanted c.txt': reward=-1.0 status=ok" in res.stdout
+    assert KEY not in res.stdout + res.stderr
+    unkeyed = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert unkeyed.returncode != 0 and "401" in unkeyed.stderr and "rewards:" not in unkeyed.stdout

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -73,6 +74,9 @@ def test_dev_stack_start_demo_stop(stack_dir: Path) -> None:
                                             "judge", "policy"]
     assert all(devstack.is_ours(e) for e in entries)
     assert all(urlparse(e["url"]).hostname == "127.0.0.1" for e in entries)
+    # Logs can hold prompts: the owner's only.
+    assert stat.S_IMODE((stack_dir / "logs").stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(Path(e["log"]).stat().st_mode) == 0o600 for e in entries)
 
     again = dev("start", stack_dir, 60)
     assert again.returncode == 0 and "already running" in again.stdout

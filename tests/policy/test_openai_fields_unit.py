@@ -1,16 +1,19 @@
 """policy_server.openai_fields (pure): unknown fields are named in a 400, each new field validates and maps to
-the engine parameters the module docstring promises; log-prob entries are OpenAI's shape."""
+the engine parameters the module docstring promises; log-prob entries are OpenAI's shape; the chat route's
+OpenAPI body schema documents exactly the accepted fields (plus the session fallbacks) and no others."""
 
 from __future__ import annotations
 
 import pytest
 
 from policy_server.errors import InvalidRequest
+from policy_server.openai_schemas import chat_request_schema
 from policy_server.openai_fields import (
     PARALLEL_STOP,
     apply_extras,
     chat_template_kwargs,
     hindsight_headers,
+    known_fields,
     parse_extras,
     token_logprobs,
 )
@@ -23,6 +26,16 @@ def test_unknown_fields_are_named_sorted():
     with pytest.raises(InvalidRequest) as exc:
         parse_extras({**BASE, "top_k": 2, "audio": {}, "temperature": 1})
     assert "audio, top_k" in exc.value.message and exc.value.param == "audio"
+
+
+def test_openapi_chat_body_documents_every_accepted_field_and_no_other():
+    schema = chat_request_schema()
+    assert set(schema["properties"]) == known_fields() | {"session_id", "turn_type", "session_done"}
+    assert schema["additionalProperties"] is False  # any other field is a 400
+    assert schema["required"] == ["messages"]
+    top = schema["properties"]["top_logprobs"]["anyOf"][0]
+    assert (top["minimum"], top["maximum"]) == (0, 20)
+    assert "xhigh" in schema["properties"]["reasoning_effort"]["anyOf"][0]["enum"]
 
 
 def test_known_fields_pass():

@@ -1,17 +1,21 @@
 """Pure pieces of the hostile-input defences, with hand-derived cases: JSON depth and surrogate checks
 (engine.http_guard), the prompt-length floor (policy_server.generation), the admin-key rule and its
 startup refusal (policy_server.settings/auth), the session-lock cleanup (policy_server.sessions), the
-runtime-settings table and file modes of the store (policy_server.store.sqlite)."""
+runtime-settings table and file modes of the store (policy_server.store.sqlite), and the mode of a spawned
+server's log file (engine.procs.spawn: 0600 whatever the umask, an older world-readable log narrowed too)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import stat
+import sys
 
 import pytest
 from starlette.requests import Request
 
 from engine.http_guard import BadJSON, check_json_value, parse_json_body
+from engine.procs import spawn
 from policy_server.auth import is_admin, require_admin
 from policy_server.errors import Unauthorized
 from policy_server.generation import prompt_token_floor
@@ -118,6 +122,23 @@ def test_store_runtime_settings_and_private_files(tmp_path):
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     for f in data.iterdir():
         assert stat.S_IMODE(f.stat().st_mode) & 0o077 == 0, f
+
+
+def test_spawned_process_log_is_private_whatever_the_umask(tmp_path):
+    old_log = tmp_path / "older.log"
+    old_log.write_text("an earlier run\n")
+    old_log.chmod(0o644)
+    old_umask = os.umask(0o022)
+    try:
+        fresh = spawn("fresh", [sys.executable, "-c", "print('first line')"], url="", log_dir=tmp_path / "logs")
+        older = spawn("older", [sys.executable, "-c", "print('appended')"], url="", log_dir=tmp_path)
+    finally:
+        os.umask(old_umask)
+    assert fresh.proc.wait(timeout=30) == 0 and older.proc.wait(timeout=30) == 0
+    assert stat.S_IMODE(fresh.log_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(older.log_path.stat().st_mode) == 0o600
+    assert fresh.log_path.read_text() == "first line\n"
+    assert older.log_path.read_text() == "an earlier run\nappended\n"  # appended, not truncated
 
 
 def test_unexpected_errors_answer_one_500_and_rate_limit_their_tracebacks(caplog):

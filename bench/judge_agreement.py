@@ -19,7 +19,11 @@ order perturbed. Printed per setting (and written with ``--json``):
 - ``no_valid_rate``: share of turns with status ``no_valid_votes``; ``failed_rate``: judge_failed or a
   request that failed (never counted as a verdict);
 - ``votes_per_turn``, ``engine_calls_per_turn``, ``tokens_per_turn`` (prompt + completion as the judge's
-  ``usage`` reports them; ``cached_tokens`` too when reported), means over the original requests.
+  ``usage`` reports them; ``cached_tokens`` too when reported), means over the original requests;
+- ``failed_requests``: requests (original and perturbed) that got no answer (transport error or non-2xx).
+
+Exit status 0 when every request was answered, 1 (after printing and writing the figures) when any failed:
+the figures then count those turns as failed, so they do not measure the judge alone.
 
 Against the rules backend (keywords in the next state) it is a sanity check with hand-counted figures
 (tests/judge/test_agreement_harness.py); against a real judge model it is the number to trust it by.
@@ -96,6 +100,7 @@ def summarise(turns: list[dict[str, Any]], original: list[dict[str, Any] | None]
         "flip_rate": flips / n,
         "no_valid_rate": sum(p is not None and p.get("status") == "no_valid_votes" for p in prms) / n,
         "failed_rate": sum(p is None or p.get("status") == "judge_failed" for p in prms) / n,
+        "failed_requests": sum(r is None for r in original) + sum(r is None for r in perturbed),
         "votes_per_turn": sum(len((p or {}).get("votes") or []) for p in prms) / n,
         "engine_calls_per_turn": sum(u.get("engine_calls", 0) for u in usage) / n,
         "tokens_per_turn": sum(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in usage) / n,
@@ -166,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     print_report(figures, turns)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    failed = sum(f["failed_requests"] for f in figures.values())
+    if failed:
+        print(f"{failed} of {2 * len(turns) * len(figures)} judge requests failed (see above): the figures count "
+              "those turns as failed", file=sys.stderr)
+        return 1
     return 0
 
 

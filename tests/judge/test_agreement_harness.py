@@ -70,7 +70,24 @@ def test_pure_figures() -> None:
     assert f["accuracy"] == 0.25 and f["tie_aware"] == (1 + 0.5) / 4
     assert f["flip_rate"] == 0.25  # only turn 2: tie -> -1; two failed requests are the same outcome
     assert f["no_valid_rate"] == 0.25 and f["failed_rate"] == 0.25
+    assert f["failed_requests"] == 2  # turn 4: no answer, as written nor perturbed
     assert f["votes_per_turn"] == 6 / 4 and f["tokens_per_turn"] == 290 / 4 and f["engine_calls_per_turn"] == 0.75
+
+
+@pytest.mark.unit
+def test_unreachable_judge_is_an_error_not_a_score(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Nothing listens on the port: every request is a transport error, so the run fails (exit 1) after
+    # reporting them, instead of passing off 0.000 accuracy as the judge's figure.
+    turns = tmp_path / "turns.jsonl"
+    turns.write_text("".join(line + "\n" for line in ja.DEFAULT_TURNS.read_text().splitlines()[:2]))
+    out = tmp_path / "figures.json"
+    rc = ja.main(["--judge-url", f"http://127.0.0.1:{free_port()}", "--turns", str(turns), "--json", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "16 of 16 judge requests failed" in err and err.count("request failed: ConnectError") == 16
+    figures = json.loads(out.read_text())
+    assert all(f["failed_requests"] == 4 and f["failed_rate"] == 1.0 and f["accuracy"] == 0.0
+               for f in figures.values())
 
 
 @pytest.mark.e2e
@@ -95,7 +112,7 @@ def test_harness_against_the_rules_backend(tmp_path: Path) -> None:
         assert f["turns"] == 64
         assert f["right_by_category"] == HAND_RIGHT, name
         assert f["accuracy"] == f["tie_aware"] == 50 / 64, name
-        assert f["flip_rate"] == f["no_valid_rate"] == f["failed_rate"] == 0.0, name
+        assert f["flip_rate"] == f["no_valid_rate"] == f["failed_rate"] == f["failed_requests"] == 0, name
         assert f["votes_per_turn"] == votes, name
         assert f["engine_calls_per_turn"] == f["tokens_per_turn"] == 0.0, name
     table = res.stdout.splitlines()

@@ -21,8 +21,8 @@ from trainer.rollout_correction import LOGPROB_TEMPERATURES, ROLLOUT_CORRECTIONS
 ADVANTAGE_MODES = ("sample", "rl", "opd", "combine", "prm_gated_opd", "multiplicative", "multiplicative_literal")
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    return field(default=default, metadata={"help": help, **kw})
+def _f(default: Any, help_text: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help_text, **kw})
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from policy_server.store import Store
-from policy_testkit import ADMIN_KEY, CLIENT_KEY, admin, client, start_policy
+from policy_testkit import CLIENT_KEY, admin, client, start_policy
 
 pytestmark = pytest.mark.e2e
 

@@ -4,7 +4,6 @@ stream splitting, request validation, settings/CLI, forced tool-call grammars.""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy")
 
 from engine.chat import load_tokenizer, render_prompt_ids  # noqa: E402
 from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process  # noqa: E402
+from engine.tiny_model import build_tiny_model  # noqa: E402
 from policy_testkit import CLIENT_KEY, start_policy  # noqa: E402
 
 
@@ -177,11 +178,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model = Path(args.model_dir) if args.model_dir else None
-        if model is None:
-            from engine.tiny_model import build_tiny_model
-
-            model = build_tiny_model(work / "model")
+        model = Path(args.model_dir) if args.model_dir else build_tiny_model(work / "model")
         tok = load_tokenizer(str(model))
         if args.engine in ("both", "stub"):
             eng = start_instant_engine(tok, work)

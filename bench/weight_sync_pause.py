@@ -25,6 +25,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy"))
 
 from engine.procs import start_dev_engine  # noqa: E402
+from engine.tiny_model import build_tiny_model  # noqa: E402
 from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_policy  # noqa: E402
 
 
@@ -95,11 +96,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model = Path(args.model_dir) if args.model_dir else None
-        if model is None:
-            from engine.tiny_model import build_tiny_model
-
-            model = build_tiny_model(work / "model")
+        model = Path(args.model_dir) if args.model_dir else build_tiny_model(work / "model")
         eng = start_dev_engine(model, log_dir=work)
         pol = None
         try:

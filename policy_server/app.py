@@ -11,12 +11,12 @@ the PostgreSQL database of ``--store-url`` shared with other replicas), creates 
 EngineClient for generation plus one per weight-sync worker (shared connection pool), the judge and
 teacher clients and the reward pipeline when configured, reads the engine's current weight_version,
 starts the judge dispatcher (which immediately resumes pending work found in the store) and the idle
-session sweeper; on shutdown stops both (with the bounded judge drain of policy_server.shutdown) and
+session sweeper; on shutdown stops both (with the bounded judge drain of policy_server.serving.shutdown) and
 closes every client and the store. Lease waiters sleep on a ReadyNotifier that every store write making
-a sample ``ready`` feeds (policy_server.ready_notifier). Every resource goes on one AsyncExitStack as soon as it exists, so
+a sample ``ready`` feeds (policy_server.store.ready_notifier). Every resource goes on one AsyncExitStack as soon as it exists, so
 a setup step that fails closes what the earlier steps opened (runner, clients, store) before re-raising.
 
-PRM scoring (issue 7 item 9, policy_server.scoring): with ``--prm-config`` the runner is built first
+PRM scoring (issue 7 item 9, policy_server.rewards.scoring): with ``--prm-config`` the runner is built first
 (a broken config or scorer stops the startup with a ``PRMStartupError`` naming the file), its metrics go
 on this server's ``/metrics`` registry, the dispatcher scores each accepted turn before storing it
 (``--prm-scope turn``) or holds it ``pending_score`` and scores the whole session once it ended
@@ -31,7 +31,6 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -40,42 +39,39 @@ from fastapi import FastAPI
 from engine.chat import load_tokenizer
 from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
-from engine.http_guard import AdmissionMiddleware, BodyLimitMiddleware, UnexpectedErrorMiddleware
-from engine.observability import RequestContextMiddleware, RouteMetrics, log_settings, propagate_request_id
-from policy_server.dispatch import Dispatcher
-from policy_server.errors import RETRY_AFTER_S, StoreBusy, error_body, install_error_handlers
-from policy_server.generation import Generator, context_length
+from engine.http_guard import (
+    AdmissionMiddleware,
+    BodyLimitMiddleware,
+    UnexpectedErrorMiddleware,
+)
+from engine.observability import (
+    RequestContextMiddleware,
+    RouteMetrics,
+    log_settings,
+    propagate_request_id,
+)
+from policy_server.api import admin, routes
+from policy_server.errors import (
+    RETRY_AFTER_S,
+    StoreBusy,
+    error_body,
+    install_error_handlers,
+)
 from policy_server.metrics import Metrics
-from policy_server.replicas import ReplicaSync
-from policy_server.ready_notifier import LocalReadyNotifier, ReadyNotifier
-from policy_server.scoring import PRMScoring
-from policy_server.session_inference import SessionInferrer
-from policy_server.sessions import SessionTracker
+from policy_server.rewards.dispatch import Dispatcher
+from policy_server.rewards.scoring import PRMScoring
+from policy_server.serving.generation import Generator, context_length
+from policy_server.serving.replicas import ReplicaSync
+from policy_server.serving.session_inference import SessionInferrer
+from policy_server.serving.sessions import SessionTracker
+from policy_server.serving.shutdown import DrainMiddleware, DrainState
+from policy_server.serving.weight_sync import WeightGate, WeightSync
 from policy_server.settings import PolicySettings
-from policy_server.shutdown import DrainMiddleware, DrainState
+from policy_server.state import PolicyState
 from policy_server.store import PostgresStore, Store, StoreDB, sqlite_dir
-from policy_server.weight_sync import WeightGate, WeightSync
+from policy_server.store.ready_notifier import LocalReadyNotifier
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class PolicyState:
-    settings: PolicySettings
-    store: Store
-    engine: EngineClient
-    generator: Generator
-    gate: WeightGate
-    weight_sync: WeightSync
-    sessions: SessionTracker
-    dispatcher: Dispatcher
-    metrics: Metrics
-    mode_state: Any
-    pipeline: Any | None
-    backlog_cache: list[float]  # [value, checked_at_monotonic]
-    scoring: PRMScoring | None = None
-    ready: ReadyNotifier | None = None  # wakes lease waiters when samples become ready
-    inferrer: SessionInferrer | None = None  # only with settings.infer_sessions
 
 
 def _open_store(settings: PolicySettings) -> StoreDB:
@@ -91,14 +87,14 @@ def _open_store(settings: PolicySettings) -> StoreDB:
 def _build_pipeline(settings: PolicySettings, tokenizer: Any, http: httpx.AsyncClient, retry: RetryPolicy,
                     stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
     """(mode_state, pipeline or None). The pipeline needs the judge service; its client closes with ``stack``."""
-    from policy_server.rewards import ModeState
+    from policy_server.rewards.modes import ModeState
 
     mode_state = ModeState.from_settings(settings)
     if not settings.judge_url:
         logger.warning("no --judge-url: turns are recorded and stay pending_judge until a judge is configured")
         return mode_state, None
     from judge_server.client import JudgeClient
-    from policy_server.rewards import RewardPipeline
+    from policy_server.rewards.modes import RewardPipeline
 
     judge = JudgeClient(settings.judge_url, api_key=settings.judge_api_key)
     stack.push_async_callback(_quiet_close, judge)
@@ -119,7 +115,7 @@ async def _quiet_close(closable: Any) -> None:
 
 async def _stop_background(settings: PolicySettings, store: Store, dispatcher: Dispatcher,
                            tasks: list[asyncio.Task[None]], sessions: SessionTracker) -> None:
-    """Graceful part (policy_server.shutdown): chat requests are finished by now; the sweeper stops first (no
+    """Graceful part (policy_server.serving.shutdown): chat requests are finished by now; the sweeper stops first (no
     new work), pairings still being written land, then the dispatcher judges for at most shutdown_drain_s and
     what is left stays pending."""
     for task in tasks[1:]:  # the idle sweeper, and the replica sync when there is one
@@ -264,8 +260,6 @@ def create_app(settings: PolicySettings) -> FastAPI:
     app.add_middleware(RequestContextMiddleware,
                        route_metrics=RouteMetrics(app.state.metrics.registry, prefix="hindsight_policy"))
     install_error_handlers(app)
-    from policy_server import admin, routes
-
     app.include_router(routes.router)
     app.include_router(admin.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -278,7 +272,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema is None:
         from fastapi.openapi.utils import get_openapi
 
-        from policy_server.openai_schemas import ErrorResponse
+        from policy_server.api.openai_schemas import ErrorResponse
 
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
         schema.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = \

@@ -8,7 +8,7 @@
 Flags override environment variables. Boolean fields take a value (``--at-least-one false``).
 Logging goes through engine.observability (request and session ids on every line, ``--log-json true`` for
 JSON lines); the resolved settings, secrets redacted, are logged at start. SIGTERM shuts down gracefully
-(policy_server.shutdown) and exits 0.
+(policy_server.serving.shutdown) and exits 0.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(settings.log_level.upper(), json_logs=settings.log_json)  # request/session ids on every line
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per engine call is noise
     from policy_server.app import create_app
-    from policy_server.shutdown import DrainingServer
+    from policy_server.serving.shutdown import DrainingServer
 
     app = create_app(settings)
     # log_config=None: uvicorn's loggers flow through configure_logging; the access line is the middleware's.
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     hard_stop_s = settings.shutdown_grace_s + settings.shutdown_drain_s + 10 + 2 * settings.store_busy_timeout_s
     server = DrainingServer(config, app.state.drain, grace_s=settings.shutdown_grace_s, hard_stop_s=hard_stop_s)
     # uvicorn re-raises the signal that stopped it once it is done; this handler turns that into a normal
-    # return, so a graceful SIGTERM shutdown exits 0 (policy_server.shutdown).
+    # return, so a graceful SIGTERM shutdown exits 0 (policy_server.serving.shutdown).
     signal.signal(signal.SIGTERM, lambda *_: None)
     server.run()
     if not server.started:

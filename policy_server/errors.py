@@ -25,7 +25,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.errors import EngineBadResponse, EngineError, EngineRejected, EngineTimeout, EngineUnavailable
+from engine.errors import (
+    EngineBadResponse,
+    EngineError,
+    EngineRejected,
+    EngineTimeout,
+    EngineUnavailable,
+)
 
 logger = logging.getLogger(__name__)
 

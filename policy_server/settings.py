@@ -39,11 +39,11 @@ class PolicySettings(BaseSettings):
     w_rl: float = 1.0
     w_opd: float = 1.0
     prm_config: str | None = Field(None, description="PRM scorer YAML (docs/SCORERS.md): token_rewards for "
-                                   "every accepted turn; see policy_server.scoring")
+                                   "every accepted turn; see policy_server.rewards.scoring")
     prm_scope: Literal["turn", "session"] = Field(
         "turn", description="PRM scoring unit: turn (each accepted turn scored alone as soon as judged) or "
         "session (accepted turns held as pending_score until the session ends, then the whole session is "
-        "scored at once with score_session); see policy_server.scoring")
+        "scored at once with score_session); see policy_server.rewards.scoring")
     judge_m: int | None = None
     at_least_one: bool = True
     teacher_top_k: int = 0
@@ -57,7 +57,7 @@ class PolicySettings(BaseSettings):
     api_key: str | None = None
     admin_api_key: str | None = None
     infer_sessions: bool = Field(False, description="continue the open session whose recorded transcript a "
-                                 "request without a session id extends (policy_server.session_inference)")
+                                 "request without a session id extends (policy_server.serving.session_inference)")
     allow_unauthenticated: bool = Field(False, description="serve a non-loopback host without an API key "
                                         "(only behind an authenticating gateway)")
     allow_client_key_for_admin: bool = Field(False, description="with an api_key and no admin_api_key, let the "
@@ -110,7 +110,7 @@ class PolicySettings(BaseSettings):
     dispatch_retry_initial_s: float = 0.5
     dispatch_retry_max_s: float = 30.0
 
-    # --- shutdown (policy_server.shutdown)
+    # --- shutdown (policy_server.serving.shutdown)
     shutdown_grace_s: float = Field(30.0, description="on SIGTERM, how long chat requests in flight may run on "
                                     "while new ones get 503")
     shutdown_drain_s: float = Field(10.0, description="then how long the dispatcher may keep judging; what is "

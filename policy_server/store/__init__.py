@@ -19,7 +19,7 @@ Contract (docs/CONTRACTS.md):
 - ``samples``: one row per turn whose pairing is resolved, with status
   ``pending_judge -> ready -> leased -> consumed``, or ``rejected`` with ``reject_reason``.
   ``data`` holds the Sample JSON of CONTRACTS.md once judged. With session-scope PRM scoring
-  (policy_server.scoring) a turn the pipeline accepted waits as ``pending_judge -> pending_score`` (its
+  (policy_server.rewards.scoring) a turn the pipeline accepted waits as ``pending_judge -> pending_score`` (its
   Sample JSON stored, not leasable) until its session is over and every turn of it is decided; then
   ``complete_score`` makes all of the session's ``pending_score`` samples ``ready`` or ``rejected`` in ONE
   transaction. A session's judge and scoring work is claimed by one replica at a time (``sessions.claimed_by``
@@ -45,8 +45,8 @@ from pathlib import Path
 
 from policy_server.store.base import SAMPLE_STATUSES, StoreDB
 from policy_server.store.leases import LeaseError, StoreLeases
-from policy_server.store.postgres import PostgresDB
 from policy_server.store.migrations import LATEST_VERSION, SchemaError
+from policy_server.store.postgres import PostgresDB
 from policy_server.store.reads import StoreReads
 from policy_server.store.samples import StoreSamples
 from policy_server.store.sessions import Resolution, StoreSessions

@@ -20,8 +20,8 @@ change: empty in SQLite, whose write transactions are serialised anyway) and ``_
 skips rows another transaction holds).
 
 ``on_ready`` (a callable, or None) is called after every committed write that made at least one sample
-``ready`` (policy_server.ready_notifier wakes lease waiters with it); ``on_admin`` after a change of shared
-admin state (policy_server.replicas). Both must not block; with PostgreSQL they run at every replica.
+``ready`` (policy_server.store.ready_notifier wakes lease waiters with it); ``on_admin`` after a change of shared
+admin state (policy_server.serving.replicas). Both must not block; with PostgreSQL they run at every replica.
 """
 
 from __future__ import annotations

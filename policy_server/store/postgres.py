@@ -19,7 +19,7 @@ Wake-ups: a commit that made samples ``ready`` sends ``NOTIFY hindsight_ready``;
 replica (``LISTEN`` on its own connection, reconnecting with a back-off) calls ``on_ready``, so a lease
 long-poll at any replica wakes when the judge outcome was written by another one. After a reconnect it
 calls ``on_ready`` once (a notification sent while it was away is not replayed by PostgreSQL).
-Shared admin changes (reward mode, weight-sync pause: policy_server.replicas) go the same way on
+Shared admin changes (reward mode, weight-sync pause: policy_server.serving.replicas) go the same way on
 ``hindsight_admin`` to ``on_admin``.
 """
 

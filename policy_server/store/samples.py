@@ -1,7 +1,7 @@
 """Judge and session-scope scoring outcomes: the middle of the sample state machine (a Store role class).
 
-Role: the work queue of the judge dispatcher (policy_server.dispatch) and of session-scope PRM scoring
-(policy_server.scoring). A resolved turn's sample starts ``pending_judge`` (policy_server.store.sessions); here:
+Role: the work queue of the judge dispatcher (policy_server.rewards.dispatch) and of session-scope PRM scoring
+(policy_server.rewards.scoring). A resolved turn's sample starts ``pending_judge`` (policy_server.store.sessions); here:
 
 - :meth:`StoreSamples.pending_jobs` lists the queue, :meth:`note_attempt` records a failed try
   (attempts+1, last_error) and the sample stays ``pending_judge`` for a retry;

@@ -1,4 +1,4 @@
-"""Unit tests of the reward-mode decision table (policy_server.rewards, docs/REWARD_MODES.md).
+"""Unit tests of the reward-mode decision table (policy_server.rewards.modes, docs/REWARD_MODES.md).
 
 Contract under test: rl trains on PRM +-1 only, neutral verdicts (score 0, tie) are excluded unless the
 at-least-one guarantee promotes the session's first one (reward 0.0), no_valid_votes and judge_failed
@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from policy_server.rewards import (
+from policy_server.rewards.modes import (
     InvalidMode,
     ModeSnapshot,
     ModeState,

@@ -16,7 +16,7 @@ import pytest
 from engine.chat import render_prompt_ids
 from engine.client import EngineClient
 from judge_server.client import JudgeClient
-from policy_server.rewards import RewardPipeline
+from policy_server.rewards.modes import RewardPipeline
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from judge_server.errors import JudgeRequestRejected, JudgeUnavailable
-from policy_server.rewards import ModeState, RewardPipeline
+from policy_server.rewards.modes import ModeState, RewardPipeline
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """Unit tests of the hint-augmented teacher prompt and of teacher-scoring failure handling.
 
-Contract (policy_server.teacher): the hint goes after the LAST user message's text with the marker of
+Contract (policy_server.rewards.teacher): the hint goes after the LAST user message's text with the marker of
 prompts/templates/teacher_hint_v1.txt; the prompt is rendered with the policy chat template (tools
 included) and the response ids are appended as ids; a teacher answer whose ids, log-probs or top-K rows
 do not line up with the response ids is a TeacherFailed with a reason, never padded. Faults are injected
@@ -18,7 +18,7 @@ import pytest
 from engine.chat import load_tokenizer, render_prompt_ids
 from engine.client import EngineClient, RetryPolicy
 from engine.errors import EngineUnavailable
-from policy_server.teacher import (
+from policy_server.rewards.teacher import (
     TeacherFailed,
     TeacherScorer,
     append_hint,

@@ -1,4 +1,4 @@
-"""Client disconnects propagate to the engine (house style §6; policy_server.routes, .generation).
+"""Client disconnects propagate to the engine (house style §6; policy_server.api.routes, .generation).
 
 Contract pinned here:
 - e2e (policy server -> real sglang-router -> dev engine, aborts sent to the engine WORKER URL): a client that
@@ -26,10 +26,10 @@ import pytest
 from engine.client import EngineClient, RetryPolicy
 from engine.disconnect import abort_engine_requests
 from engine.procs import metric_value
-from policy_server.generation import GenerationAbandoned, Generator, GenResult
-from policy_server.routes import DISCONNECT_REASON, _reject_turn
+from policy_server.serving.generation import GenerationAbandoned, Generator, GenResult
+from policy_server.api.routes import DISCONNECT_REASON, _reject_turn
 from policy_server.store import Store
-from policy_server.weight_sync import WeightGate
+from policy_server.serving.weight_sync import WeightGate
 from policy_testkit import CLIENT_KEY, client
 
 LONG = 3500  # greedy decoding of the tiny model never samples EOS: always the full length (~2-3 s on the CPU)

@@ -1,6 +1,6 @@
 """The lease wait without servers: a real Store (each test on SQLite and on PostgreSQL), the in-process ReadyNotifier and ``lease_when_ready``.
 
-Contract (policy_server.ready_notifier, policy_server.store.leases, policy_server.store.samples): a waiter sleeps until a store write
+Contract (policy_server.store.ready_notifier, policy_server.store.leases, policy_server.store.samples): a waiter sleeps until a store write
 makes a sample ready (judge outcome, session scoring, lease expiry) and is woken by that write, not by a
 poll; ``min_n`` holds the lease until enough samples are ready, the deadline hands out whatever is ready;
 unusable rewards / teacher log-probs / token rewards are rejected before they can be leased."""
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from policy_server.ready_notifier import LocalReadyNotifier, lease_when_ready
+from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_ready
 from policy_server.store import Store
 
 

@@ -1,4 +1,4 @@
-"""policy_server.openai_fields (pure): unknown fields are named in a 400, each new field validates and maps to
+"""policy_server.api.openai_fields (pure): unknown fields are named in a 400, each new field validates and maps to
 the engine parameters the module docstring promises; log-prob entries are OpenAI's shape; the chat route's
 OpenAPI body schema documents exactly the accepted fields (plus the session fallbacks) and no others."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from policy_server.errors import InvalidRequest
-from policy_server.openai_schemas import chat_request_schema
-from policy_server.openai_fields import (
+from policy_server.api.openai_schemas import chat_request_schema
+from policy_server.api.openai_fields import (
     PARALLEL_STOP,
     apply_extras,
     chat_template_kwargs,

@@ -1,4 +1,4 @@
-"""Session-scope PRM scoring (``--prm-scope session``; policy_server.scoring, docs/SCORERS.md "Wiring").
+"""Session-scope PRM scoring (``--prm-scope session``; policy_server.rewards.scoring, docs/SCORERS.md "Wiring").
 
 End to end: client -> real policy server process -> dev engine; dispatcher -> real judge server (rules backend:
 "thanks"/"worked" +1, "wrong"/"No," -1) for the reward pipeline; the PRM scorers are the trajectory scorer
@@ -28,7 +28,7 @@ import pytest
 from engine.procs import ManagedProcess, free_port
 from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseTrajectoryScorer, PRMConfig, PRMFileConfig, PRMRunner
-from policy_server.scoring import PRMScoring, held_outcomes, session_turns
+from policy_server.rewards.scoring import PRMScoring, held_outcomes, session_turns
 from policy_server.store import Store
 from policy_testkit import admin, chat, lease_all, of_session, pythonpath_with_testkit, start_judge, start_policy, stats
 

@@ -1,4 +1,4 @@
-"""PRM scorers wired into the policy server (issue 7 item 9; policy_server/scoring.py, docs/SCORERS.md "Wiring").
+"""PRM scorers wired into the policy server (issue 7 item 9; policy_server/rewards/scoring.py, docs/SCORERS.md "Wiring").
 
 End to end: client -> real policy server process (``python -m policy_server.cli --prm-config YAML``) -> dev
 engine; dispatcher -> real judge server (rules backend) for the reward pipeline AND for the LLM-judge scorer.
@@ -13,7 +13,7 @@ The rules judge: "thanks"/"worked" -> +1, "wrong"/"No," -> -1. Checked:
 - a broken config stops the startup with a message naming the file;
 - a scorer whose judge is unreachable keeps the sample pending (not leasable), and after kill -9 and a restart
   with the judge up, the same sample is scored and becomes ready.
-Unit tests cover the outcome mapping of policy_server.scoring in process.
+Unit tests cover the outcome mapping of policy_server.rewards.scoring in process.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from engine.errors import EngineUnavailable
 from engine.procs import ManagedProcess, free_port, spawn
 from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
-from policy_server.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
+from policy_server.rewards.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
 from policy_server.store import Store
 from policy_testkit import chat, lease_all, of_session, start_judge, start_policy, stats
 

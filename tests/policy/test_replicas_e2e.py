@@ -1,6 +1,6 @@
 """Two policy server replicas on one PostgreSQL store (real cluster), dev engine behind sglang-router, rules judge.
 
-Contract (docs/SCALING.md, policy_server.store.postgres, policy_server.replicas): any replica serves any request
+Contract (docs/SCALING.md, policy_server.store.postgres, policy_server.serving.replicas): any replica serves any request
 of any session. Sessions whose requests alternate between the replicas pair exactly as on one replica (rules
 judge: "thanks, that worked" +1, "No, that is wrong." -1; no history mismatch), stats and /metrics sample
 gauges are the same at both; ``kill -9`` of a replica loses no answered turn and the other replica finishes its

@@ -1,4 +1,4 @@
-"""Replica state shared through one PostgreSQL store, without servers (policy_server.replicas, sessions).
+"""Replica state shared through one PostgreSQL store, without servers (policy_server.serving.replicas, sessions).
 
 Contract: the idle sweep of a replica leaves alone a session with a main request in flight at another live
 replica (published in its heartbeat), and ends it once that request is gone; a replica that stopped beating
@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from policy_server.replicas import ReplicaSync
-from policy_server.rewards import ModeState
-from policy_server.sessions import SessionTracker
+from policy_server.serving.replicas import ReplicaSync
+from policy_server.rewards.modes import ModeState
+from policy_server.serving.sessions import SessionTracker
 from policy_server.store import open_store
-from policy_server.weight_sync import WeightGate
+from policy_server.serving.weight_sync import WeightGate
 
 pytestmark = pytest.mark.unit
 

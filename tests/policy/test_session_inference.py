@@ -1,4 +1,4 @@
-"""Sessions without headers (policy_server.session_inference): the longest recorded transcript a request
+"""Sessions without headers (policy_server.serving.session_inference): the longest recorded transcript a request
 extends wins, ties go to the oldest awaiting turn, a retry or a fresh conversation starts a session; and
 over HTTP with ``--infer-sessions``: header-less turns are recorded, paired and counted, while the default
 (off) leaves header-less requests unrecorded.
@@ -11,7 +11,7 @@ import asyncio
 import httpx
 import pytest
 
-from policy_server.session_inference import INFERRED_PREFIX, choose_session
+from policy_server.serving.session_inference import INFERRED_PREFIX, choose_session
 from policy_server.store import Store
 from policy_testkit import CLIENT_KEY, admin, client, start_policy
 
@@ -104,8 +104,8 @@ async def test_a_session_being_continued_is_not_claimed_twice(tmp_path):
     awaiting turn is still in the store: a second identical header-less request must start a session
     rather than claim the same turn; once the first settles, nothing is left to claim."""
     from policy_server.metrics import Metrics
-    from policy_server.session_inference import SessionInferrer
-    from policy_server.sessions import SessionTracker
+    from policy_server.serving.session_inference import SessionInferrer
+    from policy_server.serving.sessions import SessionTracker
 
     store = Store(tmp_path / "data")
     try:

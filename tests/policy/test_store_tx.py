@@ -118,7 +118,7 @@ def test_record_with_resolution_is_one_transaction(store_factory):
 
 
 async def test_tracker_commits_once_per_continuing_turn(store_factory):
-    from policy_server.sessions import SessionTracker
+    from policy_server.serving.sessions import SessionTracker
 
     st = store_factory()
     tracker = SessionTracker(st, idle_timeout_s=5.0)
@@ -137,7 +137,7 @@ async def test_tracker_commits_once_per_continuing_turn(store_factory):
 
 
 async def test_pairing_written_alone_when_no_turn_is_recorded(store_factory):
-    from policy_server.sessions import SessionTracker
+    from policy_server.serving.sessions import SessionTracker
 
     st = store_factory()
     tracker = SessionTracker(st, idle_timeout_s=5.0)

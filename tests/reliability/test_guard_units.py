@@ -1,6 +1,6 @@
 """Pure pieces of the hostile-input defences, with hand-derived cases: JSON depth and surrogate checks
-(engine.http_guard), the prompt-length floor (policy_server.generation), the admin-key rule and its
-startup refusal (policy_server.settings/auth), the session-lock cleanup (policy_server.sessions), the
+(engine.http_guard), the prompt-length floor (policy_server.serving.generation), the admin-key rule and its
+startup refusal (policy_server.settings/auth), the session-lock cleanup (policy_server.serving.sessions), the
 runtime-settings table and file modes of the store (policy_server.store.sqlite), and the mode of a spawned
 server's log file (engine.procs.spawn: 0600 whatever the umask, an older world-readable log narrowed too)."""
 
@@ -16,10 +16,10 @@ from starlette.requests import Request
 
 from engine.http_guard import BadJSON, check_json_value, parse_json_body
 from engine.procs import spawn
-from policy_server.auth import is_admin, require_admin
+from policy_server.api.auth import is_admin, require_admin
 from policy_server.errors import Unauthorized
-from policy_server.generation import prompt_token_floor
-from policy_server.sessions import SessionTracker
+from policy_server.serving.generation import prompt_token_floor
+from policy_server.serving.sessions import SessionTracker
 from policy_server.settings import PolicySettings
 from policy_server.store import Store
 

@@ -1,6 +1,6 @@
 """Bounded memory and log volume under hostile bodies (real policy server subprocess, real dev engine).
 
-Contract (engine.http_guard, policy_server.generation.Generator.check_fits): a body over ``max_body_bytes``
+Contract (engine.http_guard, policy_server.serving.generation.Generator.check_fits): a body over ``max_body_bytes``
 is refused 413 while it is read (a declared 200 MB body is never read, whatever the route or credential);
 an 8 MB chat body that cannot fit the engine's context is refused 400 before it is validated per message,
 rendered or tokenized; a bad request writes at most a couple of log lines, no traceback.

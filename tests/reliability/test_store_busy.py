@@ -1,7 +1,7 @@
 """A database locked by someone else (an operator's sqlite3 shell, a backup, a second server on the same data
 dir) is a bounded wait and a clear 503, never a wedge.
 
-Contract (policy_server.store.sqlite, policy_server.store.postgres, policy_server.shutdown): every store wait ends after ``busy_timeout_s``
+Contract (policy_server.store.sqlite, policy_server.store.postgres, policy_server.serving.shutdown): every store wait ends after ``busy_timeout_s``
 with StoreBusy (HTTP 503 + Retry-After); every failure path releases the store lock, so the server serves
 and records again as soon as the other holder lets go; ``/ready`` is 503 with ``store: false`` while the
 store is locked and ``/health`` stays 200; nothing is recorded for a chat request answered 503; SIGTERM

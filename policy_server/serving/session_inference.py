@@ -8,7 +8,7 @@ is enough to find the session a main request belongs to.
 Rule, for a main request without a session id and with messages ``N``:
 
 1. Candidates are the open sessions whose awaiting turn T (messages ``M``, reply ``R``) is extended by
-   ``N`` in the sense of the pairing rule (policy_server.sessions.pair_next_state: ``N`` starts with ``M``
+   ``N`` in the sense of the pairing rule (policy_server.serving.sessions.pair_next_state: ``N`` starts with ``M``
    and ``R``, then brings user/tool feedback). Only a real extension counts.
 2. The candidate with the longest recorded transcript (``len(M)``) wins: a shorter one is a different
    conversation that happens to share an opening. Ties (same length, hence the same ``M`` and ``R``:
@@ -36,7 +36,12 @@ import uuid
 from typing import Any
 
 from policy_server.metrics import Metrics
-from policy_server.sessions import Arrival, SessionTracker, message_key, pair_next_state
+from policy_server.serving.sessions import (
+    Arrival,
+    SessionTracker,
+    message_key,
+    pair_next_state,
+)
 from policy_server.store import Store
 
 INFERRED_PREFIX = "inferred-"

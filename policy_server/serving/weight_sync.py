@@ -7,7 +7,7 @@ Contract (sglang-protocol.md §3; docs/CONTRACTS.md ``POST /admin/weights/update
    delayed, not failed.
 2. ``pause_generation(mode)`` on every engine worker URL (the router does not fan these out). Mode
    ``abort`` (SGLang's default) returns in-flight requests as aborted with their partial output; the
-   generator resubmits them once the gate opens (policy_server.generation). ``retract``/``in_place``
+   generator resubmits them once the gate opens (policy_server.serving.generation). ``retract``/``in_place``
    hold them inside the engine and resume them after ``continue``.
 3. ``update_weights_from_disk(model_path, weight_version)`` on every worker.
 4. ``continue_generation`` on every worker (also after a failed step, so the engines never stay paused),
@@ -16,7 +16,7 @@ Contract (sglang-protocol.md §3; docs/CONTRACTS.md ``POST /admin/weights/update
    request itself (EngineRejected, e.g. a model_path that does not exist), else 502.
 Only one update runs at a time (a lock); a second waits for the first. With replicas on a shared store,
 step 1 also closes the gate of every replica and step 4 opens them and gives them the new version
-(policy_server.replicas), so no replica sends work into a paused engine.
+(policy_server.serving.replicas), so no replica sends work into a paused engine.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class WeightSync:
     def __init__(self, workers: list[EngineClient], gate: WeightGate, *, pause_mode: str = "abort",
                  deadline_s: float = 600.0, replicas: Any | None = None):
         self.workers = workers
-        self.replicas = replicas  # policy_server.replicas.ReplicaSync with a shared store, else None
+        self.replicas = replicas  # policy_server.serving.replicas.ReplicaSync with a shared store, else None
         self.gate = gate
         self.pause_mode = pause_mode
         self.deadline_s = deadline_s

@@ -3,7 +3,7 @@
 Session protocol (issue 4 item 3): ``X-Session-Id``, ``X-Turn-Type: main|side``, ``X-Session-Done``
 headers, with body fallbacks ``session_id``/``turn_type``/``session_done`` removed before use. The
 default turn type is ``default_turn_type``. A request without a session id is served and not recorded
-(nothing could ever pair it), unless session inference is on (policy_server.session_inference). Only main
+(nothing could ever pair it), unless session inference is on (policy_server.serving.session_inference). Only main
 turns are recorded; the record is committed before the client receives the end of the answer (the final
 chunk when streaming).
 
@@ -26,7 +26,7 @@ must not keep the engine busy, and must not become a trainable turn. Detection:
   background task closes the iterator in every case, so its ``finally`` always sees how it ended.
 
 Then :func:`_abandon` marks the generation abandoned (an abort that comes back is never resumed, see
-policy_server.generation), sends ``abort_request(rid prefix)`` to every engine worker (best effort, short
+policy_server.serving.generation), sends ``abort_request(rid prefix)`` to every engine worker (best effort, short
 timeout, logged) and keeps the turn out of training: a reply the client did not get in full is never
 recorded; if the disconnect hit while the record was being written (one transaction in a worker thread:
 it commits whole or not at all) the record is awaited and then resolved ``mismatch`` with its sample
@@ -51,18 +51,23 @@ from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
 from engine.chat import DEFAULT_TOOL_PARSER, parse_assistant_output
-from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, abort_engine_requests, unless_disconnected
+from engine.disconnect import (
+    CLIENT_CLOSED_STATUS,
+    ClientGone,
+    abort_engine_requests,
+    unless_disconnected,
+)
 from engine.errors import EngineError, EngineTimeout
 from engine.http_guard import BadJSON, parse_json_body
-from policy_server import openai_fields as fields
-from policy_server import openai_schemas as oa
-from policy_server.app import PolicyState
-from policy_server.auth import is_admin, require_client
+from policy_server.api import openai_fields as fields
+from policy_server.api import openai_schemas as oa
+from policy_server.api.auth import is_admin, require_client
+from policy_server.api.streaming import assistant_message, sse_events
 from policy_server.errors import Backpressure, InvalidRequest
-from policy_server.generation import GenResult
+from policy_server.serving.generation import GenResult
+from policy_server.serving.tool_choice import GRAMMAR_KEYS
+from policy_server.state import PolicyState
 from policy_server.store import Store
-from policy_server.streaming import assistant_message, sse_events
-from policy_server.tool_choice import GRAMMAR_KEYS
 
 logger = logging.getLogger(__name__)
 router = APIRouter()

@@ -24,7 +24,7 @@ Contract:
   finishes the work. Sessions another replica holds a live claim on are not scheduled here.
 - Without a pipeline (no judge configured) jobs stay pending and are reported as such (held samples of an
   ended session are still scored).
-- With PRM scoring on (``scoring``, policy_server.scoring), scope ``turn``: a turn the pipeline accepts is
+- With PRM scoring on (``scoring``, policy_server.rewards.scoring), scope ``turn``: a turn the pipeline accepts is
   scored before the write: its ``token_rewards`` (or its ``prm_rejected: ...`` rejection) are stored in the
   same transaction as the status, so no sample is ever ``ready`` without them; a scorer dependency that is
   unreachable keeps the job pending (retried like an unreachable judge).
@@ -48,7 +48,7 @@ from typing import Any
 from engine.errors import EngineTimeout, EngineUnavailable
 from engine.observability import bind_ids
 from policy_server.errors import StoreBusy
-from policy_server.scoring import apply_outcome, held_outcomes
+from policy_server.rewards.scoring import apply_outcome, held_outcomes
 from policy_server.store import Store
 
 logger = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Role: validate and apply ``logprobs``/``top_logprobs``, ``response_format``, ``logit_bias``,
 ``parallel_tool_calls``, ``reasoning_effort`` and the pass-through ``user``/``store``/``metadata``, and
 reject every other field the server does not implement (HTTP 400 naming them) instead of dropping it.
-Kept apart from ``policy_server.openai_schemas`` (the basic request model and message/tool validation).
+Kept apart from ``policy_server.api.openai_schemas`` (the basic request model and message/tool validation).
 
 Contract (CONTRACTS.md "OpenAI fields"):
 
@@ -11,7 +11,7 @@ Contract (CONTRACTS.md "OpenAI fields"):
   token included, as the engine reports it) ``{token, bytes, logprob, top_logprobs}``, with the rollout
   log-probs the server records anyway; ``top_logprobs`` (0-20, needs ``logprobs``) adds the engine's
   top-k alternatives. Streaming chunks carry the entries of the tokens sampled since the previous chunk.
-- ``response_format``: ``json_object``/``json_schema`` are constrained decoding (policy_server.tool_choice);
+- ``response_format``: ``json_object``/``json_schema`` are constrained decoding (policy_server.serving.tool_choice);
   ``text`` is the default. Cannot be combined with a forced ``tool_choice`` (one grammar per request).
 - ``logit_bias``: token-id -> bias in [-100, 100], forwarded to the engine as is when the policy server
   talks to its engine directly. sglang-router 0.3.2 drops ``logit_bias`` from ``/generate`` (its typed
@@ -33,9 +33,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from policy_server.api.openai_schemas import ChatRequest
 from policy_server.errors import InvalidRequest
-from policy_server.openai_schemas import ChatRequest
-from policy_server.tool_choice import forced_tool_grammar, response_format_schema
+from policy_server.serving.tool_choice import (
+    forced_tool_grammar,
+    response_format_schema,
+)
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 THINKING_OFF_EFFORTS = ("none", "minimal")

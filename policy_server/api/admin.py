@@ -3,10 +3,10 @@
 - ``GET /v1/samples/lease?max=N&min=M&wait_s=S`` -> ``{"lease_id", "samples": [...]}``: up to N ready
   samples, as soon as at least M (default 1) are ready, else at S seconds whatever is ready (``lease_id``
   null and ``samples`` empty when nothing is); always 200 for valid parameters. The wait sleeps on the
-  ready notifier (policy_server.ready_notifier), several leasers may wait at once and never share a sample.
+  ready notifier (policy_server.store.ready_notifier), several leasers may wait at once and never share a sample.
   N outside [1, ``max_lease_size``], M outside [1, N] or S outside [0, ``max_lease_wait_s``] is a 400
   (explicit limits, no silent cap).
-  ``prm_metrics``: the PRM metrics window drained by this lease (policy_server.scoring); only a lease that
+  ``prm_metrics``: the PRM metrics window drained by this lease (policy_server.rewards.scoring); only a lease that
   hands out samples drains it, an empty answer carries ``{}``; always ``{}`` without PRM scoring.
 - ``POST /v1/samples/ack {"lease_id"}``: consume; idempotent (a second ack answers ``already_acked``);
   404 for an unknown lease, 409 for an expired one (its samples went back to ready).
@@ -33,11 +33,11 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from policy_server.auth import require_admin
+from policy_server.api.auth import require_admin
+from policy_server.api.openai_schemas import error_responses
 from policy_server.errors import Conflict, InvalidRequest, NotFound
-from policy_server.ready_notifier import lease_when_ready
-from policy_server.openai_schemas import error_responses
 from policy_server.store import SAMPLE_STATUSES, LeaseError
+from policy_server.store.ready_notifier import lease_when_ready
 
 # Every admin route may answer these (auth, body limit, admission, busy store); route-specific ones below.
 router = APIRouter(responses=error_responses(401, 413, 429, 503))
@@ -128,7 +128,7 @@ async def get_mode(request: Request) -> dict[str, Any]:
 @router.post("/admin/mode")
 async def set_mode(request: Request, body: ModeBody) -> dict[str, Any]:
     st = _st(request)
-    from policy_server.rewards import InvalidMode, ModeState
+    from policy_server.rewards.modes import InvalidMode, ModeState
 
     try:  # validated on a copy, persisted, then applied: a mode in force is always the persisted one
         snap = ModeState(**st.mode_state.to_dict()).set(body.mode, body.w_rl, body.w_opd)

@@ -5,7 +5,7 @@ incremental split of streamed assistant text into reasoning and content deltas.
 error event, ``data: [DONE]``); it calls ``on_undelivered`` from its ``finally`` whenever it did not get to
 ``[DONE]``, i.e. it was cancelled at an await (Starlette's StreamingResponse saw ``http.disconnect``) or
 closed at a yield (the response's background ``aclose``). ``engine.disconnect.unless_disconnected`` runs work next to
-a watcher of the ASGI ``receive`` channel (see its docstring). Both are used by policy_server.routes.
+a watcher of the ASGI ``receive`` channel (see its docstring). Both are used by policy_server.api.routes.
 
 :class:`StreamSplitter` (pure) lets the policy server stream real token-by-token deltas while ending with
 exactly what ``engine.chat.parse_assistant_output`` says about the whole text. Rules:
@@ -29,10 +29,9 @@ from typing import Any
 
 from engine.chat import parse_assistant_output
 from engine.errors import EngineError
-from policy_server import openai_schemas as oa
+from policy_server.api import openai_schemas as oa
 from policy_server.errors import PolicyError, engine_error_status, error_body
-from policy_server.generation import GenResult
-
+from policy_server.serving.generation import GenResult
 
 THINK_OPEN, THINK_CLOSE, TOOL_OPEN = "<think>", "</think>", "<tool_call>"
 

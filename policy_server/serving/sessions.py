@@ -28,7 +28,7 @@ pairing alone, so the answered turn is never stranded; the write is idempotent, 
 is harmless. While a main request of a session is in flight the idle sweep leaves that session alone
 (its activity is refreshed when the turn is recorded, no longer at arrival); with replicas on a shared store
 that includes requests in flight at the other replicas (``remote_in_flight``, published by
-policy_server.replicas once per sweep interval), and the end itself re-checks idleness in its transaction.
+policy_server.serving.replicas once per sweep interval), and the end itself re-checks idleness in its transaction.
 
 Side turns are served but neither recorded nor used for pairing (heartbeats carry unrelated messages).
 A session ends on ``X-Session-Done`` (its last turn gets no next state) or when it has been idle for
@@ -139,7 +139,7 @@ class SessionTracker:
         self._settles: set[asyncio.Task[None]] = set()
         self.mismatches = 0
         # Replicas on a shared store: the sessions with a main request in flight at another replica
-        # (policy_server.replicas); the sweep leaves those alone too.
+        # (policy_server.serving.replicas); the sweep leaves those alone too.
         self.remote_in_flight: Callable[[], Awaitable[set[str]]] | None = None
 
     def in_flight_sessions(self) -> list[str]:

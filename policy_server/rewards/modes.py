@@ -12,7 +12,7 @@ docs/CONTRACTS.md ("Sample JSON") plus a status. Semantics (issue 5 items 1-4, d
 - rl: PRM +-1 -> ready, loss_mask all 1, reward = score. Neutral (score 0 or ``tie``) -> rejected,
   unless the at-least-one guarantee promotes it (reward 0.0, loss_mask all 1). ``no_valid_votes`` ->
   rejected, never promoted (there is no verdict to train on).
-- opd: accepted hint -> teacher log-probs on the hint-augmented prompt (policy_server.teacher);
+- opd: accepted hint -> teacher log-probs on the hint-augmented prompt (policy_server.rewards.teacher);
   reward absent (has_reward false); no accepted hint -> rejected ``no_hint``.
 - combine: has_reward iff PRM gave +-1; has_teacher iff a hint was accepted and scored; neither ->
   rejected ``no_signal`` unless at-least-one promotes a neutral PRM verdict. The teacher term is never
@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from judge_server.errors import JudgeRequestRejected
-from policy_server.teacher import TeacherFailed, TeacherScorer
+from policy_server.rewards.teacher import TeacherFailed, TeacherScorer
 
 logger = logging.getLogger(__name__)
 

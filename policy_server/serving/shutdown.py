@@ -10,7 +10,7 @@ Contract:
   ``shutdown_grace_s``, uvicorn's own shutdown runs (listening socket closed, lifespan shutdown). A second
   signal stops at once (uvicorn's behaviour: a second SIGINT forces the exit).
 - The lifespan shutdown (policy_server.app) stops the idle sweeper, then lets the dispatcher work for at
-  most ``shutdown_drain_s`` (:meth:`policy_server.dispatch.Dispatcher.shutdown`): judge calls in flight
+  most ``shutdown_drain_s`` (:meth:`policy_server.rewards.dispatch.Dispatcher.shutdown`): judge calls in flight
   complete and are stored; when only retry-backoff work is left it stops early. Workers still running at
   the deadline are cancelled: their sample stays ``pending_judge`` (its outcome is written in ONE
   transaction or not at all), and the next start resumes it. Nothing accepted is in memory only: recorded

@@ -6,7 +6,7 @@ Role: the only path from a chat request to the policy engine. Contract (issue 4 
   it goes to the engine's ``/generate`` as ``input_ids`` with ``return_logprob`` through
   ``engine.client.EngineClient`` (``stream_generate`` for streaming). The result keeps exactly the
   sampled ids (stop token included) and one rollout log-prob each; the text is only for the client.
-- Every engine submission first passes the weight gate (policy_server.weight_sync): during a weight
+- Every engine submission first passes the weight gate (policy_server.serving.weight_sync): during a weight
   update new submissions wait (bounded) instead of failing.
 - A generation that comes back aborted (``finish_reason.type == "abort"``, HTTP 200 with the partial
   output: SGLang's ``pause_generation`` mode ``abort``) is resubmitted with ``prompt + ids so far`` and
@@ -42,7 +42,7 @@ from engine.chat import render_prompt_ids
 from engine.client import EngineClient
 from engine.errors import EngineBadResponse
 from policy_server.errors import InvalidRequest, ServiceUnavailable
-from policy_server.weight_sync import WeightGate
+from policy_server.serving.weight_sync import WeightGate
 
 logger = logging.getLogger(__name__)
 

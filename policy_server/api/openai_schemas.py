@@ -3,7 +3,7 @@
 Contract (sglang-protocol.md §4.3-4.4): non-streaming ``chat.completion`` objects and streaming
 ``chat.completion.chunk`` events (role chunk, content/reasoning/tool-call deltas, finish chunk, optional
 usage chunk with ``choices: []``, then ``[DONE]``). Wrong values of known fields are a 400 with a message
-naming the field; the further OpenAI fields and the rejection of unknown ones are policy_server.openai_fields.
+naming the field; the further OpenAI fields and the rejection of unknown ones are policy_server.api.openai_fields.
 The body fallbacks ``session_id``/``turn_type``/``session_done`` are removed before anything else sees
 the request.
 """
@@ -13,7 +13,14 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    WithJsonSchema,
+    field_validator,
+)
 
 from policy_server.errors import InvalidRequest
 
@@ -197,9 +204,11 @@ CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 def chat_request_schema() -> dict[str, Any]:
     """The OpenAPI request-body schema of ``/v1/chat/completions`` (the route reads the body itself): every
-    field the route accepts, the OpenAI extras of ``policy_server.openai_fields`` included; any other field
+    field the route accepts, the OpenAI extras of ``policy_server.api.openai_fields`` included; any other field
     is a 400, so the schema allows no additional properties."""
-    from policy_server.openai_fields import ChatExtras  # that module imports this one
+    from policy_server.api.openai_fields import (
+        ChatExtras,  # that module imports this one
+    )
 
     schema = _inline_schema(TypeAdapter(ChatRequestDoc))
     schema["properties"].update(_inline_schema(TypeAdapter(ChatExtras))["properties"])

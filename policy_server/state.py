@@ -1,0 +1,41 @@
+"""The policy server's running components, built once by the app's lifespan and read by every route.
+
+Routes take this state from ``request.app.state.policy``; keeping its type here (not in the composition
+root) lets the routes import it without importing the app that includes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.client import EngineClient
+from policy_server.metrics import Metrics
+from policy_server.rewards.dispatch import Dispatcher
+from policy_server.rewards.scoring import PRMScoring
+from policy_server.serving.generation import Generator
+from policy_server.serving.session_inference import SessionInferrer
+from policy_server.serving.sessions import SessionTracker
+from policy_server.serving.weight_sync import WeightGate, WeightSync
+from policy_server.settings import PolicySettings
+from policy_server.store import Store
+from policy_server.store.ready_notifier import ReadyNotifier
+
+
+@dataclass
+class PolicyState:
+    settings: PolicySettings
+    store: Store
+    engine: EngineClient
+    generator: Generator
+    gate: WeightGate
+    weight_sync: WeightSync
+    sessions: SessionTracker
+    dispatcher: Dispatcher
+    metrics: Metrics
+    mode_state: Any
+    pipeline: Any | None
+    backlog_cache: list[float]  # [value, checked_at_monotonic]
+    scoring: PRMScoring | None = None
+    ready: ReadyNotifier | None = None  # wakes lease waiters when samples become ready
+    inferrer: SessionInferrer | None = None  # only with settings.infer_sessions

@@ -123,7 +123,11 @@ def _help(cls: type[CliSettings], name: str, field: FieldInfo) -> str:
 
 def build_parser(cls: type[CliSettings], prog: str, description: str | None = None) -> argparse.ArgumentParser:
     """The argparse parser of ``cls``; only flags given on the command line appear in its namespace."""
-    parser = argparse.ArgumentParser(prog=prog, description=description, argument_default=argparse.SUPPRESS)
+    env_only = [f"{name} ({_help(cls, name, field)})" for name, field in cls.model_fields.items()
+                if _has(field, EnvOnly)]
+    epilog = "set in the environment or the config file only: " + "; ".join(env_only) if env_only else None
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
+                                     argument_default=argparse.SUPPRESS)
     parser.add_argument("--config", metavar="FILE", type=Path,
                         help="JSON, TOML or YAML file setting any of the options below (flags and environment win)")
     for name, field in cls.model_fields.items():

@@ -39,7 +39,7 @@ run_main() {
   local used=$(( $(hs_gpu_count ACTOR_GPUS "$ACTOR_GPUS") + $(hs_gpu_count ROLLOUT_GPUS "$ROLLOUT_GPUS") \
     + $(hs_gpu_count PRM_GPUS "$PRM_GPUS") ))
   (( used <= NUM_GPUS )) || hs_die "the split uses $used GPUs but NUM_GPUS=$NUM_GPUS"
-  hs_log "MODE=$MODE; trainer on $ACTOR_GPUS, policy on $ROLLOUT_GPUS (tp $ROLLOUT_TP), judge on $PRM_GPUS (tp $PRM_TP); run dir $HS_RUN_DIR"
+  hs_log "MODE=${MODE:-default}; trainer on $ACTOR_GPUS, policy on $ROLLOUT_GPUS (tp $ROLLOUT_TP), judge on $PRM_GPUS (tp $PRM_TP); run dir $HS_RUN_DIR"
   hs_prepare_run_dir
   hs_install_trap
   judge_start

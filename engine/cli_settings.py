@@ -126,7 +126,9 @@ def build_parser(cls: type[CliSettings], prog: str, description: str | None = No
     env_only = [f"{name} ({_help(cls, name, field)})" for name, field in cls.model_fields.items()
                 if _has(field, EnvOnly)]
     epilog = "set in the environment or the config file only: " + "; ".join(env_only) if env_only else None
-    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
+    # No abbreviations: a removed flag must fail, not turn into a longer one (--admin-api-key would
+    # otherwise be read as --admin-api-key-file and the secret taken for a path).
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog, allow_abbrev=False,
                                      argument_default=argparse.SUPPRESS)
     parser.add_argument("--config", metavar="FILE", type=Path,
                         help="JSON, TOML or YAML file setting any of the options below (flags and environment win)")

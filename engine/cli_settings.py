@@ -139,7 +139,8 @@ def build_parser(cls: type[CliSettings], prog: str, description: str | None = No
         annotation = _scalar(field.annotation)
         kw: dict[str, Any] = {"help": help_text}
         if annotation is bool:
-            parser.add_argument(flag_name(name), dest=name, nargs="?", const=True, type=parse_bool, metavar="BOOL", **kw)
+            parser.add_argument(flag_name(name), dest=name, nargs="?", const=True, type=parse_bool, metavar="BOOL",
+                                **kw)
             parser.add_argument("--no-" + name.replace("_", "-"), dest=name, action="store_const", const=False,
                                 help=argparse.SUPPRESS)
             continue

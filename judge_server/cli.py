@@ -1,8 +1,8 @@
 """``hindsight-judge``: run the judge service with uvicorn.
 
     hindsight-judge --engine-url http://127.0.0.1:30000 [--engine-api-key K] [--host 127.0.0.1] [--port N]
-                    [--api-key K] [--backend llm|rules] [--tokenizer-path DIR] [--m 3] [--policy fixed|adaptive|sequential]
-                    [--constrain-output] [--log-level info] [--log-json] [--config FILE]
+                    [--api-key K] [--backend llm|rules] [--tokenizer-path DIR] [--m 3]
+                    [--policy fixed|adaptive|sequential] [--constrain-output] [--log-level info] [--log-json] [--config FILE]
 
 The command line comes from JudgeSettings (engine.cli_settings): every setting is a flag and an
 environment variable ``HINDSIGHT_JUDGE_<NAME>``, and may be set in a ``--config`` file; flags >

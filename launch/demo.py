@@ -2,7 +2,7 @@
 
     python launch/demo.py        (normally `launch/dev.sh demo`; starts the dev stack if needed)
 
-Contract (issue 8): with the dev stack of ``$HINDSIGHT_RUN_DIR/endpoints.json`` running, drive a
+Contract: with the dev stack of ``$HINDSIGHT_RUN_DIR/endpoints.json`` running, drive a
 multi-turn agent session through the ``openai`` client against the policy server: the user asks for
 the weather, the assistant is made to call ``get_weather`` (``tool_choice`` names the function, which
 the policy server turns into constrained decoding; the ids stay the model's own samples), the agent

@@ -2,7 +2,7 @@
 
     python launch/devstack.py start|stop|status     (normally through launch/dev.sh)
 
-Contract (issue 8, docs/LAUNCH.md "CPU dev stack"):
+Contract (docs/LAUNCH.md "CPU dev stack"):
 - ``start`` builds the tiny policy model and its teacher under ``$HINDSIGHT_RUN_DIR/models`` when
   missing (``hindsight-tiny-model``; the teacher via ``--teacher-of --prefer-text``), then starts on free
   loopback ports, each waited on with a deadline: the policy dev engine behind a real sglang-router, the

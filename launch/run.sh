@@ -2,7 +2,7 @@
 # launch/run.sh: the whole loop on one node. Judge engines + router + hindsight-judge on PRM_GPUS,
 # policy engines + router + hindsight-policy on ROLLOUT_GPUS, then the trainer (torchrun) on
 # ACTOR_GPUS; stays in the foreground and stops exactly what it started on Ctrl-C or when any
-# process exits. The default split is the prior system's 8-GPU one: trainer 4, policy 2, judge 2.
+# process exits. The default split is an 8-GPU one: trainer 4, policy 2, judge 2.
 #
 #   HF_CKPT=/models/Qwen3-4B launch/run.sh MODE=rl|opd|combine [--dry-run] [VAR=VALUE ...]
 #

@@ -27,7 +27,8 @@ from engine.observability import configure_logging
 from policy_server.settings import PolicySettings
 
 PROG = "hindsight-policy"
-DESCRIPTION = "Run the Hindsight policy server (an OpenAI-compatible proxy that records turns and samples)."
+DESCRIPTION = ("Run the Hindsight policy server (an OpenAI-compatible proxy that records turns and samples). "
+               "`hindsight-policy migrate --help`: the store's schema migrations alone.")
 
 
 def settings_from_args(argv: list[str] | None = None) -> PolicySettings:

@@ -15,11 +15,16 @@ sharing the student's tokenizer: a real teacher for on-policy-distillation tests
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from engine.cli_settings import CliSettings, Positional, parse_cli
 
 CHAT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
@@ -181,22 +186,33 @@ def build_teacher(
     return out
 
 
+class TinyModelSettings(CliSettings):
+    """``hindsight-tiny-model``'s command line (env prefix ``HINDSIGHT_TINY_MODEL_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="HINDSIGHT_TINY_MODEL_", extra="ignore")
+
+    out_dir: Annotated[str, Positional()] = Field(..., description="folder to write the model to")
+    seed: int = Field(0, description="seed of the weights (and of the teacher's fine-tuning)")
+    teacher_of: str | None = Field(None, description="student model folder to derive a teacher from "
+                                   "(with --prefer-text)")
+    prefer_text: str | None = Field(None, description="text the teacher should prefer (with --teacher-of)")
+    hidden_size: int = Field(64, description="hidden size of a new model")
+    layers: int = Field(2, description="decoder layers of a new model")
+
+    @model_validator(mode="after")
+    def _teacher_pair(self) -> TinyModelSettings:
+        if bool(self.teacher_of) != bool(self.prefer_text):
+            raise ValueError("--teacher-of and --prefer-text go together")
+        return self
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="hindsight-tiny-model", description=__doc__.split("\n\n")[0])
-    parser.add_argument("out_dir")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--teacher-of", dest="teacher_of", help="student model folder to derive a teacher from")
-    parser.add_argument("--prefer-text", dest="prefer_text", help="text the teacher should prefer")
-    parser.add_argument("--hidden-size", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    args = parser.parse_args(argv)
-    if bool(args.teacher_of) != bool(args.prefer_text):
-        parser.error("--teacher-of and --prefer-text go together")
-    if args.teacher_of:
+    args = parse_cli(TinyModelSettings, argv, prog="hindsight-tiny-model", description=__doc__.split("\n\n")[0])
+    if args.teacher_of and args.prefer_text:
         path = build_teacher(args.teacher_of, args.out_dir, args.prefer_text, seed=args.seed)
     else:
         path = build_tiny_model(args.out_dir, seed=args.seed, hidden_size=args.hidden_size, num_layers=args.layers)
-    print(path)
+    print(path)  # noqa: T201
 
 
 if __name__ == "__main__":

@@ -35,6 +35,13 @@ hs_parse_args() {
   done
 }
 
+# hs_add_flag ARRAY --flag "$VALUE": append the flag to the named command array only when VALUE is set.
+# An unset knob leaves the program's own default in force: the scripts never restate a Python default.
+hs_add_flag() {
+  local -n _hs_cmd=$1
+  [[ -z $3 ]] || _hs_cmd+=("$2" "$3")
+}
+
 hs_is_loopback() { [[ $1 == 127.* || $1 == localhost || $1 == ::1 ]]; }
 
 # Services bound beyond loopback must not be open: refuse to start without the named keys.

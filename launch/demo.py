@@ -2,7 +2,7 @@
 
     python launch/demo.py        (normally `launch/dev.sh demo`; starts the dev stack if needed)
 
-Contract (issue 8): with the dev stack of ``$HINDSIGHT_RUN_DIR/endpoints.json`` running, drive a
+Contract: with the dev stack of ``$HINDSIGHT_RUN_DIR/endpoints.json`` running, drive a
 multi-turn agent session through the ``openai`` client against the policy server: the user asks for
 the weather, the assistant is made to call ``get_weather`` (``tool_choice`` names the function, which
 the policy server turns into constrained decoding; the ids stay the model's own samples), the agent
@@ -228,16 +228,16 @@ def train_one_step(endpoints: dict, batch_size: int) -> int:
     ckpt = Path(endpoints["checkpoint_dir"])
     step = next_step(ckpt)  # --steps counts across resumes: one more than what is on disk
     cmd = [devstack.console_script("hindsight-train"), "--policy-url", endpoints["policy_url"],
-           "--admin-api-key", endpoints["admin_api_key"], "--model-path", endpoints["policy_model_path"],
+           "--model-path", endpoints["policy_model_path"],
            "--out-dir", str(ckpt), "--steps", str(step), "--batch-size", str(batch_size),
            "--min-batch", "1", "--lease-wait-s", "10", "--no-progress"]  # the demo trains on what its session produced
-    shown = " ".join("***" if i > 0 and cmd[i - 1] == "--admin-api-key" else a for i, a in enumerate(cmd))
-    print(f"  $ {shown}")
+    print(f"  $ HINDSIGHT_TRAIN_ADMIN_API_KEY=*** {' '.join(cmd)}")
+    env = {**os.environ, "HINDSIGHT_TRAIN_ADMIN_API_KEY": endpoints["admin_api_key"]}  # never on argv
     log = Path(endpoints["log_dir"]) / "demo-train.log"
     t0 = time.monotonic()
     with open(log, "w") as fh:
         try:
-            res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=TRAIN_DEADLINE_S)
+            res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=TRAIN_DEADLINE_S, env=env)
         except subprocess.TimeoutExpired:
             raise SystemExit(f"error: the training step did not finish in {TRAIN_DEADLINE_S:.0f}s (log {log})") from None
     # The trainer's own summary lines; progress bars and HTTP access lines are in the log.
@@ -266,7 +266,7 @@ def main() -> int:
     entries = devstack.read_pids(run_dir)
     if not (entries and all(devstack.is_ours(e) for e in entries) and (run_dir / "endpoints.json").exists()):
         section("starting the dev stack")
-        devstack.start(run_dir, os.environ.get("MODE", "rl"), os.environ.get("JUDGE_BACKEND", "llm"))
+        devstack.start(run_dir, os.environ.get("MODE") or None, os.environ.get("JUDGE_BACKEND") or None)
     endpoints = json.loads((run_dir / "endpoints.json").read_text())
 
     section("Hindsight dev demo")

@@ -15,8 +15,7 @@ set -euo pipefail
 HS_LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}
 export HINDSIGHT_RUN_DIR=${HINDSIGHT_RUN_DIR:-.hindsight/dev}
-export MODE=${MODE:-rl}
-export JUDGE_BACKEND=${JUDGE_BACKEND:-llm}
+# MODE and JUDGE_BACKEND pass through when set; unset, the services' own defaults apply.
 # Loopback servers must never be reached through a proxy from the environment; nothing goes online.
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NO_COLOR=1

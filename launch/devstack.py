@@ -2,7 +2,7 @@
 
     python launch/devstack.py start|stop|status     (normally through launch/dev.sh)
 
-Contract (issue 8, docs/LAUNCH.md "CPU dev stack"):
+Contract (docs/LAUNCH.md "CPU dev stack"):
 - ``start`` builds the tiny policy model and its teacher under ``$HINDSIGHT_RUN_DIR/models`` when
   missing (``hindsight-tiny-model``; the teacher via ``--teacher-of --prefer-text``), then starts on free
   loopback ports, each waited on with a deadline: the policy dev engine behind a real sglang-router, the
@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import httpx
 
 from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, start_router, wait_http
 
@@ -148,6 +150,11 @@ class Stack:
         return mp
 
 
+def flag_if_set(flag: str, value: str | None) -> list[str]:
+    """``[flag, value]`` when the user set the knob, else nothing (the program's default applies)."""
+    return [flag, value] if value else []
+
+
 def build_models(run_dir: Path) -> tuple[Path, Path]:
     models = run_dir / "models"
     policy, teacher = models / "policy", models / "teacher"
@@ -168,7 +175,7 @@ def build_models(run_dir: Path) -> tuple[Path, Path]:
     return policy, teacher
 
 
-def start(run_dir: Path, mode: str, judge_backend: str) -> dict:
+def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
     entries = read_pids(run_dir)
     endpoints_path = run_dir / "endpoints.json"
     if entries and all(is_ours(e) for e in entries) and endpoints_path.exists():
@@ -199,22 +206,21 @@ def start(run_dir: Path, mode: str, judge_backend: str) -> dict:
                                                  extra_args=["--served-model-name", "judge", "--seed", "1", "--torch-threads", "1"]))
         j_router = stack.record(start_router([j_engine.url], log_dir=stack.log_dir, name="judge-router"))
 
-        say(f"starting hindsight-judge (backend {judge_backend}) ...")
+        say(f"starting hindsight-judge (backend {judge_backend or 'default'}) ...")
         judge_port = free_port()
         judge = stack.service(
             "judge", [console_script("hindsight-judge"), "--engine-url", j_router.url, "--host", "127.0.0.1",
-                      "--port", str(judge_port)],
-            {"HINDSIGHT_JUDGE_API_KEY": api_key, "HINDSIGHT_JUDGE_BACKEND": judge_backend, **DEV_JUDGE_ENV},
-            "/ready", judge_port)
+                      "--port", str(judge_port), *flag_if_set("--backend", judge_backend)],
+            {"HINDSIGHT_JUDGE_API_KEY": api_key, **DEV_JUDGE_ENV}, "/ready", judge_port)
 
-        say(f"starting hindsight-policy (mode {mode}) ...")
+        say(f"starting hindsight-policy (mode {mode or 'default'}) ...")
         policy_port = free_port()
         data_dir = run_dir / "data"
         policy = stack.service(
             "policy", [console_script("hindsight-policy"), "--model-path", str(policy_model),
                        "--engine-url", p_router.url, "--engine-worker-urls", p_engine.url,
                        "--judge-url", judge.url, "--teacher-url", j_router.url, "--data-dir", str(data_dir),
-                       "--mode", mode, "--host", "127.0.0.1", "--port", str(policy_port)],
+                       "--host", "127.0.0.1", "--port", str(policy_port), *flag_if_set("--mode", mode)],
             {"HINDSIGHT_POLICY_API_KEY": api_key, "HINDSIGHT_POLICY_ADMIN_API_KEY": admin_api_key,
              "HINDSIGHT_POLICY_JUDGE_API_KEY": api_key,
              # Short idle timeout: a demo session that is never closed still gets its last turn handled.
@@ -228,6 +234,11 @@ def start(run_dir: Path, mode: str, judge_backend: str) -> dict:
             raise SystemExit(f"error: {exc}") from None
         raise
 
+    # What the services run with, unset knobs included (their own defaults), read back from them.
+    mode = httpx.get(policy.url + "/admin/mode", headers={"Authorization": f"Bearer {admin_api_key}"},
+                     timeout=10, trust_env=False).json()["mode"]
+    judge_backend = httpx.get(judge.url + "/ready", headers={"Authorization": f"Bearer {api_key}"},
+                              timeout=10, trust_env=False).json()["backend"]
     endpoints = {
         "mode": mode, "judge_backend": judge_backend,
         "policy_url": policy.url, "judge_url": judge.url,
@@ -279,11 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["start", "stop", "status"])
     args = parser.parse_args(argv)
     run_dir = run_dir_from_env()
-    mode = os.environ.get("MODE", "rl")
-    backend = os.environ.get("JUDGE_BACKEND", "llm")
-    if mode not in ("rl", "opd", "combine"):
+    # Unset or empty: no flag, the service's own default applies.
+    mode = os.environ.get("MODE") or None
+    backend = os.environ.get("JUDGE_BACKEND") or None
+    if mode not in (None, "rl", "opd", "combine"):
         parser.error(f"MODE={mode!r}: use rl, opd or combine")
-    if backend not in ("llm", "rules"):
+    if backend not in (None, "llm", "rules"):
         parser.error(f"JUDGE_BACKEND={backend!r}: use llm or rules")
     if args.command == "start":
         run_dir.mkdir(parents=True, exist_ok=True)

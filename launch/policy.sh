@@ -28,10 +28,10 @@ policy_defaults() {
   : "${POLICY_PORT:=30000}"              # hindsight-policy: point agents at http://HOST:POLICY_PORT/v1
   : "${POLICY_API_KEY:=}"                # bearer agents send
   : "${POLICY_ADMIN_API_KEY:=}"          # bearer of the trainer / admin endpoints
-  : "${SERVED_MODEL_NAME:=hindsight-policy}"
-  : "${MODE:=rl}"                        # rl | opd | combine (switchable later: POST /admin/mode)
-  : "${W_RL:=1.0}"
-  : "${W_OPD:=1.0}"
+  : "${SERVED_MODEL_NAME:=hindsight-policy}"  # the model name the engines serve and agents send
+  : "${MODE:=}"                          # rl | opd | combine; empty: the server's default (switch: POST /admin/mode)
+  : "${W_RL:=}"                          # empty: the server's default
+  : "${W_OPD:=}"                         # empty: the server's default
   : "${JUDGE_PORT:=30200}"
   : "${JUDGE_ROUTER_PORT:=30201}"
   : "${JUDGE_URL:=http://$HS_CONNECT_HOST:$JUDGE_PORT}"
@@ -47,7 +47,7 @@ policy_defaults() {
 
 policy_validate() {
   [[ -n $POLICY_MODEL_PATH ]] || hs_die "HF_CKPT (or POLICY_MODEL_PATH) is not set: the policy model folder"
-  [[ $MODE == rl || $MODE == opd || $MODE == combine ]] || hs_die "MODE='$MODE': use rl, opd or combine"
+  [[ -z $MODE || $MODE == rl || $MODE == opd || $MODE == combine ]] || hs_die "MODE='$MODE': use rl, opd or combine"
   hs_engine_count ROLLOUT_GPUS "$ROLLOUT_GPUS" "$ROLLOUT_TP" >/dev/null || exit 2
   hs_require_keys_if_public "$HOST" POLICY_API_KEY POLICY_ADMIN_API_KEY ENGINE_API_KEY
   [[ $POLICY_REPLICAS =~ ^[1-9][0-9]*$ ]] || hs_die "POLICY_REPLICAS='$POLICY_REPLICAS': use a positive integer"
@@ -86,7 +86,10 @@ policy_start() {
     cmd=("$HINDSIGHT_POLICY_BIN" --model-path "$POLICY_MODEL_PATH"
       --engine-url "http://$HS_CONNECT_HOST:$POLICY_ROUTER_PORT" --engine-worker-urls "$workers"
       --judge-url "$JUDGE_URL" --teacher-url "$TEACHER_URL" --data-dir "$POLICY_DATA_DIR"
-      --mode "$MODE" --w-rl "$W_RL" --w-opd "$W_OPD" --host "$HOST" --port "$port")
+      --served-model-name "$SERVED_MODEL_NAME" --host "$HOST" --port "$port")
+    hs_add_flag cmd --mode "$MODE"
+    hs_add_flag cmd --w-rl "$W_RL"
+    hs_add_flag cmd --w-opd "$W_OPD"
     (( POLICY_REPLICAS == 1 )) || cmd+=(--replica-id "$name")
     hs_spawn "$name" "${env[@]}" -- "${cmd[@]}" "${extra[@]}"
   done

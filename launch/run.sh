@@ -2,7 +2,7 @@
 # launch/run.sh: the whole loop on one node. Judge engines + router + hindsight-judge on PRM_GPUS,
 # policy engines + router + hindsight-policy on ROLLOUT_GPUS, then the trainer (torchrun) on
 # ACTOR_GPUS; stays in the foreground and stops exactly what it started on Ctrl-C or when any
-# process exits. The default split is the prior system's 8-GPU one: trainer 4, policy 2, judge 2.
+# process exits. The default split is an 8-GPU one: trainer 4, policy 2, judge 2.
 #
 #   HF_CKPT=/models/Qwen3-4B launch/run.sh MODE=rl|opd|combine [--dry-run] [VAR=VALUE ...]
 #
@@ -39,7 +39,7 @@ run_main() {
   local used=$(( $(hs_gpu_count ACTOR_GPUS "$ACTOR_GPUS") + $(hs_gpu_count ROLLOUT_GPUS "$ROLLOUT_GPUS") \
     + $(hs_gpu_count PRM_GPUS "$PRM_GPUS") ))
   (( used <= NUM_GPUS )) || hs_die "the split uses $used GPUs but NUM_GPUS=$NUM_GPUS"
-  hs_log "MODE=$MODE; trainer on $ACTOR_GPUS, policy on $ROLLOUT_GPUS (tp $ROLLOUT_TP), judge on $PRM_GPUS (tp $PRM_TP); run dir $HS_RUN_DIR"
+  hs_log "MODE=${MODE:-default}; trainer on $ACTOR_GPUS, policy on $ROLLOUT_GPUS (tp $ROLLOUT_TP), judge on $PRM_GPUS (tp $PRM_TP); run dir $HS_RUN_DIR"
   hs_prepare_run_dir
   hs_install_trap
   judge_start

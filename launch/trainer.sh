@@ -6,7 +6,8 @@
 #
 #   HF_CKPT=/models/Qwen3-4B POLICY_ADMIN_API_KEY=... launch/trainer.sh [--dry-run] [VAR=VALUE ...]
 #
-# Every setting is an environment variable with a default (docs/LAUNCH.md has the table).
+# Every setting is an environment variable (docs/LAUNCH.md has the table); a TRAIN_* knob left empty
+# passes no flag, so hindsight-train's own default applies. The admin key travels in the environment.
 # run.sh sources this file and calls trainer_start; executed directly it runs trainer_main.
 set -euo pipefail
 HS_LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -20,9 +21,9 @@ trainer_defaults() {
   : "${POLICY_URL:=http://$HS_CONNECT_HOST:$POLICY_PORT}"
   : "${POLICY_ADMIN_API_KEY:=}"
   : "${TRAIN_OUT_DIR:=$HS_RUN_DIR/checkpoints}"  # step_XXXXXX folders; engines load them from here
-  : "${TRAIN_STEPS:=}"                   # empty: run until stopped
-  : "${TRAIN_BATCH_SIZE:=16}"
-  : "${TRAIN_LR:=1e-6}"
+  : "${TRAIN_STEPS:=}"                   # empty: run until stopped (--steps 0)
+  : "${TRAIN_BATCH_SIZE:=}"              # empty: hindsight-train's default
+  : "${TRAIN_LR:=}"                      # empty: hindsight-train's default
   : "${TRAIN_ARGS:=}"                    # extra hindsight-train flags
   : "${TORCHRUN:=torchrun}"
 }
@@ -36,15 +37,17 @@ trainer_validate() {
 trainer_start() {
   local nproc
   nproc=$(hs_gpu_count ACTOR_GPUS "$ACTOR_GPUS") || exit 2
-  local -a cmd extra
+  local -a cmd extra env=("CUDA_VISIBLE_DEVICES=${ACTOR_GPUS// /}")
   read -r -a extra <<<"$TRAIN_ARGS"
+  # The admin key goes in the environment: argv is readable by every user of the node (ps).
+  [[ -z $POLICY_ADMIN_API_KEY ]] || env+=("HINDSIGHT_TRAIN_ADMIN_API_KEY=$POLICY_ADMIN_API_KEY")
   cmd=("$TORCHRUN" --standalone --nnodes 1 --nproc-per-node "$nproc" -m trainer.cli
     --policy-url "$POLICY_URL" --model-path "$ACTOR_MODEL_PATH" --out-dir "$TRAIN_OUT_DIR"
-    --batch-size "$TRAIN_BATCH_SIZE" --lr "$TRAIN_LR")
-  [[ -z $POLICY_ADMIN_API_KEY ]] || cmd+=(--admin-api-key "$POLICY_ADMIN_API_KEY")
-  [[ -z $TRAIN_STEPS ]] || cmd+=(--steps "$TRAIN_STEPS")
+    --steps "${TRAIN_STEPS:-0}")
+  hs_add_flag cmd --batch-size "$TRAIN_BATCH_SIZE"
+  hs_add_flag cmd --lr "$TRAIN_LR"
   cmd+=("${extra[@]}")
-  hs_spawn trainer "CUDA_VISIBLE_DEVICES=${ACTOR_GPUS// /}" -- "${cmd[@]}"
+  hs_spawn trainer "${env[@]}" -- "${cmd[@]}"
 }
 
 trainer_main() {

@@ -1,11 +1,13 @@
 """``hindsight-policy``: run the policy server (every PolicySettings field is a flag; env HINDSIGHT_POLICY_*).
 
     hindsight-policy --model-path DIR --engine-url http://127.0.0.1:30010 --data-dir ./data \
-        [--judge-url URL] [--teacher-url URL] [--mode rl|opd|combine] [--port 30000] ...
+        [--judge-url URL] [--teacher-url URL] [--mode rl|opd|combine] [--port 30000] [--config FILE] ...
 
     hindsight-policy migrate [--store-url URL | --data-dir DIR]   # schema migrations only, then exit
 
-Flags override environment variables. Boolean fields take a value (``--at-least-one false``).
+The command line comes from PolicySettings (engine.cli_settings): flags > environment > ``--config`` file
+> defaults; ``--help`` lists every setting. Boolean flags: ``--infer-sessions``, ``--at-least-one false`` or
+``--no-at-least-one``; an invalid configuration exits 2.
 Logging goes through engine.observability (request and session ids on every line, ``--log-json true`` for
 JSON lines); the resolved settings, secrets redacted, are logged at start. SIGTERM shuts down gracefully
 (policy_server.serving.shutdown) and exits 0.
@@ -13,44 +15,42 @@ JSON lines); the resolved settings, secrets redacted, are logged at start. SIGTE
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import sys
 
 import uvicorn
+from pydantic_settings import SettingsConfigDict
 
+from engine.cli_settings import CliSettings, parse_cli, parse_settings
 from engine.observability import configure_logging
 from policy_server.settings import PolicySettings
 
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hindsight-policy", description=__doc__.splitlines()[0])
-    for name, field in PolicySettings.model_fields.items():
-        # A bare boolean flag (--infer-sessions) means true; an explicit value (--infer-sessions false) still works.
-        flag = {"nargs": "?", "const": "true"} if field.annotation is bool else {}
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=field.description or "",
-                            **flag)
-    return parser
+PROG = "hindsight-policy"
+DESCRIPTION = ("Run the Hindsight policy server (an OpenAI-compatible proxy that records turns and samples). "
+               "`hindsight-policy migrate --help`: the store's schema migrations alone.")
 
 
 def settings_from_args(argv: list[str] | None = None) -> PolicySettings:
-    args = build_parser().parse_args(argv)
-    given = {k: v for k, v in vars(args).items() if v is not None}
-    return PolicySettings(**given)
+    """PolicySettings from flags > env > ``--config`` file > defaults; raises ``ValueError`` when invalid."""
+    return parse_settings(PolicySettings, argv, prog=PROG, description=DESCRIPTION)
+
+
+class MigrateSettings(CliSettings):
+    """``hindsight-policy migrate``: where the store is (the same settings and env vars as the server's)."""
+
+    model_config = SettingsConfigDict(env_prefix="HINDSIGHT_POLICY_", extra="ignore")
+
+    store_url: str | None = PolicySettings.model_fields["store_url"]
+    data_dir: str = PolicySettings.model_fields["data_dir"]
 
 
 def migrate(argv: list[str]) -> int:
-    """``hindsight-policy migrate``: bring the store's schema to this release's version (a server applies the
-    same migrations when it starts; this runs them ahead of a rolling upgrade of the replicas)."""
-    import os
-
+    """Bring the store's schema to this release's version (a server applies the same migrations when it
+    starts; this runs them ahead of a rolling upgrade of the replicas)."""
     from policy_server.store import LATEST_VERSION, SchemaError, open_store
 
-    parser = argparse.ArgumentParser(prog="hindsight-policy migrate", description=migrate.__doc__)
-    parser.add_argument("--store-url", default=os.environ.get("HINDSIGHT_POLICY_STORE_URL"))
-    parser.add_argument("--data-dir", default=os.environ.get("HINDSIGHT_POLICY_DATA_DIR", "./hindsight-data"))
-    args = parser.parse_args(argv)
+    args = parse_cli(MigrateSettings, argv, prog=PROG + " migrate", description=migrate.__doc__)
     try:
         store = open_store(args.store_url, args.data_dir)
     except (SchemaError, ValueError) as exc:
@@ -65,11 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["migrate"]:
         sys.exit(migrate(argv[1:]))
-    try:
-        settings = settings_from_args(argv)
-    except ValueError as exc:
-        print(f"hindsight-policy: invalid configuration:\n{exc}", file=sys.stderr)  # noqa: T201
-        sys.exit(2)
+    settings = parse_cli(PolicySettings, argv, prog=PROG, description=DESCRIPTION)
     configure_logging(settings.log_level.upper(), json_logs=settings.log_json)  # request/session ids on every line
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per engine call is noise
     from policy_server.app import create_app

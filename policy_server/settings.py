@@ -1,8 +1,8 @@
 """Settings of the policy server: one pydantic-settings class, env prefix ``HINDSIGHT_POLICY_``.
 
-Every field is also a CLI flag of ``hindsight-policy`` (``--model-path`` for ``model_path``; see
-policy_server.cli), CLI values win over environment variables. Built once in ``main()`` (or by a
-test) and passed to ``create_app(settings)``; never instantiated at import time.
+Every field is also a flag of ``hindsight-policy`` (``--model-path`` for ``model_path``) and may be set
+in a ``--config`` file (engine.cli_settings): flags > environment > config file > defaults. Built once in
+``main()`` (or by a test) and passed to ``create_app(settings)``; never instantiated at import time.
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
+from engine.cli_settings import CliSettings
 from engine.security import check_exposure
 
 
-class PolicySettings(BaseSettings):
+class PolicySettings(CliSettings):
     """Resolved configuration; names carry units (``_s``, ``_bytes``)."""
 
     model_config = SettingsConfigDict(env_prefix="HINDSIGHT_POLICY_", extra="ignore")
@@ -23,39 +24,46 @@ class PolicySettings(BaseSettings):
     # --- upstreams
     model_path: str = Field(..., description="policy tokenizer + chat template folder (HF layout)")
     engine_url: str = Field(..., description="policy engine or its sglang-router")
-    engine_worker_urls: Annotated[list[str], NoDecode] = Field(default_factory=list,
-                                          description="engines that get pause/update/continue (default: engine_url)")
-    engine_api_key: str | None = None
-    engine_admin_api_key: str | None = None
+    engine_worker_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="comma-separated engines that get pause/update/continue "
+        "(default: engine_url)")
+    engine_api_key: str | None = Field(None, description="bearer key of the policy engine")
+    engine_admin_api_key: str | None = Field(None, description="bearer key of the engine's admin routes "
+                                             "(pause, weight update); default: engine_api_key")
     judge_url: str | None = Field(None, description="judge service; without it no turn is judged (stays pending)")
-    judge_api_key: str | None = None
+    judge_api_key: str | None = Field(None, description="bearer key of the judge service")
     teacher_url: str | None = Field(None, description="teacher engine for opd/combine")
-    teacher_api_key: str | None = None
-    served_model_name: str = "hindsight-policy"
+    teacher_api_key: str | None = Field(None, description="bearer key of the teacher engine")
+    served_model_name: str = Field("hindsight-policy", description="model name listed by /v1/models and "
+                                   "echoed in responses")
 
     # --- storage and reward modes
-    data_dir: str = "./hindsight-data"
-    mode: Literal["rl", "opd", "combine"] = "rl"
-    w_rl: float = 1.0
-    w_opd: float = 1.0
+    data_dir: str = Field("./hindsight-data", description="folder of the SQLite store and the persisted mode")
+    mode: Literal["rl", "opd", "combine"] = Field("rl", description="reward mode at first start (then the "
+                                                  "persisted one; /admin/mode changes it)")
+    w_rl: float = Field(1.0, description="weight of the RL (judge) term in combine mode")
+    w_opd: float = Field(1.0, description="weight of the OPD (teacher) term in combine mode")
     prm_config: str | None = Field(None, description="PRM scorer YAML (docs/SCORERS.md): token_rewards for "
                                    "every accepted turn; see policy_server.rewards.scoring")
     prm_scope: Literal["turn", "session"] = Field(
         "turn", description="PRM scoring unit: turn (each accepted turn scored alone as soon as judged) or "
         "session (accepted turns held as pending_score until the session ends, then the whole session is "
         "scored at once with score_session); see policy_server.rewards.scoring")
-    judge_m: int | None = None
-    at_least_one: bool = True
-    teacher_top_k: int = 0
-    teacher_temperature: float = 1.0
-    teacher_max_concurrency: int = 4
-    teacher_deadline_s: float | None = None
+    judge_m: int | None = Field(None, description="votes per judge call (default: the judge's own m)")
+    at_least_one: bool = Field(True, description="include a neutral turn when its session has no included turn "
+                              "yet, so every session trains on at least one turn")
+    teacher_top_k: int = Field(0, description="top-K teacher log-probs recorded per token (0: only the "
+                               "sampled token's)")
+    teacher_temperature: float = Field(1.0, description="temperature of the teacher's log-probs")
+    teacher_max_concurrency: int = Field(4, description="teacher calls in flight at once")
+    teacher_deadline_s: float | None = Field(None, description="total time one teacher call may take, retries "
+                                             "included (default: none beyond the call timeouts)")
 
     # --- serving
-    host: str = "127.0.0.1"
-    port: int = 30000
-    api_key: str | None = None
-    admin_api_key: str | None = None
+    host: str = Field("127.0.0.1", description="address to listen on; beyond loopback an api_key is required")
+    port: int = Field(30000, description="port to listen on")
+    api_key: str | None = Field(None, description="bearer key agents send on /v1/*")
+    admin_api_key: str | None = Field(None, description="bearer key of /admin/* and the sample lease routes")
     infer_sessions: bool = Field(False, description="continue the open session whose recorded transcript a "
                                  "request without a session id extends (policy_server.serving.session_inference)")
     allow_unauthenticated: bool = Field(False, description="serve a non-loopback host without an API key "
@@ -63,13 +71,15 @@ class PolicySettings(BaseSettings):
     allow_client_key_for_admin: bool = Field(False, description="with an api_key and no admin_api_key, let the "
                                              "client key (held by every agent) open the admin routes; without "
                                              "this opt-out that configuration refuses to start")
-    default_turn_type: Literal["main", "side"] = "main"
-    session_idle_timeout_s: float = 600.0
-    idle_sweep_interval_s: float = 1.0
+    default_turn_type: Literal["main", "side"] = Field("main", description="turn type of a request that sends no "
+                                                       "X-Turn-Type header (main or side)")
+    session_idle_timeout_s: float = Field(600.0, description="a session without a request for this long is "
+                                          "closed and its last turn judged")
+    idle_sweep_interval_s: float = Field(1.0, description="how often idle sessions are looked for")
     max_body_bytes: int = Field(8 * 1024 * 1024, description="largest request body on any route; 413 while "
                                 "reading beyond it (engine.http_guard), before parsing or auth")
     max_json_depth: int = Field(64, ge=4, le=512, description="deepest JSON nesting accepted in a body (400 beyond)")
-    default_max_tokens: int = 1024
+    default_max_tokens: int = Field(1024, description="max_tokens when the client sends none")
     max_prompt_tokens: int | None = Field(None, ge=1, description="the engine's context length in tokens: a prompt "
                                           "that cannot fit is a 400 before it is rendered (default: the model's "
                                           "max_position_embeddings from config.json; no check when unknown)")
@@ -77,14 +87,16 @@ class PolicySettings(BaseSettings):
                                        "(OpenAI's default); always sent to the engine and recorded with the sample")
     max_concurrent_requests: int = Field(256, ge=1, description="requests in flight at once (probes exempt); "
                                          "429 with Retry-After beyond it; also sizes the engine connection pool")
-    engine_deadline_s: float = 120.0
-    engine_max_attempts: int = 5
-    max_resumes: int = 8
+    engine_deadline_s: float = Field(120.0, description="total time one engine call may take, retries included")
+    engine_max_attempts: int = Field(5, description="tries of one engine call before it fails")
+    max_resumes: int = Field(8, description="times a generation aborted by a weight update is resumed")
 
     # --- weight sync
-    pause_mode: Literal["abort", "retract", "in_place"] = "abort"
-    gate_timeout_s: float = 120.0
-    weight_update_deadline_s: float = 600.0
+    pause_mode: Literal["abort", "retract", "in_place"] = Field(
+        "abort", description="how engines pause for a weight update (SGLang pause_generation mode)")
+    gate_timeout_s: float = Field(120.0, description="longest a request waits at the gate while weights update")
+    weight_update_deadline_s: float = Field(600.0, description="total time of one weight update "
+                                            "(pause, load, continue on every worker)")
 
     # --- sample store / dispatch
     store_url: str | None = Field(
@@ -102,13 +114,14 @@ class PolicySettings(BaseSettings):
     store_busy_timeout_s: float = Field(
         5.0, gt=0, description="longest wait for the store (its lock, or SQLite's write lock held by another "
         "connection); then the request is a 503 with Retry-After and /ready reports the store busy")
-    lease_timeout_s: float = 600.0
-    max_lease_size: int = 4096
-    max_lease_wait_s: float = 60.0
-    max_unconsumed_samples: int = 1_000_000
-    dispatch_concurrency: int = 8
-    dispatch_retry_initial_s: float = 0.5
-    dispatch_retry_max_s: float = 30.0
+    lease_timeout_s: float = Field(600.0, description="a leased sample not acked within this returns to the pool")
+    max_lease_size: int = Field(4096, description="most samples one lease call may take")
+    max_lease_wait_s: float = Field(60.0, description="longest wait_s a lease call may ask for")
+    max_unconsumed_samples: int = Field(1_000_000, description="samples not yet consumed by the trainer before new "
+                                        "main turns are refused (429)")
+    dispatch_concurrency: int = Field(8, description="judge calls in flight at once")
+    dispatch_retry_initial_s: float = Field(0.5, description="first backoff after a failed judge call")
+    dispatch_retry_max_s: float = Field(30.0, description="longest backoff between judge call retries")
 
     # --- shutdown (policy_server.serving.shutdown)
     shutdown_grace_s: float = Field(30.0, description="on SIGTERM, how long chat requests in flight may run on "
@@ -116,7 +129,7 @@ class PolicySettings(BaseSettings):
     shutdown_drain_s: float = Field(10.0, description="then how long the dispatcher may keep judging; what is "
                                     "left stays pending_judge for the next start")
 
-    log_level: str = "INFO"
+    log_level: str = Field("INFO", description="log level (DEBUG, INFO, WARNING, ERROR)")
     log_json: bool = Field(False, description="JSON log lines (engine.observability) instead of plain text")
 
     @field_validator("engine_worker_urls", mode="before")

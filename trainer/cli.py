@@ -1,6 +1,7 @@
-"""``hindsight-train``: parse the flags (trainer/settings.py), configure logging once, run the loop.
+"""``hindsight-train``: parse the command line (trainer/settings.py), configure logging once, run the loop.
 
-    hindsight-train --policy-url URL --admin-api-key K --model-path DIR --out-dir DIR [--steps N] [--batch-size B] [--lr F] ...
+    HINDSIGHT_TRAIN_ADMIN_API_KEY=K hindsight-train --policy-url URL --model-path DIR --out-dir DIR \
+        [--steps N] [--batch-size B] [--lr F] [--config FILE] ...
     torchrun --nproc-per-node 2 -m trainer.cli ...      # DDP; rank 0 talks to the policy server
 
 Exit status: 0 when the requested steps (or the sample file) are done, 2 on bad flags, 1 on a trainer

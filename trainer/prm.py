@@ -23,7 +23,6 @@ with loss mask 1; samples without ``token_rewards`` keep their outcome advantage
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from trainer.settings import TrainConfig
@@ -53,7 +52,7 @@ def resolve_prm_config(cfg: TrainConfig) -> TrainConfig:
     if not cfg.prm_config:
         return cfg
     values = shaping_from_file(cfg.prm_config)
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    defaults = {name: field.default for name, field in TrainConfig.model_fields.items()}
     conflicts = [
         f"--{name.replace('_', '-')} {getattr(cfg, name)!r} contradicts {value!r} from the file"
         for name, value in values.items()
@@ -61,4 +60,4 @@ def resolve_prm_config(cfg: TrainConfig) -> TrainConfig:
     ]
     if conflicts:
         raise ValueError(f"--prm-config {cfg.prm_config}: " + "; ".join(conflicts))
-    return dataclasses.replace(cfg, **values)
+    return cfg.model_copy(update=values)

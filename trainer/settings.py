@@ -1,105 +1,131 @@
-"""The trainer's one configuration object: defaults defined once, argparse generated from it.
+"""The trainer's one configuration object: every default defined once, the command line generated from it.
 
-``TrainConfig`` is a frozen dataclass; each field's ``metadata["help"]`` is its CLI help. ``build_parser``
-turns it into ``hindsight-train``'s flags (``--batch-size`` for ``batch_size``; booleans are
-``--flag/--no-flag``); ``validate`` rejects inconsistent combinations before any model is loaded. The
-resolved config is written to ``out_dir/config.json`` by the loop.
+``TrainConfig`` is a frozen pydantic-settings class (env prefix ``HINDSIGHT_TRAIN_``); engine.cli_settings
+turns it into ``hindsight-train``'s flags (``--batch-size`` for ``batch_size``; booleans take ``--flag``,
+``--flag false`` or ``--no-flag``), with a ``--config`` file below the environment and the flags. The
+policy server's admin key is never a flag: ``HINDSIGHT_TRAIN_ADMIN_API_KEY``, ``--admin-api-key-file`` or
+the config file. ``validate`` rejects inconsistent combinations before any model is loaded. The resolved
+config (key redacted) is written to ``out_dir/config.json`` by the loop.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
+import sys
+from pathlib import Path
+from typing import Annotated, Any
 
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from engine.cli_settings import CliSettings, EnvOnly, OneOf, parse_cli
 from trainer.advantages import BASELINES, SHAPING_MODES
 from trainer.loss import AGGREGATIONS
 from trainer.parallel import PARALLEL_MODES
 from trainer.rollout_correction import LOGPROB_TEMPERATURES, ROLLOUT_CORRECTIONS
 
+PROG = "hindsight-train"
+DESCRIPTION = "Hindsight PPO trainer: lease samples from the policy server, update, checkpoint, sync weights."
 ADVANTAGE_MODES = ("sample", "rl", "opd", "combine", "prm_gated_opd", "multiplicative", "multiplicative_literal")
+UNBOUNDED_STEPS = sys.maxsize  # what ``--steps 0`` (until stopped) resolves to
 
 
-def _f(default: Any, help_text: str, **kw: Any) -> Any:
-    return field(default=default, metadata={"help": help_text, **kw})
+class TrainConfig(CliSettings):
+    """Resolved trainer configuration (frozen); names carry units (``_s``)."""
 
+    model_config = SettingsConfigDict(env_prefix="HINDSIGHT_TRAIN_", extra="ignore", frozen=True)
 
-@dataclass(frozen=True)
-class TrainConfig:
     # --- where samples come from and where weights go
-    model_path: str = _f("", "initial HF model folder (weights, config, tokenizer)")
-    out_dir: str = _f("", "checkpoints, metrics.jsonl, config.json, tensorboard/")
-    policy_url: str = _f("", "policy server base URL (lease/ack/weights update)")
-    admin_api_key: str = _f("", "policy server admin bearer key")
-    samples_file: str = _f("", "JSONL of samples to train on instead of a policy server (dev, DDP tests)")
-    steps: int = _f(10, "total optimizer batches (counted across resumes)")
-    batch_size: int = _f(8, "samples leased per step")
-    min_batch: int = _f(0, "samples a step waits for (up to lease_wait_s, holding partial leases); 0 = batch_size")
-    lease_wait_s: float = _f(30.0, "how long a step waits for min_batch samples before training on what it holds")
-    idle_timeout_s: float = _f(0.0, "stop when no sample arrives for this long (0 = wait forever)")
-    weight_sync: bool = _f(True, "POST /admin/weights/update after each checkpoint")
-    sync_on_resume: bool = _f(True, "push the resumed checkpoint's weights to the engine at start")
-    http_timeout_s: float = _f(30.0, "policy server call timeout (lease adds wait_s)")
-    http_deadline_s: float = _f(120.0, "total retry budget per policy server call")
-    weight_sync_timeout_s: float = _f(600.0, "timeout of one weights update call (pause+load+continue)")
+    model_path: str = Field("", description="initial HF model folder (weights, config, tokenizer)")
+    out_dir: str = Field("", description="checkpoints, metrics.jsonl, config.json, tensorboard/")
+    policy_url: str = Field("", description="policy server base URL (lease/ack/weights update)")
+    # A key on argv is readable by every local user (ps, /proc): the environment or a file only.
+    admin_api_key: Annotated[str, EnvOnly()] = Field("", description="policy server admin bearer key (environment or "
+                                                     "config file only, never a flag)")
+    admin_api_key_file: str = Field("", description="file holding the policy server admin bearer key (wins over "
+                                    "HINDSIGHT_TRAIN_ADMIN_API_KEY)")
+    samples_file: str = Field("", description="JSONL of samples to train on instead of a policy server (dev, DDP "
+                              "tests)")
+    steps: int = Field(10, ge=0, description="total optimizer batches (counted across resumes); 0 = until stopped (or "
+                       "idle_timeout_s)")
+    batch_size: int = Field(8, description="samples leased per step")
+    min_batch: int = Field(0, description="samples a step waits for (up to lease_wait_s, holding partial leases); 0 = "
+                           "batch_size")
+    lease_wait_s: float = Field(30.0, description="how long a step waits for min_batch samples before training on what "
+                                "it holds")
+    idle_timeout_s: float = Field(0.0, description="stop when no sample arrives for this long (0 = wait forever)")
+    weight_sync: bool = Field(True, description="POST /admin/weights/update after each checkpoint")
+    sync_on_resume: bool = Field(True, description="push the resumed checkpoint's weights to the engine at start")
+    http_timeout_s: float = Field(30.0, description="policy server call timeout (lease adds wait_s)")
+    http_deadline_s: float = Field(120.0, description="total retry budget per policy server call")
+    weight_sync_timeout_s: float = Field(600.0, description="timeout of one weights update call (pause+load+continue)")
     # --- optimisation
-    lr: float = _f(1e-5, "AdamW learning rate")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
-    adam_beta1: float = _f(0.9, "AdamW beta1")
-    adam_beta2: float = _f(0.98, "AdamW beta2")
-    max_grad_norm: float = _f(1.0, "gradient clipping norm (0 = off)")
-    ppo_epochs: int = _f(1, "passes over each leased batch")
-    minibatches: int = _f(1, "optimizer steps per pass (the batch is split)")
-    micro_batch_size: int = _f(4, "samples per forward/backward (per rank)")
-    clip_low: float = _f(0.2, "PPO clip epsilon below 1")
-    clip_high: float = _f(0.28, "PPO clip epsilon above 1 (clip-higher)")
-    aggregation: str = _f("token_mean", "loss aggregation over valid tokens", choices=AGGREGATIONS)
-    kl_coef: float = _f(0.0, "k3 KL to the reference (initial) model; 0 loads no reference model")
-    entropy_coef: float = _f(0.0, "entropy bonus coefficient")
-    topk_coef: float = _f(0.0, "weight of the top-K reverse-KL distillation loss (needs teacher_topk)")
+    lr: float = Field(1e-5, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, description="AdamW weight decay")
+    adam_beta1: float = Field(0.9, description="AdamW beta1")
+    adam_beta2: float = Field(0.98, description="AdamW beta2")
+    max_grad_norm: float = Field(1.0, description="gradient clipping norm (0 = off)")
+    ppo_epochs: int = Field(1, description="passes over each leased batch")
+    minibatches: int = Field(1, description="optimizer steps per pass (the batch is split)")
+    micro_batch_size: int = Field(4, description="samples per forward/backward (per rank)")
+    clip_low: float = Field(0.2, description="PPO clip epsilon below 1")
+    clip_high: float = Field(0.28, description="PPO clip epsilon above 1 (clip-higher)")
+    aggregation: Annotated[str, OneOf(AGGREGATIONS)] = Field(
+        "token_mean", description="loss aggregation over valid tokens")
+    kl_coef: float = Field(0.0, description="k3 KL to the reference (initial) model; 0 loads no reference model")
+    entropy_coef: float = Field(0.0, description="entropy bonus coefficient")
+    topk_coef: float = Field(0.0, description="weight of the top-K reverse-KL distillation loss (needs teacher_topk)")
     # --- advantages
-    advantage_mode: str = _f("sample", "'sample' follows each sample's mode field", choices=ADVANTAGE_MODES)
-    old_logprobs: str = _f("recompute", "old log-probs for ratio and OPD: trainer recomputation or rollout (constrained samples "
-                                        "always use the recomputation)", choices=("recompute", "rollout"))
-    rollout_correction: str = _f("tis", "off-policy correction of the PPO term by w = exp(old - rollout) per token: none, tis "
-                                        "(min(w, cap)) or mis (tokens with w > cap leave the loss); trainer/rollout_correction.py",
-                                 choices=ROLLOUT_CORRECTIONS)
-    rollout_is_cap: float = _f(2.0, "cap C of the rollout importance weight (tis truncates at C, mis rejects above C); >= 1")
-    logprob_temperature: str = _f("one", "temperature of the PPO log-probs: one (T = 1; the IS weight absorbs the client's "
-                                         "temperature) or sample (each sample's sampling_params.temperature)",
-                                  choices=LOGPROB_TEMPERATURES)
-    baseline: str = _f("running_mean", "RL baseline (docs/REWARD_MODES.md): running_mean (EMA of earlier rewards, per sample), "
-                                       "window (mean of the last K), batch_mean, batch_mean_loo (leave-one-out) or none",
-                       choices=BASELINES)
-    running_mean_momentum: float = _f(0.9, "EMA momentum of the running_mean baseline (per sample)")
-    baseline_window: int = _f(32, "K of the window baseline: the last K rewards")
-    normalize_advantages: bool = _f(False, "divide RL advantages by their batch std (only with >= 2 rewards and std > eps; "
-                                           "never by eps)")
-    prm_config: str = _f("", "PRM YAML shared with the policy server: sets shaping, its parameters and mask_no_eos_with_zero "
-                             "(trainer/prm.py)")
-    shaping: str = _f("none", "AReaL shaping of token_rewards onto advantages", choices=("none", *SHAPING_MODES))
-    shaping_negative_scale: float = _f(0.2, "gvpo negative_scale")
-    shaping_zero_penalty: float = _f(0.4, "gvpo zero_penalty")
-    shaping_eps: float = _f(1e-6, "gvpo zero band")
-    gated_wrong_value: float = _f(-1.0, "prm_gated_opd advantage of the first wrong step")
-    mask_no_eos_with_zero: bool = _f(False, "exclude responses that do not end with EOS (truncated)")
+    advantage_mode: Annotated[str, OneOf(ADVANTAGE_MODES)] = Field(
+        "sample", description="'sample' follows each sample's mode field")
+    old_logprobs: Annotated[str, OneOf(("recompute", "rollout"))] = Field(
+        "recompute", description="old log-probs for ratio and OPD: trainer recomputation or rollout (constrained "
+        "samples always use the recomputation)")
+    rollout_correction: Annotated[str, OneOf(ROLLOUT_CORRECTIONS)] = Field(
+        "tis", description="off-policy correction of the PPO term by w = exp(old - rollout) per token: none, tis "
+        "(min(w, cap)) or mis (tokens with w > cap leave the loss); trainer/rollout_correction.py")
+    rollout_is_cap: float = Field(2.0, description="cap C of the rollout importance weight (tis truncates at C, mis "
+                                  "rejects above C); >= 1")
+    logprob_temperature: Annotated[str, OneOf(LOGPROB_TEMPERATURES)] = Field(
+        "one", description="temperature of the PPO log-probs: one (T = 1; the IS weight absorbs the client's "
+        "temperature) or sample (each sample's sampling_params.temperature)")
+    baseline: Annotated[str, OneOf(BASELINES)] = Field("running_mean", description="RL baseline "
+                                                       "(docs/REWARD_MODES.md): running_mean (EMA of earlier rewards, "
+                                                       "per sample), window (mean of the last K), batch_mean, "
+                                                       "batch_mean_loo (leave-one-out) or none")
+    running_mean_momentum: float = Field(0.9, description="EMA momentum of the running_mean baseline (per sample)")
+    baseline_window: int = Field(32, description="K of the window baseline: the last K rewards")
+    normalize_advantages: bool = Field(False, description="divide RL advantages by their batch std (only with >= 2 "
+                                       "rewards and std > eps; never by eps)")
+    prm_config: str = Field("", description="PRM YAML shared with the policy server: sets shaping, its parameters and "
+                            "mask_no_eos_with_zero (trainer/prm.py)")
+    shaping: Annotated[str, OneOf(("none", *SHAPING_MODES))] = Field(
+        "none", description="AReaL shaping of token_rewards onto advantages")
+    shaping_negative_scale: float = Field(0.2, description="gvpo negative_scale")
+    shaping_zero_penalty: float = Field(0.4, description="gvpo zero_penalty")
+    shaping_eps: float = Field(1e-6, description="gvpo zero band")
+    gated_wrong_value: float = Field(-1.0, description="prm_gated_opd advantage of the first wrong step")
+    mask_no_eos_with_zero: bool = Field(False, description="exclude responses that do not end with EOS (truncated)")
     # --- bookkeeping
-    seed: int = _f(0, "torch seed")
-    save_every: int = _f(1, "checkpoint (then ack + weight sync) every N steps; leases wait until then")
-    keep_checkpoints: int = _f(3, "checkpoints kept on disk (older ones are deleted)")
-    remember_sample_ids: int = _f(100_000, "recent trained sample ids kept to refuse re-leased duplicates")
-    parallel: str = _f("ddp", "under torchrun: ddp (full replicas) or fsdp2 (fully_shard per decoder layer + root; full state "
-                              "gathered on rank 0 for checkpoints); ignored with one process", choices=PARALLEL_MODES)
-    check_ddp_sync: bool = _f(True, "ddp: all-gather a weight checksum each step and fail if ranks diverge (fsdp2 holds no replicas)")
-    progress: bool = _f(True, "progress bar on stderr")
+    seed: int = Field(0, description="torch seed")
+    save_every: int = Field(1, description="checkpoint (then ack + weight sync) every N steps; leases wait until then")
+    keep_checkpoints: int = Field(3, description="checkpoints kept on disk (older ones are deleted)")
+    remember_sample_ids: int = Field(100_000, description="recent trained sample ids kept to refuse re-leased "
+                                     "duplicates")
+    parallel: Annotated[str, OneOf(PARALLEL_MODES)] = Field("ddp", description="under torchrun: ddp (full replicas) or "
+                                                            "fsdp2 (fully_shard per decoder layer + root; full state "
+                                                            "gathered on rank 0 for checkpoints); ignored with one "
+                                                            "process")
+    check_ddp_sync: bool = Field(True, description="ddp: all-gather a weight checksum each step and fail if ranks "
+                                 "diverge (fsdp2 holds no replicas)")
+    progress: bool = Field(True, description="progress bar on stderr")
 
     def validate(self) -> None:
         if not self.model_path or not self.out_dir:
             raise ValueError("model_path and out_dir are required")
         if self.shaping == "process_weighted" and self.mask_no_eos_with_zero:
             raise ValueError("shaping process_weighted is incompatible with mask_no_eos_with_zero (AReaL contract)")
-        for name in ("steps", "batch_size", "ppo_epochs", "minibatches", "micro_batch_size", "save_every", "keep_checkpoints"):
+        for name in ("steps", "batch_size", "ppo_epochs", "minibatches", "micro_batch_size", "save_every",
+                     "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if not 0 <= self.min_batch <= self.batch_size:
@@ -122,34 +148,39 @@ class TrainConfig:
         return self.min_batch or self.batch_size
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = self.model_dump()
         if d["admin_api_key"]:
             d["admin_api_key"] = "***"  # the resolved config is written to disk and logs
         return d
 
+    @field_validator("steps")
+    @classmethod
+    def _unbounded_steps(cls, v: int) -> int:
+        # The loop counts up to ``steps``: "until stopped" is a bound it never reaches.
+        return UNBOUNDED_STEPS if v == 0 else v
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hindsight-train", description="Hindsight PPO trainer (see trainer/train.py).")
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        kw: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata["help"]}
-        if isinstance(f.default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-            continue
-        if "choices" in f.metadata:
-            kw["choices"] = f.metadata["choices"]
-        p.add_argument(flag, type=type(f.default), **kw)
-    return p
+    @model_validator(mode="before")
+    @classmethod
+    def _read_key_file(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("admin_api_key_file"):
+            path = Path(str(data["admin_api_key_file"]))
+            try:
+                data = {**data, "admin_api_key": path.read_text(encoding="utf-8").strip()}
+            except OSError as exc:
+                raise ValueError(f"admin_api_key_file {path}: {exc.strerror or exc}") from None
+        return data
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    args = build_parser().parse_args(argv)
-    cfg = TrainConfig(**vars(args))
+    """TrainConfig from flags > env > ``--config`` file > defaults, PRM file applied and validated; exits 2
+    with the reason when invalid."""
+    cfg = parse_cli(TrainConfig, argv, prog=PROG, description=DESCRIPTION)
     try:
         from trainer.prm import resolve_prm_config
 
         cfg = resolve_prm_config(cfg)
         cfg.validate()
     except ValueError as exc:
-        build_parser().error(str(exc))
+        print(f"{PROG}: invalid configuration: {exc}", file=sys.stderr)  # noqa: T201
+        sys.exit(2)
     return cfg

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from judge_server.cli import parse_args
+from engine.cli_settings import parse_settings
 from judge_server.client import JudgeClient, JudgeRequestRejected, JudgeUnavailable
 from judge_server.settings import JudgeSettings
 
@@ -64,8 +64,8 @@ async def test_4xx_not_retried() -> None:
 def test_cli_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HINDSIGHT_JUDGE_M", "5")
     monkeypatch.setenv("HINDSIGHT_JUDGE_PORT", "9999")
-    overrides, level = parse_args(["--backend", "rules", "--port", "1234", "--constrain-output"])
-    s = JudgeSettings(**overrides)
+    s = parse_settings(JudgeSettings, ["--backend", "rules", "--port", "1234", "--constrain-output"])
+    level = s.log_level
     assert (s.backend, s.port, s.m, s.constrain_output, s.host, level) == ("rules", 1234, 5, True, "127.0.0.1", "info")
     with pytest.raises(ValueError, match="engine_url"):
         JudgeSettings(backend="llm")

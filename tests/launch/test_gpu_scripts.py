@@ -82,7 +82,7 @@ def test_run_custom_split_four_judge_engines(tmp_path: Path) -> None:
     assert "--worker-urls http://127.0.0.1:31100 http://127.0.0.1:31101 http://127.0.0.1:31102 http://127.0.0.1:31103 " in router
     policy = next(c for c in cmds if c.startswith("hindsight-policy"))
     assert "--engine-worker-urls http://127.0.0.1:31000,http://127.0.0.1:31001" in policy
-    assert "--mode rl" in policy  # default mode
+    assert " --mode " not in policy + " "  # MODE unset: the policy server's own default applies
     trainer = next(c for c in cmds if "torchrun" in c)
     assert trainer.startswith("CUDA_VISIBLE_DEVICES=0,1 torchrun") and "--nproc-per-node 2" in trainer
 

@@ -42,7 +42,10 @@ def test_cli_rejects_inconsistent_flags():
 def test_cli_unreachable_policy_server_fails_explicitly(tiny_model_dir, tmp_path):
     from engine.procs import free_port
 
-    r = run_cli(["--policy-url", f"http://127.0.0.1:{free_port()}", "--admin-api-key", "k", "--model-path", str(tiny_model_dir),
+    key_file = tmp_path / "admin.key"
+    key_file.write_text("k\n")
+    r = run_cli(["--policy-url", f"http://127.0.0.1:{free_port()}", "--admin-api-key-file", str(key_file),
+                 "--model-path", str(tiny_model_dir),
                  "--out-dir", str(tmp_path / "o"), "--http-deadline-s", "1", "--no-progress"], timeout_s=90)
     assert r.returncode == 1, r.stderr[-2000:]
     assert "training stopped" in r.stderr and "failed after" in r.stderr

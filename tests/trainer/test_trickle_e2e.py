@@ -71,11 +71,11 @@ def test_trickle_closed_loop_learns_with_min_batch(stack, tmp_path):
     assert 0.1 < start < 0.6, start
     out = tmp_path / "train"
     log = tmp_path / "trainer.log"
-    cmd = [sys.executable, "-m", "trainer.cli", "--policy-url", stack.policy.url, "--admin-api-key", ADMIN,
+    cmd = [sys.executable, "-m", "trainer.cli", "--policy-url", stack.policy.url,
            "--model-path", str(stack.model_dir), "--out-dir", str(out), "--steps", "1000", "--batch-size", str(BATCH),
            "--min-batch", str(MIN_BATCH), "--micro-batch-size", str(BATCH), "--lr", "2e-2", "--lease-wait-s", "10",
            "--idle-timeout-s", "12", "--keep-checkpoints", "1", "--no-progress", "--no-sync-on-resume"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HINDSIGHT_TRAIN_ADMIN_API_KEY": ADMIN}
     with open(log, "wb") as fh:
         trainer = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
     user = PacedUser(stack.policy.url, has_target, max_tokens=MAX_TOKENS, workers=1)

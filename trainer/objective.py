@@ -227,4 +227,4 @@ def micro_loss(
 
 
 def new_stats() -> dict[str, Any]:
-    return {k: 0.0 for k in STAT_KEYS}
+    return dict.fromkeys(STAT_KEYS, 0.0)

@@ -19,10 +19,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from policy_testkit import admin, chat, client, start_judge, start_policy, stats
 
 from engine.procs import free_port, metric_value
 from policy_server.store import open_store
-from policy_testkit import admin, chat, client, start_judge, start_policy, stats
 
 pytestmark = pytest.mark.e2e
 CLAIM_S = 2.0
@@ -144,7 +144,7 @@ def test_kill9_loses_no_answered_turn_and_the_other_replica_finishes(tiny_model_
                     try:
                         r = c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 6},
                                    headers={"X-Session-Id": sid, **({"X-Session-Done": "1"} if k else {})})
-                    except Exception:  # noqa: BLE001 - the killed replica drops connections: not answered
+                    except Exception:  # the killed replica drops connections: not answered
                         break
                     if r.status_code != 200:
                         break
@@ -226,7 +226,7 @@ class _SlowPause(BaseHTTPRequestHandler):
     entered = threading.Event()
     release = threading.Event()
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:  # http.server's naming
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.path == "/pause_generation":
             type(self).entered.set()

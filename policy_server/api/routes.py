@@ -41,7 +41,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,7 +175,7 @@ def _reject_turn(store: SampleStore, sid: str, turn_index: int) -> str:
     for row in store.list_samples(session_id=sid, status="pending_judge", limit=10_000):
         if row["turn_index"] == turn_index and store.complete_judge(
                 row["sample_id"], status="rejected", reject_reason=DISCONNECT_REASON, included=False,
-                data=None):  # type: ignore[arg-type]  # no Sample JSON, like every pairing rejection
+                data=None):  # no Sample JSON, like every pairing rejection
             return "rejected"
     return "already decided"
 
@@ -198,14 +198,14 @@ async def _abandon(st: PolicyState, turn: _Turn, why: str) -> None:
                 DISCONNECT_REASON)
 
 
-def _abandon_detached(st: PolicyState, turn: _Turn, why: str, *, close: AsyncIterator[str] | None = None
+def _abandon_detached(st: PolicyState, turn: _Turn, why: str, *, close: AsyncGenerator[str, None] | None = None
                       ) -> asyncio.Task[None]:
     """Run :func:`_abandon` as its own task: it must finish even when the caller is being cancelled."""
     turn.res.abandoned = True  # at once, before any await: nothing may resubmit from here on
 
     async def run() -> None:
         if close is not None:
-            await close.aclose()  # type: ignore[attr-defined]  # stop reading the engine stream first
+            await close.aclose()  # stop reading the engine stream first
         await _abandon(st, turn, why)
 
     task = asyncio.create_task(run(), name=f"abandon-{turn.res.rid_prefix}")
@@ -343,7 +343,7 @@ async def chat_completions(request: Request) -> Response:
 
     async def close_stream() -> None:
         try:
-            await events.aclose()  # type: ignore[attr-defined]
+            await events.aclose()
         finally:
             st.sessions.settle_later(arrival)
 

@@ -49,7 +49,7 @@ from engine.errors import EngineTimeout, EngineUnavailable
 from engine.observability import bind_ids
 from policy_server.errors import StoreBusy
 from policy_server.rewards.scoring import apply_outcome, held_outcomes
-from policy_server.store import SampleStore
+from policy_server.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def _retryable_errors() -> tuple[type[BaseException], ...]:
 class Dispatcher:
     """Polls the store for pending_judge samples; woken early by :meth:`wake`."""
 
-    def __init__(self, store: SampleStore, pipeline: Any | None, *, concurrency: int = 8, retry_initial_s: float = 0.5,
+    def __init__(self, store: Store, pipeline: Any | None, *, concurrency: int = 8, retry_initial_s: float = 0.5,
                  retry_max_s: float = 30.0, poll_s: float = 1.0, scoring: Any | None = None,
                  owner: str | None = None, claim_s: float = 30.0):
         self.store = store

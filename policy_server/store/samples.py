@@ -73,7 +73,7 @@ class StoreSamples(StoreDB):
             )
 
     def complete_judge(
-        self, sample_id: str, *, status: str, reject_reason: str | None, included: bool, data: dict[str, Any] | None
+        self, sample_id: str, *, status: str, reject_reason: str | None, included: bool, data: dict[str, Any]
     ) -> bool:
         """Persist a judge outcome atomically with the sample's status and the session's at-least-one flag.
 

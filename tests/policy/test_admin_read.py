@@ -10,9 +10,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from policy_testkit import admin, client, judged_policy_stack
 
 from engine.procs import ManagedProcess
+from policy_testkit import admin, client, judged_policy_stack
 
 pytestmark = pytest.mark.e2e
 

@@ -12,9 +12,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from policy_testkit import admin, client, judged_policy_stack, stats
 
 from engine.procs import ManagedProcess
+from policy_testkit import admin, client, judged_policy_stack, stats
 
 pytestmark = pytest.mark.e2e
 U = [{"role": "user", "content": "list the files"}]

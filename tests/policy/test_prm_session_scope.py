@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from policy_testkit import admin, chat, lease_all, of_session, pythonpath_with_testkit, start_judge, start_policy, stats
 
 from engine.procs import ManagedProcess, free_port
 from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseTrajectoryScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, held_outcomes, session_turns
 from policy_server.store import Store
+from policy_testkit import admin, chat, lease_all, of_session, pythonpath_with_testkit, start_judge, start_policy, stats
 
 BUDGET = 3
 W_LEN = 0.5

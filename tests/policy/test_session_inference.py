@@ -10,10 +10,10 @@ import asyncio
 
 import httpx
 import pytest
-from policy_testkit import CLIENT_KEY, admin, client, start_policy
 
 from policy_server.serving.session_inference import INFERRED_PREFIX, choose_session
 from policy_server.store import Store
+from policy_testkit import CLIENT_KEY, admin, client, start_policy
 
 
 def U(text: str) -> dict:

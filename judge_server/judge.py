@@ -42,6 +42,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -257,7 +258,7 @@ class JudgeService:
             logger.warning("shared-prefix prefill failed: %s", exc)
 
     def _sampler(self, task: str, req: JudgeRequest, prompt: dict[str, Any] | None, deadline: float,
-                 usage: Usage, rid_prefix: str | None = None):
+                 usage: Usage, rid_prefix: str | None = None) -> Callable[[int, int], Awaitable[list[Vote]]]:
         if self.settings.backend == "rules":
             next_state = [m.model_dump(exclude_none=True) for m in req.next_state]
             vote = self.rules.prm_vote(next_state) if task == "prm" else self.rules.hint_vote(next_state)

@@ -343,7 +343,7 @@ async def chat_completions(request: Request) -> Response:
 
     async def close_stream() -> None:
         try:
-            await events.aclose()
+            await events.aclose()  # type: ignore[attr-defined]  # sse_events is an async generator
         finally:
             st.sessions.settle_later(arrival)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from engine.chat import parse_assistant_output
@@ -142,7 +142,7 @@ async def sse_events(*, rid: str, model: str, first: str | None, deltas: AsyncIt
                      logprob_entries: Callable[[int, int], list[dict[str, Any]]] | None = None,
                      finish_turn: Callable[[GenResult, dict[str, Any]], Awaitable[None]],
                      on_engine_error: Callable[[EngineError], None], on_complete: Callable[[], None],
-                     on_undelivered: Callable[[], None]) -> AsyncGenerator[str, None]:
+                     on_undelivered: Callable[[], None]) -> AsyncIterator[str]:
     """The streaming answer. ``finish_turn`` records the turn before the final chunk; ``on_undelivered`` runs
     (synchronously, from ``finally``) when the stream did not get to ``[DONE]`` and must not await: at that
     point the task may be inside a cancelled scope, so the caller detaches any cleanup.

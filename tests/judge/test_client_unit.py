@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 ARGS = ([{"role": "user", "content": "hi"}], {"content": "hello"}, [{"role": "user", "content": "thanks"}], ["prm"])
 
 
-def client_for(handler) -> JudgeClient:
+def client_for(handler) -> JudgeClient:  # noqa: ANN001
     return JudgeClient("http://judge", api_key="k", transport=httpx.MockTransport(handler),
                        max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-
 from engine.chat import render_prompt_ids
 from engine.client import EngineClient
 from judge_server.client import JudgeClient

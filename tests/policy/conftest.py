@@ -12,9 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # policy_testkit, importable from every test module
 
-from policy_testkit import start_policy
-
-from engine.procs import ManagedProcess, start_dev_engine, start_router
+from engine.procs import ManagedProcess, start_dev_engine, start_router  # noqa: E402
+from policy_testkit import start_policy  # noqa: E402
 
 
 @pytest.fixture(scope="module")

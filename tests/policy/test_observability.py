@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from policy_testkit import ADMIN_KEY, CLIENT_KEY, client
 
 pytestmark = pytest.mark.e2e

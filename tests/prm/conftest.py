@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import prm_test_scorers
+import prm_test_scorers  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -21,6 +21,7 @@ import uuid
 from urllib.parse import urlparse
 
 import pytest
+
 from policy_testkit import CLIENT_KEY, client, start_policy
 
 pytestmark = pytest.mark.e2e

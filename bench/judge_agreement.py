@@ -90,13 +90,13 @@ def summarise(turns: list[dict[str, Any]], original: list[dict[str, Any] | None]
     n = len(turns)
     prms = [r.get("prm") if r else None for r in original]
     usage = [(r or {}).get("usage") or {} for r in original]
-    right = [p is not None and p.get("status") == "ok" and p.get("score") == t["gold"] for p, t in zip(prms, turns)]
-    by_cat = {c: [ok for ok, t in zip(right, turns) if t["category"] == c] for c in CATEGORIES}
-    flips = sum(verdict(p) != verdict((q or {}).get("prm")) for p, q in zip(prms, perturbed))
+    right = [p is not None and p.get("status") == "ok" and p.get("score") == t["gold"] for p, t in zip(prms, turns, strict=True)]
+    by_cat = {c: [ok for ok, t in zip(right, turns, strict=True) if t["category"] == c] for c in CATEGORIES}
+    flips = sum(verdict(p) != verdict((q or {}).get("prm")) for p, q in zip(prms, perturbed, strict=True))
     return {
         "turns": n,
         "accuracy": sum(right) / n,
-        "tie_aware": sum(tie_aware_credit(p, t["gold"]) for p, t in zip(prms, turns)) / n,
+        "tie_aware": sum(tie_aware_credit(p, t["gold"]) for p, t in zip(prms, turns, strict=True)) / n,
         "flip_rate": flips / n,
         "no_valid_rate": sum(p is not None and p.get("status") == "no_valid_votes" for p in prms) / n,
         "failed_rate": sum(p is None or p.get("status") == "judge_failed" for p in prms) / n,

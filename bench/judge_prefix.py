@@ -23,7 +23,7 @@ WORDS = ("file", "folder", "rename", "report", "summary", "please", "move", "the
          "error", "output", "tool", "result", "again", "docs", "work", "path")
 
 
-def make_turn(rng: random.Random, tok, context_tokens: int, tag: str) -> dict:  # noqa: ANN001
+def make_turn(rng: random.Random, tok, context_tokens: int, tag: str) -> dict:
     context, used = [], 0
     while used < context_tokens:
         text = f"[{tag}] " + " ".join(rng.choice(WORDS) for _ in range(60))
@@ -34,7 +34,7 @@ def make_turn(rng: random.Random, tok, context_tokens: int, tag: str) -> dict:  
             "tasks": ["prm", "hint"], "m": 1}
 
 
-async def run_layout(url: str, model_dir: Path, tok, turns: list[dict], *, v2: bool) -> tuple[float, float, float]:  # noqa: ANN001
+async def run_layout(url: str, model_dir: Path, tok, turns: list[dict], *, v2: bool) -> tuple[float, float, float]:
     import httpx
 
     from engine.client import EngineClient
@@ -47,7 +47,8 @@ async def run_layout(url: str, model_dir: Path, tok, turns: list[dict], *, v2: b
         engine_url=url, tokenizer_path=str(model_dir), max_new_tokens=4, m=1, context_budget_tokens=4000,
         prm_template="prm_eval_v2" if v2 else "prm_eval_v1", hint_template="hint_extract_v2" if v2 else "hint_extract_v1",
         prefill_shared_prefix=v2)
-    httpx.post(f"{url}/flush_cache", trust_env=False, timeout=30).raise_for_status()
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
+        (await http.post(f"{url}/flush_cache")).raise_for_status()
     prefilled = whole = wall = 0.0
     async with EngineClient(url) as client:
         service = JudgeService(settings, JudgeMetrics(), client=client, tokenizer=tok)

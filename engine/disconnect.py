@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from typing import Any, Protocol, TypeVar
 
 from engine.client import EngineClient
@@ -36,7 +36,10 @@ class ClientGone(Exception):
 
 
 class _Receives(Protocol):
-    async def receive(self) -> Any: ...
+    """A request whose ASGI ``receive`` callable can be awaited (Starlette's ``Request`` exposes it as a property)."""
+
+    @property
+    def receive(self) -> Callable[[], Awaitable[MutableMapping[str, Any]]]: ...
 
 
 async def wait_for_disconnect(request: _Receives) -> None:

@@ -10,7 +10,7 @@ import uuid
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download of the model price list
 
-import litellm  # noqa: E402
+import litellm
 
 
 def main() -> None:

@@ -42,6 +42,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -127,7 +128,7 @@ class JudgeService:
             "prm": load_template(settings.prm_template, settings.templates_dir),
             "hint": load_template(settings.hint_template, settings.templates_dir),
         }
-        self.regex: dict[str, str | None] = {task: None for task in self.templates}
+        self.regex: dict[str, str | None] = dict.fromkeys(self.templates)
         if settings.constrain_output:
             for task, tpl in self.templates.items():
                 self.regex[task] = load_regex(tpl.name, settings.templates_dir,
@@ -139,7 +140,7 @@ class JudgeService:
     @property
     def prompt_versions(self) -> dict[str, str]:
         if self.settings.backend == "rules":
-            return {task: self.rules.version for task in self.templates}
+            return dict.fromkeys(self.templates, self.rules.version)
         return {task: tpl.version for task, tpl in self.templates.items()}
 
     # ------------------------------------------------------------------ one item
@@ -256,8 +257,8 @@ class JudgeService:
         except (EngineError, TimeoutError) as exc:  # the tasks still run (and fail on their own if they must)
             logger.warning("shared-prefix prefill failed: %s", exc)
 
-    def _sampler(self, task: str, req: JudgeRequest, prompt: dict[str, Any] | None, deadline: float,  # noqa: ANN202
-                 usage: Usage, rid_prefix: str | None = None):
+    def _sampler(self, task: str, req: JudgeRequest, prompt: dict[str, Any] | None, deadline: float,
+                 usage: Usage, rid_prefix: str | None = None) -> Callable[[int, int], Awaitable[list[Vote]]]:
         if self.settings.backend == "rules":
             next_state = [m.model_dump(exclude_none=True) for m in req.next_state]
             vote = self.rules.prm_vote(next_state) if task == "prm" else self.rules.hint_vote(next_state)

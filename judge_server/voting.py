@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -103,7 +103,7 @@ def next_round_size(votes: Sequence[int | None], m_total: int, min_valid: int) -
     return min(k, remaining)
 
 
-def _compositions(total: int, parts: int):  # noqa: ANN202 - every way to put `total` votes in `parts` bins
+def _compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:  # every way to put `total` votes in `parts` bins
     if parts == 1:
         yield (total,)
         return

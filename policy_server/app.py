@@ -68,13 +68,13 @@ from policy_server.serving.shutdown import DrainMiddleware, DrainState
 from policy_server.serving.weight_sync import WeightGate, WeightSync
 from policy_server.settings import PolicySettings
 from policy_server.state import PolicyState
-from policy_server.store import PostgresStore, Store, StoreDB, sqlite_dir
+from policy_server.store import PostgresStore, SampleStore, Store, sqlite_dir
 from policy_server.store.ready_notifier import LocalReadyNotifier
 
 logger = logging.getLogger(__name__)
 
 
-def _open_store(settings: PolicySettings) -> StoreDB:
+def _open_store(settings: PolicySettings) -> SampleStore:
     """The SQLite store under the data dir (or the ``sqlite://`` URL's folder), or the shared PostgreSQL one."""
     directory = sqlite_dir(settings.store_url, settings.data_dir)
     if directory is not None:
@@ -113,7 +113,7 @@ async def _quiet_close(closable: Any) -> None:
         logger.exception("closing %s failed", type(closable).__name__)
 
 
-async def _stop_background(settings: PolicySettings, store: Store, dispatcher: Dispatcher,
+async def _stop_background(settings: PolicySettings, store: SampleStore, dispatcher: Dispatcher,
                            tasks: list[asyncio.Task[None]], sessions: SessionTracker) -> None:
     """Graceful part (policy_server.serving.shutdown): chat requests are finished by now; the sweeper stops first (no
     new work), pairings still being written land, then the dispatcher judges for at most shutdown_drain_s and

@@ -40,7 +40,8 @@ class Metrics:
         self.samples = Gauge("hindsight_policy_samples", "samples by status", ["status"], registry=r)
 
     def render(self, stats: dict[str, object] | None = None) -> bytes:
-        if stats:
-            for status, n in (stats.get("samples") or {}).items():  # type: ignore[union-attr]
+        samples = (stats or {}).get("samples")
+        if isinstance(samples, dict):
+            for status, n in samples.items():
                 self.samples.labels(status=status).set(n)
         return generate_latest(self.registry)

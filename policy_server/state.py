@@ -18,14 +18,14 @@ from policy_server.serving.session_inference import SessionInferrer
 from policy_server.serving.sessions import SessionTracker
 from policy_server.serving.weight_sync import WeightGate, WeightSync
 from policy_server.settings import PolicySettings
-from policy_server.store import Store
+from policy_server.store import SampleStore
 from policy_server.store.ready_notifier import ReadyNotifier
 
 
 @dataclass
 class PolicyState:
     settings: PolicySettings
-    store: Store
+    store: SampleStore
     engine: EngineClient
     generator: Generator
     gate: WeightGate

@@ -25,9 +25,12 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +63,7 @@ def _fsync_dir(path: Path) -> None:
 def save_checkpoint(
     out_dir: str | Path,
     step: int,
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
     tokenizer_src: str | Path,
     state: dict[str, Any],

@@ -192,8 +192,8 @@ def micro_loss(
     pg = agg(per_tok)
     loss = pg
     stats: dict[str, float] = {}
-    if need_entropy_grad:
-        ent = sc.entropy
+    ent = sc.entropy
+    if ent is not None:  # scored with its graph exactly when the coefficient needs it
         loss = loss - cfg.entropy_coef * agg(ent)
     else:
         with torch.no_grad():  # entropy is logged always; without its coefficient it needs no graph
@@ -204,7 +204,7 @@ def micro_loss(
         kl = low_var_kl(sc.logprobs, ref_lp)
         loss = loss + cfg.kl_coef * agg(kl)
         stats["ref_kl"] = float((kl.detach() * mask).sum())
-    if cfg.topk_coef > 0 and b.topk_ids is not None and bool(b.topk_valid.any()):
+    if cfg.topk_coef > 0 and b.topk_ids is not None and b.topk_lp is not None and bool(b.topk_valid.any()):
         tk = topk_reverse_kl(sc.logits, b.topk_ids, b.topk_lp, b.topk_valid * mask)
         tmask = b.topk_valid * mask
         loss = loss + cfg.topk_coef * aggregate(tk, tmask, cfg.aggregation,
@@ -227,4 +227,4 @@ def micro_loss(
 
 
 def new_stats() -> dict[str, Any]:
-    return {k: 0.0 for k in STAT_KEYS}
+    return dict.fromkeys(STAT_KEYS, 0.0)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -83,14 +83,17 @@ def grad_sync(net: torch.nn.Module, parallel: str, world: int, enabled: bool) ->
         yield
         return
     if parallel == "ddp":
-        with net.no_sync():
+        with cast(torch.nn.parallel.DistributedDataParallel, net).no_sync():  # wrap() made it one
             yield
         return
-    net.set_requires_gradient_sync(False)
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = cast(FSDPModule, net)  # fully_shard() turned the root module into one
+    sharded.set_requires_gradient_sync(False)
     try:
         yield
     finally:
-        net.set_requires_gradient_sync(True)
+        sharded.set_requires_gradient_sync(True)
 
 
 def grad_norm(total_norm: torch.Tensor) -> float:
@@ -120,7 +123,7 @@ def optimizer_format(parallel: str, world: int) -> str:
     return OPT_FORMATS["fsdp2"] if parallel == "fsdp2" and world > 1 else OPT_FORMATS["ddp"]
 
 
-def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any], fmt: str,
+def load_optimizer_state(model: torch.nn.Module | None, opt: torch.optim.Optimizer, state: dict[str, Any], fmt: str,
                          parallel: str, world: int) -> None:
     """Restore optimizer.pt's state written in ``fmt`` (see the module docstring)."""
     want = optimizer_format(parallel, world)
@@ -130,6 +133,8 @@ def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, sta
     if fmt == "torch":
         opt.load_state_dict(state)
         return
+    if model is None:
+        raise ValueError(f"restoring optimizer state in format {fmt!r} needs the sharded model")
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, opt, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
@@ -138,7 +143,9 @@ def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, sta
 def weight_checksum_spread(model: torch.nn.Module, world: int) -> float:
     """Max difference of a float64 weight checksum across ranks (0.0 when the replicas are identical)."""
     with torch.no_grad():
-        c = torch.stack([sum(p.double().sum() for p in model.parameters()), sum(p.double().abs().sum() for p in model.parameters())])
+        zero = torch.zeros((), dtype=torch.float64)  # a tensor start keeps sum() typed as a tensor
+        c = torch.stack([sum((p.double().sum() for p in model.parameters()), zero),
+                         sum((p.double().abs().sum() for p in model.parameters()), zero)])
     if world == 1:
         return 0.0
     allc = [torch.zeros_like(c) for _ in range(world)]

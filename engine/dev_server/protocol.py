@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,7 @@ _SAMPLING_TYPES: dict[str, tuple[type, ...]] = {
     "ignore_eos": _BOOL, "skip_special_tokens": _BOOL, "spaces_between_special_tokens": _BOOL,
     "no_stop_trim": _BOOL, "sampling_seed": _INT, "stream_interval": _INT,
 }
-_TYPE_NAMES = {_INT: "int", _FLOAT: "float", _BOOL: "bool", _STR: "str"}
+_TYPE_NAMES: dict[tuple[type, ...], str] = {_INT: "int", _FLOAT: "float", _BOOL: "bool", _STR: "str"}
 NEG_INF_LOGPROB = -9999.0  # JSON has no -inf; a grammar-masked token reports this floor
 
 
@@ -284,11 +285,11 @@ def _lp(value: float | None) -> float | None:
     return NEG_INF_LOGPROB if math.isinf(value) or math.isnan(value) else value
 
 
-def triples(values: list[float | None], ids: list[int], texts: list[str] | None) -> list[list[Any]]:
+def triples(values: Sequence[float | None], ids: list[int], texts: list[str] | None) -> list[list[Any]]:
     return [[_lp(v), t, texts[i] if texts else None] for i, (v, t) in enumerate(zip(values, ids, strict=True))]
 
 
-def top_rows(rows: list[list[tuple[float, int]] | None], token_text: Any) -> list[Any]:
+def top_rows(rows: Sequence[list[tuple[float, int]] | None], token_text: Any) -> list[Any]:
     out: list[Any] = []
     for row in rows:
         if not row:

@@ -143,7 +143,7 @@ class PRMFileConfig(BaseModel):
         if isinstance(data, Mapping) and "prm" not in data:
             rollout = data.get("rollout")
             agent = rollout.get("agent") if isinstance(rollout, Mapping) else None
-            if isinstance(agent, Mapping) and "prm" in agent:
+            if isinstance(rollout, Mapping) and isinstance(agent, Mapping) and "prm" in agent:
                 data = dict(data)
                 data["prm"] = agent["prm"]
                 data["rollout"] = {k: v for k, v in rollout.items() if k != "agent"}

@@ -98,7 +98,7 @@ class PRMStats:
     def snapshot(self) -> dict[str, float]:
         """Flat ``name -> value`` for the trainer's logs (means resolved, observed_count added)."""
         out: dict[str, float] = {}
-        for key, total, count in self.items():
+        for key, _total, count in self.items():
             out[key.name] = self.value(key)
             if key.family == "metric":
                 out[f"{key.base}/observed_count"] = float(count)

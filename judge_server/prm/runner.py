@@ -188,11 +188,11 @@ class PRMRunner:
 
         if self.config.advantage_shaping.mode == "process_weighted":
             for interaction_id, _ in items:
-                rewards = cache.token_rewards(interaction_id)
-                if rewards is not None and bool(((rewards < 0) | (rewards > 1)).any()):
+                shaped = cache.token_rewards(interaction_id)
+                if shaped is not None and bool(((shaped < 0) | (shaped > 1)).any()):
                     raise PRMRejected(
                         f"process_weighted shaping needs token rewards in [0, 1]; turn {interaction_id!r} has "
-                        f"min {float(rewards.min()):.4g}, max {float(rewards.max()):.4g}"
+                        f"min {float(shaped.min()):.4g}, max {float(shaped.max()):.4g}"
                     )
         if record_metrics:
             self.metrics.record(build_stats(committed, [], is_eval=is_eval))
@@ -224,12 +224,13 @@ class PRMRunner:
                     f"trajectory scorer {name!r} returned unknown interaction ids {sorted(map(str, unknown))}",
                     scorer=name,
                 )
-            nones = [iid for iid, value in by_id.items() if value is None]
-            if nones:
-                raise PRMRejected(f"trajectory scorer {name!r} returned None for {sorted(nones)}", scorer=name)
+            scored = {iid: value for iid, value in by_id.items() if value is not None}
+            if len(scored) < len(by_id):
+                none_ids = sorted(iid for iid in by_id if iid not in scored)
+                raise PRMRejected(f"trajectory scorer {name!r} returned None for {none_ids}", scorer=name)
             out = []
             for iid, interaction in items:
-                raw = by_id.get(iid, 0.0)  # an omitted id is an intentional zero
+                raw = scored.get(iid, 0.0)  # an omitted id is an intentional zero
                 try:
                     out.append(scorer.prepare_result(interaction, raw, ctx))
                 except Exception as exc:
@@ -241,7 +242,7 @@ class PRMRunner:
         async def one(interaction: Interaction) -> PRMScorerResult | BaseException | None:
             try:
                 return await scorer.evaluate_result(interaction, ctx)
-            except Exception as exc:  # captured per turn: one failure must not hide the count
+            except Exception as exc:  # noqa: BLE001 - user code; per turn, so one failure cannot hide the count
                 return exc
 
         raw_results = await asyncio.gather(*(one(it) for _, it in items))

@@ -41,7 +41,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +67,7 @@ from policy_server.errors import Backpressure, InvalidRequest
 from policy_server.serving.generation import GenResult
 from policy_server.serving.tool_choice import GRAMMAR_KEYS
 from policy_server.state import PolicyState
-from policy_server.store import Store
+from policy_server.store import SampleStore
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -164,7 +164,7 @@ class _Turn:
     record_task: asyncio.Task[int] | None = None  # the turn record on its way into the store
 
 
-def _reject_turn(store: Store, sid: str, turn_index: int) -> str:
+def _reject_turn(store: SampleStore, sid: str, turn_index: int) -> str:
     """Keep a recorded but undelivered turn out of training (worker thread): which outcome applied."""
     note = "client disconnected before the reply was delivered"
     if store.resolve_turn(sid, turn_index, pairing="mismatch", next_state=None, session_done=False, note=note,
@@ -175,7 +175,7 @@ def _reject_turn(store: Store, sid: str, turn_index: int) -> str:
     for row in store.list_samples(session_id=sid, status="pending_judge", limit=10_000):
         if row["turn_index"] == turn_index and store.complete_judge(
                 row["sample_id"], status="rejected", reject_reason=DISCONNECT_REASON, included=False,
-                data=None):  # type: ignore[arg-type]  # no Sample JSON, like every pairing rejection
+                data=None):  # no Sample JSON, like every pairing rejection
             return "rejected"
     return "already decided"
 
@@ -198,14 +198,14 @@ async def _abandon(st: PolicyState, turn: _Turn, why: str) -> None:
                 DISCONNECT_REASON)
 
 
-def _abandon_detached(st: PolicyState, turn: _Turn, why: str, *, close: AsyncIterator[str] | None = None
+def _abandon_detached(st: PolicyState, turn: _Turn, why: str, *, close: AsyncGenerator[str, None] | None = None
                       ) -> asyncio.Task[None]:
     """Run :func:`_abandon` as its own task: it must finish even when the caller is being cancelled."""
     turn.res.abandoned = True  # at once, before any await: nothing may resubmit from here on
 
     async def run() -> None:
         if close is not None:
-            await close.aclose()  # type: ignore[attr-defined]  # stop reading the engine stream first
+            await close.aclose()  # stop reading the engine stream first
         await _abandon(st, turn, why)
 
     task = asyncio.create_task(run(), name=f"abandon-{turn.res.rid_prefix}")
@@ -313,7 +313,7 @@ async def chat_completions(request: Request) -> Response:
         if deltas is None:
             return await unless_disconnected(request, answer())
         # The first delta is awaited before answering, so a down engine is a real 503, not a broken stream.
-        first = await unless_disconnected(request, _first_delta(deltas))
+        first_delta = await unless_disconnected(request, _first_delta(deltas))
         streaming = True
     except ClientGone:
         await asyncio.shield(_abandon_detached(st, turn, "client disconnected before its answer"))
@@ -335,7 +335,7 @@ async def chat_completions(request: Request) -> Response:
             _abandon_detached(st, turn, "client disconnected mid-stream", close=deltas)
 
     events = sse_events(
-        rid=rid, model=model, first=first, deltas=deltas, res=turn.res, parse_tools=parse_tools,
+        rid=rid, model=model, first=first_delta, deltas=deltas, res=turn.res, parse_tools=parse_tools,
         forced_call=bool(forced), logprob_entries=logprob_entries if extras.logprobs else None,
         include_usage=include_usage, finish_turn=finish_turn, on_engine_error=lambda e: _engine_failed(st, turn, e),
         on_complete=lambda: st.metrics.latency.labels(route="chat_stream").observe(time.monotonic() - t0),
@@ -343,7 +343,7 @@ async def chat_completions(request: Request) -> Response:
 
     async def close_stream() -> None:
         try:
-            await events.aclose()  # type: ignore[attr-defined]
+            await events.aclose()  # type: ignore[attr-defined]  # sse_events is an async generator
         finally:
             st.sessions.settle_later(arrival)
 

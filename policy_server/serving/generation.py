@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,7 +212,7 @@ class Generator:
                 res.finish = {"type": "length", "length": sp["max_new_tokens"]}
                 return res
 
-    async def stream(self, prompt_ids: list[int], sp: dict[str, Any], res: GenResult) -> AsyncIterator[str]:
+    async def stream(self, prompt_ids: list[int], sp: dict[str, Any], res: GenResult) -> AsyncGenerator[str, None]:
         """Streaming generation: yields text deltas as tokens arrive; fills ``res`` (token-exact) as it goes.
 
         SGLang chunks are cumulative per submission, so each chunk's new ids/log-probs/text are the

@@ -42,7 +42,7 @@ from policy_server.serving.sessions import (
     message_key,
     pair_next_state,
 )
-from policy_server.store import Store
+from policy_server.store import SampleStore
 
 INFERRED_PREFIX = "inferred-"
 
@@ -68,7 +68,7 @@ def choose_session(awaiting: list[dict[str, Any]], messages: list[dict[str, Any]
 class SessionInferrer:
     """Finds (and claims) the session of a header-less main request; one per server."""
 
-    def __init__(self, store: Store, sessions: SessionTracker, metrics: Metrics):
+    def __init__(self, store: SampleStore, sessions: SessionTracker, metrics: Metrics):
         self.store = store
         self.sessions = sessions
         self.metrics = metrics

@@ -45,7 +45,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy_server.store import Resolution, Store
+from policy_server.store import Resolution, SampleStore
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class SessionTracker:
     ``on_new_work`` is called (no args) whenever a sample becomes pending_judge, to wake the dispatcher.
     """
 
-    def __init__(self, store: Store, *, idle_timeout_s: float, sweep_interval_s: float = 1.0,
+    def __init__(self, store: SampleStore, *, idle_timeout_s: float, sweep_interval_s: float = 1.0,
                  on_new_work: Any = None):
         self.store = store
         self.idle_timeout_s = idle_timeout_s

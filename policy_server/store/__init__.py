@@ -52,18 +52,22 @@ from policy_server.store.samples import StoreSamples
 from policy_server.store.sessions import Resolution, StoreSessions
 from policy_server.store.sqlite import SqliteDB
 
-__all__ = ["LATEST_VERSION", "SAMPLE_STATUSES", "LeaseError", "PostgresStore", "Resolution", "SchemaError", "Store", "StoreDB",
-           "open_store", "sqlite_dir"]
+__all__ = ["LATEST_VERSION", "SAMPLE_STATUSES", "LeaseError", "PostgresStore", "Resolution", "SampleStore", "SchemaError",
+           "Store", "StoreDB", "open_store", "sqlite_dir"]
 
 
-class Store(StoreSessions, StoreSamples, StoreLeases, StoreReads, SqliteDB):
+class SampleStore(StoreSessions, StoreSamples, StoreLeases, StoreReads):
+    """The whole store interface (every role above) over either backend: the type the services hold."""
+
+
+class Store(SampleStore, SqliteDB):
     """The SQLite store under ``data_dir/hindsight.sqlite3`` (created on first use).
 
     ``Store(data_dir, synchronous="normal", busy_timeout_s=5.0)``; see policy_server.store.sqlite.
     """
 
 
-class PostgresStore(StoreSessions, StoreSamples, StoreLeases, StoreReads, PostgresDB):
+class PostgresStore(SampleStore, PostgresDB):
     """The PostgreSQL store shared by replicas: ``PostgresStore(url, busy_timeout_s=5.0, pool_size=8)``; see
     policy_server.store.postgres."""
 
@@ -82,7 +86,7 @@ def sqlite_dir(store_url: str | None, data_dir: str | Path) -> Path | None:
 
 
 def open_store(store_url: str | None, data_dir: str | Path, *, synchronous: str = "normal",
-               busy_timeout_s: float = 5.0, pool_size: int = 8) -> StoreDB:
+               busy_timeout_s: float = 5.0, pool_size: int = 8) -> SampleStore:
     """The store a URL names (see :func:`sqlite_dir`), schema migrated to the latest version."""
     directory = sqlite_dir(store_url, data_dir)
     if directory is not None:

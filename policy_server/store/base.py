@@ -100,7 +100,7 @@ class StoreDB:
                        "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, json.dumps(value)))
 
 
-class Row(tuple):  # type: ignore[type-arg]
+class Row(tuple[Any, ...]):
     """A result row readable by position, by column name, and as a mapping (``dict(row)``)."""
 
     _names: tuple[str, ...]
@@ -113,7 +113,7 @@ class Row(tuple):  # type: ignore[type-arg]
     def keys(self) -> tuple[str, ...]:
         return self._names
 
-    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+    def __getitem__(self, key: Any) -> Any:
         if isinstance(key, str):
             return tuple.__getitem__(self, self._names.index(key))
         return tuple.__getitem__(self, key)

@@ -125,7 +125,8 @@ class PostgresDB(StoreDB):
 
     def _has_table(self, name: str) -> bool:
         with self._read() as db:
-            return db.execute("SELECT to_regclass(?)", (name,)).fetchone()[0] is not None
+            row = db.execute("SELECT to_regclass(?)", (name,)).fetchone()  # always one row: NULL when absent
+            return row is not None and row[0] is not None
 
     def _lock_schema(self, db: _Conn) -> None:
         db.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK_KEY,))

@@ -22,12 +22,8 @@ class StoreReads(StoreDB):
             by_status = dict.fromkeys(SAMPLE_STATUSES, 0)
             for status, n in db.execute("SELECT status, COUNT(*) FROM samples GROUP BY status"):
                 by_status[status] = n
-            reasons = {
-                r: n
-                for r, n in db.execute(
-                    "SELECT reject_reason, COUNT(*) FROM samples WHERE status='rejected' GROUP BY reject_reason"
-                )
-            }
+            reasons = dict(db.execute(
+                "SELECT reject_reason, COUNT(*) FROM samples WHERE status='rejected' GROUP BY reject_reason"))
             awaiting = db.execute("SELECT COUNT(*) FROM turns WHERE pairing='awaiting'").fetchone()[0]
             turns = db.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
             sessions = db.execute("SELECT COUNT(*), SUM(CASE WHEN done=0 THEN 1 ELSE 0 END), SUM(mismatches) FROM sessions").fetchone()

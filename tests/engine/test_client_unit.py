@@ -27,7 +27,7 @@ def client_for(handler, retry: RetryPolicy = FAST) -> EngineClient:
 def generate_body(ids: list[int], lps: list[float]) -> dict:
     return {"text": "", "output_ids": ids, "meta_info": {
         "id": "x", "finish_reason": {"type": "length", "length": len(ids)}, "prompt_tokens": 1,
-        "weight_version": "v", "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids)]}}
+        "weight_version": "v", "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids, strict=True)]}}
 
 
 async def test_retries_5xx_then_succeeds():

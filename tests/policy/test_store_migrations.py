@@ -105,7 +105,7 @@ def test_replicas_starting_together_migrate_once(pg_url):
     def open_one() -> None:
         try:
             stores.append(open_store(pg_url, ""))
-        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+        except Exception as exc:  # reported by the assertion below
             errors.append(exc)
 
     threads = [threading.Thread(target=open_one) for _ in range(4)]

@@ -74,7 +74,7 @@ def reference_runs(tiny_model_dir, sample_file, tmp_path_factory) -> dict[str, P
 
 def assert_same_training(m1: list[dict], m2: list[dict]) -> None:
     assert [m["step"] for m in m2] == [m["step"] for m in m1] == [1, 2, 3]
-    for a, b in zip(m1, m2):
+    for a, b in zip(m1, m2, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
         assert b["n_tokens"] == a["n_tokens"]
         # Adam hides a gradient scale error in the weights; the pre-clip gradient norm does not.

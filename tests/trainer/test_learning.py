@@ -36,7 +36,7 @@ def kl_to_teacher(src: LocalSampleSource, n: int = 16) -> float:
     outs = src.sample_replies(p_ids)
     src.gen.set_state(state)
     total, count = 0.0, 0
-    for p, (r, _) in zip(p_ids, outs):
+    for p, (r, _) in zip(p_ids, outs, strict=True):
         ids = torch.tensor([p + r])
         ls = torch.log_softmax(src.policy(input_ids=ids).logits[0, len(p) - 1 : -1], -1)
         lt = torch.log_softmax(src.teacher(input_ids=ids).logits[0, len(p) - 1 : -1], -1)

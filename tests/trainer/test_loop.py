@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 
 
 def cfg_for(model_dir: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(model_path=str(model_dir), out_dir=str(out), steps=2, batch_size=8, lr=1e-3, micro_batch_size=4, progress=False)
+    base = {"model_path": str(model_dir), "out_dir": str(out), "steps": 2, "batch_size": 8, "lr": 1e-3,
+            "micro_batch_size": 4, "progress": False}
     return TrainConfig(**{**base, **kw})
 
 

@@ -84,7 +84,7 @@ def test_topk_reverse_kl_matches_explicit_bins():
     t_lp = torch.log(T([[[0.5, 0.3]]]))
     out = topk_reverse_kl(s_logits, ids, t_lp, T([[1]]))
     s_bins, t_bins = [0.2, 0.4, 0.4], [0.5, 0.3, 0.2]
-    expected = sum(s * math.log(s / t) for s, t in zip(s_bins, t_bins))
+    expected = sum(s * math.log(s / t) for s, t in zip(s_bins, t_bins, strict=True))
     assert out.item() == pytest.approx(expected, abs=1e-5)
 
 

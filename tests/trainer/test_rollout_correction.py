@@ -126,7 +126,7 @@ class TableModel(torch.nn.Module):
         super().__init__()
         self.table = torch.nn.Parameter(logits.clone())
 
-    def forward(self, input_ids, attention_mask, use_cache):  # noqa: ARG002 - the HF call signature
+    def forward(self, input_ids, attention_mask, use_cache):  # the HF call signature (arguments unused)
         return SimpleNamespace(logits=self.table)
 
 
@@ -149,7 +149,7 @@ def test_micro_loss_multiplies_the_ppo_term_by_the_detached_weight(mode, weights
     loss.backward()
     # d loss / d lp_t = -w_t / 3; d lp_t / d logit[target] = 1 - 0.5, d lp_t / d logit[other] = -0.5.
     g = model.table.grad[0, :3]  # positions 0..2 predict the response tokens 0, 1, 1
-    for t, (tok, wt) in enumerate(zip([0, 1, 1], weights)):
+    for t, (tok, wt) in enumerate(zip([0, 1, 1], weights, strict=True)):
         assert float(g[t, tok]) == pytest.approx(-wt / 3 * 0.5, abs=1e-6)
         assert float(g[t, 1 - tok]) == pytest.approx(wt / 3 * 0.5, abs=1e-6)
     assert float(model.table.grad[0, 3].abs().sum()) == 0.0  # the position after the last token is never scored

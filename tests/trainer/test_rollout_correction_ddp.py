@@ -43,7 +43,7 @@ def test_mis_two_ranks_match_one_process(tiny_model_dir, tmp_path):
         assert r.returncode == 0, r.stderr[-3000:]
     m1, m2 = ([json.loads(x) for x in (outs[n] / "metrics.jsonl").read_text().splitlines()] for n in ("single", "ddp"))
     assert [m["step"] for m in m1] == [m["step"] for m in m2] == [1, 2]
-    for a, b in zip(m1, m2):
+    for a, b in zip(m1, m2, strict=True):
         assert a["rollout_is_masked_frac"] > 0.1  # the shifted samples' tokens were rejected
         assert b["rollout_is_masked_frac"] == pytest.approx(a["rollout_is_masked_frac"])
         assert b["n_tokens"] == a["n_tokens"]

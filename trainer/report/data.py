@@ -172,7 +172,7 @@ def judge_tokens_per_turn(metrics_text: str | None) -> tuple[list[str], dict[str
     kinds = [k for k in ("prompt", "cached", "completion") if any((t, k) in cnts for t in tasks)]
     means = {k: [sums.get((t, k), 0.0) / cnts[(t, k)] if cnts.get((t, k)) else 0.0 for t in tasks] for k in kinds}
     if "prompt" in means and "cached" in means:
-        means["prefilled"] = [max(0.0, p - c) for p, c in zip(means.pop("prompt"), means["cached"])]
+        means["prefilled"] = [max(0.0, p - c) for p, c in zip(means.pop("prompt"), means["cached"], strict=True)]
     order = ("prefilled", "prompt", "cached", "completion")
     return tasks, {k: means[k] for k in order if k in means}
 

@@ -32,8 +32,8 @@ def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
 
 
 def _frame(title: str, body: list[str], legend: list[tuple[str, str]]) -> str:
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-             f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" font-family="sans-serif" font-size="11">',
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+              f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" font-family="sans-serif" font-size="11">'),
              f"<title>{escape(title)}</title>",
              f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
              f'<text x="{LEFT}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>']
@@ -60,8 +60,8 @@ def _axes(y_lo: float, y_hi: float, x_label: str) -> tuple[list[str], float, flo
 
 
 def _no_data(title: str) -> str:
-    return _frame(title, [f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" fill="#666">'
-                          "no data in this run</text>"], [])
+    return _frame(title, [(f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" fill="#666">'
+                           "no data in this run</text>")], [])
 
 
 def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x_label: str = "step") -> str:
@@ -112,7 +112,7 @@ def bar_chart(title: str, categories: list[str], stacks: dict[str, list[float]],
     if not categories or not any(totals):
         return _no_data(title)
     if normalise:
-        values = {k: [v / t if t else 0.0 for v, t in zip(vs, totals)] for k, vs in values.items()}
+        values = {k: [v / t if t else 0.0 for v, t in zip(vs, totals, strict=True)] for k, vs in values.items()}
         totals = [1.0 if t else 0.0 for t in totals]
     y_hi = max(totals)
     parts, w, h = _axes(0.0, y_hi, x_label)
@@ -122,7 +122,7 @@ def bar_chart(title: str, categories: list[str], stacks: dict[str, list[float]],
     for j, cat in enumerate(categories):
         x = LEFT + slot * j + (slot - bar_w) / 2
         base = 0.0
-        for (name, colour), vs in zip(legend, values.values()):
+        for (name, colour), vs in zip(legend, values.values(), strict=True):
             v = vs[j]
             if v <= 0:
                 continue

@@ -39,6 +39,7 @@ from fastapi import FastAPI
 from engine.chat import load_tokenizer
 from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
+from engine.http_client import build_async_http
 from engine.http_guard import (
     AdmissionMiddleware,
     BodyLimitMiddleware,
@@ -174,12 +175,11 @@ def create_app(settings: PolicySettings) -> FastAPI:
             store.on_ready = ready.notify  # every write that makes a sample ready wakes the lease waiters
             timeouts = EngineTimeouts()
             retry = RetryPolicy(max_attempts=settings.engine_max_attempts, deadline_s=settings.engine_deadline_s)
-            # One pool for every engine call of this process; trust_env=False: loopback never via a proxy.
+            # One pool for every engine call of this process (the engine, its workers, the teacher).
             # The request/session ids of the chat request go upstream with each engine call (observability).
-            http = httpx.AsyncClient(timeout=timeouts.to_httpx(), trust_env=False,
-                                     event_hooks={"request": [propagate_request_id]},
-                                     limits=httpx.Limits(max_connections=settings.max_concurrent_requests + 16,
-                                                         max_keepalive_connections=settings.max_concurrent_requests))
+            http = build_async_http(timeouts.to_httpx(), max_connections=settings.max_concurrent_requests + 16,
+                                    max_keepalive=settings.max_concurrent_requests,
+                                    event_hooks={"request": [propagate_request_id]})
             stack.push_async_callback(http.aclose)
             engine = EngineClient(settings.engine_url, api_key=settings.engine_api_key,
                                   admin_api_key=settings.engine_admin_api_key, http=http, retry=retry)

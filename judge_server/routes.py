@@ -24,7 +24,6 @@ closes (uvicorn never cancels a handler by itself). When the caller leaves first
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import uuid
 from collections.abc import Callable, Coroutine
@@ -33,6 +32,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from engine.auth import bearer_problem, key_matches
 from engine.errors import EngineError, EngineRejected
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
 from judge_server.compat import openrlhf_items, openrlhf_reply, slime_item, slime_reply
@@ -56,12 +56,7 @@ T = TypeVar("T")
 
 def has_key(request: Request) -> bool:
     """Whether the request carries the Bearer ``api_key`` (True when none is configured); constant time."""
-    key = request.app.state.settings.api_key
-    if not key:
-        return True
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+    return bearer_problem(request.headers.get("authorization"), request.app.state.settings.api_key) is None
 
 
 async def require_key(request: Request) -> None:
@@ -76,7 +71,7 @@ async def require_key_or_query_key(request: Request) -> None:
     if not key or "authorization" in request.headers or query_key is None:
         await require_key(request)
         return
-    if not hmac.compare_digest(query_key.encode(), key.encode()):
+    if not key_matches(query_key, key):
         raise Unauthorized("missing or invalid API key (Bearer header or api_key query parameter)")
 
 

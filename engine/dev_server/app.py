@@ -16,7 +16,6 @@ settings (secrets masked) logged at start; ``GET /metrics`` serves SGLang-named 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -29,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from engine.auth import bearer_problem
 from engine.dev_server.openai_chat import ChatError, chat_completions
 from engine.dev_server.protocol import ProtocolError
 from engine.dev_server.recording import RequestRecorder
@@ -60,8 +60,7 @@ def decide_auth(path: str, authorization: str | None, api_key: str | None, admin
         key = admin_api_key or api_key
     else:
         key = api_key
-    # Constant time: the time to refuse a key says nothing about how much of it was right.
-    return key is None or hmac.compare_digest((authorization or "").encode(), f"Bearer {key}".encode())
+    return bearer_problem(authorization, key) is None
 
 
 async def read_json(request: Request, *, required: bool) -> Any:

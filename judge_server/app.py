@@ -29,6 +29,7 @@ from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
 from engine.http_guard import AdmissionMiddleware, BodyLimitMiddleware, UnexpectedErrorMiddleware
 from engine.observability import RequestContextMiddleware, log_settings, propagate_request_id
+from engine.validation import describe_validation_errors
 from judge_server.errors import JudgeError
 from judge_server.judge import JudgeService
 from judge_server.metrics import JudgeMetrics
@@ -125,8 +126,8 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        msgs = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
-        return JSONResponse({"error": {"type": "InvalidRequest", "message": "; ".join(msgs) or "invalid request"}},
+        return JSONResponse({"error": {"type": "InvalidRequest",
+                                       "message": describe_validation_errors(exc.errors(), limit=None)}},
                             status_code=422)
 
 

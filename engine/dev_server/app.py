@@ -37,6 +37,7 @@ from engine.dev_server.settings import DevEngineSettings
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
 from engine.http_guard import AdmissionMiddleware, BadJSON, BodyLimitMiddleware, parse_json_body
 from engine.observability import RequestContextMiddleware, RouteMetrics, log_settings
+from engine.validation import describe_validation_errors
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(ChatError(str(exc.errors())).body(), status_code=400)
+        return JSONResponse(ChatError(describe_validation_errors(exc.errors())).body(), status_code=400)
 
     # ------------------------------------------------------------------ health and info
     @app.get("/health")

@@ -59,6 +59,7 @@ from engine.disconnect import (
 )
 from engine.errors import EngineError, EngineTimeout
 from engine.http_guard import BadJSON, parse_json_body
+from engine.validation import most_specific_error
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import is_admin, require_client
@@ -240,10 +241,8 @@ async def chat_completions(request: Request) -> Response:
     try:
         req = oa.ChatRequest.model_validate(body)
     except ValidationError as exc:
-        # The deepest error names the offending value best (a union lists one error per branch).
-        first = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
-        loc = ".".join(str(x) for x in first.get("loc", ()))
-        raise InvalidRequest(f"{loc}: {first.get('msg')}", param=loc or None) from None
+        message, param = most_specific_error(exc.errors())
+        raise InvalidRequest(message, param=param) from None
     messages = oa.validate_messages(req.messages)
     oa.validate_tools(req.tools, req.tool_choice)
     extras = fields.parse_extras(body)

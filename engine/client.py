@@ -241,7 +241,7 @@ class EngineClient:
         """Log-probs of ``response_ids`` given ``prompt_ids`` in one prefill; verifies the ids.
 
         ``logprob_start_len = len(prompt) - 1`` so the first response token is scored too; the entry at
-        that position is SGLang's null and is dropped (protocol §1.5/§1.6). Never pads.
+        that position is SGLang's null and is dropped Never pads.
         """
         if not prompt_ids or not response_ids:
             raise EngineRejected("score needs a non-empty prompt and response")

@@ -51,7 +51,8 @@ MAX_MESSAGE_CHARS = 500
 EventHooks = Mapping[str, Sequence[Callable[..., Any]]]
 T = TypeVar("T")
 # tenacity 9.2 renamed wait_exponential_jitter(initial=) to multiplier= (the old name warns); support both.
-_BACKOFF_KW = "multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters else "initial"
+_BACKOFF_KW = ("multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters
+               else "initial")
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def _transport_failure(exc: httpx.TransportError) -> _AttemptFailed:
     return _AttemptFailed(f"unreachable: {exc!r}")
 
 
-def _exhausted(method: str, url: str, failure: _AttemptFailed, attempts: int) -> CallFailed:
+def _exhausted(url: str, failure: _AttemptFailed, attempts: int) -> CallFailed:
     return CallFailed(failure.message, url=url, status_code=failure.status_code, attempts=attempts,
                       timed_out=failure.timed_out)
 
@@ -188,7 +189,7 @@ async def _run_async(policy: RetryPolicy, attempt: Callable[[], Awaitable[T]], *
         raise CallTimedOut(f"{method} {httpx.URL(url).path} did not finish within {deadline:.1f}s{cause}", url=url,
                            deadline_s=deadline, last_error=last, attempts=len(failures) + 1) from exc
     except _AttemptFailed as exc:
-        raise _exhausted(method, url, exc, len(failures)) from exc
+        raise _exhausted(url, exc, len(failures)) from exc
 
 
 async def send(http: httpx.AsyncClient, method: str, url: str, *, policy: RetryPolicy,
@@ -255,7 +256,7 @@ def send_sync(http: httpx.Client, method: str, url: str, *, policy: RetryPolicy,
     try:
         return retrying(attempt)
     except _AttemptFailed as exc:
-        raise _exhausted(method, url, exc, len(failures)) from exc
+        raise _exhausted(url, exc, len(failures)) from exc
 
 
 # ---------------------------------------------------------------------------------------------- pools

@@ -7,12 +7,12 @@
 - ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime rm-url): see compat.py.
 - ``GET /health`` liveness; ``GET /ready`` judge engine reachable (503 otherwise; backend, prompt versions,
   tokenizer path and engine URL only with the API key); ``GET /metrics``.
-Bearer ``api_key`` guards the POST routes when configured. The two reward-client routes also take it as
+Bearer ``api_key`` guards the POST routes when configured (engine.auth, constant time). The two reward-client routes also take it as
 the URL query parameter ``api_key`` (those clients can only be given a URL, never a header); the query
 string is never logged (engine.observability), and metrics carry route templates only.
 Oversized input -> 413, bad input -> 400/422.
 
-Caller disconnects (house style §6 "propagate client disconnects (abort upstream)"): every judging route
+Caller disconnects (a caller that leaves must not keep engine work running): every judging route
 runs its work as a task next to a watcher of the ASGI ``receive`` channel. The body has been read in full
 by then, so the next message is ``http.disconnect``, which uvicorn delivers as soon as the caller's socket
 closes (uvicorn never cancels a handler by itself). When the caller leaves first, the work is cancelled
@@ -33,12 +33,17 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from engine.auth import bearer_problem, key_matches
-from engine.errors import EngineError, EngineRejected
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
+from engine.errors import EngineError, EngineRejected
 from judge_server.compat import openrlhf_items, openrlhf_reply, slime_item, slime_reply
 from judge_server.errors import InvalidRequest, Unauthorized
 from judge_server.judge import JudgeService
-from judge_server.schemas import BatchRequest, JudgeRequest, OpenRLHFRequest, SlimeRequest
+from judge_server.schemas import (
+    BatchRequest,
+    JudgeRequest,
+    OpenRLHFRequest,
+    SlimeRequest,
+)
 
 logger = logging.getLogger(__name__)
 _ERROR = {"content": {"application/json": {"schema": {"type": "object", "required": ["error"], "properties": {

@@ -13,8 +13,8 @@ that is never acked (crash) goes back to the server's pool and is trained exactl
 explicit timeouts, admin bearer key, on engine.http_client's retry policy: transport errors, 408/429 and
 5xx are retried with capped exponential backoff + jitter within a total deadline (a call ends within
 ``deadline_s`` plus one request timeout), then raise ``PolicyUnavailable``; a 4xx is never retried and
-raises ``PolicyRejected`` with the server's message. ``FileSampleSource`` serves a JSONL file with the same semantics (dev runs and
-the DDP test); its ack cursor is persisted so a restart never re-serves an acked sample.
+raises ``PolicyRejected`` with the server's message. ``FileSampleSource`` serves a JSONL file with the same
+semantics (dev runs and the DDP test); its ack cursor is persisted so a restart never re-serves an acked sample.
 
 :func:`collect_leases` assembles one training step from live traffic: it leases until it holds at least
 ``min_batch`` samples or its wait ends, then hands over what it holds (possibly nothing: no step). A partial

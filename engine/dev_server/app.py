@@ -1,11 +1,11 @@
 """HTTP layer of the CPU dev engine: SGLang 0.5.23's endpoints, thin routes over ``DevEngine``.
 
-Contract (../shared/reference/sglang-protocol.md §1-§5, §8): the endpoint set of §8 with SGLang's
-field names and shapes. Errors are mapped in one place: ``ProtocolError`` -> 400 in SGLang's shape
-(``{"error": str}`` for contract errors, ``{"error": {"message"}}`` for semantic ones), malformed JSON ->
-400, chat errors -> OpenAI's ``{"object": "error", ...}``. Auth follows SGLang's ``decide_request_auth``:
-``/health*``, ``/ready*``, ``/metrics*`` are open; admin endpoints need the admin key when one is set
-(the api key is then not accepted), else the api key; every other endpoint needs the api key if set.
+Contract: SGLang 0.5.23's endpoint set with its field names and shapes. Errors are mapped in one place:
+``ProtocolError`` -> 400 in SGLang's shape (``{"error": str}`` for contract errors, ``{"error": {"message"}}``
+for semantic ones), malformed JSON -> 400, chat errors -> OpenAI's ``{"object": "error", ...}``. Auth follows
+SGLang's ``decide_request_auth`` (the bearer check is engine.auth's): ``/health*``, ``/ready*``, ``/metrics*``
+are open; admin endpoints need the admin key when one is set (the api key is then not accepted), else the
+api key; every other endpoint needs the api key if set.
 Operations (engine.observability): ``X-Request-ID`` accepted or generated, echoed and logged; the resolved
 settings (secrets masked) logged at start; ``GET /metrics`` serves SGLang-named metrics (see metrics.py) and
 ``hindsight_dev_engine_http_*`` route metrics, open without auth as in SGLang.
@@ -54,7 +54,7 @@ UNSUPPORTED_UPDATES = ("/update_weights_from_tensor", "/update_weights_from_dist
 
 
 def decide_auth(path: str, authorization: str | None, api_key: str | None, admin_api_key: str | None) -> bool:
-    """SGLang 0.5.23's rule (protocol §5), as a pure function."""
+    """SGLang 0.5.23's rule as a pure function; the bearer check itself is engine.auth's."""
     if path.startswith(OPEN_PREFIXES):
         return True
     if path in ADMIN_PATHS:

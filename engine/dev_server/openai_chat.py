@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions`` of the dev engine in SGLang 0.5.23's OpenAI shape.
 
-Contract (../shared/reference/sglang-protocol.md §4):
+Contract (SGLang's OpenAI-compatible chat route):
 
 - Rendering uses the model's own chat template via ``engine.chat.render_prompt_ids`` (``tools`` and
   ``chat_template_kwargs`` reach the template); parsing of ``<think>`` reasoning and ``<tool_call>`` blocks

@@ -1,17 +1,21 @@
 """The one async client for SGLang engines (real SGLang 0.5.x, the CPU dev engine, or sglang-router).
 
 Every Hindsight service talks to engines through this module only; it never knows which kind of
-engine is behind the URL. Contract (../shared/reference/sglang-protocol.md §1-§3, §6):
+engine is behind the URL. Contract:
 
 - ``generate``/``generate_ids`` call ``POST /generate`` with ``input_ids`` (never re-tokenized text)
   and return one :class:`Generation` per sample (``n`` samples are prompt-major, as SGLang returns them).
 - ``score`` asks for the log-probs of given response ids after a prompt in one prefill
   (``max_new_tokens=0``, ``logprob_start_len=len(prompt)-1``), drops the leading null entry and
   verifies that the returned token ids are exactly the response ids (else EngineBadResponse).
-- Timeouts are explicit (connect/read/write/pool). Retries happen only on transport errors, 429 and
-  5xx, with exponential backoff + jitter, bounded by attempts AND a total deadline; 4xx is never
-  retried (EngineRejected). A deadline overrun raises EngineTimeout; exhausted retries raise
-  EngineUnavailable. Services map these to HTTP once (see engine.errors).
+- Transport, retries and deadlines are engine.http_client's: explicit timeouts (connect/read/write/pool);
+  retries only on transport errors, 408/429 and 5xx, with exponential backoff + jitter, bounded by attempts
+  AND a total deadline that counts request time and backoff (``stream_generate`` included: opening, retries
+  and every chunk read count against it); 4xx is never retried (EngineRejected). A deadline overrun, or
+  retries whose last attempt timed out, raise EngineTimeout; other exhausted retries raise EngineUnavailable.
+  Services map these to HTTP once (see engine.errors).
+- ``event_hooks`` (e.g. request-id propagation) go to the httpx pool the client builds; a service that
+  shares one pool across clients builds it with engine.http_client.build_async_http and passes ``http``.
 - A graceful abort (``finish_reason.type == "abort"``, HTTP 200) is returned, not raised: callers that
   must survive a weight-sync pause resubmit with the tokens produced so far.
 """
@@ -19,16 +23,14 @@ engine is behind the URL. Contract (../shared/reference/sglang-protocol.md §1-�
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
-import random
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from engine.errors import (
     EngineBadResponse,
@@ -37,13 +39,24 @@ from engine.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
+from engine.http_client import (
+    RETRYABLE_STATUS,
+    CallError,
+    CallFailed,
+    CallRejected,
+    CallTimedOut,
+    EventHooks,
+    RetryPolicy,
+    bearer_headers,
+    build_async_http,
+    open_stream,
+    send,
+)
 from engine.results import Generation, ScoredSequence, parse_generation  # re-exported: callers import them here
 
 logger = logging.getLogger(__name__)
 
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-# tenacity 9.2 renamed wait_exponential_jitter(initial=) to multiplier= (the old name warns); support both.
-_BACKOFF_KW = "multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters else "initial"
+__all__ = ["RETRYABLE_STATUS", "EngineClient", "EngineTimeouts", "Generation", "RetryPolicy", "ScoredSequence"]
 
 
 @dataclass(frozen=True)
@@ -57,44 +70,6 @@ class EngineTimeouts:
 
     def to_httpx(self) -> httpx.Timeout:
         return httpx.Timeout(connect=self.connect_s, read=self.read_s, write=self.write_s, pool=self.pool_s)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Retry budget for one call: whichever of attempts or deadline runs out first ends it."""
-
-    max_attempts: int = 5
-    initial_backoff_s: float = 0.1
-    max_backoff_s: float = 2.0
-    jitter_s: float = 0.1
-    deadline_s: float = 120.0
-
-
-class _Retryable(Exception):
-    """Internal marker: this attempt failed in a way another attempt may fix."""
-
-    def __init__(self, error: EngineError):
-        super().__init__(str(error))
-        self.error = error
-
-
-def _error_message(resp: httpx.Response) -> str:
-    """SGLang returns {"error": str}, {"error": {"message": ...}} or OpenAI's {"message": ...}."""
-    try:
-        body = resp.json()
-    except ValueError:
-        return resp.text[:500] or resp.reason_phrase
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict):
-            return str(err.get("message") or err)
-        if isinstance(err, str):
-            return err
-        if "message" in body:
-            return str(body["message"])
-        if "detail" in body:
-            return str(body["detail"])
-    return str(body)[:500]
 
 
 class EngineClient:
@@ -111,20 +86,18 @@ class EngineClient:
         http: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         max_connections: int = 256,
+        event_hooks: EventHooks | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.admin_api_key = admin_api_key
         self.timeouts = timeouts or EngineTimeouts()
         self.retry = retry or RetryPolicy()
+        if http is not None and event_hooks:
+            raise ValueError("event_hooks belong to the shared pool: build it with them (build_async_http)")
         self._owns_http = http is None
-        # trust_env=False: loopback engines must never be reached through a proxy from the environment.
-        self._http = http or httpx.AsyncClient(
-            timeout=self.timeouts.to_httpx(),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            trust_env=False,
-            transport=transport,
-        )
+        self._http = http or build_async_http(self.timeouts.to_httpx(), max_connections=max_connections,
+                                              event_hooks=event_hooks, transport=transport)
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -138,22 +111,18 @@ class EngineClient:
 
     # ------------------------------------------------------------------ transport
     def _headers(self, admin: bool) -> dict[str, str]:
-        key = (self.admin_api_key or self.api_key) if admin else self.api_key
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        return bearer_headers((self.admin_api_key or self.api_key) if admin else self.api_key)
 
-    async def _attempt(self, method: str, path: str, body: Any, admin: bool) -> httpx.Response:
-        url = self.base_url + path
-        try:
-            resp = await self._http.request(method, url, json=body, headers=self._headers(admin))
-        except httpx.TimeoutException as exc:
-            raise _Retryable(EngineTimeout(f"engine call timed out: {exc!r}", url=url)) from exc
-        except httpx.TransportError as exc:
-            raise _Retryable(EngineUnavailable(f"engine unreachable: {exc!r}", url=url)) from exc
-        if resp.status_code in RETRYABLE_STATUS:
-            raise _Retryable(EngineUnavailable(_error_message(resp), url=url, status_code=resp.status_code))
-        if resp.status_code >= 400:
-            raise EngineRejected(_error_message(resp), url=url, status_code=resp.status_code)
-        return resp
+    def _engine_error(self, exc: CallError, method: str, path: str) -> EngineError:
+        """The engine.errors class for one failed call (the single mapping from the client layer)."""
+        if isinstance(exc, CallRejected):
+            return EngineRejected(exc.message, url=exc.url, status_code=exc.status_code)
+        if isinstance(exc, CallTimedOut):
+            return EngineTimeout(exc.message, url=exc.url)
+        if isinstance(exc, CallFailed) and exc.timed_out:
+            return EngineTimeout(f"engine call timed out: {exc.message}", url=exc.url)
+        return EngineUnavailable(f"{method} {path} failed after {exc.attempts} attempt(s): {exc.message}",
+                                 url=exc.url, status_code=exc.status_code)
 
     async def request(
         self,
@@ -166,45 +135,11 @@ class EngineClient:
         retry: bool = True,
     ) -> httpx.Response:
         """Send one logical call with retries; raises only EngineError subclasses."""
-        deadline = self.retry.deadline_s if deadline_s is None else deadline_s
-        last: list[EngineError] = []
-
-        async def run() -> httpx.Response:
-            policy = AsyncRetrying(
-                stop=stop_after_attempt(self.retry.max_attempts if retry else 1),
-                wait=wait_exponential_jitter(
-                    **{_BACKOFF_KW: self.retry.initial_backoff_s}, max=self.retry.max_backoff_s, jitter=self.retry.jitter_s
-                ),
-                retry=retry_if_exception_type(_Retryable),
-                reraise=True,
-            )
-            async for attempt in policy:
-                with attempt:
-                    try:
-                        return await self._attempt(method, path, body, admin)
-                    except _Retryable as exc:
-                        last.append(exc.error)
-                        logger.debug("retryable engine failure on %s%s: %s", self.base_url, path, exc.error)
-                        raise
-            raise AssertionError("unreachable")  # pragma: no cover
-
         try:
-            async with asyncio.timeout(deadline):
-                return await run()
-        except TimeoutError as exc:
-            cause = f"; last error: {last[-1]}" if last else ""
-            raise EngineTimeout(
-                f"{method} {path} did not finish within {deadline:.1f}s{cause}", url=self.base_url + path
-            ) from exc
-        except _Retryable as exc:
-            err = exc.error
-            if isinstance(err, EngineTimeout):
-                raise err from exc
-            raise EngineUnavailable(
-                f"{method} {path} failed after {len(last)} attempt(s): {err.message}",
-                url=err.url,
-                status_code=err.status_code,
-            ) from exc
+            return await send(self._http, method, self.base_url + path, policy=self.retry, deadline_s=deadline_s,
+                              retry=retry, json=body, headers=self._headers(admin))
+        except CallError as exc:
+            raise self._engine_error(exc, method, path) from exc
 
     async def _json(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
         resp = await self.request(method, path, body, **kw)
@@ -253,47 +188,46 @@ class EngineClient:
     ) -> AsyncIterator[dict[str, Any]]:
         """``POST /generate`` with ``stream: true``; yields each SSE JSON chunk (SGLang sends cumulative chunks).
 
-        Connection failures before the first byte are retried like any call; once bytes flow,
-        a failure raises EngineUnavailable (the caller decides whether to resubmit).
+        Opening the stream is retried like any call; once bytes flow, a broken connection raises
+        EngineUnavailable (the caller decides whether to resubmit). The deadline is total: opening, retries
+        and every chunk read count against it (so does the time the caller spends between chunks); when it
+        passes, EngineTimeout is raised and the connection closed.
         """
         body = dict(payload, stream=True)
         url = self.base_url + "/generate"
         deadline = self.retry.deadline_s if deadline_s is None else deadline_s
-        attempts = 0
-        while True:
-            attempts += 1
+        end = asyncio.get_running_loop().time() + deadline
+        async with AsyncExitStack() as stack:
             try:
-                async with self._http.stream("POST", url, json=body, headers=self._headers(False)) as resp:
-                    if resp.status_code >= 400:
-                        await resp.aread()
-                        err_cls = EngineUnavailable if resp.status_code in RETRYABLE_STATUS else EngineRejected
-                        raise err_cls(_error_message(resp), url=url, status_code=resp.status_code)
-                    async for line in resp.aiter_lines():
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            return
-                        chunk = json.loads(data)
-                        if isinstance(chunk, dict) and "error" in chunk:
-                            err = chunk["error"]
-                            msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-                            raise EngineRejected(msg, url=url)
-                        yield chunk
+                resp = await open_stream(stack, self._http, "POST", url, policy=self.retry, deadline_s=deadline,
+                                         json=body, headers=self._headers(False))
+            except CallError as exc:
+                raise self._engine_error(exc, "POST", "/generate") from exc
+            lines = resp.aiter_lines()
+            while True:
+                try:
+                    # Each read is bounded by what is left of the total deadline, not by a fresh one.
+                    async with asyncio.timeout_at(end):
+                        line = await anext(lines)
+                except StopAsyncIteration:
                     return
-            except (httpx.ConnectError, EngineUnavailable) as exc:
-                if attempts >= self.retry.max_attempts or deadline <= 0:
-                    if isinstance(exc, EngineError):
-                        raise
-                    raise EngineUnavailable(f"engine unreachable: {exc!r}", url=url) from exc
-                backoff = min(self.retry.max_backoff_s, self.retry.initial_backoff_s * 2 ** (attempts - 1))
-                backoff += random.uniform(0, self.retry.jitter_s)
-                deadline -= backoff
-                await asyncio.sleep(backoff)
-            except httpx.TimeoutException as exc:
-                raise EngineTimeout(f"stream timed out: {exc!r}", url=url) from exc
-            except httpx.TransportError as exc:
-                raise EngineUnavailable(f"stream broke: {exc!r}", url=url) from exc
+                except TimeoutError as exc:
+                    raise EngineTimeout(f"stream did not finish within {deadline:.1f}s", url=url) from exc
+                except httpx.TimeoutException as exc:
+                    raise EngineTimeout(f"stream timed out: {exc!r}", url=url) from exc
+                except httpx.TransportError as exc:
+                    raise EngineUnavailable(f"stream broke: {exc!r}", url=url) from exc
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                chunk = json.loads(data)
+                if isinstance(chunk, dict) and "error" in chunk:
+                    err = chunk["error"]
+                    msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+                    raise EngineRejected(msg, url=url)
+                yield chunk
 
     async def score(
         self,
@@ -307,7 +241,7 @@ class EngineClient:
         """Log-probs of ``response_ids`` given ``prompt_ids`` in one prefill; verifies the ids.
 
         ``logprob_start_len = len(prompt) - 1`` so the first response token is scored too; the entry at
-        that position is SGLang's null and is dropped (protocol §1.5/§1.6). Never pads.
+        that position is SGLang's null and is dropped Never pads.
         """
         if not prompt_ids or not response_ids:
             raise EngineRejected("score needs a non-empty prompt and response")

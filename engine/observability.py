@@ -1,8 +1,6 @@
 """Shared observability for Hindsight's HTTP services: request/session ids, logging, startup config, route metrics.
 
-The one home of this code (issue 8 item 3, house-style §6 "LOGGING & METRICS"); services import it, never copy it.
-
-Adopting it in a service (what the judge server and the dev engine do; the policy server: about 10 minutes)::
+The one home of this code; services import it, never copy it. Adopting it in a service::
 
     # cli.py: the entrypoint configures logging ONCE, then lets uvicorn's loggers flow through it
     from engine.observability import configure_logging
@@ -17,8 +15,8 @@ Adopting it in a service (what the judge server and the dev engine do; the polic
     log_settings(logger, settings, title="policy server")
     # background work outside a request (e.g. judge dispatch of a session's turn):
     with bind_ids(session_id=sid): ...
-    # forward the ids upstream: give EngineClient/JudgeClient callers an httpx client built with
-    # event_hooks={"request": [propagate_request_id]} (see judge_server/app.py build_engine_client)
+    # forward the ids upstream: pass event_hooks={"request": [propagate_request_id]} to EngineClient /
+    # JudgeClient, or to engine.http_client.build_async_http for a pool shared by several clients
 
 Contract:
 
@@ -26,13 +24,13 @@ Contract:
   a request id: the client's ``X-Request-ID`` when it is 1-128 visible ASCII characters (0x21-0x7E; no spaces,
   so ``request_id=...`` log fields stay splittable), else a fresh ``uuid4().hex``. The id is echoed in the
   response's ``X-Request-ID`` header and held in a contextvar for the whole request, as is the session id from
-  ``X-Session-Id`` (1-256 printable ASCII characters, else none; this module never rejects a request, the
-  service validates its own headers). One access line per request (``METHOD path -> status in ms``; the
+  ``X-Session-Id`` (read as UTF-8; :func:`valid_session_id`'s rule, else none: this module never rejects a
+  request, the policy server answers an invalid one 400 with the same rule). One access line per request (``METHOD path -> status in ms``; the
   query string is never logged) except for the probe paths /health, /ready, /metrics. A response that never
   started because the app raised counts as status 500, a cancelled one (client gone) as 499. Limitation:
   that 500 is written by Starlette's ServerErrorMiddleware, which sits outside every added middleware, so
   it carries no ``X-Request-ID`` header (the access line still logs the id).
-- ``RouteMetrics`` (on a registry the service owns): ``<prefix>_http_requests_total`` and
+- ``RouteMetrics`` (on a registry the service owns; the one request-latency histogram of each service): ``<prefix>_http_requests_total`` and
   ``<prefix>_http_request_duration_seconds`` labelled ``route`` (the matched route's path template, e.g.
   ``/v1/models/{model:path}``; ``<unmatched>`` for 404s: never the raw URL), ``method`` (standard methods,
   else ``OTHER``) and ``status``. Label cardinality is thus bounded by the app's route table.
@@ -46,7 +44,8 @@ Contract:
 - Every line the installed handler writes (plain or JSON) has secret query parameters in URLs masked
   (``?api_key=...``, ``&token=...``: the names ``redact_query_secrets`` knows), whoever logged them: reward
   clients that cannot send headers put the judge key in the URL, and e.g. httpx logs request URLs.
-- ``propagate_request_id`` is an httpx request event hook that forwards the current ids to upstream calls.
+- ``propagate_request_id`` is an httpx request event hook that forwards the current ids to upstream calls
+  (a session id only when it is ASCII).
 """
 
 from __future__ import annotations
@@ -88,7 +87,6 @@ REDACTED = "***"
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("hindsight_request_id", default=None)
 _session_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("hindsight_session_id", default=None)
 _VISIBLE_ID = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_REQUEST_ID_CHARS)
-_PRINTABLE_ID = re.compile(r"[\x20-\x7e]{1,%d}" % MAX_SESSION_ID_CHARS)
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
 _QUERY_SECRET = re.compile(r"(?P<name>[?&](?:api_key|apikey|api-key|key|token|access_token|secret|password)=)"
                            r"[^&#\s\"'\\]+", re.IGNORECASE)
@@ -113,8 +111,22 @@ def valid_request_id(value: str | None) -> str | None:
 
 
 def valid_session_id(value: str | None) -> str | None:
+    """The one session-id rule: surrounding whitespace trimmed, then 1-256 printable characters (Unicode
+    letters allowed, no control characters); None when the value breaks it."""
     value = value.strip() if value is not None else None
-    return value if value and _PRINTABLE_ID.fullmatch(value) else None
+    if not value or len(value) > MAX_SESSION_ID_CHARS or not value.isprintable():
+        return None
+    return value
+
+
+def header_text(raw: str | None) -> str | None:
+    """A header value as UTF-8 text (ASGI servers hand headers over as latin-1); None if not UTF-8."""
+    if raw is None:
+        return None
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return None
 
 
 @contextmanager
@@ -133,7 +145,8 @@ def request_id_headers() -> dict[str, str]:
     headers = {}
     if (rid := _request_id.get()) is not None:
         headers[REQUEST_ID_HEADER] = rid
-    if (sid := _session_id.get()) is not None:
+    # A non-ASCII session id (valid here) stays local: httpx writes header values as ASCII.
+    if (sid := _session_id.get()) is not None and sid.isascii():
         headers[SESSION_ID_HEADER] = sid
     return headers
 
@@ -197,7 +210,8 @@ class RequestContextMiddleware:
             return
         headers = Headers(scope=scope)
         rid = valid_request_id(headers.get(REQUEST_ID_HEADER)) or new_request_id()
-        tokens = (_request_id.set(rid), _session_id.set(valid_session_id(headers.get(SESSION_ID_HEADER))))
+        sid = valid_session_id(header_text(headers.get(SESSION_ID_HEADER)))
+        tokens = (_request_id.set(rid), _session_id.set(sid))
         status: int | None = None
         started = time.perf_counter()
 

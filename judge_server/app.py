@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -30,6 +29,7 @@ from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
 from engine.http_guard import AdmissionMiddleware, BodyLimitMiddleware, UnexpectedErrorMiddleware
 from engine.observability import RequestContextMiddleware, log_settings, propagate_request_id
+from engine.validation import describe_validation_errors
 from judge_server.errors import JudgeError
 from judge_server.judge import JudgeService
 from judge_server.metrics import JudgeMetrics
@@ -39,32 +39,21 @@ from judge_server.settings import JudgeSettings
 logger = logging.getLogger(__name__)
 
 
-def build_engine_client(settings: JudgeSettings) -> tuple[EngineClient, httpx.AsyncClient]:
-    """The engine client and the httpx client under it (ours to close: EngineClient does not own it).
-
-    We pass our own httpx client only to add the request-id event hook; timeouts and limits are the ones
-    EngineClient would set itself.
-    """
+def build_engine_client(settings: JudgeSettings) -> EngineClient:
+    """The judge's one engine client: it owns its pool (explicit timeouts, sized limits, no env proxy), whose
+    request hook forwards the caller's request/session ids to every engine call."""
     assert settings.engine_url
-    timeouts = EngineTimeouts(connect_s=settings.engine_connect_timeout_s, read_s=settings.engine_read_timeout_s)
-    max_connections = max(8, settings.max_concurrent_engine_calls * 2)
-    http = httpx.AsyncClient(
-        timeout=timeouts.to_httpx(),
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        trust_env=False,  # the judge engine is on loopback or a private network, never behind an env proxy
-        event_hooks={"request": [propagate_request_id]},
-    )
-    client = EngineClient(
+    return EngineClient(
         settings.engine_url,
         api_key=settings.engine_api_key,
-        timeouts=timeouts,
+        timeouts=EngineTimeouts(connect_s=settings.engine_connect_timeout_s, read_s=settings.engine_read_timeout_s),
         retry=RetryPolicy(max_attempts=settings.engine_max_attempts,
                           initial_backoff_s=settings.engine_initial_backoff_s,
                           max_backoff_s=settings.engine_max_backoff_s,
                           deadline_s=settings.request_deadline_s),
-        http=http,
+        max_connections=max(8, settings.max_concurrent_engine_calls * 2),
+        event_hooks={"request": [propagate_request_id]},
     )
-    return client, http
 
 
 async def resolve_tokenizer(settings: JudgeSettings, client: EngineClient | None) -> tuple[Any, str | None]:
@@ -97,9 +86,9 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log_settings(logger, settings, title="judge")
-        client, http = engine_client, None
+        client, owned = engine_client, False
         if client is None and settings.backend == "llm":
-            client, http = build_engine_client(settings)
+            client, owned = build_engine_client(settings), True
         tokenizer, tok_path = (None, None)
         if settings.backend == "llm":
             tokenizer, tok_path = await resolve_tokenizer(settings, client)
@@ -113,9 +102,8 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
         try:
             yield
         finally:
-            if http is not None and client is not None:
+            if owned and client is not None:
                 await client.aclose()
-                await http.aclose()
 
     app = FastAPI(title="Hindsight judge", lifespan=lifespan)
     app.include_router(router)
@@ -138,8 +126,8 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        msgs = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
-        return JSONResponse({"error": {"type": "InvalidRequest", "message": "; ".join(msgs) or "invalid request"}},
+        return JSONResponse({"error": {"type": "InvalidRequest",
+                                       "message": describe_validation_errors(exc.errors(), limit=None)}},
                             status_code=422)
 
 

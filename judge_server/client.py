@@ -1,26 +1,36 @@
 """JudgeClient: how the policy server calls the judge service (docs/CONTRACTS.md "Judge service").
 
 ``JudgeClient(base_url, api_key=None).judge(context, response, next_state, tasks, m=None) -> dict`` returns
-the /v1/judge response JSON. Transport errors and 5xx are retried with capped exponential backoff plus
-jitter within ``deadline_s``; then ``JudgeUnavailable`` is raised. A 4xx (bad input) is never retried and
+the /v1/judge response JSON. Transport and retries are engine.http_client's: transport errors, 408/429 and
+5xx are retried with capped exponential backoff plus jitter, the whole call (requests and backoff) bounded
+by the total ``deadline_s``; then ``JudgeUnavailable`` is raised. A 4xx (bad input) is never retried and
 raises ``JudgeRequestRejected``. A judged-but-failed task is NOT an exception: it comes back as
 ``status: judge_failed`` inside the dict, and the caller decides what to do with it.
 """
 
 from __future__ import annotations
 
-import random
-import asyncio
 from typing import Any
 
 import httpx
 
+from engine.http_client import (
+    CallError,
+    CallRejected,
+    EventHooks,
+    RetryPolicy,
+    bearer_headers,
+    build_async_http,
+    send,
+)
 from judge_server.errors import JudgeRequestRejected, JudgeUnavailable
 
 __all__ = ["JudgeClient", "JudgeRequestRejected", "JudgeUnavailable"]
 
 
 class JudgeClient:
+    """Async client for one judge service; owns its pool (closed by :meth:`aclose`)."""
+
     def __init__(
         self,
         base_url: str,
@@ -32,16 +42,16 @@ class JudgeClient:
         initial_backoff_s: float = 0.2,
         max_backoff_s: float = 5.0,
         deadline_s: float = 900.0,
+        retry: RetryPolicy | None = None,
+        event_hooks: EventHooks | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
-        self.max_attempts = max_attempts
-        self.initial_backoff_s = initial_backoff_s
-        self.max_backoff_s = max_backoff_s
-        self.deadline_s = deadline_s
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), trust_env=False, transport=transport)
+        self.retry = retry or RetryPolicy(max_attempts=max_attempts, initial_backoff_s=initial_backoff_s,
+                                          max_backoff_s=max_backoff_s, jitter_s=0.1, deadline_s=deadline_s)
+        self._http = build_async_http(httpx.Timeout(timeout_s, connect=connect_timeout_s), max_connections=100,
+                                      max_keepalive=20, event_hooks=event_hooks, transport=transport)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -53,25 +63,16 @@ class JudgeClient:
         await self.aclose()
 
     async def _post(self, path: str, body: Any) -> Any:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        loop = asyncio.get_running_loop()
-        end = loop.time() + self.deadline_s
-        last = "no attempt"
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                resp = await self._http.post(self.base_url + path, json=body, headers=headers)
-                if resp.status_code < 400:
-                    return resp.json()
-                if resp.status_code < 500 and resp.status_code not in (408, 429):
-                    raise JudgeRequestRejected(_message(resp), resp.status_code)
-                last = f"HTTP {resp.status_code}: {_message(resp)}"
-            except httpx.TransportError as exc:
-                last = repr(exc)
-            backoff = min(self.max_backoff_s, self.initial_backoff_s * 2 ** (attempt - 1)) + random.uniform(0, 0.1)
-            if attempt == self.max_attempts or loop.time() + backoff > end:
-                break
-            await asyncio.sleep(backoff)
-        raise JudgeUnavailable(f"judge service at {self.base_url} unreachable after {attempt} attempt(s): {last}")
+        try:
+            resp = await send(self._http, "POST", self.base_url + path, policy=self.retry, json=body,
+                              headers=bearer_headers(self.api_key))
+        except CallRejected as exc:
+            raise JudgeRequestRejected(exc.message, exc.status_code or 400) from exc
+        except CallError as exc:
+            last = f"HTTP {exc.status_code}: {exc.message}" if exc.status_code is not None else exc.message
+            raise JudgeUnavailable(f"judge service at {self.base_url} unreachable after {exc.attempts} "
+                                   f"attempt(s): {last}") from exc
+        return resp.json()
 
     async def judge(
         self,
@@ -92,11 +93,3 @@ class JudgeClient:
     async def judge_batch(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return (await self._post("/v1/judge/batch", {"items": items}))["results"]
 
-
-def _message(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-        err = body.get("error", body) if isinstance(body, dict) else body
-        return str(err.get("message", err)) if isinstance(err, dict) else str(err)
-    except ValueError:
-        return resp.text[:300]

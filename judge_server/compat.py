@@ -31,6 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from engine.validation import describe_validation_errors
 from judge_server.errors import InvalidRequest, RewardUnavailable
 from judge_server.schemas import JudgeRequest
 from judge_server.voting import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
@@ -54,8 +55,8 @@ def _build(body: dict[str, Any], where: str) -> JudgeRequest:
     try:
         return JudgeRequest.model_validate(body)
     except ValidationError as exc:
-        msgs = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise InvalidRequest(f"{where}: {msgs}", status_code=422) from exc
+        raise InvalidRequest(f"{where}: {describe_validation_errors(exc.errors(), limit=None)}",
+                             status_code=422) from exc
 
 
 def openrlhf_items(query: list[str], prompts: list[str] | None, labels: list[Any] | None) -> list[JudgeRequest]:

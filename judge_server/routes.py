@@ -7,12 +7,12 @@
 - ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime rm-url): see compat.py.
 - ``GET /health`` liveness; ``GET /ready`` judge engine reachable (503 otherwise; backend, prompt versions,
   tokenizer path and engine URL only with the API key); ``GET /metrics``.
-Bearer ``api_key`` guards the POST routes when configured. The two reward-client routes also take it as
+Bearer ``api_key`` guards the POST routes when configured (engine.auth, constant time). The two reward-client routes also take it as
 the URL query parameter ``api_key`` (those clients can only be given a URL, never a header); the query
 string is never logged (engine.observability), and metrics carry route templates only.
 Oversized input -> 413, bad input -> 400/422.
 
-Caller disconnects (house style §6 "propagate client disconnects (abort upstream)"): every judging route
+Caller disconnects (a caller that leaves must not keep engine work running): every judging route
 runs its work as a task next to a watcher of the ASGI ``receive`` channel. The body has been read in full
 by then, so the next message is ``http.disconnect``, which uvicorn delivers as soon as the caller's socket
 closes (uvicorn never cancels a handler by itself). When the caller leaves first, the work is cancelled
@@ -24,7 +24,6 @@ closes (uvicorn never cancels a handler by itself). When the caller leaves first
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import uuid
 from collections.abc import Callable, Coroutine
@@ -33,12 +32,18 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from engine.errors import EngineError, EngineRejected
+from engine.auth import bearer_problem, key_matches
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
+from engine.errors import EngineError, EngineRejected
 from judge_server.compat import openrlhf_items, openrlhf_reply, slime_item, slime_reply
 from judge_server.errors import InvalidRequest, Unauthorized
 from judge_server.judge import JudgeService
-from judge_server.schemas import BatchRequest, JudgeRequest, OpenRLHFRequest, SlimeRequest
+from judge_server.schemas import (
+    BatchRequest,
+    JudgeRequest,
+    OpenRLHFRequest,
+    SlimeRequest,
+)
 
 logger = logging.getLogger(__name__)
 _ERROR = {"content": {"application/json": {"schema": {"type": "object", "required": ["error"], "properties": {
@@ -56,12 +61,7 @@ T = TypeVar("T")
 
 def has_key(request: Request) -> bool:
     """Whether the request carries the Bearer ``api_key`` (True when none is configured); constant time."""
-    key = request.app.state.settings.api_key
-    if not key:
-        return True
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+    return bearer_problem(request.headers.get("authorization"), request.app.state.settings.api_key) is None
 
 
 async def require_key(request: Request) -> None:
@@ -76,7 +76,7 @@ async def require_key_or_query_key(request: Request) -> None:
     if not key or "authorization" in request.headers or query_key is None:
         await require_key(request)
         return
-    if not hmac.compare_digest(query_key.encode(), key.encode()):
+    if not key_matches(query_key, key):
         raise Unauthorized("missing or invalid API key (Bearer header or api_key query parameter)")
 
 

@@ -2,13 +2,14 @@
 
 Role: OpenAI-compatible live proxy in front of the policy engine (or its router) that records
 token-exact main turns, pairs them with their next state, judges them asynchronously and serves the
-resulting samples to the trainer (docs/CONTRACTS.md "Policy server"; issue 4, issue 5 item 5).
+resulting samples to the trainer (docs/CONTRACTS.md "Policy server").
 
 Run: ``hindsight-policy --model-path DIR --engine-url URL --data-dir DIR ...`` (policy_server.cli).
 
 Lifespan: loads the tokenizer, opens the store (SQLite WAL under ``data_dir``, or
 the PostgreSQL database of ``--store-url`` shared with other replicas), creates ONE
-EngineClient for generation plus one per weight-sync worker (shared connection pool), the judge and
+EngineClient for generation plus one per weight-sync worker (one shared connection pool, built by
+engine.http_client.build_async_http with the request-id hook), the judge and
 teacher clients and the reward pipeline when configured, reads the engine's current weight_version,
 starts the judge dispatcher (which immediately resumes pending work found in the store) and the idle
 session sweeper; on shutdown stops both (with the bounded judge drain of policy_server.serving.shutdown) and
@@ -16,7 +17,7 @@ closes every client and the store. Lease waiters sleep on a ReadyNotifier that e
 a sample ``ready`` feeds (policy_server.store.ready_notifier). Every resource goes on one AsyncExitStack as soon as it exists, so
 a setup step that fails closes what the earlier steps opened (runner, clients, store) before re-raising.
 
-PRM scoring (issue 7 item 9, policy_server.rewards.scoring): with ``--prm-config`` the runner is built first
+PRM scoring (policy_server.rewards.scoring): with ``--prm-config`` the runner is built first
 (a broken config or scorer stops the startup with a ``PRMStartupError`` naming the file), its metrics go
 on this server's ``/metrics`` registry, the dispatcher scores each accepted turn before storing it
 (``--prm-scope turn``) or holds it ``pending_score`` and scores the whole session once it ended
@@ -39,6 +40,7 @@ from fastapi import FastAPI
 from engine.chat import load_tokenizer
 from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
+from engine.http_client import build_async_http
 from engine.http_guard import (
     AdmissionMiddleware,
     BodyLimitMiddleware,
@@ -174,12 +176,11 @@ def create_app(settings: PolicySettings) -> FastAPI:
             store.on_ready = ready.notify  # every write that makes a sample ready wakes the lease waiters
             timeouts = EngineTimeouts()
             retry = RetryPolicy(max_attempts=settings.engine_max_attempts, deadline_s=settings.engine_deadline_s)
-            # One pool for every engine call of this process; trust_env=False: loopback never via a proxy.
+            # One pool for every engine call of this process (the engine, its workers, the teacher).
             # The request/session ids of the chat request go upstream with each engine call (observability).
-            http = httpx.AsyncClient(timeout=timeouts.to_httpx(), trust_env=False,
-                                     event_hooks={"request": [propagate_request_id]},
-                                     limits=httpx.Limits(max_connections=settings.max_concurrent_requests + 16,
-                                                         max_keepalive_connections=settings.max_concurrent_requests))
+            http = build_async_http(timeouts.to_httpx(), max_connections=settings.max_concurrent_requests + 16,
+                                    max_keepalive=settings.max_concurrent_requests,
+                                    event_hooks={"request": [propagate_request_id]})
             stack.push_async_callback(http.aclose)
             engine = EngineClient(settings.engine_url, api_key=settings.engine_api_key,
                                   admin_api_key=settings.engine_admin_api_key, http=http, retry=retry)

@@ -32,6 +32,7 @@ from engine.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
+from engine.validation import describe_validation_errors
 
 logger = logging.getLogger(__name__)
 
@@ -126,12 +127,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = []
-        for err in exc.errors()[:5]:
-            loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-            parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
-        return JSONResponse(error_body(400, "invalid request: " + "; ".join(parts), "invalid_request_error"),
-                            status_code=400)
+        message = "invalid request: " + describe_validation_errors(exc.errors(), limit=5)
+        return JSONResponse(error_body(400, message, "invalid_request_error"), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -2,7 +2,8 @@
 
 Per-route request counts and latencies (``hindsight_policy_http_requests_total``,
 ``hindsight_policy_http_request_duration_seconds`` by route template, method, status) come from
-engine.observability.RouteMetrics on this registry (policy_server.app); this class holds the
+engine.observability.RouteMetrics on this registry (policy_server.app), the one request-latency histogram
+(chat answers and streams alike: a stream's duration runs to its last byte); this class holds the
 policy-specific series.
 """
 
@@ -12,7 +13,6 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     generate_latest,
 )
 
@@ -21,8 +21,6 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.latency = Histogram("hindsight_policy_request_seconds", "request latency", ["route"], registry=r,
-                                 buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
         self.engine_errors = Counter("hindsight_policy_engine_errors_total", "engine failures by class", ["kind"],
                                      registry=r)
         self.turns = Counter("hindsight_policy_turns_total", "served turns", ["turn_type"], registry=r)

@@ -10,11 +10,11 @@ The trainer acks a lease only after the checkpoint that contains its samples is 
 that is never acked (crash) goes back to the server's pool and is trained exactly once.
 
 ``PolicyClient`` is the HTTP implementation: one sync ``httpx.Client`` (the trainer is a sync program),
-explicit timeouts, admin bearer key, ``trust_env=False`` (loopback must not go through a proxy).
-Transport errors, 429 and 5xx are retried with capped exponential backoff + jitter within a total
-deadline, then raise ``PolicyUnavailable``; a 4xx is never retried and raises ``PolicyRejected`` with
-the server's message. ``FileSampleSource`` serves a JSONL file with the same semantics (dev runs and
-the DDP test); its ack cursor is persisted so a restart never re-serves an acked sample.
+explicit timeouts, admin bearer key, on engine.http_client's retry policy: transport errors, 408/429 and
+5xx are retried with capped exponential backoff + jitter within a total deadline (a call ends within
+``deadline_s`` plus one request timeout), then raise ``PolicyUnavailable``; a 4xx is never retried and
+raises ``PolicyRejected`` with the server's message. ``FileSampleSource`` serves a JSONL file with the same
+semantics (dev runs and the DDP test); its ack cursor is persisted so a restart never re-serves an acked sample.
 
 :func:`collect_leases` assembles one training step from live traffic: it leases until it holds at least
 ``min_batch`` samples or its wait ends, then hands over what it holds (possibly nothing: no step). A partial
@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,9 +35,9 @@ from typing import Any, Protocol
 
 import httpx
 
-logger = logging.getLogger(__name__)
+from engine.http_client import CallError, CallRejected, RetryPolicy, bearer_headers, build_sync_http, send_sync
 
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+logger = logging.getLogger(__name__)
 
 
 class TrainerError(Exception):
@@ -78,19 +77,6 @@ class SampleSource(Protocol):
     def update_weights(self, model_path: str, weight_version: str) -> dict[str, Any]: ...
 
 
-def _message(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-    except ValueError:
-        return resp.text[:300] or resp.reason_phrase
-    if isinstance(body, dict):
-        for key in ("detail", "message", "error"):
-            if key in body:
-                val = body[key]
-                return val.get("message", str(val)) if isinstance(val, dict) else str(val)
-    return str(body)[:300]
-
-
 class PolicyClient:
     """HTTP ``SampleSource`` for the policy server's admin API."""
 
@@ -102,49 +88,39 @@ class PolicyClient:
         timeout_s: float = 30.0,
         deadline_s: float = 120.0,
         weight_sync_timeout_s: float = 600.0,
+        max_attempts: int = 100,
         transport: httpx.BaseTransport | None = None,
     ):
-        headers = {"Authorization": f"Bearer {admin_api_key}"} if admin_api_key else {}
         self.timeout_s = timeout_s
         self.deadline_s = deadline_s
         self.weight_sync_timeout_s = weight_sync_timeout_s
-        self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(connect=5.0, read=timeout_s, write=timeout_s, pool=timeout_s),
-            trust_env=False,
-            transport=transport,
-        )
+        self.retry = RetryPolicy(max_attempts=max_attempts, initial_backoff_s=0.25, max_backoff_s=8.0, jitter_s=0.25,
+                                 deadline_s=deadline_s)
+        self._http = build_sync_http(self._timeout(timeout_s), base_url=base_url.rstrip("/"),
+                                     headers=bearer_headers(admin_api_key), transport=transport)
+
+    def _timeout(self, read_s: float) -> httpx.Timeout:
+        return httpx.Timeout(connect=5.0, read=read_s, write=self.timeout_s, pool=self.timeout_s)
 
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, *, read_s: float | None = None, **kw: Any) -> tuple[Any, int]:
-        """One logical call with retries; returns (json body, attempts used)."""
-        end = time.monotonic() + self.deadline_s
-        timeout = httpx.Timeout(connect=5.0, read=read_s or self.timeout_s, write=self.timeout_s, pool=self.timeout_s)
-        attempt, last = 0, ""
-        while True:
-            attempt += 1
-            try:
-                resp = self._http.request(method, path, timeout=timeout, **kw)
-            except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            else:
-                if resp.status_code < 400:
-                    return (resp.json() if resp.content else {}), attempt
-                if resp.status_code not in RETRYABLE_STATUS:
-                    raise PolicyRejected(f"{method} {path}: {_message(resp)}", resp.status_code)
-                last = f"HTTP {resp.status_code}: {_message(resp)}"
-            backoff_s = min(8.0, 0.25 * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-            if time.monotonic() + backoff_s > end:
-                raise PolicyUnavailable(f"{method} {path} failed after {attempt} attempts within {self.deadline_s:.0f}s: {last}")
-            logger.warning("%s %s attempt %d failed (%s); retrying in %.2fs", method, path, attempt, last, backoff_s)
-            time.sleep(backoff_s)
+    def _call(self, method: str, path: str, *, read_s: float | None = None, **kw: Any) -> Any:
+        """One logical call with retries; returns the JSON body ({} when empty)."""
+        try:
+            resp = send_sync(self._http, method, path, policy=self.retry,
+                             timeout=self._timeout(read_s or self.timeout_s), **kw)
+        except CallRejected as exc:
+            raise PolicyRejected(f"{method} {path}: {exc.message}", exc.status_code or 400) from exc
+        except CallError as exc:
+            last = f"HTTP {exc.status_code}: {exc.message}" if exc.status_code is not None else exc.message
+            raise PolicyUnavailable(f"{method} {path} failed after {exc.attempts} attempts within "
+                                    f"{self.deadline_s:.0f}s: {last}") from exc
+        return resp.json() if resp.content else {}
 
     def lease(self, max_samples: int, wait_s: float, min_samples: int = 1) -> Lease:
         params = {"max": max_samples, "min": min_samples, "wait_s": wait_s}
-        body, _ = self._call("GET", "/v1/samples/lease", params=params, read_s=self.timeout_s + wait_s)
+        body = self._call("GET", "/v1/samples/lease", params=params, read_s=self.timeout_s + wait_s)
         if not isinstance(body, dict) or not isinstance(body.get("samples", []), list):
             raise TrainerError(f"lease answer is not {{lease_id, samples}}: {str(body)[:200]}")
         prm = body.get("prm_metrics") or {}
@@ -158,7 +134,7 @@ class PolicyClient:
         self._call("POST", "/v1/samples/ack", json={"lease_id": lease_id})
 
     def update_weights(self, model_path: str, weight_version: str) -> dict[str, Any]:
-        body, _ = self._call(
+        body = self._call(
             "POST",
             "/admin/weights/update",
             json={"model_path": model_path, "weight_version": weight_version},

@@ -1,11 +1,11 @@
 """HTTP layer of the CPU dev engine: SGLang 0.5.23's endpoints, thin routes over ``DevEngine``.
 
-Contract (../shared/reference/sglang-protocol.md §1-§5, §8): the endpoint set of §8 with SGLang's
-field names and shapes. Errors are mapped in one place: ``ProtocolError`` -> 400 in SGLang's shape
-(``{"error": str}`` for contract errors, ``{"error": {"message"}}`` for semantic ones), malformed JSON ->
-400, chat errors -> OpenAI's ``{"object": "error", ...}``. Auth follows SGLang's ``decide_request_auth``:
-``/health*``, ``/ready*``, ``/metrics*`` are open; admin endpoints need the admin key when one is set
-(the api key is then not accepted), else the api key; every other endpoint needs the api key if set.
+Contract: SGLang 0.5.23's endpoint set with its field names and shapes. Errors are mapped in one place:
+``ProtocolError`` -> 400 in SGLang's shape (``{"error": str}`` for contract errors, ``{"error": {"message"}}``
+for semantic ones), malformed JSON -> 400, chat errors -> OpenAI's ``{"object": "error", ...}``. Auth follows
+SGLang's ``decide_request_auth`` (the bearer check is engine.auth's): ``/health*``, ``/ready*``, ``/metrics*``
+are open; admin endpoints need the admin key when one is set (the api key is then not accepted), else the
+api key; every other endpoint needs the api key if set.
 Operations (engine.observability): ``X-Request-ID`` accepted or generated, echoed and logged; the resolved
 settings (secrets masked) logged at start; ``GET /metrics`` serves SGLang-named metrics (see metrics.py) and
 ``hindsight_dev_engine_http_*`` route metrics, open without auth as in SGLang.
@@ -16,7 +16,6 @@ settings (secrets masked) logged at start; ``GET /metrics`` serves SGLang-named 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -29,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from engine.auth import bearer_problem
 from engine.dev_server.openai_chat import ChatError, chat_completions
 from engine.dev_server.protocol import ProtocolError
 from engine.dev_server.recording import RequestRecorder
@@ -37,6 +37,7 @@ from engine.dev_server.settings import DevEngineSettings
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
 from engine.http_guard import AdmissionMiddleware, BadJSON, BodyLimitMiddleware, parse_json_body
 from engine.observability import RequestContextMiddleware, RouteMetrics, log_settings
+from engine.validation import describe_validation_errors
 
 logger = logging.getLogger(__name__)
 
@@ -53,15 +54,14 @@ UNSUPPORTED_UPDATES = ("/update_weights_from_tensor", "/update_weights_from_dist
 
 
 def decide_auth(path: str, authorization: str | None, api_key: str | None, admin_api_key: str | None) -> bool:
-    """SGLang 0.5.23's rule (protocol §5), as a pure function."""
+    """SGLang 0.5.23's rule as a pure function; the bearer check itself is engine.auth's."""
     if path.startswith(OPEN_PREFIXES):
         return True
     if path in ADMIN_PATHS:
         key = admin_api_key or api_key
     else:
         key = api_key
-    # Constant time: the time to refuse a key says nothing about how much of it was right.
-    return key is None or hmac.compare_digest((authorization or "").encode(), f"Bearer {key}".encode())
+    return bearer_problem(authorization, key) is None
 
 
 async def read_json(request: Request, *, required: bool) -> Any:
@@ -131,7 +131,7 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(ChatError(str(exc.errors())).body(), status_code=400)
+        return JSONResponse(ChatError(describe_validation_errors(exc.errors())).body(), status_code=400)
 
     # ------------------------------------------------------------------ health and info
     @app.get("/health")

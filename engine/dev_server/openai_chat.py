@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions`` of the dev engine in SGLang 0.5.23's OpenAI shape.
 
-Contract (../shared/reference/sglang-protocol.md §4):
+Contract (SGLang's OpenAI-compatible chat route):
 
 - Rendering uses the model's own chat template via ``engine.chat.render_prompt_ids`` (``tools`` and
   ``chat_template_kwargs`` reach the template); parsing of ``<think>`` reasoning and ``<tool_call>`` blocks
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from engine.chat import parse_assistant_output, render_prompt_ids
 from engine.dev_server.protocol import NEG_INF_LOGPROB, ProtocolError, build_meta, triples
 from engine.dev_server.service import sse
+from engine.validation import most_specific_error
 
 if TYPE_CHECKING:
     from engine.dev_server.model_runner import RunResult, Sample
@@ -117,9 +118,7 @@ def _validate(engine: DevEngine, body: Any) -> ChatRequest:
     try:
         req = ChatRequest.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ()))
-        raise ChatError(f"{where}: {first.get('msg')}") from None
+        raise ChatError(most_specific_error(exc.errors())[0]) from None
     if not req.messages:
         raise ChatError("messages must not be empty")
     if req.model not in (None, engine.served_model_name, ROUTER_MODEL_PLACEHOLDER):

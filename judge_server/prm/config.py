@@ -37,6 +37,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from engine.validation import describe_validation_errors
 from judge_server.prm.errors import PRMConfigError
 from judge_server.prm.scorer import BaseScorer
 
@@ -173,12 +174,7 @@ class PRMFileConfig(BaseModel):
 
 
 def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ())) or "<root>"
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}")
-    return "; ".join(parts)
+    return describe_validation_errors(exc.errors(), limit=None)
 
 
 def parse_prm_config(data: Mapping[str, Any] | None, *, source: str = "<mapping>") -> PRMFileConfig:

@@ -3,34 +3,23 @@
 Without ``api_key`` the client routes are open (loopback dev use). Admin routes require
 ``admin_api_key``; the client key opens them only with the explicit ``allow_client_key_for_admin``
 opt-out (settings refuse an ``api_key`` without an ``admin_api_key`` otherwise), and they are open only
-when no key is set at all. Keys are compared in constant time.
+when no key is set at all. The check itself is engine.auth's (constant-time comparison).
 """
 
 from __future__ import annotations
 
-import hmac
-
 from fastapi import Request
 
+from engine.auth import bearer_problem
 from policy_server.errors import Unauthorized
 from policy_server.settings import PolicySettings
 
 
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization")
-    if not header:
-        return None
-    scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
 def _check(request: Request, key: str | None, what: str) -> None:
-    if not key:
-        return
-    token = _bearer(request)
-    if token is None:
+    problem = bearer_problem(request.headers.get("authorization"), key)
+    if problem == "missing":
         raise Unauthorized(f"missing bearer token ({what} key required)")
-    if not hmac.compare_digest(token.encode(), key.encode()):
+    if problem == "invalid":
         raise Unauthorized(f"invalid {what} key")
 
 

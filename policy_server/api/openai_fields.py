@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from engine.validation import most_specific_error
 from policy_server.api.openai_schemas import ChatRequest
 from policy_server.errors import InvalidRequest
 from policy_server.serving.tool_choice import (
@@ -91,9 +92,8 @@ def parse_extras(body: dict[str, Any]) -> ChatExtras:
     try:
         extras = ChatExtras.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(x) for x in first.get("loc", ()))
-        raise InvalidRequest(f"{loc}: {first.get('msg')}", param=loc or None) from None
+        message, param = most_specific_error(exc.errors())
+        raise InvalidRequest(message, param=param) from None
     if extras.top_logprobs and not extras.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
     return extras

@@ -59,6 +59,8 @@ from engine.disconnect import (
 )
 from engine.errors import EngineError, EngineTimeout
 from engine.http_guard import BadJSON, parse_json_body
+from engine.observability import valid_session_id
+from engine.validation import most_specific_error
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import is_admin, require_client
@@ -111,7 +113,8 @@ def session_info(request: Request, body: dict[str, Any], default_turn_type: str)
     if sid is None:
         sid = fallbacks.get("session_id")
     if sid is not None:
-        if not sid or len(sid) > 256 or not sid.isprintable():
+        sid = valid_session_id(sid)
+        if sid is None:
             raise InvalidRequest("X-Session-Id must be 1-256 printable characters", param="X-Session-Id")
     turn_type = str(request.headers.get("x-turn-type", fallbacks.get("turn_type", default_turn_type))).strip().lower()
     if turn_type not in ("main", "side"):
@@ -232,7 +235,6 @@ def _engine_failed(st: PolicyState, turn: _Turn, exc: EngineError) -> None:
 async def chat_completions(request: Request) -> Response:
     st = _state(request)
     require_client(request, st.settings)
-    t0 = time.monotonic()
     body = await _read_json(request, st.settings.max_json_depth)
     sid, turn_type, done = session_info(request, body, st.settings.default_turn_type)
     if isinstance(body.get("messages"), list):  # a hopeless prompt is refused before any per-message work
@@ -240,10 +242,8 @@ async def chat_completions(request: Request) -> Response:
     try:
         req = oa.ChatRequest.model_validate(body)
     except ValidationError as exc:
-        # The deepest error names the offending value best (a union lists one error per branch).
-        first = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
-        loc = ".".join(str(x) for x in first.get("loc", ()))
-        raise InvalidRequest(f"{loc}: {first.get('msg')}", param=loc or None) from None
+        message, param = most_specific_error(exc.errors())
+        raise InvalidRequest(message, param=param) from None
     messages = oa.validate_messages(req.messages)
     oa.validate_tools(req.tools, req.tool_choice)
     extras = fields.parse_extras(body)
@@ -298,7 +298,6 @@ async def chat_completions(request: Request) -> Response:
         content = None if forced and not parsed.tool_calls else parsed.content
         message = assistant_message(content, parsed.reasoning_content, parsed.tool_calls)
         await finish_turn(res, message)
-        st.metrics.latency.labels(route="chat").observe(time.monotonic() - t0)
         return JSONResponse(oa.completion(
             rid=rid, model=model, message=message, finish=oa.finish_reason(res.finish, bool(parsed.tool_calls)),
             prompt_tokens=len(prompt_ids), completion_tokens=len(res.response_ids),
@@ -338,7 +337,6 @@ async def chat_completions(request: Request) -> Response:
         rid=rid, model=model, first=first_delta, deltas=deltas, res=turn.res, parse_tools=parse_tools,
         forced_call=bool(forced), logprob_entries=logprob_entries if extras.logprobs else None,
         include_usage=include_usage, finish_turn=finish_turn, on_engine_error=lambda e: _engine_failed(st, turn, e),
-        on_complete=lambda: st.metrics.latency.labels(route="chat_stream").observe(time.monotonic() - t0),
         on_undelivered=undelivered)
 
     async def close_stream() -> None:

@@ -141,7 +141,7 @@ async def sse_events(*, rid: str, model: str, first: str | None, deltas: AsyncIt
                      parse_tools: bool, include_usage: bool, forced_call: bool = False,
                      logprob_entries: Callable[[int, int], list[dict[str, Any]]] | None = None,
                      finish_turn: Callable[[GenResult, dict[str, Any]], Awaitable[None]],
-                     on_engine_error: Callable[[EngineError], None], on_complete: Callable[[], None],
+                     on_engine_error: Callable[[EngineError], None],
                      on_undelivered: Callable[[], None]) -> AsyncIterator[str]:
     """The streaming answer. ``finish_turn`` records the turn before the final chunk; ``on_undelivered`` runs
     (synchronously, from ``finally``) when the stream did not get to ``[DONE]`` and must not await: at that
@@ -206,7 +206,6 @@ async def sse_events(*, rid: str, model: str, first: str | None, deltas: AsyncIt
             if include_usage:
                 yield event(oa.chunk(rid=rid, model=model, created=created,
                                      usage_obj=oa.usage(len(res.prompt_ids), len(res.response_ids))))
-            on_complete()
         except (EngineError, PolicyError) as exc:
             if isinstance(exc, EngineError):
                 on_engine_error(exc)

@@ -47,6 +47,7 @@ from typing import Any
 
 from engine.errors import EngineTimeout, EngineUnavailable
 from engine.observability import bind_ids
+from judge_server.errors import JudgeUnavailable
 from policy_server.errors import StoreBusy
 from policy_server.rewards.scoring import apply_outcome, held_outcomes
 from policy_server.store import Store
@@ -71,14 +72,9 @@ def is_constrained(turn: dict[str, Any]) -> bool:
 
 
 def _retryable_errors() -> tuple[type[BaseException], ...]:
-    errs: list[type[BaseException]] = [EngineUnavailable, EngineTimeout]
-    try:
-        from judge_server.client import JudgeUnavailable
-
-        errs.append(JudgeUnavailable)
-    except ImportError:  # the judge client is optional for a server that never judges
-        pass
-    return tuple(errs)
+    """Dependency failures that leave a job pending for a later attempt (never a verdict): the client
+    layer's exhausted retries of the engine and of the judge service."""
+    return (EngineUnavailable, EngineTimeout, JudgeUnavailable)
 
 
 class Dispatcher:

@@ -21,6 +21,7 @@ from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from engine.cli_settings import CliSettings, EnvOnly, Positional, parse_cli
+from engine.http_client import CallError
 from trainer.report.data import collect
 from trainer.report.page import render
 
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = write_report(args.run_dir, args.out, policy_url=args.policy_url, admin_api_key=args.admin_api_key,
                             judge_url=args.judge_url)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, CallError) as exc:
         print(f"error: could not read a service for the report: {exc!r}", file=sys.stderr)  # noqa: T201
         return 1
     print(path)  # noqa: T201

@@ -4,6 +4,8 @@ Inputs (``collect``): the trainer's out dir (``metrics.jsonl``, later line wins 
 after a crash; ``config.json``), and optionally the policy server's admin API (``GET /v1/samples/stats``
 and the non-consuming ``GET /v1/samples?status=S&limit=N`` for every status the stats list, so reading
 changes nothing for the trainer) and the judge's ``/metrics`` text (judge tokens and votes per turn).
+Those reads use engine.http_client's retry policy (transport errors, 408/429 and 5xx retried within a total
+deadline); a service that stays down raises ``engine.http_client.CallError``.
 The summaries below are pure functions of those rows; each is what one plot draws.
 
 Verdict classes of a sample (``verdict_class``): ``+1`` / ``0`` / ``-1`` for an ``ok`` PRM verdict by the
@@ -22,6 +24,8 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from engine.http_client import RetryPolicy, bearer_headers, build_sync_http, send_sync
 
 VERDICT_CLASSES = ("+1", "0", "-1", "tie", "no_valid_votes", "judge_failed", "no verdict")
 ROWS_PER_STATUS = 4096  # the policy server's default max_lease_size: the most one read may return
@@ -58,22 +62,23 @@ def collect(out_dir: Path, policy_url: str | None = None, admin_api_key: str | N
         data.config = json.loads((out_dir / "config.json").read_text())
     if not data.steps:
         data.notes.append(f"no metrics.jsonl under {out_dir}: no trainer steps to plot")
+    retry = RetryPolicy(max_attempts=4, initial_backoff_s=0.5, max_backoff_s=4.0, deadline_s=timeout_s * 2)
     if policy_url:
-        headers = {"Authorization": f"Bearer {admin_api_key}"} if admin_api_key else {}
-        with httpx.Client(base_url=policy_url, headers=headers, timeout=timeout_s, trust_env=False) as c:
-            data.stats = c.get("/v1/samples/stats").raise_for_status().json()
+        with build_sync_http(httpx.Timeout(timeout_s), base_url=policy_url, headers=bearer_headers(admin_api_key)) as c:
+            data.stats = send_sync(c, "GET", "/v1/samples/stats", policy=retry).json()
             for status, n in sorted((data.stats.get("samples") or {}).items()):
                 if not n:
                     continue
-                got = c.get("/v1/samples", params={"status": status, "limit": ROWS_PER_STATUS})
-                data.rows += got.raise_for_status().json()["samples"]
+                got = send_sync(c, "GET", "/v1/samples", policy=retry,
+                                params={"status": status, "limit": ROWS_PER_STATUS})
+                data.rows += got.json()["samples"]
                 if n > ROWS_PER_STATUS:
                     data.notes.append(f"{n} samples are {status}: the plots use the oldest {ROWS_PER_STATUS}")
     else:
         data.notes.append("no --policy-url: sample, verdict and judge plots are empty")
     if judge_url:
-        with httpx.Client(timeout=timeout_s, trust_env=False) as c:
-            data.judge_metrics = c.get(judge_url.rstrip("/") + "/metrics").raise_for_status().text
+        with build_sync_http(httpx.Timeout(timeout_s)) as c:
+            data.judge_metrics = send_sync(c, "GET", judge_url.rstrip("/") + "/metrics", policy=retry).text
     return data
 
 

@@ -1,6 +1,6 @@
 """End-to-end invariants of the dev engine over HTTP (one real engine process, shared, never mutated).
 
-Contract under test (issue 2 item 3, sglang-protocol.md §1, §2, §4): sampled-token log-probs equal the
+Contract under test (SGLang's /generate, /metrics and control endpoints): sampled-token log-probs equal the
 scoring recipe's (max_new_tokens=0, logprob_start_len=len(prompt)-1) to 1e-4; returned token ids equal
 the input ids; greedy is deterministic; seeded n=3 reproduces; regex output always matches; SGLang
 response shapes; bad input -> 400 in SGLang's shapes; /health answers while a long generation runs.

@@ -1,4 +1,4 @@
-"""Client disconnects propagate to the engine (house style §6; policy_server.api.routes, .generation).
+"""Client disconnects propagate to the engine (policy_server.api.routes, .generation).
 
 Contract pinned here:
 - e2e (policy server -> real sglang-router -> dev engine, aborts sent to the engine WORKER URL): a client that

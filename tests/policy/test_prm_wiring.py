@@ -1,4 +1,4 @@
-"""PRM scorers wired into the policy server (issue 7 item 9; policy_server/rewards/scoring.py, docs/SCORERS.md "Wiring").
+"""PRM scorers wired into the policy server (policy_server/rewards/scoring.py, docs/SCORERS.md "Wiring").
 
 End to end: client -> real policy server process (``python -m policy_server.cli --prm-config YAML``) -> dev
 engine; dispatcher -> real judge server (rules backend) for the reward pipeline AND for the LLM-judge scorer.

@@ -1,4 +1,4 @@
-"""The closed learning loop through the real stack (issue 6 item 5): the policy learns what the judge rewards.
+"""The closed learning loop through the real stack: the policy learns what the judge rewards.
 
 Stack (tests/trainer/stack.py): dev engine on a private copy of the tiny model <- policy server (mode rl) ->
 judge server (rules backend). A scripted user (openai client) answers "Thanks, that worked." when the

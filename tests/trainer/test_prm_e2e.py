@@ -1,4 +1,4 @@
-"""Process rewards end to end (issue 7, last Tests line): LengthBudgetScorer + the LLM-judge scorer, configured in
+"""Process rewards end to end: LengthBudgetScorer + the LLM-judge scorer, configured in
 one PRM YAML, through the policy server into the trainer.
 
 Stack (tests/trainer/stack.py): dev engine <- policy server (mode rl, ``--prm-config prm.yaml``) -> judge server

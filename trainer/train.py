@@ -343,7 +343,7 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
         if not leases:  # an empty wait is no step (no checkpoint, no weight push)
             continue
         batch = run.admit(leases)
-        if not batch.has_learning_term(cfg):
+        if not batch.has_learning_term(cfg):  # no step; its leases are acked with the next checkpoint
             continue
         run.step += 1
         stats = run.update_policy(batch)

@@ -47,11 +47,10 @@ async def client(keyed_engine):
 async def wait_running(client: EngineClient, url: str) -> None:
     """Wait until the engine has a request in flight (flush_cache refuses while requests run)."""
     async with httpx.AsyncClient(trust_env=False, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as h:
-        for _ in range(100):
-            if (await h.get(url + "/flush_cache")).status_code == 400:
-                return
-            await asyncio.sleep(0.02)
-    raise AssertionError("request never started")
+        async def busy() -> bool:
+            return (await h.get(url + "/flush_cache")).status_code == 400
+
+        await async_wait_until(busy, timeout_s=10, interval_s=0.02, message="request never started")
 
 
 async def wait_requests(url: str, *, running: int = 0, queued: int = 0) -> None:

@@ -1,12 +1,12 @@
 """Client disconnects, shared by the policy server and the judge: notice the hang-up, abort the engine work.
 
-House style §6: "propagate client disconnects (abort upstream)". uvicorn does not cancel a handler whose client
+A caller that hangs up must stop the engine work it started. uvicorn does not cancel a handler whose client
 hung up (only a StreamingResponse listens for it), so a non-streaming answer would otherwise keep the engine
 busy to its last token. :func:`unless_disconnected` runs the work next to a watcher of the ASGI ``receive``
 channel; the request body has been read by then, so the next message is ``http.disconnect``, which uvicorn
 delivers when the socket closes. On a hang-up the work is cancelled (its engine connections close) and
 :class:`ClientGone` is raised; the caller then calls :func:`abort_engine_requests` with the rid prefix its
-engine calls used, since SGLang's ``/abort_request`` matches rids by prefix (sglang-protocol.md §1.4, §3).
+engine calls used, since SGLang's ``/abort_request`` matches rids by prefix.
 
 Aborts are best effort: cleanup on behalf of a caller that is gone is short (``ABORT_TIMEOUT_S``), never
 retried, and never raises. sglang-router 0.3.2 does not fan ``/abort_request`` out and answers 404: that is

@@ -89,7 +89,7 @@ def build_tokenizer(vocab_size: int = 2048):
 
 
 def _fix_tokenizer_config(out: Path) -> None:
-    # transformers 5 writes "TokenizersBackend", which 4.x cannot load (cpu-environment.md §4).
+    # transformers 5 writes "TokenizersBackend", which 4.x cannot load.
     cfg_path = out / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"

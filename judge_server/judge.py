@@ -1,6 +1,6 @@
 """The judge core: render prompt -> one engine call per voting round (n votes) -> parse -> vote -> result.
 
-Contract (issue 3, docs/CONTRACTS.md "Judge service"):
+Contract (docs/CONTRACTS.md "Judge service"):
 - Each requested task (``prm``, ``hint``) of one item runs concurrently; each voting round of a task is
   ONE ``POST /generate`` with ``sampling_params.n = k`` (SGLang prefills the prompt once for all k samples).
 - Prompt: the task's template (prompts/templates) rendered to chat messages, then to ``input_ids`` with the
@@ -24,7 +24,7 @@ Contract (issue 3, docs/CONTRACTS.md "Judge service"):
   prompt once (n samples share one prefill); ``cached_tokens`` the engine's ``meta_info.cached_tokens`` of
   each call (first sample; 0 when missing); ``completion_tokens`` sums all samples. The shared-prefix call
   is counted in the first requested task. ``prompt_tokens - cached_tokens`` is what was prefilled.
-- Request ids and aborts (house style §6 "propagate client disconnects"; sglang-protocol §1.4, §3): with a
+- Request ids and aborts (a caller that hangs up stops its engine work; engine.disconnect): with a
   ``rid_prefix`` (``hj-<32 hex>-``, made per HTTP request by routes.py; ``hj-<hex>-<item>-`` per batch
   item) every engine call carries ``rid = <prefix><task>-<round>``, so one ``/abort_request`` with the
   prefix (:meth:`JudgeService.abort`) hits every round of the request and nothing else. The abort goes to
@@ -33,7 +33,7 @@ Contract (issue 3, docs/CONTRACTS.md "Judge service"):
   which SGLang itself notices (it polls for disconnects of waiting ``/generate`` requests), so through a
   router the rounds still stop, only later; operators who need the immediate abort point the judge at an
   engine worker URL. Known limit: with ``n > 1`` real SGLang gives each parallel sample a fresh rid
-  (protocol §1.3), so the prefix abort can miss those samples there; the connection close still ends them.
+  (SGLang assigns them), so the prefix abort can miss those samples there; the connection close still ends them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Parsing of judge outputs: the verdict in the last ``\\boxed{...}`` and the hint between markers.
 
-Contract (issue 3):
+Contract:
 - Only the judge's *final answer* is read: everything up to the last ``</think>`` is dropped, and an
   unclosed ``<think>`` (generation cut by max_new_tokens) means there is no final answer -> None.
 - ``parse_verdict(text, allowed)`` takes the LAST ``\\boxed{...}`` of the final answer and accepts

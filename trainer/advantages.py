@@ -4,8 +4,7 @@ Shapes: B samples, T response positions (right-padded), S steps. ``mask`` is the
 (1 on trained response tokens, 0 on padding and on excluded samples). Every function returns zeros
 where ``mask`` is 0, so padding and excluded samples never carry an advantage.
 
-Contracts (docs/CONTRACTS.md "Sample JSON"; ../shared/reference/openclaw-rl-notes.md §6.3, §7.6, §8.2;
-../shared/reference/peers.md §1.4; ../shared/seeds/003_697b12601d0308a7.txt §5.2, §5.3):
+Contracts (docs/CONTRACTS.md "Sample JSON"):
 
 - rl:        A_t = r - b with the baselines of trainer.baselines (running by default; optional / std,
              never by eps). Only samples with ``has_reward`` count (in the baseline too); the others get
@@ -18,9 +17,9 @@ Contracts (docs/CONTRACTS.md "Sample JSON"; ../shared/reference/openclaw-rl-note
              of ``areal/trainer/ppo/actor.py``, applied after normalisation. Our ``token_rewards`` are already
              aligned to response ids, and our log-probs are per response id, so AReaL's roll by -1 (from
              prompt+response positions to next-token positions) is already done by the layout.
-- prm_gated_opd (seed §5.2): OPD inside steps the PRM judged correct (score > 0), a uniform
+- prm_gated_opd: OPD inside steps the PRM judged correct (score > 0), a uniform
              ``wrong_value`` on the first step judged wrong (score <= 0 or NaN), 0 after it.
-- multiplicative (seed §5.3: PRM sets the weight, OPD the direction, every token of a wrong step is
+- multiplicative (PRM sets the weight, OPD the direction, every token of a wrong step is
              negative): with d_t = teacher_lp_t - old_lp_t and s = PRM_step(t), A_t = s d_t when s > 0,
              0 when s = 0 (or no verdict, NaN), -|s| |d_t| when s < 0.
 - multiplicative_literal: the literal product s d_t, an explicit opt-in. Its sign problem: in a wrong step
@@ -94,7 +93,7 @@ def shape_advantages(
     eps: float = 1e-6,
     mask: torch.Tensor | None = None,  # (..., T) loss mask m_t; None = every token active
 ) -> torch.Tensor:
-    """AReaL advantage shaping (peers.md §1.4), exact:
+    """AReaL advantage shaping, exact:
 
     additive:          A' = A + p   (on active tokens; inactive tokens keep A)
     gvpo:              failed = p < 0 and m = 1; on failed tokens A' = (1 + negative_scale) A if A < -eps,
@@ -147,7 +146,7 @@ def prm_gated_opd(
     *,
     wrong_value: float = -1.0,
 ) -> torch.Tensor:  # (B, T)
-    """Seed §5.2: OPD where the PRM says the step is right; uniform penalty on the first wrong step; 0 after."""
+    """OPD where the PRM says the step is right; uniform penalty on the first wrong step; 0 after."""
     B, S = step_scores.shape
     wrong = ~(step_scores.float() > 0)  # (B, S); NaN (no verdict) is not "correct"
     idx = torch.arange(S, device=step_scores.device).expand(B, S)
@@ -166,7 +165,7 @@ def multiplicative_opd(
     step_ids: torch.Tensor,  # (B, T) long, -1 on padding
     step_scores: torch.Tensor,  # (B, S)
 ) -> torch.Tensor:  # (B, T)
-    """Seed §5.3: s d_t in a right step (s > 0), 0 in a neutral one, -|s| |d_t| in a wrong one (never positive)."""
+    """s d_t in a right step (s > 0), 0 in a neutral one, -|s| |d_t| in a wrong one (never positive)."""
     score = _step_score_per_token(step_ids, step_scores)
     d = teacher_lp.float() - old_lp.float()
     # NaN (no verdict) gives no weight: nan_to_num before the comparisons keeps NaN out of the result.

@@ -2,13 +2,13 @@
 
 Shapes: B samples, T response positions, V vocabulary, K teacher top-K. ``mask`` is the (B, T) loss mask.
 
-Contract (issue 6 item 2; ../shared/reference/openclaw-rl-notes.md §6.3, §7.5, §15.14-17):
+Contract:
 - ``ppo_clip_loss``: ratio = exp(lp - old_lp); per-token loss max(-A ratio, -A clip(ratio, 1-eps_low, 1+eps_high)),
   eps 0.2 / 0.28 by default (DAPO clip-higher).
 - ``aggregate``: the step's denominator counts VALID tokens (token_mean) or samples with at least one
   valid token (seq_mean) over the whole optimizer batch, passed in by the caller so that micro-batching
   and DDP sharding do not change the loss. Samples with an all-zero mask add nothing to numerator or
-  denominator: excluded turns never dilute the step (unlike the prior system).
+  denominator: excluded turns never dilute the step.
 - ``low_var_kl``: k3 estimator exp(ref - lp) - (ref - lp) - 1, clamped to [-10, 10] as slime does.
 - ``topk_reverse_kl``: reverse KL D(student || teacher) over the teacher's top-K tokens plus one tail bin
   log(1 - sum_k p_k); rows marked invalid (padding, missing teacher rows) contribute exactly 0. The student

@@ -1,7 +1,7 @@
 """Data parallelism for the trainer: DDP replicas or FSDP2 shards, behind the few calls the loop needs.
 
 Role: ``train.py`` stays one top-down loop; this module owns what differs between ``--parallel ddp`` and
-``--parallel fsdp2`` (issue 6 item 4: "Runs under torchrun with DDP (FSDP2 where the model is large)").
+``--parallel fsdp2`` (runs under torchrun: DDP replicas, or FSDP2 shards where the model is large).
 
 Contract:
 - ``wrap``: with one process both settings return the model unchanged (no process group, nothing to

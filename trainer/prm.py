@@ -1,10 +1,10 @@
-"""The trainer side of process rewards (issue 7 item 9): which AReaL shaping applies, from flags or the PRM YAML.
+"""The trainer side of process rewards: which AReaL shaping applies, from flags or the PRM YAML.
 
 Role: turn ``--prm-config YAML`` (the same file the policy server gets) into the trainer's shaping settings,
 so both sides read one file and cannot disagree. The file is parsed ONLY by ``judge_server.prm``'s loader
-(``load_prm_config``: pydantic, the seed's rules, ``PRMConfigError`` naming each broken key).
+(``load_prm_config``: pydantic, its validation rules, ``PRMConfigError`` naming each broken key).
 
-Contract (docs/SCORERS.md, ../shared/reference/peers.md §1.4):
+Contract (docs/SCORERS.md; AReaL's advantage shaping):
 
 - ``prm.advantage_shaping.mode`` -> ``shaping`` (additive | gvpo | process_weighted), its ``negative_scale``,
   ``zero_penalty``, ``zero_eps`` -> ``shaping_negative_scale``, ``shaping_zero_penalty``, ``shaping_eps``;

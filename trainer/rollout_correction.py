@@ -1,6 +1,6 @@
 """Off-policy correction for proxied traffic: rollout importance weights and the sampling temperature.
 
-Why (../shared/reference/openclaw-rl-notes.md §15 item 14): a live client samples with its own
+Why: a live client samples with its own
 ``temperature`` / ``top_p`` and from weights that may be one or more versions behind the trainer, so the
 behaviour distribution mu that produced a sample is not the policy pi the trainer optimises. SGLang
 returns, per sampled token, log softmax(logits / T) of the sampling weights: temperature-scaled, BEFORE
@@ -23,7 +23,7 @@ Contract:
   ``--use-tis`` / verl ``token_truncate``). ``mis``: w where w <= cap, and tokens with w > cap are rejected
   (masked IS, verl ``token_mask``): weight 0, and the loop removes them from the loss mask, so they leave
   numerator AND denominator
-  (slime #657: a rejected token left in the denominator shrinks the step, §15 item 17). The applied weight
+  (slime #657: a rejected token left in the denominator shrinks the step). The applied weight
   is detached and multiplies only the PPO policy-gradient term. Only valid (mask 1) tokens are ever
   weighted or counted; padding and excluded samples get weight 1 and mask 0.
 - Constrained samples (forced tool calls, ``constrained: true``) take the same correction: their rollout

@@ -1,6 +1,6 @@
 """Scheduler-side control state of the dev engine: admission, pause/continue, aborts, weight-update gating.
 
-Contract (../shared/reference/sglang-protocol.md §1.4, §3), modelled on SGLang 0.5.23:
+Contract, modelled on SGLang 0.5.23 (its ``/abort_request`` and control endpoints):
 
 - ``pause_generation`` blocks admission of new requests until ``continue_generation``. Mode ``abort``
   (default) also aborts every running and waiting request: it ends with HTTP 200, its partial output and

@@ -1,6 +1,6 @@
 """Constrained decoding with xgrammar, the grammar backend SGLang uses by default.
 
-Contract (../shared/reference/cpu-environment.md §6): a grammar (``regex``, ``json_schema`` or
+Contract: a grammar (``regex``, ``json_schema`` or
 ``ebnf`` sampling parameter) is compiled once per distinct source and cached; each sample keeps its
 own matcher. Before each step the matcher fills a token bitmask that is applied to the logits in place;
 the chosen token is fed back. The stop token is admitted only once the grammar is complete, and a

@@ -12,7 +12,7 @@ Contract:
   is the reused length. At least the last prompt token is always computed, and with input log-probs the
   reuse stops at ``logprob_start_len`` (those positions need their logits). Outputs are the same with and
   without it (same sampled ids; log-probs equal up to float rounding). Cleared on every weight swap.
-- Input log-probs follow SGLang 0.5.23 (protocol §1.5): they cover ``prompt[logprob_start_len:]``, entry
+- Input log-probs follow SGLang 0.5.23: they cover ``prompt[logprob_start_len:]``, entry
   0 is null, entry k is log p(prompt[start+k] | prompt[:start+k]) of the temperature-scaled distribution.
   Output log-probs come from the very logits the token was sampled from (see sampling.py for the order).
 - Finish: a stop token (EOS unless ``ignore_eos``, or ``stop_token_ids``) or a terminated grammar ->

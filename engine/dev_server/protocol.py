@@ -1,6 +1,6 @@
 """SGLang 0.5.23 ``/generate`` wire protocol: request validation and response shaping (pure functions).
 
-Contract (../shared/reference/sglang-protocol.md §1):
+Contract (SGLang 0.5.23 ``/generate``):
 
 - Contract errors (unknown ``sampling_params`` key, wrong JSON type, non-bool flag) -> HTTP 400
   ``{"error": "<string>"}`` in msgspec's wording, as 0.5.23's ``GenerateRequest`` decoder answers.

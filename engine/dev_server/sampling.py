@@ -1,6 +1,6 @@
 """Per-step logit processing and sampling for the dev engine, following SGLang 0.5.23's sampler.
 
-Contract (../shared/reference/sglang-protocol.md §1.2, §1.6):
+Contract (SGLang 0.5.23 sampling parameters and log-probs):
 
 - Greedy: a temperature below 1e-6 becomes ``top_k=1, temperature=1`` (SGLang's normalisation), so greedy
   log-probs are the raw model log-probs.

@@ -1,4 +1,4 @@
-"""PRM configuration: the YAML file's shape and the seed's validation rules, as pydantic models.
+"""PRM configuration: the YAML file's shape and its validation rules, as pydantic models.
 
 File shape (``examples/prm.yaml``; the AReaL nesting ``rollout.agent.prm`` is accepted too)::
 

@@ -1,6 +1,6 @@
 """Token-exact generation: render -> /generate (ids, log-probs) -> parse, with pause-resume and streaming.
 
-Role: the only path from a chat request to the policy engine. Contract (issue 4 items 2, issue 5 item 5):
+Role: the only path from a chat request to the policy engine. Contract:
 
 - The prompt is ``engine.chat.render_prompt_ids(tokenizer, messages, tools)`` with the policy tokenizer;
   it goes to the engine's ``/generate`` as ``input_ids`` with ``return_logprob`` through
@@ -16,8 +16,8 @@ Role: the only path from a chat request to the policy engine. Contract (issue 4 
   pause mode (retract/in_place) a request in flight across an update also lists the version it started on.
 - At most ``max_resumes`` resubmissions; then the request fails with 503 (never loops forever).
 
-Request ids and client disconnects (house style §6 ASYNC "propagate client disconnects"; sglang-protocol
-§1.4, §3). Every engine submission carries a unique ``rid``: ``GenResult.rid_prefix`` (``hs-<32 hex>-``,
+Request ids and client disconnects (a client that hangs up stops its engine work; engine.disconnect).
+Every engine submission carries a unique ``rid``: ``GenResult.rid_prefix`` (``hs-<32 hex>-``,
 one per chat request, the hex of its ``chatcmpl-`` id) plus the segment number (``hs-<hex>-0``, ``-1`` for
 the first resume, ...). The prefix is fixed-length and server-generated (never the client's X-Request-ID,
 which may repeat), and ends with ``-``, so SGLang's prefix matching in ``/abort_request`` hits every

@@ -4,7 +4,7 @@ Role: decide, for each main request, which earlier turn it answers and with what
 sessions on ``X-Session-Done`` or after an idle timeout. State lives in the store, so pairing and
 idle expiry survive restarts.
 
-Pairing rule (issue 4 item 4). Let the session's awaiting turn T have request messages ``M`` and
+Pairing rule. Let the session's awaiting turn T have request messages ``M`` and
 sampled assistant reply ``R``; a new *main* request of the same session has messages ``N``:
 
 1. ``N`` extends T when ``N[:len(M)]`` equals ``M`` and ``N[len(M)]`` is an assistant message equal to
@@ -26,7 +26,7 @@ but written together with the turn it produces, in the same transaction (``Store
 When no turn gets recorded (engine failure, client gone) :meth:`SessionTracker.settle_later` writes the
 pairing alone, so the answered turn is never stranded; the write is idempotent, so a race between the two
 is harmless. While a main request of a session is in flight the idle sweep leaves that session alone
-(its activity is refreshed when the turn is recorded, no longer at arrival); with replicas on a shared store
+(its activity is refreshed when the turn is recorded, not at arrival); with replicas on a shared store
 that includes requests in flight at the other replicas (``remote_in_flight``, published by
 policy_server.serving.replicas once per sweep interval), and the end itself re-checks idleness in its transaction.
 

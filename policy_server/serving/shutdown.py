@@ -1,4 +1,4 @@
-"""Graceful shutdown of the policy server (issue 8 item 3): refuse new chat turns, finish the ones in flight,
+"""Graceful shutdown of the policy server: refuse new chat turns, finish the ones in flight,
 drain judge work for a bounded time, keep the rest pending in the store.
 
 Contract:

@@ -1,6 +1,6 @@
-"""Weight sync without downtime (issue 5 item 5): a gate for new generations and the update sequence.
+"""Weight sync without downtime: a gate for new generations and the update sequence.
 
-Contract (sglang-protocol.md §3; docs/CONTRACTS.md ``POST /admin/weights/update``):
+Contract (docs/CONTRACTS.md ``POST /admin/weights/update``; SGLang's control endpoints):
 
 1. Close the gate: new engine submissions (new requests and resubmissions of aborted ones) wait at
    :meth:`WeightGate.wait_open`, at most ``gate_timeout_s`` each (then 503 with a message): they are

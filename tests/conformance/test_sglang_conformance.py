@@ -28,7 +28,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, wai
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "policy"))
 from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_judge, start_policy  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -81,13 +81,9 @@ class Stack:
         return [json.loads(ln) for ln in self.record_path.read_text().splitlines() if ln.strip()]
 
     def wait_record(self, pred, what: str, deadline_s: float = 30.0) -> dict[str, Any]:
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            hits = [r for r in self.records() if pred(r)]
-            if hits:
-                return hits[-1]
-            time.sleep(0.05)
-        raise AssertionError(f"the engine never received {what} within {deadline_s}s")
+        hits = wait_until(lambda: [r for r in self.records() if pred(r)], timeout_s=deadline_s,
+                          message=f"the engine never received {what}")
+        return hits[-1]
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +150,6 @@ def _hang_up(stack: Stack, eos_id: int) -> None:
             await asyncio.to_thread(stack.wait_record, lambda r: r["path"] == "/generate" and isinstance(
                 r["body"].get("sampling_params"), dict) and r["body"]["sampling_params"].get("max_new_tokens") == LONG,
                 "the long generation")
-            await asyncio.sleep(0.3)
             assert not task.done(), "the long generation finished before the client could leave"
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -185,14 +180,9 @@ def _drive(stack: Stack, model_dir: Path) -> None:
         "next_state": [{"role": "user", "content": "that is wrong, rename it to c.txt"}]})
     assert judged.status_code == 200, judged.text
     # Teacher scoring runs once the turn is paired and judged (a hint accepted): wait for the dispatcher.
-    end = time.monotonic() + 90
-    while time.monotonic() < end:
-        st = _stats(stack)
-        if st["samples"].get("ready", 0) >= 1 and st["samples"].get("pending_judge", 0) == 0:
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError(f"no sample was judged and teacher-scored in time: {_stats(stack)}")
+    wait_until(lambda: (st := _stats(stack))["samples"].get("ready", 0) >= 1 and st["samples"].get("pending_judge", 0) == 0,
+               timeout_s=90, interval_s=0.2,
+               message=lambda: f"no sample was judged and teacher-scored in time: {_stats(stack)}")
     r = httpx.post(stack.policy.url + "/admin/weights/update", json={"model_path": str(model_dir),
                                                                      "weight_version": "v1"},
                    headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=120, trust_env=False)

@@ -1,6 +1,6 @@
 """The dev engine's prefix cache over HTTP: real KV reuse, reported as SGLang reports it, outputs unchanged.
 
-Contract (sglang-protocol §1.4 ``meta_info.cached_tokens``): a prompt sharing k leading ids with an earlier
+Contract (SGLang's ``meta_info.cached_tokens``): a prompt sharing k leading ids with an earlier
 one reports ``cached_tokens == k`` (at most len - 1: the last token is always computed); a fresh prompt
 reports 0; an engine started with ``--prefix-cache-max-tokens 0`` always reports 0. The sampled ids of a
 seeded request are the same with and without a cache hit, and the log-probs (input and output) agree to

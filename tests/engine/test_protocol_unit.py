@@ -1,7 +1,7 @@
 """Unit tests of the dev engine's pure parts: /generate validation, sampling, auth rule, control state.
 
 Contract under test: engine/dev_server/protocol.py (SGLang 0.5.23 error shapes and ranges),
-sampling.py (greedy normalisation, truncation), app.decide_auth (protocol §5), control.py (pause/abort).
+sampling.py (greedy normalisation, truncation), app.decide_auth (which key each endpoint needs), control.py (pause/abort).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Two dev engines behind the real sglang-router 0.3.2 (issue 2 item 5), all on 127.0.0.1.
+"""Two dev engines behind the real sglang-router 0.3.2, all on 127.0.0.1.
 
-Contract (sglang-protocol.md §6, cpu-environment.md §1): the router registers dev engines (waits on
+Contract: the router registers dev engines (waits on
 /readiness), round_robin reaches both, /generate with input_ids + logprobs passes through unchanged,
 /v1/chat/completions works with the openai client; with one engine killed the EngineClient still
 succeeds through the other; with none it raises EngineUnavailable. Each engine runs with its own

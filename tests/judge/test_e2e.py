@@ -1,6 +1,6 @@
 """End-to-end: hindsight-judge (real uvicorn process) -> real sglang-router 0.3.2 -> two CPU dev engines.
 
-Checks (issue 3): with the regex constraint on, 100% of votes parse; each voting round is ONE engine
+Checks: with the regex constraint on, 100% of votes parse; each voting round is ONE engine
 request (router's prometheus /generate counter == judge usage.engine_calls == rounds, + 1 shared-prefix
 prefill when both tasks run); a killed engine
 is survived (the router retries on the other one); all engines down -> judge_failed, score null, HTTP 200.

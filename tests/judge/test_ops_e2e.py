@@ -1,6 +1,6 @@
 """Judge operations, end to end: hindsight-judge (real process, JSON logs) -> a CPU dev engine.
 
-Contract (issue 8 item 3; engine/observability.py): every response echoes (or creates) ``X-Request-ID``;
+Contract (engine/observability.py): every response echoes (or creates) ``X-Request-ID``;
 the judge's log lines for that request carry it, and so do the engine's, because the judge forwards it on
 its engine calls; /metrics counts requests by route template, method and status; the resolved settings
 are logged at start as JSON with the judge's and the engine's keys masked; ``--log-json`` (here through

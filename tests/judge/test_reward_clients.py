@@ -37,6 +37,7 @@ import torch
 from engine.procs import ManagedProcess, free_port, spawn, wait_http
 from judge_server.compat import openrlhf_reply, slime_reply
 from judge_server.errors import RewardUnavailable
+from tests.waiting import wait_until
 
 KEY = "judge-query-key-4711"
 PROMPTS = ["Q: rename a.txt to b.txt\nA:", "Q: delete the logs\nA:"]
@@ -241,9 +242,7 @@ def test_query_key_is_in_no_log_line_and_no_metric(rules_judge: ManagedProcess,
     metrics = httpx.get(rules_judge.url + "/metrics", trust_env=False).text
     assert 'route="/get_reward"' in metrics and KEY not in metrics and "api_key" not in metrics
     # Access lines are written when a response completes: wait until the last one is there.
-    deadline = time.monotonic() + 10
-    while "/slime/reward" not in rules_judge.log_path.read_text() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: "/slime/reward" in rules_judge.log_path.read_text(), timeout_s=10)
     for judge in (rules_judge, *failing_judges):
         text = judge.log_path.read_text()
         assert text.strip() and KEY not in text, judge.name

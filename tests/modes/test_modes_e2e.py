@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import httpx
 import pytest
 
 from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -97,17 +97,16 @@ def run_session(url: str, feedback: list[str]) -> tuple[str, list[dict]]:
 def session_samples(data_dir: Path, sid: str, n: int, deadline_s: float = 60.0) -> list[dict]:
     """The session's n samples from the store (read-only), once none is pending_judge."""
     db = Path(data_dir) / "hindsight.sqlite3"
-    end = time.monotonic() + deadline_s
-    rows: list = []
-    while time.monotonic() < end:
+
+    def read_rows() -> list:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
-            rows = conn.execute("SELECT turn_index, status, reject_reason, data FROM samples WHERE session_id=? "
+            return conn.execute("SELECT turn_index, status, reject_reason, data FROM samples WHERE session_id=? "
                                 "ORDER BY turn_index", (sid,)).fetchall()
-        if len(rows) == n and all(r[1] != "pending_judge" for r in rows):
-            return [{"turn_index": r[0], "status": r[1], "reject_reason": r[2],
-                     **({"data": json.loads(r[3])} if r[3] else {"data": None})} for r in rows]
-        time.sleep(0.2)
-    raise AssertionError(f"session {sid} not judged within {deadline_s}s: {rows}")
+
+    rows = wait_until(lambda: len(rows := read_rows()) == n and all(r[1] != "pending_judge" for r in rows) and rows,
+                      timeout_s=deadline_s, interval_s=0.2, message=lambda: f"session {sid} not judged: {read_rows()}")
+    return [{"turn_index": r[0], "status": r[1], "reject_reason": r[2],
+             **({"data": json.loads(r[3])} if r[3] else {"data": None})} for r in rows]
 
 
 def set_mode(url: str, **body) -> dict:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from engine.procs import ManagedProcess
 from policy_testkit import admin, client, judged_policy_stack
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -45,13 +45,12 @@ def _rows(url: str, **params) -> list[dict]:
 
 
 def _settled(url: str, sid: str, n: int, timeout_s: float = 30.0) -> list[dict]:
-    end = time.monotonic() + timeout_s
-    while True:
+    def judged() -> list[dict] | None:
         rows = _rows(url, session_id=sid)
-        if len(rows) >= n and all(r["status"] != "pending_judge" for r in rows):
-            return rows
-        assert time.monotonic() < end, f"samples of {sid} not judged in time: {rows}"
-        time.sleep(0.2)
+        return rows if len(rows) >= n and all(r["status"] != "pending_judge" for r in rows) else None
+
+    return wait_until(judged, timeout_s=timeout_s, interval_s=0.2,
+                      message=lambda: f"samples of {sid} not judged in time: {_rows(url, session_id=sid)}")
 
 
 def test_list_samples_is_a_non_consuming_read(judged_policy):

@@ -1,8 +1,8 @@
-"""Client disconnects propagate to the engine (house style §6; policy_server.api.routes, .generation).
+"""Client disconnects propagate to the engine (policy_server.api.routes, .generation).
 
 Contract pinned here:
 - e2e (policy server -> real sglang-router -> dev engine, aborts sent to the engine WORKER URL): a client that
-  hangs up mid-generation (non-streaming after 0.5 s, streaming after the first chunks) makes the engine's
+  hangs up mid-generation (non-streaming once the engine runs the request, streaming after the first chunks) makes the engine's
   ``sglang:num_running_reqs`` drop to 0 within about a second instead of running the 3500-token greedy reply
   (about 2-3 s here) to the end; the worker receives ``POST /abort_request``; the store has no turn for the
   aborted reply, the session's earlier turn is paired with the retried request, and a normal request right
@@ -31,6 +31,7 @@ from policy_server.api.routes import DISCONNECT_REASON, _reject_turn
 from policy_server.store import Store
 from policy_server.serving.weight_sync import WeightGate
 from policy_testkit import CLIENT_KEY, client
+from tests.waiting import wait_until
 
 LONG = 3500  # greedy decoding of the tiny model never samples EOS: always the full length (~2-3 s on the CPU)
 DROP_DEADLINE_S = 1.5
@@ -48,12 +49,9 @@ def aborts(engine_url: str) -> float:
 def wait_running(engine_url: str, *, want_zero: bool, deadline_s: float) -> float:
     """Seconds until the engine runs no request (want_zero) or at least one; fails after the deadline."""
     t0 = time.monotonic()
-    while time.monotonic() - t0 < deadline_s:
-        if (running(engine_url) == 0) == want_zero:
-            return time.monotonic() - t0
-        time.sleep(0.02)
-    raise AssertionError(f"engine num_running_reqs {'never dropped to 0' if want_zero else 'stayed 0'} "
-                         f"within {deadline_s}s")
+    wait_until(lambda: (running(engine_url) == 0) == want_zero, timeout_s=deadline_s, interval_s=0.02,
+               message=f"engine num_running_reqs {'never dropped to 0' if want_zero else 'stayed 0'}")
+    return time.monotonic() - t0
 
 
 def body(messages: list[dict], *, max_tokens: int, stream: bool = False) -> dict:
@@ -97,7 +95,6 @@ def test_nonstreaming_disconnect_aborts_engine_and_records_nothing(policy, engin
             task = asyncio.create_task(ac.post("/v1/chat/completions", json=body(msgs, max_tokens=LONG),
                                                headers={"X-Session-Id": sid}))
             await asyncio.to_thread(wait_running, engine.url, want_zero=False, deadline_s=10)
-            await asyncio.sleep(0.5)
             assert not task.done(), "the long generation finished before the client could leave"
             task.cancel()  # closes the connection: the client is gone
             await asyncio.gather(task, return_exceptions=True)
@@ -141,10 +138,8 @@ def test_streaming_disconnect_after_first_chunks_aborts_engine(policy, engine):
                     assert running(engine.url) == 1, "the generation should still be running when the client leaves"
                     break  # leaving iter_lines closes the unfinished response: the connection drops mid-stream
     dropped_s = wait_running(engine.url, want_zero=True, deadline_s=DROP_DEADLINE_S)
-    deadline = time.monotonic() + 5
-    while aborts(engine.url) < aborts0 + 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert aborts(engine.url) >= aborts0 + 1, f"no /abort_request reached the worker (drop {dropped_s:.2f}s)"
+    wait_until(lambda: aborts(engine.url) >= aborts0 + 1, timeout_s=5,
+               message=f"no /abort_request reached the worker (drop {dropped_s:.2f}s)")
     assert turns_of(policy, sid) == [], "an undelivered streamed reply was recorded"
     # a normal streamed request right after still works and is recorded
     with client(policy.url) as c:

@@ -15,6 +15,7 @@ import pytest
 from engine.procs import free_port, spawn, wait_http
 from policy_server.store import Store
 from policy_testkit import admin, client, start_policy
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 LEASE_S = 20.0  # longer than a policy-server restart on a loaded 2-core machine: the lease outlives it
@@ -26,13 +27,6 @@ def _chat(url: str, messages: list[dict], sid: str) -> dict:
                    headers={"X-Session-Id": sid})
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["message"]
-
-
-def _wait(pred, timeout_s: float = 30.0) -> None:
-    end = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < end, "condition not reached in time"
-        time.sleep(0.2)
 
 
 def test_kill9_restart_resumes_and_honours_leases(tiny_model_dir, router, tmp_path):
@@ -52,7 +46,7 @@ def test_kill9_restart_resumes_and_honours_leases(tiny_model_dir, router, tmp_pa
         a2 = _chat(pol.url, u2, "d2")
         st = Store(data)
         # the judge is down: the paired turn stays pending_judge and is retried, never dropped
-        _wait(lambda: st.stats()["pending_judge_retrying"] >= 1)
+        wait_until(lambda: st.stats()["pending_judge_retrying"] >= 1)
         pol.kill()  # kill -9 mid-session
 
         judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1",
@@ -60,7 +54,7 @@ def test_kill9_restart_resumes_and_honours_leases(tiny_model_dir, router, tmp_pa
         wait_http(judge_url + "/health", deadline_s=60, proc=judge.proc)
         pol = start_policy(tiny_model_dir, router.url, data, tmp_path, name="policy-b", extra=extra)
         # pending work resumes after the restart
-        _wait(lambda: st.stats()["samples"]["ready"] >= 1)
+        wait_until(lambda: st.stats()["samples"]["ready"] >= 1)
         row = st.samples_of("d1")[0]
         assert row["status"] == "ready" and row["data"]["reward"] == 1.0 and row["data"]["mode"] == "rl"
         turn = st.get_turn("d1", 0)
@@ -70,7 +64,7 @@ def test_kill9_restart_resumes_and_honours_leases(tiny_model_dir, router, tmp_pa
         # pairing state survived the crash: d2's awaiting turn pairs with the next request
         _chat(pol.url, u2 + [{"role": "assistant", "content": a2["content"]},
                              {"role": "user", "content": "No, that is wrong."}], "d2")
-        _wait(lambda: {s["status"] for s in st.samples_of("d2")} - {"pending_judge"} != set())
+        wait_until(lambda: {s["status"] for s in st.samples_of("d2")} - {"pending_judge"} != set())
         with admin(pol.url) as a:
             lease = a.get("/v1/samples/lease", params={"max": 10, "wait_s": 5}).json()
         leased_at = time.monotonic()

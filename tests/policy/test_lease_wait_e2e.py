@@ -15,6 +15,7 @@ import pytest
 
 from engine.procs import ManagedProcess
 from policy_testkit import admin, client, judged_policy_stack, stats
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 U = [{"role": "user", "content": "list the files"}]
@@ -54,10 +55,7 @@ def _ack(url: str, lease_id: str) -> None:
 
 
 def _wait_ready(url: str, n: int, timeout_s: float = 30.0) -> None:
-    end = time.monotonic() + timeout_s
-    while stats(url)["samples"]["ready"] < n:
-        assert time.monotonic() < end, stats(url)
-        time.sleep(0.05)
+    wait_until(lambda: stats(url)["samples"]["ready"] >= n, timeout_s=timeout_s, message=lambda: stats(url))
 
 
 class _Leaser(threading.Thread):

@@ -16,6 +16,7 @@ import pytest
 
 from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_ready
 from policy_server.store import Store
+from tests.waiting import async_wait_until
 
 
 def _record() -> dict:
@@ -41,6 +42,24 @@ def _wired(store_factory) -> tuple[Store, LocalReadyNotifier]:
     return store, notifier
 
 
+class _WaitSpy:
+    """The notifier as ``lease_when_ready`` sees it; ``waiting`` is set once the waiter sleeps in ``wait``,
+    so a test can act exactly then (a poll would be mid-interval) instead of guessing with a sleep."""
+
+    def __init__(self, inner: LocalReadyNotifier) -> None:
+        self.inner, self.waiting = inner, threading.Event()
+
+    def generation(self) -> int:
+        return self.inner.generation()
+
+    def notify(self) -> None:
+        self.inner.notify()
+
+    async def wait(self, seen: int, timeout_s: float) -> bool:
+        self.waiting.set()  # no await before inner.wait parks: a notification cannot slip in between
+        return await self.inner.wait(seen, timeout_s)
+
+
 def test_notifier_generation_is_never_missed():
     async def main() -> None:
         n = LocalReadyNotifier()
@@ -61,18 +80,16 @@ def test_a_ready_sample_wakes_the_waiter_within_200ms(store_factory):
         store, notifier = _wired(store_factory)
         sid = _judged_later(store, "s")
         marks: dict[str, float] = {}
-        waiting = threading.Event()
+        spy = _WaitSpy(notifier)
 
         def judge() -> None:
-            waiting.wait(5)
-            time.sleep(0.3)  # the waiter is inside notifier.wait by now (a poll would be mid-interval)
+            assert spy.waiting.wait(5), "the waiter never slept in notifier.wait"
             _ready(store, sid)
             marks["ready"] = time.monotonic()
 
         th = threading.Thread(target=judge)
         th.start()
-        waiting.set()
-        got = await lease_when_ready(store, notifier, max_n=8, min_n=1, wait_s=10, lease_s=60)
+        got = await lease_when_ready(store, spy, max_n=8, min_n=1, wait_s=10, lease_s=60)
         marks["leased"] = time.monotonic()
         th.join()
         assert got is not None and [s["sample_id"] for s in got[1]] == [sid]
@@ -89,9 +106,10 @@ def test_min_holds_until_enough_are_ready_and_deadline_gives_what_is_there(store
         a, b, c = (_judged_later(store, s) for s in "abc")
         _ready(store, a)
         loop = asyncio.get_running_loop()
-        waiter = asyncio.create_task(lease_when_ready(store, notifier, max_n=8, min_n=2, wait_s=10, lease_s=60))
-        await asyncio.sleep(0.2)
-        assert not waiter.done()  # one ready, two needed
+        spy = _WaitSpy(notifier)
+        waiter = asyncio.create_task(lease_when_ready(store, spy, max_n=8, min_n=2, wait_s=10, lease_s=60))
+        await async_wait_until(spy.waiting.is_set, timeout_s=5, interval_s=0.01)
+        assert not waiter.done()  # one ready, two needed: it looked and went to sleep
         t0 = time.monotonic()
         await loop.run_in_executor(None, _ready, store, b)
         lease_id, samples = await asyncio.wait_for(waiter, 2)

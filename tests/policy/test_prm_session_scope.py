@@ -18,7 +18,6 @@ In-process unit tests cover the store's pending_score state machine and the sess
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from judge_server.prm import BaseTrajectoryScorer, PRMConfig, PRMFileConfig, PRM
 from policy_server.rewards.scoring import PRMScoring, held_outcomes, session_turns
 from policy_server.store import Store
 from policy_testkit import admin, chat, lease_all, of_session, pythonpath_with_testkit, start_judge, start_policy, stats
+from tests.waiting import wait_until
 
 BUDGET = 3
 W_LEN = 0.5
@@ -88,14 +88,15 @@ def rows(url: str, sid: str, status: str | None = None) -> list[dict]:
 
 def wait_rows(url: str, sid: str, want: dict[int, str], timeout_s: float = 60.0) -> list[dict]:
     """Until the session's samples have exactly the statuses ``want`` (turn_index -> status)."""
-    end = time.monotonic() + timeout_s
-    while True:
+    def reached() -> list[dict] | None:
         got = rows(url, sid)
-        if {r["turn_index"]: r["status"] for r in got} == want:
-            return got
-        seen = [(r["turn_index"], r["status"], r["reject_reason"], r["last_error"]) for r in got]
-        assert time.monotonic() < end, f"session {sid} did not reach {want}: {seen}"
-        time.sleep(0.1)
+        return got if {r["turn_index"]: r["status"] for r in got} == want else None
+
+    def seen() -> str:
+        got = [(r["turn_index"], r["status"], r["reject_reason"], r["last_error"]) for r in rows(url, sid)]
+        return f"session {sid} did not reach {want}: {got}"
+
+    return wait_until(reached, timeout_s=timeout_s, interval_s=0.1, message=seen)
 
 
 def probe_calls(record: Path, sid: str) -> list[dict]:
@@ -224,10 +225,8 @@ def test_unreachable_scorer_keeps_held_across_kill9_then_scores_once(tiny_model_
         talk(pol.url, open_sid, [(POSITIVE, 2)], end=False)  # turn 0 paired, turn 1 awaits: held, session open
         talk(pol.url, ended, [(POSITIVE, 2), (NEGATIVE, 2)], end=True)
         wait_rows(pol.url, open_sid, {0: "pending_score"})
-        end = time.monotonic() + 60
-        while not stats(pol.url)["pending_score_retrying"]:
-            assert time.monotonic() < end, stats(pol.url)
-            time.sleep(0.1)
+        wait_until(lambda: stats(pol.url)["pending_score_retrying"], timeout_s=60, interval_s=0.1,
+                   message=lambda: stats(pol.url))
         st = stats(pol.url)
         assert st["samples"]["ready"] == 0 and st["samples"]["pending_score"] == 3
         assert st["prm"]["turns"]["retry"] >= 1 and st["prm"]["turns"]["scored"] == 0

@@ -1,4 +1,4 @@
-"""PRM scorers wired into the policy server (issue 7 item 9; policy_server/rewards/scoring.py, docs/SCORERS.md "Wiring").
+"""PRM scorers wired into the policy server (policy_server/rewards/scoring.py, docs/SCORERS.md "Wiring").
 
 End to end: client -> real policy server process (``python -m policy_server.cli --prm-config YAML``) -> dev
 engine; dispatcher -> real judge server (rules backend) for the reward pipeline AND for the LLM-judge scorer.
@@ -19,7 +19,6 @@ Unit tests cover the outcome mapping of policy_server.rewards.scoring in process
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from judge_server.prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
 from policy_server.store import Store
 from policy_testkit import chat, lease_all, of_session, start_judge, start_policy, stats
+from tests.waiting import wait_until
 
 BUDGET = 3
 W_LEN, W_JUDGE = 0.5, 2.0
@@ -74,13 +74,9 @@ def run_session(url: str, feedback: list[tuple[str, int]]) -> str:
 
 def wait_settled(url: str, timeout_s: float = 60.0) -> dict:
     """Until no turn awaits pairing and no sample is pending_judge."""
-    end = time.monotonic() + timeout_s
-    while True:
-        s = stats(url)
-        if s["samples"]["pending_judge"] == 0 and s["turns_awaiting_next_state"] == 0:
-            return s
-        assert time.monotonic() < end, f"samples did not settle: {s}"
-        time.sleep(0.2)
+    return wait_until(lambda: s if (s := stats(url))["samples"]["pending_judge"] == 0
+                      and s["turns_awaiting_next_state"] == 0 else None,
+                      timeout_s=timeout_s, interval_s=0.2, message=lambda: f"samples did not settle: {stats(url)}")
 
 
 # ------------------------------------------------------------------ e2e fixtures
@@ -210,10 +206,8 @@ def test_unreachable_scorer_judge_keeps_pending_across_kill9(tiny_model_dir, eng
     prm_judge = None
     try:
         sid = run_session(pol.url, [(POSITIVE, 2)])
-        end = time.monotonic() + 60
-        while not stats(pol.url)["pending_judge_retrying"]:
-            assert time.monotonic() < end, stats(pol.url)
-            time.sleep(0.2)
+        wait_until(lambda: stats(pol.url)["pending_judge_retrying"], timeout_s=60, interval_s=0.2,
+                   message=lambda: stats(pol.url))
         st = stats(pol.url)
         # turn 0 waits for its scores; the session's final turn waits behind it (a session is judged in order)
         assert st["samples"]["pending_judge"] == 2 and st["samples"]["ready"] == 0

@@ -16,6 +16,7 @@ import pytest
 
 from policy_server.store import Store
 from policy_testkit import CLIENT_KEY, admin, client, start_policy
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -148,10 +149,8 @@ def test_pairing_user_reply_side_turns_rewrite_and_idle(policy):
         assert rows[1]["status"] == "rejected" and rows[1]["reject_reason"] == "history_mismatch"
         assert rows[0]["status"] == "pending_judge"  # no judge configured: stays pending, never dropped
         # idle timeout (2 s in this fixture) ends the session: the last turn gets no next state
-        deadline = time.monotonic() + 15
-        while st.get_turn("pair", 2)["pairing"] == "awaiting" and time.monotonic() < deadline:
-            time.sleep(0.2)
-        t2 = st.get_turn("pair", 2)
+        t2 = wait_until(lambda: (turn := st.get_turn("pair", 2))["pairing"] != "awaiting" and turn,
+                        timeout_s=15, interval_s=0.2)
         assert t2["pairing"] == "session_end" and t2["session_done"] and t2["next_state"] is None
         stats = admin(policy.url).get("/v1/samples/stats").json()
         assert stats["history_mismatches"] >= 1 and stats["reject_reasons"]["history_mismatch"] >= 1

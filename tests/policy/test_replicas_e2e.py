@@ -23,6 +23,7 @@ import pytest
 from engine.procs import free_port, metric_value
 from policy_server.store import open_store
 from policy_testkit import admin, chat, client, start_judge, start_policy, stats
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 CLAIM_S = 2.0
@@ -34,13 +35,6 @@ def _replica(tiny_model_dir: Path, router_url: str, pg_url: str, judge_url: str,
         "--store-url", pg_url, "--judge-url", judge_url, "--replica-id", name, "--dispatch-claim-s", str(CLAIM_S),
         "--dispatch-retry-initial-s", "0.2", "--dispatch-retry-max-s", "1", "--idle-sweep-interval-s", "0.2",
         *(extra or [])])
-
-
-def _wait(pred, timeout_s: float = 60.0) -> None:
-    end = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < end, "condition not reached in time"
-        time.sleep(0.1)
 
 
 def _settled(url: str) -> bool:
@@ -78,7 +72,7 @@ def test_alternating_sessions_pair_as_on_one_replica(pair):
     feedback = ["thanks, that worked", "No, that is wrong."]
     for i in range(4):  # even sessions start at A, odd ones at B
         _session([a.url, b.url] if i % 2 == 0 else [b.url, a.url], f"alt{i}", feedback)
-    _wait(lambda: _settled(a.url))
+    wait_until(lambda: _settled(a.url), timeout_s=60)
     with admin(b.url) as c:
         for i in range(4):
             rows = {r["turn_index"]: r for r in c.get("/v1/samples", params={"session_id": f"alt{i}"}).json()["samples"]}
@@ -96,7 +90,7 @@ def test_alternating_sessions_pair_as_on_one_replica(pair):
         before = cb.get("/admin/mode").json()
         r = ca.post("/admin/mode", json={"mode": "rl", "w_rl": 0.5, "w_opd": 2.0})
         assert r.status_code == 200, r.text
-        _wait(lambda: cb.get("/admin/mode").json() == {"mode": "rl", "w_rl": 0.5, "w_opd": 2.0}, 10)
+        wait_until(lambda: cb.get("/admin/mode").json() == {"mode": "rl", "w_rl": 0.5, "w_opd": 2.0}, timeout_s=10)
         assert before != cb.get("/admin/mode").json()
 
 
@@ -157,15 +151,17 @@ def test_kill9_loses_no_answered_turn_and_the_other_replica_finishes(tiny_model_
         for t in threads:
             t.start()
         # A holds at least one session's judge work (claimed, its judge call hanging): then kill -9 it.
-        _wait(lambda: _claimed_by(store, "A") > 0)
+        wait_until(lambda: _claimed_by(store, "A") > 0, timeout_s=60)
         a.kill()
-        time.sleep(0.5)  # traffic goes on against B alone for a moment (A's connections now fail)
+        answered_at_kill = len(answered)  # traffic goes on against B alone (A's connections now fail)
+        wait_until(lambda: len(answered) >= answered_at_kill + 3, timeout_s=60)
         stop.set()
         for t in threads:
             t.join(timeout=60)
         assert answered
         # B takes A's work over once the claims expire, and judges everything.
-        _wait(lambda: stats(b.url)["samples"]["pending_judge"] == 0 and _claimed_by(store, "A") == 0)
+        wait_until(lambda: stats(b.url)["samples"]["pending_judge"] == 0 and _claimed_by(store, "A") == 0,
+                   timeout_s=60)
         for sid, k, text in answered:
             turn = store.get_turn(sid, k)
             assert turn is not None and turn["response"]["content"] == text, (sid, k)
@@ -210,8 +206,8 @@ def test_two_trainers_at_two_replicas_never_share_a_sample(pair):
     try:
         for i in range(8):
             _session([a.url, b.url] if i % 2 else [b.url, a.url], f"tr{i}", ["thanks, that worked"])
-        _wait(lambda: _settled(a.url) and stats(a.url)["samples"]["ready"] == 0
-              and stats(a.url)["samples"]["leased"] == 0)
+        wait_until(lambda: _settled(a.url) and stats(a.url)["samples"]["ready"] == 0
+                   and stats(a.url)["samples"]["leased"] == 0, timeout_s=60)
     finally:
         stop.set()
         for t in trainers:
@@ -270,7 +266,7 @@ def test_weight_update_at_a_holds_requests_at_b(tiny_model_dir, router, engine, 
         assert _SlowPause.entered.wait(30)  # A announced the pause (B acknowledged) and is pausing the engines
         t_chat = threading.Thread(target=ask_b)
         t_chat.start()
-        _wait(lambda: metric_value(b.url, "hindsight_policy_gate_waiting") == 1, 30)  # held at B's gate
+        wait_until(lambda: metric_value(b.url, "hindsight_policy_gate_waiting") == 1, timeout_s=30)  # held at B's gate
         assert "r" not in held
         released_at = time.monotonic()
         _SlowPause.release.set()
@@ -279,7 +275,7 @@ def test_weight_update_at_a_holds_requests_at_b(tiny_model_dir, router, engine, 
         assert update["r"].status_code == 200, update["r"].text
         assert held["r"].status_code == 200 and held["at"] >= released_at
         assert held["r"].json()["hindsight"]["weight_version"] == "v-replicas"  # the new weights, at B too
-        _wait(lambda: stats(b.url)["weight_version"] == "v-replicas", 10)  # B learnt the version
+        wait_until(lambda: stats(b.url)["weight_version"] == "v-replicas", timeout_s=10)  # B learnt the version
         a.stop(grace_s=30)
         b.stop(grace_s=30)
         st = open_store(pg_url, "")

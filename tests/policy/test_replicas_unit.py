@@ -17,6 +17,7 @@ from policy_server.rewards.modes import ModeState
 from policy_server.serving.sessions import SessionTracker
 from policy_server.store import open_store
 from policy_server.serving.weight_sync import WeightGate
+from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -70,10 +71,8 @@ async def test_pause_is_acknowledged_before_the_engines_pause(pg_url):
         assert not gate_b.is_open  # acknowledged means held: B's gate closed before A goes on
         sync_a.gate.version = "v1"
         await sync_a.announce_done(epoch)
-        end = time.monotonic() + 10
-        while not (gate_b.is_open and gate_b.version == "v1"):
-            assert time.monotonic() < end, "B did not reopen with the new version"
-            await asyncio.sleep(0.02)
+        await async_wait_until(lambda: gate_b.is_open and gate_b.version == "v1", timeout_s=10, interval_s=0.02,
+                               message="B did not reopen with the new version")
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
     finally:

@@ -6,14 +6,13 @@ over HTTP with ``--infer-sessions``: header-less turns are recorded, paired and 
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 
 from policy_server.serving.session_inference import INFERRED_PREFIX, choose_session
 from policy_server.store import Store
 from policy_testkit import CLIENT_KEY, admin, client, start_policy
+from tests.waiting import async_wait_until
 
 
 def U(text: str) -> dict:
@@ -121,11 +120,7 @@ async def test_a_session_being_continued_is_not_claimed_twice(tmp_path):
         retry_sid, retry_arrival = await inferrer.claim(follow_up, done=False)
         assert retry_sid.startswith(INFERRED_PREFIX) and retry_arrival is None
         tracker.settle_later(arrival)  # the first request failed before recording: its pairing is written alone
-        for _ in range(200):
-            if not tracker.in_flight("s1"):
-                break
-            await asyncio.sleep(0.01)
-        assert not tracker.in_flight("s1")
+        await async_wait_until(lambda: not tracker.in_flight("s1"), timeout_s=2, interval_s=0.01)
         assert store.awaiting_open_turns() == []
     finally:
         store.close()

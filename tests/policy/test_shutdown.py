@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -17,15 +18,17 @@ import pytest
 from engine.procs import free_port, spawn, wait_http
 from policy_server.store import Store
 from policy_testkit import admin, client, start_policy
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
 
 class DelayProxy:
-    """Forwards every request to ``upstream``; POSTs whose path starts with a key of ``delays`` wait first."""
+    """Forwards every request to ``upstream``; POSTs whose path starts with a key of ``delays`` wait first.
+    ``arrived`` counts the POSTs per path, so a test can wait until a request is in flight."""
 
     def __init__(self, upstream: str):
-        self.upstream, self.delays = upstream, {}
+        self.upstream, self.delays, self.arrived = upstream, {}, Counter()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -34,6 +37,8 @@ class DelayProxy:
 
             def _forward(self, method: str) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0)) if method == "POST" else None
+                if method == "POST":
+                    proxy.arrived[self.path.split("?")[0]] += 1
                 for prefix, delay in proxy.delays.items():
                     if method == "POST" and self.path.startswith(prefix):
                         time.sleep(delay)
@@ -72,13 +77,6 @@ def _chat(url: str, sid: str, messages: list[dict], **headers) -> httpx.Response
                       headers={"X-Session-Id": sid, **headers})
 
 
-def _wait(pred, timeout_s: float = 30.0) -> None:
-    end = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < end, "condition not reached in time"
-        time.sleep(0.1)
-
-
 def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
     judge_port = free_port()
     judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1",
@@ -98,16 +96,17 @@ def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
         judge_proxy.delays["/v1/judge"] = 30.0
         assert _chat(pol.url, "s1", u + [{"role": "assistant", "content": a1["content"]},
                                          {"role": "user", "content": "thanks, that worked"}]).status_code == 200
-        time.sleep(0.5)  # the dispatcher picked it up
+        wait_until(lambda: judge_proxy.arrived["/v1/judge"] >= 1)  # the dispatcher's judge call is in flight
         # a chat request in flight at SIGTERM (the engine answers after 2 s) must finish
         eng_proxy.delays["/generate"] = 2.0
         box: dict = {}
+        engine_calls = eng_proxy.arrived["/generate"]
         t = threading.Thread(target=lambda: box.update(r=_chat(pol.url, "s2", u)))
         t.start()
-        time.sleep(0.7)
+        wait_until(lambda: eng_proxy.arrived["/generate"] > engine_calls)  # the chat request is at the engine
         t0 = time.monotonic()
         pol.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        wait_until(lambda: httpx.get(pol.url + "/ready", trust_env=False).status_code == 503)  # draining
         refused = _chat(pol.url, "s3", u)
         assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
         t.join(30)
@@ -130,7 +129,7 @@ def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
         judge_proxy.delays.clear()
         eng_proxy.delays.clear()
         pol = start_policy(tiny_model_dir, eng_proxy.url, data, tmp_path, name="policy-b", extra=extra)
-        _wait(lambda: st.samples_of("s1")[0]["status"] == "ready")
+        wait_until(lambda: st.samples_of("s1")[0]["status"] == "ready")
         assert st.samples_of("s1")[0]["data"]["reward"] == 1.0
         with admin(pol.url) as a:
             stats = a.get("/v1/samples/stats").json()
@@ -138,9 +137,10 @@ def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
         # a drain that finishes in time: judged before exit
         judge_proxy.delays["/v1/judge"] = 0.5
         a2 = box["r"].json()["choices"][0]["message"]
+        judge_calls = judge_proxy.arrived["/v1/judge"]
         assert _chat(pol.url, "s2", u + [{"role": "assistant", "content": a2["content"]},
                                          {"role": "user", "content": "thanks"}]).status_code == 200
-        time.sleep(0.2)
+        wait_until(lambda: judge_proxy.arrived["/v1/judge"] > judge_calls)  # s2's judge call is in flight
         pol.proc.send_signal(signal.SIGTERM)
         assert pol.proc.wait(timeout=30) == 0
         assert st.samples_of("s2")[0]["status"] == "ready"  # completed while draining

@@ -13,6 +13,7 @@ import pytest
 
 from policy_server.store import Store
 from policy_testkit import admin, client, start_policy
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -49,20 +50,24 @@ def test_update_under_steady_traffic(pause_mode, tiny_model_dir, router, engine,
     try:
         for t in threads:
             t.start()
-        time.sleep(1.5)
+        wait_until(lambda: len(results) >= 8, timeout_s=60)  # steady traffic is flowing
         with admin(pol.url) as a:
             before = Store(tmp_path / "data").stats()["turns"]
             r = a.post("/admin/weights/update", json={"model_path": str(tiny_model_dir), "weight_version": "v1"})
             assert r.status_code == 200, r.text
             t_done = time.monotonic()
             assert r.json()["success"] and r.json()["weight_version"] == "v1" and r.json()["paused_s"] >= 0
-        time.sleep(1.5)
+        # traffic goes on under the new weights: several requests submitted after the update have finished
+        wait_until(lambda: sum(at > t_done and v is not None for _, v, at in results) >= 4, timeout_s=60)
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=60)
         metrics = httpx.get(pol.url + "/metrics", trust_env=False).text
         pol.stop()
+        # restore v0 naming (and the weights) for other tests sharing the engine, even when an assert failed
+        httpx.post(engine.url + "/update_weights_from_disk", json={"model_path": str(tiny_model_dir),
+                                                                   "weight_version": "v0"}, trust_env=False, timeout=60)
     assert not errors, errors[:3]
     assert before > 0 and len(results) > before
     later = [v for _, v, at in results if at > t_done and v is not None]  # submitted after the update
@@ -78,6 +83,3 @@ def test_update_under_steady_traffic(pause_mode, tiny_model_dir, router, engine,
         resumed = [t for t in turns if t["weight_versions"] == ["v0", "v1"]]
         assert resumed, "an in-flight generation must have been cut by the pause and resumed"
         assert "hindsight_policy_resumes_total" in metrics
-    # restore v0 naming for other tests sharing the engine
-    httpx.post(engine.url + "/update_weights_from_disk", json={"model_path": str(tiny_model_dir),
-                                                               "weight_version": "v0"}, trust_env=False, timeout=60)

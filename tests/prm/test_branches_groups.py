@@ -1,4 +1,4 @@
-"""Branches and groups (issue 7 items 4 and 8): each root-to-leaf branch scored on a clone (shared ancestors
+"""Branches and groups: each root-to-leaf branch scored on a clone (shared ancestors
 get branch-local scores, the session cache untouched), metrics only when every branch succeeds; a missing or
 failed session rejects its group, discard skips scoring, a consumed trajectory is never rescored; the two
 group filters."""

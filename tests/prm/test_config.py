@@ -1,4 +1,4 @@
-"""YAML config (issue 7 item 7): the example file loads; each of the seed's rules fails with a clear message
+"""YAML config: the example file loads; each validation rule fails with a clear message
 naming the key; an empty scorer list or enabled: false disables scoring."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Scorer contract (issue 7 item 1, 4 and 5): broadcast/dense rewards, weighted sums, rejection on None or
+"""Scorer contract: broadcast/dense rewards, weighted sums, rejection on None or
 exception, read-only inputs, trajectory scorers (order, missing ids 0, unknown ids rejected), per-scorer
 all-or-nothing commits, and token rewards aligned to generated tokens."""
 

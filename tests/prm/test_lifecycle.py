@@ -1,4 +1,4 @@
-"""Runner lifecycle (issue 7 item 3): create() rollback of owned scorers (incl. notes and cancellation),
+"""Runner lifecycle: create() rollback of owned scorers (incl. notes and cancellation),
 aclose() reverse order / at most once / concurrent waiters / ExceptionGroup / no retry after interruption,
 borrowed scorers never closed, run() rejected once closing starts, sync constructor kept."""
 
@@ -10,6 +10,7 @@ import pytest
 from prm_test_scorers import A, C, make_turns
 
 from judge_server.prm import PRMConfigError, PRMRunner, PRMRunnerClosed, score_session
+from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -21,6 +22,11 @@ def spec(cls: str, **kwargs) -> dict:
 
 def closes(log) -> list[str]:
     return [name for event, name in log if event == "close_start"]
+
+
+async def closing_started(log, name: str) -> None:
+    """Wait until scorer ``name``'s close hook has started (it then sleeps for its close_delay_s)."""
+    await async_wait_until(lambda: name in closes(log), timeout_s=5, interval_s=0.001)
 
 
 async def test_aclose_reverse_order_owned_only_disabled_included(scorer_log):
@@ -42,7 +48,7 @@ async def test_aclose_at_most_once(scorer_log):
 async def test_concurrent_aclose_waits_for_the_same_cleanup(scorer_log):
     runner = await PRMRunner.create({"scorers": [spec("A", close_delay_s=0.05), spec("B", close_delay_s=0.05)]})
     first = asyncio.create_task(runner.aclose())
-    await asyncio.sleep(0.01)  # first caller is inside b's hook
+    await closing_started(scorer_log, "b")  # first caller is inside b's hook
     second = asyncio.create_task(runner.aclose())
     await asyncio.sleep(0)
     assert not second.done()  # waits instead of returning early
@@ -66,7 +72,7 @@ async def test_cleanup_failures_raised_together_after_all_attempted(scorer_log):
 async def test_cancelled_cleanup_propagates_and_is_not_retried(scorer_log):
     runner = await PRMRunner.create({"scorers": [spec("A"), spec("B", close_delay_s=5.0)]})
     task = asyncio.create_task(runner.aclose())
-    await asyncio.sleep(0.02)
+    await closing_started(scorer_log, "b")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -78,7 +84,7 @@ async def test_cancelled_cleanup_propagates_and_is_not_retried(scorer_log):
 async def test_run_rejected_once_closing_starts(scorer_log):
     runner = await PRMRunner.create({"scorers": [spec("A", close_delay_s=0.05)]})
     closing = asyncio.create_task(runner.aclose())
-    await asyncio.sleep(0.01)
+    await closing_started(scorer_log, "a")
     with pytest.raises(PRMRunnerClosed):
         await score_session(runner, make_turns(1))
     await closing
@@ -118,7 +124,7 @@ async def test_create_rolls_back_on_resolution_and_validation_errors(
 async def test_cancellation_during_rollback_propagates(scorer_log):
     config = {"scorers": [spec("A"), spec("B", close_delay_s=5.0), spec("C", fail_init=True)]}
     task = asyncio.create_task(PRMRunner.create(config))
-    await asyncio.sleep(0.02)
+    await closing_started(scorer_log, "b")
     assert closes(scorer_log) == ["b"]
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

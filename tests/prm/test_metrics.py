@@ -1,4 +1,4 @@
-"""Structured observations and metrics (issue 7 items 2 and 5): observation validation, schema stability per
+"""Structured observations and metrics: observation validation, schema stability per
 scorer and metric, metric names, weighted rewards vs unweighted observations, count-weighted combination
 across workers, eval namespace, Prometheus exposure and the log snapshot."""
 

@@ -1,4 +1,4 @@
-"""Built-in scorers (issue 7 item 6): LengthBudgetScorer, and LLMJudgeScorer against a real judge server
+"""Built-in scorers: LengthBudgetScorer, and LLMJudgeScorer against a real judge server
 process (``python -m judge_server.cli --backend rules``) over HTTP; faults (judge_failed, null score) are
 injected with httpx.MockTransport, an unreachable judge with a closed port."""
 

@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 import pytest
 
 from policy_testkit import CLIENT_KEY, client, start_policy
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 MB = 1024 * 1024
@@ -97,13 +98,8 @@ def test_8mb_chat_body_is_refused_before_rendering_with_bounded_memory(policy):
 
 
 def _wait_log(policy, needle: str, timeout_s: float = 10.0) -> str:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        text = policy.log_path.read_text(errors="replace")
-        if needle in text:
-            return text
-        time.sleep(0.05)
-    raise AssertionError(f"{needle} never logged")
+    return wait_until(lambda: needle in (text := policy.log_path.read_text(errors="replace")) and text,
+                      timeout_s=timeout_s, message=f"{needle} never logged")
 
 
 def _nested(depth: int) -> dict:

@@ -28,6 +28,7 @@ import pytest
 from policy_server.errors import StoreBusy
 from policy_server.store import Store
 from policy_testkit import admin, client, start_policy
+from tests.waiting import wait_until
 
 BUSY_TIMEOUT_S = 2.0
 HOLD_S = 12.0
@@ -110,9 +111,7 @@ def _chat(c: httpx.Client, sid: str | None, text: str) -> httpx.Response:
 
 def _wait(pred, timeout_s: float) -> float:
     t0 = time.monotonic()
-    while not pred():
-        assert time.monotonic() - t0 < timeout_s, "condition not reached in time"
-        time.sleep(0.1)
+    wait_until(pred, timeout_s=timeout_s, interval_s=0.1)
     return time.monotonic() - t0
 
 

@@ -1,8 +1,8 @@
 """Advantage math (trainer/advantages.py) against hand-derived values.
 
 Contract under test: rl (r - b, optional /std, only samples with has_reward), opd (teacher - old), combine
-(each term only where present), AReaL shaping (additive | gvpo | process_weighted, peers.md §1.4),
-PRM-gated OPD (seed §5.2) and multiplicative OPD (seed §5.3); padding always carries 0.
+(each term only where present), AReaL shaping (additive | gvpo | process_weighted),
+PRM-gated OPD and multiplicative OPD; padding always carries 0.
 """
 
 from __future__ import annotations

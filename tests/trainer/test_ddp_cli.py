@@ -1,6 +1,6 @@
 """``hindsight-train`` as a real process: CLI validation, and DDP under torchrun (gloo on CPU).
 
-Contract under test (issue 6 item 4): two ranks on the same batches end with identical weights (the loop
+Contract under test: two ranks on the same batches end with identical weights (the loop
 all-gathers a weight checksum every step and fails on any spread) and the same loss and weights as one
 process on the same batches, because the loss is normalised by the whole batch's valid tokens. The same
 holds for ``--parallel fsdp2`` (sharded parameters, full state gathered on rank 0 for the checkpoint), also

@@ -1,4 +1,4 @@
-"""The closed learning loop (issue 6 item 5), in-process: sample from the CURRENT weights, reward, update, repeat.
+"""The closed learning loop, in-process: sample from the CURRENT weights, reward, update, repeat.
 
 ``LocalSampleSource`` plays the policy server: it samples replies from the weights the trainer last pushed
 (update_weights reloads the checkpoint), a deterministic scorer rewards replies containing a target token

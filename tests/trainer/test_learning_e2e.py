@@ -1,4 +1,4 @@
-"""The closed learning loop through the real stack (issue 6 item 5): the policy learns what the judge rewards.
+"""The closed learning loop through the real stack: the policy learns what the judge rewards.
 
 Stack (tests/trainer/stack.py): dev engine on a private copy of the tiny model <- policy server (mode rl) ->
 judge server (rules backend). A scripted user (openai client) answers "Thanks, that worked." when the
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 
@@ -28,6 +27,7 @@ from engine.client import EngineClient
 from tests.trainer.stack import ADMIN, ScriptedUser, start_stack
 from trainer.settings import TrainConfig
 from trainer.train import train
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -70,14 +70,12 @@ def wait_judged(stack, turns_sent: int, deadline_s: float = 30.0) -> dict:
     is rejected by the judge service (``judge_rejected``), never scored 0, so the count of ready samples
     per round is read back rather than assumed.
     """
-    end = time.monotonic() + deadline_s
-    while True:
+    def judged() -> dict | None:
         samples = stack.stats()["samples"]
-        if samples.get("pending_judge", 0) == 0 and sum(samples.values()) >= turns_sent:
-            return samples
-        if time.monotonic() > end:
-            raise AssertionError(f"turns not judged within {deadline_s}s: {samples} (sent {turns_sent})")
-        time.sleep(0.1)
+        return samples if samples.get("pending_judge", 0) == 0 and sum(samples.values()) >= turns_sent else None
+
+    return wait_until(judged, timeout_s=deadline_s, interval_s=0.1,
+                      message=lambda: f"turns not judged: {stack.stats()['samples']} (sent {turns_sent})")
 
 
 @pytest.fixture(scope="module")

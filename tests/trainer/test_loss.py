@@ -93,7 +93,7 @@ def test_topk_reverse_kl_zero_when_equal_and_masked_rows_inert():
     s_logits = torch.log(p).expand(1, 2, 4).clone().requires_grad_()
     ids = T([[[0, 1, 2], [0, 1, 2]]])
     t_lp = torch.log(p[:3]).expand(1, 2, 3).clone()
-    t_lp[0, 1] = 0.0  # a placeholder row (the prior system's bug): must not matter when masked
+    t_lp[0, 1] = 0.0  # a placeholder row (padding written as log-prob 0): must not matter when masked
     out = topk_reverse_kl(s_logits, ids, t_lp, T([[1, 0]]))
     assert out[0, 0].item() == pytest.approx(0.0, abs=1e-6)
     assert out[0, 1].item() == 0.0

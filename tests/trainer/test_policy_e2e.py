@@ -27,8 +27,6 @@ ADMIN, CLIENT = "adm-key", "cli-key"
 
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir, tmp_path_factory):
-    pytest.importorskip("policy_server.cli")
-    pytest.importorskip("judge_server.cli")
     logs = tmp_path_factory.mktemp("stack")
     procs = []
     try:

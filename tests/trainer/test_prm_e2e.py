@@ -1,4 +1,4 @@
-"""Process rewards end to end (issue 7, last Tests line): LengthBudgetScorer + the LLM-judge scorer, configured in
+"""Process rewards end to end: LengthBudgetScorer + the LLM-judge scorer, configured in
 one PRM YAML, through the policy server into the trainer.
 
 Stack (tests/trainer/stack.py): dev engine <- policy server (mode rl, ``--prm-config prm.yaml``) -> judge server
@@ -17,7 +17,6 @@ checkpoint is loaded by the engine.
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
@@ -31,6 +30,7 @@ from trainer.policy_client import Lease, PolicyClient
 from trainer.prm import resolve_prm_config
 from trainer.settings import TrainConfig
 from trainer.train import train
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -89,10 +89,11 @@ def test_length_budget_and_judge_scorers_shape_the_trainers_advantages(stack, tm
         finally:
             user.close()
         sent += 4 * 3
-    deadline = time.monotonic() + 60
-    while (counts := stack.stats()["samples"])["pending_judge"] or sum(counts.values()) < sent:
-        assert time.monotonic() < deadline, counts
-        time.sleep(0.1)
+    def judged() -> dict | None:
+        counts = stack.stats()["samples"]
+        return None if counts["pending_judge"] or sum(counts.values()) < sent else counts
+
+    counts = wait_until(judged, timeout_s=60, interval_s=0.1, message=lambda: stack.stats()["samples"])
     assert counts["ready"] >= 12, stack.stats()["reject_reasons"]
 
     out = tmp_path / "train"

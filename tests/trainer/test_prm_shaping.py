@@ -1,4 +1,4 @@
-"""Trainer side of process rewards (issue 7 item 9): sample -> tensors, shaping routing, config from the PRM YAML.
+"""Trainer side of process rewards: sample -> tensors, shaping routing, config from the PRM YAML.
 
 Contract under test (trainer/prm.py, trainer/objective.py, trainer/batch.py):
 - ``token_rewards`` land on the same (B, T) response positions as the log-probs; a sample without them gets

@@ -1,6 +1,6 @@
 """The Hindsight trainer: one top-down PPO loop over samples leased from the policy server.
 
-    hindsight-train --policy-url http://127.0.0.1:8100 --admin-api-key K --model-path DIR --out-dir runs/a --steps 100
+    HINDSIGHT_TRAIN_ADMIN_API_KEY=K hindsight-train --policy-url http://127.0.0.1:8100 --model-path DIR --out-dir runs/a --steps 100
     torchrun --nproc-per-node 2 -m trainer.cli --samples-file s.jsonl --model-path DIR --out-dir runs/b   # DDP (gloo on CPU)
     torchrun --nproc-per-node 2 -m trainer.cli ... --parallel fsdp2                                     # FSDP2 shards
 
@@ -51,7 +51,7 @@ from trainer.objective import carries_learning_term
 from trainer.policy_client import (FileSampleSource, Lease, PolicyClient, PolicyRejected, SampleSource, SourceExhausted,
                                    TrainerError, collect_leases)
 from trainer.prm import resolve_prm_config
-from trainer.settings import TrainConfig
+from trainer.settings import UNBOUNDED_STEPS, TrainConfig
 from trainer.update import train_on_batch
 
 logger = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class TrainingRun:
         if rank == 0 and cfg.progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=None if cfg.steps == UNBOUNDED_STEPS else cfg.steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
         self.idle_since = self.last_step_end = time.monotonic()
         self.update_time_s = 0.0  # the last update_policy call alone; step_time_s counts the whole step
 

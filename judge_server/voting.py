@@ -1,6 +1,6 @@
 """Majority voting over judge samples: the fixed (prior-system) rule, the adaptive policy, hint selection.
 
-Contract (issue 3, openclaw-rl-notes §5.3, §7.2, §15.1-3):
+Contract:
 - ``majority_vote(votes)`` (the fixed rule): drop None; no valid vote -> score 0, status ``no_valid_votes``;
   a tie at the top -> score 0, status ``tie``; else the strict plurality value, status ``ok``.
   ``confidence`` = share of the valid votes that agree with the top value (0.0 with no valid vote).

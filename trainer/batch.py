@@ -31,7 +31,7 @@ from trainer.rollout_correction import check_sampling_params, sample_temperature
 def check_sample(s: dict[str, Any], *, shaping: str = "none") -> str | None:
     """None if the sample is trainable, else why not.
 
-    ``token_rewards`` (issue 7) must be null or one finite float per response id; with ``process_weighted``
+    ``token_rewards`` must be null or one finite float per response id; with ``process_weighted``
     shaping they must lie in [0, 1] on loss-mask tokens (AReaL asserts this; here the sample is set aside
     instead of crashing the step).
     """

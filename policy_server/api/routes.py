@@ -59,6 +59,7 @@ from engine.disconnect import (
 )
 from engine.errors import EngineError, EngineTimeout
 from engine.http_guard import BadJSON, parse_json_body
+from engine.records import RejectReason, TurnRecord
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import is_admin, require_client
@@ -72,7 +73,7 @@ from policy_server.store import Store
 logger = logging.getLogger(__name__)
 router = APIRouter()
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
-DISCONNECT_REASON = "client_disconnected"
+DISCONNECT_REASON = RejectReason.CLIENT_DISCONNECTED
 _cleanups: set[asyncio.Task[None]] = set()  # strong refs: a detached cleanup must not be garbage-collected
 
 
@@ -145,14 +146,17 @@ async def _check_backlog(st: PolicyState) -> None:
 
 def _turn_record(messages: list[dict[str, Any]], tools: Any, res: GenResult, message: dict[str, Any],
                  sp: dict[str, Any], template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    return {"chat_template_kwargs": template_kwargs,  # the teacher renders its prompt the same way
-            "messages": messages, "tools": tools, "prompt_ids": res.prompt_ids, "response_ids": res.response_ids,
-            "rollout_logprobs": res.logprobs, "response": {k: message.get(k) for k in
-                                                            ("content", "reasoning_content", "tool_calls")},
-            "weight_version": res.weight_version, "weight_versions": res.weight_versions, "sampling_params": sp,
-            # A forced tool call or a JSON response format decodes under a grammar: the log-probs are the
-            # masked distribution's.
-            "constrained": any(k in sp for k in GRAMMAR_KEYS)}
+    """The turn's :class:`~engine.records.TurnRecord` JSON, as the store persists it."""
+    return TurnRecord(
+        chat_template_kwargs=template_kwargs,  # the teacher renders its prompt the same way
+        messages=messages, tools=tools, prompt_ids=res.prompt_ids, response_ids=res.response_ids,
+        rollout_logprobs=res.logprobs,
+        response={k: message.get(k) for k in ("content", "reasoning_content", "tool_calls")},
+        weight_version=res.weight_version, weight_versions=res.weight_versions, sampling_params=sp,
+        # A forced tool call or a JSON response format decodes under a grammar: the log-probs are the
+        # masked distribution's.
+        constrained=any(k in sp for k in GRAMMAR_KEYS),
+    ).to_json()
 
 
 @dataclass
@@ -175,7 +179,7 @@ def _reject_turn(store: Store, sid: str, turn_index: int) -> str:
     for row in store.list_samples(session_id=sid, status="pending_judge", limit=10_000):
         if row["turn_index"] == turn_index and store.complete_judge(
                 row["sample_id"], status="rejected", reject_reason=DISCONNECT_REASON, included=False,
-                data=None):  # type: ignore[arg-type]  # no Sample JSON, like every pairing rejection
+                data=None):  # no Sample JSON, like every pairing rejection
             return "rejected"
     return "already decided"
 

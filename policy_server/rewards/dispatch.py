@@ -1,7 +1,7 @@
 """Judge dispatch: turns whose pairing is resolved -> RewardPipeline -> sample status, asynchronously.
 
 Role: the user's reply is never delayed by judging. The work queue IS the store (samples with status
-``pending_judge``), so pending work survives a crash and a restart resumes it (issue 4 item 5).
+``pending_judge``), so pending work survives a crash and a restart resumes it.
 
 Contract:
 - Each session's pending turns are processed serially in turn order (the at-least-one rule depends on
@@ -45,18 +45,21 @@ import logging
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
 from engine.errors import EngineTimeout, EngineUnavailable
 from engine.observability import bind_ids
+from engine.records import PIPELINE_TURN_KEYS, SAMPLE_TURN_KEYS, RejectReason, Sample
+from judge_server.errors import JudgeUnavailable
 from policy_server.errors import StoreBusy
-from policy_server.rewards.scoring import apply_outcome, held_outcomes
+from policy_server.rewards.modes import RewardPipeline
+from policy_server.rewards.scoring import PRMScoring, apply_outcome, held_outcomes
 from policy_server.store import Store
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_TURN_KEYS = ("prompt_ids", "response_ids", "rollout_logprobs", "weight_version", "weight_versions",
-                    "sampling_params")
-PIPELINE_TURN_KEYS = ("session_id", "turn_index", "messages", "tools", "prompt_ids", "response_ids",
-                      "rollout_logprobs", "response", "weight_version", "weight_versions", "sampling_params")
+# An unreachable judge service or teacher engine is not a verdict: the turn stays pending and is retried.
+_RETRYABLE: tuple[type[BaseException], ...] = (EngineUnavailable, EngineTimeout, JudgeUnavailable)
 
 
 def is_constrained(turn: dict[str, Any]) -> bool:
@@ -70,22 +73,12 @@ def is_constrained(turn: dict[str, Any]) -> bool:
     return bool(turn.get("constrained") or sp.get("regex") or sp.get("json_schema") or sp.get("ebnf"))
 
 
-def _retryable_errors() -> tuple[type[BaseException], ...]:
-    errs: list[type[BaseException]] = [EngineUnavailable, EngineTimeout]
-    try:
-        from judge_server.client import JudgeUnavailable
-
-        errs.append(JudgeUnavailable)
-    except ImportError:  # the judge client is optional for a server that never judges
-        pass
-    return tuple(errs)
-
-
 class Dispatcher:
     """Polls the store for pending_judge samples; woken early by :meth:`wake`."""
 
-    def __init__(self, store: Store, pipeline: Any | None, *, concurrency: int = 8, retry_initial_s: float = 0.5,
-                 retry_max_s: float = 30.0, poll_s: float = 1.0, scoring: Any | None = None,
+    def __init__(self, store: Store, pipeline: RewardPipeline | None, *, concurrency: int = 8,
+                 retry_initial_s: float = 0.5, retry_max_s: float = 30.0, poll_s: float = 1.0,
+                 scoring: PRMScoring | None = None,
                  owner: str | None = None, claim_s: float = 30.0):
         self.store = store
         self.owner = owner
@@ -101,7 +94,6 @@ class Dispatcher:
         self._running: dict[str, asyncio.Task[None]] = {}
         self._sem = asyncio.Semaphore(concurrency)
         self._retry_at: dict[str, float] = {}
-        self._retryable = _retryable_errors()
         self.processed = 0
         self.retries = 0
         self.outcomes: dict[str, int] = {}
@@ -256,18 +248,18 @@ class Dispatcher:
         turn = await asyncio.to_thread(self.store.get_turn, job["session_id"], job["turn_index"])
         session = await asyncio.to_thread(self.store.session, job["session_id"])
         assert turn is not None and session is not None, "a pending sample always has its turn and session"
+        assert self.pipeline is not None, "pending jobs are only processed with a pipeline"
         try:
             result = await self.pipeline.process(
                 {k: turn.get(k) for k in PIPELINE_TURN_KEYS}, turn["next_state"],
                 session_has_included=bool(session["has_included"]), session_done=turn["session_done"])
-        except self._retryable as exc:
+        except _RETRYABLE as exc:
             return await self._retry_later(job, f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # a pipeline bug must not stall the session: reject visibly
             logger.exception("reward pipeline failed on %s/%s", job["session_id"], job["turn_index"])
-            result = {"status": "rejected", "reject_reason": f"pipeline_error: {type(exc).__name__}: {exc}",
-                      "included": False, "sample": {}}
+            result = _pipeline_error(exc)
         reason = result.get("reject_reason") or ""
-        if result.get("status") == "rejected" and reason.startswith("judge_unavailable"):
+        if result.get("status") == "rejected" and reason.startswith(RejectReason.JUDGE_UNAVAILABLE):
             return await self._retry_later(job, reason)
         if self.session_scope and result.get("status") == "ready":
             result = {**result, "status": "pending_score"}  # held until the whole session is scored
@@ -276,10 +268,12 @@ class Dispatcher:
             if outcome.kind == "retry":
                 return await self._retry_later(job, f"prm: {outcome.reason}")
             result = apply_outcome(result, outcome)
-        data = dict(result.get("sample") or {})
-        data.update({k: turn.get(k) for k in SAMPLE_TURN_KEYS})
-        data.update(sample_id=job["sample_id"], session_id=job["session_id"], turn_index=job["turn_index"],
-                     created_at=turn["created_at"], constrained=is_constrained(turn))
+        try:
+            data = _sample(result.get("sample") or {}, turn, job["sample_id"])
+        except ValidationError as exc:  # a pipeline bug again: reject visibly, with the turn's own fields
+            logger.error("sample of %s/%s is off the schema: %s", job["session_id"], job["turn_index"], exc)
+            result = _pipeline_error(exc)
+            data = _sample({}, turn, job["sample_id"])
         await asyncio.to_thread(self.store.complete_judge, job["sample_id"], status=result["status"],
                                 reject_reason=result.get("reject_reason"), included=bool(result.get("included")),
                                 data=data)
@@ -318,3 +312,16 @@ class Dispatcher:
                        job["attempts"] + 1, error)
         await asyncio.to_thread(self.store.note_attempt, job["sample_id"], error)
         return False
+
+
+def _sample(fields: dict[str, Any], turn: dict[str, Any], sample_id: str) -> Sample:
+    """The stored Sample: the pipeline's fields, then the turn's (:data:`SAMPLE_TURN_KEYS`), then its origin."""
+    return Sample.model_validate({
+        **fields, **{k: turn.get(k) for k in SAMPLE_TURN_KEYS}, "sample_id": sample_id,
+        "session_id": turn["session_id"], "turn_index": turn["turn_index"], "created_at": turn["created_at"],
+        "constrained": is_constrained(turn)})
+
+
+def _pipeline_error(exc: Exception) -> dict[str, Any]:
+    reason = RejectReason.with_detail(RejectReason.PIPELINE_ERROR, f"{type(exc).__name__}: {exc}")
+    return {"status": "rejected", "reject_reason": reason, "included": False, "sample": {}}

@@ -1,5 +1,4 @@
-"""Process-reward scorers in the policy server: the PRM runner's lifecycle, per-turn and per-session scoring
-(issue 7 items 4, 8, 9).
+"""Process-reward scorers in the policy server: the PRM runner's lifecycle, per-turn and per-session scoring.
 
 Role: when ``--prm-config YAML`` is set and scoring is active (``prm.enabled`` and at least one enabled
 scorer), every sample the reward pipeline accepts gets ``token_rewards`` from the configured scorers

@@ -189,6 +189,10 @@ SAMPLE_TURN_KEYS = ("prompt_ids", "response_ids", "rollout_logprobs", "weight_ve
                     "sampling_params")
 PIPELINE_TURN_KEYS = ("session_id", "turn_index", "messages", "tools", "prompt_ids", "response_ids",
                       "rollout_logprobs", "response", "weight_version", "weight_versions", "sampling_params")
+# A turn as the PRM scorers take it (judge_server.prm.score_session): these keys become the Interaction's own
+# fields, every other key of the turn dict (tools, weight_version, judge_prm, ...) its ``extra``.
+SCORING_TURN_KEYS = frozenset({"session_id", "turn_index", "messages", "response", "prompt_ids", "response_ids",
+                               "parent_turn_index", "next_state"})
 
 
 # ---------------------------------------------------------------------------- samples
@@ -197,6 +201,10 @@ class TeacherTopK(_Record):
 
     ids: list[list[int]]
     logprobs: list[list[float]]
+
+
+# A Sample as the trainer receives it (``Sample.to_json()``, or a leased JSON object read as is).
+SampleJSON = dict[str, Any]
 
 
 class Sample(_Record):

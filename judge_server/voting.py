@@ -35,12 +35,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from engine.records import STATUS_NO_VALID, STATUS_OK, STATUS_TIE
 from judge_server.vote_model import AgreementTracker, stop_table, state_of
-
-STATUS_OK = "ok"
-STATUS_TIE = "tie"
-STATUS_NO_VALID = "no_valid_votes"
-STATUS_FAILED = "judge_failed"
 
 
 @dataclass

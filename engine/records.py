@@ -121,7 +121,7 @@ class _HintVotes(_Record):
     accepted: bool = False
     hint: str | None = None
     votes: list[int | None] = []
-    status: Literal["ok", "judge_failed"] = STATUS_OK
+    status: Literal["ok", "judge_failed"] = "ok"
     reason: str | None = None
     vote_status: VerdictStatus | None = None  # the vote rule's own outcome behind ``status``
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from engine.records import STATUS_NO_VALID, STATUS_OK, STATUS_TIE
-from judge_server.vote_model import AgreementTracker, stop_table, state_of
+from judge_server.vote_model import AgreementTracker, state_of, stop_table
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """Leased sample dicts -> padded training tensors, and the model forward that scores response tokens.
 
 Contract: a sample is the JSON of an :class:`engine.records.Sample` (docs/CONTRACTS.md "Sample JSON"), read
-as leased (a broken one must be set aside, not crash the step, so it is not parsed into the model). ``check_sample`` returns a reason string
-when a sample breaks it (per-token lists of the wrong length, no response); the loop then trains it
-with an all-zero mask and logs the reason, so a bad sample is visible, acked and never crashes a step.
+as leased: a broken one must be set aside, not crash the step, so it is not parsed into the model.
+``check_sample`` returns a reason string when a sample breaks it (per-token lists of the wrong length, no
+response); the loop then trains it with an all-zero mask and logs the reason, so a bad sample is visible, acked and never crashes a step.
 Sequences are prompt + response, right-padded to L; response position t of sample i is predicted by
 the logits at ``P_i - 1 + t`` (``resp_index``), so all per-token tensors are (B, T) response-aligned.
 Top-K teacher rows are used only for samples whose K equals the batch's most common K (others get
@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 

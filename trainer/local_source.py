@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.records import Sample, SampleJSON, TeacherTopK
+from engine.records import Mode, Sample, SampleJSON, TeacherTopK
 
 
 def target_reward(target_ids: set[int]) -> Callable[[list[int]], float]:
@@ -39,7 +39,7 @@ class LocalSampleSource:
         *,
         reward_fn: Callable[[list[int]], float | None] | None = None,
         teacher_path: str | Path | None = None,
-        mode: str = "rl",
+        mode: Mode = "rl",
         max_new_tokens: int = 12,
         teacher_topk: int = 0,
         seed: int = 0,

@@ -1,6 +1,6 @@
 """Client routes: ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/ready``, ``/metrics`` (thin).
 
-Session protocol (issue 4 item 3): ``X-Session-Id``, ``X-Turn-Type: main|side``, ``X-Session-Done``
+Session protocol: ``X-Session-Id``, ``X-Turn-Type: main|side``, ``X-Session-Done``
 headers, with body fallbacks ``session_id``/``turn_type``/``session_done`` removed before use. The
 default turn type is ``default_turn_type``. A request without a session id is served and not recorded
 (nothing could ever pair it), unless session inference is on (policy_server.serving.session_inference). Only main
@@ -13,7 +13,7 @@ a prompt that cannot fit the engine's context is refused before any per-message 
 shapes of openai_schemas.ChatRequest are checked, all as 400s that name the field and never echo it.
 Nothing is recorded for a request that is refused. ``X-Session-Id`` is read as UTF-8.
 
-Client disconnects (house style §6 "propagate client disconnects (abort upstream)"). A reply nobody reads
+Client disconnects: a client that hangs up must abort its engine work upstream. A reply nobody reads
 must not keep the engine busy, and must not become a trainable turn. Detection:
 
 - non-streaming: uvicorn does NOT cancel a handler whose client hung up, so the generation (and its turn

@@ -200,6 +200,7 @@ class Dispatcher:
 
     async def _renew_claim(self, session_id: str) -> None:
         """Keep this replica's claim alive while its worker runs (a slow judge call outlasts one claim)."""
+        assert self.owner is not None, "claims are only taken with an owner"
         while True:
             await asyncio.sleep(self.claim_s / 3)
             try:
@@ -290,6 +291,7 @@ class Dispatcher:
         held = [t["sample"] for t in trajectory if (t.get("sample") or {}).get("status") == "pending_score"]
         if not held:
             return None
+        assert self.scoring is not None, "held samples are only scored with PRM scoring on"
         outcome = await self.scoring.score_held_session(trajectory)
         if outcome.kind == "retry":
             self.retries += 1

@@ -351,7 +351,8 @@ class RewardPipeline:
         if not isinstance(verdict, dict):
             return reject(f"{R.JUDGE_FAILED}: judge returned a non-object response")
         versions.update(verdict.get("prompt_versions") or {})
-        prm, hint = verdict.get("prm"), verdict.get("hint")
+        prm: Any = verdict.get("prm")  # a verdict object when decide() accepts it, anything otherwise
+        hint: Any = verdict.get("hint")
         decision = decide(
             snap.mode, prm, hint, session_has_included=session_has_included, at_least_one=self.at_least_one
         )

@@ -11,6 +11,7 @@ anything else -> 0 (no hint).
 from __future__ import annotations
 
 import pytest
+
 from engine.chat import render_prompt_ids
 from engine.client import EngineClient
 from judge_server.client import JudgeClient

@@ -16,6 +16,10 @@ Contract:
   sampled under a decoding constraint (a forced tool call), whose rollout log-probs are the masked
   distribution's.
 - Any other pipeline exception rejects the turn with reason ``pipeline_error: ...`` (explicit, visible).
+- The stored Sample is an :class:`engine.records.Sample` (the pipeline's fields, the turn's
+  :data:`~engine.records.SAMPLE_TURN_KEYS`, the origin). A pipeline result off that schema is rejected
+  ``pipeline_error: sample off the schema: <field>: <why>``, except an unusable number, which the store
+  rejects as ``invalid_values: <why>`` like every other.
 - A busy store (policy_server.errors.StoreBusy: another connection holds the SQLite write lock) defers the
   session's work with the same capped backoff; nothing was written, so it stays pending and is retried.
 - Replicas on one shared store (``owner`` = this replica's id): a session's worker first claims the session
@@ -43,16 +47,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from engine.errors import EngineTimeout, EngineUnavailable
 from engine.observability import bind_ids
 from engine.records import PIPELINE_TURN_KEYS, SAMPLE_TURN_KEYS, RejectReason, Sample
+from engine.sample_values import value_problem
 from judge_server.errors import JudgeUnavailable
 from policy_server.errors import StoreBusy
-from policy_server.rewards.modes import RewardPipeline
 from policy_server.rewards.scoring import PRMScoring, apply_outcome, held_outcomes
 from policy_server.store import Store
 
@@ -73,10 +77,17 @@ def is_constrained(turn: dict[str, Any]) -> bool:
     return bool(turn.get("constrained") or sp.get("regex") or sp.get("json_schema") or sp.get("ebnf"))
 
 
+class TurnPipeline(Protocol):
+    """What the dispatcher needs of the reward pipeline (policy_server.rewards.modes.RewardPipeline)."""
+
+    async def process(self, turn: dict[str, Any], next_state: list[dict[str, Any]] | None, *,
+                      session_has_included: bool, session_done: bool) -> dict[str, Any]: ...
+
+
 class Dispatcher:
     """Polls the store for pending_judge samples; woken early by :meth:`wake`."""
 
-    def __init__(self, store: Store, pipeline: RewardPipeline | None, *, concurrency: int = 8,
+    def __init__(self, store: Store, pipeline: TurnPipeline | None, *, concurrency: int = 8,
                  retry_initial_s: float = 0.5, retry_max_s: float = 30.0, poll_s: float = 1.0,
                  scoring: PRMScoring | None = None,
                  owner: str | None = None, claim_s: float = 30.0):
@@ -269,12 +280,17 @@ class Dispatcher:
             if outcome.kind == "retry":
                 return await self._retry_later(job, f"prm: {outcome.reason}")
             result = apply_outcome(result, outcome)
+        raw = _sample_json(result.get("sample") or {}, turn, job["sample_id"])
+        data: Sample | dict[str, Any] = raw
         try:
-            data = _sample(result.get("sample") or {}, turn, job["sample_id"])
-        except ValidationError as exc:  # a pipeline bug again: reject visibly, with the turn's own fields
-            logger.error("sample of %s/%s is off the schema: %s", job["session_id"], job["turn_index"], exc)
-            result = _pipeline_error(exc)
-            data = _sample({}, turn, job["sample_id"])
+            data = Sample.model_validate(raw)
+        except ValidationError as exc:
+            # An unusable value is rejected by the store with its own reason (invalid_values: ...); any other
+            # departure from the schema is a pipeline bug: reject it visibly, keeping only the turn's fields.
+            if value_problem(raw) is None:
+                logger.error("sample of %s/%s is off the schema: %s", job["session_id"], job["turn_index"], exc)
+                result = _pipeline_error(exc)
+                data = Sample.model_validate(_sample_json({}, turn, job["sample_id"]))
         await asyncio.to_thread(self.store.complete_judge, job["sample_id"], status=result["status"],
                                 reject_reason=result.get("reject_reason"), included=bool(result.get("included")),
                                 data=data)
@@ -316,14 +332,19 @@ class Dispatcher:
         return False
 
 
-def _sample(fields: dict[str, Any], turn: dict[str, Any], sample_id: str) -> Sample:
-    """The stored Sample: the pipeline's fields, then the turn's (:data:`SAMPLE_TURN_KEYS`), then its origin."""
-    return Sample.model_validate({
-        **fields, **{k: turn.get(k) for k in SAMPLE_TURN_KEYS}, "sample_id": sample_id,
-        "session_id": turn["session_id"], "turn_index": turn["turn_index"], "created_at": turn["created_at"],
-        "constrained": is_constrained(turn)})
+def _sample_json(fields: dict[str, Any], turn: dict[str, Any], sample_id: str) -> dict[str, Any]:
+    """The stored Sample's JSON: the pipeline's fields, then the turn's (:data:`SAMPLE_TURN_KEYS`), then its
+    origin (the :class:`~engine.records.Sample` field order)."""
+    return {**fields, **{k: turn.get(k) for k in SAMPLE_TURN_KEYS}, "sample_id": sample_id,
+            "session_id": turn["session_id"], "turn_index": turn["turn_index"], "created_at": turn["created_at"],
+            "constrained": is_constrained(turn)}
 
 
 def _pipeline_error(exc: Exception) -> dict[str, Any]:
-    reason = RejectReason.with_detail(RejectReason.PIPELINE_ERROR, f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        detail = f"sample off the schema: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+    else:
+        detail = f"{type(exc).__name__}: {exc}"
+    reason = RejectReason.with_detail(RejectReason.PIPELINE_ERROR, detail)
     return {"status": "rejected", "reject_reason": reason, "included": False, "sample": {}}

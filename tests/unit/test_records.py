@@ -26,7 +26,7 @@ from engine.records import (
     Turn,
     TurnRecord,
 )
-from policy_server.rewards.dispatch import _sample
+from policy_server.rewards.dispatch import _sample_json
 from policy_server.rewards.modes import ModeSnapshot, build_sample
 from policy_server.rewards.scoring import ScoreOutcome, apply_outcome
 
@@ -110,7 +110,7 @@ def test_dispatcher_builds_the_same_sample_as_before(mode, prm, hint, reward, te
     old = dict(fields)
     old.update(TURN_PART)
     old.update(ORIGIN)
-    new = _sample(fields, TURN, "smp-1").to_json()
+    new = Sample.model_validate(_sample_json(fields, TURN, "smp-1")).to_json()
     assert json.dumps(new) == json.dumps(old)
 
 

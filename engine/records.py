@@ -227,9 +227,10 @@ class Sample(_Record):
     w_rl: float = 1.0
     w_opd: float = 1.0
     prompt_versions: dict[str, str] = {}
-    prompt_ids: list[int] = []
-    response_ids: list[int] = []
-    rollout_logprobs: list[float] = []
+    # Copied from the turn as recorded (null when a record lacks them; the trainer sets such a sample aside).
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None
+    rollout_logprobs: list[float] | None = None
     weight_version: str | None = None
     weight_versions: list[str] | None = None
     sampling_params: dict[str, Any] | None = None

@@ -72,6 +72,20 @@ async def test_stored_sample_is_the_record_json(store):
     assert (stored["prompt_ids"], stored["weight_version"], stored["prm"]) == ([1, 2], "7", PRM)
 
 
+async def test_turn_fields_are_copied_as_recorded(store):
+    """A record without rollout log-probs (or any other turn field) gives nulls, exactly as before."""
+    minimal = {"messages": RECORD["messages"], "prompt_ids": [1, 2], "response_ids": [3, 4],
+               "response": RECORD["response"]}
+    store.record_turn("s", minimal, session_done=True)
+    [job] = store.pending_jobs()
+    assert await Dispatcher(store, FixedPipeline(_good_fields()))._process(job)
+    row = _row(store, 0)
+    assert (row["status"], row["reject_reason"]) == ("ready", None)
+    stored = row["sample"]
+    assert (stored["rollout_logprobs"], stored["weight_version"], stored["sampling_params"]) == (None, None, None)
+    assert Sample.model_validate(stored).to_json() == stored
+
+
 async def test_unusable_number_keeps_its_invalid_values_reason(store):
     row = await _process_last_turn(store, {**_good_fields(), "reward": "1"})
     assert row["status"] == "rejected"

@@ -26,8 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_ready  # noqa: E402
+from engine.records import Sample, TurnRecord  # noqa: E402
 from policy_server.store import Store  # noqa: E402
+from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_ready  # noqa: E402
 from trainer.baselines import BASELINES, RunningMean, rl_sample_advantages  # noqa: E402
 
 
@@ -43,12 +44,12 @@ async def run_live(n: int, rate_hz: float, train_s: float, min_batch: int, batch
         done = asyncio.Event()
 
         def make_ready(i: int) -> None:
-            store.record_turn(f"s{i}", {"prompt_ids": [1], "response_ids": [2]}, session_done=True)
+            store.record_turn(f"s{i}", TurnRecord(prompt_ids=[1], response_ids=[2]), session_done=True)
             [job] = [j for j in store.pending_jobs() if j["session_id"] == f"s{i}"]
             reward = 1.0 if rng.random() < p_good else -1.0
             ready_at[job["sample_id"]] = time.monotonic()  # just before the commit that makes it leasable
             store.complete_judge(job["sample_id"], status="ready", reject_reason=None, included=True,
-                                 data={"sample_id": job["sample_id"], "reward": reward})
+                                 data=Sample(sample_id=job["sample_id"], reward=reward))
 
         async def produce() -> None:
             loop = asyncio.get_running_loop()

@@ -28,11 +28,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.pgcluster import PgCluster, PgUnavailable  # noqa: E402
+from engine.records import Sample, TurnRecord  # noqa: E402
 from policy_server.store import Resolution, open_store  # noqa: E402
 
-RECORD = {"messages": [{"role": "user", "content": "x" * 200}], "prompt_ids": list(range(300)),
-          "response_ids": list(range(64)), "rollout_logprobs": [-0.5] * 64, "response": {"content": "y" * 120},
-          "weight_version": "v0", "weight_versions": ["v0"], "sampling_params": {}}
+RECORD = TurnRecord(messages=[{"role": "user", "content": "x" * 200}], prompt_ids=list(range(300)),
+                    response_ids=list(range(64)), rollout_logprobs=[-0.5] * 64, response={"content": "y" * 120},
+                    weight_version="v0", weight_versions=["v0"], sampling_params={}).to_json()
 
 
 def _record_worker(url: str, data_dir: str, sessions: list[str], turns: int, threads: int, start, out) -> None:
@@ -96,7 +97,7 @@ def measure(url: str, data_dir: str, replicas: int, args: argparse.Namespace) ->
     jobs = store.pending_jobs()
     for j in jobs:
         store.complete_judge(j["sample_id"], status="ready", reject_reason=None, included=True,
-                             data={"sample_id": j["sample_id"], "reward": 1.0})
+                             data=Sample(sample_id=j["sample_id"], reward=1.0))
     store.close()
     start, out = ctx.Event(), ctx.Queue()
     workers = [ctx.Process(target=_lease_worker, args=(url, data_dir, args.threads, args.batch, start, out))

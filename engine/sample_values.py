@@ -1,6 +1,7 @@
 """Value checks of a Sample's learning signals, shared by the policy server and the trainer.
 
-Role: one definition of "a usable reward / teacher log-prob / token reward", applied twice: by the policy
+Role: one definition of "a usable reward / teacher log-prob / token reward" for the Sample JSON
+(``engine.records.Sample.value_problem`` runs it on a record), applied twice: by the policy
 server before a sample becomes leasable (a failing sample is ``rejected`` with ``invalid_values: <why>``,
 policy_server.store.samples) and by the trainer on every leased sample (trained with mask 0,
 trainer.batch.check_sample). One NaN would otherwise turn the whole batch's advantages into NaN.

@@ -32,9 +32,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from engine.validation import describe_validation_errors
+from engine.records import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
 from judge_server.errors import InvalidRequest, RewardUnavailable
 from judge_server.schemas import JudgeRequest
-from judge_server.voting import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
 
 # extra_logs name per PRM status: one-hot floats, so a trainer's tensor conversion and mean() both work.
 STATUS_LOG_NAMES = {STATUS_OK: "judge_ok", STATUS_TIE: "judge_tie", STATUS_NO_VALID: "judge_no_valid_votes",

@@ -50,13 +50,14 @@ from engine.chat import render_prompt_ids
 from engine.client import EngineClient, parse_generation
 from engine.disconnect import abort_engine_requests
 from engine.errors import EngineBadResponse, EngineError, EngineTimeout
+from engine.records import STATUS_FAILED, STATUS_OK, HintVerdict, JudgeUsage, PrmVerdict
 from judge_server.errors import InvalidRequest
 from judge_server.metrics import JudgeMetrics
 from judge_server.rules import RuleJudge
 from judge_server.schemas import JudgeRequest
 from judge_server.settings import JudgeSettings
 from judge_server.vote_model import AgreementTracker
-from judge_server.voting import STATUS_FAILED, STATUS_OK, Vote, VoteResult, run_policy, select_hint
+from judge_server.voting import Vote, VoteResult, run_policy, select_hint
 from prompts import (
     TokenCounter,
     load_regex,
@@ -192,7 +193,7 @@ class JudgeService:
             result = VoteResult(score=None, status=STATUS_FAILED, votes=[s.value for s in collected],
                                 confidence=0.0, reason=reason, samples=collected)
         self._observe(task, result, usage)
-        return {**self._task_json(task, result), **asdict(usage)}
+        return self._task_json(task, result, JudgeUsage(**asdict(usage))).to_json()
 
     def _observe(self, task: str, result: VoteResult, usage: Usage) -> None:
         self.metrics.verdicts.labels(task=task, status=result.status).inc()
@@ -205,17 +206,18 @@ class JudgeService:
         if misses and result.status != STATUS_FAILED:
             self.metrics.parse_failures.labels(task=task).inc(misses)
 
-    def _task_json(self, task: str, result: VoteResult) -> dict[str, Any]:
+    def _task_json(self, task: str, result: VoteResult, usage: JudgeUsage) -> PrmVerdict | HintVerdict:
+        """The task's verdict (engine.records), its cost fields after the vote fields."""
         if task == "prm":
-            return {"score": result.score, "status": result.status, "votes": result.votes,
-                    "confidence": round(result.confidence, 6), "reason": result.reason}
+            return PrmVerdict.wire(score=result.score, status=result.status, votes=result.votes,
+                                   confidence=round(result.confidence, 6), reason=result.reason, usage=usage)
         if result.status == STATUS_FAILED:
-            return {"accepted": False, "hint": None, "votes": result.votes, "status": STATUS_FAILED,
-                    "reason": result.reason, "vote_status": result.status}
+            return HintVerdict.wire(accepted=False, hint=None, votes=result.votes, status=STATUS_FAILED,
+                                    reason=result.reason, vote_status=result.status, usage=usage)
         hint = select_hint(result.samples, result, min_chars=self.settings.hint_min_chars,
                            require_majority=self.settings.hint_require_majority)
-        return {"accepted": hint is not None, "hint": hint, "votes": result.votes, "status": STATUS_OK,
-                "reason": result.reason, "vote_status": result.status}
+        return HintVerdict.wire(accepted=hint is not None, hint=hint, votes=result.votes, status=STATUS_OK,
+                                reason=result.reason, vote_status=result.status, usage=usage)
 
     # ------------------------------------------------------------------ vote sources
     def engine_prompts(self, req: JudgeRequest) -> dict[str, dict[str, Any]]:

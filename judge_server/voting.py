@@ -1,6 +1,6 @@
 """Majority voting over judge samples: the fixed (prior-system) rule, the adaptive policy, hint selection.
 
-Contract (issue 3, openclaw-rl-notes §5.3, §7.2, §15.1-3):
+Contract:
 - ``majority_vote(votes)`` (the fixed rule): drop None; no valid vote -> score 0, status ``no_valid_votes``;
   a tie at the top -> score 0, status ``tie``; else the strict plurality value, status ``ok``.
   ``confidence`` = share of the valid votes that agree with the top value (0.0 with no valid vote).
@@ -35,12 +35,8 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from judge_server.vote_model import AgreementTracker, stop_table, state_of
-
-STATUS_OK = "ok"
-STATUS_TIE = "tie"
-STATUS_NO_VALID = "no_valid_votes"
-STATUS_FAILED = "judge_failed"
+from engine.records import STATUS_NO_VALID, STATUS_OK, STATUS_TIE
+from judge_server.vote_model import AgreementTracker, state_of, stop_table
 
 
 @dataclass

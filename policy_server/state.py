@@ -7,11 +7,11 @@ root) lets the routes import it without importing the app that includes them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from engine.client import EngineClient
 from policy_server.metrics import Metrics
 from policy_server.rewards.dispatch import Dispatcher
+from policy_server.rewards.modes import ModeState, RewardPipeline
 from policy_server.rewards.scoring import PRMScoring
 from policy_server.serving.generation import Generator
 from policy_server.serving.session_inference import SessionInferrer
@@ -33,8 +33,8 @@ class PolicyState:
     sessions: SessionTracker
     dispatcher: Dispatcher
     metrics: Metrics
-    mode_state: Any
-    pipeline: Any | None
+    mode_state: ModeState
+    pipeline: RewardPipeline | None
     backlog_cache: list[float]  # [value, checked_at_monotonic]
     scoring: PRMScoring | None = None
     ready: ReadyNotifier | None = None  # wakes lease waiters when samples become ready

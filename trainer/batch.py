@@ -1,8 +1,9 @@
 """Leased sample dicts -> padded training tensors, and the model forward that scores response tokens.
 
-Contract: a sample follows docs/CONTRACTS.md "Sample JSON". ``check_sample`` returns a reason string
-when a sample breaks it (per-token lists of the wrong length, no response); the loop then trains it
-with an all-zero mask and logs the reason, so a bad sample is visible, acked and never crashes a step.
+Contract: a sample is the JSON of an :class:`engine.records.Sample` (docs/CONTRACTS.md "Sample JSON"), read
+as leased: a broken one must be set aside, not crash the step, so it is not parsed into the model.
+``check_sample`` returns a reason string when a sample breaks it (per-token lists of the wrong length, no
+response); the loop then trains it with an all-zero mask and logs the reason, so a bad sample is visible, acked and never crashes a step.
 Sequences are prompt + response, right-padded to L; response position t of sample i is predicted by
 the logits at ``P_i - 1 + t`` (``resp_index``), so all per-token tensors are (B, T) response-aligned.
 Top-K teacher rows are used only for samples whose K equals the batch's most common K (others get
@@ -19,19 +20,19 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from engine.records import SampleJSON
 from engine.sample_values import value_problem
 from trainer.loss import entropy_from_logits, token_logprobs
 from trainer.rollout_correction import check_sampling_params, sample_temperature
 
 
-def check_sample(s: dict[str, Any], *, shaping: str = "none") -> str | None:
+def check_sample(s: SampleJSON, *, shaping: str = "none") -> str | None:
     """None if the sample is trainable, else why not.
 
-    ``token_rewards`` (issue 7) must be null or one finite float per response id; with ``process_weighted``
+    ``token_rewards`` must be null or one finite float per response id; with ``process_weighted``
     shaping they must lie in [0, 1] on loss-mask tokens (AReaL asserts this; here the sample is set aside
     instead of crashing the step).
     """
@@ -102,7 +103,7 @@ class Batch:
         return self
 
 
-def collate(samples: list[dict[str, Any]], *, eos_id: int | None = None, mask_no_eos: bool = False, zero_mask: list[bool] | None = None) -> Batch:
+def collate(samples: list[SampleJSON], *, eos_id: int | None = None, mask_no_eos: bool = False, zero_mask: list[bool] | None = None) -> Batch:
     """Pad a list of samples; ``zero_mask[i]`` forces sample i's loss mask to 0 (invalid / dummy rows)."""
     B = len(samples)
     zero_mask = zero_mask or [False] * B

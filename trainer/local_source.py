@@ -5,7 +5,7 @@ user prompts with the chat template (engine.chat.render_prompt_ids), samples rep
 default; no top-k/top-p) and records, as SGLang does, log softmax(logits / T) of each sampled token as
 ``rollout_logprobs`` and ``{"temperature", "max_new_tokens"}`` as ``sampling_params``; scores them with
 a deterministic ``reward_fn(response_ids) -> float | None`` and, with a teacher folder, attaches teacher
-log-probs (and optionally top-K) of the sampled reply: Sample JSON as in docs/CONTRACTS.md.
+log-probs (and optionally top-K) of the sampled reply: each an :class:`engine.records.Sample`, leased as its JSON.
 ``update_weights`` reloads the policy from the checkpoint folder, as an engine's update_weights_from_disk
 would, so later leases come from the trained weights. ``ack`` records acked leases; an unacked lease is
 re-served on the next ``lease`` call only if ``replay_unacked`` is set (to exercise duplicate handling).
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from engine.chat import load_tokenizer, render_prompt_ids
+from engine.records import Mode, Sample, SampleJSON, TeacherTopK
 
 
 def target_reward(target_ids: set[int]) -> Callable[[list[int]], float]:
@@ -38,7 +39,7 @@ class LocalSampleSource:
         *,
         reward_fn: Callable[[list[int]], float | None] | None = None,
         teacher_path: str | Path | None = None,
-        mode: str = "rl",
+        mode: Mode = "rl",
         max_new_tokens: int = 12,
         teacher_topk: int = 0,
         seed: int = 0,
@@ -116,21 +117,21 @@ class LocalSampleSource:
     def prompt_ids(self, prompt: str) -> list[int]:
         return render_prompt_ids(self.tokenizer, [{"role": "user", "content": prompt}])
 
-    def make_samples(self, prompts: list[str]) -> list[dict[str, Any]]:
+    def make_samples(self, prompts: list[str]) -> list[SampleJSON]:
         p_ids = [self.prompt_ids(p) for p in prompts]
         return [self._sample(p, r, lp) for p, (r, lp) in zip(p_ids, self.sample_replies(p_ids))]
 
-    def _sample(self, p_ids: list[int], resp: list[int], lps: list[float]) -> dict[str, Any]:
+    def _sample(self, p_ids: list[int], resp: list[int], lps: list[float]) -> SampleJSON:
         reward = self.reward_fn(resp) if self.reward_fn else None
         t_lp, topk = self._teacher_scores(p_ids, resp) if self.teacher is not None else (None, None)
-        return {
-            "sample_id": uuid.uuid4().hex, "session_id": "local", "turn_index": 0, "mode": self.mode,
-            "prompt_ids": p_ids, "response_ids": resp, "rollout_logprobs": lps, "loss_mask": [1] * len(resp),
-            "reward": reward, "has_reward": reward is not None, "has_teacher": t_lp is not None,
-            "prm": None, "hint": None, "teacher_logprobs": t_lp, "teacher_topk": topk, "token_rewards": None,
-            "w_rl": 1.0, "w_opd": 1.0, "weight_version": self.weight_version, "created_at": time.time(),
-            "sampling_params": {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens},
-        }
+        return Sample(
+            mode=self.mode, loss_mask=[1] * len(resp), reward=reward, has_reward=reward is not None,
+            has_teacher=t_lp is not None, prm=None, hint=None, teacher_logprobs=t_lp,
+            teacher_topk=None if topk is None else TeacherTopK(**topk), token_rewards=None, w_rl=1.0, w_opd=1.0,
+            prompt_ids=p_ids, response_ids=resp, rollout_logprobs=lps, weight_version=self.weight_version,
+            sampling_params={"temperature": self.temperature, "max_new_tokens": self.max_new_tokens},
+            sample_id=uuid.uuid4().hex, session_id="local", turn_index=0, created_at=time.time(),
+        ).to_json()
 
     def lease(self, max_samples: int, wait_s: float = 0.0, min_samples: int = 1) -> Any:
         from trainer.policy_client import Lease

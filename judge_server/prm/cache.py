@@ -22,11 +22,9 @@ from typing import Any
 
 import torch
 
+from engine.records import SCORING_TURN_KEYS
 from judge_server.prm.errors import PRMInputError
 from judge_server.prm.types import Interaction, freeze
-
-_TURN_KEYS = {"session_id", "turn_index", "messages", "response", "prompt_ids", "response_ids",
-              "parent_turn_index", "next_state"}
 
 
 def interaction_id_for(session_id: str, turn_index: int) -> str:
@@ -143,7 +141,7 @@ class TurnCache:
                 messages=freeze(list(t["messages"])), response=freeze(dict(t["response"])),
                 next_state=freeze(next_state), prompt_ids=tuple(t["prompt_ids"]),
                 response_ids=tuple(t["response_ids"]),
-                extra=freeze({k: v for k, v in t.items() if k not in _TURN_KEYS}),
+                extra=freeze({k: v for k, v in t.items() if k not in SCORING_TURN_KEYS}),
             ))
         return cls(interactions)
 

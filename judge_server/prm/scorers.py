@@ -22,6 +22,7 @@ import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from engine.records import STATUS_FAILED, STATUS_TIE
 from judge_server.prm.scorer import BaseScorer
 from judge_server.prm.types import Interaction, PRMMetricObservation, PRMScorerResult, RawReward, thaw
 
@@ -119,12 +120,12 @@ class LLMJudgeScorer(BaseScorer):
         if not isinstance(prm, Mapping):
             raise JudgeVerdictUnavailable(f"judge answer for turn {iid} has no prm verdict")
         status, score = prm.get("status"), prm.get("score")
-        if status == "judge_failed" or score is None or isinstance(score, bool) or not isinstance(score, int | float):
+        if status == STATUS_FAILED or score is None or isinstance(score, bool) or not isinstance(score, int | float):
             raise JudgeVerdictUnavailable(
                 f"judge gave no PRM score for turn {iid} (status={status!r}, reason={prm.get('reason')!r})"
             )
         reward = float(score) if self.reward_range == "signed" else (float(score) + 1.0) / 2.0
-        observations = [PRMMetricObservation("judge_tie", "turn", iid, status == "tie", "boolean", ("count", "rate"))]
+        observations = [PRMMetricObservation("judge_tie", "turn", iid, status == STATUS_TIE, "boolean", ("count", "rate"))]
         confidence = prm.get("confidence")
         if isinstance(confidence, int | float) and not isinstance(confidence, bool):
             observations.append(

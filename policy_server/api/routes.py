@@ -1,6 +1,6 @@
 """Client routes: ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/ready``, ``/metrics`` (thin).
 
-Session protocol (issue 4 item 3): ``X-Session-Id``, ``X-Turn-Type: main|side``, ``X-Session-Done``
+Session protocol: ``X-Session-Id``, ``X-Turn-Type: main|side``, ``X-Session-Done``
 headers, with body fallbacks ``session_id``/``turn_type``/``session_done`` removed before use. The
 default turn type is ``default_turn_type``. A request without a session id is served and not recorded
 (nothing could ever pair it), unless session inference is on (policy_server.serving.session_inference). Only main
@@ -13,7 +13,7 @@ a prompt that cannot fit the engine's context is refused before any per-message 
 shapes of openai_schemas.ChatRequest are checked, all as 400s that name the field and never echo it.
 Nothing is recorded for a request that is refused. ``X-Session-Id`` is read as UTF-8.
 
-Client disconnects (house style §6 "propagate client disconnects (abort upstream)"). A reply nobody reads
+Client disconnects: a client that hangs up must abort its engine work upstream. A reply nobody reads
 must not keep the engine busy, and must not become a trainable turn. Detection:
 
 - non-streaming: uvicorn does NOT cancel a handler whose client hung up, so the generation (and its turn
@@ -61,6 +61,7 @@ from engine.errors import EngineError, EngineTimeout
 from engine.http_guard import BadJSON, parse_json_body
 from engine.observability import valid_session_id
 from engine.validation import most_specific_error
+from engine.records import RejectReason, TurnRecord
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import is_admin, require_client
@@ -74,7 +75,7 @@ from policy_server.store import SampleStore
 logger = logging.getLogger(__name__)
 router = APIRouter()
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
-DISCONNECT_REASON = "client_disconnected"
+DISCONNECT_REASON = RejectReason.CLIENT_DISCONNECTED
 _cleanups: set[asyncio.Task[None]] = set()  # strong refs: a detached cleanup must not be garbage-collected
 
 
@@ -148,14 +149,17 @@ async def _check_backlog(st: PolicyState) -> None:
 
 def _turn_record(messages: list[dict[str, Any]], tools: Any, res: GenResult, message: dict[str, Any],
                  sp: dict[str, Any], template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    return {"chat_template_kwargs": template_kwargs,  # the teacher renders its prompt the same way
-            "messages": messages, "tools": tools, "prompt_ids": res.prompt_ids, "response_ids": res.response_ids,
-            "rollout_logprobs": res.logprobs, "response": {k: message.get(k) for k in
-                                                            ("content", "reasoning_content", "tool_calls")},
-            "weight_version": res.weight_version, "weight_versions": res.weight_versions, "sampling_params": sp,
-            # A forced tool call or a JSON response format decodes under a grammar: the log-probs are the
-            # masked distribution's.
-            "constrained": any(k in sp for k in GRAMMAR_KEYS)}
+    """The turn's :class:`~engine.records.TurnRecord` JSON, as the store persists it."""
+    return TurnRecord(
+        chat_template_kwargs=template_kwargs,  # the teacher renders its prompt the same way
+        messages=messages, tools=tools, prompt_ids=res.prompt_ids, response_ids=res.response_ids,
+        rollout_logprobs=res.logprobs,
+        response={k: message.get(k) for k in ("content", "reasoning_content", "tool_calls")},
+        weight_version=res.weight_version, weight_versions=res.weight_versions, sampling_params=sp,
+        # A forced tool call or a JSON response format decodes under a grammar: the log-probs are the
+        # masked distribution's.
+        constrained=any(k in sp for k in GRAMMAR_KEYS),
+    ).to_json()
 
 
 @dataclass

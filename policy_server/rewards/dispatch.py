@@ -1,7 +1,7 @@
 """Judge dispatch: turns whose pairing is resolved -> RewardPipeline -> sample status, asynchronously.
 
 Role: the user's reply is never delayed by judging. The work queue IS the store (samples with status
-``pending_judge``), so pending work survives a crash and a restart resumes it (issue 4 item 5).
+``pending_judge``), so pending work survives a crash and a restart resumes it.
 
 Contract:
 - Each session's pending turns are processed serially in turn order (the at-least-one rule depends on
@@ -16,6 +16,10 @@ Contract:
   sampled under a decoding constraint (a forced tool call), whose rollout log-probs are the masked
   distribution's.
 - Any other pipeline exception rejects the turn with reason ``pipeline_error: ...`` (explicit, visible).
+- The stored Sample is an :class:`engine.records.Sample` (the pipeline's fields, the turn's
+  :data:`~engine.records.SAMPLE_TURN_KEYS`, the origin). A pipeline result off that schema is rejected
+  ``pipeline_error: sample off the schema: <field>: <why>``, except an unusable number, which the store
+  rejects as ``invalid_values: <why>`` like every other.
 - A busy store (policy_server.errors.StoreBusy: another connection holds the SQLite write lock) defers the
   session's work with the same capped backoff; nothing was written, so it stays pending and is retried.
 - Replicas on one shared store (``owner`` = this replica's id): a session's worker first claims the session
@@ -43,21 +47,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
+
+from pydantic import ValidationError
 
 from engine.errors import EngineTimeout, EngineUnavailable
 from engine.observability import bind_ids
+from engine.records import PIPELINE_TURN_KEYS, SAMPLE_TURN_KEYS, RejectReason, Sample
+from engine.sample_values import value_problem
 from judge_server.errors import JudgeUnavailable
 from policy_server.errors import StoreBusy
-from policy_server.rewards.scoring import apply_outcome, held_outcomes
+from policy_server.rewards.scoring import PRMScoring, apply_outcome, held_outcomes
 from policy_server.store import Store
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_TURN_KEYS = ("prompt_ids", "response_ids", "rollout_logprobs", "weight_version", "weight_versions",
-                    "sampling_params")
-PIPELINE_TURN_KEYS = ("session_id", "turn_index", "messages", "tools", "prompt_ids", "response_ids",
-                      "rollout_logprobs", "response", "weight_version", "weight_versions", "sampling_params")
+# An unreachable judge service or teacher engine is not a verdict: the turn stays pending and is retried.
+_RETRYABLE: tuple[type[BaseException], ...] = (EngineUnavailable, EngineTimeout, JudgeUnavailable)
 
 
 def is_constrained(turn: dict[str, Any]) -> bool:
@@ -75,13 +81,19 @@ def _retryable_errors() -> tuple[type[BaseException], ...]:
     """Dependency failures that leave a job pending for a later attempt (never a verdict): the client
     layer's exhausted retries of the engine and of the judge service."""
     return (EngineUnavailable, EngineTimeout, JudgeUnavailable)
+class TurnPipeline(Protocol):
+    """What the dispatcher needs of the reward pipeline (policy_server.rewards.modes.RewardPipeline)."""
+
+    async def process(self, turn: dict[str, Any], next_state: list[dict[str, Any]] | None, *,
+                      session_has_included: bool, session_done: bool) -> dict[str, Any]: ...
 
 
 class Dispatcher:
     """Polls the store for pending_judge samples; woken early by :meth:`wake`."""
 
-    def __init__(self, store: Store, pipeline: Any | None, *, concurrency: int = 8, retry_initial_s: float = 0.5,
-                 retry_max_s: float = 30.0, poll_s: float = 1.0, scoring: Any | None = None,
+    def __init__(self, store: Store, pipeline: TurnPipeline | None, *, concurrency: int = 8,
+                 retry_initial_s: float = 0.5, retry_max_s: float = 30.0, poll_s: float = 1.0,
+                 scoring: PRMScoring | None = None,
                  owner: str | None = None, claim_s: float = 30.0):
         self.store = store
         self.owner = owner
@@ -97,7 +109,6 @@ class Dispatcher:
         self._running: dict[str, asyncio.Task[None]] = {}
         self._sem = asyncio.Semaphore(concurrency)
         self._retry_at: dict[str, float] = {}
-        self._retryable = _retryable_errors()
         self.processed = 0
         self.retries = 0
         self.outcomes: dict[str, int] = {}
@@ -204,6 +215,7 @@ class Dispatcher:
 
     async def _renew_claim(self, session_id: str) -> None:
         """Keep this replica's claim alive while its worker runs (a slow judge call outlasts one claim)."""
+        assert self.owner is not None, "claims are only taken with an owner"
         while True:
             await asyncio.sleep(self.claim_s / 3)
             try:
@@ -252,18 +264,18 @@ class Dispatcher:
         turn = await asyncio.to_thread(self.store.get_turn, job["session_id"], job["turn_index"])
         session = await asyncio.to_thread(self.store.session, job["session_id"])
         assert turn is not None and session is not None, "a pending sample always has its turn and session"
+        assert self.pipeline is not None, "pending jobs are only processed with a pipeline"
         try:
             result = await self.pipeline.process(
                 {k: turn.get(k) for k in PIPELINE_TURN_KEYS}, turn["next_state"],
                 session_has_included=bool(session["has_included"]), session_done=turn["session_done"])
-        except self._retryable as exc:
+        except _RETRYABLE as exc:
             return await self._retry_later(job, f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # a pipeline bug must not stall the session: reject visibly
             logger.exception("reward pipeline failed on %s/%s", job["session_id"], job["turn_index"])
-            result = {"status": "rejected", "reject_reason": f"pipeline_error: {type(exc).__name__}: {exc}",
-                      "included": False, "sample": {}}
+            result = _pipeline_error(exc)
         reason = result.get("reject_reason") or ""
-        if result.get("status") == "rejected" and reason.startswith("judge_unavailable"):
+        if result.get("status") == "rejected" and reason.startswith(RejectReason.JUDGE_UNAVAILABLE):
             return await self._retry_later(job, reason)
         if self.session_scope and result.get("status") == "ready":
             result = {**result, "status": "pending_score"}  # held until the whole session is scored
@@ -272,10 +284,17 @@ class Dispatcher:
             if outcome.kind == "retry":
                 return await self._retry_later(job, f"prm: {outcome.reason}")
             result = apply_outcome(result, outcome)
-        data = dict(result.get("sample") or {})
-        data.update({k: turn.get(k) for k in SAMPLE_TURN_KEYS})
-        data.update(sample_id=job["sample_id"], session_id=job["session_id"], turn_index=job["turn_index"],
-                     created_at=turn["created_at"], constrained=is_constrained(turn))
+        raw = _sample_json(result.get("sample") or {}, turn, job["sample_id"])
+        data: Sample | dict[str, Any] = raw
+        try:
+            data = Sample.model_validate(raw)
+        except ValidationError as exc:
+            # An unusable value is rejected by the store with its own reason (invalid_values: ...); any other
+            # departure from the schema is a pipeline bug: reject it visibly, keeping only the turn's fields.
+            if value_problem(raw) is None:
+                logger.error("sample of %s/%s is off the schema: %s", job["session_id"], job["turn_index"], exc)
+                result = _pipeline_error(exc)
+                data = Sample.model_validate(_sample_json({}, turn, job["sample_id"]))
         await asyncio.to_thread(self.store.complete_judge, job["sample_id"], status=result["status"],
                                 reject_reason=result.get("reject_reason"), included=bool(result.get("included")),
                                 data=data)
@@ -292,6 +311,7 @@ class Dispatcher:
         held = [t["sample"] for t in trajectory if (t.get("sample") or {}).get("status") == "pending_score"]
         if not held:
             return None
+        assert self.scoring is not None, "held samples are only scored with PRM scoring on"
         outcome = await self.scoring.score_held_session(trajectory)
         if outcome.kind == "retry":
             self.retries += 1
@@ -314,3 +334,21 @@ class Dispatcher:
                        job["attempts"] + 1, error)
         await asyncio.to_thread(self.store.note_attempt, job["sample_id"], error)
         return False
+
+
+def _sample_json(fields: dict[str, Any], turn: dict[str, Any], sample_id: str) -> dict[str, Any]:
+    """The stored Sample's JSON: the pipeline's fields, then the turn's (:data:`SAMPLE_TURN_KEYS`), then its
+    origin (the :class:`~engine.records.Sample` field order)."""
+    return {**fields, **{k: turn.get(k) for k in SAMPLE_TURN_KEYS}, "sample_id": sample_id,
+            "session_id": turn["session_id"], "turn_index": turn["turn_index"], "created_at": turn["created_at"],
+            "constrained": is_constrained(turn)}
+
+
+def _pipeline_error(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        detail = f"sample off the schema: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+    else:
+        detail = f"{type(exc).__name__}: {exc}"
+    reason = RejectReason.with_detail(RejectReason.PIPELINE_ERROR, detail)
+    return {"status": "rejected", "reject_reason": reason, "included": False, "sample": {}}

@@ -2,8 +2,8 @@
 
 Role: the policy server's dispatcher hands every recorded turn (with its next state, or None for a
 session's last turn) to :meth:`RewardPipeline.process`, which asks the judge service for the verdicts
-the current mode needs, scores the teacher when a hint was accepted, and returns the sample fields of
-docs/CONTRACTS.md ("Sample JSON") plus a status. Semantics (issue 5 items 1-4, docs/REWARD_MODES.md):
+the current mode needs, scores the teacher when a hint was accepted, and returns the reward-mode fields
+of the :class:`~engine.records.Sample` plus a status. Semantics (docs/REWARD_MODES.md):
 
 - mode is read from :class:`ModeState` at process() time (switchable at runtime via /admin/mode);
   each sample records the mode and the (w_rl, w_opd) in force when its turn was judged.
@@ -28,6 +28,10 @@ At-least-one: a turn that would be excluded ONLY for being neutral is included w
 included sample yet (``session_has_included`` is the dispatcher's count, in judging-completion order).
 With a pure reward advantage (A = r) its reward 0.0 contributes zero gradient; it changes learning
 only when the trainer uses a baseline (A = r - b). See docs/REWARD_MODES.md.
+
+Collaborators are typed by what the pipeline uses (:class:`Judge`, :class:`TeacherEngine`,
+:class:`RewardSettings`): the policy server passes its JudgeClient, EngineClient and PolicySettings, tests
+may pass any object with those members. Statuses and reject reasons come from engine.records.
 """
 
 from __future__ import annotations
@@ -35,15 +39,49 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from engine.records import MODES, STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
+from engine.records import RejectReason as R
 from judge_server.errors import JudgeRequestRejected
-from policy_server.rewards.teacher import TeacherFailed, TeacherScorer
+from policy_server.rewards.teacher import TeacherEngine, TeacherFailed, TeacherScorer
 
 logger = logging.getLogger(__name__)
 
-MODES = ("rl", "opd", "combine")
+__all__ = ["MODES", "TASKS_BY_MODE", "Decision", "InvalidMode", "Judge", "ModeSnapshot", "ModeState",
+           "RewardPipeline", "RewardSettings", "TeacherEngine", "build_sample", "classify_hint", "classify_prm",
+           "decide"]
 TASKS_BY_MODE: dict[str, list[str]] = {"rl": ["prm"], "opd": ["hint"], "combine": ["prm", "hint"]}
+
+
+class Judge(Protocol):
+    """The judge service as the pipeline calls it (judge_server.client.JudgeClient): the /v1/judge JSON."""
+
+    async def judge(self, context: list[dict[str, Any]], response: dict[str, Any],
+                    next_state: list[dict[str, Any]], tasks: list[str], m: int | None = None) -> dict[str, Any]: ...
+
+
+class RewardSettings(Protocol):
+    """The settings the reward pipeline reads (policy_server.settings.PolicySettings; defaults live there)."""
+
+    @property
+    def mode(self) -> str: ...
+    @property
+    def w_rl(self) -> float: ...
+    @property
+    def w_opd(self) -> float: ...
+    @property
+    def judge_m(self) -> int | None: ...
+    @property
+    def at_least_one(self) -> bool: ...
+    @property
+    def teacher_top_k(self) -> int: ...
+    @property
+    def teacher_temperature(self) -> float: ...
+    @property
+    def teacher_max_concurrency(self) -> int: ...
+    @property
+    def teacher_deadline_s(self) -> float | None: ...
 
 
 class InvalidMode(ValueError):
@@ -85,8 +123,8 @@ class ModeState:
         return ModeSnapshot(mode=mode, w_rl=_check_weight("w_rl", w_rl), w_opd=_check_weight("w_opd", w_opd))
 
     @classmethod
-    def from_settings(cls, settings: Any) -> ModeState:
-        return cls(getattr(settings, "mode", "rl"), getattr(settings, "w_rl", 1.0), getattr(settings, "w_opd", 1.0))
+    def from_settings(cls, settings: RewardSettings) -> ModeState:
+        return cls(settings.mode, settings.w_rl, settings.w_opd)
 
     def set(self, mode: str | None = None, w_rl: float | None = None, w_opd: float | None = None) -> ModeSnapshot:
         """Validate and apply; a None argument keeps its current value. Raises InvalidMode."""
@@ -126,33 +164,33 @@ class ModeState:
 def classify_prm(prm: Any) -> tuple[str, str]:
     """(kind, reason-if-not-signal) of a judge ``prm`` verdict object."""
     if not isinstance(prm, dict):
-        return "failed", "judge_failed: prm: verdict missing from judge response"
+        return "failed", f"{R.JUDGE_FAILED}: prm: verdict missing from judge response"
     status, score = prm.get("status"), prm.get("score")
-    if status == "judge_failed":
-        return "failed", f"judge_failed: prm: {prm.get('reason') or 'no reason given'}"
-    if status == "no_valid_votes":
-        return "no_verdict", "prm_no_valid_votes"
-    if status == "tie":
-        return "neutral", "prm_tie"
-    if status == "ok" and score in (1, -1):
+    if status == STATUS_FAILED:
+        return "failed", f"{R.JUDGE_FAILED}: prm: {prm.get('reason') or 'no reason given'}"
+    if status == STATUS_NO_VALID:
+        return "no_verdict", R.PRM_NO_VALID_VOTES
+    if status == STATUS_TIE:
+        return "neutral", R.PRM_TIE
+    if status == STATUS_OK and score in (1, -1):
         return "signal", ""
-    if status == "ok" and score == 0:
-        return "neutral", "prm_neutral"
-    return "failed", f"judge_failed: prm: unexpected verdict status={status!r} score={score!r}"
+    if status == STATUS_OK and score == 0:
+        return "neutral", R.PRM_NEUTRAL
+    return "failed", f"{R.JUDGE_FAILED}: prm: unexpected verdict status={status!r} score={score!r}"
 
 
 def classify_hint(hint: Any) -> tuple[str, str]:
     """(kind, reason-if-not-accepted) of a judge ``hint`` verdict object."""
     if not isinstance(hint, dict):
-        return "failed", "judge_failed: hint: verdict missing from judge response"
-    if hint.get("status") == "judge_failed":
-        return "failed", f"judge_failed: hint: {hint.get('reason') or 'no reason given'}"
-    if hint.get("status") != "ok":
-        return "failed", f"judge_failed: hint: unexpected status {hint.get('status')!r}"
+        return "failed", f"{R.JUDGE_FAILED}: hint: verdict missing from judge response"
+    if hint.get("status") == STATUS_FAILED:
+        return "failed", f"{R.JUDGE_FAILED}: hint: {hint.get('reason') or 'no reason given'}"
+    if hint.get("status") != STATUS_OK:
+        return "failed", f"{R.JUDGE_FAILED}: hint: unexpected status {hint.get('status')!r}"
     text = hint.get("hint")
     if hint.get("accepted") is True and isinstance(text, str) and text.strip():
         return "accepted", ""
-    return "none", "no_hint"
+    return "none", R.NO_HINT
 
 
 @dataclass(frozen=True)
@@ -195,7 +233,7 @@ def decide(
             return Decision(True, None, use_reward=has_reward, need_teacher=has_teacher)
         if p_kind == "neutral" and promote_ok:
             return Decision(True, None, use_reward=True, need_teacher=False, promoted=True)
-        return Decision(False, f"no_signal: {p_why}, no_hint", use_reward=False, need_teacher=False)
+        return Decision(False, f"{R.NO_SIGNAL}: {p_why}, {R.NO_HINT}", use_reward=False, need_teacher=False)
     raise InvalidMode(f"unknown mode {mode!r}")
 
 
@@ -210,7 +248,8 @@ def build_sample(
     teacher_logprobs: list[float] | None,
     teacher_topk: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The reward-mode fields of one sample (CONTRACTS.md names); loss_mask has one entry per response id."""
+    """The reward pipeline's fields of one :class:`~engine.records.Sample` (``mode`` .. ``w_opd``, in the
+    Sample's order); loss_mask has one entry per response id."""
     return {
         "mode": snap.mode,
         "loss_mask": [1 if include else 0] * n_response,
@@ -247,27 +286,26 @@ class RewardPipeline:
     def __init__(
         self,
         *,
-        judge: Any,
-        teacher: Any | None,
+        judge: Judge,
+        teacher: TeacherEngine | None,
         tokenizer: Any,
-        settings: Any,
+        settings: RewardSettings,
         mode_state: ModeState | None = None,
     ) -> None:
         self.judge = judge
         self.settings = settings
         self.mode_state = mode_state or ModeState.from_settings(settings)
-        # Settings fields read with documented defaults (the policy server owns the settings class).
-        self.judge_m: int | None = getattr(settings, "judge_m", None)
-        self.at_least_one: bool = bool(getattr(settings, "at_least_one", True))
+        self.judge_m = settings.judge_m
+        self.at_least_one = settings.at_least_one
         self.teacher: TeacherScorer | None = None
         if teacher is not None:
             self.teacher = TeacherScorer(
                 teacher,
                 tokenizer,
-                top_k=int(getattr(settings, "teacher_top_k", 0) or 0),
-                temperature=float(getattr(settings, "teacher_temperature", 1.0)),
-                max_concurrency=int(getattr(settings, "teacher_max_concurrency", 4) or 4),
-                deadline_s=getattr(settings, "teacher_deadline_s", None),
+                top_k=settings.teacher_top_k,
+                temperature=settings.teacher_temperature,
+                max_concurrency=settings.teacher_max_concurrency,
+                deadline_s=settings.teacher_deadline_s,
             )
 
     async def process(
@@ -297,28 +335,29 @@ class RewardPipeline:
             return _result("rejected", reason, sample, versions)
 
         if n == 0:
-            return reject("empty_response")
+            return reject(R.EMPTY_RESPONSE)
         if not next_state:
-            return reject("no_next_state")
+            return reject(R.NO_NEXT_STATE)
         tasks = TASKS_BY_MODE[snap.mode]
         if "hint" in tasks and self.teacher is None:
             # Judging a hint we cannot use would spend judge calls for nothing; say why instead.
-            return reject("no_teacher: no teacher engine is configured for opd/combine")
+            return reject(f"{R.NO_TEACHER}: no teacher engine is configured for opd/combine")
         try:
             verdict = await self.judge.judge(
                 turn.get("messages") or [], turn.get("response") or {}, next_state, tasks, m=self.judge_m
             )
         except JudgeRequestRejected as exc:  # the judge refused this input (4xx): retrying cannot help
-            return reject(f"judge_rejected: {exc.message}")
+            return reject(f"{R.JUDGE_REJECTED}: {exc.message}")
         if not isinstance(verdict, dict):
-            return reject("judge_failed: judge returned a non-object response")
+            return reject(f"{R.JUDGE_FAILED}: judge returned a non-object response")
         versions.update(verdict.get("prompt_versions") or {})
-        prm, hint = verdict.get("prm"), verdict.get("hint")
+        prm: Any = verdict.get("prm")  # a verdict object when decide() accepts it, anything otherwise
+        hint: Any = verdict.get("hint")
         decision = decide(
             snap.mode, prm, hint, session_has_included=session_has_included, at_least_one=self.at_least_one
         )
         if not decision.include:
-            return reject(decision.reason or "excluded", prm, hint)
+            return reject(decision.reason or R.EXCLUDED, prm, hint)
 
         reward = float(prm["score"] or 0) if decision.use_reward else None
         teacher_logprobs: list[float] | None = None

@@ -1,5 +1,4 @@
-"""Process-reward scorers in the policy server: the PRM runner's lifecycle, per-turn and per-session scoring
-(issue 7 items 4, 8, 9).
+"""Process-reward scorers in the policy server: the PRM runner's lifecycle, per-turn and per-session scoring.
 
 Role: when ``--prm-config YAML`` is set and scoring is active (``prm.enabled`` and at least one enabled
 scorer), every sample the reward pipeline accepts gets ``token_rewards`` from the configured scorers
@@ -58,10 +57,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from engine.errors import EngineTimeout, EngineUnavailable
+from engine.records import RejectReason
+from judge_server.errors import JudgeUnavailable
 
 logger = logging.getLogger(__name__)
 
-REJECT_PREFIX = "prm_rejected: "
+REJECT_PREFIX = f"{RejectReason.PRM_REJECTED}: "
 
 
 class PRMStartupError(RuntimeError):
@@ -86,18 +87,8 @@ class SessionOutcome:
     reason: str | None = None
 
 
-def _unavailable_errors() -> tuple[type[BaseException], ...]:
-    errs: list[type[BaseException]] = [EngineUnavailable, EngineTimeout]
-    try:
-        from judge_server.errors import JudgeUnavailable
-
-        errs.append(JudgeUnavailable)
-    except ImportError:  # pragma: no cover - the judge package ships with the policy server
-        pass
-    return tuple(errs)
-
-
-_UNAVAILABLE = _unavailable_errors()
+# A scorer failing for one of these (anywhere in its cause chain) lost a dependency: retry, never a verdict.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (EngineUnavailable, EngineTimeout, JudgeUnavailable)
 
 
 def unreachable_cause(exc: BaseException) -> BaseException | None:

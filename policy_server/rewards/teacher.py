@@ -3,7 +3,7 @@
 Role: given one recorded turn (request messages + tools + the exact sampled ``response_ids``) and a
 hindsight hint accepted by the judge, produce one teacher log-prob per response token.
 
-Contract (issue 5 item 3; ../shared/reference/sglang-protocol.md §1.5-§1.6; openclaw-rl-notes.md §7.3-§7.5):
+Contract:
 
 - Teacher prompt = a deep copy of the turn's request messages with the hint appended to the LAST
   ``user`` message, using the template ``prompts/templates/teacher_hint_v1.txt`` loaded with
@@ -13,12 +13,13 @@ Contract (issue 5 item 3; ../shared/reference/sglang-protocol.md §1.5-§1.6; op
   appended at the end (the prior system wrote into whatever message came last, e.g. a tool result).
 - The prompt is rendered with the POLICY tokenizer's chat template, the turn's ``tools`` and
   ``add_generation_prompt=True`` (``engine.chat.render_prompt_ids``) and the turn's exact
-  ``response_ids`` are appended as ids: never a re-tokenized string (the prior system's drift, §15.9).
-- Scoring uses ``EngineClient.score`` (``max_new_tokens=0``, ``logprob_start_len=len(prompt)-1``):
-  the engine must return exactly ``len(response_ids)`` log-probs whose token ids equal the response
-  ids, the first response token included. Any mismatch, null or missing value is a
-  :class:`TeacherFailed` with a reason; nothing is ever padded (a padded 0.0 means probability 1 and
-  would be a spurious positive OPD advantage).
+  ``response_ids`` are appended as ids: never a re-tokenized string (a re-tokenized reply can differ from
+  the sampled ids, and the log-probs would belong to other tokens).
+- Scoring uses the teacher engine's ``score`` (:class:`TeacherEngine`, i.e. ``EngineClient.score``:
+  ``max_new_tokens=0``, ``logprob_start_len=len(prompt)-1``): the engine must return exactly
+  ``len(response_ids)`` log-probs whose token ids equal the response ids, the first response token
+  included. Any mismatch, null or missing value is a :class:`TeacherFailed` with a reason; nothing is
+  ever padded (a padded 0.0 means probability 1 and would be a spurious positive OPD advantage).
 - Optional top-K (``top_k > 0``) comes from the same single call: ``{"ids": [T][K], "logprobs": [T][K]}``.
 """
 
@@ -28,11 +29,11 @@ import asyncio
 import copy
 import string
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from engine.chat import normalize_messages, render_prompt_ids
-from engine.client import EngineClient
 from engine.errors import EngineBadResponse, EngineRejected
+from engine.results import ScoredSequence
 from prompts import TemplateError, load_template
 
 TEMPLATE_NAME = "teacher_hint_v1"
@@ -93,6 +94,13 @@ def build_teacher_prompt_ids(
     )
 
 
+class TeacherEngine(Protocol):
+    """What the scorer needs of the teacher engine (engine.client.EngineClient has it)."""
+
+    async def score(self, prompt_ids: list[int], response_ids: list[int], *, top_logprobs_num: int = 0,
+                    temperature: float = 1.0, deadline_s: float | None = None) -> ScoredSequence: ...
+
+
 class TeacherFailed(Exception):
     """The teacher could not give token-exact log-probs; ``reason`` is the stored reject reason."""
 
@@ -121,7 +129,7 @@ class TeacherScorer:
 
     def __init__(
         self,
-        client: EngineClient,
+        client: TeacherEngine,
         tokenizer: Any,
         *,
         top_k: int = 0,

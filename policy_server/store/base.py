@@ -31,7 +31,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-SAMPLE_STATUSES = ("pending_judge", "pending_score", "ready", "leased", "consumed", "rejected")
+from engine.records import SAMPLE_STATUSES
+
+__all__ = ["SAMPLE_STATUSES", "Row", "StoreDB", "dump_json", "turn_dict"]
 
 
 class StoreDB:
@@ -125,7 +127,8 @@ def dump_json(obj: Any) -> str | None:
 
 
 def turn_dict(row: Any) -> dict[str, Any]:
-    """A ``turns`` row as the turn dict: the stored record plus its session, index and pairing columns."""
+    """A ``turns`` row as the :class:`~engine.records.Turn` JSON: the stored record (``TurnRecord``) plus its
+    session, index and pairing columns (``Turn``'s own fields, in their order)."""
     rec = json.loads(row["record"])
     rec.update(
         session_id=row["session_id"],

@@ -26,6 +26,7 @@ import json
 import time
 from typing import Any
 
+from engine.records import JUDGE_OUTCOME_STATUSES, SCORE_OUTCOME_STATUSES, RejectReason, Sample
 from engine.sample_values import value_problem
 from policy_server.store.base import StoreDB, dump_json, turn_dict
 
@@ -73,15 +74,20 @@ class StoreSamples(StoreDB):
             )
 
     def complete_judge(
-        self, sample_id: str, *, status: str, reject_reason: str | None, included: bool, data: dict[str, Any]
+        self, sample_id: str, *, status: str, reject_reason: str | None, included: bool,
+        data: Sample | dict[str, Any] | None,
     ) -> bool:
         """Persist a judge outcome atomically with the sample's status and the session's at-least-one flag.
+
+        ``data`` is the :class:`~engine.records.Sample` (or its JSON); None for a turn rejected before judging.
 
         ``pending_score`` (session-scope PRM) holds an accepted sample until its session is scored; it counts
         as included for the at-least-one rule, which follows the pipeline's decisions in judging order.
         """
-        if status not in ("ready", "rejected", "pending_score"):
+        if status not in JUDGE_OUTCOME_STATUSES:
             raise ValueError(f"judge outcome status must be ready, rejected or pending_score, not {status!r}")
+        if isinstance(data, Sample):
+            data = data.to_json()
         status, reject_reason = _checked(status, reject_reason, data)
         with self._tx() as db:
             cur = db.execute(
@@ -150,7 +156,7 @@ class StoreSamples(StoreDB):
         """Decide held samples in ONE transaction: each ``(sample_id, status, reject_reason, data)`` with status
         ``ready`` or ``rejected``; a sample no longer ``pending_score`` is left alone. Returns how many moved."""
         for _, status, _, _ in outcomes:
-            if status not in ("ready", "rejected"):
+            if status not in SCORE_OUTCOME_STATUSES:
                 raise ValueError(f"score outcome status must be ready or rejected, not {status!r}")
         outcomes = [(sid, *_checked(status, reason, data), data) for sid, status, reason, data in outcomes]
         now = time.time()
@@ -172,7 +178,7 @@ def _checked(status: str, reject_reason: str | None, data: dict[str, Any] | None
     if status == "rejected" or data is None:
         return status, reject_reason
     why = value_problem(data)
-    return ("rejected", f"invalid_values: {why}") if why else (status, reject_reason)
+    return ("rejected", RejectReason.with_detail(RejectReason.INVALID_VALUES, why)) if why else (status, reject_reason)
 
 
 def _claim_filter(available_to: str | None, now: float | None) -> tuple[str, tuple[Any, ...]]:

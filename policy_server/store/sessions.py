@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from engine.records import RejectReason, TurnRecord
 from policy_server.store.base import StoreDB, dump_json, turn_dict
 
 
@@ -78,9 +79,10 @@ class StoreSessions(StoreDB):
             return _resolve(db, session_id, turn_index, pairing=pairing, next_state=next_state,
                             session_done=session_done, note=note, reject_reason=reject_reason, now=now)
 
-    def record_turn(self, session_id: str, record: dict[str, Any], *, session_done: bool, now: float | None = None,
-                    resolve: Resolution | None = None) -> int:
-        """Insert a main turn with the next turn index; returns that index. One transaction.
+    def record_turn(self, session_id: str, record: TurnRecord | dict[str, Any], *, session_done: bool,
+                    now: float | None = None, resolve: Resolution | None = None) -> int:
+        """Insert a main turn (a :class:`~engine.records.TurnRecord` or its JSON) with the next turn index;
+        returns that index. One transaction.
 
         ``resolve`` first closes the pairing of the turn this one answers (as :meth:`resolve_turn` would; a no-op
         when that turn was resolved meanwhile), in the same transaction: one commit per continuing turn.
@@ -91,6 +93,8 @@ class StoreSessions(StoreDB):
         explicitly. With ``session_done`` the new turn is the session's last: resolved with no next state.
         """
         now = time.time() if now is None else now
+        if isinstance(record, TurnRecord):
+            record = record.to_json()
         with self._tx() as db:
             # Create/reopen the session, refresh its activity and take the next index in one statement (it also
             # row-locks the session until the commit: concurrent turns of the session, at any replica, queue here).
@@ -112,7 +116,7 @@ class StoreSessions(StoreDB):
             ).fetchall()
             for (o,) in older:
                 _resolve(db, session_id, o, pairing="mismatch", next_state=None, session_done=False,
-                         note="overtaken by a concurrent turn", reject_reason="concurrent_turns", now=now)
+                         note="overtaken by a concurrent turn", reject_reason=RejectReason.CONCURRENT_TURNS, now=now)
             if session_done:
                 _end(db, session_id, now)
         return idx

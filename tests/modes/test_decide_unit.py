@@ -21,6 +21,7 @@ from policy_server.rewards.modes import (
     classify_prm,
     decide,
 )
+from policy_server.settings import PolicySettings
 
 pytestmark = pytest.mark.unit
 
@@ -122,11 +123,10 @@ def test_mode_state_validates_and_keeps_unset_values():
 
 
 def test_mode_state_from_settings_defaults():
-    class S:
-        mode = "opd"
-        w_opd = 2.0
+    # The defaults of the fields not given come from the settings class itself.
+    settings = PolicySettings.model_construct(mode="opd", w_opd=2.0)
 
-    assert ModeState.from_settings(S()).snapshot() == ModeSnapshot("opd", 1.0, 2.0)
+    assert ModeState.from_settings(settings).snapshot() == ModeSnapshot("opd", 1.0, 2.0)
 
 
 def test_build_sample_shapes_and_flags():

@@ -10,13 +10,13 @@ anything else -> 0 (no hint).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
+
 from engine.chat import render_prompt_ids
 from engine.client import EngineClient
 from judge_server.client import JudgeClient
 from policy_server.rewards.modes import RewardPipeline
+from policy_server.settings import PolicySettings
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +55,7 @@ async def make_pipeline():
     def make(judge_url, teacher_url, tokenizer, mode, **extra):
         fields = {"mode": mode, "w_rl": 1.0, "w_opd": 0.5, "judge_m": 3, "at_least_one": True, "teacher_top_k": 0,
                   "teacher_temperature": 1.0}
-        settings = SimpleNamespace(**{**fields, **extra})
+        settings = PolicySettings.model_construct(**{**fields, **extra})
         judge = JudgeClient(judge_url, deadline_s=30.0)
         teacher = EngineClient(teacher_url) if teacher_url else None
         clients.extend(c for c in (judge, teacher) if c is not None)

@@ -10,12 +10,11 @@ JudgeClient's ``judge`` method; verdict-driven behaviour is tested end to end in
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from judge_server.errors import JudgeRequestRejected, JudgeUnavailable
 from policy_server.rewards.modes import ModeState, RewardPipeline
+from policy_server.settings import PolicySettings
 
 pytestmark = pytest.mark.unit
 
@@ -43,7 +42,7 @@ class RecordingJudge:
 
 
 def pipeline(judge, mode="rl", teacher=None, **settings):
-    s = SimpleNamespace(mode=mode, w_rl=0.5, w_opd=2.0, judge_m=5, **settings)
+    s = PolicySettings.model_construct(mode=mode, w_rl=0.5, w_opd=2.0, judge_m=5, **settings)
     return RewardPipeline(judge=judge, teacher=teacher, tokenizer=None, settings=s)
 
 
@@ -106,7 +105,7 @@ async def test_mode_switch_applies_to_the_next_turn():
     judge = RecordingJudge(OK_PRM)
     state = ModeState("rl")
     pipe = RewardPipeline(judge=judge, teacher=None, tokenizer=None,
-                          settings=SimpleNamespace(judge_m=None), mode_state=state)
+                          settings=PolicySettings.model_construct(judge_m=None), mode_state=state)
     assert (await pipe.process(TURN, NEXT, session_has_included=True, session_done=False))["sample"]["mode"] == "rl"
     state.set("combine", w_rl=0.25)
     out = await pipe.process(TURN, NEXT, session_has_included=True, session_done=False)

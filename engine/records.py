@@ -1,0 +1,246 @@
+"""The schema of record: every datum that crosses a service boundary or lives in the sample store.
+
+Role: ONE definition of the recorded turn, the judge's verdicts and the training sample, imported by the
+policy server (recording, reward modes, dispatch, store), the judge service and its client, the trainer
+and the benches. docs/CONTRACTS.md describes each shape and points here.
+
+- :class:`TurnRecord` is what the policy server records for a main turn (the store's ``turns.record``
+  JSON); :class:`Turn` adds the store's columns (session, index, pairing, next state).
+- :class:`PrmVerdict` / :class:`HintVerdict` are the judge's per-task answers (``POST /v1/judge``), with
+  their cost fields (:class:`JudgeUsage`); :class:`JudgeVerdicts` is the whole answer.
+- :class:`Sample` is the Sample JSON the trainer leases (``GET /v1/samples/lease``).
+
+Wire contract: ``record.to_json()`` (``model_dump(mode="json", exclude_unset=True)``) reproduces the JSON
+the services exchanged before these models existed, key for key and in the same order: fields are declared
+in the order the producers write them, a key the producer did not write stays absent (a rejected sample
+built before its verdicts carries only what it got), a ``None`` it wrote stays ``null``, and unknown keys
+are kept (``extra="allow"``: a newer producer's field survives an older reader). Values are not coerced
+(``strict``), except an int where a float is declared; a non-finite float stays a float (``NaN``), so the
+value checks of :func:`Sample.value_problem` see exactly what the producer wrote.
+
+Statuses and reject reasons are defined here once; every module that writes or compares one imports it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict
+
+from engine.sample_values import value_problem
+
+# ---------------------------------------------------------------------------- statuses and reasons
+Mode = Literal["rl", "opd", "combine"]
+MODES: tuple[str, ...] = get_args(Mode)
+
+# A judge task's outcome. ``ok``: a verdict; ``tie`` / ``no_valid_votes``: votes that settle nothing;
+# ``judge_failed``: the judge's engines failed within its deadline (never a score).
+VerdictStatus = Literal["ok", "tie", "no_valid_votes", "judge_failed"]
+STATUS_OK: VerdictStatus = "ok"
+STATUS_TIE: VerdictStatus = "tie"
+STATUS_NO_VALID: VerdictStatus = "no_valid_votes"
+STATUS_FAILED: VerdictStatus = "judge_failed"
+VERDICT_STATUSES: tuple[str, ...] = get_args(VerdictStatus)
+
+# A stored sample's state: pending_judge -> [pending_score ->] ready -> leased -> consumed, or rejected.
+SampleStatus = Literal["pending_judge", "pending_score", "ready", "leased", "consumed", "rejected"]
+SAMPLE_STATUSES: tuple[str, ...] = get_args(SampleStatus)
+JUDGE_OUTCOME_STATUSES: tuple[str, ...] = ("ready", "rejected", "pending_score")
+SCORE_OUTCOME_STATUSES: tuple[str, ...] = ("ready", "rejected")
+
+
+class RejectReason:
+    """``reject_reason`` values of a rejected sample: exact strings, and prefixes followed by the detail."""
+
+    EMPTY_RESPONSE = "empty_response"
+    NO_NEXT_STATE = "no_next_state"
+    NO_HINT = "no_hint"
+    PRM_TIE = "prm_tie"
+    PRM_NEUTRAL = "prm_neutral"
+    PRM_NO_VALID_VOTES = "prm_no_valid_votes"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    HISTORY_MISMATCH = "history_mismatch"
+    CONCURRENT_TURNS = "concurrent_turns"
+    EXCLUDED = "excluded"
+    # prefixes: "<prefix>: <why>"
+    JUDGE_FAILED = "judge_failed"
+    JUDGE_REJECTED = "judge_rejected"
+    JUDGE_UNAVAILABLE = "judge_unavailable"
+    NO_TEACHER = "no_teacher"
+    NO_SIGNAL = "no_signal"
+    PIPELINE_ERROR = "pipeline_error"
+    PRM_REJECTED = "prm_rejected"
+    INVALID_VALUES = "invalid_values"
+
+    @staticmethod
+    def with_detail(prefix: str, detail: str) -> str:
+        return f"{prefix}: {detail}"
+
+
+class _Record(BaseModel):
+    """Shared wire behaviour (see the module docstring)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, ser_json_inf_nan="constants")
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as the JSON object it travels as (absent keys stay absent)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+# ---------------------------------------------------------------------------- judge verdicts
+class JudgeUsage(_Record):
+    """The judge's cost of one task (or, as ``usage``, of the whole request)."""
+
+    engine_calls: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _PrmVotes(_Record):
+    score: int | float | None = None
+    status: VerdictStatus = STATUS_OK
+    votes: list[int | None] = []
+    confidence: float = 0.0
+    reason: str | None = None
+
+
+class PrmVerdict(JudgeUsage, _PrmVotes):
+    """The ``prm`` task: the step's score (+1 / -1 / 0) by majority vote, null when ``judge_failed``; then
+    its cost (the vote fields come first on the wire, hence the base order)."""
+
+    @classmethod
+    def wire(cls, *, score: int | None, status: str, votes: list[int | None], confidence: float,
+             reason: str | None, usage: JudgeUsage) -> PrmVerdict:
+        """A verdict in the judge's key order: the vote fields, then the cost fields."""
+        return cls.model_validate({"score": score, "status": status, "votes": votes, "confidence": confidence,
+                                   "reason": reason, **usage.model_dump()})
+
+
+class _HintVotes(_Record):
+    accepted: bool = False
+    hint: str | None = None
+    votes: list[int | None] = []
+    status: Literal["ok", "judge_failed"] = "ok"
+    reason: str | None = None
+    vote_status: VerdictStatus | None = None  # the vote rule's own outcome behind ``status``
+
+
+class HintVerdict(JudgeUsage, _HintVotes):
+    """The ``hint`` task: the hindsight hint the votes accepted (``status`` ok), or none; then its cost."""
+
+    @classmethod
+    def wire(cls, *, accepted: bool, hint: str | None, votes: list[int | None], status: str, reason: str | None,
+             vote_status: str, usage: JudgeUsage) -> HintVerdict:
+        """A verdict in the judge's key order: the vote fields, then the cost fields."""
+        return cls.model_validate({"accepted": accepted, "hint": hint, "votes": votes, "status": status,
+                                   "reason": reason, "vote_status": vote_status, **usage.model_dump()})
+
+
+class JudgeVerdicts(_Record):
+    """``POST /v1/judge``'s answer: a verdict per requested task, their summed cost, the template versions."""
+
+    prm: PrmVerdict | None = None
+    hint: HintVerdict | None = None
+    usage: JudgeUsage | None = None
+    prompt_versions: dict[str, str] = {}
+
+
+# ---------------------------------------------------------------------------- turns
+class TurnRecord(_Record):
+    """One recorded main turn, as the policy server writes it (``turns.record``).
+
+    ``prompt_ids`` are exactly what was sent to the engine, ``response_ids`` exactly what it sampled (stop
+    token included) with one ``rollout_logprobs`` entry each; ``weight_versions`` lists every engine weight
+    version that sampled part of the reply; ``constrained``: decoded under a grammar (masked log-probs).
+    """
+
+    chat_template_kwargs: dict[str, Any] | None = None
+    messages: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] | None = None
+    prompt_ids: list[int] = []
+    response_ids: list[int] = []
+    rollout_logprobs: list[float] = []
+    response: dict[str, Any] = {}  # {"content", "reasoning_content", "tool_calls"} of the reply
+    weight_version: str | None = None
+    weight_versions: list[str] | None = None
+    sampling_params: dict[str, Any] | None = None
+    constrained: bool = False
+
+
+# How a turn's next state was decided: not yet, from the next request, refused, or the session ended.
+Pairing = Literal["awaiting", "paired", "mismatch", "session_end"]
+
+
+class Turn(TurnRecord):
+    """A stored turn: the record plus the store's columns (what ``Store.get_turn`` returns)."""
+
+    session_id: str
+    turn_index: int
+    created_at: float
+    pairing: Pairing = "awaiting"
+    pairing_note: str | None = None
+    next_state: list[dict[str, Any]] | None = None  # the user/tool messages that followed the reply
+    session_done: bool = False
+
+
+# Turn fields the dispatcher copies into the Sample, and the ones the reward pipeline reads.
+SAMPLE_TURN_KEYS = ("prompt_ids", "response_ids", "rollout_logprobs", "weight_version", "weight_versions",
+                    "sampling_params")
+PIPELINE_TURN_KEYS = ("session_id", "turn_index", "messages", "tools", "prompt_ids", "response_ids",
+                      "rollout_logprobs", "response", "weight_version", "weight_versions", "sampling_params")
+# A turn as the PRM scorers take it (judge_server.prm.score_session): these keys become the Interaction's own
+# fields, every other key of the turn dict (tools, weight_version, judge_prm, ...) its ``extra``.
+SCORING_TURN_KEYS = frozenset({"session_id", "turn_index", "messages", "response", "prompt_ids", "response_ids",
+                               "parent_turn_index", "next_state"})
+
+
+# ---------------------------------------------------------------------------- samples
+class TeacherTopK(_Record):
+    """Top-K teacher rows: ``ids`` and ``logprobs`` are ``[T][K]``, one row per response id."""
+
+    ids: list[list[int]]
+    logprobs: list[list[float]]
+
+
+# A Sample as the trainer receives it (``Sample.to_json()``, or a leased JSON object read as is).
+SampleJSON = dict[str, Any]
+
+
+class Sample(_Record):
+    """The Sample JSON (docs/CONTRACTS.md "Sample JSON"); field order is the order the dispatcher writes.
+
+    The reward pipeline writes the mode fields (``mode`` .. ``prompt_versions``), the dispatcher then the
+    turn's fields (:data:`SAMPLE_TURN_KEYS`) and the origin (``sample_id`` .. ``constrained``).
+    """
+
+    mode: Mode | None = None
+    loss_mask: list[int] = []
+    reward: float | None = None
+    has_reward: bool = False
+    has_teacher: bool = False
+    prm: PrmVerdict | dict[str, Any] | None = None  # a verdict off the schema is kept as given, for audit
+    hint: HintVerdict | dict[str, Any] | None = None
+    teacher_logprobs: list[float] | None = None
+    teacher_topk: TeacherTopK | None = None
+    token_rewards: list[float] | None = None
+    w_rl: float = 1.0
+    w_opd: float = 1.0
+    prompt_versions: dict[str, str] = {}
+    # Copied from the turn as recorded (null when a record lacks them; the trainer sets such a sample aside).
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None
+    rollout_logprobs: list[float] | None = None
+    weight_version: str | None = None
+    weight_versions: list[str] | None = None
+    sampling_params: dict[str, Any] | None = None
+    sample_id: str | None = None
+    session_id: str | None = None
+    turn_index: int | None = None
+    created_at: float | None = None
+    constrained: bool = False
+
+    def value_problem(self) -> str | None:
+        """None when every learning signal is a usable number, else why not (engine.sample_values)."""
+        return value_problem(self.to_json())
+

@@ -1,11 +1,12 @@
 """JudgeClient: how the policy server calls the judge service (docs/CONTRACTS.md "Judge service").
 
-``JudgeClient(base_url, api_key=None).judge(context, response, next_state, tasks, m=None) -> dict`` returns
-the /v1/judge response JSON. Transport and retries are engine.http_client's: transport errors, 408/429 and
+``JudgeClient(base_url, api_key=None).judge(context, response, next_state, tasks, m=None) -> JudgeVerdicts``
+returns the /v1/judge answer as its record (engine.records); an answer off that schema raises
+``JudgeBadResponse``. Transport and retries are engine.http_client's: transport errors, 408/429 and
 5xx are retried with capped exponential backoff plus jitter, the whole call (requests and backoff) bounded
 by the total ``deadline_s``; then ``JudgeUnavailable`` is raised. A 4xx (bad input) is never retried and
 raises ``JudgeRequestRejected``. A judged-but-failed task is NOT an exception: it comes back as
-``status: judge_failed`` inside the dict, and the caller decides what to do with it.
+``status: judge_failed`` inside the verdicts, and the caller decides what to do with it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from engine.http_client import (
     CallError,
@@ -23,9 +25,18 @@ from engine.http_client import (
     build_async_http,
     send,
 )
-from judge_server.errors import JudgeRequestRejected, JudgeUnavailable
+from engine.records import JudgeVerdicts
+from engine.validation import describe_validation_errors
+from judge_server.errors import JudgeBadResponse, JudgeRequestRejected, JudgeUnavailable
 
-__all__ = ["JudgeClient", "JudgeRequestRejected", "JudgeUnavailable"]
+__all__ = ["JudgeBadResponse", "JudgeClient", "JudgeRequestRejected", "JudgeUnavailable"]
+
+
+def _verdicts(answer: Any) -> JudgeVerdicts:
+    try:
+        return JudgeVerdicts.model_validate(answer)
+    except ValidationError as exc:
+        raise JudgeBadResponse(f"judge answer off the JudgeVerdicts schema: {describe_validation_errors(exc.errors())}") from exc
 
 
 class JudgeClient:
@@ -82,14 +93,18 @@ class JudgeClient:
         tasks: list[str],
         m: int | None = None,
         policy: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> JudgeVerdicts:
         body: dict[str, Any] = {"context": context, "response": response, "next_state": next_state, "tasks": tasks}
         if m is not None:
             body["m"] = m
         if policy is not None:
             body["policy"] = policy
-        return await self._post("/v1/judge", body)
+        return _verdicts(await self._post("/v1/judge", body))
 
-    async def judge_batch(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return (await self._post("/v1/judge/batch", {"items": items}))["results"]
+    async def judge_batch(self, items: list[dict[str, Any]]) -> list[JudgeVerdicts]:
+        answer = await self._post("/v1/judge/batch", {"items": items})
+        results = answer.get("results") if isinstance(answer, dict) else None
+        if not isinstance(results, list):
+            raise JudgeBadResponse("judge batch answer has no results list")
+        return [_verdicts(item) for item in results]
 

@@ -4,7 +4,9 @@
     ├── InvalidRequest        bad input we can name (-> 400, or 413 for oversized input)
     ├── Unauthorized          missing / wrong Bearer key (-> 401)
     ├── RewardUnavailable     a reward-client route (OpenRLHF, slime) whose judge failed (-> 503, so they retry)
-    └── JudgeUnavailable      (client side) the judge service could not be reached after retries
+    ├── JudgeUnavailable      (client side) the judge service could not be reached after retries
+    ├── JudgeRequestRejected  (client side) the judge answered 4xx: retrying cannot help
+    └── JudgeBadResponse      (client side) the judge answered 2xx with a body off the JudgeVerdicts schema
 
 Engine failures (engine.errors.EngineError) are NOT raised to the caller of /v1/judge: they end as a
 task with status ``judge_failed`` inside a 200 response (see judge.py). Pydantic validation errors are
@@ -52,3 +54,10 @@ class JudgeRequestRejected(JudgeError):
     def __init__(self, message: str, status_code: int):
         super().__init__(message)
         self.status_code = status_code
+
+
+class JudgeBadResponse(JudgeError):
+    """Raised by JudgeClient when a 2xx answer is not a ``JudgeVerdicts`` (engine.records): a judge of another
+    version or a proxy in between. Not retried: the same request would get the same answer."""
+
+    status_code = 502

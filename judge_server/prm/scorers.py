@@ -22,7 +22,7 @@ import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from engine.records import STATUS_FAILED, STATUS_TIE
+from engine.records import JudgeVerdicts, STATUS_FAILED, STATUS_TIE
 from judge_server.prm.scorer import BaseScorer
 from judge_server.prm.types import Interaction, PRMMetricObservation, PRMScorerResult, RawReward, thaw
 
@@ -116,6 +116,8 @@ class LLMJudgeScorer(BaseScorer):
             thaw(interaction.messages), thaw(interaction.response), thaw(interaction.next_state), ["prm"], m=self.m
         )
         answer = await call if inspect.isawaitable(call) else call
+        if isinstance(answer, JudgeVerdicts):  # JudgeClient's record; a user's client may answer the wire JSON
+            answer = answer.to_json()
         prm = answer.get("prm") if isinstance(answer, Mapping) else None
         if not isinstance(prm, Mapping):
             raise JudgeVerdictUnavailable(f"judge answer for turn {iid} has no prm verdict")

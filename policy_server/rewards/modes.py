@@ -41,9 +41,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from engine.records import MODES, STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
+from engine.records import MODES, STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE, JudgeVerdicts
 from engine.records import RejectReason as R
-from judge_server.errors import JudgeRequestRejected
+from judge_server.errors import JudgeBadResponse, JudgeRequestRejected
 from policy_server.rewards.teacher import TeacherEngine, TeacherFailed, TeacherScorer
 
 logger = logging.getLogger(__name__)
@@ -55,10 +55,10 @@ TASKS_BY_MODE: dict[str, list[str]] = {"rl": ["prm"], "opd": ["hint"], "combine"
 
 
 class Judge(Protocol):
-    """The judge service as the pipeline calls it (judge_server.client.JudgeClient): the /v1/judge JSON."""
+    """The judge service as the pipeline calls it (judge_server.client.JudgeClient): the /v1/judge verdicts."""
 
     async def judge(self, context: list[dict[str, Any]], response: dict[str, Any],
-                    next_state: list[dict[str, Any]], tasks: list[str], m: int | None = None) -> dict[str, Any]: ...
+                    next_state: list[dict[str, Any]], tasks: list[str], m: int | None = None) -> JudgeVerdicts: ...
 
 
 class RewardSettings(Protocol):
@@ -348,11 +348,12 @@ class RewardPipeline:
             )
         except JudgeRequestRejected as exc:  # the judge refused this input (4xx): retrying cannot help
             return reject(f"{R.JUDGE_REJECTED}: {exc.message}")
-        if not isinstance(verdict, dict):
-            return reject(f"{R.JUDGE_FAILED}: judge returned a non-object response")
-        versions.update(verdict.get("prompt_versions") or {})
-        prm: Any = verdict.get("prm")  # a verdict object when decide() accepts it, anything otherwise
-        hint: Any = verdict.get("hint")
+        except JudgeBadResponse as exc:  # an answer off the verdict schema is a failed judgement, never a score
+            return reject(f"{R.JUDGE_FAILED}: {exc.message}")
+        versions.update(verdict.prompt_versions)
+        # decide() reads the verdicts as their wire JSON (exactly what the sample stores next to its reward)
+        prm: Any = None if verdict.prm is None else verdict.prm.to_json()
+        hint: Any = None if verdict.hint is None else verdict.hint.to_json()
         decision = decide(
             snap.mode, prm, hint, session_has_included=session_has_included, at_least_one=self.at_least_one
         )

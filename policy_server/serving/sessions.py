@@ -45,6 +45,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.records import RejectReason
 from policy_server.store import Resolution, SampleStore
 
 logger = logging.getLogger(__name__)
@@ -191,7 +192,7 @@ class SessionTracker:
             logger.warning("session %s turn %s: history mismatch (%s); rejecting that turn",
                            session_id, awaiting["turn_index"], p.note)
         return Resolution(awaiting["turn_index"], p.kind, p.next_state, p.note,
-                          "history_mismatch" if p.kind == "mismatch" else None)
+                          RejectReason.HISTORY_MISMATCH if p.kind == "mismatch" else None)
 
     async def on_main_turn(self, session_id: str, record: dict[str, Any], *, done: bool,
                            arrival: Arrival | None = None) -> int:

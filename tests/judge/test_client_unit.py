@@ -1,5 +1,6 @@
 """JudgeClient (used by the policy server): retries transport errors and 5xx within its budget, then raises
-JudgeUnavailable; a 4xx is raised at once as JudgeRequestRejected; a judged answer comes back as the dict.
+JudgeUnavailable; a 4xx is raised at once as JudgeRequestRejected; a judged answer comes back as its JudgeVerdicts record, and an answer off that schema raises JudgeBadResponse
+(never retried, never a score).
 Also the CLI's flag parsing (flags override env; unset flags fall through to the environment)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import httpx
 import pytest
 
 from engine.cli_settings import parse_settings
-from judge_server.client import JudgeClient, JudgeRequestRejected, JudgeUnavailable
+from judge_server.client import JudgeBadResponse, JudgeClient, JudgeRequestRejected, JudgeUnavailable
 from judge_server.settings import JudgeSettings
 
 pytestmark = pytest.mark.unit
@@ -34,7 +35,7 @@ async def test_retries_then_succeeds() -> None:
 
     async with client_for(handler) as c:
         out = await c.judge(*ARGS, m=3)
-    assert out["prm"]["score"] == 1 and len(calls) == 3
+    assert out.prm is not None and out.prm.score == 1 and len(calls) == 3
     assert calls[-1].headers["authorization"] == "Bearer k"
     assert b'"m":3' in calls[-1].content.replace(b" ", b"")
 
@@ -69,3 +70,21 @@ def test_cli_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (s.backend, s.port, s.m, s.constrain_output, s.host, level) == ("rules", 1234, 5, True, "127.0.0.1", "info")
     with pytest.raises(ValueError, match="engine_url"):
         JudgeSettings(backend="llm")
+
+
+@pytest.mark.parametrize("body", [
+    {"prm": {"score": "1", "status": "ok"}},          # a string score
+    {"prm": {"score": 1, "status": "great"}},         # a status outside the verdict statuses
+    ["not", "an", "object"],
+])
+async def test_an_answer_off_the_verdict_schema_raises_bad_response_once(body) -> None:  # noqa: ANN001
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return httpx.Response(200, json=body)
+
+    async with client_for(handler) as c:
+        with pytest.raises(JudgeBadResponse, match="off the JudgeVerdicts schema"):
+            await c.judge(*ARGS)
+    assert len(calls) == 1

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from judge_server.errors import JudgeRequestRejected, JudgeUnavailable
+from engine.records import JudgeVerdicts
+from judge_server.errors import JudgeBadResponse, JudgeRequestRejected, JudgeUnavailable
 from policy_server.rewards.modes import ModeState, RewardPipeline
 from policy_server.settings import PolicySettings
 
@@ -38,7 +39,7 @@ class RecordingJudge:
                            "tasks": list(tasks), "m": m})
         if self.raises:
             raise self.raises
-        return self.answer
+        return JudgeVerdicts.model_validate(self.answer)
 
 
 def pipeline(judge, mode="rl", teacher=None, **settings):
@@ -111,3 +112,11 @@ async def test_mode_switch_applies_to_the_next_turn():
     out = await pipe.process(TURN, NEXT, session_has_included=True, session_done=False)
     assert out["reject_reason"].startswith("no_teacher") and out["sample"]["mode"] == "combine"
     assert out["sample"]["w_rl"] == 0.25
+
+
+async def test_judge_answer_off_the_schema_is_a_failed_judgement_not_a_score():
+    judge = RecordingJudge(raises=JudgeBadResponse("judge answer off the JudgeVerdicts schema: prm.score: bad"))
+    out = await pipeline(judge).process(TURN, NEXT, session_has_included=False, session_done=False)
+    assert out["status"] == "rejected" and not out["included"]
+    assert out["reject_reason"] == "judge_failed: judge answer off the JudgeVerdicts schema: prm.score: bad"
+    assert out["sample"].get("reward") is None

@@ -63,7 +63,7 @@ def create_app(output_ids: list[int], text: str, update_pause_s: float = 0.0) ->
         n = int((body.get("sampling_params") or {}).get("n", 1))
         items = [item(body, started) for _ in range(n)]
         if body.get("stream"):
-            async def events():  # noqa: ANN202
+            async def events():
                 for i, it in enumerate(items):
                     yield f"data: {json.dumps({**it, 'index': i})}\n\n"
                 yield "data: [DONE]\n\n"

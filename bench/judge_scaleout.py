@@ -83,11 +83,11 @@ def main() -> None:
         finally:
             for e in engines:
                 e.stop()
-    print(f"# judge scale-out: PRM + hint, m={args.m}, {args.items} items, concurrency {args.concurrency}, "  # noqa: T201
+    print(f"# judge scale-out: PRM + hint, m={args.m}, {args.items} items, concurrency {args.concurrency}, "
           f"router policy {args.policy}, usable cores {len(cores)}")
-    print(f"1 engine : {rates[1]:.2f} judged items/s")  # noqa: T201
-    print(f"2 engines: {rates[2]:.2f} judged items/s")  # noqa: T201
-    print(f"ratio 2/1 = {rates[2] / rates[1]:.2f}x (ideal 2.00x)")  # noqa: T201
+    print(f"1 engine : {rates[1]:.2f} judged items/s")
+    print(f"2 engines: {rates[2]:.2f} judged items/s")
+    print(f"ratio 2/1 = {rates[2] / rates[1]:.2f}x (ideal 2.00x)")
 
 
 if __name__ == "__main__":

@@ -26,10 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.records import Sample, TurnRecord  # noqa: E402
-from policy_server.store import Store  # noqa: E402
-from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_ready  # noqa: E402
-from trainer.baselines import BASELINES, RunningMean, rl_sample_advantages  # noqa: E402
+from engine.records import Sample, TurnRecord
+from policy_server.store import Store
+from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_ready
+from trainer.baselines import BASELINES, RunningMean, rl_sample_advantages
 
 
 async def run_live(n: int, rate_hz: float, train_s: float, min_batch: int, batch: int, p_good: float,

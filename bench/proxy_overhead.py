@@ -31,11 +31,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy"))
 
-from engine.chat import load_tokenizer, render_prompt_ids  # noqa: E402
-from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process  # noqa: E402
-from engine.tiny_model import build_tiny_model  # noqa: E402
-from policy_testkit import CLIENT_KEY, start_policy  # noqa: E402
+from policy_testkit import CLIENT_KEY, start_policy
 
+from engine.chat import load_tokenizer, render_prompt_ids
+from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
+from engine.tiny_model import build_tiny_model
 
 ROUNDS = 4
 
@@ -85,11 +85,11 @@ async def bench(engine_url: str, policy_url: str, tokenizer, n: int, max_tokens:
             for _ in range(rounds):
                 d += await _run(n // rounds, conc, direct)
                 p += await _run(n // rounds, conc, proxied)
-            print(f"concurrency {conc:2d}  direct : {_fmt(d)}")  # noqa: T201
-            print(f"concurrency {conc:2d}  policy : {_fmt(p)}")  # noqa: T201
-            print(f"concurrency {conc:2d}  overhead per request: mean {(statistics.mean(p) - statistics.mean(d)) * 1e3:+.1f} ms"  # noqa: T201
+            print(f"concurrency {conc:2d}  direct : {_fmt(d)}")
+            print(f"concurrency {conc:2d}  policy : {_fmt(p)}")
+            print(f"concurrency {conc:2d}  overhead per request: mean {(statistics.mean(p) - statistics.mean(d)) * 1e3:+.1f} ms"
                   f"  p50 {(statistics.median(p) - statistics.median(d)) * 1e3:+.1f} ms")
-            print(f"concurrency {conc:2d}  latency ratio policy/direct (mean) = "  # noqa: T201
+            print(f"concurrency {conc:2d}  latency ratio policy/direct (mean) = "
                   f"{statistics.mean(p) / statistics.mean(d):.3f}")
 
 
@@ -99,7 +99,7 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_instant_engine(tokenizer, log_dir: Path) -> ManagedProcess:  # noqa: ANN001
+def start_instant_engine(tokenizer, log_dir: Path) -> ManagedProcess:
     reply = tokenizer.encode("ok", add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     port = free_port()
     cmd = [sys.executable, str(Path(__file__).with_name("instant_engine.py")), "--port", str(port),
@@ -111,7 +111,7 @@ def _q(lat: list[float], pct: int) -> float:
     return statistics.quantiles(lat, n=100)[pct - 1]
 
 
-async def bench_stub(engine_url: str, policy: ManagedProcess, tokenizer, turns_per_user: int) -> None:  # noqa: ANN001
+async def bench_stub(engine_url: str, policy: ManagedProcess, tokenizer, turns_per_user: int) -> None:
     users = 32
     async with httpx.AsyncClient(timeout=60, trust_env=False, limits=httpx.Limits(max_connections=64)) as http:
         async def direct(ids: list[int]) -> None:
@@ -143,13 +143,13 @@ async def bench_stub(engine_url: str, policy: ManagedProcess, tokenizer, turns_p
                             {"role": "user", "content": f"and turn {t + 1}?"}]
 
         await asyncio.gather(*(user(f"warm-{i}", asyncio.Semaphore(4), [], []) for i in range(4)))
-        print(f"# part 1: instant engine stub, {users} users x {turns_per_user} continuing turns")  # noqa: T201
+        print(f"# part 1: instant engine stub, {users} users x {turns_per_user} continuing turns")
         for conc in (1, 32):
             sem = asyncio.Semaphore(conc)
             d: list[float] = []
             p: list[float] = []
             await asyncio.gather(*(user(f"c{conc}-u{i}", sem, d, p) for i in range(users)))
-            print(f"concurrency {conc:2d}  added latency policy - direct: p50 {(_q(p, 50) - _q(d, 50)) * 1e3:+.2f} ms  "  # noqa: T201
+            print(f"concurrency {conc:2d}  added latency policy - direct: p50 {(_q(p, 50) - _q(d, 50)) * 1e3:+.2f} ms  "
                   f"p99 {(_q(p, 99) - _q(d, 99)) * 1e3:+.2f} ms   (direct p50 {_q(d, 50) * 1e3:.2f} ms, "
                   f"policy p50 {_q(p, 50) * 1e3:.2f} ms, p99 {_q(p, 99) * 1e3:.2f} ms)")
 
@@ -164,7 +164,7 @@ async def bench_stub(engine_url: str, policy: ManagedProcess, tokenizer, turns_p
         await asyncio.gather(*(proxied_only(f"load-u{i}") for i in range(users)))
         wall, cpu = time.perf_counter() - t0, _cpu_s(policy.pid) - cpu0
         n = users * turns_per_user
-        print(f"concurrency 32  sustained: {n / wall:.1f} recorded turns/s, "  # noqa: T201
+        print(f"concurrency 32  sustained: {n / wall:.1f} recorded turns/s, "
               f"{cpu * 1e3 / n:.2f} CPU ms per recorded turn (policy server process)")
 
 
@@ -191,7 +191,7 @@ def main() -> None:
                     pol.stop()
                 eng.stop()
         if args.engine in ("both", "dev"):
-            print("# part 2: CPU dev engine (tiny model)")  # noqa: T201
+            print("# part 2: CPU dev engine (tiny model)")
             eng = start_dev_engine(model, log_dir=work)
             pol = None
             try:

@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.pgcluster import PgCluster, PgUnavailable  # noqa: E402
-from engine.records import Sample, TurnRecord  # noqa: E402
-from policy_server.store import Resolution, open_store  # noqa: E402
+from engine.pgcluster import PgCluster, PgUnavailable
+from engine.records import Sample, TurnRecord
+from policy_server.store import Resolution, open_store
 
 RECORD = TurnRecord(messages=[{"role": "user", "content": "x" * 200}], prompt_ids=list(range(300)),
                     response_ids=list(range(64)), rollout_logprobs=[-0.5] * 64, response={"content": "y" * 120},
@@ -121,7 +121,7 @@ def main() -> None:
         try:
             cluster = PgCluster.start()
         except PgUnavailable as exc:
-            print(f"PostgreSQL skipped: {exc}")  # noqa: T201
+            print(f"PostgreSQL skipped: {exc}")
             cluster = None
         if cluster is not None:
             try:
@@ -131,11 +131,11 @@ def main() -> None:
             finally:
                 cluster.stop()
     base_turns, base_lease = rows[0][1], rows[0][2]
-    print(f"{args.sessions} sessions x {args.turns} turns, {args.threads} threads per replica, lease batch "  # noqa: T201
+    print(f"{args.sessions} sessions x {args.turns} turns, {args.threads} threads per replica, lease batch "
           f"{args.batch}")
-    print(f"{'configuration':28} {'turns/s':>9} {'ratio':>6} {'leased+acked/s':>15} {'ratio':>6}")  # noqa: T201
+    print(f"{'configuration':28} {'turns/s':>9} {'ratio':>6} {'leased+acked/s':>15} {'ratio':>6}")
     for name, turns, lease in rows:
-        print(f"{name:28} {turns:9.0f} {turns / base_turns:6.2f} {lease:15.0f} {lease / base_lease:6.2f}")  # noqa: T201
+        print(f"{name:28} {turns:9.0f} {turns / base_turns:6.2f} {lease:15.0f} {lease / base_lease:6.2f}")
 
 
 if __name__ == "__main__":

@@ -22,11 +22,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.records import Sample  # noqa: E402
-from trainer.advantages import RunningMean  # noqa: E402
-from trainer.batch import collate, score_responses  # noqa: E402
-from trainer.settings import TrainConfig  # noqa: E402
-from trainer.train import train_on_batch  # noqa: E402
+from engine.records import Sample
+from trainer.advantages import RunningMean
+from trainer.batch import collate, score_responses
+from trainer.settings import TrainConfig
+from trainer.train import train_on_batch
 
 
 def make_samples(vocab: int, n: int, p_len: int, r_len: int, seed: int = 0) -> list[dict]:

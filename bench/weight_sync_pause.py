@@ -24,9 +24,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy"))
 
-from engine.procs import start_dev_engine  # noqa: E402
-from engine.tiny_model import build_tiny_model  # noqa: E402
-from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_policy  # noqa: E402
+from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_policy
+
+from engine.procs import start_dev_engine
+from engine.tiny_model import build_tiny_model
 
 
 def _q(lat: list[float], pct: int) -> float:
@@ -76,14 +77,14 @@ async def run(policy_url: str, model_dir: Path, clients: int, steady_s: float, u
     steady = [e - s for s, e in done if s >= t_steady and e <= t_steady_end]
     during = [e - s for s, e in done if any(s < we and e > ws for ws, we in windows)]
     pause_s = [we - ws for ws, we in windows]
-    print(f"# weight update under load: {clients} clients, {updates} updates "  # noqa: T201
+    print(f"# weight update under load: {clients} clients, {updates} updates "
           f"(update call {statistics.mean(pause_s) * 1e3:.0f} ms mean)")
-    print(f"steady : {len(steady):4d} requests  p50 {_q(steady, 50) * 1e3:7.0f} ms  p99 {_q(steady, 99) * 1e3:7.0f} ms")  # noqa: T201
-    print(f"update : {len(during):4d} requests  p50 {_q(during, 50) * 1e3:7.0f} ms  p99 {_q(during, 99) * 1e3:7.0f} ms")  # noqa: T201
+    print(f"steady : {len(steady):4d} requests  p50 {_q(steady, 50) * 1e3:7.0f} ms  p99 {_q(steady, 99) * 1e3:7.0f} ms")
+    print(f"update : {len(during):4d} requests  p50 {_q(during, 50) * 1e3:7.0f} ms  p99 {_q(during, 99) * 1e3:7.0f} ms")
     ratio = _q(during, 99) / _q(steady, 99)
-    print(f"p99 ratio update/steady = {ratio:.2f}x (goal <= 2x); failed requests: {len(failures)} (goal 0)")  # noqa: T201
+    print(f"p99 ratio update/steady = {ratio:.2f}x (goal <= 2x); failed requests: {len(failures)} (goal 0)")
     for f in failures[:5]:
-        print(f"  failure: {f}")  # noqa: T201
+        print(f"  failure: {f}")
 
 
 def main() -> None:

@@ -169,7 +169,7 @@ class UnexpectedErrorMiddleware:
 
         try:
             await self.app(scope, receive, tracking_send)
-        except Exception as exc:  # noqa: BLE001 - the top-level handler of the server: logged, answered 500
+        except Exception as exc:  # noqa: BLE001 (the top-level handler of the server: logged, answered 500)
             self._log(scope, exc)
             if not started:
                 await _send_error(send, 500, self.error_body(500, f"internal error ({type(exc).__name__})"), [])

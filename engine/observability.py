@@ -86,7 +86,7 @@ REDACTED = "***"
 
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("hindsight_request_id", default=None)
 _session_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("hindsight_session_id", default=None)
-_VISIBLE_ID = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_REQUEST_ID_CHARS)
+_VISIBLE_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_REQUEST_ID_CHARS}}}")
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
 _QUERY_SECRET = re.compile(r"(?P<name>[?&](?:api_key|apikey|api-key|key|token|access_token|secret|password)=)"
                            r"[^&#\s\"'\\]+", re.IGNORECASE)

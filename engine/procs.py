@@ -121,7 +121,7 @@ def start_process(
     mp = spawn(name, cmd, url=url, log_dir=log_dir, env=env)
     try:
         wait_http(mp.url + ready_path, deadline_s=deadline_s, proc=mp.proc)
-    except Exception:  # noqa: BLE001 - whatever stopped the wait, the child is stopped and the error re-raised
+    except Exception:  # noqa: BLE001 (whatever stopped the wait, the child is stopped and the error re-raised)
         tail = mp.log_tail()
         mp.stop()
         raise RuntimeError(f"{name} failed to become ready on {ready_path}:\n{tail}") from None

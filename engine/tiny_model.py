@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         path = build_teacher(args.teacher_of, args.out_dir, args.prefer_text, seed=args.seed)
     else:
         path = build_tiny_model(args.out_dir, seed=args.seed, hidden_size=args.hidden_size, num_layers=args.layers)
-    print(path)  # noqa: T201
+    print(path)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ async def resolve_tokenizer(settings: JudgeSettings, client: EngineClient | None
             async with asyncio.timeout(5.0):
                 info = await client.model_info()
             candidate = info.get("tokenizer_path") or info.get("model_path")
-            if candidate and os.path.isdir(candidate):
+            if candidate and await asyncio.to_thread(os.path.isdir, candidate):
                 path = candidate
         except (EngineError, TimeoutError) as exc:
             logger.warning("judge engine model_info unavailable (%s); judging in text mode", exc)

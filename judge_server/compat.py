@@ -31,8 +31,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.validation import describe_validation_errors
 from engine.records import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
+from engine.validation import describe_validation_errors
 from judge_server.errors import InvalidRequest, RewardUnavailable
 from judge_server.schemas import JudgeRequest
 

@@ -111,7 +111,7 @@ def _build_pipeline(settings: PolicySettings, tokenizer: Any, http: httpx.AsyncC
 async def _quiet_close(closable: Any) -> None:
     try:
         await closable.aclose()
-    except Exception:  # noqa: BLE001 - shutdown goes on; the failure is logged
+    except Exception:  # shutdown goes on; the failure is logged
         logger.exception("closing %s failed", type(closable).__name__)
 
 

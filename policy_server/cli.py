@@ -54,10 +54,10 @@ def migrate(argv: list[str]) -> int:
     try:
         store = open_store(args.store_url, args.data_dir)
     except (SchemaError, ValueError) as exc:
-        print(f"hindsight-policy migrate: {exc}", file=sys.stderr)  # noqa: T201
+        print(f"hindsight-policy migrate: {exc}", file=sys.stderr)
         return 2
     store.close()
-    print(f"store schema at version {LATEST_VERSION}")  # noqa: T201
+    print(f"store schema at version {LATEST_VERSION}")
     return 0
 
 

@@ -33,6 +33,7 @@ A Hindsight sample is one turn with one PRM verdict, so the loop uses one step p
 from __future__ import annotations
 
 import math
+
 import torch
 
 from trainer.baselines import BASELINES, RunningMean, rl_sample_advantages

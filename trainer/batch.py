@@ -43,9 +43,8 @@ def check_sample(s: SampleJSON, *, shaping: str = "none") -> str | None:
     for key in ("rollout_logprobs", "loss_mask"):
         if len(s.get(key) or []) != n:
             return f"{key} has {len(s.get(key) or [])} entries for {n} response ids"
-    if s.get("has_teacher"):
-        if len(s.get("teacher_logprobs") or []) != n:
-            return f"has_teacher but teacher_logprobs has {len(s.get('teacher_logprobs') or [])} entries for {n} response ids"
+    if s.get("has_teacher") and len(s.get("teacher_logprobs") or []) != n:
+        return f"has_teacher but teacher_logprobs has {len(s.get('teacher_logprobs') or [])} entries for {n} response ids"
     if s.get("has_reward") and s.get("reward") is None:
         return "has_reward but reward is null"
     why = value_problem(s)  # the policy server checked the same before leasing; a sample file was not checked
@@ -57,7 +56,7 @@ def check_sample(s: SampleJSON, *, shaping: str = "none") -> str | None:
             return f"token_rewards has {len(tr)} entries for {n} response ids"
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in tr):
             return "token_rewards holds a non-finite or non-numeric value"
-        if shaping == "process_weighted" and any(m and not 0.0 <= v <= 1.0 for v, m in zip(tr, s["loss_mask"])):
+        if shaping == "process_weighted" and any(m and not 0.0 <= v <= 1.0 for v, m in zip(tr, s["loss_mask"], strict=True)):
             return "process_weighted shaping needs token_rewards in [0, 1] on loss-mask tokens"
     if s.get("constrained") is not None and not isinstance(s["constrained"], bool):
         return f"constrained must be a bool, got {s['constrained']!r}"
@@ -109,7 +108,7 @@ def collate(samples: list[SampleJSON], *, eos_id: int | None = None, mask_no_eos
     zero_mask = zero_mask or [False] * B
     P = [len(s["prompt_ids"]) for s in samples]
     R = [len(s["response_ids"]) for s in samples]
-    L, T = max(p + r for p, r in zip(P, R)), max(R)
+    L, T = max(p + r for p, r in zip(P, R, strict=True)), max(R)
     ks = [len(s["teacher_topk"]["ids"][0]) for s in samples if s.get("teacher_topk") and s["teacher_topk"].get("ids")]
     K = Counter(ks).most_common(1)[0][0] if ks else 0
 

@@ -119,7 +119,7 @@ class LocalSampleSource:
 
     def make_samples(self, prompts: list[str]) -> list[SampleJSON]:
         p_ids = [self.prompt_ids(p) for p in prompts]
-        return [self._sample(p, r, lp) for p, (r, lp) in zip(p_ids, self.sample_replies(p_ids))]
+        return [self._sample(p, r, lp) for p, (r, lp) in zip(p_ids, self.sample_replies(p_ids), strict=True)]
 
     def _sample(self, p_ids: list[int], resp: list[int], lps: list[float]) -> SampleJSON:
         reward = self.reward_fn(resp) if self.reward_fn else None

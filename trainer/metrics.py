@@ -32,7 +32,7 @@ class MetricsLogger:
             return
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(out / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 - open for the run; close() closes it
+        self._jsonl = open(out / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (open for the run; close() closes it)
         # Imported here: only rank 0 writes, and tensorboardX pulls in protobuf at import.
         from tensorboardX import SummaryWriter
 

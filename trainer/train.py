@@ -45,11 +45,26 @@ from engine.chat import load_tokenizer
 from trainer import parallel
 from trainer.advantages import RunningMean
 from trainer.batch import check_sample
-from trainer.checkpoint import latest_checkpoint, load_optimizer, load_trainer_state, read_acked_step, save_checkpoint, write_acked_step
+from trainer.checkpoint import (
+    latest_checkpoint,
+    load_optimizer,
+    load_trainer_state,
+    read_acked_step,
+    save_checkpoint,
+    write_acked_step,
+)
 from trainer.metrics import MetricsLogger
 from trainer.objective import carries_learning_term
-from trainer.policy_client import (FileSampleSource, Lease, PolicyClient, PolicyRejected, SampleSource, SourceExhausted,
-                                   TrainerError, collect_leases)
+from trainer.policy_client import (
+    FileSampleSource,
+    Lease,
+    PolicyClient,
+    PolicyRejected,
+    SampleSource,
+    SourceExhausted,
+    TrainerError,
+    collect_leases,
+)
 from trainer.prm import resolve_prm_config
 from trainer.settings import UNBOUNDED_STEPS, TrainConfig
 from trainer.update import train_on_batch
@@ -132,7 +147,7 @@ class LeasedBatch:
 
     def has_learning_term(self, cfg: TrainConfig) -> bool:
         """False when no sample can move the weights (a step would only apply Adam's momentum)."""
-        return not all(bad or not carries_learning_term(s, cfg) for s, bad in zip(self.samples, self.invalid))
+        return not all(bad or not carries_learning_term(s, cfg) for s, bad in zip(self.samples, self.invalid, strict=True))
 
 
 @dataclass
@@ -243,11 +258,11 @@ class TrainingRun:
                 self.prm_windows.add(lease.prm_metrics)
         seen = set(self.trained_ids)
         duplicate = [str(s.get("sample_id")) in seen for s in samples]
-        for sample, why, dup in zip(samples, reasons, duplicate):
+        for sample, why, dup in zip(samples, reasons, duplicate, strict=True):
             if why or dup:
                 logger.warning("sample %s not trained: %s", sample.get("sample_id"), why or "already trained (re-leased duplicate)")
         self.pending_leases.extend(lease.lease_id for lease in leases)
-        return LeasedBatch(samples, [bool(why) or dup for why, dup in zip(reasons, duplicate)])
+        return LeasedBatch(samples, [bool(why) or dup for why, dup in zip(reasons, duplicate, strict=True)])
 
     def update_policy(self, batch: LeasedBatch) -> dict[str, Any]:
         """One PPO update on ``batch``; remembers its trained sample ids and checks DDP replicas still agree."""
@@ -256,7 +271,7 @@ class TrainingRun:
         stats = train_on_batch(policy.wrapped, policy.model, policy.ref_model, policy.opt, batch.samples, batch.invalid,
                                self.cfg, self.running, self.rank, self.world, self.device, policy.eos_id)
         self.update_time_s = time.monotonic() - started
-        self.trained_ids.extend(str(s.get("sample_id")) for s, bad in zip(batch.samples, batch.invalid) if not bad)
+        self.trained_ids.extend(str(s.get("sample_id")) for s, bad in zip(batch.samples, batch.invalid, strict=True) if not bad)
         fsdp = self.cfg.parallel == "fsdp2" and self.world > 1
         if self.world > 1 and self.cfg.check_ddp_sync and not fsdp:
             spread = parallel.weight_checksum_spread(policy.model, self.world)

@@ -33,8 +33,18 @@ import torch.distributed as dist
 from trainer import parallel
 from trainer.advantages import RunningMean, rl_sample_advantages
 from trainer.batch import Batch, collate
-from trainer.objective import (OLD_STAT_KEYS, STAT_KEYS, OldLogprobs, carries_learning_term, micro_loss, new_stats, old_logprobs,
-                               outcome_advantages, shape, shaping_mask)
+from trainer.objective import (
+    OLD_STAT_KEYS,
+    STAT_KEYS,
+    OldLogprobs,
+    carries_learning_term,
+    micro_loss,
+    new_stats,
+    old_logprobs,
+    outcome_advantages,
+    shape,
+    shaping_mask,
+)
 from trainer.rollout_correction import is_metrics, sample_temperature
 from trainer.settings import TrainConfig
 
@@ -75,8 +85,8 @@ def classify_samples(samples: list[dict[str, Any]], invalid: list[bool], cfg: Tr
     """(B,) bool: trained samples (a sample that is not trained does not enter the baseline), and per sample
     whether it is idle (trained with mask 0: invalid, or no learning term in this mode)."""
     no_eos = [cfg.mask_no_eos_with_zero and (not s.get("response_ids") or s["response_ids"][-1] != eos_id) for s in samples]
-    trainable = torch.tensor([not bad and not ne and any(s["loss_mask"]) for s, bad, ne in zip(samples, invalid, no_eos)])
-    idle = [bad or not carries_learning_term(s, cfg) for s, bad in zip(samples, invalid)]
+    trainable = torch.tensor([not bad and not ne and any(s["loss_mask"]) for s, bad, ne in zip(samples, invalid, no_eos, strict=True)])
+    idle = [bad or not carries_learning_term(s, cfg) for s, bad in zip(samples, invalid, strict=True)]
     return trainable, idle
 
 
@@ -121,7 +131,7 @@ def compute_old_logprobs(model: torch.nn.Module, plan: list[Minibatch], cfg: Tra
     model.eval()
     for k, minibatch in enumerate(plan):
         olds.append([old_logprobs(model, micro.batch, cfg) for micro in minibatch.micros])
-        for micro, old in zip(minibatch.micros, olds[-1]):
+        for micro, old in zip(minibatch.micros, olds[-1], strict=True):
             for key in OLD_STAT_KEYS:
                 sums[key] += old.stats[key]
             is_max = max(is_max, old.stats["is_max"])
@@ -148,8 +158,8 @@ def run_ppo_epochs(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
     grad_norms = []
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     for _ in range(cfg.ppo_epochs):
-        for k, (minibatch, olds) in enumerate(zip(plan, old_pass.olds)):
-            for j, (micro, old) in enumerate(zip(minibatch.micros, olds)):
+        for k, (minibatch, olds) in enumerate(zip(plan, old_pass.olds, strict=True)):
+            for j, (micro, old) in enumerate(zip(minibatch.micros, olds, strict=True)):
                 batch = micro.batch
                 row_adv = rl_adv[torch.tensor([max(i, 0) for i in micro.sample_index])].to(device)
                 unshaped = outcome_advantages(batch, old.adv, row_adv, cfg)
@@ -185,8 +195,8 @@ def summarize(samples: list[dict[str, Any]], invalid: list[bool], idle: list[boo
     if world > 1:
         dist.all_reduce(vec)
         dist.all_reduce(vmax, op=dist.ReduceOp.MAX)
-    s = dict(zip(STAT_KEYS, vec[: len(STAT_KEYS)].tolist()))
-    o = dict(zip(OLD_STAT_KEYS, vec[len(STAT_KEYS) :].tolist()))
+    s = dict(zip(STAT_KEYS, vec[: len(STAT_KEYS)].tolist(), strict=True))
+    o = dict(zip(OLD_STAT_KEYS, vec[len(STAT_KEYS) :].tolist(), strict=True))
     num_samples = len(samples)
     num_updates = cfg.ppo_epochs * cfg.minibatches
     num_tokens = max(s["tokens"], 1.0)

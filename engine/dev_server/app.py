@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from engine.auth import bearer_problem
 from engine.dev_server.openai_chat import ChatError, chat_completions
@@ -57,10 +57,7 @@ def decide_auth(path: str, authorization: str | None, api_key: str | None, admin
     """SGLang 0.5.23's rule as a pure function; the bearer check itself is engine.auth's."""
     if path.startswith(OPEN_PREFIXES):
         return True
-    if path in ADMIN_PATHS:
-        key = admin_api_key or api_key
-    else:
-        key = api_key
+    key = (admin_api_key or api_key) if path in ADMIN_PATHS else api_key
     return bearer_problem(authorization, key) is None
 
 

@@ -242,7 +242,7 @@ class PRMRunner:
         async def one(interaction: Interaction) -> PRMScorerResult | BaseException | None:
             try:
                 return await scorer.evaluate_result(interaction, ctx)
-            except Exception as exc:  # noqa: BLE001 - user code; per turn, so one failure cannot hide the count
+            except Exception as exc:  # noqa: BLE001 (user code; per turn, so one failure cannot hide the count)
                 return exc
 
         raw_results = await asyncio.gather(*(one(it) for _, it in items))

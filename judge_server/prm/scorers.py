@@ -22,7 +22,7 @@ import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from engine.records import JudgeVerdicts, STATUS_FAILED, STATUS_TIE
+from engine.records import STATUS_FAILED, STATUS_TIE, JudgeVerdicts
 from judge_server.prm.scorer import BaseScorer
 from judge_server.prm.types import Interaction, PRMMetricObservation, PRMScorerResult, RawReward, thaw
 

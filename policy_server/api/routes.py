@@ -60,8 +60,8 @@ from engine.disconnect import (
 from engine.errors import EngineError, EngineTimeout
 from engine.http_guard import BadJSON, parse_json_body
 from engine.observability import valid_session_id
-from engine.validation import most_specific_error
 from engine.records import RejectReason, TurnRecord
+from engine.validation import most_specific_error
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import is_admin, require_client
@@ -197,7 +197,7 @@ async def _abandon(st: PolicyState, turn: _Turn, why: str) -> None:
         return
     try:
         idx = await turn.record_task
-    except Exception:  # noqa: BLE001 - the record failed as a whole: nothing was written
+    except Exception:  # the record failed as a whole: nothing was written
         logger.exception("turn record failed while its client disconnected")
         return
     outcome = await asyncio.to_thread(_reject_turn, st.store, turn.sid, idx)

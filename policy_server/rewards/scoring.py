@@ -216,7 +216,7 @@ class PRMScoring:
         idx = turn["turn_index"]
         try:
             rewards = await score_session(self.runner, [scoring_turn(turn, judge_prm)], is_eval=False)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (user scorer code: any failure becomes an explicit outcome)
             return self._count(self._failure(exc, f"{turn['session_id']}/{idx}"))
         got = rewards.get(idx)
         n = len(turn.get("response_ids") or [])
@@ -237,7 +237,7 @@ class PRMScoring:
         sid = trajectory[0]["session_id"] if trajectory else "?"
         try:
             rewards = await score_session(self.runner, turns, is_eval=False)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (user scorer code: any failure becomes an explicit outcome)
             out = self._failure(exc, sid)
             return self._count_session(SessionOutcome(out.kind, reason=out.reason), len(held))
         per_turn: dict[int, list[float]] = {}
@@ -295,5 +295,5 @@ class PRMScoring:
     async def aclose(self) -> None:
         try:
             await self.runner.aclose()
-        except Exception:  # noqa: BLE001 - an ExceptionGroup of scorer cleanups; shutdown continues
+        except Exception:  # an ExceptionGroup of scorer cleanups; shutdown continues
             logger.exception("closing the PRM scorers failed")

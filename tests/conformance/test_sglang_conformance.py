@@ -39,8 +39,9 @@ import pytest
 from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, wait_http
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "policy"))
-from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_judge, start_policy  # noqa: E402
-from tests.waiting import wait_until  # noqa: E402
+from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_judge, start_policy
+
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

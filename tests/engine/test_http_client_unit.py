@@ -67,7 +67,7 @@ def test_error_message_is_truncated() -> None:
 
 
 def test_retryable_statuses() -> None:
-    assert RETRYABLE_STATUS == {408, 429, 500, 502, 503, 504}
+    assert {408, 429, 500, 502, 503, 504} == RETRYABLE_STATUS
 
 
 def _async_http(handler) -> httpx.AsyncClient:

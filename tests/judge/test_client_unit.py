@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 ARGS = ([{"role": "user", "content": "hi"}], {"content": "hello"}, [{"role": "user", "content": "thanks"}], ["prm"])
 
 
-def client_for(handler) -> JudgeClient:  # noqa: ANN001
+def client_for(handler) -> JudgeClient:
     return JudgeClient("http://judge", api_key="k", transport=httpx.MockTransport(handler),
                        max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
 
@@ -77,7 +77,7 @@ def test_cli_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     {"prm": {"score": 1, "status": "great"}},         # a status outside the verdict statuses
     ["not", "an", "object"],
 ])
-async def test_an_answer_off_the_verdict_schema_raises_bad_response_once(body) -> None:  # noqa: ANN001
+async def test_an_answer_off_the_verdict_schema_raises_bad_response_once(body) -> None:
     calls = []
 
     def handler(request: httpx.Request) -> httpx.Response:

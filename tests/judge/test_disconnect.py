@@ -101,7 +101,7 @@ def test_caller_disconnect_cancels_rounds_and_aborts_engine(stack):
 
 
 # ---------------------------------------------------------------------------------------------- unit
-def _service(handler) -> JudgeService:  # noqa: ANN001
+def _service(handler) -> JudgeService:
     client = EngineClient("http://judge-engine", transport=httpx.MockTransport(handler),
                           retry=RetryPolicy(max_attempts=1, deadline_s=5))
     settings = JudgeSettings(engine_url="http://judge-engine", m=2, max_new_tokens=8)

@@ -23,7 +23,7 @@ WORDS = ("file", "folder", "rename", "report", "summary", "please", "move", "the
          "error", "output", "tool", "result", "again", "docs", "work", "path")
 
 
-def _turn(tok, target_tokens: int):  # noqa: ANN001, ANN202
+def _turn(tok, target_tokens: int):
     rng = random.Random(0)
     context, used = [], 0
     while used < target_tokens:
@@ -35,7 +35,7 @@ def _turn(tok, target_tokens: int):  # noqa: ANN001, ANN202
     return context, response, next_state, used
 
 
-def _ids(tok, name: str, context, response, next_state) -> list[int]:  # noqa: ANN001
+def _ids(tok, name: str, context, response, next_state) -> list[int]:
     messages, info = render_judge_messages(
         load_template(name), context=context, response=response, next_state=next_state,
         counter=TokenCounter.from_tokenizer(tok), context_budget_tokens=3000, part_budget_tokens=2000)

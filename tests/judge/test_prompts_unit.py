@@ -115,7 +115,7 @@ def test_regex_files_filled() -> None:
     assert not re.fullmatch(hx, "\\boxed{1}[HINT_START]short[HINT_END]")
 
 
-def _render(context, response, next_state, budget=1000, part=1000):  # noqa: ANN001, ANN202
+def _render(context, response, next_state, budget=1000, part=1000):
     return render_judge_messages(
         load_template("prm_eval_v1"), context=context, response=response, next_state=next_state,
         counter=TokenCounter.estimate(), context_budget_tokens=budget, part_budget_tokens=part)

@@ -39,7 +39,7 @@ def test_change_probability_monotone():
     assert change_probability([1, 1], 3, (1, -1), 0.5) < change_probability([1, 1], 3, PRM, 0.5)  # fewer rivals
 
 
-def scripted(values):  # noqa: ANN001, ANN201
+def scripted(values):
     calls: list[int] = []
     stream = list(values)
 
@@ -53,7 +53,7 @@ def scripted(values):  # noqa: ANN001, ANN201
     return sample, calls
 
 
-async def _run(values, **kw):  # noqa: ANN001, ANN202
+async def _run(values, **kw):
     sample, calls = scripted(values)
     args = {"policy": "sequential", "m": 5, "m_max": 9, "stop_change_prob": 0.1, "stop_prior": 0.5, **kw}
     return await run_policy(sample, **args), calls

@@ -42,7 +42,7 @@ from judge_server.voting import (
         ([0, 0, 1], 0, "ok", 2 / 3),  # a genuine 0 verdict is status ok, unlike a tie
     ],
 )
-def test_majority_vote_fixed_rule(votes, score, status, confidence) -> None:  # noqa: ANN001
+def test_majority_vote_fixed_rule(votes, score, status, confidence) -> None:
     r = majority_vote(votes)
     assert (r.score, r.status) == (score, status)
     assert r.confidence == pytest.approx(confidence)
@@ -63,7 +63,7 @@ def test_decided_and_round_size() -> None:
     assert is_decided([1, 1, 1], 5, 1)
 
 
-def scripted(values: list[int | None]):  # noqa: ANN201
+def scripted(values: list[int | None]):
     """A sampler that hands out the scripted votes in order and records each call's k."""
     it = iter(values)
     calls: list[int] = []
@@ -175,7 +175,7 @@ RULES = RuleJudge(DEFAULT_POSITIVE, DEFAULT_NEGATIVE)
         ([{"role": "user", "content": "nothing to see"}], 0),  # "no," needs the comma; "no" in nothing no match
     ],
 )
-def test_rules_prm(next_state, verdict) -> None:  # noqa: ANN001
+def test_rules_prm(next_state, verdict) -> None:
     assert RULES.prm_verdict(next_state) == verdict
 
 
@@ -262,7 +262,7 @@ def test_stop_table_at_a_two_one_lead_depends_on_the_noise() -> None:
         assert set(_states(9, 3)) <= table  # m_max votes always stop
 
 
-def error_budget_run(values: list[int | None], t: AgreementTracker, **kw: object):  # noqa: ANN201
+def error_budget_run(values: list[int | None], t: AgreementTracker, **kw: object):
     sample, calls = scripted(values)
     args = {"policy": "sequential", "m": 5, "m_max": 9, "stop_rule": "error_budget", "tracker": t, **kw}
     return run_policy(sample, **args), calls

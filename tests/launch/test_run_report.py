@@ -19,7 +19,7 @@ from trainer.report.cli import main as report_main
 from trainer.report.page import PLOTS
 
 sys.path.insert(0, str(Path(__file__).parent))  # chromium_check, also used by test_dev_stack.py
-from chromium_check import check_rendered, inspect_page, require_chromium  # noqa: E402
+from chromium_check import check_rendered, inspect_page, require_chromium
 
 
 def row(status: str, *, version: str = "default", mode: str = "rl", prm: dict | None = None,

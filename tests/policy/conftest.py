@@ -12,8 +12,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # policy_testkit, importable from every test module
 
-from engine.procs import ManagedProcess, start_dev_engine, start_router  # noqa: E402
-from policy_testkit import start_policy  # noqa: E402
+from policy_testkit import start_policy
+
+from engine.procs import ManagedProcess, start_dev_engine, start_router
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ async def test_stored_sample_is_the_record_json(store):
     stored = row["sample"]
     assert Sample.model_validate(stored).to_json() == stored
     assert list(stored)[:13] == list(_good_fields())
-    assert [k for k in stored][13:] == ["prompt_ids", "response_ids", "rollout_logprobs", "weight_version",
+    assert list(stored)[13:] == ["prompt_ids", "response_ids", "rollout_logprobs", "weight_version",
                                         "weight_versions", "sampling_params", "sample_id", "session_id",
                                         "turn_index", "created_at", "constrained"]
     assert (stored["prompt_ids"], stored["weight_version"], stored["prm"]) == ([1, 2], "7", PRM)

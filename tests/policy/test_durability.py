@@ -11,10 +11,10 @@ import sys
 import time
 
 import pytest
+from policy_testkit import admin, client, start_policy
 
 from engine.procs import free_port, spawn, wait_http
 from policy_server.store import Store
-from policy_testkit import admin, client, start_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

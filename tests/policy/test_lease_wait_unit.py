@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_ready
 from policy_server.store import Store
+from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_ready
 from tests.waiting import async_wait_until
 
 

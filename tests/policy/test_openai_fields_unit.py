@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from policy_server.errors import InvalidRequest
-from policy_server.api.openai_schemas import chat_request_schema
 from policy_server.api.openai_fields import (
     PARALLEL_STOP,
     apply_extras,
@@ -17,6 +15,8 @@ from policy_server.api.openai_fields import (
     parse_extras,
     token_logprobs,
 )
+from policy_server.api.openai_schemas import chat_request_schema
+from policy_server.errors import InvalidRequest
 
 pytestmark = pytest.mark.unit
 BASE = {"messages": [{"role": "user", "content": "x"}]}

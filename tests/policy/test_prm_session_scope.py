@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from policy_testkit import admin, chat, lease_all, of_session, pythonpath_with_testkit, start_judge, start_policy, stats
 
 from engine.procs import ManagedProcess, free_port
 from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseTrajectoryScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, held_outcomes, session_turns
 from policy_server.store import Store
-from policy_testkit import admin, chat, lease_all, of_session, pythonpath_with_testkit, start_judge, start_policy, stats
 from tests.waiting import wait_until
 
 BUDGET = 3

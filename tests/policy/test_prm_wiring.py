@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+from policy_testkit import chat, lease_all, of_session, start_judge, start_policy, stats
 
 from engine.errors import EngineUnavailable
 from engine.procs import ManagedProcess, free_port, spawn
@@ -32,7 +33,6 @@ from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
 from policy_server.store import Store
-from policy_testkit import chat, lease_all, of_session, start_judge, start_policy, stats
 from tests.waiting import wait_until
 
 BUDGET = 3

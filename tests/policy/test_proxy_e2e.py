@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from policy_testkit import CLIENT_KEY, admin, client, start_policy
 
 from policy_server.store import Store
-from policy_testkit import CLIENT_KEY, admin, client, start_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

@@ -19,10 +19,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from policy_testkit import admin, chat, client, start_judge, start_policy, stats
 
 from engine.procs import free_port, metric_value
 from policy_server.store import open_store
-from policy_testkit import admin, chat, client, start_judge, start_policy, stats
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

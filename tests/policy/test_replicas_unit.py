@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from policy_server.serving.replicas import ReplicaSync
 from policy_server.rewards.modes import ModeState
+from policy_server.serving.replicas import ReplicaSync
 from policy_server.serving.sessions import SessionTracker
-from policy_server.store import open_store
 from policy_server.serving.weight_sync import WeightGate
+from policy_server.store import open_store
 from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.unit

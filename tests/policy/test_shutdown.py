@@ -14,10 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from policy_testkit import admin, client, start_policy
 
 from engine.procs import free_port, spawn, wait_http
 from policy_server.store import Store
-from policy_testkit import admin, client, start_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -55,10 +55,10 @@ class DelayProxy:
                 self.end_headers()
                 self.wfile.write(r.content)
 
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 self._forward("GET")
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 self._forward("POST")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import prm_test_scorers  # noqa: E402
+import prm_test_scorers
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ import pytest
 # policy_testkit (start_policy, client/admin helpers) is shared with the policy-server tests.
 sys.path.insert(0, str(Path(__file__).parent.parent / "policy"))
 
-from engine.procs import ManagedProcess, start_dev_engine  # noqa: E402
+from engine.procs import ManagedProcess, start_dev_engine
 
 
 @pytest.fixture(scope="module")

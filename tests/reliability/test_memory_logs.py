@@ -21,8 +21,8 @@ import uuid
 from urllib.parse import urlparse
 
 import pytest
-
 from policy_testkit import CLIENT_KEY, client, start_policy
+
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_policy
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
@@ -24,7 +25,6 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from engine.procs import ManagedProcess, free_port, start_process
-from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_policy
 
 pytestmark = pytest.mark.e2e
 EXAMPLES = 10

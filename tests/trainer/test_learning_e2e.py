@@ -25,9 +25,9 @@ import pytest
 from engine.chat import load_tokenizer, parse_assistant_output, render_prompt_ids
 from engine.client import EngineClient
 from tests.trainer.stack import ADMIN, ScriptedUser, start_stack
+from tests.waiting import wait_until
 from trainer.settings import TrainConfig
 from trainer.train import train
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

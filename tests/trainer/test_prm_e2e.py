@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from tests.trainer.stack import ADMIN, ScriptedUser, start_stack
+from tests.waiting import wait_until
 from trainer.advantages import rl_sample_advantages
 from trainer.batch import collate
 from trainer.objective import outcome_advantages, shape
@@ -30,7 +31,6 @@ from trainer.policy_client import Lease, PolicyClient
 from trainer.prm import resolve_prm_config
 from trainer.settings import TrainConfig
 from trainer.train import train
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -80,7 +80,7 @@ def test_length_budget_and_judge_scorers_shape_the_trainers_advantages(stack, tm
     assert prm["enabled"] and prm["advantage_shaping"] == "process_weighted"
     assert sorted(s["name"] for s in prm["scorers"]) == ["length_budget", "llm_judge"]
 
-    is_good = lambda text: any(c.isupper() for c in text)  # noqa: E731 - the user's (deterministic) criterion
+    is_good = lambda text: any(c.isupper() for c in text)  # noqa: E731 (the user's (deterministic) criterion)
     sent = 0
     for max_tokens, prefix in ((2, "short"), (4, "long")):
         user = ScriptedUser(stack.policy.url, is_good, max_tokens=max_tokens)

@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from engine.chat import HermesToolCallParser, ThinkReasoningParser, parse_assistant_output, render_prompt_ids, render_prompt_text
+from engine.chat import (
+    HermesToolCallParser,
+    ThinkReasoningParser,
+    parse_assistant_output,
+    render_prompt_ids,
+    render_prompt_text,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         path = write_report(args.run_dir, args.out, policy_url=args.policy_url, admin_api_key=args.admin_api_key,
                             judge_url=args.judge_url)
     except (httpx.HTTPError, CallError) as exc:
-        print(f"error: could not read a service for the report: {exc!r}", file=sys.stderr)  # noqa: T201
+        print(f"error: could not read a service for the report: {exc!r}", file=sys.stderr)
         return 1
-    print(path)  # noqa: T201
+    print(path)
     return 0
 
 

@@ -32,10 +32,16 @@ def create_app(output_ids: list[int], text: str, update_pause_s: float = 0.0) ->
     def item(body: dict[str, Any], started: float) -> dict[str, Any]:
         prompt = body.get("input_ids") or []
         meta: dict[str, Any] = {
-            "id": uuid.uuid4().hex, "finish_reason": {"type": "stop", "matched": output_ids[-1]},
-            "prompt_tokens": len(prompt), "completion_tokens": len(output_ids), "cached_tokens": 0,
-            "reasoning_tokens": 0, "weight_version": state["weight_version"], "num_retractions": 0,
-            "e2e_latency": time.monotonic() - started}
+            "id": uuid.uuid4().hex,
+            "finish_reason": {"type": "stop", "matched": output_ids[-1]},
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(output_ids),
+            "cached_tokens": 0,
+            "reasoning_tokens": 0,
+            "weight_version": state["weight_version"],
+            "num_retractions": 0,
+            "e2e_latency": time.monotonic() - started,
+        }
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[-0.5, t, None] for t in output_ids]
             meta["output_token_logprobs_length"] = len(output_ids)
@@ -49,8 +55,12 @@ def create_app(output_ids: list[int], text: str, update_pause_s: float = 0.0) ->
     @app.get("/model_info")
     @app.get("/get_model_info")
     async def model_info() -> dict[str, Any]:
-        return {"model_path": "instant-stub", "tokenizer_path": None, "is_generation": True,
-                "weight_version": state["weight_version"]}
+        return {
+            "model_path": "instant-stub",
+            "tokenizer_path": None,
+            "is_generation": True,
+            "weight_version": state["weight_version"],
+        }
 
     @app.get("/get_weight_version")
     async def weight_version() -> dict[str, Any]:
@@ -63,10 +73,12 @@ def create_app(output_ids: list[int], text: str, update_pause_s: float = 0.0) ->
         n = int((body.get("sampling_params") or {}).get("n", 1))
         items = [item(body, started) for _ in range(n)]
         if body.get("stream"):
+
             async def events():
                 for i, it in enumerate(items):
                     yield f"data: {json.dumps({**it, 'index': i})}\n\n"
                 yield "data: [DONE]\n\n"
+
             return StreamingResponse(events(), media_type="text/event-stream")
         return JSONResponse(items if n > 1 else items[0])
 

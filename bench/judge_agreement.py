@@ -84,13 +84,17 @@ def tie_aware_credit(prm: dict[str, Any] | None, gold: int) -> float:
     return 0.0
 
 
-def summarise(turns: list[dict[str, Any]], original: list[dict[str, Any] | None],
-              perturbed: list[dict[str, Any] | None]) -> dict[str, Any]:
+def summarise(
+    turns: list[dict[str, Any]], original: list[dict[str, Any] | None], perturbed: list[dict[str, Any] | None]
+) -> dict[str, Any]:
     """Figures of one setting; ``original[i]``/``perturbed[i]`` are the judge's responses for turn i (None: failed)."""
     n = len(turns)
     prms = [r.get("prm") if r else None for r in original]
     usage = [(r or {}).get("usage") or {} for r in original]
-    right = [p is not None and p.get("status") == "ok" and p.get("score") == t["gold"] for p, t in zip(prms, turns, strict=True)]
+    right = [
+        p is not None and p.get("status") == "ok" and p.get("score") == t["gold"]
+        for p, t in zip(prms, turns, strict=True)
+    ]
     by_cat = {c: [ok for ok, t in zip(right, turns, strict=True) if t["category"] == c] for c in CATEGORIES}
     flips = sum(verdict(p) != verdict((q or {}).get("prm")) for p, q in zip(prms, perturbed, strict=True))
     return {
@@ -110,15 +114,29 @@ def summarise(turns: list[dict[str, Any]], original: list[dict[str, Any] | None]
     }
 
 
-async def judge_all(url: str, api_key: str | None, turns: list[dict[str, Any]], m: int, policy: str,
-                    concurrency: int, timeout_s: float, perturbed: bool) -> list[dict[str, Any] | None]:
+async def judge_all(
+    url: str,
+    api_key: str | None,
+    turns: list[dict[str, Any]],
+    m: int,
+    policy: str,
+    concurrency: int,
+    timeout_s: float,
+    perturbed: bool,
+) -> list[dict[str, Any] | None]:
     """One /v1/judge per turn; a request that fails (transport error or non-2xx) is None, reported on stderr."""
     sem = asyncio.Semaphore(concurrency)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     async def one(client: httpx.AsyncClient, t: dict[str, Any]) -> dict[str, Any] | None:
-        body = {"context": perturb_context(t["context"]) if perturbed else t["context"], "response": t["response"],
-                "next_state": t["next_state"], "tasks": ["prm"], "m": m, "policy": policy}
+        body = {
+            "context": perturb_context(t["context"]) if perturbed else t["context"],
+            "response": t["response"],
+            "next_state": t["next_state"],
+            "tasks": ["prm"],
+            "m": m,
+            "policy": policy,
+        }
         async with sem:
             try:
                 r = await client.post("/v1/judge", json=body)
@@ -128,13 +146,15 @@ async def judge_all(url: str, api_key: str | None, turns: list[dict[str, Any]], 
                 print(f"  turn {t['id']} (m={m} {policy}): request failed: {exc!r}", file=sys.stderr)
                 return None
 
-    async with httpx.AsyncClient(base_url=url, headers=headers, trust_env=False,
-                                 timeout=httpx.Timeout(timeout_s, connect=5.0)) as client:
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers, trust_env=False, timeout=httpx.Timeout(timeout_s, connect=5.0)
+    ) as client:
         return list(await asyncio.gather(*(one(client, t) for t in turns)))
 
 
-async def evaluate(url: str, api_key: str | None, turns: list[dict[str, Any]], concurrency: int = 8,
-                   timeout_s: float = 300.0) -> dict[str, dict[str, Any]]:
+async def evaluate(
+    url: str, api_key: str | None, turns: list[dict[str, Any]], concurrency: int = 8, timeout_s: float = 300.0
+) -> dict[str, dict[str, Any]]:
     out = {}
     for name, m, policy in SETTINGS:
         orig = await judge_all(url, api_key, turns, m, policy, concurrency, timeout_s, perturbed=False)
@@ -146,8 +166,16 @@ async def evaluate(url: str, api_key: str | None, turns: list[dict[str, Any]], c
 def print_report(figures: dict[str, dict[str, Any]], turns: list[dict[str, Any]]) -> None:
     counts = Counter(t["category"] for t in turns)
     print(f"judge agreement on {len(turns)} labelled turns: " + ", ".join(f"{c} {counts[c]}" for c in CATEGORIES))
-    cols = ("accuracy", "tie_aware", "flip_rate", "no_valid_rate", "failed_rate", "votes_per_turn",
-            "engine_calls_per_turn", "tokens_per_turn")
+    cols = (
+        "accuracy",
+        "tie_aware",
+        "flip_rate",
+        "no_valid_rate",
+        "failed_rate",
+        "votes_per_turn",
+        "engine_calls_per_turn",
+        "tokens_per_turn",
+    )
     print(f"{'setting':9} " + " ".join(f"{c:>12}" for c in cols))
     for name, f in figures.items():
         print(f"{name:9} " + " ".join(f"{f[c]:>12.3f}" for c in cols))
@@ -173,8 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     failed = sum(f["failed_requests"] for f in figures.values())
     if failed:
-        print(f"{failed} of {2 * len(turns) * len(figures)} judge requests failed (see above): the figures count "
-              "those turns as failed", file=sys.stderr)
+        print(
+            f"{failed} of {2 * len(turns) * len(figures)} judge requests failed (see above): the figures count "
+            "those turns as failed",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -19,8 +19,28 @@ import tempfile
 import time
 from pathlib import Path
 
-WORDS = ("file", "folder", "rename", "report", "summary", "please", "move", "the", "to", "and", "check", "list",
-         "error", "output", "tool", "result", "again", "docs", "work", "path")
+WORDS = (
+    "file",
+    "folder",
+    "rename",
+    "report",
+    "summary",
+    "please",
+    "move",
+    "the",
+    "to",
+    "and",
+    "check",
+    "list",
+    "error",
+    "output",
+    "tool",
+    "result",
+    "again",
+    "docs",
+    "work",
+    "path",
+)
 
 
 def make_turn(rng: random.Random, tok, context_tokens: int, tag: str) -> dict:
@@ -29,9 +49,13 @@ def make_turn(rng: random.Random, tok, context_tokens: int, tag: str) -> dict:
         text = f"[{tag}] " + " ".join(rng.choice(WORDS) for _ in range(60))
         context.append({"role": "user" if len(context) % 2 == 0 else "assistant", "content": text})
         used += len(tok.encode(text, add_special_tokens=False))
-    return {"context": context, "response": {"content": "Renamed it."},
-            "next_state": [{"role": "user", "content": "No, that is the wrong folder; use ~/work."}],
-            "tasks": ["prm", "hint"], "m": 1}
+    return {
+        "context": context,
+        "response": {"content": "Renamed it."},
+        "next_state": [{"role": "user", "content": "No, that is the wrong folder; use ~/work."}],
+        "tasks": ["prm", "hint"],
+        "m": 1,
+    }
 
 
 async def run_layout(url: str, model_dir: Path, tok, turns: list[dict], *, v2: bool) -> tuple[float, float, float]:
@@ -44,9 +68,15 @@ async def run_layout(url: str, model_dir: Path, tok, turns: list[dict], *, v2: b
     from judge_server.settings import JudgeSettings
 
     settings = JudgeSettings(
-        engine_url=url, tokenizer_path=str(model_dir), max_new_tokens=4, m=1, context_budget_tokens=4000,
-        prm_template="prm_eval_v2" if v2 else "prm_eval_v1", hint_template="hint_extract_v2" if v2 else "hint_extract_v1",
-        prefill_shared_prefix=v2)
+        engine_url=url,
+        tokenizer_path=str(model_dir),
+        max_new_tokens=4,
+        m=1,
+        context_budget_tokens=4000,
+        prm_template="prm_eval_v2" if v2 else "prm_eval_v1",
+        hint_template="hint_extract_v2" if v2 else "hint_extract_v1",
+        prefill_shared_prefix=v2,
+    )
     async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
         (await http.post(f"{url}/flush_cache")).raise_for_status()
     prefilled = whole = wall = 0.0
@@ -77,20 +107,25 @@ async def main_async(args: argparse.Namespace) -> None:
         try:
             rows = {}
             for v2 in (False, True):  # fresh conversations per layout: no cross-layout cache hits
-                turns = [make_turn(rng, tok, args.context_tokens, f"{'v2' if v2 else 'v1'}-{i}")
-                         for i in range(args.turns)]
+                turns = [
+                    make_turn(rng, tok, args.context_tokens, f"{'v2' if v2 else 'v1'}-{i}") for i in range(args.turns)
+                ]
                 await run_layout(engine.url, model_dir, tok, turns[:1], v2=v2)  # warm-up (first-call costs)
                 rows[v2] = await run_layout(engine.url, model_dir, tok, turns[1:] if len(turns) > 1 else turns, v2=v2)
         finally:
             engine.stop()
-    print(f"# judge prefill per turn, PRM + hint, context ~{args.context_tokens} tokens, {args.turns} turns, dev engine")
+    print(
+        f"# judge prefill per turn, PRM + hint, context ~{args.context_tokens} tokens, {args.turns} turns, dev engine"
+    )
     print(f"{'layout':>34} {'prefilled/turn':>14} {'both prompts':>12} {'share':>6} {'wall ms/turn':>12}")
     for v2, label in ((False, "v1 instructions first"), (True, "v2 turn first + 1 prefix prefill")):
         pre, whole, wall = rows[v2]
         print(f"{label:>34} {pre:>14.0f} {whole:>12.0f} {pre / whole:>6.2f} {wall * 1000:>12.0f}")
-    print(f"ratio v1/v2 prefilled tokens: {rows[False][0] / rows[True][0]:.2f}x; "
-          f"v2 prefills {rows[True][0] / rows[True][1]:.2f} of the sum of both prompts; "
-          f"wall time v1/v2: {rows[False][2] / rows[True][2]:.2f}x")
+    print(
+        f"ratio v1/v2 prefilled tokens: {rows[False][0] / rows[True][0]:.2f}x; "
+        f"v2 prefills {rows[True][0] / rows[True][1]:.2f} of the sum of both prompts; "
+        f"wall time v1/v2: {rows[False][2] / rows[True][2]:.2f}x"
+    )
 
 
 def main() -> None:

@@ -21,10 +21,12 @@ from pathlib import Path
 
 
 def make_item(i: int) -> dict:
-    return {"context": [{"role": "user", "content": f"[item {i}] Please rename report.txt to summary.txt in ~/docs."}],
-            "response": {"content": "Renamed it.", "tool_calls": [{"function": {"name": "mv", "arguments": "{}"}}]},
-            "next_state": [{"role": "user", "content": "No, that is the wrong folder; use ~/work."}],
-            "tasks": ["prm", "hint"]}
+    return {
+        "context": [{"role": "user", "content": f"[item {i}] Please rename report.txt to summary.txt in ~/docs."}],
+        "response": {"content": "Renamed it.", "tool_calls": [{"function": {"name": "mv", "arguments": "{}"}}]},
+        "next_state": [{"role": "user", "content": "No, that is the wrong folder; use ~/work."}],
+        "tasks": ["prm", "hint"],
+    }
 
 
 async def judged_per_s(router_url: str, model_dir: Path, items: int, concurrency: int, m: int) -> float:
@@ -35,8 +37,9 @@ async def judged_per_s(router_url: str, model_dir: Path, items: int, concurrency
     from judge_server.schemas import JudgeRequest
     from judge_server.settings import JudgeSettings
 
-    settings = JudgeSettings(engine_url=router_url, tokenizer_path=str(model_dir), max_new_tokens=16, m=m,
-                             max_concurrent_engine_calls=64)
+    settings = JudgeSettings(
+        engine_url=router_url, tokenizer_path=str(model_dir), max_new_tokens=16, m=m, max_concurrent_engine_calls=64
+    )
     sem = asyncio.Semaphore(concurrency)
     async with EngineClient(router_url) as client:
         service = JudgeService(settings, JudgeMetrics(), client=client, tokenizer=load_tokenizer(str(model_dir)))
@@ -67,8 +70,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = build_tiny_model(work / "model")
-        engines = [start_dev_engine(model, log_dir=work, name=f"engine{i}", extra_args=["--torch-threads", "1"])
-                   for i in range(2)]
+        engines = [
+            start_dev_engine(model, log_dir=work, name=f"engine{i}", extra_args=["--torch-threads", "1"])
+            for i in range(2)
+        ]
         for i, e in enumerate(engines):  # one core each (the engine's threads included)
             for tid in os.listdir(f"/proc/{e.pid}/task"):
                 os.sched_setaffinity(int(tid), {cores[i % len(cores)]})
@@ -83,8 +88,10 @@ def main() -> None:
         finally:
             for e in engines:
                 e.stop()
-    print(f"# judge scale-out: PRM + hint, m={args.m}, {args.items} items, concurrency {args.concurrency}, "
-          f"router policy {args.policy}, usable cores {len(cores)}")
+    print(
+        f"# judge scale-out: PRM + hint, m={args.m}, {args.items} items, concurrency {args.concurrency}, "
+        f"router policy {args.policy}, usable cores {len(cores)}"
+    )
     print(f"1 engine : {rates[1]:.2f} judged items/s")
     print(f"2 engines: {rates[2]:.2f} judged items/s")
     print(f"ratio 2/1 = {rates[2] / rates[1]:.2f}x (ideal 2.00x)")

@@ -38,8 +38,9 @@ from judge_server.settings import JudgeSettings
 from judge_server.voting import Vote, run_policy
 
 
-def synthetic_stream(rng: random.Random, agreement: float, length: int = 32, unparseable: float = 0.05,
-                     wrong_skew: float | None = None) -> tuple[int, list[int | None]]:
+def synthetic_stream(
+    rng: random.Random, agreement: float, length: int = 32, unparseable: float = 0.05, wrong_skew: float | None = None
+) -> tuple[int, list[int | None]]:
     """One turn: (true verdict, votes). A wrong vote is one of the two other verdicts, uniformly, or with
     ``wrong_skew`` the first of them (in the order 1, 0, -1) with that probability."""
     truth = rng.choice([1, 0, -1])
@@ -62,7 +63,7 @@ async def _score(stream: list[int | None], **kw: object) -> tuple[int | None, st
 
     async def sample(k: int, round_index: int) -> list[Vote]:
         nonlocal pos
-        votes = [Vote(v) for v in stream[pos:pos + k]]
+        votes = [Vote(v) for v in stream[pos : pos + k]]
         pos += k
         return votes
 
@@ -71,21 +72,34 @@ async def _score(stream: list[int | None], **kw: object) -> tuple[int | None, st
 
 
 async def bench_policies(turns: int, seed: int, unparseable: float = 0.05, wrong_skew: float | None = None) -> None:
-    print(f"# part 1: synthetic votes, {turns} turns per row, seed {seed}, unparseable {unparseable}, "
-          f"wrong-vote skew {wrong_skew if wrong_skew is not None else 'none (uniform)'}")
-    print(f"{'agreement':>9} {'policy':>22} {'votes/turn':>10} {'vs fixed5':>9} {'same as fixed5':>14} "
-          f"{'correct':>8} {'fixed5 correct':>14}")
+    print(
+        f"# part 1: synthetic votes, {turns} turns per row, seed {seed}, unparseable {unparseable}, "
+        f"wrong-vote skew {wrong_skew if wrong_skew is not None else 'none (uniform)'}"
+    )
+    print(
+        f"{'agreement':>9} {'policy':>22} {'votes/turn':>10} {'vs fixed5':>9} {'same as fixed5':>14} "
+        f"{'correct':>8} {'fixed5 correct':>14}"
+    )
     d = JudgeSettings(backend="rules")
     policies = {
         "adaptive m=5 m_max=9": {"policy": "adaptive", "m": 5, "m_max": 9, "escalate_step": 2},
         "adaptive m=3 m_max=7": {"policy": "adaptive", "m": 3, "m_max": 7, "escalate_step": 2},
     }
     policies[f"sequential {d.sequential_stop_rule}"] = {  # the service default
-        "policy": "sequential", "m": 5, "m_max": 9, "escalate_step": d.escalate_step, "stop_change_prob": d.stop_change_prob,
-        "stop_prior": d.stop_prior, "first_round": d.sequential_first_round, "stop_rule": d.sequential_stop_rule,
-        "error_budget_share": d.error_budget_share}
-    policies[f"sequential p<{d.stop_change_prob:.2f}"] = {**policies[f"sequential {d.sequential_stop_rule}"],
-                                                          "stop_rule": "change_prob"}
+        "policy": "sequential",
+        "m": 5,
+        "m_max": 9,
+        "escalate_step": d.escalate_step,
+        "stop_change_prob": d.stop_change_prob,
+        "stop_prior": d.stop_prior,
+        "first_round": d.sequential_first_round,
+        "stop_rule": d.sequential_stop_rule,
+        "error_budget_share": d.error_budget_share,
+    }
+    policies[f"sequential p<{d.stop_change_prob:.2f}"] = {
+        **policies[f"sequential {d.sequential_stop_rule}"],
+        "stop_rule": "change_prob",
+    }
     verdicts = []
     for agreement in (0.95, 0.85, 0.7, 0.55):
         for label, kw in policies.items():
@@ -102,15 +116,21 @@ async def bench_policies(turns: int, seed: int, unparseable: float = 0.05, wrong
                 correct += other[:2] == (truth, "ok")
                 fixed_correct += fixed[:2] == (truth, "ok")
             mean = votes_used / turns
-            print(f"{agreement:>9.2f} {label:>22} {mean:>10.2f} {mean / 5:>9.2f} {same / turns:>14.3f} "
-                  f"{correct / turns:>8.3f} {fixed_correct / turns:>14.3f}")
+            print(
+                f"{agreement:>9.2f} {label:>22} {mean:>10.2f} {mean / 5:>9.2f} {same / turns:>14.3f} "
+                f"{correct / turns:>8.3f} {fixed_correct / turns:>14.3f}"
+            )
             if kw["policy"] == "sequential":
                 cap = 0.5 if agreement >= 0.85 else 1.0
                 ok = mean / 5 <= cap and correct >= fixed_correct
-                verdicts.append(f"{label} agreement {agreement:.2f}: votes {mean / 5:.2f}x (target <= {cap:.2f}x), correct "
-                                f"{correct / turns:.3f} vs fixed5 {fixed_correct / turns:.3f} -> {'PASS' if ok else 'MISS'}")
-    print(f"# sequential targets (m=5, m_max=9, first_round={d.sequential_first_round}, error_budget_share="
-          f"{d.error_budget_share}, stop_prior={d.stop_prior})")
+                verdicts.append(
+                    f"{label} agreement {agreement:.2f}: votes {mean / 5:.2f}x (target <= {cap:.2f}x), correct "
+                    f"{correct / turns:.3f} vs fixed5 {fixed_correct / turns:.3f} -> {'PASS' if ok else 'MISS'}"
+                )
+    print(
+        f"# sequential targets (m=5, m_max=9, first_round={d.sequential_first_round}, error_budget_share="
+        f"{d.error_budget_share}, stop_prior={d.stop_prior})"
+    )
     for line in verdicts:
         print(line)
 
@@ -131,7 +151,10 @@ async def bench_engine(m: int) -> None:
             context=[{"role": "user", "content": "Please rename report.txt to summary.txt in ~/docs."}],
             response={"content": "Renamed it.", "tool_calls": [{"function": {"name": "mv", "arguments": "{}"}}]},
             next_state=[{"role": "user", "content": "No, that is the wrong folder; use ~/work."}],
-            counter=TokenCounter.from_tokenizer(tok), context_budget_tokens=2000, part_budget_tokens=1000)
+            counter=TokenCounter.from_tokenizer(tok),
+            context_budget_tokens=2000,
+            part_budget_tokens=1000,
+        )
         ids = render_prompt_ids(tok, messages)
         engine = start_dev_engine(model_dir, log_dir=Path(tmp) / "logs")
         try:
@@ -144,8 +167,9 @@ async def bench_engine(m: int) -> None:
                 t_one = time.perf_counter() - t0
                 await client.flush_cache()
                 t0 = time.perf_counter()
-                sep = await asyncio.gather(*(client.generate_ids(ids, {**sp, "n": 1}, return_logprob=False)
-                                             for _ in range(m)))
+                sep = await asyncio.gather(
+                    *(client.generate_ids(ids, {**sp, "n": 1}, return_logprob=False) for _ in range(m))
+                )
                 t_sep = time.perf_counter() - t0
         finally:
             engine.stop()
@@ -153,10 +177,14 @@ async def bench_engine(m: int) -> None:
     prefill_one = (one[0].prompt_tokens or len(ids)) - int(one[0].meta_info.get("cached_tokens") or 0)
     prefill_sep = sum((g[0].prompt_tokens or len(ids)) - int(g[0].meta_info.get("cached_tokens") or 0) for g in sep)
     print(f"prompt length: {len(ids)} tokens")
-    print(f"prompt tokens prefilled: n-in-one-call {prefill_one}, {m} separate calls {prefill_sep}, "
-          f"ratio {prefill_sep / prefill_one:.2f}x")
-    print(f"wall clock: n-in-one-call {t_one * 1000:.0f} ms, {m} separate calls {t_sep * 1000:.0f} ms, "
-          f"ratio {t_sep / t_one:.2f}x")
+    print(
+        f"prompt tokens prefilled: n-in-one-call {prefill_one}, {m} separate calls {prefill_sep}, "
+        f"ratio {prefill_sep / prefill_one:.2f}x"
+    )
+    print(
+        f"wall clock: n-in-one-call {t_one * 1000:.0f} ms, {m} separate calls {t_sep * 1000:.0f} ms, "
+        f"ratio {t_sep / t_one:.2f}x"
+    )
 
 
 def main() -> None:
@@ -165,8 +193,12 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--m", type=int, default=5)
     p.add_argument("--unparseable", type=float, default=0.05, help="share of unparseable votes")
-    p.add_argument("--wrong-skew", type=float, default=None,
-                   help="share of wrong votes that go to one fixed other verdict (default: uniform)")
+    p.add_argument(
+        "--wrong-skew",
+        type=float,
+        default=None,
+        help="share of wrong votes that go to one fixed other verdict (default: uniform)",
+    )
     p.add_argument("--no-engine", action="store_true")
     args = p.parse_args()
     asyncio.run(bench_policies(args.turns, args.seed, args.unparseable, args.wrong_skew))

@@ -32,8 +32,9 @@ from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_re
 from trainer.baselines import BASELINES, RunningMean, rl_sample_advantages
 
 
-async def run_live(n: int, rate_hz: float, train_s: float, min_batch: int, batch: int, p_good: float,
-                   seed: int) -> tuple[list[list[float]], float]:
+async def run_live(
+    n: int, rate_hz: float, train_s: float, min_batch: int, batch: int, p_good: float, seed: int
+) -> tuple[list[list[float]], float]:
     """Steps (each the rewards it trained on) of one live run, and the lease wake-up latency p50 in ms."""
     with tempfile.TemporaryDirectory() as d:
         store = Store(d)
@@ -48,8 +49,13 @@ async def run_live(n: int, rate_hz: float, train_s: float, min_batch: int, batch
             [job] = [j for j in store.pending_jobs() if j["session_id"] == f"s{i}"]
             reward = 1.0 if rng.random() < p_good else -1.0
             ready_at[job["sample_id"]] = time.monotonic()  # just before the commit that makes it leasable
-            store.complete_judge(job["sample_id"], status="ready", reject_reason=None, included=True,
-                                 data=Sample(sample_id=job["sample_id"], reward=reward))
+            store.complete_judge(
+                job["sample_id"],
+                status="ready",
+                reject_reason=None,
+                included=True,
+                data=Sample(sample_id=job["sample_id"], reward=reward),
+            )
 
         async def produce() -> None:
             loop = asyncio.get_running_loop()
@@ -100,23 +106,30 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8, help="lease max (the trainer's batch size)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the reward draws")
     args = ap.parse_args()
-    print(f"{args.samples} samples at {args.rate_hz:g}/s, {args.train_s:g}s per step, P(+1) = {args.p_good:g}, "
-          f"batch size {args.batch_size}")
+    print(
+        f"{args.samples} samples at {args.rate_hz:g}/s, {args.train_s:g}s per step, P(+1) = {args.p_good:g}, "
+        f"batch size {args.batch_size}"
+    )
     results = {}
     for min_batch in (1, 4):
-        steps, wake = asyncio.run(run_live(args.samples, args.rate_hz, args.train_s, min_batch, args.batch_size,
-                                           args.p_good, args.seed))
+        steps, wake = asyncio.run(
+            run_live(args.samples, args.rate_hz, args.train_s, min_batch, args.batch_size, args.p_good, args.seed)
+        )
         results[min_batch] = steps
-        print(f"min-batch {min_batch}: {len(steps)} steps (= weight pushes), "
-              f"{sum(map(len, steps)) / max(len(steps), 1):.2f} samples per push, lease wake-up p50 {wake:.1f} ms")
+        print(
+            f"min-batch {min_batch}: {len(steps)} steps (= weight pushes), "
+            f"{sum(map(len, steps)) / max(len(steps), 1):.2f} samples per push, lease wake-up p50 {wake:.1f} ms"
+        )
     print(f"{'baseline':<16}" + "".join(f"{'non-zero RL steps, min ' + str(m):>28}" for m in results))
     for b in BASELINES:
         print(f"{b:<16}" + "".join(f"{nonzero_share(results[m], b):>28.2f}" for m in results))
     old = nonzero_share(results[1], "batch_mean")
     new = nonzero_share(results[4], "running_mean")
     pushes = len(results[1]) / max(len(results[4]), 1)
-    print(f"new default (min-batch 4, running_mean) vs old (min-batch 1, batch_mean): non-zero RL step share "
-          f"{new:.2f} vs {old:.2f}; {pushes:.2f}x fewer weight pushes")
+    print(
+        f"new default (min-batch 4, running_mean) vs old (min-batch 1, batch_mean): non-zero RL step share "
+        f"{new:.2f} vs {old:.2f}; {pushes:.2f}x fewer weight pushes"
+    )
 
 
 if __name__ == "__main__":

@@ -64,15 +64,20 @@ async def bench(engine_url: str, policy_url: str, tokenizer, n: int, max_tokens:
     ids = [render_prompt_ids(tokenizer, p) for p in prompts]
     sp = {"max_new_tokens": max_tokens, "temperature": 1.0}
     async with httpx.AsyncClient(timeout=300, trust_env=False, limits=httpx.Limits(max_connections=64)) as http:
+
         async def direct(i: int) -> None:
-            r = await http.post(engine_url + "/generate", json={"input_ids": ids[i], "sampling_params":
-                                                                 dict(sp, sampling_seed=i), "return_logprob": True})
+            r = await http.post(
+                engine_url + "/generate",
+                json={"input_ids": ids[i], "sampling_params": dict(sp, sampling_seed=i), "return_logprob": True},
+            )
             r.raise_for_status()
 
         async def proxied(i: int) -> None:
-            r = await http.post(policy_url + "/v1/chat/completions", headers={
-                "Authorization": f"Bearer {CLIENT_KEY}", "X-Session-Id": f"bench-{i}", "X-Turn-Type": "main"},
-                json={"messages": prompts[i], "max_tokens": max_tokens, "temperature": 1.0, "seed": i})
+            r = await http.post(
+                policy_url + "/v1/chat/completions",
+                headers={"Authorization": f"Bearer {CLIENT_KEY}", "X-Session-Id": f"bench-{i}", "X-Turn-Type": "main"},
+                json={"messages": prompts[i], "max_tokens": max_tokens, "temperature": 1.0, "seed": i},
+            )
             r.raise_for_status()
 
         await _run(4, 4, direct)  # warm-up
@@ -87,10 +92,14 @@ async def bench(engine_url: str, policy_url: str, tokenizer, n: int, max_tokens:
                 p += await _run(n // rounds, conc, proxied)
             print(f"concurrency {conc:2d}  direct : {_fmt(d)}")
             print(f"concurrency {conc:2d}  policy : {_fmt(p)}")
-            print(f"concurrency {conc:2d}  overhead per request: mean {(statistics.mean(p) - statistics.mean(d)) * 1e3:+.1f} ms"
-                  f"  p50 {(statistics.median(p) - statistics.median(d)) * 1e3:+.1f} ms")
-            print(f"concurrency {conc:2d}  latency ratio policy/direct (mean) = "
-                  f"{statistics.mean(p) / statistics.mean(d):.3f}")
+            print(
+                f"concurrency {conc:2d}  overhead per request: mean {(statistics.mean(p) - statistics.mean(d)) * 1e3:+.1f} ms"
+                f"  p50 {(statistics.median(p) - statistics.median(d)) * 1e3:+.1f} ms"
+            )
+            print(
+                f"concurrency {conc:2d}  latency ratio policy/direct (mean) = "
+                f"{statistics.mean(p) / statistics.mean(d):.3f}"
+            )
 
 
 def _cpu_s(pid: int) -> float:
@@ -102,8 +111,16 @@ def _cpu_s(pid: int) -> float:
 def start_instant_engine(tokenizer, log_dir: Path) -> ManagedProcess:
     reply = tokenizer.encode("ok", add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     port = free_port()
-    cmd = [sys.executable, str(Path(__file__).with_name("instant_engine.py")), "--port", str(port),
-           "--output-ids", ",".join(str(t) for t in reply), "--text", "ok"]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).with_name("instant_engine.py")),
+        "--port",
+        str(port),
+        "--output-ids",
+        ",".join(str(t) for t in reply),
+        "--text",
+        "ok",
+    ]
     return start_process("instant-engine", cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, deadline_s=30)
 
 
@@ -114,16 +131,24 @@ def _q(lat: list[float], pct: int) -> float:
 async def bench_stub(engine_url: str, policy: ManagedProcess, tokenizer, turns_per_user: int) -> None:
     users = 32
     async with httpx.AsyncClient(timeout=60, trust_env=False, limits=httpx.Limits(max_connections=64)) as http:
+
         async def direct(ids: list[int]) -> None:
-            r = await http.post(engine_url + "/generate", json={
-                "input_ids": ids,
-                "sampling_params": {"max_new_tokens": 16, "temperature": 1.0}, "return_logprob": True})
+            r = await http.post(
+                engine_url + "/generate",
+                json={
+                    "input_ids": ids,
+                    "sampling_params": {"max_new_tokens": 16, "temperature": 1.0},
+                    "return_logprob": True,
+                },
+            )
             r.raise_for_status()
 
         async def proxied(sid: str, messages: list[dict]) -> dict:
-            r = await http.post(policy.url + "/v1/chat/completions", headers={
-                "Authorization": f"Bearer {CLIENT_KEY}", "X-Session-Id": sid, "X-Turn-Type": "main"},
-                json={"messages": messages, "max_tokens": 16, "temperature": 1.0})
+            r = await http.post(
+                policy.url + "/v1/chat/completions",
+                headers={"Authorization": f"Bearer {CLIENT_KEY}", "X-Session-Id": sid, "X-Turn-Type": "main"},
+                json={"messages": messages, "max_tokens": 16, "temperature": 1.0},
+            )
             r.raise_for_status()
             return r.json()["choices"][0]["message"]
 
@@ -139,8 +164,11 @@ async def bench_stub(engine_url: str, policy: ManagedProcess, tokenizer, turns_p
                     t0 = time.perf_counter()
                     reply = await proxied(tag, messages)
                     p.append(time.perf_counter() - t0)
-                messages = [*messages, {"role": "assistant", "content": reply.get("content") or ""},
-                            {"role": "user", "content": f"and turn {t + 1}?"}]
+                messages = [
+                    *messages,
+                    {"role": "assistant", "content": reply.get("content") or ""},
+                    {"role": "user", "content": f"and turn {t + 1}?"},
+                ]
 
         await asyncio.gather(*(user(f"warm-{i}", asyncio.Semaphore(4), [], []) for i in range(4)))
         print(f"# part 1: instant engine stub, {users} users x {turns_per_user} continuing turns")
@@ -149,23 +177,30 @@ async def bench_stub(engine_url: str, policy: ManagedProcess, tokenizer, turns_p
             d: list[float] = []
             p: list[float] = []
             await asyncio.gather(*(user(f"c{conc}-u{i}", sem, d, p) for i in range(users)))
-            print(f"concurrency {conc:2d}  added latency policy - direct: p50 {(_q(p, 50) - _q(d, 50)) * 1e3:+.2f} ms  "
-                  f"p99 {(_q(p, 99) - _q(d, 99)) * 1e3:+.2f} ms   (direct p50 {_q(d, 50) * 1e3:.2f} ms, "
-                  f"policy p50 {_q(p, 50) * 1e3:.2f} ms, p99 {_q(p, 99) * 1e3:.2f} ms)")
+            print(
+                f"concurrency {conc:2d}  added latency policy - direct: p50 {(_q(p, 50) - _q(d, 50)) * 1e3:+.2f} ms  "
+                f"p99 {(_q(p, 99) - _q(d, 99)) * 1e3:+.2f} ms   (direct p50 {_q(d, 50) * 1e3:.2f} ms, "
+                f"policy p50 {_q(p, 50) * 1e3:.2f} ms, p99 {_q(p, 99) * 1e3:.2f} ms)"
+            )
 
         async def proxied_only(tag: str) -> None:
             messages = [{"role": "user", "content": f"{tag}: tell me about the weather"}]
             for t in range(turns_per_user):
                 reply = await proxied(tag, messages)
-                messages = [*messages, {"role": "assistant", "content": reply.get("content") or ""},
-                            {"role": "user", "content": f"and turn {t + 1}?"}]
+                messages = [
+                    *messages,
+                    {"role": "assistant", "content": reply.get("content") or ""},
+                    {"role": "user", "content": f"and turn {t + 1}?"},
+                ]
 
         cpu0, t0 = _cpu_s(policy.pid), time.perf_counter()
         await asyncio.gather(*(proxied_only(f"load-u{i}") for i in range(users)))
         wall, cpu = time.perf_counter() - t0, _cpu_s(policy.pid) - cpu0
         n = users * turns_per_user
-        print(f"concurrency 32  sustained: {n / wall:.1f} recorded turns/s, "
-              f"{cpu * 1e3 / n:.2f} CPU ms per recorded turn (policy server process)")
+        print(
+            f"concurrency 32  sustained: {n / wall:.1f} recorded turns/s, "
+            f"{cpu * 1e3 / n:.2f} CPU ms per recorded turn (policy server process)"
+        )
 
 
 def main() -> None:

@@ -31,9 +31,16 @@ from engine.pgcluster import PgCluster, PgUnavailable
 from engine.records import Sample, TurnRecord
 from policy_server.store import Resolution, open_store
 
-RECORD = TurnRecord(messages=[{"role": "user", "content": "x" * 200}], prompt_ids=list(range(300)),
-                    response_ids=list(range(64)), rollout_logprobs=[-0.5] * 64, response={"content": "y" * 120},
-                    weight_version="v0", weight_versions=["v0"], sampling_params={}).to_json()
+RECORD = TurnRecord(
+    messages=[{"role": "user", "content": "x" * 200}],
+    prompt_ids=list(range(300)),
+    response_ids=list(range(64)),
+    rollout_logprobs=[-0.5] * 64,
+    response={"content": "y" * 120},
+    weight_version="v0",
+    weight_versions=["v0"],
+    sampling_params={},
+).to_json()
 
 
 def _record_worker(url: str, data_dir: str, sessions: list[str], turns: int, threads: int, start, out) -> None:
@@ -89,19 +96,30 @@ def measure(url: str, data_dir: str, replicas: int, args: argparse.Namespace) ->
     ctx = mp.get_context("spawn")
     sessions = [f"s{i}" for i in range(args.sessions)]
     start, out = ctx.Event(), ctx.Queue()
-    workers = [ctx.Process(target=_record_worker, args=(url, data_dir, sessions[r::replicas], args.turns,
-                                                        args.threads, start, out)) for r in range(replicas)]
+    workers = [
+        ctx.Process(
+            target=_record_worker, args=(url, data_dir, sessions[r::replicas], args.turns, args.threads, start, out)
+        )
+        for r in range(replicas)
+    ]
     wall = max(_run(workers, start, out, replicas))
     turns_per_s = args.sessions * args.turns / wall
     store = open_store(url, data_dir)
     jobs = store.pending_jobs()
     for j in jobs:
-        store.complete_judge(j["sample_id"], status="ready", reject_reason=None, included=True,
-                             data=Sample(sample_id=j["sample_id"], reward=1.0))
+        store.complete_judge(
+            j["sample_id"],
+            status="ready",
+            reject_reason=None,
+            included=True,
+            data=Sample(sample_id=j["sample_id"], reward=1.0),
+        )
     store.close()
     start, out = ctx.Event(), ctx.Queue()
-    workers = [ctx.Process(target=_lease_worker, args=(url, data_dir, args.threads, args.batch, start, out))
-               for _ in range(replicas)]
+    workers = [
+        ctx.Process(target=_lease_worker, args=(url, data_dir, args.threads, args.batch, start, out))
+        for _ in range(replicas)
+    ]
     results = _run(workers, start, out, replicas)
     ids = [i for _, got in results for i in got]
     assert len(ids) == len(set(ids)) == len(jobs), "a sample was leased twice or lost"
@@ -131,8 +149,9 @@ def main() -> None:
             finally:
                 cluster.stop()
     base_turns, base_lease = rows[0][1], rows[0][2]
-    print(f"{args.sessions} sessions x {args.turns} turns, {args.threads} threads per replica, lease batch "
-          f"{args.batch}")
+    print(
+        f"{args.sessions} sessions x {args.turns} turns, {args.threads} threads per replica, lease batch {args.batch}"
+    )
     print(f"{'configuration':28} {'turns/s':>9} {'ratio':>6} {'leased+acked/s':>15} {'ratio':>6}")
     for name, turns, lease in rows:
         print(f"{name:28} {turns:9.0f} {turns / base_turns:6.2f} {lease:15.0f} {lease / base_lease:6.2f}")

@@ -34,12 +34,22 @@ def make_samples(vocab: int, n: int, p_len: int, r_len: int, seed: int = 0) -> l
     out = []
     for i in range(n):
         r = rng.randint(r_len // 2, r_len)
-        out.append(Sample(
-            sample_id=str(i), mode="combine", prompt_ids=[rng.randrange(vocab) for _ in range(p_len)],
-            response_ids=[rng.randrange(vocab) for _ in range(r)], rollout_logprobs=[-7.0] * r, loss_mask=[1] * r,
-            reward=rng.choice([-1.0, 1.0]), has_reward=True, has_teacher=True,
-            teacher_logprobs=[-6.5] * r, w_rl=1.0, w_opd=1.0,
-        ).to_json())
+        out.append(
+            Sample(
+                sample_id=str(i),
+                mode="combine",
+                prompt_ids=[rng.randrange(vocab) for _ in range(p_len)],
+                response_ids=[rng.randrange(vocab) for _ in range(r)],
+                rollout_logprobs=[-7.0] * r,
+                loss_mask=[1] * r,
+                reward=rng.choice([-1.0, 1.0]),
+                has_reward=True,
+                has_teacher=True,
+                teacher_logprobs=[-6.5] * r,
+                w_rl=1.0,
+                w_opd=1.0,
+            ).to_json()
+        )
     return out
 
 

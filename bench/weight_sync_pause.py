@@ -44,12 +44,23 @@ async def run(policy_url: str, model_dir: Path, clients: int, steady_s: float, u
         n = 0
         while not stop.is_set():
             n += 1
-            body = {"messages": [{"role": "user", "content": f"user {i} request {n}: tell me about the weather"}],
-                    "max_tokens": 16, "temperature": 1.0, "stream": n % 2 == 0}
+            body = {
+                "messages": [{"role": "user", "content": f"user {i} request {n}: tell me about the weather"}],
+                "max_tokens": 16,
+                "temperature": 1.0,
+                "stream": n % 2 == 0,
+            }
             t0 = time.monotonic()
             try:
-                r = await http.post(policy_url + "/v1/chat/completions", json=body, headers={
-                    "Authorization": f"Bearer {CLIENT_KEY}", "X-Session-Id": f"u{i}-{n}", "X-Session-Done": "1"})
+                r = await http.post(
+                    policy_url + "/v1/chat/completions",
+                    json=body,
+                    headers={
+                        "Authorization": f"Bearer {CLIENT_KEY}",
+                        "X-Session-Id": f"u{i}-{n}",
+                        "X-Session-Done": "1",
+                    },
+                )
                 if r.status_code != 200 or '"error"' in r.text:
                     failures.append(f"{r.status_code} {r.text[:120]}")
                     continue
@@ -66,8 +77,11 @@ async def run(policy_url: str, model_dir: Path, clients: int, steady_s: float, u
         t_steady_end = time.monotonic()
         for k in range(updates):
             t0 = time.monotonic()
-            r = await http.post(policy_url + "/admin/weights/update", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-                                json={"model_path": str(model_dir), "weight_version": f"v{k + 1}"})
+            r = await http.post(
+                policy_url + "/admin/weights/update",
+                headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                json={"model_path": str(model_dir), "weight_version": f"v{k + 1}"},
+            )
             windows.append((t0, time.monotonic()))
             if r.status_code != 200 or not r.json().get("success"):
                 failures.append(f"update {k + 1}: {r.status_code} {r.text[:120]}")
@@ -77,8 +91,10 @@ async def run(policy_url: str, model_dir: Path, clients: int, steady_s: float, u
     steady = [e - s for s, e in done if s >= t_steady and e <= t_steady_end]
     during = [e - s for s, e in done if any(s < we and e > ws for ws, we in windows)]
     pause_s = [we - ws for ws, we in windows]
-    print(f"# weight update under load: {clients} clients, {updates} updates "
-          f"(update call {statistics.mean(pause_s) * 1e3:.0f} ms mean)")
+    print(
+        f"# weight update under load: {clients} clients, {updates} updates "
+        f"(update call {statistics.mean(pause_s) * 1e3:.0f} ms mean)"
+    )
     print(f"steady : {len(steady):4d} requests  p50 {_q(steady, 50) * 1e3:7.0f} ms  p99 {_q(steady, 99) * 1e3:7.0f} ms")
     print(f"update : {len(during):4d} requests  p50 {_q(during, 50) * 1e3:7.0f} ms  p99 {_q(during, 99) * 1e3:7.0f} ms")
     ratio = _q(during, 99) / _q(steady, 99)

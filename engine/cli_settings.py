@@ -123,15 +123,21 @@ def _help(cls: type[CliSettings], name: str, field: FieldInfo) -> str:
 
 def build_parser(cls: type[CliSettings], prog: str, description: str | None = None) -> argparse.ArgumentParser:
     """The argparse parser of ``cls``; only flags given on the command line appear in its namespace."""
-    env_only = [f"{name} ({_help(cls, name, field)})" for name, field in cls.model_fields.items()
-                if _has(field, EnvOnly)]
+    env_only = [
+        f"{name} ({_help(cls, name, field)})" for name, field in cls.model_fields.items() if _has(field, EnvOnly)
+    ]
     epilog = "set in the environment or the config file only: " + "; ".join(env_only) if env_only else None
     # No abbreviations: a removed flag must fail, not turn into a longer one (--admin-api-key would
     # otherwise be read as --admin-api-key-file and the secret taken for a path).
-    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog, allow_abbrev=False,
-                                     argument_default=argparse.SUPPRESS)
-    parser.add_argument("--config", metavar="FILE", type=Path,
-                        help="JSON, TOML or YAML file setting any of the options below (flags and environment win)")
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, epilog=epilog, allow_abbrev=False, argument_default=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help="JSON, TOML or YAML file setting any of the options below (flags and environment win)",
+    )
     for name, field in cls.model_fields.items():
         help_text = _help(cls, name, field)
         if _has(field, EnvOnly):
@@ -139,10 +145,12 @@ def build_parser(cls: type[CliSettings], prog: str, description: str | None = No
         annotation = _scalar(field.annotation)
         kw: dict[str, Any] = {"help": help_text}
         if annotation is bool:
-            parser.add_argument(flag_name(name), dest=name, nargs="?", const=True, type=parse_bool, metavar="BOOL",
-                                **kw)
-            parser.add_argument("--no-" + name.replace("_", "-"), dest=name, action="store_const", const=False,
-                                help=argparse.SUPPRESS)
+            parser.add_argument(
+                flag_name(name), dest=name, nargs="?", const=True, type=parse_bool, metavar="BOOL", **kw
+            )
+            parser.add_argument(
+                "--no-" + name.replace("_", "-"), dest=name, action="store_const", const=False, help=argparse.SUPPRESS
+            )
             continue
         if annotation is int:
             kw.update(type=int, metavar="N")
@@ -183,8 +191,9 @@ def load_config_file(cls: type[CliSettings], path: Path) -> dict[str, Any]:
     return values
 
 
-def parse_settings(cls: type[S], argv: Sequence[str] | None = None, prog: str | None = None,
-                   description: str | None = None) -> S:
+def parse_settings(
+    cls: type[S], argv: Sequence[str] | None = None, prog: str | None = None, description: str | None = None
+) -> S:
     """``cls`` from flags > environment > ``--config`` file > defaults. Raises ``ValueError`` (a pydantic
     ``ValidationError`` or a config file error) for invalid values; argparse exits 2 on unknown flags."""
     parser = build_parser(cls, prog or cls.__name__, description)
@@ -201,8 +210,9 @@ def parse_settings(cls: type[S], argv: Sequence[str] | None = None, prog: str | 
         _config_values.reset(token)
 
 
-def parse_cli(cls: type[S], argv: Sequence[str] | None = None, prog: str | None = None,
-              description: str | None = None) -> S:
+def parse_cli(
+    cls: type[S], argv: Sequence[str] | None = None, prog: str | None = None, description: str | None = None
+) -> S:
     """``parse_settings`` for a ``main()``: an invalid configuration exits 2 with the reason on stderr."""
     try:
         return parse_settings(cls, argv, prog, description)

@@ -96,8 +96,9 @@ class EngineClient:
         if http is not None and event_hooks:
             raise ValueError("event_hooks belong to the shared pool: build it with them (build_async_http)")
         self._owns_http = http is None
-        self._http = http or build_async_http(self.timeouts.to_httpx(), max_connections=max_connections,
-                                              event_hooks=event_hooks, transport=transport)
+        self._http = http or build_async_http(
+            self.timeouts.to_httpx(), max_connections=max_connections, event_hooks=event_hooks, transport=transport
+        )
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -121,8 +122,11 @@ class EngineClient:
             return EngineTimeout(exc.message, url=exc.url)
         if isinstance(exc, CallFailed) and exc.timed_out:
             return EngineTimeout(f"engine call timed out: {exc.message}", url=exc.url)
-        return EngineUnavailable(f"{method} {path} failed after {exc.attempts} attempt(s): {exc.message}",
-                                 url=exc.url, status_code=exc.status_code)
+        return EngineUnavailable(
+            f"{method} {path} failed after {exc.attempts} attempt(s): {exc.message}",
+            url=exc.url,
+            status_code=exc.status_code,
+        )
 
     async def request(
         self,
@@ -136,8 +140,16 @@ class EngineClient:
     ) -> httpx.Response:
         """Send one logical call with retries; raises only EngineError subclasses."""
         try:
-            return await send(self._http, method, self.base_url + path, policy=self.retry, deadline_s=deadline_s,
-                              retry=retry, json=body, headers=self._headers(admin))
+            return await send(
+                self._http,
+                method,
+                self.base_url + path,
+                policy=self.retry,
+                deadline_s=deadline_s,
+                retry=retry,
+                json=body,
+                headers=self._headers(admin),
+            )
         except CallError as exc:
             raise self._engine_error(exc, method, path) from exc
 
@@ -199,8 +211,16 @@ class EngineClient:
         end = asyncio.get_running_loop().time() + deadline
         async with AsyncExitStack() as stack:
             try:
-                resp = await open_stream(stack, self._http, "POST", url, policy=self.retry, deadline_s=deadline,
-                                         json=body, headers=self._headers(False))
+                resp = await open_stream(
+                    stack,
+                    self._http,
+                    "POST",
+                    url,
+                    policy=self.retry,
+                    deadline_s=deadline,
+                    json=body,
+                    headers=self._headers(False),
+                )
             except CallError as exc:
                 raise self._engine_error(exc, "POST", "/generate") from exc
             lines = resp.aiter_lines()
@@ -272,7 +292,9 @@ class EngineClient:
         lps = [e[0] for e in entries]
         if any(lp is None for lp in lps):
             raise EngineBadResponse("score: engine returned a null log-prob inside the response", url=self.base_url)
-        result = ScoredSequence(token_ids=ids, logprobs=[float(x) for x in lps], weight_version=meta.get("weight_version"))
+        result = ScoredSequence(
+            token_ids=ids, logprobs=[float(x) for x in lps], weight_version=meta.get("weight_version")
+        )
         if top_logprobs_num:
             rows = (meta.get("input_top_logprobs") or [])[1:]
             if len(rows) != len(response_ids) or any(not r for r in rows):

@@ -66,8 +66,9 @@ async def unless_disconnected(request: _Receives, work: Coroutine[Any, Any, T]) 
     return task.result()
 
 
-async def abort_engine_requests(engines: list[EngineClient], rid_prefix: str, *,
-                                timeout_s: float = ABORT_TIMEOUT_S) -> int:
+async def abort_engine_requests(
+    engines: list[EngineClient], rid_prefix: str, *, timeout_s: float = ABORT_TIMEOUT_S
+) -> int:
     """``POST /abort_request {"rid": rid_prefix}`` on every engine at once; returns how many acknowledged."""
 
     async def one(engine: EngineClient) -> bool:
@@ -77,14 +78,21 @@ async def abort_engine_requests(engines: list[EngineClient], rid_prefix: str, *,
             return True
         except EngineRejected as exc:
             if exc.status_code == 404:  # a router: it does not fan aborts out
-                logger.info("%s has no /abort_request (a router?); %s* end when the engine sees their "
-                            "connections close", engine.base_url, rid_prefix)
+                logger.info(
+                    "%s has no /abort_request (a router?); %s* end when the engine sees their connections close",
+                    engine.base_url,
+                    rid_prefix,
+                )
             else:
                 logger.warning("abort_request %s* refused by %s: %s", rid_prefix, engine.base_url, exc.message)
             return False
         except (EngineError, TimeoutError) as exc:
-            logger.warning("abort_request %s* on %s failed (best effort): %s", rid_prefix, engine.base_url,
-                           getattr(exc, "message", None) or repr(exc))
+            logger.warning(
+                "abort_request %s* on %s failed (best effort): %s",
+                rid_prefix,
+                engine.base_url,
+                getattr(exc, "message", None) or repr(exc),
+            )
             return False
 
     acked = sum(await asyncio.gather(*(one(e) for e in engines)))

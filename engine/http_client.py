@@ -51,8 +51,9 @@ MAX_MESSAGE_CHARS = 500
 EventHooks = Mapping[str, Sequence[Callable[..., Any]]]
 T = TypeVar("T")
 # tenacity 9.2 renamed wait_exponential_jitter(initial=) to multiplier= (the old name warns); support both.
-_BACKOFF_KW = ("multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters
-               else "initial")
+_BACKOFF_KW = (
+    "multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters else "initial"
+)
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,9 @@ class RetryPolicy:
     deadline_s: float = 120.0
 
     def _wait(self) -> Any:
-        return wait_exponential_jitter(**{_BACKOFF_KW: self.initial_backoff_s}, max=self.max_backoff_s,
-                                       jitter=self.jitter_s)
+        return wait_exponential_jitter(
+            **{_BACKOFF_KW: self.initial_backoff_s}, max=self.max_backoff_s, jitter=self.jitter_s
+        )
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -92,8 +94,9 @@ class CallRejected(CallError):
 class CallFailed(CallError):
     """Every attempt failed retryably (``timed_out``: the last one by a timeout); ``message`` is the last error's."""
 
-    def __init__(self, message: str, *, url: str, status_code: int | None = None, attempts: int = 0,
-                 timed_out: bool = False):
+    def __init__(
+        self, message: str, *, url: str, status_code: int | None = None, attempts: int = 0, timed_out: bool = False
+    ):
         super().__init__(message, url=url, status_code=status_code, attempts=attempts)
         self.timed_out = timed_out
 
@@ -101,8 +104,7 @@ class CallFailed(CallError):
 class CallTimedOut(CallError):
     """The call's total deadline passed; ``last_error`` is the last failed attempt's message, if any."""
 
-    def __init__(self, message: str, *, url: str, deadline_s: float, last_error: str | None = None,
-                 attempts: int = 0):
+    def __init__(self, message: str, *, url: str, deadline_s: float, last_error: str | None = None, attempts: int = 0):
         super().__init__(message, url=url, attempts=attempts)
         self.deadline_s = deadline_s
         self.last_error = last_error
@@ -159,13 +161,21 @@ def _transport_failure(exc: httpx.TransportError) -> _AttemptFailed:
 
 
 def _exhausted(url: str, failure: _AttemptFailed, attempts: int) -> CallFailed:
-    return CallFailed(failure.message, url=url, status_code=failure.status_code, attempts=attempts,
-                      timed_out=failure.timed_out)
+    return CallFailed(
+        failure.message, url=url, status_code=failure.status_code, attempts=attempts, timed_out=failure.timed_out
+    )
 
 
 # ---------------------------------------------------------------------------------------------- async
-async def _run_async(policy: RetryPolicy, attempt: Callable[[], Awaitable[T]], *, method: str, url: str,
-                     deadline_s: float | None, retry: bool) -> T:
+async def _run_async(
+    policy: RetryPolicy,
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    method: str,
+    url: str,
+    deadline_s: float | None,
+    retry: bool,
+) -> T:
     """Run ``attempt`` under the policy and one total deadline (see the module docstring)."""
     deadline = policy.deadline_s if deadline_s is None else deadline_s
     failures: list[_AttemptFailed] = []
@@ -178,22 +188,39 @@ async def _run_async(policy: RetryPolicy, attempt: Callable[[], Awaitable[T]], *
             logger.debug("retryable failure of %s %s (attempt %d): %s", method, url, len(failures), exc.describe())
             raise
 
-    retrying = AsyncRetrying(stop=stop_after_attempt(policy.max_attempts if retry else 1), wait=policy._wait(),
-                             retry=retry_if_exception_type(_AttemptFailed), reraise=True)
+    retrying = AsyncRetrying(
+        stop=stop_after_attempt(policy.max_attempts if retry else 1),
+        wait=policy._wait(),
+        retry=retry_if_exception_type(_AttemptFailed),
+        reraise=True,
+    )
     try:
         async with asyncio.timeout(deadline):
             return await retrying(attempt_logged)
     except TimeoutError as exc:
         last = failures[-1].describe() if failures else None
         cause = f"; last error: {last}" if last else ""
-        raise CallTimedOut(f"{method} {httpx.URL(url).path} did not finish within {deadline:.1f}s{cause}", url=url,
-                           deadline_s=deadline, last_error=last, attempts=len(failures) + 1) from exc
+        raise CallTimedOut(
+            f"{method} {httpx.URL(url).path} did not finish within {deadline:.1f}s{cause}",
+            url=url,
+            deadline_s=deadline,
+            last_error=last,
+            attempts=len(failures) + 1,
+        ) from exc
     except _AttemptFailed as exc:
         raise _exhausted(url, exc, len(failures)) from exc
 
 
-async def send(http: httpx.AsyncClient, method: str, url: str, *, policy: RetryPolicy,
-               deadline_s: float | None = None, retry: bool = True, **request: Any) -> httpx.Response:
+async def send(
+    http: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    policy: RetryPolicy,
+    deadline_s: float | None = None,
+    retry: bool = True,
+    **request: Any,
+) -> httpx.Response:
     """One logical call (``request`` goes to ``http.request``); the 2xx/3xx response or a CallError."""
 
     async def attempt() -> httpx.Response:
@@ -206,8 +233,16 @@ async def send(http: httpx.AsyncClient, method: str, url: str, *, policy: RetryP
     return await _run_async(policy, attempt, method=method, url=url, deadline_s=deadline_s, retry=retry)
 
 
-async def open_stream(stack: AsyncExitStack, http: httpx.AsyncClient, method: str, url: str, *,
-                      policy: RetryPolicy, deadline_s: float | None = None, **request: Any) -> httpx.Response:
+async def open_stream(
+    stack: AsyncExitStack,
+    http: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    policy: RetryPolicy,
+    deadline_s: float | None = None,
+    **request: Any,
+) -> httpx.Response:
     """Open a streamed response (headers read, body not) with retries; it closes with ``stack``.
 
     Only opening is retried: once the caller reads the body, a failure is the caller's to handle.
@@ -233,8 +268,9 @@ async def open_stream(stack: AsyncExitStack, http: httpx.AsyncClient, method: st
 
 
 # ---------------------------------------------------------------------------------------------- sync
-def send_sync(http: httpx.Client, method: str, url: str, *, policy: RetryPolicy, deadline_s: float | None = None,
-              **request: Any) -> httpx.Response:
+def send_sync(
+    http: httpx.Client, method: str, url: str, *, policy: RetryPolicy, deadline_s: float | None = None, **request: Any
+) -> httpx.Response:
     """Blocking twin of :func:`send`: ends within the deadline plus one request timeout (module docstring)."""
     deadline = policy.deadline_s if deadline_s is None else deadline_s
     failures: list[_AttemptFailed] = []
@@ -251,8 +287,12 @@ def send_sync(http: httpx.Client, method: str, url: str, *, policy: RetryPolicy,
         raise failure
 
     # stop_before_delay: a backoff sleep that would end past the deadline is not taken, nor is its attempt.
-    retrying = Retrying(stop=stop_after_attempt(policy.max_attempts) | stop_before_delay(deadline),
-                        wait=policy._wait(), retry=retry_if_exception_type(_AttemptFailed), reraise=True)
+    retrying = Retrying(
+        stop=stop_after_attempt(policy.max_attempts) | stop_before_delay(deadline),
+        wait=policy._wait(),
+        retry=retry_if_exception_type(_AttemptFailed),
+        reraise=True,
+    )
     try:
         return retrying(attempt)
     except _AttemptFailed as exc:
@@ -260,14 +300,22 @@ def send_sync(http: httpx.Client, method: str, url: str, *, policy: RetryPolicy,
 
 
 # ---------------------------------------------------------------------------------------------- pools
-def build_async_http(timeout: httpx.Timeout, *, max_connections: int = 256, max_keepalive: int | None = None,
-                     event_hooks: EventHooks | None = None, transport: httpx.AsyncBaseTransport | None = None,
-                     **kw: Any) -> httpx.AsyncClient:
+def build_async_http(
+    timeout: httpx.Timeout,
+    *,
+    max_connections: int = 256,
+    max_keepalive: int | None = None,
+    event_hooks: EventHooks | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    **kw: Any,
+) -> httpx.AsyncClient:
     """The shared async pool of a process: explicit timeouts, sized limits, no env proxy, the caller's hooks."""
     return httpx.AsyncClient(
         timeout=timeout,
-        limits=httpx.Limits(max_connections=max_connections,
-                            max_keepalive_connections=max_connections if max_keepalive is None else max_keepalive),
+        limits=httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections if max_keepalive is None else max_keepalive,
+        ),
         trust_env=False,
         event_hooks={k: list(v) for k, v in (event_hooks or {}).items()},
         transport=transport,
@@ -275,11 +323,21 @@ def build_async_http(timeout: httpx.Timeout, *, max_connections: int = 256, max_
     )
 
 
-def build_sync_http(timeout: httpx.Timeout, *, event_hooks: EventHooks | None = None,
-                    transport: httpx.BaseTransport | None = None, **kw: Any) -> httpx.Client:
+def build_sync_http(
+    timeout: httpx.Timeout,
+    *,
+    event_hooks: EventHooks | None = None,
+    transport: httpx.BaseTransport | None = None,
+    **kw: Any,
+) -> httpx.Client:
     """The blocking pool of a sync program (the trainer, the report): same rules as :func:`build_async_http`."""
-    return httpx.Client(timeout=timeout, trust_env=False, transport=transport,
-                        event_hooks={k: list(v) for k, v in (event_hooks or {}).items()}, **kw)
+    return httpx.Client(
+        timeout=timeout,
+        trust_env=False,
+        transport=transport,
+        event_hooks={k: list(v) for k, v in (event_hooks or {}).items()},
+        **kw,
+    )
 
 
 def bearer_headers(key: str | None) -> dict[str, str]:

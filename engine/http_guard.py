@@ -42,9 +42,17 @@ class BadJSON(ValueError):
 
 async def _send_error(send: Any, status: int, body: dict[str, Any], extra: list[tuple[bytes, bytes]]) -> None:
     payload = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(payload)).encode()), *extra]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *extra,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})
 
 
@@ -114,8 +122,15 @@ def _is_json(scope: dict[str, Any]) -> bool:
 class AdmissionMiddleware:
     """At most ``max_in_flight`` requests at once; 429 + Retry-After beyond it (probes exempt)."""
 
-    def __init__(self, app: Any, *, max_in_flight: int, error_body: ErrorBody, retry_after_s: int = 1,
-                 exempt_paths: tuple[str, ...] = PROBE_PATHS):
+    def __init__(
+        self,
+        app: Any,
+        *,
+        max_in_flight: int,
+        error_body: ErrorBody,
+        retry_after_s: int = 1,
+        exempt_paths: tuple[str, ...] = PROBE_PATHS,
+    ):
         self.app = app
         self.max_in_flight = max_in_flight
         self.error_body = error_body
@@ -131,8 +146,9 @@ class AdmissionMiddleware:
         if self.in_flight >= self.max_in_flight:
             self.refused += 1
             msg = f"server busy: {self.max_in_flight} requests in flight; retry after {self.retry_after_s}s"
-            await _send_error(send, 429, self.error_body(429, msg),
-                              [(b"retry-after", str(self.retry_after_s).encode())])
+            await _send_error(
+                send, 429, self.error_body(429, msg), [(b"retry-after", str(self.retry_after_s).encode())]
+            )
             return
         self.in_flight += 1
         try:
@@ -182,8 +198,12 @@ class UnexpectedErrorMiddleware:
             self._window.append(now)
             self.logger.error("unhandled error in %s", where, exc_info=exc)
         else:
-            self.logger.error("unhandled error in %s: %s (traceback suppressed: over %d a minute)", where,
-                              type(exc).__name__, self.tracebacks_per_min)
+            self.logger.error(
+                "unhandled error in %s: %s (traceback suppressed: over %d a minute)",
+                where,
+                type(exc).__name__,
+                self.tracebacks_per_min,
+            )
 
 
 def check_json_value(value: Any, max_depth: int) -> None:
@@ -225,7 +245,9 @@ def parse_json_body(raw: bytes, *, max_depth: int) -> Any:
     except RecursionError:
         raise BadJSON(f"JSON nested deeper than {max_depth} levels") from None
     except ValueError as exc:  # UnicodeDecodeError included
-        raise BadJSON(f"body is not valid JSON ({type(exc).__name__} at position "
-                      f"{getattr(exc, 'pos', getattr(exc, 'start', '?'))})") from None
+        raise BadJSON(
+            f"body is not valid JSON ({type(exc).__name__} at position "
+            f"{getattr(exc, 'pos', getattr(exc, 'start', '?'))})"
+        ) from None
     check_json_value(value, max_depth)
     return value

@@ -80,16 +80,20 @@ QUIET_PATHS = frozenset({"/health", "/ready", "/metrics"})
 UNMATCHED_ROUTE = "<unmatched>"
 STANDARD_METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"})
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-SECRET_WORDS = frozenset({"key", "apikey", "secret", "token", "password", "passwd", "credential", "credentials",
-                          "authorization"})
+SECRET_WORDS = frozenset(
+    {"key", "apikey", "secret", "token", "password", "passwd", "credential", "credentials", "authorization"}
+)
 REDACTED = "***"
 
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("hindsight_request_id", default=None)
 _session_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("hindsight_session_id", default=None)
 _VISIBLE_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_REQUEST_ID_CHARS}}}")
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
-_QUERY_SECRET = re.compile(r"(?P<name>[?&](?:api_key|apikey|api-key|key|token|access_token|secret|password)=)"
-                           r"[^&#\s\"'\\]+", re.IGNORECASE)
+_QUERY_SECRET = re.compile(
+    r"(?P<name>[?&](?:api_key|apikey|api-key|key|token|access_token|secret|password)=)"
+    r"[^&#\s\"'\\]+",
+    re.IGNORECASE,
+)
 
 
 # ---------------------------------------------------------------------------------------------- ids
@@ -161,14 +165,23 @@ async def propagate_request_id(request: httpx.Request) -> None:
 class RouteMetrics:
     """Request count and latency per route template, method and status, on the service's own registry."""
 
-    def __init__(self, registry: CollectorRegistry, prefix: str,
-                 buckets_s: tuple[float, ...] = LATENCY_BUCKETS_S) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, prefix: str, buckets_s: tuple[float, ...] = LATENCY_BUCKETS_S
+    ) -> None:
         labels = ["route", "method", "status"]
-        self.requests = Counter(f"{prefix}_http_requests_total", "HTTP requests by route template, method, status",
-                                labels, registry=registry)
-        self.latency = Histogram(f"{prefix}_http_request_duration_seconds",
-                                 "HTTP request latency (to the last body byte) by route template, method, status",
-                                 labels, buckets=buckets_s, registry=registry)
+        self.requests = Counter(
+            f"{prefix}_http_requests_total",
+            "HTTP requests by route template, method, status",
+            labels,
+            registry=registry,
+        )
+        self.latency = Histogram(
+            f"{prefix}_http_request_duration_seconds",
+            "HTTP request latency (to the last body byte) by route template, method, status",
+            labels,
+            buckets=buckets_s,
+            registry=registry,
+        )
 
     def observe(self, route: str, method: str, status: int, duration_s: float) -> None:
         method = method if method in STANDARD_METHODS else "OTHER"
@@ -197,8 +210,14 @@ def route_template(scope: Scope) -> str:
 class RequestContextMiddleware:
     """Pure ASGI: request/session ids in contextvars, ``X-Request-ID`` echo, route metrics, one access line."""
 
-    def __init__(self, app: ASGIApp, *, route_metrics: RouteMetrics | None = None, access_log: bool = True,
-                 quiet_paths: frozenset[str] = QUIET_PATHS) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        route_metrics: RouteMetrics | None = None,
+        access_log: bool = True,
+        quiet_paths: frozenset[str] = QUIET_PATHS,
+    ) -> None:
         self.app = app
         self.route_metrics = route_metrics
         self.access_log = access_log
@@ -259,8 +278,15 @@ class ContextFilter(logging.Filter):
 
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s request_id=%(rid)s session_id=%(sid)s: %(message)s"
 _RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
-    "message", "asctime", "request_id", "session_id", "rid", "sid", "taskName",
-    "color_message"}  # uvicorn's ANSI-coloured duplicate of the message
+    "message",
+    "asctime",
+    "request_id",
+    "session_id",
+    "rid",
+    "sid",
+    "taskName",
+    "color_message",
+}  # uvicorn's ANSI-coloured duplicate of the message
 
 
 def redact_query_secrets(text: str) -> str:
@@ -284,8 +310,11 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname, "logger": record.name, "message": record.getMessage(),
-            "request_id": getattr(record, "request_id", None), "session_id": getattr(record, "session_id", None),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "request_id": getattr(record, "request_id", None),
+            "session_id": getattr(record, "session_id", None),
         }
         out.update({k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRS and not k.startswith("_")})
         if record.exc_info:
@@ -293,8 +322,7 @@ class JsonFormatter(logging.Formatter):
         return redact_query_secrets(json.dumps(out, ensure_ascii=False, default=str))
 
 
-def configure_logging(level: str | int, json_logs: bool = False, *, stream: IO[str] | None = None
-                      ) -> logging.Handler:
+def configure_logging(level: str | int, json_logs: bool = False, *, stream: IO[str] | None = None) -> logging.Handler:
     """Install the one root handler (replacing one installed before by this function); returns it.
 
     Call once in a service's entrypoint and run uvicorn with ``log_config=None`` so its loggers use it too.
@@ -339,11 +367,11 @@ def redact(value: Any, name: str = "") -> Any:
     return str(value)
 
 
-def log_settings(log: logging.Logger, settings: BaseModel | Mapping[str, Any], *, title: str = "service"
-                 ) -> dict[str, Any]:
+def log_settings(
+    log: logging.Logger, settings: BaseModel | Mapping[str, Any], *, title: str = "service"
+) -> dict[str, Any]:
     """Log the resolved settings, secrets redacted, as one line (JSON after the title; also as the ``config``
     field of a JSON log line); returns what was logged."""
     shown = redact(settings)
-    log.info("%s resolved config: %s", title, json.dumps(shown, sort_keys=True, default=str),
-             extra={"config": shown})
+    log.info("%s resolved config: %s", title, json.dumps(shown, sort_keys=True, default=str), extra={"config": shown})
     return shown

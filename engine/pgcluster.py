@@ -71,14 +71,39 @@ class PgCluster:
             os.chown(base_dir, pw.pw_uid, pw.pw_gid)
             base_dir.chmod(0o700)
         cluster = cls(data_dir=data_dir, port=free_port(), bindir=bindir, as_user=as_user)
-        cluster._run([str(bindir / "initdb"), "-D", str(data_dir), "-U", "postgres", "--auth=trust",
-                      "--encoding=UTF8", "--no-instructions"])
+        cluster._run(
+            [
+                str(bindir / "initdb"),
+                "-D",
+                str(data_dir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-instructions",
+            ]
+        )
         with (data_dir / "pg_hba.conf").open("w") as f:  # trust on loopback only, nothing else
             f.write("local all all trust\nhost all all 127.0.0.1/32 trust\n")
-        opts = (f"-c listen_addresses=127.0.0.1 -c port={cluster.port} -c unix_socket_directories={base_dir} "
-                f"-c max_connections=200 -c fsync={'on' if fsync else 'off'}")
-        cluster._run([str(bindir / "pg_ctl"), "-D", str(data_dir), "-o", opts, "-l", str(base_dir / "postgres.log"),
-                      "-w", "-t", "60", "start"])
+        opts = (
+            f"-c listen_addresses=127.0.0.1 -c port={cluster.port} -c unix_socket_directories={base_dir} "
+            f"-c max_connections=200 -c fsync={'on' if fsync else 'off'}"
+        )
+        cluster._run(
+            [
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(data_dir),
+                "-o",
+                opts,
+                "-l",
+                str(base_dir / "postgres.log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]
+        )
         return cluster
 
     def _run(self, cmd: list[str]) -> None:

@@ -23,8 +23,12 @@ def metric_value(url: str, name: str, **labels: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(url + "/metrics", timeout=5, trust_env=False).text
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def free_port() -> int:
@@ -34,7 +38,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, *, deadline_s: float = 60.0, ok_status: int = 200, proc: subprocess.Popen | None = None) -> None:
+def wait_http(
+    url: str, *, deadline_s: float = 60.0, ok_status: int = 200, proc: subprocess.Popen | None = None
+) -> None:
     """Poll ``url`` until it answers ``ok_status``; fail fast if ``proc`` exits first."""
     end = time.monotonic() + deadline_s
     last = "no answer"
@@ -140,8 +146,17 @@ def start_dev_engine(
 ) -> ManagedProcess:
     """Start ``hindsight-dev-engine`` on 127.0.0.1 and wait for /health."""
     port = port or free_port()
-    cmd = [sys.executable, "-m", "engine.dev_server.cli", "--model-path", str(model_path),
-           "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine.dev_server.cli",
+        "--model-path",
+        str(model_path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     if api_key:
         cmd += ["--api-key", api_key]
     cmd += extra_args or []
@@ -163,19 +178,39 @@ def start_router(
     """Start the real ``sglang-router`` (0.3.2) on 127.0.0.1 and wait on /readiness (not /health)."""
     port = port or free_port()
     prom_port = free_port()
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-           "--worker-urls", *worker_urls, "--policy", policy,
-           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom_port),
-           "--shutdown-grace-period-secs", "1",
-           "--worker-startup-check-interval", "1",
-           "--health-check-interval-secs", str(health_check_interval_s),
-           "--health-failure-threshold", "1",
-           "--log-level", "warn"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        policy,
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(prom_port),
+        "--shutdown-grace-period-secs",
+        "1",
+        "--worker-startup-check-interval",
+        "1",
+        "--health-check-interval-secs",
+        str(health_check_interval_s),
+        "--health-failure-threshold",
+        "1",
+        "--log-level",
+        "warn",
+    ]
     if api_key:
         cmd += ["--api-key", api_key]
     cmd += extra_args or []
     # /readiness, not /health: the router answers /health with 200 even with no healthy worker.
-    mp = start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, ready_path="/readiness",
-                       deadline_s=deadline_s)
+    mp = start_process(
+        name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, ready_path="/readiness", deadline_s=deadline_s
+    )
     mp.extra["prometheus_port"] = prom_port
     return mp

@@ -110,11 +110,27 @@ class PrmVerdict(JudgeUsage, _PrmVotes):
     its cost (the vote fields come first on the wire, hence the base order)."""
 
     @classmethod
-    def wire(cls, *, score: int | None, status: str, votes: list[int | None], confidence: float,
-             reason: str | None, usage: JudgeUsage) -> PrmVerdict:
+    def wire(
+        cls,
+        *,
+        score: int | None,
+        status: str,
+        votes: list[int | None],
+        confidence: float,
+        reason: str | None,
+        usage: JudgeUsage,
+    ) -> PrmVerdict:
         """A verdict in the judge's key order: the vote fields, then the cost fields."""
-        return cls.model_validate({"score": score, "status": status, "votes": votes, "confidence": confidence,
-                                   "reason": reason, **usage.model_dump()})
+        return cls.model_validate(
+            {
+                "score": score,
+                "status": status,
+                "votes": votes,
+                "confidence": confidence,
+                "reason": reason,
+                **usage.model_dump(),
+            }
+        )
 
 
 class _HintVotes(_Record):
@@ -130,11 +146,29 @@ class HintVerdict(JudgeUsage, _HintVotes):
     """The ``hint`` task: the hindsight hint the votes accepted (``status`` ok), or none; then its cost."""
 
     @classmethod
-    def wire(cls, *, accepted: bool, hint: str | None, votes: list[int | None], status: str, reason: str | None,
-             vote_status: str, usage: JudgeUsage) -> HintVerdict:
+    def wire(
+        cls,
+        *,
+        accepted: bool,
+        hint: str | None,
+        votes: list[int | None],
+        status: str,
+        reason: str | None,
+        vote_status: str,
+        usage: JudgeUsage,
+    ) -> HintVerdict:
         """A verdict in the judge's key order: the vote fields, then the cost fields."""
-        return cls.model_validate({"accepted": accepted, "hint": hint, "votes": votes, "status": status,
-                                   "reason": reason, "vote_status": vote_status, **usage.model_dump()})
+        return cls.model_validate(
+            {
+                "accepted": accepted,
+                "hint": hint,
+                "votes": votes,
+                "status": status,
+                "reason": reason,
+                "vote_status": vote_status,
+                **usage.model_dump(),
+            }
+        )
 
 
 class JudgeVerdicts(_Record):
@@ -185,14 +219,41 @@ class Turn(TurnRecord):
 
 
 # Turn fields the dispatcher copies into the Sample, and the ones the reward pipeline reads.
-SAMPLE_TURN_KEYS = ("prompt_ids", "response_ids", "rollout_logprobs", "weight_version", "weight_versions",
-                    "sampling_params")
-PIPELINE_TURN_KEYS = ("session_id", "turn_index", "messages", "tools", "prompt_ids", "response_ids",
-                      "rollout_logprobs", "response", "weight_version", "weight_versions", "sampling_params")
+SAMPLE_TURN_KEYS = (
+    "prompt_ids",
+    "response_ids",
+    "rollout_logprobs",
+    "weight_version",
+    "weight_versions",
+    "sampling_params",
+)
+PIPELINE_TURN_KEYS = (
+    "session_id",
+    "turn_index",
+    "messages",
+    "tools",
+    "prompt_ids",
+    "response_ids",
+    "rollout_logprobs",
+    "response",
+    "weight_version",
+    "weight_versions",
+    "sampling_params",
+)
 # A turn as the PRM scorers take it (judge_server.prm.score_session): these keys become the Interaction's own
 # fields, every other key of the turn dict (tools, weight_version, judge_prm, ...) its ``extra``.
-SCORING_TURN_KEYS = frozenset({"session_id", "turn_index", "messages", "response", "prompt_ids", "response_ids",
-                               "parent_turn_index", "next_state"})
+SCORING_TURN_KEYS = frozenset(
+    {
+        "session_id",
+        "turn_index",
+        "messages",
+        "response",
+        "prompt_ids",
+        "response_ids",
+        "parent_turn_index",
+        "next_state",
+    }
+)
 
 
 # ---------------------------------------------------------------------------- samples
@@ -243,4 +304,3 @@ class Sample(_Record):
     def value_problem(self) -> str | None:
         """None when every learning signal is a usable number, else why not (engine.sample_values)."""
         return value_problem(self.to_json())
-

@@ -61,9 +61,7 @@ def parse_generation(item: Any, *, return_logprob: bool, url: str | None = None)
         if entries is None:
             entries = []
         if len(entries) != len(output_ids):
-            raise EngineBadResponse(
-                f"generate: {len(output_ids)} output ids but {len(entries)} log-probs", url=url
-            )
+            raise EngineBadResponse(f"generate: {len(output_ids)} output ids but {len(entries)} log-probs", url=url)
         if [int(e[1]) for e in entries] != [int(t) for t in output_ids]:
             raise EngineBadResponse("generate: log-prob token ids differ from output_ids", url=url)
         if any(e[0] is None for e in entries):

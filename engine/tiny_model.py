@@ -43,9 +43,16 @@ _WORDS = (
     "score reward boxed think plan check return true false null none number string data model"
 ).split()
 _SNIPPETS = [
-    "\\boxed{1}", "\\boxed{0}", "\\boxed{-1}", "[HINT_START]", "[HINT_END]",
-    '{"name": "get_weather", "arguments": {"city": "Paris"}}', "def main():\n    return 0\n",
-    "Thanks, that worked.", "No, that is wrong. Use the other file.", "Error: file not found",
+    "\\boxed{1}",
+    "\\boxed{0}",
+    "\\boxed{-1}",
+    "[HINT_START]",
+    "[HINT_END]",
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    "def main():\n    return 0\n",
+    "Thanks, that worked.",
+    "No, that is wrong. Use the other file.",
+    "Error: file not found",
 ]
 
 
@@ -193,8 +200,9 @@ class TinyModelSettings(CliSettings):
 
     out_dir: Annotated[str, Positional()] = Field(..., description="folder to write the model to")
     seed: int = Field(0, description="seed of the weights (and of the teacher's fine-tuning)")
-    teacher_of: str | None = Field(None, description="student model folder to derive a teacher from "
-                                   "(with --prefer-text)")
+    teacher_of: str | None = Field(
+        None, description="student model folder to derive a teacher from (with --prefer-text)"
+    )
     prefer_text: str | None = Field(None, description="text the teacher should prefer (with --teacher-of)")
     hidden_size: int = Field(64, description="hidden size of a new model")
     layers: int = Field(2, description="decoder layers of a new model")

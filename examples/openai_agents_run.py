@@ -21,8 +21,9 @@ from pydantic import Field
 
 
 @function_tool
-def place_order(items: list[Annotated[str, Field(max_length=16)]], limit: int | None,
-                mode: Literal["fast", "safe"]) -> str:
+def place_order(
+    items: list[Annotated[str, Field(max_length=16)]], limit: int | None, mode: Literal["fast", "safe"]
+) -> str:
     """Place an order.
 
     Args:
@@ -35,10 +36,18 @@ def place_order(items: list[Annotated[str, Field(max_length=16)]], limit: int | 
 
 def end_session(url: str, key: str, session_id: str) -> None:
     """A side turn with X-Session-Done ends the session; side turns are never recorded."""
-    httpx.post(url + "/v1/chat/completions", trust_env=False, timeout=60, json={
-        "messages": [{"role": "user", "content": "end"}], "max_tokens": 1}, headers={
-        "Authorization": f"Bearer {key}", "X-Session-Id": session_id, "X-Turn-Type": "side",
-        "X-Session-Done": "true"}).raise_for_status()
+    httpx.post(
+        url + "/v1/chat/completions",
+        trust_env=False,
+        timeout=60,
+        json={"messages": [{"role": "user", "content": "end"}], "max_tokens": 1},
+        headers={
+            "Authorization": f"Bearer {key}",
+            "X-Session-Id": session_id,
+            "X-Turn-Type": "side",
+            "X-Session-Done": "true",
+        },
+    ).raise_for_status()
 
 
 def main() -> None:
@@ -46,10 +55,15 @@ def main() -> None:
     set_tracing_disabled(True)
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, http_client=httpx.AsyncClient(trust_env=False))
     session_id = f"agents-{uuid.uuid4().hex}"
-    agent = Agent(name="shop", instructions="Use the tool.", tools=[place_order],
-                  model=OpenAIChatCompletionsModel(model="hindsight-policy", openai_client=client),
-                  model_settings=ModelSettings(tool_choice="place_order", max_tokens=256,
-                                               extra_headers={"X-Session-Id": session_id}))
+    agent = Agent(
+        name="shop",
+        instructions="Use the tool.",
+        tools=[place_order],
+        model=OpenAIChatCompletionsModel(model="hindsight-policy", openai_client=client),
+        model_settings=ModelSettings(
+            tool_choice="place_order", max_tokens=256, extra_headers={"X-Session-Id": session_id}
+        ),
+    )
     result = Runner.run_sync(agent, "Order two widgets, fast.", max_turns=3)
     print("final output:", result.final_output)
     end_session(url, key, session_id)

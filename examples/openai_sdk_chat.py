@@ -14,21 +14,39 @@ import uuid
 import httpx
 import openai
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
-                                                    "days": {"type": "integer"}},
-                   "required": ["city", "days"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 24}, "days": {"type": "integer"}},
+                "required": ["city", "days"],
+            },
+        },
+    }
+]
 
 
 def main() -> None:
-    client = openai.OpenAI(base_url=os.environ["HINDSIGHT_URL"] + "/v1", api_key=os.environ["HINDSIGHT_API_KEY"],
-                           http_client=httpx.Client(trust_env=False))
+    client = openai.OpenAI(
+        base_url=os.environ["HINDSIGHT_URL"] + "/v1",
+        api_key=os.environ["HINDSIGHT_API_KEY"],
+        http_client=httpx.Client(trust_env=False),
+    )
     session = {"X-Session-Id": f"sdk-{uuid.uuid4().hex}"}
     messages: list[dict] = [{"role": "user", "content": "What is the weather in Paris?"}]
-    r = client.chat.completions.create(model="hindsight-policy", messages=messages, tools=TOOLS, max_tokens=128,
-                                       tool_choice={"type": "function", "function": {"name": "get_weather"}},
-                                       logprobs=True, extra_headers=session)
+    r = client.chat.completions.create(
+        model="hindsight-policy",
+        messages=messages,
+        tools=TOOLS,
+        max_tokens=128,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        logprobs=True,
+        extra_headers=session,
+    )
     msg = r.choices[0].message
     print("finish:", r.choices[0].finish_reason, "weights:", r.model_extra["hindsight"]["weight_version"])
     messages.append(msg.model_dump(exclude_none=True))
@@ -38,8 +56,13 @@ def main() -> None:
         messages.append({"role": "tool", "tool_call_id": call.id, "content": f"18C in {args['city']}"})
     if not msg.tool_calls:
         messages.append({"role": "user", "content": "Please use the tool."})
-    r = client.chat.completions.create(model="hindsight-policy", messages=messages, tools=TOOLS, max_tokens=32,
-                                       extra_headers={**session, "X-Session-Done": "true"})
+    r = client.chat.completions.create(
+        model="hindsight-policy",
+        messages=messages,
+        tools=TOOLS,
+        max_tokens=32,
+        extra_headers={**session, "X-Session-Done": "true"},
+    )
     print("answer:", r.choices[0].message.content)
 
 

@@ -47,10 +47,12 @@ def build_engine_client(settings: JudgeSettings) -> EngineClient:
         settings.engine_url,
         api_key=settings.engine_api_key,
         timeouts=EngineTimeouts(connect_s=settings.engine_connect_timeout_s, read_s=settings.engine_read_timeout_s),
-        retry=RetryPolicy(max_attempts=settings.engine_max_attempts,
-                          initial_backoff_s=settings.engine_initial_backoff_s,
-                          max_backoff_s=settings.engine_max_backoff_s,
-                          deadline_s=settings.request_deadline_s),
+        retry=RetryPolicy(
+            max_attempts=settings.engine_max_attempts,
+            initial_backoff_s=settings.engine_initial_backoff_s,
+            max_backoff_s=settings.engine_max_backoff_s,
+            deadline_s=settings.request_deadline_s,
+        ),
         max_connections=max(8, settings.max_concurrent_engine_calls * 2),
         event_hooks={"request": [propagate_request_id]},
     )
@@ -97,8 +99,12 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
         app.state.engine = client
         app.state.tokenizer_path = tok_path
         app.state.judge = JudgeService(settings, metrics, client=client, tokenizer=tokenizer)
-        logger.info("judge ready: backend=%s prompts=%s tokenizer=%s", settings.backend,
-                    app.state.judge.prompt_versions, tok_path or "none (text mode)")
+        logger.info(
+            "judge ready: backend=%s prompts=%s tokenizer=%s",
+            settings.backend,
+            app.state.judge.prompt_versions,
+            tok_path or "none (text mode)",
+        )
         try:
             yield
         finally:
@@ -110,25 +116,35 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
     # Hostile-input guards (engine.http_guard): a body over the limit is a 413 while reading, a body
     # nested too deep or holding unpaired surrogates a 400, both before FastAPI parses it or auth runs;
     # admission bounds the requests in flight (429 beyond). Outermost: request ids and route metrics.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_request_chars, error_body=_guard_error,
-                       json_max_depth=settings.max_json_depth)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=settings.max_request_chars,
+        error_body=_guard_error,
+        json_max_depth=settings.max_json_depth,
+    )
     app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight_requests, error_body=_guard_error)
     # Bugs: one 500 (the exception's type only) and one log record with the request id, tracebacks rate-limited.
-    app.add_middleware(UnexpectedErrorMiddleware, logger=logger,
-                       error_body=lambda _s, msg: {"error": {"type": "InternalError", "message": msg}})
+    app.add_middleware(
+        UnexpectedErrorMiddleware,
+        logger=logger,
+        error_body=lambda _s, msg: {"error": {"type": "InternalError", "message": msg}},
+    )
     app.add_middleware(RequestContextMiddleware, route_metrics=metrics.routes)
 
     @app.exception_handler(JudgeError)
     async def _judge_error(_: Request, exc: JudgeError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-        return JSONResponse({"error": {"type": type(exc).__name__, "message": exc.message}},
-                            status_code=exc.status_code, headers=headers)
+        return JSONResponse(
+            {"error": {"type": type(exc).__name__, "message": exc.message}},
+            status_code=exc.status_code,
+            headers=headers,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"error": {"type": "InvalidRequest",
-                                       "message": describe_validation_errors(exc.errors(), limit=None)}},
-                            status_code=422)
-
+        return JSONResponse(
+            {"error": {"type": "InvalidRequest", "message": describe_validation_errors(exc.errors(), limit=None)}},
+            status_code=422,
+        )
 
     return app

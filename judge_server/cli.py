@@ -29,8 +29,14 @@ def main(argv: list[str] | None = None) -> None:
     from judge_server.app import create_app
 
     # log_config=None: uvicorn's loggers use the handler above; the middleware writes the access lines.
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                log_config=None, access_log=False)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        log_config=None,
+        access_log=False,
+    )
 
 
 if __name__ == "__main__":

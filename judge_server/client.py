@@ -36,7 +36,9 @@ def _verdicts(answer: Any) -> JudgeVerdicts:
     try:
         return JudgeVerdicts.model_validate(answer)
     except ValidationError as exc:
-        raise JudgeBadResponse(f"judge answer off the JudgeVerdicts schema: {describe_validation_errors(exc.errors())}") from exc
+        raise JudgeBadResponse(
+            f"judge answer off the JudgeVerdicts schema: {describe_validation_errors(exc.errors())}"
+        ) from exc
 
 
 class JudgeClient:
@@ -59,10 +61,20 @@ class JudgeClient:
     ):
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
-        self.retry = retry or RetryPolicy(max_attempts=max_attempts, initial_backoff_s=initial_backoff_s,
-                                          max_backoff_s=max_backoff_s, jitter_s=0.1, deadline_s=deadline_s)
-        self._http = build_async_http(httpx.Timeout(timeout_s, connect=connect_timeout_s), max_connections=100,
-                                      max_keepalive=20, event_hooks=event_hooks, transport=transport)
+        self.retry = retry or RetryPolicy(
+            max_attempts=max_attempts,
+            initial_backoff_s=initial_backoff_s,
+            max_backoff_s=max_backoff_s,
+            jitter_s=0.1,
+            deadline_s=deadline_s,
+        )
+        self._http = build_async_http(
+            httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            max_connections=100,
+            max_keepalive=20,
+            event_hooks=event_hooks,
+            transport=transport,
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -75,14 +87,21 @@ class JudgeClient:
 
     async def _post(self, path: str, body: Any) -> Any:
         try:
-            resp = await send(self._http, "POST", self.base_url + path, policy=self.retry, json=body,
-                              headers=bearer_headers(self.api_key))
+            resp = await send(
+                self._http,
+                "POST",
+                self.base_url + path,
+                policy=self.retry,
+                json=body,
+                headers=bearer_headers(self.api_key),
+            )
         except CallRejected as exc:
             raise JudgeRequestRejected(exc.message, exc.status_code or 400) from exc
         except CallError as exc:
             last = f"HTTP {exc.status_code}: {exc.message}" if exc.status_code is not None else exc.message
-            raise JudgeUnavailable(f"judge service at {self.base_url} unreachable after {exc.attempts} "
-                                   f"attempt(s): {last}") from exc
+            raise JudgeUnavailable(
+                f"judge service at {self.base_url} unreachable after {exc.attempts} attempt(s): {last}"
+            ) from exc
         return resp.json()
 
     async def judge(
@@ -107,4 +126,3 @@ class JudgeClient:
         if not isinstance(results, list):
             raise JudgeBadResponse("judge batch answer has no results list")
         return [_verdicts(item) for item in results]
-

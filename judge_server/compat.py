@@ -37,8 +37,12 @@ from judge_server.errors import InvalidRequest, RewardUnavailable
 from judge_server.schemas import JudgeRequest
 
 # extra_logs name per PRM status: one-hot floats, so a trainer's tensor conversion and mean() both work.
-STATUS_LOG_NAMES = {STATUS_OK: "judge_ok", STATUS_TIE: "judge_tie", STATUS_NO_VALID: "judge_no_valid_votes",
-                    STATUS_FAILED: "judge_failed"}
+STATUS_LOG_NAMES = {
+    STATUS_OK: "judge_ok",
+    STATUS_TIE: "judge_tie",
+    STATUS_NO_VALID: "judge_no_valid_votes",
+    STATUS_FAILED: "judge_failed",
+}
 
 
 def label_to_next_state(label: Any) -> list[dict[str, Any]]:
@@ -55,8 +59,9 @@ def _build(body: dict[str, Any], where: str) -> JudgeRequest:
     try:
         return JudgeRequest.model_validate(body)
     except ValidationError as exc:
-        raise InvalidRequest(f"{where}: {describe_validation_errors(exc.errors(), limit=None)}",
-                             status_code=422) from exc
+        raise InvalidRequest(
+            f"{where}: {describe_validation_errors(exc.errors(), limit=None)}", status_code=422
+        ) from exc
 
 
 def openrlhf_items(query: list[str], prompts: list[str] | None, labels: list[Any] | None) -> list[JudgeRequest]:
@@ -81,9 +86,12 @@ def openrlhf_items(query: list[str], prompts: list[str] | None, labels: list[Any
             raise InvalidRequest(f"query[{i}] does not start with prompts[{i}]")
         if labels is None:
             raise InvalidRequest(f"query[{i}]: labels (the next states) are required")
-        body = {"context": [{"role": "user", "content": prompts[i]}],
-                "response": {"content": q[len(prompts[i]):]},
-                "next_state": label_to_next_state(labels[i]), "tasks": ["prm"]}
+        body = {
+            "context": [{"role": "user", "content": prompts[i]}],
+            "response": {"content": q[len(prompts[i]) :]},
+            "next_state": label_to_next_state(labels[i]),
+            "tasks": ["prm"],
+        }
         items.append(_build(body, f"query[{i}]"))
     return items
 
@@ -93,8 +101,12 @@ def slime_item(prompt: Any, response: str, label: Any) -> JudgeRequest:
         context = [{"role": "user", "content": prompt}] if prompt else []
     else:
         context = [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in prompt]
-    body = {"context": context, "response": {"content": response},
-            "next_state": label_to_next_state(label), "tasks": ["prm"]}
+    body = {
+        "context": context,
+        "response": {"content": response},
+        "next_state": label_to_next_state(label),
+        "tasks": ["prm"],
+    }
     return _build(body, "slime request")
 
 
@@ -113,16 +125,22 @@ def openrlhf_reply(results: list[dict[str, Any]], failed_reward: float | None) -
     """
     prms = [r["prm"] for r in results]
     rewards = [_reward_of(prm, failed_reward) for prm in prms]
-    extra_logs = {name: [1.0 if prm["status"] == status else 0.0 for prm in prms]
-                  for status, name in STATUS_LOG_NAMES.items()}
-    extra_logs["judge_confidence"] = [0.0 if prm["status"] == STATUS_FAILED else float(prm["confidence"])
-                                      for prm in prms]
+    extra_logs = {
+        name: [1.0 if prm["status"] == status else 0.0 for prm in prms] for status, name in STATUS_LOG_NAMES.items()
+    }
+    extra_logs["judge_confidence"] = [
+        0.0 if prm["status"] == STATUS_FAILED else float(prm["confidence"]) for prm in prms
+    ]
     return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra_logs}
 
 
 def slime_reply(result: dict[str, Any], failed_reward: float | None) -> dict[str, Any]:
     """The /slime/reward answer (read by slime with ``--reward-key reward``); RewardUnavailable as above."""
     prm = result["prm"]
-    return {"reward": _reward_of(prm, failed_reward), "status": prm["status"],
-            "confidence": 0.0 if prm["status"] == STATUS_FAILED else float(prm["confidence"]),
-            "prm": prm, "prompt_versions": result["prompt_versions"]}
+    return {
+        "reward": _reward_of(prm, failed_reward),
+        "status": prm["status"],
+        "confidence": 0.0 if prm["status"] == STATUS_FAILED else float(prm["confidence"]),
+        "prm": prm,
+        "prompt_versions": result["prompt_versions"],
+    }

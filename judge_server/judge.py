@@ -74,9 +74,13 @@ ALLOWED = {"prm": frozenset({1, 0, -1}), "hint": frozenset({1, -1})}
 
 
 def tracker_for(s: JudgeSettings, k_outcomes: int) -> AgreementTracker:
-    return AgreementTracker(k_outcomes, default_agreement=s.default_agreement,
-                            default_unparseable=s.default_unparseable, prior_turns=s.agreement_prior_turns,
-                            window_turns=s.agreement_window_turns)
+    return AgreementTracker(
+        k_outcomes,
+        default_agreement=s.default_agreement,
+        default_unparseable=s.default_unparseable,
+        prior_turns=s.agreement_prior_turns,
+        window_turns=s.agreement_window_turns,
+    )
 
 
 @dataclass
@@ -132,9 +136,12 @@ class JudgeService:
         self.regex: dict[str, str | None] = dict.fromkeys(self.templates)
         if settings.constrain_output:
             for task, tpl in self.templates.items():
-                self.regex[task] = load_regex(tpl.name, settings.templates_dir,
-                                              reasoning_max_chars=settings.reasoning_max_chars,
-                                              hint_max_chars=settings.hint_max_chars)
+                self.regex[task] = load_regex(
+                    tpl.name,
+                    settings.templates_dir,
+                    reasoning_max_chars=settings.reasoning_max_chars,
+                    hint_max_chars=settings.hint_max_chars,
+                )
         if settings.backend == "llm" and client is None:
             raise ValueError("backend 'llm' needs an EngineClient")
 
@@ -162,16 +169,24 @@ class JudgeService:
         prompts = self.engine_prompts(req) if self.settings.backend == "llm" else {}
         if len(prompts) > 1 and self.settings.prefill_shared_prefix:
             await self._prefill_shared_prefix(list(prompts.values()), deadline, usages[req.tasks[0]], rid_prefix)
-        results = await asyncio.gather(*(self._run_task(t, req, prompts.get(t), m, policy, deadline, usages[t],
-                                                        rid_prefix) for t in req.tasks))
+        results = await asyncio.gather(
+            *(self._run_task(t, req, prompts.get(t), m, policy, deadline, usages[t], rid_prefix) for t in req.tasks)
+        )
         out: dict[str, Any] = dict(zip(req.tasks, results, strict=True))
         out["usage"] = asdict(total_usage(list(usages.values())))
         out["prompt_versions"] = {t: self.prompt_versions[t] for t in req.tasks}
         return out
 
     async def _run_task(
-        self, task: str, req: JudgeRequest, prompt: dict[str, Any] | None, m: int, policy: str, deadline: float,
-        usage: Usage, rid_prefix: str | None = None,
+        self,
+        task: str,
+        req: JudgeRequest,
+        prompt: dict[str, Any] | None,
+        m: int,
+        policy: str,
+        deadline: float,
+        usage: Usage,
+        rid_prefix: str | None = None,
     ) -> dict[str, Any]:
         collected: list[Vote] = []
         s = self.settings
@@ -179,27 +194,48 @@ class JudgeService:
             sampler = self._sampler(task, req, prompt, deadline, usage, rid_prefix)
             async with asyncio.timeout_at(deadline):
                 result = await run_policy(
-                    sampler, policy=policy, m=m, m_max=max(s.m_max, m), min_valid=s.min_valid,
-                    escalate_step=s.escalate_step, collected=collected, outcomes=sorted(ALLOWED[task]),
-                    stop_change_prob=s.stop_change_prob, stop_prior=s.stop_prior, first_round=s.sequential_first_round,
-                    stop_rule=s.sequential_stop_rule, tracker=self.trackers[task],
+                    sampler,
+                    policy=policy,
+                    m=m,
+                    m_max=max(s.m_max, m),
+                    min_valid=s.min_valid,
+                    escalate_step=s.escalate_step,
+                    collected=collected,
+                    outcomes=sorted(ALLOWED[task]),
+                    stop_change_prob=s.stop_change_prob,
+                    stop_prior=s.stop_prior,
+                    first_round=s.sequential_first_round,
+                    stop_rule=s.sequential_stop_rule,
+                    tracker=self.trackers[task],
                     error_budget_share=s.error_budget_share,
                 )
         except (EngineError, TimeoutError) as exc:
-            reason = str(exc) if isinstance(exc, EngineError) else (
-                f"deadline of {self.settings.request_deadline_s:.1f}s exceeded")
+            reason = (
+                str(exc)
+                if isinstance(exc, EngineError)
+                else (f"deadline of {self.settings.request_deadline_s:.1f}s exceeded")
+            )
             self.metrics.engine_errors.labels(kind=type(exc).__name__).inc()
             logger.warning("judge task %s failed: %s", task, reason)
-            result = VoteResult(score=None, status=STATUS_FAILED, votes=[s.value for s in collected],
-                                confidence=0.0, reason=reason, samples=collected)
+            result = VoteResult(
+                score=None,
+                status=STATUS_FAILED,
+                votes=[s.value for s in collected],
+                confidence=0.0,
+                reason=reason,
+                samples=collected,
+            )
         self._observe(task, result, usage)
         return self._task_json(task, result, JudgeUsage(**asdict(usage))).to_json()
 
     def _observe(self, task: str, result: VoteResult, usage: Usage) -> None:
         self.metrics.verdicts.labels(task=task, status=result.status).inc()
         self.metrics.votes_per_turn.labels(task=task).observe(len(result.votes))
-        for kind, tokens in (("prompt", usage.prompt_tokens), ("cached", usage.cached_tokens),
-                             ("completion", usage.completion_tokens)):
+        for kind, tokens in (
+            ("prompt", usage.prompt_tokens),
+            ("cached", usage.cached_tokens),
+            ("completion", usage.completion_tokens),
+        ):
             self.metrics.tokens_per_turn.labels(task=task, kind=kind).observe(tokens)
             self.metrics.tokens_total.labels(task=task, kind=kind).inc(tokens)
         misses = sum(v is None for v in result.votes)
@@ -209,15 +245,39 @@ class JudgeService:
     def _task_json(self, task: str, result: VoteResult, usage: JudgeUsage) -> PrmVerdict | HintVerdict:
         """The task's verdict (engine.records), its cost fields after the vote fields."""
         if task == "prm":
-            return PrmVerdict.wire(score=result.score, status=result.status, votes=result.votes,
-                                   confidence=round(result.confidence, 6), reason=result.reason, usage=usage)
+            return PrmVerdict.wire(
+                score=result.score,
+                status=result.status,
+                votes=result.votes,
+                confidence=round(result.confidence, 6),
+                reason=result.reason,
+                usage=usage,
+            )
         if result.status == STATUS_FAILED:
-            return HintVerdict.wire(accepted=False, hint=None, votes=result.votes, status=STATUS_FAILED,
-                                    reason=result.reason, vote_status=result.status, usage=usage)
-        hint = select_hint(result.samples, result, min_chars=self.settings.hint_min_chars,
-                           require_majority=self.settings.hint_require_majority)
-        return HintVerdict.wire(accepted=hint is not None, hint=hint, votes=result.votes, status=STATUS_OK,
-                                reason=result.reason, vote_status=result.status, usage=usage)
+            return HintVerdict.wire(
+                accepted=False,
+                hint=None,
+                votes=result.votes,
+                status=STATUS_FAILED,
+                reason=result.reason,
+                vote_status=result.status,
+                usage=usage,
+            )
+        hint = select_hint(
+            result.samples,
+            result,
+            min_chars=self.settings.hint_min_chars,
+            require_majority=self.settings.hint_require_majority,
+        )
+        return HintVerdict.wire(
+            accepted=hint is not None,
+            hint=hint,
+            votes=result.votes,
+            status=STATUS_OK,
+            reason=result.reason,
+            vote_status=result.status,
+            usage=usage,
+        )
 
     # ------------------------------------------------------------------ vote sources
     def engine_prompts(self, req: JudgeRequest) -> dict[str, dict[str, Any]]:
@@ -228,9 +288,14 @@ class JudgeService:
         prompts: dict[str, dict[str, Any]] = {}
         for task in req.tasks:
             messages, _info = render_judge_messages(
-                self.templates[task], context=context, response=response, next_state=next_state,
-                counter=self.counter, context_budget_tokens=self.settings.context_budget_tokens,
-                part_budget_tokens=self.settings.part_budget_tokens, include_reasoning=self.settings.include_reasoning,
+                self.templates[task],
+                context=context,
+                response=response,
+                next_state=next_state,
+                counter=self.counter,
+                context_budget_tokens=self.settings.context_budget_tokens,
+                part_budget_tokens=self.settings.part_budget_tokens,
+                include_reasoning=self.settings.include_reasoning,
             )
             if self.tokenizer is not None:
                 prompts[task] = {"input_ids": render_prompt_ids(self.tokenizer, messages)}
@@ -238,8 +303,9 @@ class JudgeService:
                 prompts[task] = {"text": render_plain_text(messages)}
         return prompts
 
-    async def _prefill_shared_prefix(self, prompts: list[dict[str, Any]], deadline: float, usage: Usage,
-                                     rid_prefix: str | None) -> None:
+    async def _prefill_shared_prefix(
+        self, prompts: list[dict[str, Any]], deadline: float, usage: Usage, rid_prefix: str | None
+    ) -> None:
         """Prefill the prompts' common prefix once (max_new_tokens=0) so every task's call reuses it."""
         assert self.client is not None
         key = "input_ids" if "input_ids" in prompts[0] else "text"
@@ -259,8 +325,15 @@ class JudgeService:
         except (EngineError, TimeoutError) as exc:  # the tasks still run (and fail on their own if they must)
             logger.warning("shared-prefix prefill failed: %s", exc)
 
-    def _sampler(self, task: str, req: JudgeRequest, prompt: dict[str, Any] | None, deadline: float,
-                 usage: Usage, rid_prefix: str | None = None) -> Callable[[int, int], Awaitable[list[Vote]]]:
+    def _sampler(
+        self,
+        task: str,
+        req: JudgeRequest,
+        prompt: dict[str, Any] | None,
+        deadline: float,
+        usage: Usage,
+        rid_prefix: str | None = None,
+    ) -> Callable[[int, int], Awaitable[list[Vote]]]:
         if self.settings.backend == "rules":
             next_state = [m.model_dump(exclude_none=True) for m in req.next_state]
             vote = self.rules.prm_vote(next_state) if task == "prm" else self.rules.hint_vote(next_state)
@@ -279,8 +352,12 @@ class JudgeService:
 
     def sampling_params(self, task: str, k: int, round_index: int) -> dict[str, Any]:
         s = self.settings
-        sp: dict[str, Any] = {"n": k, "temperature": s.temperature, "top_p": s.top_p,
-                              "max_new_tokens": s.max_new_tokens}
+        sp: dict[str, Any] = {
+            "n": k,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "max_new_tokens": s.max_new_tokens,
+        }
         if s.sampling_seed is not None:
             sp["sampling_seed"] = s.sampling_seed + round_index
         if self.regex.get(task):
@@ -288,7 +365,13 @@ class JudgeService:
         return sp
 
     async def _engine_call(
-        self, task: str, prompt: dict[str, Any], k: int, round_index: int, deadline: float, usage: Usage,
+        self,
+        task: str,
+        prompt: dict[str, Any],
+        k: int,
+        round_index: int,
+        deadline: float,
+        usage: Usage,
         rid: str | None = None,
     ) -> list[Vote]:
         assert self.client is not None

@@ -20,19 +20,39 @@ class JudgeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.verdicts = Counter("hindsight_judge_verdicts_total", "Task results by status", ["task", "status"], registry=r)
+        self.verdicts = Counter(
+            "hindsight_judge_verdicts_total", "Task results by status", ["task", "status"], registry=r
+        )
         self.parse_failures = Counter("hindsight_judge_parse_failures_total", "Unparseable votes", ["task"], registry=r)
-        self.votes_per_turn = Histogram("hindsight_judge_votes_per_turn", "Votes drawn per task", ["task"],
-                                        buckets=(1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16), registry=r)
+        self.votes_per_turn = Histogram(
+            "hindsight_judge_votes_per_turn",
+            "Votes drawn per task",
+            ["task"],
+            buckets=(1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16),
+            registry=r,
+        )
         # judge cost per task and item (kind: prompt | cached | completion), and its running total
-        self.tokens_per_turn = Histogram("hindsight_judge_tokens_per_turn", "Engine tokens per task of one item",
-                                         ["task", "kind"], buckets=TOKEN_BUCKETS, registry=r)
-        self.tokens_total = Counter("hindsight_judge_tokens_total", "Engine tokens of all judged items",
-                                    ["task", "kind"], registry=r)
-        self.engine_calls = Counter("hindsight_judge_engine_calls_total", "Engine /generate calls", ["task"], registry=r)
+        self.tokens_per_turn = Histogram(
+            "hindsight_judge_tokens_per_turn",
+            "Engine tokens per task of one item",
+            ["task", "kind"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.tokens_total = Counter(
+            "hindsight_judge_tokens_total", "Engine tokens of all judged items", ["task", "kind"], registry=r
+        )
+        self.engine_calls = Counter(
+            "hindsight_judge_engine_calls_total", "Engine /generate calls", ["task"], registry=r
+        )
         self.engine_errors = Counter("hindsight_judge_engine_errors_total", "Engine failures", ["kind"], registry=r)
-        self.engine_latency = Histogram("hindsight_judge_engine_call_seconds", "Engine call latency", ["task"],
-                                        buckets=LATENCY_BUCKETS_S, registry=r)
+        self.engine_latency = Histogram(
+            "hindsight_judge_engine_call_seconds",
+            "Engine call latency",
+            ["task"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.routes = RouteMetrics(r, prefix="hindsight_judge", buckets_s=LATENCY_BUCKETS_S)
 
     def render(self) -> bytes:

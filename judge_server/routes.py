@@ -46,15 +46,30 @@ from judge_server.schemas import (
 )
 
 logger = logging.getLogger(__name__)
-_ERROR = {"content": {"application/json": {"schema": {"type": "object", "required": ["error"], "properties": {
-    "error": {"type": "object", "required": ["type", "message"],
-              "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}}}}
+_ERROR = {
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["error"],
+                "properties": {
+                    "error": {
+                        "type": "object",
+                        "required": ["type", "message"],
+                        "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+                    }
+                },
+            }
+        }
+    }
+}
 # What the judging routes answer besides 200/422 (documented so the OpenAPI matches the server).
 JUDGE_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "invalid input (JSON too deep, unpaired surrogates, m too large, empty batch)", **_ERROR},
     401: {"description": "missing or wrong Bearer key", **_ERROR},
     413: {"description": "body over max_request_chars, or too many items/messages", **_ERROR},
-    429: {"description": "too many requests in flight (Retry-After)", **_ERROR}}
+    429: {"description": "too many requests in flight (Retry-After)", **_ERROR},
+}
 router = APIRouter()
 T = TypeVar("T")
 
@@ -103,8 +118,9 @@ guarded = [Depends(require_key), Depends(check_size)]
 compat_guarded = [Depends(require_key_or_query_key), Depends(check_size)]
 
 
-async def _unless_disconnected(request: Request, service: JudgeService,
-                               work: Callable[[str], Coroutine[Any, Any, T]]) -> T | Response:
+async def _unless_disconnected(
+    request: Request, service: JudgeService, work: Callable[[str], Coroutine[Any, Any, T]]
+) -> T | Response:
     """Run ``work(rid_prefix)``; if the caller hangs up first, cancel it, abort its engine requests, 499."""
     rid_prefix = f"hj-{uuid.uuid4().hex}-"
     try:
@@ -155,8 +171,12 @@ async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, 
     return openrlhf_reply(results, service.settings.compat_failed_reward)
 
 
-@router.post("/slime/reward", dependencies=compat_guarded, response_model=None,
-             responses={**JUDGE_ERRORS, 503: {"description": "judging failed (no reward)", **_ERROR}})
+@router.post(
+    "/slime/reward",
+    dependencies=compat_guarded,
+    response_model=None,
+    responses={**JUDGE_ERRORS, 503: {"description": "judging failed (no reward)", **_ERROR}},
+)
 async def slime_reward(body: SlimeRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     item = slime_item(body.prompt, body.response, body.label)
@@ -193,14 +213,19 @@ async def ready(request: Request) -> JSONResponse:
     ok = await _engine_ready(service)
     body: dict[str, Any] = {"ready": ok}
     if has_key(request):  # paths and URLs only for the key's holder (open when no key is configured)
-        body.update(backend=service.settings.backend, prompt_versions=service.prompt_versions,
-                    tokenizer_path=request.app.state.tokenizer_path,
-                    engine_url=service.settings.engine_url if service.settings.backend == "llm" else None)
+        body.update(
+            backend=service.settings.backend,
+            prompt_versions=service.prompt_versions,
+            tokenizer_path=request.app.state.tokenizer_path,
+            engine_url=service.settings.engine_url if service.settings.backend == "llm" else None,
+        )
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/metrics", response_class=PlainTextResponse,
-            responses={200: {"content": {"text/plain; version=0.0.4": {}}, "description": "Prometheus text"}})
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain; version=0.0.4": {}}, "description": "Prometheus text"}},
+)
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
-

@@ -15,8 +15,19 @@ from engine.records import HintVerdict, JudgeUsage, JudgeVerdicts, PrmVerdict
 
 # The answer of ``POST /v1/judge`` (one per item of ``/v1/judge/batch``): the verdict models of record.
 JudgeResponse = JudgeVerdicts
-__all__ = ["BatchRequest", "HintVerdict", "JudgeRequest", "JudgeResponse", "JudgeUsage", "JudgedResponse", "Message",
-           "NextStateMessage", "OpenRLHFRequest", "PrmVerdict", "SlimeRequest"]
+__all__ = [
+    "BatchRequest",
+    "HintVerdict",
+    "JudgeRequest",
+    "JudgeResponse",
+    "JudgeUsage",
+    "JudgedResponse",
+    "Message",
+    "NextStateMessage",
+    "OpenRLHFRequest",
+    "PrmVerdict",
+    "SlimeRequest",
+]
 
 
 class Message(BaseModel):

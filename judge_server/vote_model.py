@@ -42,7 +42,7 @@ State = tuple[tuple[int, ...], int]  # (parseable counts sorted descending, K en
 
 def _pair_same_wrong(concentration: float, k: int) -> float:
     """P(two wrong votes of one turn agree): the rival twice, or the same one of the K-2 others."""
-    return 1.0 if k == 2 else concentration ** 2 + (1 - concentration) ** 2 / (k - 2)
+    return 1.0 if k == 2 else concentration**2 + (1 - concentration) ** 2 / (k - 2)
 
 
 def agreement_from_pair_rate(pair_agree_rate: float, k_outcomes: int, concentration: float | None = None) -> float:
@@ -82,8 +82,9 @@ def _stop_error(counts: tuple[int, ...], min_valid: int, agreement: float, conce
     return 1.0 - sum(p for (t, _), p in _posterior(counts, agreement, concentration, k).items() if t == 0)
 
 
-def _next_vote(counts: tuple[int, ...], agreement: float, concentration: float, unparseable: float,
-               k: int) -> list[float]:
+def _next_vote(
+    counts: tuple[int, ...], agreement: float, concentration: float, unparseable: float, k: int
+) -> list[float]:
     """Predictive probability that the next vote is parseable and goes to each sorted-count slot."""
     out = [0.0] * k
     for (t, r), p in _posterior(counts, agreement, concentration, k).items():
@@ -112,8 +113,16 @@ def _states(n_votes: int, k: int) -> list[State]:
     return sorted(set(out))
 
 
-def _solve(cost_per_vote: float, agreement: float, unparseable: float, k: int, first_round: int, m_max: int,
-           min_valid: int, concentration: float) -> tuple[frozenset[State], float]:
+def _solve(
+    cost_per_vote: float,
+    agreement: float,
+    unparseable: float,
+    k: int,
+    first_round: int,
+    m_max: int,
+    min_valid: int,
+    concentration: float,
+) -> tuple[frozenset[State], float]:
     """Stop set and expected error (from the empty state) of the optimal rule at ``cost_per_vote``."""
     value: dict[State, float] = {}
     error: dict[State, float] = {}
@@ -137,18 +146,27 @@ def _solve(cost_per_vote: float, agreement: float, unparseable: float, k: int, f
     return frozenset(stop), error[((0,) * k, 0)]
 
 
-def fixed_error(agreement: float, unparseable: float, k: int, m: int, min_valid: int,
-                concentration: float | None = None) -> float:
+def fixed_error(
+    agreement: float, unparseable: float, k: int, m: int, min_valid: int, concentration: float | None = None
+) -> float:
     """Expected error of fixed m-vote majority voting under the vote model."""
     conc = 1.0 if k == 2 else 1 / (k - 1) if concentration is None else concentration
-    never_stop = _solve(0.0, agreement, unparseable, k, first_round=m, m_max=m, min_valid=min_valid,
-                        concentration=conc)
+    never_stop = _solve(0.0, agreement, unparseable, k, first_round=m, m_max=m, min_valid=min_valid, concentration=conc)
     return never_stop[1]
 
 
 @lru_cache(maxsize=512)
-def stop_table(agreement: float, unparseable: float, k: int, m: int, m_max: int, first_round: int,
-               min_valid: int, error_budget_share: float, concentration: float | None = None) -> frozenset[State]:
+def stop_table(
+    agreement: float,
+    unparseable: float,
+    k: int,
+    m: int,
+    m_max: int,
+    first_round: int,
+    min_valid: int,
+    error_budget_share: float,
+    concentration: float | None = None,
+) -> frozenset[State]:
     """The cheapest rule with expected error <= ``error_budget_share`` * the fixed m-vote error (module doc)."""
     conc = 1.0 if k == 2 else 1 / (k - 1) if concentration is None else concentration
     target = error_budget_share * fixed_error(agreement, unparseable, k, m, min_valid, conc)
@@ -174,15 +192,22 @@ def state_of(votes: Sequence[int | None], outcomes: Sequence[int]) -> State:
 def distinct_third_rate(agreement: float, concentration: float, k: int) -> float:
     """P(a third parseable vote differs from both of two disagreeing parseable votes) under the vote model."""
     p = _vote_probs(0, 1, agreement, concentration, k)
-    s2, s3 = sum(x * x for x in p), sum(x ** 3 for x in p)
+    s2, s3 = sum(x * x for x in p), sum(x**3 for x in p)
     return (1 - 3 * s2 + 2 * s3) / (1 - s2) if s2 < 1 else 0.0
 
 
 class AgreementTracker:
     """Online estimate of the vote model for one task of one judge-service instance (module doc)."""
 
-    def __init__(self, k_outcomes: int, *, default_agreement: float, default_unparseable: float,
-                 prior_turns: int, window_turns: int) -> None:
+    def __init__(
+        self,
+        k_outcomes: int,
+        *,
+        default_agreement: float,
+        default_unparseable: float,
+        prior_turns: int,
+        window_turns: int,
+    ) -> None:
         self.k = k_outcomes
         self.default_agreement = default_agreement
         self.default_unparseable = default_unparseable
@@ -223,7 +248,7 @@ class AgreementTracker:
         k, w = self.k, self.prior_turns
         uniform = 1 / (k - 1)
         a0 = self.default_agreement
-        prior_rate = a0 ** 2 + _pair_same_wrong(uniform, k) * (1 - a0) ** 2
+        prior_rate = a0**2 + _pair_same_wrong(uniform, k) * (1 - a0) ** 2
         pair_rate = (agree + w * prior_rate) / (both + w)
         unparseable = (2 * n_turns - parseable + w * 2 * self.default_unparseable) / (2 * n_turns + 2 * w)
         concentration = 1.0 if k == 2 else uniform
@@ -238,8 +263,12 @@ class AgreementTracker:
             std_err = math.sqrt(d_uniform * (1 - d_uniform) / (n_thirds + w_third))
             if third_rate < d_uniform - 3 * std_err:
                 grid = [uniform + i * 0.05 for i in range(round((0.95 - uniform) / 0.05) + 1)]
-                concentration = min(grid, key=lambda c: abs(distinct_third_rate(
-                    agreement_from_pair_rate(pair_rate, k, c), c, k) - third_rate))
+                concentration = min(
+                    grid,
+                    key=lambda c: abs(
+                        distinct_third_rate(agreement_from_pair_rate(pair_rate, k, c), c, k) - third_rate
+                    ),
+                )
         agreement = agreement_from_pair_rate(pair_rate, k, concentration)
         # keep the model proper: strictly between chance and certainty, and some parseable votes
         agreement = min(0.99, max(1 / k + 0.01, round(agreement, 2)))

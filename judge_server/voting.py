@@ -63,14 +63,16 @@ def majority_vote(votes: Sequence[int | None]) -> VoteResult:
     """The fixed rule (see module docstring)."""
     valid = [v for v in votes if v is not None]
     if not valid:
-        return VoteResult(score=0, status=STATUS_NO_VALID, votes=list(votes), confidence=0.0,
-                          reason="no parseable vote")
+        return VoteResult(
+            score=0, status=STATUS_NO_VALID, votes=list(votes), confidence=0.0, reason="no parseable vote"
+        )
     ranked = Counter(valid).most_common()
     top_value, top_count = ranked[0]
     confidence = top_count / len(valid)
     if len(ranked) > 1 and ranked[1][1] == top_count:
-        return VoteResult(score=0, status=STATUS_TIE, votes=list(votes), confidence=confidence,
-                          reason="tie between the top verdicts")
+        return VoteResult(
+            score=0, status=STATUS_TIE, votes=list(votes), confidence=confidence, reason="tie between the top verdicts"
+        )
     return VoteResult(score=int(top_value), status=STATUS_OK, votes=list(votes), confidence=confidence)
 
 
@@ -99,7 +101,9 @@ def next_round_size(votes: Sequence[int | None], m_total: int, min_valid: int) -
     return min(k, remaining)
 
 
-def _compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:  # every way to put `total` votes in `parts` bins
+def _compositions(
+    total: int, parts: int
+) -> Iterator[tuple[int, ...]]:  # every way to put `total` votes in `parts` bins
     if parts == 1:
         yield (total,)
         return
@@ -117,15 +121,18 @@ def _change_probability(leader: int, others: tuple[int, ...], invalid: int, rema
     base = math.lgamma(remaining + 1) + math.lgamma(total_alpha) - math.lgamma(total_alpha + remaining)
     p_change = 0.0
     for x in _compositions(remaining, len(counts)):
-        log_p = base + sum(math.lgamma(a + k) - math.lgamma(a) - math.lgamma(k + 1) for a, k in zip(alphas, x, strict=True))
+        log_p = base + sum(
+            math.lgamma(a + k) - math.lgamma(a) - math.lgamma(k + 1) for a, k in zip(alphas, x, strict=True)
+        )
         final_leader = leader + x[0]
         if any(o + k >= final_leader for o, k in zip(others, x[1:-1], strict=True)):
             p_change += math.exp(log_p)  # another verdict catches up (a tie changes the result too)
     return min(1.0, p_change)
 
 
-def change_probability(votes: Sequence[int | None], remaining: int, outcomes: Sequence[int],
-                       prior: float = 0.5) -> float:
+def change_probability(
+    votes: Sequence[int | None], remaining: int, outcomes: Sequence[int], prior: float = 0.5
+) -> float:
     """Probability that ``remaining`` more votes change the current strict-plurality winner of ``votes``.
 
     Each vote is a draw from unknown shares of the verdicts in ``outcomes`` plus "unparseable", with a
@@ -193,8 +200,17 @@ async def run_policy(
         samples.extend(await sample(first, 0))
         rounds = 1
         agreement, unparseable, concentration = tracker.estimate()
-        table = stop_table(agreement, unparseable, len(outcomes), m, max(m, m_max, first), first, min_valid,
-                           error_budget_share, concentration)
+        table = stop_table(
+            agreement,
+            unparseable,
+            len(outcomes),
+            m,
+            max(m, m_max, first),
+            first,
+            min_valid,
+            error_budget_share,
+            concentration,
+        )
         while state_of([s.value for s in samples], outcomes) not in table:
             samples.extend(await sample(1, rounds))
             rounds += 1
@@ -208,10 +224,10 @@ async def run_policy(
                 rounds += 1
             values = [s.value for s in samples]
             remaining = budget - len(values)
-            settled = (majority_vote(values).status == STATUS_OK
-                       and sum(v is not None for v in values) >= min_valid)
-            if settled and (remaining <= 0
-                            or change_probability(values, remaining, outcomes, stop_prior) < stop_change_prob):
+            settled = majority_vote(values).status == STATUS_OK and sum(v is not None for v in values) >= min_valid
+            if settled and (
+                remaining <= 0 or change_probability(values, remaining, outcomes, stop_prior) < stop_change_prob
+            ):
                 break
             if remaining <= 0:  # budget spent and still split (or too few parseable votes): escalate
                 if budget >= m_max:
@@ -223,8 +239,13 @@ async def run_policy(
     result = majority_vote([s.value for s in samples])
     n_valid = sum(s.value is not None for s in samples)
     if result.status == STATUS_OK and n_valid < min_valid:
-        result = VoteResult(score=0, status=STATUS_NO_VALID, votes=result.votes, confidence=result.confidence,
-                            reason=f"only {n_valid} parseable vote(s), need {min_valid}")
+        result = VoteResult(
+            score=0,
+            status=STATUS_NO_VALID,
+            votes=result.votes,
+            confidence=result.confidence,
+            reason=f"only {n_valid} parseable vote(s), need {min_valid}",
+        )
     result.rounds = rounds
     result.samples = list(samples)
     return result

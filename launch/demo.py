@@ -43,8 +43,11 @@ WEATHER_TOOL = {
         "name": "get_weather",
         "description": "Current weather for a city.",
         # maxLength: the forced call is typed by this schema, and the tiny dev model rambles in unbounded strings.
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
-                       "required": ["city"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 24}},
+            "required": ["city"],
+        },
     },
 }
 
@@ -77,8 +80,9 @@ class Agent:
 
         self.session_id = "demo-" + uuid.uuid4().hex[:8]
         self.http = httpx.Client(trust_env=False, timeout=httpx.Timeout(120.0, connect=5.0))
-        self.client = OpenAI(base_url=endpoints["policy_url"] + "/v1", api_key=endpoints["api_key"],
-                             http_client=self.http, max_retries=0)
+        self.client = OpenAI(
+            base_url=endpoints["policy_url"] + "/v1", api_key=endpoints["api_key"], http_client=self.http, max_retries=0
+        )
         self.messages: list[dict] = [{"role": "system", "content": "You are a helpful assistant with tools."}]
 
     def send(self, *, done: bool = False, max_tokens: int = MAX_TOKENS, **kwargs) -> dict:
@@ -86,14 +90,25 @@ class Agent:
         if done:
             headers["X-Session-Done"] = "true"
         resp = self.client.chat.completions.create(
-            model="hindsight-policy", messages=self.messages, tools=[WEATHER_TOOL], max_tokens=max_tokens,
-            temperature=1.0, extra_headers=headers, **kwargs)
+            model="hindsight-policy",
+            messages=self.messages,
+            tools=[WEATHER_TOOL],
+            max_tokens=max_tokens,
+            temperature=1.0,
+            extra_headers=headers,
+            **kwargs,
+        )
         msg = resp.choices[0].message
         out: dict = {"role": "assistant", "content": msg.content or ""}
         if msg.tool_calls:
-            out["tool_calls"] = [{"id": tc.id, "type": "function",
-                                  "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
-                                 for tc in msg.tool_calls]
+            out["tool_calls"] = [
+                {
+                    "id": tc.id,
+                    "type": "function",
+                    "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+                }
+                for tc in msg.tool_calls
+            ]
         meta = (resp.model_extra or {}).get("hindsight") or {}  # Hindsight's own values (CONTRACTS.md)
         self.messages.append(out)
         return {"message": out, "weight_version": meta.get("weight_version"), "finish": resp.choices[0].finish_reason}
@@ -109,8 +124,10 @@ class Agent:
         for tc in m.get("tool_calls") or []:
             print(f"  {'assistant':>10} | tool call {tc['function']['name']}({tc['function']['arguments']})")
         if m["content"] or not m.get("tool_calls"):
-            print(f"  {'assistant':>10} | {short(m['content'])!r}  [finish {reply['finish']}, "
-                  f"weights v{reply['weight_version']}]")
+            print(
+                f"  {'assistant':>10} | {short(m['content'])!r}  [finish {reply['finish']}, "
+                f"weights v{reply['weight_version']}]"
+            )
 
 
 def converse(agent: Agent) -> int:
@@ -120,8 +137,10 @@ def converse(agent: Agent) -> int:
     r = agent.send(tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=96)
     agent.show(r)
     if r["message"].get("tool_calls"):
-        print(f"  {'':>10}   (forced by tool_choice = constrained decoding: the ids are the model's samples, "
-              "their log-probs those of the masked distribution)")
+        print(
+            f"  {'':>10}   (forced by tool_choice = constrained decoding: the ids are the model's samples, "
+            "their log-probs those of the masked distribution)"
+        )
     for tc in r["message"].get("tool_calls") or []:
         agent.say("tool", run_tool(tc["function"]["name"], tc["function"]["arguments"]), tool_call_id=tc["id"])
     if not r["message"].get("tool_calls"):
@@ -137,8 +156,12 @@ def converse(agent: Agent) -> int:
 
 
 def admin(endpoints: dict) -> httpx.Client:
-    return httpx.Client(base_url=endpoints["policy_url"], trust_env=False, timeout=30.0,
-                        headers={"Authorization": f"Bearer {endpoints['admin_api_key']}"})
+    return httpx.Client(
+        base_url=endpoints["policy_url"],
+        trust_env=False,
+        timeout=30.0,
+        headers={"Authorization": f"Bearer {endpoints['admin_api_key']}"},
+    )
 
 
 def wait_for_samples(endpoints: dict, session_id: str, expected: int) -> list[dict]:
@@ -150,8 +173,10 @@ def wait_for_samples(endpoints: dict, session_id: str, expected: int) -> list[di
         if len(rows) >= expected and not pending:
             return rows
         if time.monotonic() > end:
-            raise SystemExit(f"error: {len(rows) - len(pending)} of {expected} turns judged after "
-                             f"{SAMPLES_DEADLINE_S:.0f}s (see {endpoints['log_dir']}/policy.log and judge.log)")
+            raise SystemExit(
+                f"error: {len(rows) - len(pending)} of {expected} turns judged after "
+                f"{SAMPLES_DEADLINE_S:.0f}s (see {endpoints['log_dir']}/policy.log and judge.log)"
+            )
         time.sleep(0.5)
 
 
@@ -180,8 +205,10 @@ def show_verdicts(rows: list[dict]) -> None:
         prm, hint = r["sample"].get("prm"), r["sample"].get("hint")
         line = f"  turn {r['turn_index']}: "
         if prm:
-            line += (f"PRM votes {prm.get('votes')} -> score {prm.get('score')} ({prm.get('status')}, "
-                     f"confidence {prm.get('confidence')})")
+            line += (
+                f"PRM votes {prm.get('votes')} -> score {prm.get('score')} ({prm.get('status')}, "
+                f"confidence {prm.get('confidence')})"
+            )
         else:
             line += "no PRM verdict"
         if r["status"] == "rejected":
@@ -193,17 +220,23 @@ def show_verdicts(rows: list[dict]) -> None:
 
 
 def show_samples(rows: list[dict]) -> None:
-    print(f"  {'turn':>4} {'status':9} {'mode':7} {'reward':>6} {'teacher':>7} {'prompt':>6} {'resp':>4} "
-          f"{'mask':>4} weights")
+    print(
+        f"  {'turn':>4} {'status':9} {'mode':7} {'reward':>6} {'teacher':>7} {'prompt':>6} {'resp':>4} "
+        f"{'mask':>4} weights"
+    )
     for r in rows:
         s = r["sample"]
-        print(f"  {r['turn_index']:>4} {r['status']:9} {s.get('mode') or '':7} {str(s.get('reward')):>6} "
-              f"{'yes' if s.get('has_teacher') else 'no':>7} {len(s.get('prompt_ids') or []):>6} "
-              f"{len(s.get('response_ids') or []):>4} {sum(s.get('loss_mask') or []):>4} v{s.get('weight_version')}")
+        print(
+            f"  {r['turn_index']:>4} {r['status']:9} {s.get('mode') or '':7} {str(s.get('reward')):>6} "
+            f"{'yes' if s.get('has_teacher') else 'no':>7} {len(s.get('prompt_ids') or []):>6} "
+            f"{len(s.get('response_ids') or []):>4} {sum(s.get('loss_mask') or []):>4} v{s.get('weight_version')}"
+        )
     first = next((r["sample"] for r in rows if r["sample"].get("response_ids")), None)
     if first:
-        print(f"  e.g. turn {first['turn_index']}: response_ids {first['response_ids'][:8]}... "
-              f"rollout_logprobs {[round(x, 2) for x in first['rollout_logprobs'][:4]]}...")
+        print(
+            f"  e.g. turn {first['turn_index']}: response_ids {first['response_ids'][:8]}... "
+            f"rollout_logprobs {[round(x, 2) for x in first['rollout_logprobs'][:4]]}..."
+        )
 
 
 def engine_weight_version(url: str) -> str | None:
@@ -227,10 +260,24 @@ def next_step(checkpoint_dir: Path) -> int:
 def train_one_step(endpoints: dict, batch_size: int) -> int:
     ckpt = Path(endpoints["checkpoint_dir"])
     step = next_step(ckpt)  # --steps counts across resumes: one more than what is on disk
-    cmd = [devstack.console_script("hindsight-train"), "--policy-url", endpoints["policy_url"],
-           "--model-path", endpoints["policy_model_path"],
-           "--out-dir", str(ckpt), "--steps", str(step), "--batch-size", str(batch_size),
-           "--min-batch", "1", "--lease-wait-s", "10", "--no-progress"]  # the demo trains on what its session produced
+    cmd = [
+        devstack.console_script("hindsight-train"),
+        "--policy-url",
+        endpoints["policy_url"],
+        "--model-path",
+        endpoints["policy_model_path"],
+        "--out-dir",
+        str(ckpt),
+        "--steps",
+        str(step),
+        "--batch-size",
+        str(batch_size),
+        "--min-batch",
+        "1",
+        "--lease-wait-s",
+        "10",
+        "--no-progress",
+    ]  # the demo trains on what its session produced
     print(f"  $ HINDSIGHT_TRAIN_ADMIN_API_KEY=*** {' '.join(cmd)}")
     env = {**os.environ, "HINDSIGHT_TRAIN_ADMIN_API_KEY": endpoints["admin_api_key"]}  # never on argv
     log = Path(endpoints["log_dir"]) / "demo-train.log"
@@ -239,10 +286,15 @@ def train_one_step(endpoints: dict, batch_size: int) -> int:
         try:
             res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=TRAIN_DEADLINE_S, env=env)
         except subprocess.TimeoutExpired:
-            raise SystemExit(f"error: the training step did not finish in {TRAIN_DEADLINE_S:.0f}s (log {log})") from None
+            raise SystemExit(
+                f"error: the training step did not finish in {TRAIN_DEADLINE_S:.0f}s (log {log})"
+            ) from None
     # The trainer's own summary lines; progress bars and HTTP access lines are in the log.
-    lines = [ln for ln in log.read_text(errors="replace").splitlines()
-             if ln.strip() and "Writing model shards" not in ln and "HTTP Request" not in ln]
+    lines = [
+        ln
+        for ln in log.read_text(errors="replace").splitlines()
+        if ln.strip() and "Writing model shards" not in ln and "HTTP Request" not in ln
+    ]
     for line in lines[-6:]:
         print(f"    {short(line, 150)}")
     if res.returncode != 0:
@@ -256,8 +308,12 @@ def write_run_report(endpoints: dict) -> None:
     from trainer.report.cli import write_report
 
     section("6. run report")
-    path = write_report(Path(endpoints["checkpoint_dir"]), policy_url=endpoints["policy_url"],
-                        admin_api_key=endpoints["admin_api_key"], judge_url=endpoints["judge_url"])
+    path = write_report(
+        Path(endpoints["checkpoint_dir"]),
+        policy_url=endpoints["policy_url"],
+        admin_api_key=endpoints["admin_api_key"],
+        judge_url=endpoints["judge_url"],
+    )
     print(f"  report: {path}")
 
 
@@ -272,8 +328,10 @@ def main() -> int:
     section("Hindsight dev demo")
     print(f"  mode {endpoints['mode']}; policy server {endpoints['policy_url']}; judge {endpoints['judge_url']}")
     if endpoints["judge_backend"] == "llm":
-        print("  judge backend: llm -- the tiny random judge model votes through the real prompt, engine and\n"
-              "  majority vote; its verdicts are random (regex-constrained, so well-formed): mechanics, not quality")
+        print(
+            "  judge backend: llm -- the tiny random judge model votes through the real prompt, engine and\n"
+            "  majority vote; its verdicts are random (regex-constrained, so well-formed): mechanics, not quality"
+        )
     else:
         print("  judge backend: rules -- keyword verdicts from the next state (thanks -> +1, wrong -> -1)")
 
@@ -300,8 +358,10 @@ def main() -> int:
     after = engine_weight_version(endpoints["policy_engine_url"])
     print(f"  policy engine weight version: {before} -> {after}")
     stats = stats_of(endpoints)
-    print(f"  policy server: weight_version {stats.get('weight_version')}, weight updates "
-          f"{stats.get('weight_updates')}, samples {json.dumps(stats['samples'])}")
+    print(
+        f"  policy server: weight_version {stats.get('weight_version')}, weight updates "
+        f"{stats.get('weight_updates')}, samples {json.dumps(stats['samples'])}"
+    )
     if after != str(step):
         raise SystemExit(f"error: the engine reports weight version {after!r}, expected {str(step)!r}")
     agent.messages = agent.messages[:1] + [{"role": "user", "content": "And tomorrow?"}]

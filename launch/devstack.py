@@ -65,6 +65,7 @@ def console_script(name: str) -> str:
 
 # --- PID bookkeeping -------------------------------------------------------------------------------
 
+
 def proc_start_ticks(pid: int) -> int | None:
     """Kernel start time of ``pid`` (field 22 of /proc/PID/stat), or None when it does not exist."""
     try:
@@ -126,6 +127,7 @@ def _reap(entries: list[dict]) -> None:
 
 # --- start -----------------------------------------------------------------------------------------
 
+
 class Stack:
     """Starts the parts in order, recording each PID before waiting on the next."""
 
@@ -136,8 +138,9 @@ class Stack:
 
     def record(self, mp: ManagedProcess) -> ManagedProcess:
         ticks = proc_start_ticks(mp.pid)
-        self.entries.append({"name": mp.name, "pid": mp.pid, "start_ticks": ticks, "url": mp.url,
-                             "log": str(mp.log_path)})
+        self.entries.append(
+            {"name": mp.name, "pid": mp.pid, "start_ticks": ticks, "url": mp.url, "log": str(mp.log_path)}
+        )
         write_json(self.run_dir / "pids.json", self.entries)
         return mp
 
@@ -146,7 +149,9 @@ class Stack:
         try:
             wait_http(mp.url + ready_path, deadline_s=READY_DEADLINE_S, proc=mp.proc)
         except (RuntimeError, TimeoutError) as exc:
-            raise RuntimeError(f"{name} failed to become ready: {exc}\n--- {mp.log_path} (tail)\n{mp.log_tail()}") from None
+            raise RuntimeError(
+                f"{name} failed to become ready: {exc}\n--- {mp.log_path} (tail)\n{mp.log_tail()}"
+            ) from None
         return mp
 
 
@@ -160,9 +165,14 @@ def build_models(run_dir: Path) -> tuple[Path, Path]:
     policy, teacher = models / "policy", models / "teacher"
     tool = console_script("hindsight-tiny-model")
     log = run_dir / "logs" / "models.log"
-    for out, extra, what in ((policy, [], "tiny policy model"),
-                             (teacher, ["--teacher-of", str(policy), "--prefer-text", TEACHER_PREFERRED_TEXT],
-                              f"teacher (fine-tuned to prefer {TEACHER_PREFERRED_TEXT!r})")):
+    for out, extra, what in (
+        (policy, [], "tiny policy model"),
+        (
+            teacher,
+            ["--teacher-of", str(policy), "--prefer-text", TEACHER_PREFERRED_TEXT],
+            f"teacher (fine-tuned to prefer {TEACHER_PREFERRED_TEXT!r})",
+        ),
+    ):
         if (out / "config.json").exists() and any(out.glob("*.safetensors")):
             continue
         say(f"building the {what} in {out} ...")
@@ -196,36 +206,82 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
     t0 = time.monotonic()
     try:
         say("starting the policy dev engine and its router ...")
-        p_engine = stack.record(start_dev_engine(policy_model, log_dir=stack.log_dir, name="policy-engine",
-                                                 deadline_s=READY_DEADLINE_S,
-                                                 extra_args=["--served-model-name", "hindsight-policy", "--torch-threads", "1"]))
+        p_engine = stack.record(
+            start_dev_engine(
+                policy_model,
+                log_dir=stack.log_dir,
+                name="policy-engine",
+                deadline_s=READY_DEADLINE_S,
+                extra_args=["--served-model-name", "hindsight-policy", "--torch-threads", "1"],
+            )
+        )
         p_router = stack.record(start_router([p_engine.url], log_dir=stack.log_dir, name="policy-router"))
         say("starting the judge/teacher dev engine and its router ...")
-        j_engine = stack.record(start_dev_engine(teacher_model, log_dir=stack.log_dir, name="judge-engine",
-                                                 deadline_s=READY_DEADLINE_S,
-                                                 extra_args=["--served-model-name", "judge", "--seed", "1", "--torch-threads", "1"]))
+        j_engine = stack.record(
+            start_dev_engine(
+                teacher_model,
+                log_dir=stack.log_dir,
+                name="judge-engine",
+                deadline_s=READY_DEADLINE_S,
+                extra_args=["--served-model-name", "judge", "--seed", "1", "--torch-threads", "1"],
+            )
+        )
         j_router = stack.record(start_router([j_engine.url], log_dir=stack.log_dir, name="judge-router"))
 
         say(f"starting hindsight-judge (backend {judge_backend or 'default'}) ...")
         judge_port = free_port()
         judge = stack.service(
-            "judge", [console_script("hindsight-judge"), "--engine-url", j_router.url, "--host", "127.0.0.1",
-                      "--port", str(judge_port), *flag_if_set("--backend", judge_backend)],
-            {"HINDSIGHT_JUDGE_API_KEY": api_key, **DEV_JUDGE_ENV}, "/ready", judge_port)
+            "judge",
+            [
+                console_script("hindsight-judge"),
+                "--engine-url",
+                j_router.url,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(judge_port),
+                *flag_if_set("--backend", judge_backend),
+            ],
+            {"HINDSIGHT_JUDGE_API_KEY": api_key, **DEV_JUDGE_ENV},
+            "/ready",
+            judge_port,
+        )
 
         say(f"starting hindsight-policy (mode {mode or 'default'}) ...")
         policy_port = free_port()
         data_dir = run_dir / "data"
         policy = stack.service(
-            "policy", [console_script("hindsight-policy"), "--model-path", str(policy_model),
-                       "--engine-url", p_router.url, "--engine-worker-urls", p_engine.url,
-                       "--judge-url", judge.url, "--teacher-url", j_router.url, "--data-dir", str(data_dir),
-                       "--host", "127.0.0.1", "--port", str(policy_port), *flag_if_set("--mode", mode)],
-            {"HINDSIGHT_POLICY_API_KEY": api_key, "HINDSIGHT_POLICY_ADMIN_API_KEY": admin_api_key,
-             "HINDSIGHT_POLICY_JUDGE_API_KEY": api_key,
-             # Short idle timeout: a demo session that is never closed still gets its last turn handled.
-             "HINDSIGHT_POLICY_SESSION_IDLE_TIMEOUT_S": "30"},
-            "/ready", policy_port)
+            "policy",
+            [
+                console_script("hindsight-policy"),
+                "--model-path",
+                str(policy_model),
+                "--engine-url",
+                p_router.url,
+                "--engine-worker-urls",
+                p_engine.url,
+                "--judge-url",
+                judge.url,
+                "--teacher-url",
+                j_router.url,
+                "--data-dir",
+                str(data_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(policy_port),
+                *flag_if_set("--mode", mode),
+            ],
+            {
+                "HINDSIGHT_POLICY_API_KEY": api_key,
+                "HINDSIGHT_POLICY_ADMIN_API_KEY": admin_api_key,
+                "HINDSIGHT_POLICY_JUDGE_API_KEY": api_key,
+                # Short idle timeout: a demo session that is never closed still gets its last turn handled.
+                "HINDSIGHT_POLICY_SESSION_IDLE_TIMEOUT_S": "30",
+            },
+            "/ready",
+            policy_port,
+        )
     except BaseException as exc:
         say(f"dev stack failed to start; stopping what was started ({', '.join(e['name'] for e in stack.entries)})")
         stop_entries(stack.entries)
@@ -235,21 +291,31 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
         raise
 
     # What the services run with, unset knobs included (their own defaults), read back from them.
-    mode = httpx.get(policy.url + "/admin/mode", headers={"Authorization": f"Bearer {admin_api_key}"},
-                     timeout=10, trust_env=False).json()["mode"]
-    judge_backend = httpx.get(judge.url + "/ready", headers={"Authorization": f"Bearer {api_key}"},
-                              timeout=10, trust_env=False).json()["backend"]
+    mode = httpx.get(
+        policy.url + "/admin/mode", headers={"Authorization": f"Bearer {admin_api_key}"}, timeout=10, trust_env=False
+    ).json()["mode"]
+    judge_backend = httpx.get(
+        judge.url + "/ready", headers={"Authorization": f"Bearer {api_key}"}, timeout=10, trust_env=False
+    ).json()["backend"]
     endpoints = {
-        "mode": mode, "judge_backend": judge_backend,
-        "policy_url": policy.url, "judge_url": judge.url,
-        "policy_engine_url": p_engine.url, "policy_router_url": p_router.url,
-        "judge_engine_url": j_engine.url, "judge_router_url": j_router.url, "teacher_url": j_router.url,
+        "mode": mode,
+        "judge_backend": judge_backend,
+        "policy_url": policy.url,
+        "judge_url": judge.url,
+        "policy_engine_url": p_engine.url,
+        "policy_router_url": p_router.url,
+        "judge_engine_url": j_engine.url,
+        "judge_router_url": j_router.url,
+        "teacher_url": j_router.url,
         # sglang-router serves its Prometheus metrics on a port of its own (the deploy/ scrape config's targets)
         "policy_router_metrics_url": f"http://127.0.0.1:{p_router.extra['prometheus_port']}",
         "judge_router_metrics_url": f"http://127.0.0.1:{j_router.extra['prometheus_port']}",
-        "api_key": api_key, "admin_api_key": admin_api_key,
-        "policy_model_path": str(policy_model), "teacher_model_path": str(teacher_model),
-        "data_dir": str(data_dir), "checkpoint_dir": str(run_dir / "checkpoints"),
+        "api_key": api_key,
+        "admin_api_key": admin_api_key,
+        "policy_model_path": str(policy_model),
+        "teacher_model_path": str(teacher_model),
+        "data_dir": str(data_dir),
+        "checkpoint_dir": str(run_dir / "checkpoints"),
         "log_dir": str(stack.log_dir),
     }
     write_json(endpoints_path, endpoints)

@@ -82,12 +82,18 @@ def _open_store(settings: PolicySettings) -> SampleStore:
     if directory is not None:
         return Store(directory, synchronous=settings.store_synchronous, busy_timeout_s=settings.store_busy_timeout_s)
     assert settings.store_url is not None
-    return PostgresStore(settings.store_url, busy_timeout_s=settings.store_busy_timeout_s,
-                         pool_size=settings.store_pool_size)
+    return PostgresStore(
+        settings.store_url, busy_timeout_s=settings.store_busy_timeout_s, pool_size=settings.store_pool_size
+    )
 
 
-def _build_pipeline(settings: PolicySettings, tokenizer: Any, http: httpx.AsyncClient, retry: RetryPolicy,
-                    stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
+def _build_pipeline(
+    settings: PolicySettings,
+    tokenizer: Any,
+    http: httpx.AsyncClient,
+    retry: RetryPolicy,
+    stack: contextlib.AsyncExitStack,
+) -> tuple[Any, Any]:
     """(mode_state, pipeline or None). The pipeline needs the judge service; its client closes with ``stack``."""
     from policy_server.rewards.modes import ModeState
 
@@ -103,8 +109,9 @@ def _build_pipeline(settings: PolicySettings, tokenizer: Any, http: httpx.AsyncC
     teacher = None
     if settings.teacher_url:
         teacher = EngineClient(settings.teacher_url, api_key=settings.teacher_api_key, http=http, retry=retry)
-    pipeline = RewardPipeline(judge=judge, teacher=teacher, tokenizer=tokenizer, settings=settings,
-                              mode_state=mode_state)
+    pipeline = RewardPipeline(
+        judge=judge, teacher=teacher, tokenizer=tokenizer, settings=settings, mode_state=mode_state
+    )
     return mode_state, pipeline
 
 
@@ -115,8 +122,13 @@ async def _quiet_close(closable: Any) -> None:
         logger.exception("closing %s failed", type(closable).__name__)
 
 
-async def _stop_background(settings: PolicySettings, store: SampleStore, dispatcher: Dispatcher,
-                           tasks: list[asyncio.Task[None]], sessions: SessionTracker) -> None:
+async def _stop_background(
+    settings: PolicySettings,
+    store: SampleStore,
+    dispatcher: Dispatcher,
+    tasks: list[asyncio.Task[None]],
+    sessions: SessionTracker,
+) -> None:
     """Graceful part (policy_server.serving.shutdown): chat requests are finished by now; the sweeper stops first (no
     new work), pairings still being written land, then the dispatcher judges for at most shutdown_drain_s and
     what is left stays pending."""
@@ -130,12 +142,18 @@ async def _stop_background(settings: PolicySettings, store: SampleStore, dispatc
     try:
         counts = (await asyncio.to_thread(store.stats))["samples"]
     except StoreBusy as exc:  # the shutdown goes on: everything pending is in the store anyway
-        logger.warning("shutdown: %d turn(s) judged while draining; pending counts unknown (%s)",
-                       drained["judged"], exc)
+        logger.warning(
+            "shutdown: %d turn(s) judged while draining; pending counts unknown (%s)", drained["judged"], exc
+        )
         return
-    logger.info("shutdown: %d turn(s) judged while draining, %d judge call(s) cancelled, %d pending judge job(s) "
-                "and %d held sample(s) awaiting session scoring stay in the store for the next start",
-                drained["judged"], drained["cancelled"], counts["pending_judge"], counts["pending_score"])
+    logger.info(
+        "shutdown: %d turn(s) judged while draining, %d judge call(s) cancelled, %d pending judge job(s) "
+        "and %d held sample(s) awaiting session scoring stay in the store for the next start",
+        drained["judged"],
+        drained["cancelled"],
+        counts["pending_judge"],
+        counts["pending_score"],
+    )
 
 
 async def _leave(replicas: ReplicaSync) -> None:
@@ -178,14 +196,30 @@ def create_app(settings: PolicySettings) -> FastAPI:
             retry = RetryPolicy(max_attempts=settings.engine_max_attempts, deadline_s=settings.engine_deadline_s)
             # One pool for every engine call of this process (the engine, its workers, the teacher).
             # The request/session ids of the chat request go upstream with each engine call (observability).
-            http = build_async_http(timeouts.to_httpx(), max_connections=settings.max_concurrent_requests + 16,
-                                    max_keepalive=settings.max_concurrent_requests,
-                                    event_hooks={"request": [propagate_request_id]})
+            http = build_async_http(
+                timeouts.to_httpx(),
+                max_connections=settings.max_concurrent_requests + 16,
+                max_keepalive=settings.max_concurrent_requests,
+                event_hooks={"request": [propagate_request_id]},
+            )
             stack.push_async_callback(http.aclose)
-            engine = EngineClient(settings.engine_url, api_key=settings.engine_api_key,
-                                  admin_api_key=settings.engine_admin_api_key, http=http, retry=retry)
-            workers = [EngineClient(u, api_key=settings.engine_api_key, admin_api_key=settings.engine_admin_api_key,
-                                    http=http, retry=retry) for u in settings.engine_worker_urls]
+            engine = EngineClient(
+                settings.engine_url,
+                api_key=settings.engine_api_key,
+                admin_api_key=settings.engine_admin_api_key,
+                http=http,
+                retry=retry,
+            )
+            workers = [
+                EngineClient(
+                    u,
+                    api_key=settings.engine_api_key,
+                    admin_api_key=settings.engine_admin_api_key,
+                    http=http,
+                    retry=retry,
+                )
+                for u in settings.engine_worker_urls
+            ]
             version = None
             with contextlib.suppress(EngineError):
                 version = await workers[0].weight_version()
@@ -194,9 +228,14 @@ def create_app(settings: PolicySettings) -> FastAPI:
             replica_id = settings.replica_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}"
             replicas = None
             if isinstance(store, PostgresStore):  # other replicas may share this store: follow their admin changes
-                replicas = ReplicaSync(store, replica_id=replica_id, mode_state=mode_state, gate=gate,
-                                       interval_s=settings.idle_sweep_interval_s,
-                                       max_pause_s=settings.weight_update_deadline_s)
+                replicas = ReplicaSync(
+                    store,
+                    replica_id=replica_id,
+                    mode_state=mode_state,
+                    gate=gate,
+                    interval_s=settings.idle_sweep_interval_s,
+                    max_pause_s=settings.weight_update_deadline_s,
+                )
                 store.on_admin = replicas.wake
             persisted = await asyncio.to_thread(store.get_runtime, "mode")
             if persisted is not None:  # set through POST /admin/mode before a restart: it stays in force
@@ -204,30 +243,60 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 flags = {"mode": settings.mode, "w_rl": settings.w_rl, "w_opd": settings.w_opd}
                 if flags != mode_state.to_dict():
                     logger.warning("reward mode %s set through /admin/mode overrides the flags %s", persisted, flags)
-            dispatcher = Dispatcher(store, pipeline, concurrency=settings.dispatch_concurrency,
-                                    retry_initial_s=settings.dispatch_retry_initial_s,
-                                    retry_max_s=settings.dispatch_retry_max_s, scoring=scoring,
-                                    # one process on SQLite: nobody to share the work with, no claims needed
-                                    owner=replica_id if replicas is not None else None,
-                                    claim_s=settings.dispatch_claim_s)
-            sessions = SessionTracker(store, idle_timeout_s=settings.session_idle_timeout_s,
-                                      sweep_interval_s=settings.idle_sweep_interval_s, on_new_work=dispatcher.wake)
+            dispatcher = Dispatcher(
+                store,
+                pipeline,
+                concurrency=settings.dispatch_concurrency,
+                retry_initial_s=settings.dispatch_retry_initial_s,
+                retry_max_s=settings.dispatch_retry_max_s,
+                scoring=scoring,
+                # one process on SQLite: nobody to share the work with, no claims needed
+                owner=replica_id if replicas is not None else None,
+                claim_s=settings.dispatch_claim_s,
+            )
+            sessions = SessionTracker(
+                store,
+                idle_timeout_s=settings.session_idle_timeout_s,
+                sweep_interval_s=settings.idle_sweep_interval_s,
+                on_new_work=dispatcher.wake,
+            )
             if replicas is not None:  # the sweep also spares sessions in flight at other replicas, and vice versa
                 sessions.remote_in_flight = replicas.remote_in_flight
                 replicas.in_flight = sessions.in_flight_sessions
             state = PolicyState(
-                settings=settings, store=store, engine=engine,
+                settings=settings,
+                store=store,
+                engine=engine,
                 generator=await asyncio.to_thread(
-                    Generator, engine, tokenizer, gate, max_resumes=settings.max_resumes,
-                    max_prompt_tokens=settings.max_prompt_tokens or context_length(settings.model_path)),
-                gate=gate, weight_sync=WeightSync(workers, gate, pause_mode=settings.pause_mode,
-                                                  deadline_s=settings.weight_update_deadline_s, replicas=replicas),
-                sessions=sessions, dispatcher=dispatcher, metrics=metrics, mode_state=mode_state,
-                pipeline=pipeline, backlog_cache=[0.0, -1e9], scoring=scoring, ready=ready,
+                    Generator,
+                    engine,
+                    tokenizer,
+                    gate,
+                    max_resumes=settings.max_resumes,
+                    max_prompt_tokens=settings.max_prompt_tokens or context_length(settings.model_path),
+                ),
+                gate=gate,
+                weight_sync=WeightSync(
+                    workers,
+                    gate,
+                    pause_mode=settings.pause_mode,
+                    deadline_s=settings.weight_update_deadline_s,
+                    replicas=replicas,
+                ),
+                sessions=sessions,
+                dispatcher=dispatcher,
+                metrics=metrics,
+                mode_state=mode_state,
+                pipeline=pipeline,
+                backlog_cache=[0.0, -1e9],
+                scoring=scoring,
+                ready=ready,
                 inferrer=SessionInferrer(store, sessions, metrics) if settings.infer_sessions else None,
             )
-            tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
-                     asyncio.create_task(sessions.run_sweeper(), name="idle-sweeper")]
+            tasks = [
+                asyncio.create_task(dispatcher.run(), name="dispatcher"),
+                asyncio.create_task(sessions.run_sweeper(), name="idle-sweeper"),
+            ]
             if replicas is not None:
                 await replicas.refresh()  # a mode or pause set at another replica holds from the first request
                 tasks.append(asyncio.create_task(replicas.run(), name="replica-sync"))
@@ -235,13 +304,20 @@ def create_app(settings: PolicySettings) -> FastAPI:
             stack.push_async_callback(_stop_background, settings, store, dispatcher, tasks, sessions)
             counts = (await asyncio.to_thread(store.stats))["samples"]
             app.state.policy = state
-            logger.info("policy server ready: engine %s, weight_version %s, %d pending judge job(s) and %d held "
-                        "sample(s) awaiting session scoring resumed", settings.engine_url, version,
-                        counts["pending_judge"], counts["pending_score"])
+            logger.info(
+                "policy server ready: engine %s, weight_version %s, %d pending judge job(s) and %d held "
+                "sample(s) awaiting session scoring resumed",
+                settings.engine_url,
+                version,
+                counts["pending_judge"],
+                counts["pending_score"],
+            )
             if counts["pending_score"] and scoring is None:
-                logger.warning("%d sample(s) are held pending_score for session PRM scoring, but PRM scoring is off: "
-                               "they stay held (not leasable) until the server runs with --prm-config again",
-                               counts["pending_score"])
+                logger.warning(
+                    "%d sample(s) are held pending_score for session PRM scoring, but PRM scoring is off: "
+                    "they stay held (not leasable) until the server runs with --prm-config again",
+                    counts["pending_score"],
+                )
             yield
 
     app = FastAPI(title="hindsight-policy", lifespan=lifespan)
@@ -252,14 +328,22 @@ def create_app(settings: PolicySettings) -> FastAPI:
     # Hostile-input guards (engine.http_guard): body size while reading, before any route or auth runs;
     # then admission (bounded in-flight requests, 429 beyond) around it, so a flood is refused unread.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, error_body=_guard_error)
-    app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_concurrent_requests,
-                       error_body=_guard_error, retry_after_s=RETRY_AFTER_S)
-    app.add_middleware(UnexpectedErrorMiddleware, logger=logger,
-                       error_body=lambda status, msg: error_body(status, msg, "internal_error"))
+    app.add_middleware(
+        AdmissionMiddleware,
+        max_in_flight=settings.max_concurrent_requests,
+        error_body=_guard_error,
+        retry_after_s=RETRY_AFTER_S,
+    )
+    app.add_middleware(
+        UnexpectedErrorMiddleware,
+        logger=logger,
+        error_body=lambda status, msg: error_body(status, msg, "internal_error"),
+    )
     # Added last, so outermost: request/session ids, access line and route metrics for every response,
     # the drain 503s included (engine.observability).
-    app.add_middleware(RequestContextMiddleware,
-                       route_metrics=RouteMetrics(app.state.metrics.registry, prefix="hindsight_policy"))
+    app.add_middleware(
+        RequestContextMiddleware, route_metrics=RouteMetrics(app.state.metrics.registry, prefix="hindsight_policy")
+    )
     install_error_handlers(app)
     app.include_router(routes.router)
     app.include_router(admin.router)
@@ -276,10 +360,13 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         from policy_server.api.openai_schemas import ErrorResponse
 
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        schema.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = \
+        schema.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = (
             ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
-        error_ref = {"description": "invalid request (names the field)",
-                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+        )
+        error_ref = {
+            "description": "invalid request (names the field)",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+        }
         for ops in schema.get("paths", {}).values():
             for op in ops.values():
                 responses = op.get("responses", {})

@@ -27,8 +27,10 @@ from engine.observability import configure_logging
 from policy_server.settings import PolicySettings
 
 PROG = "hindsight-policy"
-DESCRIPTION = ("Run the Hindsight policy server (an OpenAI-compatible proxy that records turns and samples). "
-               "`hindsight-policy migrate --help`: the store's schema migrations alone.")
+DESCRIPTION = (
+    "Run the Hindsight policy server (an OpenAI-compatible proxy that records turns and samples). "
+    "`hindsight-policy migrate --help`: the store's schema migrations alone."
+)
 
 
 def settings_from_args(argv: list[str] | None = None) -> PolicySettings:
@@ -73,8 +75,15 @@ def main(argv: list[str] | None = None) -> None:
 
     app = create_app(settings)
     # log_config=None: uvicorn's loggers flow through configure_logging; the access line is the middleware's.
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                            log_config=None, access_log=False, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
     # Hard bound on a stop: the chat grace, the judge drain, uvicorn's own 5 s and bounded store waits.
     hard_stop_s = settings.shutdown_grace_s + settings.shutdown_drain_s + 10 + 2 * settings.store_busy_timeout_s
     server = DrainingServer(config, app.state.drain, grace_s=settings.shutdown_grace_s, hard_stop_s=hard_stop_s)

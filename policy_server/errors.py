@@ -96,9 +96,12 @@ RETRY_AFTER_S = 2
 _ENGINE_STATUS = {EngineUnavailable: 503, EngineTimeout: 504, EngineBadResponse: 502, EngineRejected: 400}
 
 
-def error_body(status: int, message: str, error_type: str, param: str | None = None,
-               code: str | int | None = None) -> dict[str, object]:
-    return {"error": {"message": message, "type": error_type, "param": param, "code": code if code is not None else status}}
+def error_body(
+    status: int, message: str, error_type: str, param: str | None = None, code: str | int | None = None
+) -> dict[str, object]:
+    return {
+        "error": {"message": message, "type": error_type, "param": param, "code": code if code is not None else status}
+    }
 
 
 def engine_error_status(exc: EngineError) -> int:
@@ -115,8 +118,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _policy(_: Request, exc: PolicyError) -> JSONResponse:
         # 429/503 are "come back later": say when, so clients back off instead of hammering.
         headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status_code in (429, 503) else None
-        return JSONResponse(error_body(exc.status_code, exc.message, exc.error_type, exc.param, exc.code),
-                            status_code=exc.status_code, headers=headers)
+        return JSONResponse(
+            error_body(exc.status_code, exc.message, exc.error_type, exc.param, exc.code),
+            status_code=exc.status_code,
+            headers=headers,
+        )
 
     @app.exception_handler(EngineError)
     async def _engine(_: Request, exc: EngineError) -> JSONResponse:
@@ -133,8 +139,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         # exc.headers carries e.g. the Allow header of a 405, which HTTP requires.
-        return JSONResponse(error_body(exc.status_code, str(exc.detail), "invalid_request_error"),
-                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        return JSONResponse(
+            error_body(exc.status_code, str(exc.detail), "invalid_request_error"),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     # Anything else is a bug: engine.http_guard.UnexpectedErrorMiddleware (installed by create_app, inside
     # the request-id middleware) answers it 500 with one log record, the traceback rate-limited.

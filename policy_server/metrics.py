@@ -21,20 +21,26 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.engine_errors = Counter("hindsight_policy_engine_errors_total", "engine failures by class", ["kind"],
-                                     registry=r)
+        self.engine_errors = Counter(
+            "hindsight_policy_engine_errors_total", "engine failures by class", ["kind"], registry=r
+        )
         self.turns = Counter("hindsight_policy_turns_total", "served turns", ["turn_type"], registry=r)
         self.resumes = Counter("hindsight_policy_resumes_total", "generations resubmitted after an abort", registry=r)
         self.mismatches = Counter("hindsight_policy_history_mismatches_total", "rewritten histories", registry=r)
         self.backpressure = Counter("hindsight_policy_backpressure_total", "main turns refused (429)", registry=r)
-        self.weight_updates = Counter("hindsight_policy_weight_updates_total", "weight updates", ["outcome"],
-                                      registry=r)
-        self.paused_s = Gauge("hindsight_policy_last_pause_seconds", "duration of the last weight-sync pause",
-                              registry=r)
+        self.weight_updates = Counter(
+            "hindsight_policy_weight_updates_total", "weight updates", ["outcome"], registry=r
+        )
+        self.paused_s = Gauge(
+            "hindsight_policy_last_pause_seconds", "duration of the last weight-sync pause", registry=r
+        )
         self.gate_waiting = Gauge("hindsight_policy_gate_waiting", "requests waiting at the weight gate", registry=r)
-        self.inferred_sessions = Counter("hindsight_policy_inferred_sessions_total",
-                                         "header-less main requests by session inference outcome", ["outcome"],
-                                         registry=r)
+        self.inferred_sessions = Counter(
+            "hindsight_policy_inferred_sessions_total",
+            "header-less main requests by session inference outcome",
+            ["outcome"],
+            registry=r,
+        )
         self.samples = Gauge("hindsight_policy_samples", "samples by status", ["status"], registry=r)
 
     def render(self, stats: dict[str, object] | None = None) -> bytes:

@@ -25,109 +25,166 @@ class PolicySettings(CliSettings):
     model_path: str = Field(..., description="policy tokenizer + chat template folder (HF layout)")
     engine_url: str = Field(..., description="policy engine or its sglang-router")
     engine_worker_urls: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="comma-separated engines that get pause/update/continue "
-        "(default: engine_url)")
+        default_factory=list, description="comma-separated engines that get pause/update/continue (default: engine_url)"
+    )
     engine_api_key: str | None = Field(None, description="bearer key of the policy engine")
-    engine_admin_api_key: str | None = Field(None, description="bearer key of the engine's admin routes "
-                                             "(pause, weight update); default: engine_api_key")
+    engine_admin_api_key: str | None = Field(
+        None, description="bearer key of the engine's admin routes (pause, weight update); default: engine_api_key"
+    )
     judge_url: str | None = Field(None, description="judge service; without it no turn is judged (stays pending)")
     judge_api_key: str | None = Field(None, description="bearer key of the judge service")
     teacher_url: str | None = Field(None, description="teacher engine for opd/combine")
     teacher_api_key: str | None = Field(None, description="bearer key of the teacher engine")
-    served_model_name: str = Field("hindsight-policy", description="model name listed by /v1/models and "
-                                   "echoed in responses")
+    served_model_name: str = Field(
+        "hindsight-policy", description="model name listed by /v1/models and echoed in responses"
+    )
 
     # --- storage and reward modes
     data_dir: str = Field("./hindsight-data", description="folder of the SQLite store and the persisted mode")
-    mode: Literal["rl", "opd", "combine"] = Field("rl", description="reward mode at first start (then the "
-                                                  "persisted one; /admin/mode changes it)")
+    mode: Literal["rl", "opd", "combine"] = Field(
+        "rl", description="reward mode at first start (then the persisted one; /admin/mode changes it)"
+    )
     w_rl: float = Field(1.0, description="weight of the RL (judge) term in combine mode")
     w_opd: float = Field(1.0, description="weight of the OPD (teacher) term in combine mode")
-    prm_config: str | None = Field(None, description="PRM scorer YAML (docs/SCORERS.md): token_rewards for "
-                                   "every accepted turn; see policy_server.rewards.scoring")
+    prm_config: str | None = Field(
+        None,
+        description="PRM scorer YAML (docs/SCORERS.md): token_rewards for "
+        "every accepted turn; see policy_server.rewards.scoring",
+    )
     prm_scope: Literal["turn", "session"] = Field(
-        "turn", description="PRM scoring unit: turn (each accepted turn scored alone as soon as judged) or "
+        "turn",
+        description="PRM scoring unit: turn (each accepted turn scored alone as soon as judged) or "
         "session (accepted turns held as pending_score until the session ends, then the whole session is "
-        "scored at once with score_session); see policy_server.rewards.scoring")
+        "scored at once with score_session); see policy_server.rewards.scoring",
+    )
     judge_m: int | None = Field(None, description="votes per judge call (default: the judge's own m)")
-    at_least_one: bool = Field(True, description="include a neutral turn when its session has no included turn "
-                              "yet, so every session trains on at least one turn")
-    teacher_top_k: int = Field(0, description="top-K teacher log-probs recorded per token (0: only the "
-                               "sampled token's)")
+    at_least_one: bool = Field(
+        True,
+        description="include a neutral turn when its session has no included turn "
+        "yet, so every session trains on at least one turn",
+    )
+    teacher_top_k: int = Field(
+        0, description="top-K teacher log-probs recorded per token (0: only the sampled token's)"
+    )
     teacher_temperature: float = Field(1.0, description="temperature of the teacher's log-probs")
     teacher_max_concurrency: int = Field(4, description="teacher calls in flight at once")
-    teacher_deadline_s: float | None = Field(None, description="total time one teacher call may take, retries "
-                                             "included (default: none beyond the call timeouts)")
+    teacher_deadline_s: float | None = Field(
+        None,
+        description="total time one teacher call may take, retries included (default: none beyond the call timeouts)",
+    )
 
     # --- serving
     host: str = Field("127.0.0.1", description="address to listen on; beyond loopback an api_key is required")
     port: int = Field(30000, description="port to listen on")
     api_key: str | None = Field(None, description="bearer key agents send on /v1/*")
     admin_api_key: str | None = Field(None, description="bearer key of /admin/* and the sample lease routes")
-    infer_sessions: bool = Field(False, description="continue the open session whose recorded transcript a "
-                                 "request without a session id extends (policy_server.serving.session_inference)")
-    allow_unauthenticated: bool = Field(False, description="serve a non-loopback host without an API key "
-                                        "(only behind an authenticating gateway)")
-    allow_client_key_for_admin: bool = Field(False, description="with an api_key and no admin_api_key, let the "
-                                             "client key (held by every agent) open the admin routes; without "
-                                             "this opt-out that configuration refuses to start")
-    default_turn_type: Literal["main", "side"] = Field("main", description="turn type of a request that sends no "
-                                                       "X-Turn-Type header (main or side)")
-    session_idle_timeout_s: float = Field(600.0, description="a session without a request for this long is "
-                                          "closed and its last turn judged")
+    infer_sessions: bool = Field(
+        False,
+        description="continue the open session whose recorded transcript a "
+        "request without a session id extends (policy_server.serving.session_inference)",
+    )
+    allow_unauthenticated: bool = Field(
+        False, description="serve a non-loopback host without an API key (only behind an authenticating gateway)"
+    )
+    allow_client_key_for_admin: bool = Field(
+        False,
+        description="with an api_key and no admin_api_key, let the "
+        "client key (held by every agent) open the admin routes; without "
+        "this opt-out that configuration refuses to start",
+    )
+    default_turn_type: Literal["main", "side"] = Field(
+        "main", description="turn type of a request that sends no X-Turn-Type header (main or side)"
+    )
+    session_idle_timeout_s: float = Field(
+        600.0, description="a session without a request for this long is closed and its last turn judged"
+    )
     idle_sweep_interval_s: float = Field(1.0, description="how often idle sessions are looked for")
-    max_body_bytes: int = Field(8 * 1024 * 1024, description="largest request body on any route; 413 while "
-                                "reading beyond it (engine.http_guard), before parsing or auth")
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024,
+        description="largest request body on any route; 413 while "
+        "reading beyond it (engine.http_guard), before parsing or auth",
+    )
     max_json_depth: int = Field(64, ge=4, le=512, description="deepest JSON nesting accepted in a body (400 beyond)")
     default_max_tokens: int = Field(1024, description="max_tokens when the client sends none")
-    max_prompt_tokens: int | None = Field(None, ge=1, description="the engine's context length in tokens: a prompt "
-                                          "that cannot fit is a 400 before it is rendered (default: the model's "
-                                          "max_position_embeddings from config.json; no check when unknown)")
-    default_temperature: float = Field(1.0, ge=0.0, le=2.0, description="temperature when the client sends none "
-                                       "(OpenAI's default); always sent to the engine and recorded with the sample")
-    max_concurrent_requests: int = Field(256, ge=1, description="requests in flight at once (probes exempt); "
-                                         "429 with Retry-After beyond it; also sizes the engine connection pool")
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="the engine's context length in tokens: a prompt "
+        "that cannot fit is a 400 before it is rendered (default: the model's "
+        "max_position_embeddings from config.json; no check when unknown)",
+    )
+    default_temperature: float = Field(
+        1.0,
+        ge=0.0,
+        le=2.0,
+        description="temperature when the client sends none "
+        "(OpenAI's default); always sent to the engine and recorded with the sample",
+    )
+    max_concurrent_requests: int = Field(
+        256,
+        ge=1,
+        description="requests in flight at once (probes exempt); "
+        "429 with Retry-After beyond it; also sizes the engine connection pool",
+    )
     engine_deadline_s: float = Field(120.0, description="total time one engine call may take, retries included")
     engine_max_attempts: int = Field(5, description="tries of one engine call before it fails")
     max_resumes: int = Field(8, description="times a generation aborted by a weight update is resumed")
 
     # --- weight sync
     pause_mode: Literal["abort", "retract", "in_place"] = Field(
-        "abort", description="how engines pause for a weight update (SGLang pause_generation mode)")
+        "abort", description="how engines pause for a weight update (SGLang pause_generation mode)"
+    )
     gate_timeout_s: float = Field(120.0, description="longest a request waits at the gate while weights update")
-    weight_update_deadline_s: float = Field(600.0, description="total time of one weight update "
-                                            "(pause, load, continue on every worker)")
+    weight_update_deadline_s: float = Field(
+        600.0, description="total time of one weight update (pause, load, continue on every worker)"
+    )
 
     # --- sample store / dispatch
     store_url: str | None = Field(
-        None, description="sqlite:///DIR (default: the data dir's SQLite file, one process) or "
-        "postgresql://user@host:port/db (shared by several replicas; see docs/SCALING.md)")
+        None,
+        description="sqlite:///DIR (default: the data dir's SQLite file, one process) or "
+        "postgresql://user@host:port/db (shared by several replicas; see docs/SCALING.md)",
+    )
     store_pool_size: int = Field(8, ge=1, description="PostgreSQL connections per replica")
     replica_id: str | None = Field(
-        None, description="name of this replica in judge work claims (default: host:port:pid)")
+        None, description="name of this replica in judge work claims (default: host:port:pid)"
+    )
     dispatch_claim_s: float = Field(
-        30.0, gt=0, description="how long a replica's claim on judge work lasts without renewal; a replica "
-        "that died loses its claims after this and another replica finishes the work")
+        30.0,
+        gt=0,
+        description="how long a replica's claim on judge work lasts without renewal; a replica "
+        "that died loses its claims after this and another replica finishes the work",
+    )
     store_synchronous: Literal["normal", "full"] = Field(
-        "normal", description="SQLite WAL sync: normal survives a killed server process, full also an OS "
-        "crash or power loss (fsync per commit); see policy_server.store")
+        "normal",
+        description="SQLite WAL sync: normal survives a killed server process, full also an OS "
+        "crash or power loss (fsync per commit); see policy_server.store",
+    )
     store_busy_timeout_s: float = Field(
-        5.0, gt=0, description="longest wait for the store (its lock, or SQLite's write lock held by another "
-        "connection); then the request is a 503 with Retry-After and /ready reports the store busy")
+        5.0,
+        gt=0,
+        description="longest wait for the store (its lock, or SQLite's write lock held by another "
+        "connection); then the request is a 503 with Retry-After and /ready reports the store busy",
+    )
     lease_timeout_s: float = Field(600.0, description="a leased sample not acked within this returns to the pool")
     max_lease_size: int = Field(4096, description="most samples one lease call may take")
     max_lease_wait_s: float = Field(60.0, description="longest wait_s a lease call may ask for")
-    max_unconsumed_samples: int = Field(1_000_000, description="samples not yet consumed by the trainer before new "
-                                        "main turns are refused (429)")
+    max_unconsumed_samples: int = Field(
+        1_000_000, description="samples not yet consumed by the trainer before new main turns are refused (429)"
+    )
     dispatch_concurrency: int = Field(8, description="judge calls in flight at once")
     dispatch_retry_initial_s: float = Field(0.5, description="first backoff after a failed judge call")
     dispatch_retry_max_s: float = Field(30.0, description="longest backoff between judge call retries")
 
     # --- shutdown (policy_server.serving.shutdown)
-    shutdown_grace_s: float = Field(30.0, description="on SIGTERM, how long chat requests in flight may run on "
-                                    "while new ones get 503")
-    shutdown_drain_s: float = Field(10.0, description="then how long the dispatcher may keep judging; what is "
-                                    "left stays pending_judge for the next start")
+    shutdown_grace_s: float = Field(
+        30.0, description="on SIGTERM, how long chat requests in flight may run on while new ones get 503"
+    )
+    shutdown_drain_s: float = Field(
+        10.0,
+        description="then how long the dispatcher may keep judging; what is "
+        "left stays pending_judge for the next start",
+    )
 
     log_level: str = Field("INFO", description="log level (DEBUG, INFO, WARNING, ERROR)")
     log_json: bool = Field(False, description="JSON log lines (engine.observability) instead of plain text")
@@ -162,7 +219,9 @@ class PolicySettings(CliSettings):
             raise ValueError("max_body_bytes must be >= 1024")
         check_exposure("hindsight-policy", self.host, self.api_key, allow_unauthenticated=self.allow_unauthenticated)
         if self.api_key and not self.admin_api_key and not self.allow_client_key_for_admin:
-            raise ValueError("an api_key without an admin_api_key would let every agent's client key lease samples, "
-                             "change the mode and load weights: set --admin-api-key (or pass "
-                             "--allow-client-key-for-admin true to accept that)")
+            raise ValueError(
+                "an api_key without an admin_api_key would let every agent's client key lease samples, "
+                "change the mode and load weights: set --admin-api-key (or pass "
+                "--allow-client-key-for-admin true to accept that)"
+            )
         return self

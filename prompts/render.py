@@ -121,9 +121,7 @@ def _cap_tail(text: str, budget_tokens: int, counter: TokenCounter) -> str:
         keep_chars = int(keep_chars * 0.8)
 
 
-def trim_context(
-    context: list[dict[str, Any]], counter: TokenCounter, budget_tokens: int
-) -> tuple[str, RenderInfo]:
+def trim_context(context: list[dict[str, Any]], counter: TokenCounter, budget_tokens: int) -> tuple[str, RenderInfo]:
     """Newest-last context blocks within ``budget_tokens``; oldest dropped first."""
     info = RenderInfo(context_messages_total=len(context))
     blocks = [format_message(m) for m in context]

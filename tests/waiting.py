@@ -20,8 +20,12 @@ def _fail(message: Message, timeout_s: float) -> AssertionError:
     return AssertionError(f"{text} (waited {timeout_s:.1f}s)")
 
 
-def wait_until(predicate: Callable[[], T], timeout_s: float = 30.0, interval_s: float = 0.05,
-               message: Message = "condition not reached in time") -> T:
+def wait_until(
+    predicate: Callable[[], T],
+    timeout_s: float = 30.0,
+    interval_s: float = 0.05,
+    message: Message = "condition not reached in time",
+) -> T:
     """The predicate's first truthy value, polled every ``interval_s``; AssertionError after ``timeout_s``
     (with ``message``, or what it returns when it is a callable)."""
     deadline = time.monotonic() + timeout_s
@@ -34,8 +38,12 @@ def wait_until(predicate: Callable[[], T], timeout_s: float = 30.0, interval_s: 
         time.sleep(interval_s)
 
 
-async def async_wait_until(predicate: Callable[[], Awaitable[T] | T], timeout_s: float = 30.0, interval_s: float = 0.05,
-                           message: Message = "condition not reached in time") -> T:
+async def async_wait_until(
+    predicate: Callable[[], Awaitable[T] | T],
+    timeout_s: float = 30.0,
+    interval_s: float = 0.05,
+    message: Message = "condition not reached in time",
+) -> T:
     """``wait_until`` inside an event loop: the predicate may be sync or async; the loop keeps running between polls."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -38,9 +38,20 @@ import torch
 
 from trainer.baselines import BASELINES, RunningMean, rl_sample_advantages
 
-__all__ = ["BASELINES", "SHAPING_MODES", "RunningMean", "rl_sample_advantages", "broadcast_to_tokens", "opd_advantages",
-           "combine_advantages", "shape_advantages", "turn_steps", "prm_gated_opd", "multiplicative_opd",
-           "multiplicative_opd_literal"]
+__all__ = [
+    "BASELINES",
+    "SHAPING_MODES",
+    "RunningMean",
+    "rl_sample_advantages",
+    "broadcast_to_tokens",
+    "opd_advantages",
+    "combine_advantages",
+    "shape_advantages",
+    "turn_steps",
+    "prm_gated_opd",
+    "multiplicative_opd",
+    "multiplicative_opd_literal",
+]
 
 SHAPING_MODES = ("additive", "gvpo", "process_weighted")
 
@@ -103,7 +114,9 @@ def shape_advantages(
                        A' = A p if A >= 0, else p if p > 0, else A; inactive tokens keep A
     """
     if advantages.shape != process_rewards.shape:
-        raise ValueError(f"shape mismatch: advantages {tuple(advantages.shape)} vs process_rewards {tuple(process_rewards.shape)}")
+        raise ValueError(
+            f"shape mismatch: advantages {tuple(advantages.shape)} vs process_rewards {tuple(process_rewards.shape)}"
+        )
     _check_nonneg_finite(negative_scale=negative_scale, zero_penalty=zero_penalty, eps=eps)
     a = advantages
     p = process_rewards.to(a.dtype)
@@ -113,7 +126,9 @@ def shape_advantages(
     if mode == "gvpo":
         failed = (p < 0) & active
         shaped = torch.where(
-            a < -eps, (1.0 + negative_scale) * a, torch.where(a.abs() <= eps, torch.full_like(a, -zero_penalty), torch.zeros_like(a))
+            a < -eps,
+            (1.0 + negative_scale) * a,
+            torch.where(a.abs() <= eps, torch.full_like(a, -zero_penalty), torch.zeros_like(a)),
         )
         return torch.where(failed, shaped, a)
     if mode == "process_weighted":
@@ -130,7 +145,9 @@ def turn_steps(mask: torch.Tensor, reward: torch.Tensor) -> tuple[torch.Tensor, 
 
     Returns step_ids (B, T) long (0 on trained tokens, -1 elsewhere) and step_scores (B, 1).
     """
-    step_ids = torch.where(mask.bool(), torch.zeros_like(mask, dtype=torch.long), torch.full_like(mask, -1, dtype=torch.long))
+    step_ids = torch.where(
+        mask.bool(), torch.zeros_like(mask, dtype=torch.long), torch.full_like(mask, -1, dtype=torch.long)
+    )
     return step_ids, reward.float()[:, None]
 
 

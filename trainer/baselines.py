@@ -59,16 +59,26 @@ class RunningMean:
                 self.recent = [*self.recent, r][-self.window :]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"momentum": self.momentum, "window": self.window, "value": self.value, "count": self.count,
-                "recent": list(self.recent)}
+        return {
+            "momentum": self.momentum,
+            "window": self.window,
+            "value": self.value,
+            "count": self.count,
+            "recent": list(self.recent),
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any] | None, *, momentum: float, window: int) -> RunningMean:
         """The persisted history under the CURRENT settings (momentum, window); older checkpoints carry no window."""
         state = state or {}
         recent = [float(x) for x in state.get("recent", [])]
-        return cls(momentum=momentum, window=window, value=float(state.get("value", 0.0)),
-                   count=int(state.get("count", 0)), recent=recent[-window:] if window > 0 else recent)
+        return cls(
+            momentum=momentum,
+            window=window,
+            value=float(state.get("value", 0.0)),
+            count=int(state.get("count", 0)),
+            recent=recent[-window:] if window > 0 else recent,
+        )
 
 
 def rl_sample_advantages(
@@ -100,7 +110,9 @@ def rl_sample_advantages(
     elif baseline in ("running_mean", "window"):
         running = running if running is not None else RunningMean(window=DEFAULT_WINDOW if baseline == "window" else 0)
         if (running.window > 0) != (baseline == "window"):
-            raise ValueError(f"baseline {baseline!r} needs a RunningMean with window {'> 0' if baseline == 'window' else '0'}")
+            raise ValueError(
+                f"baseline {baseline!r} needs a RunningMean with window {'> 0' if baseline == 'window' else '0'}"
+            )
         prior = running.mean()
         b = total / n if prior is None else prior
         running.update(float(x) for x in r[has].tolist())

@@ -44,7 +44,9 @@ def check_sample(s: SampleJSON, *, shaping: str = "none") -> str | None:
         if len(s.get(key) or []) != n:
             return f"{key} has {len(s.get(key) or [])} entries for {n} response ids"
     if s.get("has_teacher") and len(s.get("teacher_logprobs") or []) != n:
-        return f"has_teacher but teacher_logprobs has {len(s.get('teacher_logprobs') or [])} entries for {n} response ids"
+        return (
+            f"has_teacher but teacher_logprobs has {len(s.get('teacher_logprobs') or [])} entries for {n} response ids"
+        )
     if s.get("has_reward") and s.get("reward") is None:
         return "has_reward but reward is null"
     why = value_problem(s)  # the policy server checked the same before leasing; a sample file was not checked
@@ -56,7 +58,9 @@ def check_sample(s: SampleJSON, *, shaping: str = "none") -> str | None:
             return f"token_rewards has {len(tr)} entries for {n} response ids"
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in tr):
             return "token_rewards holds a non-finite or non-numeric value"
-        if shaping == "process_weighted" and any(m and not 0.0 <= v <= 1.0 for v, m in zip(tr, s["loss_mask"], strict=True)):
+        if shaping == "process_weighted" and any(
+            m and not 0.0 <= v <= 1.0 for v, m in zip(tr, s["loss_mask"], strict=True)
+        ):
             return "process_weighted shaping needs token_rewards in [0, 1] on loss-mask tokens"
     if s.get("constrained") is not None and not isinstance(s["constrained"], bool):
         return f"constrained must be a bool, got {s['constrained']!r}"
@@ -102,7 +106,13 @@ class Batch:
         return self
 
 
-def collate(samples: list[SampleJSON], *, eos_id: int | None = None, mask_no_eos: bool = False, zero_mask: list[bool] | None = None) -> Batch:
+def collate(
+    samples: list[SampleJSON],
+    *,
+    eos_id: int | None = None,
+    mask_no_eos: bool = False,
+    zero_mask: list[bool] | None = None,
+) -> Batch:
     """Pad a list of samples; ``zero_mask[i]`` forces sample i's loss mask to 0 (invalid / dummy rows)."""
     B = len(samples)
     zero_mask = zero_mask or [False] * B

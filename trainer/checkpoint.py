@@ -48,7 +48,11 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     out = Path(out_dir)
     if not out.is_dir():
         return None
-    steps = [(int(m.group(1)), p) for p in out.iterdir() if (m := _STEP_RE.match(p.name)) and (p / "trainer_state.json").exists()]
+    steps = [
+        (int(m.group(1)), p)
+        for p in out.iterdir()
+        if (m := _STEP_RE.match(p.name)) and (p / "trainer_state.json").exists()
+    ]
     return max(steps)[1] if steps else None
 
 
@@ -87,10 +91,21 @@ def save_checkpoint(
     else:
         model.save_pretrained(tmp, safe_serialization=True)
     for f in Path(tokenizer_src).iterdir():
-        if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and f.name not in _SKIP_NAMES and not (tmp / f.name).exists():
+        if (
+            f.is_file()
+            and not f.name.endswith(_WEIGHT_SUFFIXES)
+            and f.name not in _SKIP_NAMES
+            and not (tmp / f.name).exists()
+        ):
             shutil.copy2(f, tmp / f.name)
-    torch.save({"optimizer": optim_state if optim_state is not None else optimizer.state_dict(), "format": optim_format,
-                "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+    torch.save(
+        {
+            "optimizer": optim_state if optim_state is not None else optimizer.state_dict(),
+            "format": optim_format,
+            "torch_rng": torch.get_rng_state(),
+        },
+        tmp / "optimizer.pt",
+    )
     (tmp / "trainer_state.json").write_text(json.dumps({**state, "step": step}))
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
@@ -113,8 +128,14 @@ def load_trainer_state(ckpt: Path) -> dict[str, Any]:
     return json.loads((ckpt / "trainer_state.json").read_text())
 
 
-def load_optimizer(ckpt: Path, optimizer: torch.optim.Optimizer, *, model: torch.nn.Module | None = None,
-                   parallel: str = "ddp", world: int = 1) -> None:
+def load_optimizer(
+    ckpt: Path,
+    optimizer: torch.optim.Optimizer,
+    *,
+    model: torch.nn.Module | None = None,
+    parallel: str = "ddp",
+    world: int = 1,
+) -> None:
     """Restore optimizer state (in the format it was written, see trainer.parallel) and the torch RNG."""
     from trainer.parallel import load_optimizer_state
 

@@ -61,7 +61,11 @@ class LocalSampleSource:
         self.rng = random.Random(seed)
         self.gen = torch.Generator().manual_seed(seed)
         self.policy = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
-        self.teacher = AutoModelForCausalLM.from_pretrained(str(teacher_path), dtype=torch.float32).eval() if teacher_path else None
+        self.teacher = (
+            AutoModelForCausalLM.from_pretrained(str(teacher_path), dtype=torch.float32).eval()
+            if teacher_path
+            else None
+        )
         self.weight_version = "0"
         self.replay_unacked = replay_unacked
         self.leases: dict[str, list[dict[str, Any]]] = {}
@@ -69,7 +73,9 @@ class LocalSampleSource:
         self.weight_updates: list[tuple[str, str]] = []
 
     @torch.no_grad()
-    def sample_replies(self, prompts_ids: list[list[int]], model: torch.nn.Module | None = None) -> list[tuple[list[int], list[float]]]:
+    def sample_replies(
+        self, prompts_ids: list[list[int]], model: torch.nn.Module | None = None
+    ) -> list[tuple[list[int], list[float]]]:
         """Batched ancestral sampling at ``self.temperature`` -> per prompt (response ids incl. EOS if reached, log-probs).
 
         Prompts are left-padded with explicit position ids, so each row sees exactly its own prompt.
@@ -125,12 +131,27 @@ class LocalSampleSource:
         reward = self.reward_fn(resp) if self.reward_fn else None
         t_lp, topk = self._teacher_scores(p_ids, resp) if self.teacher is not None else (None, None)
         return Sample(
-            mode=self.mode, loss_mask=[1] * len(resp), reward=reward, has_reward=reward is not None,
-            has_teacher=t_lp is not None, prm=None, hint=None, teacher_logprobs=t_lp,
-            teacher_topk=None if topk is None else TeacherTopK(**topk), token_rewards=None, w_rl=1.0, w_opd=1.0,
-            prompt_ids=p_ids, response_ids=resp, rollout_logprobs=lps, weight_version=self.weight_version,
+            mode=self.mode,
+            loss_mask=[1] * len(resp),
+            reward=reward,
+            has_reward=reward is not None,
+            has_teacher=t_lp is not None,
+            prm=None,
+            hint=None,
+            teacher_logprobs=t_lp,
+            teacher_topk=None if topk is None else TeacherTopK(**topk),
+            token_rewards=None,
+            w_rl=1.0,
+            w_opd=1.0,
+            prompt_ids=p_ids,
+            response_ids=resp,
+            rollout_logprobs=lps,
+            weight_version=self.weight_version,
             sampling_params={"temperature": self.temperature, "max_new_tokens": self.max_new_tokens},
-            sample_id=uuid.uuid4().hex, session_id="local", turn_index=0, created_at=time.time(),
+            sample_id=uuid.uuid4().hex,
+            session_id="local",
+            turn_index=0,
+            created_at=time.time(),
         ).to_json()
 
     def lease(self, max_samples: int, wait_s: float = 0.0, min_samples: int = 1) -> Any:

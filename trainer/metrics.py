@@ -49,8 +49,22 @@ class MetricsLogger:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     self._tb.add_scalar(f"train/{k}", v, step)
         if self.to_stdout:
-            keys = ("loss", "reward_mean", "adv_abs_mean", "clip_frac", "approx_kl", "entropy", "train_rollout_lp_abs_diff", "n_tokens", "tokens_per_s")
-            parts = [f"{k}={metrics[k]:.4g}" if isinstance(metrics.get(k), float) else f"{k}={metrics[k]}" for k in keys if k in metrics]
+            keys = (
+                "loss",
+                "reward_mean",
+                "adv_abs_mean",
+                "clip_frac",
+                "approx_kl",
+                "entropy",
+                "train_rollout_lp_abs_diff",
+                "n_tokens",
+                "tokens_per_s",
+            )
+            parts = [
+                f"{k}={metrics[k]:.4g}" if isinstance(metrics.get(k), float) else f"{k}={metrics[k]}"
+                for k in keys
+                if k in metrics
+            ]
             sys.stdout.write(f"step {step} " + " ".join(parts) + "\n")
             sys.stdout.flush()
 

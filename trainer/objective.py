@@ -51,8 +51,22 @@ from trainer.settings import TrainConfig
 
 # Sums of the old-log-prob pass: train-vs-rollout gap (|diff| sum, tokens) of unconstrained and constrained samples.
 OLD_STAT_KEYS = ("gap_sum", "gap_n", "cgap_sum", "cgap_n", *IS_STAT_KEYS)
-STAT_KEYS = ("tokens", "pg", "clip", "approx_kl", "entropy", "ref_kl", "topk_kl", "adv", "adv_abs", "loss",
-             "adv_unshaped", "adv_unshaped_abs", "tr_tokens", "tr_sum")
+STAT_KEYS = (
+    "tokens",
+    "pg",
+    "clip",
+    "approx_kl",
+    "entropy",
+    "ref_kl",
+    "topk_kl",
+    "adv",
+    "adv_abs",
+    "loss",
+    "adv_unshaped",
+    "adv_unshaped_abs",
+    "tr_tokens",
+    "tr_sum",
+)
 
 
 STEP_MODES = ("prm_gated_opd", "multiplicative", "multiplicative_literal")
@@ -82,7 +96,9 @@ def carries_learning_term(s: dict[str, Any], cfg: TrainConfig) -> bool:
     return own or shaped or topk
 
 
-def select_old_logprobs(recomputed: torch.Tensor, rollout: torch.Tensor, constrained: torch.Tensor, source: str) -> torch.Tensor:
+def select_old_logprobs(
+    recomputed: torch.Tensor, rollout: torch.Tensor, constrained: torch.Tensor, source: str
+) -> torch.Tensor:
     """(B, T) old log-probs: ``recomputed`` / ``rollout`` are (B, T), ``constrained`` (B,) bool, source recompute|rollout."""
     if source == "recompute":
         return recomputed
@@ -94,7 +110,9 @@ def select_old_logprobs(recomputed: torch.Tensor, rollout: torch.Tensor, constra
 @dataclass
 class OldLogprobs:
     pg: torch.Tensor  # (B, T) old log-probs of the PPO ratio, at the loss temperature
-    adv: torch.Tensor  # (B, T) old log-probs of the OPD term teacher - old, at T = 1 (rollout ones only if drawn at T = 1)
+    adv: (
+        torch.Tensor
+    )  # (B, T) old log-probs of the OPD term teacher - old, at T = 1 (rollout ones only if drawn at T = 1)
     is_weight: torch.Tensor  # (B, T) rollout importance weight applied to the PPO term
     stats: dict[str, float]  # OLD_STAT_KEYS sums over valid tokens, plus is_max
 
@@ -116,12 +134,18 @@ def old_logprobs(model: torch.nn.Module, b: Batch, cfg: TrainConfig) -> OldLogpr
     pg = select_old_logprobs(lp, b.rollout_lp, b.constrained, cfg.old_logprobs)
     w = rollout_is_weights(pg, b.rollout_lp, b.mask, cfg.rollout_correction, cfg.rollout_is_cap)
     b.mask = b.mask * w.keep  # identity unless mis rejected tokens
-    stats = {"gap_sum": float((diff * free).sum()), "gap_n": float(free.sum()),
-             "cgap_sum": float((diff * con).sum()), "cgap_n": float(con.sum()), **w.stats}
+    stats = {
+        "gap_sum": float((diff * free).sum()),
+        "gap_n": float(free.sum()),
+        "cgap_sum": float((diff * con).sum()),
+        "cgap_n": float(con.sum()),
+        **w.stats,
+    }
     # The OPD term compares with the T = 1 teacher: rollout log-probs qualify only when drawn at T = 1.
     not_t1 = b.constrained | ((b.temperature - 1.0).abs() > 1e-6).to(b.constrained.device)
-    return OldLogprobs(pg=pg, adv=select_old_logprobs(lp1, b.rollout_lp, not_t1, cfg.old_logprobs),
-                       is_weight=w.applied, stats=stats)
+    return OldLogprobs(
+        pg=pg, adv=select_old_logprobs(lp1, b.rollout_lp, not_t1, cfg.old_logprobs), is_weight=w.applied, stats=stats
+    )
 
 
 def outcome_advantages(b: Batch, old_lp: torch.Tensor, rl_adv: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
@@ -131,8 +155,11 @@ def outcome_advantages(b: Batch, old_lp: torch.Tensor, rl_adv: torch.Tensor, cfg
     if mode in STEP_MODES:
         usable = b.has_reward & b.has_teacher
         step_ids, scores = turn_steps(mask * usable[:, None], b.reward)
-        fn = {"prm_gated_opd": prm_gated_opd, "multiplicative": multiplicative_opd,
-              "multiplicative_literal": multiplicative_opd_literal}[mode]
+        fn = {
+            "prm_gated_opd": prm_gated_opd,
+            "multiplicative": multiplicative_opd,
+            "multiplicative_literal": multiplicative_opd_literal,
+        }[mode]
         kw = {"wrong_value": cfg.gated_wrong_value} if mode == "prm_gated_opd" else {}
         adv = fn(b.teacher_lp, old_lp, step_ids, scores, **kw)
     else:
@@ -154,8 +181,15 @@ def shape(b: Batch, adv: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
     """AReaL shaping of ``adv`` with the samples' ``token_rewards`` (the process reward p_t); identity when off."""
     if cfg.shaping == "none" or not bool(b.has_token_rewards.any()):
         return adv
-    out = shape_advantages(adv, b.token_rewards, cfg.shaping, negative_scale=cfg.shaping_negative_scale,
-                           zero_penalty=cfg.shaping_zero_penalty, eps=cfg.shaping_eps, mask=shaping_mask(b))
+    out = shape_advantages(
+        adv,
+        b.token_rewards,
+        cfg.shaping,
+        negative_scale=cfg.shaping_negative_scale,
+        zero_penalty=cfg.shaping_zero_penalty,
+        eps=cfg.shaping_eps,
+        mask=shaping_mask(b),
+    )
     return out * b.mask
 
 
@@ -207,9 +241,13 @@ def micro_loss(
     if cfg.topk_coef > 0 and b.topk_ids is not None and b.topk_lp is not None and bool(b.topk_valid.any()):
         tk = topk_reverse_kl(sc.logits, b.topk_ids, b.topk_lp, b.topk_valid * mask)
         tmask = b.topk_valid * mask
-        loss = loss + cfg.topk_coef * aggregate(tk, tmask, cfg.aggregation,
-                                                num_tokens=num_tokens if num_topk_tokens is None else num_topk_tokens,
-                                                num_seqs=num_seqs if num_topk_seqs is None else num_topk_seqs)
+        loss = loss + cfg.topk_coef * aggregate(
+            tk,
+            tmask,
+            cfg.aggregation,
+            num_tokens=num_tokens if num_topk_tokens is None else num_topk_tokens,
+            num_seqs=num_seqs if num_topk_seqs is None else num_topk_seqs,
+        )
         stats["topk_kl"] = float((tk.detach() * tmask).sum())
     with torch.no_grad():
         d = (lp.detach() - old_lp) * mask

@@ -47,7 +47,9 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
         inner = getattr(model, "model", None)
         layers = list(getattr(inner, "layers", []))
     if not layers:
-        raise ValueError(f"fsdp2: no decoder layers found in {type(model).__name__} (no _no_split_modules, no model.layers)")
+        raise ValueError(
+            f"fsdp2: no decoder layers found in {type(model).__name__} (no _no_split_modules, no model.layers)"
+        )
     return layers
 
 
@@ -101,8 +103,9 @@ def grad_norm(total_norm: torch.Tensor) -> float:
     return float(full() if full is not None else total_norm)
 
 
-def gather_for_checkpoint(model: torch.nn.Module, opt: torch.optim.Optimizer, parallel: str,
-                          world: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def gather_for_checkpoint(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, parallel: str, world: int
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(model_state, optim_state) for rank 0's ``save_checkpoint``; collective under fsdp2."""
     if parallel != "fsdp2" or world == 1:
         return None, None
@@ -123,13 +126,21 @@ def optimizer_format(parallel: str, world: int) -> str:
     return OPT_FORMATS["fsdp2"] if parallel == "fsdp2" and world > 1 else OPT_FORMATS["ddp"]
 
 
-def load_optimizer_state(model: torch.nn.Module | None, opt: torch.optim.Optimizer, state: dict[str, Any], fmt: str,
-                         parallel: str, world: int) -> None:
+def load_optimizer_state(
+    model: torch.nn.Module | None,
+    opt: torch.optim.Optimizer,
+    state: dict[str, Any],
+    fmt: str,
+    parallel: str,
+    world: int,
+) -> None:
     """Restore optimizer.pt's state written in ``fmt`` (see the module docstring)."""
     want = optimizer_format(parallel, world)
     if fmt != want:
-        raise ValueError(f"checkpoint optimizer state has format {fmt!r} but --parallel {parallel} with {world} process(es) "
-                         f"needs {want!r}; resume with the setting that wrote it")
+        raise ValueError(
+            f"checkpoint optimizer state has format {fmt!r} but --parallel {parallel} with {world} process(es) "
+            f"needs {want!r}; resume with the setting that wrote it"
+        )
     if fmt == "torch":
         opt.load_state_dict(state)
         return
@@ -144,8 +155,12 @@ def weight_checksum_spread(model: torch.nn.Module, world: int) -> float:
     """Max difference of a float64 weight checksum across ranks (0.0 when the replicas are identical)."""
     with torch.no_grad():
         zero = torch.zeros((), dtype=torch.float64)  # a tensor start keeps sum() typed as a tensor
-        c = torch.stack([sum((p.double().sum() for p in model.parameters()), zero),
-                         sum((p.double().abs().sum() for p in model.parameters()), zero)])
+        c = torch.stack(
+            [
+                sum((p.double().sum() for p in model.parameters()), zero),
+                sum((p.double().abs().sum() for p in model.parameters()), zero),
+            ]
+        )
     if world == 1:
         return 0.0
     allc = [torch.zeros_like(c) for _ in range(world)]

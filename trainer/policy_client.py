@@ -94,10 +94,15 @@ class PolicyClient:
         self.timeout_s = timeout_s
         self.deadline_s = deadline_s
         self.weight_sync_timeout_s = weight_sync_timeout_s
-        self.retry = RetryPolicy(max_attempts=max_attempts, initial_backoff_s=0.25, max_backoff_s=8.0, jitter_s=0.25,
-                                 deadline_s=deadline_s)
-        self._http = build_sync_http(self._timeout(timeout_s), base_url=base_url.rstrip("/"),
-                                     headers=bearer_headers(admin_api_key), transport=transport)
+        self.retry = RetryPolicy(
+            max_attempts=max_attempts, initial_backoff_s=0.25, max_backoff_s=8.0, jitter_s=0.25, deadline_s=deadline_s
+        )
+        self._http = build_sync_http(
+            self._timeout(timeout_s),
+            base_url=base_url.rstrip("/"),
+            headers=bearer_headers(admin_api_key),
+            transport=transport,
+        )
 
     def _timeout(self, read_s: float) -> httpx.Timeout:
         return httpx.Timeout(connect=5.0, read=read_s, write=self.timeout_s, pool=self.timeout_s)
@@ -108,14 +113,16 @@ class PolicyClient:
     def _call(self, method: str, path: str, *, read_s: float | None = None, **kw: Any) -> Any:
         """One logical call with retries; returns the JSON body ({} when empty)."""
         try:
-            resp = send_sync(self._http, method, path, policy=self.retry,
-                             timeout=self._timeout(read_s or self.timeout_s), **kw)
+            resp = send_sync(
+                self._http, method, path, policy=self.retry, timeout=self._timeout(read_s or self.timeout_s), **kw
+            )
         except CallRejected as exc:
             raise PolicyRejected(f"{method} {path}: {exc.message}", exc.status_code or 400) from exc
         except CallError as exc:
             last = f"HTTP {exc.status_code}: {exc.message}" if exc.status_code is not None else exc.message
-            raise PolicyUnavailable(f"{method} {path} failed after {exc.attempts} attempts within "
-                                    f"{self.deadline_s:.0f}s: {last}") from exc
+            raise PolicyUnavailable(
+                f"{method} {path} failed after {exc.attempts} attempts within {self.deadline_s:.0f}s: {last}"
+            ) from exc
         return resp.json() if resp.content else {}
 
     def lease(self, max_samples: int, wait_s: float, min_samples: int = 1) -> Lease:
@@ -124,10 +131,18 @@ class PolicyClient:
         if not isinstance(body, dict) or not isinstance(body.get("samples", []), list):
             raise TrainerError(f"lease answer is not {{lease_id, samples}}: {str(body)[:200]}")
         prm = body.get("prm_metrics") or {}
-        prm_metrics = {str(k): float(v) for k, v in prm.items() if isinstance(v, (int, float)) and not isinstance(v, bool)} if isinstance(prm, dict) else {}
+        prm_metrics = (
+            {str(k): float(v) for k, v in prm.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if isinstance(prm, dict)
+            else {}
+        )
         timeout = body.get("lease_timeout_s")
-        return Lease(lease_id=str(body.get("lease_id") or ""), samples=body.get("samples") or [], prm_metrics=prm_metrics,
-                     lease_timeout_s=float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else None)
+        return Lease(
+            lease_id=str(body.get("lease_id") or ""),
+            samples=body.get("samples") or [],
+            prm_metrics=prm_metrics,
+            lease_timeout_s=float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else None,
+        )
 
     def ack(self, lease_id: str) -> None:
         # A 4xx raises PolicyRejected; the loop tolerates it only when re-acking after a resume.

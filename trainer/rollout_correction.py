@@ -91,7 +91,9 @@ class ISWeights:
     stats: dict[str, float]  # sums over valid tokens: is_tokens, is_sum (raw), is_applied_sum, is_over_cap; is_max
 
 
-def rollout_is_weights(old_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor, mode: str, cap: float) -> ISWeights:
+def rollout_is_weights(
+    old_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor, mode: str, cap: float
+) -> ISWeights:
     """Per-token rollout importance weights of one micro-batch (see the module contract)."""
     if mode not in ROLLOUT_CORRECTIONS:
         raise ValueError(f"rollout correction must be one of {ROLLOUT_CORRECTIONS}, got {mode!r}")

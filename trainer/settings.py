@@ -39,19 +39,25 @@ class TrainConfig(CliSettings):
     out_dir: str = Field("", description="checkpoints, metrics.jsonl, config.json, tensorboard/")
     policy_url: str = Field("", description="policy server base URL (lease/ack/weights update)")
     # A key on argv is readable by every local user (ps, /proc): the environment or a file only.
-    admin_api_key: Annotated[str, EnvOnly()] = Field("", description="policy server admin bearer key (environment or "
-                                                     "config file only, never a flag)")
-    admin_api_key_file: str = Field("", description="file holding the policy server admin bearer key (wins over "
-                                    "HINDSIGHT_TRAIN_ADMIN_API_KEY)")
-    samples_file: str = Field("", description="JSONL of samples to train on instead of a policy server (dev, DDP "
-                              "tests)")
-    steps: int = Field(10, ge=0, description="total optimizer batches (counted across resumes); 0 = until stopped (or "
-                       "idle_timeout_s)")
+    admin_api_key: Annotated[str, EnvOnly()] = Field(
+        "", description="policy server admin bearer key (environment or config file only, never a flag)"
+    )
+    admin_api_key_file: str = Field(
+        "", description="file holding the policy server admin bearer key (wins over HINDSIGHT_TRAIN_ADMIN_API_KEY)"
+    )
+    samples_file: str = Field(
+        "", description="JSONL of samples to train on instead of a policy server (dev, DDP tests)"
+    )
+    steps: int = Field(
+        10, ge=0, description="total optimizer batches (counted across resumes); 0 = until stopped (or idle_timeout_s)"
+    )
     batch_size: int = Field(8, description="samples leased per step")
-    min_batch: int = Field(0, description="samples a step waits for (up to lease_wait_s, holding partial leases); 0 = "
-                           "batch_size")
-    lease_wait_s: float = Field(30.0, description="how long a step waits for min_batch samples before training on what "
-                                "it holds")
+    min_batch: int = Field(
+        0, description="samples a step waits for (up to lease_wait_s, holding partial leases); 0 = batch_size"
+    )
+    lease_wait_s: float = Field(
+        30.0, description="how long a step waits for min_batch samples before training on what it holds"
+    )
     idle_timeout_s: float = Field(0.0, description="stop when no sample arrives for this long (0 = wait forever)")
     weight_sync: bool = Field(True, description="POST /admin/weights/update after each checkpoint")
     sync_on_resume: bool = Field(True, description="push the resumed checkpoint's weights to the engine at start")
@@ -70,36 +76,54 @@ class TrainConfig(CliSettings):
     clip_low: float = Field(0.2, description="PPO clip epsilon below 1")
     clip_high: float = Field(0.28, description="PPO clip epsilon above 1 (clip-higher)")
     aggregation: Annotated[str, OneOf(AGGREGATIONS)] = Field(
-        "token_mean", description="loss aggregation over valid tokens")
+        "token_mean", description="loss aggregation over valid tokens"
+    )
     kl_coef: float = Field(0.0, description="k3 KL to the reference (initial) model; 0 loads no reference model")
     entropy_coef: float = Field(0.0, description="entropy bonus coefficient")
     topk_coef: float = Field(0.0, description="weight of the top-K reverse-KL distillation loss (needs teacher_topk)")
     # --- advantages
     advantage_mode: Annotated[str, OneOf(ADVANTAGE_MODES)] = Field(
-        "sample", description="'sample' follows each sample's mode field")
+        "sample", description="'sample' follows each sample's mode field"
+    )
     old_logprobs: Annotated[str, OneOf(("recompute", "rollout"))] = Field(
-        "recompute", description="old log-probs for ratio and OPD: trainer recomputation or rollout (constrained "
-        "samples always use the recomputation)")
+        "recompute",
+        description="old log-probs for ratio and OPD: trainer recomputation or rollout (constrained "
+        "samples always use the recomputation)",
+    )
     rollout_correction: Annotated[str, OneOf(ROLLOUT_CORRECTIONS)] = Field(
-        "tis", description="off-policy correction of the PPO term by w = exp(old - rollout) per token: none, tis "
-        "(min(w, cap)) or mis (tokens with w > cap leave the loss); trainer/rollout_correction.py")
-    rollout_is_cap: float = Field(2.0, description="cap C of the rollout importance weight (tis truncates at C, mis "
-                                  "rejects above C); >= 1")
+        "tis",
+        description="off-policy correction of the PPO term by w = exp(old - rollout) per token: none, tis "
+        "(min(w, cap)) or mis (tokens with w > cap leave the loss); trainer/rollout_correction.py",
+    )
+    rollout_is_cap: float = Field(
+        2.0, description="cap C of the rollout importance weight (tis truncates at C, mis rejects above C); >= 1"
+    )
     logprob_temperature: Annotated[str, OneOf(LOGPROB_TEMPERATURES)] = Field(
-        "one", description="temperature of the PPO log-probs: one (T = 1; the IS weight absorbs the client's "
-        "temperature) or sample (each sample's sampling_params.temperature)")
-    baseline: Annotated[str, OneOf(BASELINES)] = Field("running_mean", description="RL baseline "
-                                                       "(docs/REWARD_MODES.md): running_mean (EMA of earlier rewards, "
-                                                       "per sample), window (mean of the last K), batch_mean, "
-                                                       "batch_mean_loo (leave-one-out) or none")
+        "one",
+        description="temperature of the PPO log-probs: one (T = 1; the IS weight absorbs the client's "
+        "temperature) or sample (each sample's sampling_params.temperature)",
+    )
+    baseline: Annotated[str, OneOf(BASELINES)] = Field(
+        "running_mean",
+        description="RL baseline "
+        "(docs/REWARD_MODES.md): running_mean (EMA of earlier rewards, "
+        "per sample), window (mean of the last K), batch_mean, "
+        "batch_mean_loo (leave-one-out) or none",
+    )
     running_mean_momentum: float = Field(0.9, description="EMA momentum of the running_mean baseline (per sample)")
     baseline_window: int = Field(32, description="K of the window baseline: the last K rewards")
-    normalize_advantages: bool = Field(False, description="divide RL advantages by their batch std (only with >= 2 "
-                                       "rewards and std > eps; never by eps)")
-    prm_config: str = Field("", description="PRM YAML shared with the policy server: sets shaping, its parameters and "
-                            "mask_no_eos_with_zero (trainer/prm.py)")
+    normalize_advantages: bool = Field(
+        False,
+        description="divide RL advantages by their batch std (only with >= 2 rewards and std > eps; never by eps)",
+    )
+    prm_config: str = Field(
+        "",
+        description="PRM YAML shared with the policy server: sets shaping, its parameters and "
+        "mask_no_eos_with_zero (trainer/prm.py)",
+    )
     shaping: Annotated[str, OneOf(("none", *SHAPING_MODES))] = Field(
-        "none", description="AReaL shaping of token_rewards onto advantages")
+        "none", description="AReaL shaping of token_rewards onto advantages"
+    )
     shaping_negative_scale: float = Field(0.2, description="gvpo negative_scale")
     shaping_zero_penalty: float = Field(0.4, description="gvpo zero_penalty")
     shaping_eps: float = Field(1e-6, description="gvpo zero band")
@@ -109,14 +133,20 @@ class TrainConfig(CliSettings):
     seed: int = Field(0, description="torch seed")
     save_every: int = Field(1, description="checkpoint (then ack + weight sync) every N steps; leases wait until then")
     keep_checkpoints: int = Field(3, description="checkpoints kept on disk (older ones are deleted)")
-    remember_sample_ids: int = Field(100_000, description="recent trained sample ids kept to refuse re-leased "
-                                     "duplicates")
-    parallel: Annotated[str, OneOf(PARALLEL_MODES)] = Field("ddp", description="under torchrun: ddp (full replicas) or "
-                                                            "fsdp2 (fully_shard per decoder layer + root; full state "
-                                                            "gathered on rank 0 for checkpoints); ignored with one "
-                                                            "process")
-    check_ddp_sync: bool = Field(True, description="ddp: all-gather a weight checksum each step and fail if ranks "
-                                 "diverge (fsdp2 holds no replicas)")
+    remember_sample_ids: int = Field(
+        100_000, description="recent trained sample ids kept to refuse re-leased duplicates"
+    )
+    parallel: Annotated[str, OneOf(PARALLEL_MODES)] = Field(
+        "ddp",
+        description="under torchrun: ddp (full replicas) or "
+        "fsdp2 (fully_shard per decoder layer + root; full state "
+        "gathered on rank 0 for checkpoints); ignored with one "
+        "process",
+    )
+    check_ddp_sync: bool = Field(
+        True,
+        description="ddp: all-gather a weight checksum each step and fail if ranks diverge (fsdp2 holds no replicas)",
+    )
     progress: bool = Field(True, description="progress bar on stderr")
 
     def validate(self) -> None:
@@ -124,8 +154,15 @@ class TrainConfig(CliSettings):
             raise ValueError("model_path and out_dir are required")
         if self.shaping == "process_weighted" and self.mask_no_eos_with_zero:
             raise ValueError("shaping process_weighted is incompatible with mask_no_eos_with_zero (AReaL contract)")
-        for name in ("steps", "batch_size", "ppo_epochs", "minibatches", "micro_batch_size", "save_every",
-                     "keep_checkpoints"):
+        for name in (
+            "steps",
+            "batch_size",
+            "ppo_epochs",
+            "minibatches",
+            "micro_batch_size",
+            "save_every",
+            "keep_checkpoints",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if not 0 <= self.min_batch <= self.batch_size:

@@ -100,8 +100,13 @@ def make_source(cfg: TrainConfig) -> SampleSource:
     if cfg.samples_file:
         return FileSampleSource(cfg.samples_file, Path(cfg.out_dir) / "file_source_state.json")
     if cfg.policy_url:
-        return PolicyClient(cfg.policy_url, cfg.admin_api_key, timeout_s=cfg.http_timeout_s, deadline_s=cfg.http_deadline_s,
-                            weight_sync_timeout_s=cfg.weight_sync_timeout_s)
+        return PolicyClient(
+            cfg.policy_url,
+            cfg.admin_api_key,
+            timeout_s=cfg.http_timeout_s,
+            deadline_s=cfg.http_deadline_s,
+            weight_sync_timeout_s=cfg.weight_sync_timeout_s,
+        )
     raise ValueError("one of policy_url or samples_file is required")
 
 
@@ -133,7 +138,9 @@ def load_policy(cfg: TrainConfig, ckpt: Path | None, device: torch.device, world
     if cfg.parallel == "fsdp2" and world == 1:
         logger.info("--parallel fsdp2 with one process: nothing to shard, training the plain model")
     wrapped = parallel.wrap(model, cfg.parallel, world)  # before the optimizer: fsdp2 replaces parameters by shards
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay
+    )
     return Policy(model, wrapped, ref_model, opt, eos_id)
 
 
@@ -147,7 +154,9 @@ class LeasedBatch:
 
     def has_learning_term(self, cfg: TrainConfig) -> bool:
         """False when no sample can move the weights (a step would only apply Adam's momentum)."""
-        return not all(bad or not carries_learning_term(s, cfg) for s, bad in zip(self.samples, self.invalid, strict=True))
+        return not all(
+            bad or not carries_learning_term(s, cfg) for s, bad in zip(self.samples, self.invalid, strict=True)
+        )
 
 
 @dataclass
@@ -173,7 +182,9 @@ class PrmWindows:
 class TrainingRun:
     """One training run on this rank: the policy, the loop state a checkpoint saves, and (rank 0) the source."""
 
-    def __init__(self, cfg: TrainConfig, source: SampleSource | None, rank: int, world: int, device: torch.device) -> None:
+    def __init__(
+        self, cfg: TrainConfig, source: SampleSource | None, rank: int, world: int, device: torch.device
+    ) -> None:
         self.cfg, self.rank, self.world, self.device = cfg, rank, world, device
         self.out_dir = Path(cfg.out_dir)
         if rank == 0:
@@ -198,7 +209,13 @@ class TrainingRun:
         if rank == 0 and cfg.progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=None if cfg.steps == UNBOUNDED_STEPS else cfg.steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+            self.bar = tqdm(
+                total=None if cfg.steps == UNBOUNDED_STEPS else cfg.steps,
+                initial=self.step,
+                desc="train",
+                unit="step",
+                dynamic_ncols=True,
+            )
         self.idle_since = self.last_step_end = time.monotonic()
         self.update_time_s = 0.0  # the last update_policy call alone; step_time_s counts the whole step
 
@@ -210,8 +227,9 @@ class TrainingRun:
         except ValueError as exc:  # e.g. an fsdp2 checkpoint resumed with --parallel ddp: never reset Adam silently
             raise TrainerError(f"cannot resume from {ckpt}: {exc}") from exc
         self.step = self.last_saved = int(state["step"])
-        self.running = RunningMean.from_state(state.get("running_mean"), momentum=self.cfg.running_mean_momentum,
-                                              window=self.baseline_window)
+        self.running = RunningMean.from_state(
+            state.get("running_mean"), momentum=self.cfg.running_mean_momentum, window=self.baseline_window
+        )
         self.trained_ids.extend(state.get("trained_sample_ids", []))
         logger.info("resumed from %s (step %d, %d remembered sample ids)", ckpt, self.step, len(self.trained_ids))
         return list(state.get("leases", []))
@@ -223,7 +241,9 @@ class TrainingRun:
                 try:
                     self.source.ack(lease_id)
                 except PolicyRejected as exc:
-                    logger.warning("re-ack of lease %s after resume refused (%s); its samples are in %s", lease_id, exc, ckpt)
+                    logger.warning(
+                        "re-ack of lease %s after resume refused (%s); its samples are in %s", lease_id, exc, ckpt
+                    )
             write_acked_step(self.out_dir, self.step)
         if self.cfg.weight_sync and self.cfg.sync_on_resume:
             self.source.update_weights(str(ckpt.resolve()), str(self.step))
@@ -235,7 +255,9 @@ class TrainingRun:
         stop = False
         if self.rank == 0:
             try:
-                leases = collect_leases(self.source, self.cfg.batch_size, self.cfg.min_batch_size, self.cfg.lease_wait_s)
+                leases = collect_leases(
+                    self.source, self.cfg.batch_size, self.cfg.min_batch_size, self.cfg.lease_wait_s
+                )
             except SourceExhausted as exc:
                 logger.info("%s; stopping", exc)
                 stop = True
@@ -260,7 +282,9 @@ class TrainingRun:
         duplicate = [str(s.get("sample_id")) in seen for s in samples]
         for sample, why, dup in zip(samples, reasons, duplicate, strict=True):
             if why or dup:
-                logger.warning("sample %s not trained: %s", sample.get("sample_id"), why or "already trained (re-leased duplicate)")
+                logger.warning(
+                    "sample %s not trained: %s", sample.get("sample_id"), why or "already trained (re-leased duplicate)"
+                )
         self.pending_leases.extend(lease.lease_id for lease in leases)
         return LeasedBatch(samples, [bool(why) or dup for why, dup in zip(reasons, duplicate, strict=True)])
 
@@ -268,10 +292,24 @@ class TrainingRun:
         """One PPO update on ``batch``; remembers its trained sample ids and checks DDP replicas still agree."""
         started = time.monotonic()
         policy = self.policy
-        stats = train_on_batch(policy.wrapped, policy.model, policy.ref_model, policy.opt, batch.samples, batch.invalid,
-                               self.cfg, self.running, self.rank, self.world, self.device, policy.eos_id)
+        stats = train_on_batch(
+            policy.wrapped,
+            policy.model,
+            policy.ref_model,
+            policy.opt,
+            batch.samples,
+            batch.invalid,
+            self.cfg,
+            self.running,
+            self.rank,
+            self.world,
+            self.device,
+            policy.eos_id,
+        )
         self.update_time_s = time.monotonic() - started
-        self.trained_ids.extend(str(s.get("sample_id")) for s, bad in zip(batch.samples, batch.invalid, strict=True) if not bad)
+        self.trained_ids.extend(
+            str(s.get("sample_id")) for s, bad in zip(batch.samples, batch.invalid, strict=True) if not bad
+        )
         fsdp = self.cfg.parallel == "fsdp2" and self.world > 1
         if self.world > 1 and self.cfg.check_ddp_sync and not fsdp:
             spread = parallel.weight_checksum_spread(policy.model, self.world)
@@ -288,13 +326,27 @@ class TrainingRun:
         path = None
         started = time.monotonic()
         policy, cfg = self.policy, self.cfg
-        model_state, optim_state = parallel.gather_for_checkpoint(policy.model, policy.opt, cfg.parallel, self.world)  # collective (fsdp2)
+        model_state, optim_state = parallel.gather_for_checkpoint(
+            policy.model, policy.opt, cfg.parallel, self.world
+        )  # collective (fsdp2)
         if self.rank == 0:
-            state = {"leases": list(self.pending_leases), "trained_sample_ids": list(self.trained_ids),
-                     "running_mean": self.running.state_dict()}
-            path = save_checkpoint(self.out_dir, self.step, policy.model, policy.opt, cfg.model_path, state,
-                                   keep=cfg.keep_checkpoints, model_state=model_state, optim_state=optim_state,
-                                   optim_format=parallel.optimizer_format(cfg.parallel, self.world))
+            state = {
+                "leases": list(self.pending_leases),
+                "trained_sample_ids": list(self.trained_ids),
+                "running_mean": self.running.state_dict(),
+            }
+            path = save_checkpoint(
+                self.out_dir,
+                self.step,
+                policy.model,
+                policy.opt,
+                cfg.model_path,
+                state,
+                keep=cfg.keep_checkpoints,
+                model_state=model_state,
+                optim_state=optim_state,
+                optim_format=parallel.optimizer_format(cfg.parallel, self.world),
+            )
             for lease_id in self.pending_leases:
                 try:
                     self.source.ack(lease_id)
@@ -307,8 +359,15 @@ class TrainingRun:
             write_acked_step(self.out_dir, self.step)
             saved = time.monotonic()
             sync = self.source.update_weights(str(path.resolve()), str(self.step)) if cfg.weight_sync else {}
-            logger.info("step %d saved to %s (%.2fs), acked %d lease(s), weights pushed in %.2fs %s", self.step, path,
-                        saved - started, len(self.pending_leases), time.monotonic() - saved, sync)
+            logger.info(
+                "step %d saved to %s (%.2fs), acked %d lease(s), weights pushed in %.2fs %s",
+                self.step,
+                path,
+                saved - started,
+                len(self.pending_leases),
+                time.monotonic() - saved,
+                sync,
+            )
         self.pending_leases.clear()
         self.checkpoint, self.last_saved = broadcast(path, self.world), self.step
 
@@ -317,9 +376,13 @@ class TrainingRun:
         now = time.monotonic()
         step_time_s = now - self.last_step_end  # lease, update, checkpoint and weight sync
         self.last_step_end = now
-        stats.update(step_time_s=step_time_s, train_time_s=self.update_time_s,
-                     tokens_per_s=stats["n_tokens"] / max(step_time_s, 1e-9), lr=self.cfg.lr,
-                     weight_versions=sorted({str(s.get("weight_version")) for s in batch.samples}))
+        stats.update(
+            step_time_s=step_time_s,
+            train_time_s=self.update_time_s,
+            tokens_per_s=stats["n_tokens"] / max(step_time_s, 1e-9),
+            lr=self.cfg.lr,
+            weight_versions=sorted({str(s.get("weight_version")) for s in batch.samples}),
+        )
         stats.update(self.prm_windows.drain())
         self.metrics.log(self.step, stats)
         if self.bar is not None:

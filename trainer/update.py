@@ -80,12 +80,17 @@ class OldPass:
     counts: torch.Tensor  # (num_minibatches, 4) float64, global when a setting needs it (see columns above)
 
 
-def classify_samples(samples: list[dict[str, Any]], invalid: list[bool], cfg: TrainConfig,
-                     eos_id: int | None) -> tuple[torch.Tensor, list[bool]]:
+def classify_samples(
+    samples: list[dict[str, Any]], invalid: list[bool], cfg: TrainConfig, eos_id: int | None
+) -> tuple[torch.Tensor, list[bool]]:
     """(B,) bool: trained samples (a sample that is not trained does not enter the baseline), and per sample
     whether it is idle (trained with mask 0: invalid, or no learning term in this mode)."""
-    no_eos = [cfg.mask_no_eos_with_zero and (not s.get("response_ids") or s["response_ids"][-1] != eos_id) for s in samples]
-    trainable = torch.tensor([not bad and not ne and any(s["loss_mask"]) for s, bad, ne in zip(samples, invalid, no_eos, strict=True)])
+    no_eos = [
+        cfg.mask_no_eos_with_zero and (not s.get("response_ids") or s["response_ids"][-1] != eos_id) for s in samples
+    ]
+    trainable = torch.tensor(
+        [not bad and not ne and any(s["loss_mask"]) for s, bad, ne in zip(samples, invalid, no_eos, strict=True)]
+    )
     idle = [bad or not carries_learning_term(s, cfg) for s, bad in zip(samples, invalid, strict=True)]
     return trainable, idle
 
@@ -97,14 +102,25 @@ def sample_rewards(samples: list[dict[str, Any]], trainable: torch.Tensor) -> tu
     return rewards, has_reward
 
 
-def plan_minibatches(samples: list[dict[str, Any]], idle: list[bool], cfg: TrainConfig, rank: int, world: int,
-                     device: torch.device, eos_id: int | None) -> list[Minibatch]:
+def plan_minibatches(
+    samples: list[dict[str, Any]],
+    idle: list[bool],
+    cfg: TrainConfig,
+    rank: int,
+    world: int,
+    device: torch.device,
+    eos_id: int | None,
+) -> list[Minibatch]:
     """Split the batch into cfg.minibatches minibatches, this rank's share of each into micro-batches."""
     num_samples, num_minibatches = len(samples), cfg.minibatches
     plan = []
     for members in (list(range(m, num_samples, num_minibatches)) for m in range(num_minibatches)):
-        mask = collate([samples[i] for i in members], eos_id=eos_id, mask_no_eos=cfg.mask_no_eos_with_zero,
-                       zero_mask=[idle[i] for i in members]).mask
+        mask = collate(
+            [samples[i] for i in members],
+            eos_id=eos_id,
+            mask_no_eos=cfg.mask_no_eos_with_zero,
+            zero_mask=[idle[i] for i in members],
+        ).mask
         num_tokens, num_seqs = float(mask.sum()), float((mask.sum(-1) > 0).sum())
         mine = members[rank::world]
         # Every rank runs as many micro-batches as the rank with the largest share, so DDP backward counts agree.
@@ -114,8 +130,12 @@ def plan_minibatches(samples: list[dict[str, Any]], idle: list[bool], cfg: Train
             rows = mine[j * cfg.micro_batch_size : (j + 1) * cfg.micro_batch_size]
             dummy = not rows
             rows = rows or [members[0]]
-            batch = collate([samples[i] for i in rows], eos_id=eos_id, mask_no_eos=cfg.mask_no_eos_with_zero,
-                            zero_mask=[dummy or idle[i] for i in rows]).to(device)
+            batch = collate(
+                [samples[i] for i in rows],
+                eos_id=eos_id,
+                mask_no_eos=cfg.mask_no_eos_with_zero,
+                zero_mask=[dummy or idle[i] for i in rows],
+            ).to(device)
             micros.append(Micro(batch, [-1] * len(rows) if dummy else rows))
         plan.append(Minibatch(num_tokens, num_seqs, micros))
     return plan
@@ -137,8 +157,15 @@ def compute_old_logprobs(model: torch.nn.Module, plan: list[Minibatch], cfg: Tra
             is_max = max(is_max, old.stats["is_max"])
             batch = micro.batch
             topk = batch.topk_valid * batch.mask
-            counts[k] += torch.tensor([float(batch.mask.sum()), float((batch.mask.sum(-1) > 0).sum()), float(topk.sum()),
-                                       float((topk.sum(-1) > 0).sum())], dtype=torch.float64)
+            counts[k] += torch.tensor(
+                [
+                    float(batch.mask.sum()),
+                    float((batch.mask.sum(-1) > 0).sum()),
+                    float(topk.sum()),
+                    float((topk.sum(-1) > 0).sum()),
+                ],
+                dtype=torch.float64,
+            )
     model.train()
     if world > 1 and (cfg.rollout_correction == "mis" or cfg.topk_coef > 0):
         dist.all_reduce(counts)
@@ -150,9 +177,18 @@ def count_after_rejection(plan: list[Minibatch], counts: torch.Tensor) -> list[M
     return [Minibatch(float(counts[k, TOKENS]), float(counts[k, SEQS]), mb.micros) for k, mb in enumerate(plan)]
 
 
-def run_ppo_epochs(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torch.nn.Module | None,
-                   opt: torch.optim.Optimizer, plan: list[Minibatch], old_pass: OldPass, rl_adv: torch.Tensor,
-                   cfg: TrainConfig, world: int, device: torch.device) -> tuple[dict[str, Any], list[float]]:
+def run_ppo_epochs(
+    ddp: torch.nn.Module,
+    model: torch.nn.Module,
+    ref_model: torch.nn.Module | None,
+    opt: torch.optim.Optimizer,
+    plan: list[Minibatch],
+    old_pass: OldPass,
+    rl_adv: torch.Tensor,
+    cfg: TrainConfig,
+    world: int,
+    device: torch.device,
+) -> tuple[dict[str, Any], list[float]]:
     """ppo_epochs x minibatches optimizer steps; returns this rank's summed statistics and each step's grad norm."""
     stats = new_stats()
     grad_norms = []
@@ -171,10 +207,19 @@ def run_ppo_epochs(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
                 stats["tr_sum"] += float((batch.token_rewards * reward_mask).sum())
                 last = j == len(minibatch.micros) - 1  # gradients are synchronised once per minibatch
                 with parallel.grad_sync(ddp, cfg.parallel, world, enabled=last):
-                    loss, micro_stats = micro_loss(ddp, ref_model, batch, old.pg, adv, cfg, num_tokens=minibatch.num_tokens,
-                                                   num_seqs=minibatch.num_seqs, is_weight=old.is_weight,
-                                                   num_topk_tokens=float(old_pass.counts[k, TOPK_TOKENS]),
-                                                   num_topk_seqs=float(old_pass.counts[k, TOPK_SEQS]))
+                    loss, micro_stats = micro_loss(
+                        ddp,
+                        ref_model,
+                        batch,
+                        old.pg,
+                        adv,
+                        cfg,
+                        num_tokens=minibatch.num_tokens,
+                        num_seqs=minibatch.num_seqs,
+                        is_weight=old.is_weight,
+                        num_topk_tokens=float(old_pass.counts[k, TOPK_TOKENS]),
+                        num_topk_seqs=float(old_pass.counts[k, TOPK_SEQS]),
+                    )
                     (loss * world).backward()  # DDP/FSDP2 average gradients over ranks; the shares are already global
                 for key, value in micro_stats.items():
                     stats[key] += value
@@ -185,10 +230,21 @@ def run_ppo_epochs(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torc
     return stats, grad_norms
 
 
-def summarize(samples: list[dict[str, Any]], invalid: list[bool], idle: list[bool], trainable: torch.Tensor,
-              rewards: torch.Tensor, has_reward: torch.Tensor, rl_adv: torch.Tensor, stats: dict[str, Any],
-              old_pass: OldPass, grad_norms: list[float], ref_model: torch.nn.Module | None, cfg: TrainConfig,
-              world: int) -> dict[str, Any]:
+def summarize(
+    samples: list[dict[str, Any]],
+    invalid: list[bool],
+    idle: list[bool],
+    trainable: torch.Tensor,
+    rewards: torch.Tensor,
+    has_reward: torch.Tensor,
+    rl_adv: torch.Tensor,
+    stats: dict[str, Any],
+    old_pass: OldPass,
+    grad_norms: list[float],
+    ref_model: torch.nn.Module | None,
+    cfg: TrainConfig,
+    world: int,
+) -> dict[str, Any]:
     """The step's metrics: statistics summed over ranks (shares of the loss sum to the batch loss), per token."""
     vec = torch.tensor([stats[k] for k in STAT_KEYS] + [old_pass.sums[k] for k in OLD_STAT_KEYS], dtype=torch.float64)
     vmax = torch.tensor([old_pass.is_max], dtype=torch.float64)
@@ -201,11 +257,16 @@ def summarize(samples: list[dict[str, Any]], invalid: list[bool], idle: list[boo
     num_updates = cfg.ppo_epochs * cfg.minibatches
     num_tokens = max(s["tokens"], 1.0)
     out = {
-        "loss": s["loss"] / num_updates, "pg_loss": s["pg"] / num_updates,
-        "clip_frac": s["clip"] / num_tokens, "approx_kl": s["approx_kl"] / num_tokens, "entropy": s["entropy"] / num_tokens,
-        "adv_mean": s["adv"] / num_tokens, "adv_abs_mean": s["adv_abs"] / num_tokens,
+        "loss": s["loss"] / num_updates,
+        "pg_loss": s["pg"] / num_updates,
+        "clip_frac": s["clip"] / num_tokens,
+        "approx_kl": s["approx_kl"] / num_tokens,
+        "entropy": s["entropy"] / num_tokens,
+        "adv_mean": s["adv"] / num_tokens,
+        "adv_abs_mean": s["adv_abs"] / num_tokens,
         # Before process-reward shaping (equal to adv_* when shaping is off or no sample has token_rewards).
-        "adv_unshaped_mean": s["adv_unshaped"] / num_tokens, "adv_unshaped_abs_mean": s["adv_unshaped_abs"] / num_tokens,
+        "adv_unshaped_mean": s["adv_unshaped"] / num_tokens,
+        "adv_unshaped_abs_mean": s["adv_unshaped_abs"] / num_tokens,
         "n_with_token_rewards": sum(x.get("token_rewards") is not None for x in samples),
         "token_reward_mean": s["tr_sum"] / s["tr_tokens"] if s["tr_tokens"] else float("nan"),
         "shaped_tokens": int(s["tr_tokens"] / cfg.ppo_epochs) if cfg.shaping != "none" else 0,
@@ -214,10 +275,15 @@ def summarize(samples: list[dict[str, Any]], invalid: list[bool], idle: list[boo
         "n_constrained": sum(bool(x.get("constrained")) for x in samples),
         "constrained_rollout_lp_abs_diff": o["cgap_sum"] / o["cgap_n"] if o["cgap_n"] else float("nan"),
         "reward_mean": float(rewards[has_reward].mean()) if bool(has_reward.any()) else float("nan"),
-        "n_samples": num_samples, "n_trained_samples": int(trainable.sum()), "n_invalid": int(sum(invalid)),
-        "n_learning_samples": num_samples - sum(idle), "rl_adv_nonzero": int((rl_adv != 0).sum()),
-        "n_with_reward": int(has_reward.sum()), "n_with_teacher": sum(bool(x.get("has_teacher")) for x in samples),
-        "n_tokens": int(s["tokens"] / cfg.ppo_epochs), "grad_norm": max(grad_norms),
+        "n_samples": num_samples,
+        "n_trained_samples": int(trainable.sum()),
+        "n_invalid": int(sum(invalid)),
+        "n_learning_samples": num_samples - sum(idle),
+        "rl_adv_nonzero": int((rl_adv != 0).sum()),
+        "n_with_reward": int(has_reward.sum()),
+        "n_with_teacher": sum(bool(x.get("has_teacher")) for x in samples),
+        "n_tokens": int(s["tokens"] / cfg.ppo_epochs),
+        "grad_norm": max(grad_norms),
         # Off-policy correction (rollout_is_* over valid tokens before mis rejection) and the samples' temperatures.
         **is_metrics(o, float(vmax[0]), cfg.rollout_correction),
         "n_with_sampling_params": sum(isinstance(x.get("sampling_params"), dict) for x in samples),
@@ -230,20 +296,46 @@ def summarize(samples: list[dict[str, Any]], invalid: list[bool], idle: list[boo
     return out
 
 
-def train_on_batch(ddp: torch.nn.Module, model: torch.nn.Module, ref_model: torch.nn.Module | None, opt: torch.optim.Optimizer,
-                   samples: list[dict[str, Any]], invalid: list[bool], cfg: TrainConfig, running: RunningMean,
-                   rank: int, world: int, device: torch.device, eos_id: int | None) -> dict[str, Any]:
+def train_on_batch(
+    ddp: torch.nn.Module,
+    model: torch.nn.Module,
+    ref_model: torch.nn.Module | None,
+    opt: torch.optim.Optimizer,
+    samples: list[dict[str, Any]],
+    invalid: list[bool],
+    cfg: TrainConfig,
+    running: RunningMean,
+    rank: int,
+    world: int,
+    device: torch.device,
+    eos_id: int | None,
+) -> dict[str, Any]:
     """One PPO update on ``samples`` (the same list on every rank; ``invalid`` ones are trained with mask 0).
 
     ``ddp`` is the wrapped model the loss runs through, ``model`` the plain one whose parameters are clipped;
     ``running`` is the baseline state, updated in place. Returns the step's metrics (summed over ranks)."""
     trainable, idle = classify_samples(samples, invalid, cfg, eos_id)
     rewards, has_reward = sample_rewards(samples, trainable)
-    rl_adv = rl_sample_advantages(rewards, has_reward, baseline=cfg.baseline, normalize=cfg.normalize_advantages, running=running)
+    rl_adv = rl_sample_advantages(
+        rewards, has_reward, baseline=cfg.baseline, normalize=cfg.normalize_advantages, running=running
+    )
     plan = plan_minibatches(samples, idle, cfg, rank, world, device, eos_id)
     old_pass = compute_old_logprobs(model, plan, cfg, world)
     if cfg.rollout_correction == "mis":
         plan = count_after_rejection(plan, old_pass.counts)
     stats, grad_norms = run_ppo_epochs(ddp, model, ref_model, opt, plan, old_pass, rl_adv, cfg, world, device)
-    return summarize(samples, invalid, idle, trainable, rewards, has_reward, rl_adv, stats, old_pass, grad_norms,
-                     ref_model, cfg, world)
+    return summarize(
+        samples,
+        invalid,
+        idle,
+        trainable,
+        rewards,
+        has_reward,
+        rl_adv,
+        stats,
+        old_pass,
+        grad_norms,
+        ref_model,
+        cfg,
+        world,
+    )

@@ -42,15 +42,29 @@ from engine.validation import describe_validation_errors
 logger = logging.getLogger(__name__)
 
 VERSION = "0.5.23-dev"
-ADMIN_PATHS = frozenset({
-    "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
-    "/init_weights_update_group", "/destroy_weights_update_group", "/update_weight_version",
-    "/pause_generation", "/continue_generation", "/abort_request", "/flush_cache",
-    "/release_memory_occupation", "/resume_memory_occupation",
-})
+ADMIN_PATHS = frozenset(
+    {
+        "/update_weights_from_disk",
+        "/update_weights_from_tensor",
+        "/update_weights_from_distributed",
+        "/init_weights_update_group",
+        "/destroy_weights_update_group",
+        "/update_weight_version",
+        "/pause_generation",
+        "/continue_generation",
+        "/abort_request",
+        "/flush_cache",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+    }
+)
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
-UNSUPPORTED_UPDATES = ("/update_weights_from_tensor", "/update_weights_from_distributed",
-                       "/init_weights_update_group", "/destroy_weights_update_group")
+UNSUPPORTED_UPDATES = (
+    "/update_weights_from_tensor",
+    "/update_weights_from_distributed",
+    "/init_weights_update_group",
+    "/destroy_weights_update_group",
+)
 
 
 def decide_auth(path: str, authorization: str | None, api_key: str | None, admin_api_key: str | None) -> bool:
@@ -91,8 +105,12 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
         engine = await asyncio.to_thread(DevEngine, settings, registry)
         app.state.engine = engine
         app.state.started_at = time.time()
-        logger.info("dev engine ready: %s (vocab %d, context %d)", settings.model_path,
-                    engine.runner.vocab_size, engine.runner.context_length)
+        logger.info(
+            "dev engine ready: %s (vocab %d, context %d)",
+            settings.model_path,
+            engine.runner.vocab_size,
+            engine.runner.context_length,
+        )
         yield
         engine.close()
 
@@ -103,16 +121,21 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Any) -> Response:
-        if not decide_auth(request.url.path, request.headers.get("authorization"), settings.api_key,
-                           settings.admin_api_key):
+        if not decide_auth(
+            request.url.path, request.headers.get("authorization"), settings.api_key, settings.admin_api_key
+        ):
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
         return await call_next(request)
 
     app.state.max_json_depth = settings.max_json_depth
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
-                       error_body=lambda _status, msg: {"error": msg})
-    app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight_requests,
-                       error_body=lambda _status, msg: {"error": msg})
+    app.add_middleware(
+        BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, error_body=lambda _status, msg: {"error": msg}
+    )
+    app.add_middleware(
+        AdmissionMiddleware,
+        max_in_flight=settings.max_in_flight_requests,
+        error_body=lambda _status, msg: {"error": msg},
+    )
     if settings.record_requests:  # a body refused by the auth check is never read, so never recorded
         app.add_middleware(RequestRecorder, path=settings.record_requests)
     # Added last, so outermost: 401s from the auth middleware get a request id and are counted too.
@@ -142,8 +165,9 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
         if engine.control.paused or engine.control.updating:
             return Response(status_code=200)  # a held generation proves nothing and would block the probe
         try:
-            await asyncio.wait_for(engine.generate({"input_ids": [0], "sampling_params": {"max_new_tokens": 1}}),
-                                   timeout=20)
+            await asyncio.wait_for(
+                engine.generate({"input_ids": [0], "sampling_params": {"max_new_tokens": 1}}), timeout=20
+            )
         except (TimeoutError, ProtocolError):
             return Response(status_code=503)
         return Response(status_code=200)
@@ -158,13 +182,20 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
         engine = eng(request)
         cfg = engine.runner.model.config
         return {
-            "model_path": engine.runner.model_path, "tokenizer_path": settings.model_path,
-            "served_model_name": engine.served_model_name, "is_generation": True,
-            "preferred_sampling_params": None, "weight_version": engine.runner.weight_version,
-            "load_format": "auto", "reasoning_parser": "qwen3" if settings.reasoning_parser else None,
-            "tool_call_parser": "qwen25" if settings.tool_call_parser else None, "disaggregation_mode": "null",
-            "has_image_understanding": False, "has_audio_understanding": False,
-            "model_type": getattr(cfg, "model_type", None), "architectures": getattr(cfg, "architectures", None),
+            "model_path": engine.runner.model_path,
+            "tokenizer_path": settings.model_path,
+            "served_model_name": engine.served_model_name,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": engine.runner.weight_version,
+            "load_format": "auto",
+            "reasoning_parser": "qwen3" if settings.reasoning_parser else None,
+            "tool_call_parser": "qwen25" if settings.tool_call_parser else None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": getattr(cfg, "model_type", None),
+            "architectures": getattr(cfg, "architectures", None),
         }
 
     @app.get("/server_info")
@@ -172,18 +203,34 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
     async def server_info(request: Request) -> dict[str, Any]:
         engine = eng(request)
         return {
-            "model_path": engine.runner.model_path, "tokenizer_path": settings.model_path,
-            "served_model_name": engine.served_model_name, "tp_size": 1, "dp_size": 1, "host": settings.host,
-            "port": settings.port, "context_length": engine.runner.context_length, "random_seed": settings.seed,
-            "weight_version": engine.runner.weight_version, "max_req_input_len": engine.runner.context_length - 1,
-            "max_total_num_tokens": engine.runner.context_length, "startup_time": request.app.state.started_at,
-            "internal_states": [{}], "version": VERSION, "frontend": "python",
+            "model_path": engine.runner.model_path,
+            "tokenizer_path": settings.model_path,
+            "served_model_name": engine.served_model_name,
+            "tp_size": 1,
+            "dp_size": 1,
+            "host": settings.host,
+            "port": settings.port,
+            "context_length": engine.runner.context_length,
+            "random_seed": settings.seed,
+            "weight_version": engine.runner.weight_version,
+            "max_req_input_len": engine.runner.context_length - 1,
+            "max_total_num_tokens": engine.runner.context_length,
+            "startup_time": request.app.state.started_at,
+            "internal_states": [{}],
+            "version": VERSION,
+            "frontend": "python",
         }
 
     def model_card(engine: DevEngine) -> dict[str, Any]:
-        return {"id": engine.served_model_name, "object": "model", "created": int(time.time()),
-                "owned_by": "sglang", "root": engine.served_model_name, "parent": None,
-                "max_model_len": engine.runner.context_length}
+        return {
+            "id": engine.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": engine.served_model_name,
+            "parent": None,
+            "max_model_len": engine.runner.context_length,
+        }
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:
@@ -193,9 +240,17 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
     async def get_model(request: Request, model: str) -> Any:
         engine = eng(request)
         if model != engine.served_model_name:
-            return JSONResponse({"error": {"message": f"The model '{model}' does not exist", "type":
-                                           "invalid_request_error", "param": "model", "code": "model_not_found"}},
-                                status_code=404)
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"The model '{model}' does not exist",
+                        "type": "invalid_request_error",
+                        "param": "model",
+                        "code": "model_not_found",
+                    }
+                },
+                status_code=404,
+            )
         return model_card(engine)
 
     @app.get("/get_weight_version")
@@ -205,12 +260,16 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> Response:
         if eng(request).control.num_requests():
-            return PlainTextResponse("Cache not flushed. Please check backend logs for more details. (When there "
-                                     "are running or waiting requests, the operation will not be performed.)\n",
-                                     status_code=400)
+            return PlainTextResponse(
+                "Cache not flushed. Please check backend logs for more details. (When there "
+                "are running or waiting requests, the operation will not be performed.)\n",
+                status_code=400,
+            )
         eng(request).runner.prefix_cache.clear()
-        return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. (When there are "
-                                 "running or waiting requests, the operation will not be performed.)\n")
+        return PlainTextResponse(
+            "Cache flushed.\nPlease check backend logs for more details. (When there are "
+            "running or waiting requests, the operation will not be performed.)\n"
+        )
 
     # ------------------------------------------------------------------ generation
     @app.api_route("/generate", methods=["POST", "PUT"])
@@ -265,10 +324,11 @@ def create_app(settings: DevEngineSettings) -> FastAPI:
         return JSONResponse(None)  # nothing to release on the CPU; SGLang answers 200 null
 
     for path in UNSUPPORTED_UPDATES:
+
         async def unsupported(request: Request) -> JSONResponse:
             await read_json(request, required=False)
             return JSONResponse({"success": False, "message": "unsupported on dev engine"}, status_code=400)
+
         app.add_api_route(path, unsupported, methods=["POST"])
 
     return app
-

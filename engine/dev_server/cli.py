@@ -32,8 +32,15 @@ def main(argv: list[str] | None = None) -> None:
     from engine.dev_server.app import create_app
 
     # log_config=None: uvicorn's own loggers go through the handler above (request ids, JSON when asked).
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
-                log_config=None, access_log=False, timeout_graceful_shutdown=2)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=2,
+    )
 
 
 if __name__ == "__main__":

@@ -28,23 +28,30 @@ class EngineMetrics:
     def __init__(self, registry: CollectorRegistry, model_name: str, control: EngineControl) -> None:
         self.registry = registry
         labels = ["model_name"]
-        self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", labels,
-                                     registry=registry).labels(model_name=model_name)
-        self.generation_tokens = Counter("sglang:generation_tokens", "Number of generation tokens processed.",
-                                         labels, registry=registry).labels(model_name=model_name)
-        self.num_requests = Counter("sglang:num_requests", "Number of requests processed.", labels,
-                                    registry=registry).labels(model_name=model_name)
-        self.e2e_latency = Histogram("sglang:e2e_request_latency_seconds",
-                                     "Histogram of End-to-end request latency in seconds", labels,
-                                     buckets=E2E_BUCKETS_S, registry=registry).labels(model_name=model_name)
+        self.prompt_tokens = Counter(
+            "sglang:prompt_tokens", "Number of prefill tokens processed.", labels, registry=registry
+        ).labels(model_name=model_name)
+        self.generation_tokens = Counter(
+            "sglang:generation_tokens", "Number of generation tokens processed.", labels, registry=registry
+        ).labels(model_name=model_name)
+        self.num_requests = Counter(
+            "sglang:num_requests", "Number of requests processed.", labels, registry=registry
+        ).labels(model_name=model_name)
+        self.e2e_latency = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            labels,
+            buckets=E2E_BUCKETS_S,
+            registry=registry,
+        ).labels(model_name=model_name)
         running = Gauge("sglang:num_running_reqs", "The number of running requests.", labels, registry=registry)
         running.labels(model_name=model_name).set_function(lambda: control.request_counts()[0])
-        queued = Gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", labels,
-                       registry=registry)
+        queued = Gauge(
+            "sglang:num_queue_reqs", "The number of requests in the waiting queue.", labels, registry=registry
+        )
         queued.labels(model_name=model_name).set_function(lambda: control.request_counts()[1])
 
-    def observe_finished(self, *, prompt_len: int, output_lens: list[int], prefilled: bool, duration_s: float
-                         ) -> None:
+    def observe_finished(self, *, prompt_len: int, output_lens: list[int], prefilled: bool, duration_s: float) -> None:
         """One prompt finished (or aborted) with ``len(output_lens)`` samples."""
         if prefilled:
             self.prompt_tokens.inc(prompt_len * len(output_lens))

@@ -90,8 +90,15 @@ StepCallback = Callable[[RunResult], None]
 
 
 class ModelRunner:
-    def __init__(self, model_path: str, *, seed: int, control: EngineControl, weight_version: str = "default",
-                 prefix_cache_max_tokens: int = 0):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        seed: int,
+        control: EngineControl,
+        weight_version: str = "default",
+        prefix_cache_max_tokens: int = 0,
+    ):
         self.prefix_cache = PrefixCache(prefix_cache_max_tokens)
         self.tokenizer = load_tokenizer(model_path)
         self.control = control
@@ -152,8 +159,9 @@ class ModelRunner:
     def run(self, job: Job, on_step: StepCallback | None = None) -> RunResult:
         """Admit, prefill, decode; always returns (aborts are results, not exceptions)."""
         cfg = job.sampling
-        result = RunResult(prompt_ids=job.prompt_ids, samples=[Sample() for _ in range(cfg.n)],
-                           weight_version=self.weight_version)
+        result = RunResult(
+            prompt_ids=job.prompt_ids, samples=[Sample() for _ in range(cfg.n)], weight_version=self.weight_version
+        )
         if not self.control.admit(job.handle):
             result.aborted_before_prefill = True
             self._finish_aborted(result, job.handle)
@@ -174,8 +182,9 @@ class ModelRunner:
         with self._lock:  # lookup, forward and store under one lock: no weight swap can fall between them
             reused, past = self.prefix_cache.lookup(prompt, max_reuse)
             kw = {self._cache_kw: past} if past is not None else {}
-            out = self.model(input_ids=torch.tensor([prompt[reused:]]), use_cache=True,
-                             logits_to_keep=0 if all_logits else 1, **kw)
+            out = self.model(
+                input_ids=torch.tensor([prompt[reused:]]), use_cache=True, logits_to_keep=0 if all_logits else 1, **kw
+            )
             cache = _cache_of(out)
             self.prefix_cache.store(prompt, cache)
         return out.logits, cache, reused
@@ -195,7 +204,9 @@ class ModelRunner:
         if n > 1:
             cache.batch_repeat_interleave(n)
         next_logits = logits[0, -1:].expand(n, -1)
-        generator = torch.Generator().manual_seed(cfg.sampling_seed if cfg.sampling_seed is not None else self._next_seed())
+        generator = torch.Generator().manual_seed(
+            cfg.sampling_seed if cfg.sampling_seed is not None else self._next_seed()
+        )
         matchers = self.grammar.matchers(*cfg.grammar, n) if cfg.grammar else None
         stop_ids = set(cfg.stop_token_ids) | (set() if cfg.ignore_eos else self.eos_ids)
         stop_ids_t = torch.tensor(sorted(stop_ids), dtype=torch.long)
@@ -235,8 +246,9 @@ class ModelRunner:
                     s.output_top.append(top_logprobs(lps[r], job.top_logprobs_num))
                 if matchers:
                     matchers[r].accept(tok)
-                s.finish_reason = self._check_finish(s, tok, cfg, stop_ids, matchers[r] if matchers else None,
-                                                     max_stop_tokens)
+                s.finish_reason = self._check_finish(
+                    s, tok, cfg, stop_ids, matchers[r] if matchers else None, max_stop_tokens
+                )
             for r in range(n):
                 if r not in active:
                     tok_list[r] = self.filler_id
@@ -248,8 +260,9 @@ class ModelRunner:
             if all(s.finish_reason is not None for s in result.samples):
                 return
 
-    def _check_finish(self, s: Sample, tok: int, cfg: SamplingConfig, stop_ids: set[int], matcher: Any,
-                      max_stop_tokens: int) -> dict[str, Any] | None:
+    def _check_finish(
+        self, s: Sample, tok: int, cfg: SamplingConfig, stop_ids: set[int], matcher: Any, max_stop_tokens: int
+    ) -> dict[str, Any] | None:
         produced = len(s.output_ids)
         if produced >= cfg.min_new_tokens:
             if tok in stop_ids or (matcher is not None and matcher.terminated):

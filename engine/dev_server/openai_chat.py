@@ -44,8 +44,13 @@ class ChatError(Exception):
         self.status_code = status_code
 
     def body(self) -> dict[str, Any]:
-        return {"object": "error", "message": self.message, "type": "BadRequestError", "param": None,
-                "code": self.status_code}
+        return {
+            "object": "error",
+            "message": self.message,
+            "type": "BadRequestError",
+            "param": None,
+            "code": self.status_code,
+        }
 
 
 class ChatRequest(BaseModel):
@@ -92,12 +97,24 @@ class ChatRequest(BaseModel):
 def _sampling_params(req: ChatRequest) -> dict[str, Any]:
     params: dict[str, Any] = {
         "max_new_tokens": req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
-        "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p, "n": req.n,
-        "stop": req.stop, "stop_token_ids": req.stop_token_ids, "sampling_seed": req.seed,
-        "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
-        "repetition_penalty": req.repetition_penalty, "logit_bias": req.logit_bias,
-        "min_new_tokens": req.min_tokens, "ignore_eos": req.ignore_eos, "no_stop_trim": req.no_stop_trim,
-        "skip_special_tokens": req.skip_special_tokens, "regex": req.regex, "ebnf": req.ebnf,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "n": req.n,
+        "stop": req.stop,
+        "stop_token_ids": req.stop_token_ids,
+        "sampling_seed": req.seed,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "logit_bias": req.logit_bias,
+        "min_new_tokens": req.min_tokens,
+        "ignore_eos": req.ignore_eos,
+        "no_stop_trim": req.no_stop_trim,
+        "skip_special_tokens": req.skip_special_tokens,
+        "regex": req.regex,
+        "ebnf": req.ebnf,
     }
     fmt = req.response_format or {}
     if fmt.get("type") == "json_schema":
@@ -148,11 +165,21 @@ def _logprob_entries(engine: DevEngine, sample: Sample, lo: int, hi: int) -> lis
     out = []
     for i in range(lo, hi):
         text = engine.token_text(sample.output_ids[i])
-        entry: dict[str, Any] = {"token": text, "bytes": list(text.encode()),
-                                 "logprob": max(sample.output_logprobs[i], NEG_INF_LOGPROB), "top_logprobs": []}
+        entry: dict[str, Any] = {
+            "token": text,
+            "bytes": list(text.encode()),
+            "logprob": max(sample.output_logprobs[i], NEG_INF_LOGPROB),
+            "top_logprobs": [],
+        }
         if sample.output_top:
-            entry["top_logprobs"] = [{"token": engine.token_text(t), "bytes": list(engine.token_text(t).encode()),
-                                      "logprob": max(lp, NEG_INF_LOGPROB)} for lp, t in sample.output_top[i]]
+            entry["top_logprobs"] = [
+                {
+                    "token": engine.token_text(t),
+                    "bytes": list(engine.token_text(t).encode()),
+                    "logprob": max(lp, NEG_INF_LOGPROB),
+                }
+                for lp, t in sample.output_top[i]
+            ]
         out.append(entry)
     return out
 
@@ -161,13 +188,23 @@ async def chat_completions(engine: DevEngine, body: Any) -> Any:
     req = _validate(engine, body)
     use_tools = bool(req.tools) and req.tool_choice != "none"
     try:
-        prompt_ids = render_prompt_ids(engine.runner.tokenizer, req.messages, req.tools if use_tools else None,
-                                       chat_template_kwargs=req.chat_template_kwargs)
+        prompt_ids = render_prompt_ids(
+            engine.runner.tokenizer,
+            req.messages,
+            req.tools if use_tools else None,
+            chat_template_kwargs=req.chat_template_kwargs,
+        )
     except Exception as exc:  # jinja raises its own errors for messages the template cannot render
         raise ChatError(f"cannot render the chat template: {exc}") from exc
     try:
-        prepared = engine.prepare(prompt_ids, _sampling_params(req), rid=req.rid, return_logprob=req.logprobs,
-                                  logprob_start_len=-1, top_logprobs_num=req.top_logprobs or 0)
+        prepared = engine.prepare(
+            prompt_ids,
+            _sampling_params(req),
+            rid=req.rid,
+            return_logprob=req.logprobs,
+            logprob_start_len=-1,
+            top_logprobs_num=req.top_logprobs or 0,
+        )
     except ProtocolError as exc:
         raise ChatError(exc.message, exc.status_code) from None
     chat_id = uuid.uuid4().hex
@@ -177,44 +214,68 @@ async def chat_completions(engine: DevEngine, body: Any) -> Any:
     def parse(text: str) -> Any:
         return parse_assistant_output(
             text,
-            reasoning_parser=None if not (req.separate_reasoning and engine.settings.reasoning_parser) else
-            _default_reasoning(),
+            reasoning_parser=None
+            if not (req.separate_reasoning and engine.settings.reasoning_parser)
+            else _default_reasoning(),
             tool_parser=_default_tools() if use_tools and engine.settings.tool_call_parser else None,
         )
 
     if req.stream:
-        return StreamingResponse(sse(_stream(engine, req, prepared, parse, chat_id, created, model)),
-                                 media_type="text/event-stream")
+        return StreamingResponse(
+            sse(_stream(engine, req, prepared, parse, chat_id, created, model)), media_type="text/event-stream"
+        )
     result = await engine.run(prepared)
     choices = []
     for k, sample in enumerate(result.samples):
         parsed = parse(engine.runner.final_text(sample, prepared.job.sampling))
         finish, matched = _finish(sample, bool(parsed.tool_calls))
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content,
-                                   "reasoning_content": parsed.reasoning_content}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": parsed.content,
+            "reasoning_content": parsed.reasoning_content,
+        }
         if parsed.tool_calls:
             message["tool_calls"] = parsed.tool_calls
         choice: dict[str, Any] = {
-            "index": k, "message": message, "finish_reason": finish, "matched_stop": matched,
+            "index": k,
+            "message": message,
+            "finish_reason": finish,
+            "matched_stop": matched,
             "logprobs": {"content": _logprob_entries(engine, sample, 0, len(sample.output_ids))}
-            if req.logprobs else None,
+            if req.logprobs
+            else None,
         }
         if req.return_token_ids:
             choice["prompt_token_ids"] = list(prompt_ids)
             choice["response_token_ids"] = list(sample.output_ids)
         if req.return_meta_info:
-            meta = build_meta(rid=prepared.sample_rids[k], finish_reason=sample.finish_reason, prompt_ids=prompt_ids,
-                              output_ids=sample.output_ids, weight_version=result.weight_version,
-                              started_at=result.started_at, cached_tokens=result.cached_tokens)
+            meta = build_meta(
+                rid=prepared.sample_rids[k],
+                finish_reason=sample.finish_reason,
+                prompt_ids=prompt_ids,
+                output_ids=sample.output_ids,
+                weight_version=result.weight_version,
+                started_at=result.started_at,
+                cached_tokens=result.cached_tokens,
+            )
             meta["output_token_logprobs"] = triples(sample.output_logprobs, sample.output_ids, None)
             choice["meta_info"] = meta
         choices.append(choice)
     completion = sum(len(s.output_ids) for s in result.samples)
     return {
-        "id": chat_id, "object": "chat.completion", "created": created, "model": model, "choices": choices,
-        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
-                  "total_tokens": len(prompt_ids) + completion, "prompt_tokens_details": None,
-                  "reasoning_tokens": 0, "completion_tokens_details": None},
+        "id": chat_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": completion,
+            "total_tokens": len(prompt_ids) + completion,
+            "prompt_tokens_details": None,
+            "reasoning_tokens": 0,
+            "completion_tokens_details": None,
+        },
         "metadata": {"weight_version": result.weight_version},
     }
 
@@ -231,8 +292,9 @@ def _default_tools() -> Any:
     return DEFAULT_TOOL_PARSER
 
 
-async def _stream(engine: DevEngine, req: ChatRequest, prepared: Prepared, parse: Any, chat_id: str, created: int,
-                  model: str) -> Any:
+async def _stream(
+    engine: DevEngine, req: ChatRequest, prepared: Prepared, parse: Any, chat_id: str, created: int, model: str
+) -> Any:
     n = prepared.job.sampling.n
     buffer_content = bool(req.tools) and req.tool_choice != "none"
     sent_content = [""] * n
@@ -240,27 +302,37 @@ async def _stream(engine: DevEngine, req: ChatRequest, prepared: Prepared, parse
     sent_tokens = [0] * n
     usage = {"completion": 0}
 
-    def chunk(k: int, delta: dict[str, Any], finish: str | None = None, matched: Any = None,
-              logprobs: Any = None) -> dict[str, Any]:
-        return {"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": k, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
-                             "matched_stop": matched}]}
+    def chunk(
+        k: int, delta: dict[str, Any], finish: str | None = None, matched: Any = None, logprobs: Any = None
+    ) -> dict[str, Any]:
+        return {
+            "id": chat_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [
+                {"index": k, "delta": delta, "logprobs": logprobs, "finish_reason": finish, "matched_stop": matched}
+            ],
+        }
 
     def make(p: Prepared, result: RunResult, k: int) -> list[dict[str, Any]]:
         sample = result.samples[k]
         final = sample.finish_reason is not None
-        text = (engine.runner.final_text(sample, p.job.sampling) if final
-                else engine.runner.partial_text(sample.output_ids, p.job.sampling.skip_special_tokens))
+        text = (
+            engine.runner.final_text(sample, p.job.sampling)
+            if final
+            else engine.runner.partial_text(sample.output_ids, p.job.sampling.skip_special_tokens)
+        )
         parsed = parse(text) if final or not buffer_content else None
         out: list[dict[str, Any]] = []
         delta: dict[str, Any] = {}
         if parsed is not None:
             reasoning = parsed.reasoning_content or ""
             if reasoning.startswith(sent_reasoning[k]) and len(reasoning) > len(sent_reasoning[k]):
-                delta["reasoning_content"] = reasoning[len(sent_reasoning[k]):]
+                delta["reasoning_content"] = reasoning[len(sent_reasoning[k]) :]
                 sent_reasoning[k] = reasoning
             if parsed.content.startswith(sent_content[k]) and len(parsed.content) > len(sent_content[k]):
-                delta["content"] = parsed.content[len(sent_content[k]):]
+                delta["content"] = parsed.content[len(sent_content[k]) :]
                 sent_content[k] = parsed.content
             if final and parsed.tool_calls:
                 delta["tool_calls"] = parsed.tool_calls
@@ -281,6 +353,15 @@ async def _stream(engine: DevEngine, req: ChatRequest, prepared: Prepared, parse
         yield item
     if (req.stream_options or {}).get("include_usage"):
         plen = len(prepared.job.prompt_ids)
-        yield {"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
-               "usage": {"prompt_tokens": plen, "completion_tokens": usage["completion"],
-                         "total_tokens": plen + usage["completion"]}}
+        yield {
+            "id": chat_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": {
+                "prompt_tokens": plen,
+                "completion_tokens": usage["completion"],
+                "total_tokens": plen + usage["completion"],
+            },
+        }

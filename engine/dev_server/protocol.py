@@ -25,21 +25,56 @@ from engine.dev_server.sampling import SamplingConfig
 
 # Every key of SGLang 0.5.23's SamplingParams contract; anything else is rejected like msgspec does.
 SAMPLING_PARAM_KEYS = (
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "custom_params", "stream_interval", "logit_bias", "sampling_seed",
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "custom_params",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
 )
 # Keys the contract knows but the dev engine cannot honour: a clear 400 instead of silently ignoring them.
 UNSUPPORTED_SAMPLING_KEYS = ("stop_regex", "structural_tag")
 # Types per sampling key; float keys accept ints (msgspec does too).
 _INT, _FLOAT, _BOOL, _STR = (int,), (int, float), (bool,), (str,)
 _SAMPLING_TYPES: dict[str, tuple[type, ...]] = {
-    "max_new_tokens": _INT, "temperature": _FLOAT, "top_p": _FLOAT, "top_k": _INT, "min_p": _FLOAT,
-    "frequency_penalty": _FLOAT, "presence_penalty": _FLOAT, "repetition_penalty": _FLOAT,
-    "min_new_tokens": _INT, "n": _INT, "regex": _STR, "json_schema": _STR, "ebnf": _STR,
-    "ignore_eos": _BOOL, "skip_special_tokens": _BOOL, "spaces_between_special_tokens": _BOOL,
-    "no_stop_trim": _BOOL, "sampling_seed": _INT, "stream_interval": _INT,
+    "max_new_tokens": _INT,
+    "temperature": _FLOAT,
+    "top_p": _FLOAT,
+    "top_k": _INT,
+    "min_p": _FLOAT,
+    "frequency_penalty": _FLOAT,
+    "presence_penalty": _FLOAT,
+    "repetition_penalty": _FLOAT,
+    "min_new_tokens": _INT,
+    "n": _INT,
+    "regex": _STR,
+    "json_schema": _STR,
+    "ebnf": _STR,
+    "ignore_eos": _BOOL,
+    "skip_special_tokens": _BOOL,
+    "spaces_between_special_tokens": _BOOL,
+    "no_stop_trim": _BOOL,
+    "sampling_seed": _INT,
+    "stream_interval": _INT,
 }
 _TYPE_NAMES: dict[tuple[type, ...], str] = {_INT: "int", _FLOAT: "float", _BOOL: "bool", _STR: "str"}
 NEG_INF_LOGPROB = -9999.0  # JSON has no -inf; a grammar-masked token reports this floor
@@ -77,8 +112,13 @@ class GenerateSpec:
 
 
 def _type_error(expected: str, value: Any, path: str) -> ProtocolError:
-    got = "null" if value is None else {bool: "bool", int: "int", float: "float", str: "str", list: "array",
-                                       dict: "object"}.get(type(value), type(value).__name__)
+    got = (
+        "null"
+        if value is None
+        else {bool: "bool", int: "int", float: "float", str: "str", list: "array", dict: "object"}.get(
+            type(value), type(value).__name__
+        )
+    )
     return ProtocolError(f"Expected `{expected}`, got `{got}` - at `{path}`", contract=True)
 
 
@@ -198,8 +238,11 @@ def resolve_sampling(params: dict[str, Any], prompt_len: int, context_length: in
             raise ProtocolError(f"sampling_params.{key} is not supported by the dev engine")
     explicit = params.get("max_new_tokens")
     # An explicit budget over the context is an error; the default (128) and null are clamped, as in SGLang.
-    max_new = explicit if explicit is not None else min(128 if "max_new_tokens" not in params else context_length,
-                                                        max(context_length - prompt_len, 0))
+    max_new = (
+        explicit
+        if explicit is not None
+        else min(128 if "max_new_tokens" not in params else context_length, max(context_length - prompt_len, 0))
+    )
     if max_new < 0:
         raise ProtocolError(f"max_new_tokens must be at least 0, got {max_new}.")
     if prompt_len >= context_length:
@@ -228,8 +271,10 @@ def resolve_sampling(params: dict[str, Any], prompt_len: int, context_length: in
         (-2.0 <= p.get("presence_penalty", 0.0) <= 2.0, "presence_penalty must be in [-2, 2]."),
         (0.0 < p.get("repetition_penalty", 1.0) <= 2.0, "repetition_penalty must be in (0, 2]."),
         (0 <= p.get("min_new_tokens", 0) <= max_new, f"min_new_tokens must be in [0, max_new_tokens({max_new})]."),
-        (sum(k in p for k in ("regex", "json_schema", "ebnf")) <= 1,
-         "Only one of regex, json_schema, or ebnf can be set."),
+        (
+            sum(k in p for k in ("regex", "json_schema", "ebnf")) <= 1,
+            "Only one of regex, json_schema, or ebnf can be set.",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -248,16 +293,25 @@ def resolve_sampling(params: dict[str, Any], prompt_len: int, context_length: in
         raise ProtocolError("logit_bias must map token ids to numbers.") from None
     grammar = next(((k, p[k]) for k in ("regex", "json_schema", "ebnf") if k in p), None)
     return SamplingConfig(
-        max_new_tokens=int(max_new), temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, n=n,
+        max_new_tokens=int(max_new),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        n=n,
         min_new_tokens=int(p.get("min_new_tokens", 0)),
         frequency_penalty=float(p.get("frequency_penalty", 0.0)),
         presence_penalty=float(p.get("presence_penalty", 0.0)),
         repetition_penalty=float(p.get("repetition_penalty", 1.0)),
-        stop=list(stop), stop_token_ids=list(stop_ids), ignore_eos=bool(p.get("ignore_eos", False)),
+        stop=list(stop),
+        stop_token_ids=list(stop_ids),
+        ignore_eos=bool(p.get("ignore_eos", False)),
         skip_special_tokens=bool(p.get("skip_special_tokens", True)),
         spaces_between_special_tokens=bool(p.get("spaces_between_special_tokens", True)),
-        no_stop_trim=bool(p.get("no_stop_trim", False)), sampling_seed=p.get("sampling_seed"),
-        logit_bias=logit_bias, grammar=grammar,
+        no_stop_trim=bool(p.get("no_stop_trim", False)),
+        sampling_seed=p.get("sampling_seed"),
+        logit_bias=logit_bias,
+        grammar=grammar,
     )
 
 
@@ -300,16 +354,28 @@ def top_rows(rows: Sequence[list[tuple[float, int]] | None], token_text: Any) ->
 
 
 def build_meta(
-    *, rid: str, finish_reason: dict[str, Any] | None, prompt_ids: list[int], output_ids: list[int],
-    weight_version: str, started_at: float, aborted_before_prefill: bool = False, cached_tokens: int = 0,
+    *,
+    rid: str,
+    finish_reason: dict[str, Any] | None,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    weight_version: str,
+    started_at: float,
+    aborted_before_prefill: bool = False,
+    cached_tokens: int = 0,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"id": rid, "finish_reason": finish_reason}
     if aborted_before_prefill:  # SGLang sends only these keys for a request aborted in the waiting queue
         meta.update(weight_version=weight_version, e2e_latency=time.monotonic() - started_at, completion_tokens=0)
         return meta
     meta.update(
-        prompt_tokens=len(prompt_ids), weight_version=weight_version, completion_tokens=len(output_ids),
-        cached_tokens=cached_tokens, reasoning_tokens=0, num_retractions=0, e2e_latency=time.monotonic() - started_at,
+        prompt_tokens=len(prompt_ids),
+        weight_version=weight_version,
+        completion_tokens=len(output_ids),
+        cached_tokens=cached_tokens,
+        reasoning_tokens=0,
+        num_retractions=0,
+        e2e_latency=time.monotonic() - started_at,
         response_sent_to_client_ts=time.time(),
     )
     return meta

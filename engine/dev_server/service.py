@@ -68,9 +68,13 @@ class DevEngine:
     def __init__(self, settings: DevEngineSettings, registry: CollectorRegistry | None = None):
         self.settings = settings
         self.control = EngineControl()
-        self.runner = ModelRunner(settings.model_path, seed=settings.seed, control=self.control,
-                                  weight_version=settings.weight_version,
-                                  prefix_cache_max_tokens=settings.prefix_cache_max_tokens)
+        self.runner = ModelRunner(
+            settings.model_path,
+            seed=settings.seed,
+            control=self.control,
+            weight_version=settings.weight_version,
+            prefix_cache_max_tokens=settings.prefix_cache_max_tokens,
+        )
         self.metrics = EngineMetrics(registry or CollectorRegistry(), self.served_model_name, self.control)
         self._pool = ThreadPoolExecutor(max_workers=settings.max_running_requests, thread_name_prefix="dev-engine")
         self._token_text: dict[int, str] = {}
@@ -85,8 +89,17 @@ class DevEngine:
         return self.settings.served_model_name or self.settings.model_path
 
     # ------------------------------------------------------------------ job plumbing
-    def prepare(self, prompt_ids: list[int], params: dict[str, Any], *, rid: str | None, return_logprob: bool,
-                logprob_start_len: int, top_logprobs_num: int, index_base: int = 0) -> Prepared:
+    def prepare(
+        self,
+        prompt_ids: list[int],
+        params: dict[str, Any],
+        *,
+        rid: str | None,
+        return_logprob: bool,
+        logprob_start_len: int,
+        top_logprobs_num: int,
+        index_base: int = 0,
+    ) -> Prepared:
         check_prompt(prompt_ids, self.runner.vocab_size, logprob_start_len, top_logprobs_num)
         cfg = resolve_sampling(params, len(prompt_ids), self.runner.context_length)
         if cfg.grammar:
@@ -100,8 +113,14 @@ class DevEngine:
         else:
             sample_rids = [rid or new_rid()]
             handle = RequestHandle(rid=sample_rids[0])
-        job = Job(prompt_ids=prompt_ids, sampling=cfg, handle=handle, return_logprob=return_logprob,
-                  logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
+        job = Job(
+            prompt_ids=prompt_ids,
+            sampling=cfg,
+            handle=handle,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+        )
         return Prepared(job=job, sample_rids=sample_rids, index_base=index_base)
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -121,10 +140,12 @@ class DevEngine:
             raise
         finally:
             self.control.release(handle)
-        self.metrics.observe_finished(prompt_len=len(prepared.job.prompt_ids),
-                                      output_lens=[len(s.output_ids) for s in result.samples],
-                                      prefilled=not result.aborted_before_prefill,
-                                      duration_s=time.perf_counter() - started)
+        self.metrics.observe_finished(
+            prompt_len=len(prepared.job.prompt_ids),
+            output_lens=[len(s.output_ids) for s in result.samples],
+            prefilled=not result.aborted_before_prefill,
+            duration_s=time.perf_counter() - started,
+        )
         return result
 
     def token_text(self, token_id: int) -> str:
@@ -139,32 +160,46 @@ class DevEngine:
         prepared, base = [], 0
         for i, prompt in enumerate(spec.prompts):
             ids = self.tokenize(prompt)
-            p = self.prepare(ids, spec.sampling_params[i], rid=spec.rids[i], return_logprob=spec.return_logprob[i],
-                             logprob_start_len=spec.logprob_start_len[i], top_logprobs_num=spec.top_logprobs_num[i],
-                             index_base=base)
+            p = self.prepare(
+                ids,
+                spec.sampling_params[i],
+                rid=spec.rids[i],
+                return_logprob=spec.return_logprob[i],
+                logprob_start_len=spec.logprob_start_len[i],
+                top_logprobs_num=spec.top_logprobs_num[i],
+                index_base=base,
+            )
             base += p.job.sampling.n
             prepared.append(p)
         return spec, prepared
 
-    def shape_sample(self, spec: GenerateSpec, p: Prepared, result: RunResult, k: int, *, final: bool = True
-                     ) -> dict[str, Any]:
+    def shape_sample(
+        self, spec: GenerateSpec, p: Prepared, result: RunResult, k: int, *, final: bool = True
+    ) -> dict[str, Any]:
         job, sample = p.job, result.samples[k]
         if final or sample.finish_reason is not None:
             text = self.runner.final_text(sample, job.sampling)
         else:
             text = self.runner.partial_text(sample.output_ids, job.sampling.skip_special_tokens)
-        meta = build_meta(rid=p.sample_rids[k], finish_reason=sample.finish_reason, prompt_ids=job.prompt_ids,
-                          output_ids=sample.output_ids, weight_version=result.weight_version,
-                          started_at=result.started_at, aborted_before_prefill=result.aborted_before_prefill,
-                          cached_tokens=result.cached_tokens)
+        meta = build_meta(
+            rid=p.sample_rids[k],
+            finish_reason=sample.finish_reason,
+            prompt_ids=job.prompt_ids,
+            output_ids=sample.output_ids,
+            weight_version=result.weight_version,
+            started_at=result.started_at,
+            aborted_before_prefill=result.aborted_before_prefill,
+            cached_tokens=result.cached_tokens,
+        )
         if job.return_logprob and not result.aborted_before_prefill:
             with_text = spec.return_text_in_logprobs
             tt = self.token_text if with_text else None
             meta["input_token_logprobs"] = triples(
-                result.input_logprobs, result.input_ids_logged,
-                [tt(t) for t in result.input_ids_logged] if tt else None)
+                result.input_logprobs, result.input_ids_logged, [tt(t) for t in result.input_ids_logged] if tt else None
+            )
             meta["output_token_logprobs"] = triples(
-                sample.output_logprobs, sample.output_ids, [tt(t) for t in sample.output_ids] if tt else None)
+                sample.output_logprobs, sample.output_ids, [tt(t) for t in sample.output_ids] if tt else None
+            )
             meta["output_token_logprobs_length"] = len(sample.output_ids)
             if job.top_logprobs_num > 0:
                 meta["input_top_logprobs"] = top_rows(result.input_top, tt)
@@ -177,8 +212,11 @@ class DevEngine:
     async def generate(self, body: Any) -> Any:
         spec, prepared = self.prepare_generate(body)
         results = await asyncio.gather(*(self.run(p) for p in prepared))
-        items = [self.shape_sample(spec, p, r, k) for p, r in zip(prepared, results, strict=True)
-                 for k in range(p.job.sampling.n)]
+        items = [
+            self.shape_sample(spec, p, r, k)
+            for p, r in zip(prepared, results, strict=True)
+            for k in range(p.job.sampling.n)
+        ]
         return items if (spec.is_batch or len(items) > 1) else items[0]
 
     def stream_generate(self, body: Any) -> AsyncIterator[str]:
@@ -209,6 +247,7 @@ class DevEngine:
                     if s.finish_reason is None and len(s.output_ids) > sent[k]:
                         sent[k] = len(s.output_ids)
                         loop.call_soon_threadsafe(queue.put_nowait, make(p, result, k))
+
             return on_step
 
         async def run_one(p: Prepared) -> None:

@@ -131,18 +131,24 @@ class TurnCache:
                 next_state = list(t["next_state"])
             elif idx in first_child:
                 # The child's context = this context + this assistant message + what the user/tools said next.
-                next_state = list(by_index[first_child[idx]]["messages"][len(t["messages"]) + 1:])
+                next_state = list(by_index[first_child[idx]]["messages"][len(t["messages"]) + 1 :])
             else:
                 next_state = []
             parent = parents[idx]
-            interactions.append(Interaction(
-                interaction_id=interaction_id_for(sid, idx), session_id=sid, turn_index=idx,
-                parent_id=None if parent is None else interaction_id_for(sid, parent),
-                messages=freeze(list(t["messages"])), response=freeze(dict(t["response"])),
-                next_state=freeze(next_state), prompt_ids=tuple(t["prompt_ids"]),
-                response_ids=tuple(t["response_ids"]),
-                extra=freeze({k: v for k, v in t.items() if k not in SCORING_TURN_KEYS}),
-            ))
+            interactions.append(
+                Interaction(
+                    interaction_id=interaction_id_for(sid, idx),
+                    session_id=sid,
+                    turn_index=idx,
+                    parent_id=None if parent is None else interaction_id_for(sid, parent),
+                    messages=freeze(list(t["messages"])),
+                    response=freeze(dict(t["response"])),
+                    next_state=freeze(next_state),
+                    prompt_ids=tuple(t["prompt_ids"]),
+                    response_ids=tuple(t["response_ids"]),
+                    extra=freeze({k: v for k, v in t.items() if k not in SCORING_TURN_KEYS}),
+                )
+            )
         return cls(interactions)
 
 

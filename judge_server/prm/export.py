@@ -79,8 +79,12 @@ async def score_branches(
         for leaf_id in cache.leaf_ids():
             clone = cache.clone_chain(leaf_id)
             ordered = clone.ordered()
-            branch_ctx = {**(ctx or {}), "messages": branch_messages(ordered), "session_id": session_id,
-                          "leaf_id": leaf_id}
+            branch_ctx = {
+                **(ctx or {}),
+                "messages": branch_messages(ordered),
+                "session_id": session_id,
+                "leaf_id": leaf_id,
+            }
             results = await runner.run(clone, branch_ctx, is_eval=is_eval, record_metrics=False)
             rewards: dict[int, list[float]] = {}
             for it in ordered:
@@ -90,8 +94,9 @@ async def score_branches(
             totals: dict[str, float] = {}
             for res in results:
                 totals[res.scorer_name] = totals.get(res.scorer_name, 0.0) + res.reward
-            branches.append(BranchScore(leaf_id, tuple(it.turn_index for it in ordered), rewards,
-                                        tuple(results), totals))
+            branches.append(
+                BranchScore(leaf_id, tuple(it.turn_index for it in ordered), rewards, tuple(results), totals)
+            )
     except PRMError as exc:
         if record_metrics:
             runner.metrics.count_session(is_eval=is_eval, outcome="rejected")

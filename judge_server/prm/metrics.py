@@ -185,11 +185,13 @@ class PRMCollector(Collector):
             "hindsight_prm_trajectory_reward", "Mean per-branch weighted PRM reward sum", labels=["namespace", "scorer"]
         )
         metric = GaugeMetricFamily(
-            "hindsight_prm_metric", "Structured scorer observation aggregate (unweighted)",
+            "hindsight_prm_metric",
+            "Structured scorer observation aggregate (unweighted)",
             labels=["namespace", "scope", "scorer", "metric", "aggregation"],
         )
         observed = GaugeMetricFamily(
-            "hindsight_prm_observed_count", "Observations behind each PRM series",
+            "hindsight_prm_observed_count",
+            "Observations behind each PRM series",
             labels=["namespace", "family", "scope", "scorer", "metric"],
         )
         seen: set[tuple[str, ...]] = set()

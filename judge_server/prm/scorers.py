@@ -127,7 +127,9 @@ class LLMJudgeScorer(BaseScorer):
                 f"judge gave no PRM score for turn {iid} (status={status!r}, reason={prm.get('reason')!r})"
             )
         reward = float(score) if self.reward_range == "signed" else (float(score) + 1.0) / 2.0
-        observations = [PRMMetricObservation("judge_tie", "turn", iid, status == STATUS_TIE, "boolean", ("count", "rate"))]
+        observations = [
+            PRMMetricObservation("judge_tie", "turn", iid, status == STATUS_TIE, "boolean", ("count", "rate"))
+        ]
         confidence = prm.get("confidence")
         if isinstance(confidence, int | float) and not isinstance(confidence, bool):
             observations.append(

@@ -65,11 +65,12 @@ def _st(request: Request) -> Any:
 
 
 @router.get("/v1/samples/lease")
-async def lease(request: Request,
-                max_n: int = Query(64, alias="max", ge=1, description="samples at most, <= max_lease_size"),
-                min_n: int = Query(1, alias="min", ge=1, description="return as soon as this many are ready, <= max"),
-                wait_s: float = Query(0.0, ge=0, description="seconds to wait for min samples, <= max_lease_wait_s"),
-                ) -> dict[str, Any]:
+async def lease(
+    request: Request,
+    max_n: int = Query(64, alias="max", ge=1, description="samples at most, <= max_lease_size"),
+    min_n: int = Query(1, alias="min", ge=1, description="return as soon as this many are ready, <= max"),
+    wait_s: float = Query(0.0, ge=0, description="seconds to wait for min samples, <= max_lease_wait_s"),
+) -> dict[str, Any]:
     st = _st(request)
     if not 1 <= max_n <= st.settings.max_lease_size:
         raise InvalidRequest(f"max must be in [1, {st.settings.max_lease_size}]", param="max")
@@ -77,13 +78,18 @@ async def lease(request: Request,
         raise InvalidRequest("min must be in [1, max]", param="min")
     if not (math.isfinite(wait_s) and 0 <= wait_s <= st.settings.max_lease_wait_s):
         raise InvalidRequest(f"wait_s must be in [0, {st.settings.max_lease_wait_s}]", param="wait_s")
-    got = await lease_when_ready(st.store, st.ready, max_n=max_n, min_n=min_n, wait_s=wait_s,
-                                 lease_s=st.settings.lease_timeout_s)
+    got = await lease_when_ready(
+        st.store, st.ready, max_n=max_n, min_n=min_n, wait_s=wait_s, lease_s=st.settings.lease_timeout_s
+    )
     lease_id, samples = got if got is not None else (None, [])
     # Only a lease that hands out samples drains the PRM window (those samples' metrics).
     prm_metrics = st.scoring.drain_window() if st.scoring is not None and samples else {}
-    return {"lease_id": lease_id, "samples": samples, "lease_timeout_s": st.settings.lease_timeout_s,
-            "prm_metrics": prm_metrics}
+    return {
+        "lease_id": lease_id,
+        "samples": samples,
+        "lease_timeout_s": st.settings.lease_timeout_s,
+        "prm_metrics": prm_metrics,
+    }
 
 
 @router.post("/v1/samples/ack", responses=error_responses(404, 409))
@@ -96,8 +102,12 @@ async def ack(request: Request, body: AckBody) -> dict[str, Any]:
 
 
 @router.get("/v1/samples")
-async def list_samples(request: Request, session_id: str | None = None, status: str | None = None,
-                       limit: int = Query(100, ge=1, description="rows at most, <= max_lease_size")) -> dict[str, Any]:
+async def list_samples(
+    request: Request,
+    session_id: str | None = None,
+    status: str | None = None,
+    limit: int = Query(100, ge=1, description="rows at most, <= max_lease_size"),
+) -> dict[str, Any]:
     st = _st(request)
     if not 1 <= limit <= st.settings.max_lease_size:
         raise InvalidRequest(f"limit must be in [1, {st.settings.max_lease_size}]", param="limit")
@@ -111,12 +121,19 @@ async def list_samples(request: Request, session_id: str | None = None, status: 
 async def stats(request: Request) -> dict[str, Any]:
     st = _st(request)
     out = await asyncio.to_thread(st.store.stats)
-    out.update(mode=st.mode_state.to_dict(), judge_configured=st.pipeline is not None,
-               dispatch={"processed": st.dispatcher.processed, "retries": st.dispatcher.retries,
-                         "running_sessions": len(st.dispatcher._running)},
-               weight_version=st.gate.version, weight_updates=st.weight_sync.updates,
-               max_unconsumed_samples=st.settings.max_unconsumed_samples,
-               prm=st.scoring.summary() if st.scoring is not None else {"enabled": False})
+    out.update(
+        mode=st.mode_state.to_dict(),
+        judge_configured=st.pipeline is not None,
+        dispatch={
+            "processed": st.dispatcher.processed,
+            "retries": st.dispatcher.retries,
+            "running_sessions": len(st.dispatcher._running),
+        },
+        weight_version=st.gate.version,
+        weight_updates=st.weight_sync.updates,
+        max_unconsumed_samples=st.settings.max_unconsumed_samples,
+        prm=st.scoring.summary() if st.scoring is not None else {"enabled": False},
+    )
     return out
 
 

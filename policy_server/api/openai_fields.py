@@ -87,8 +87,11 @@ def parse_extras(body: dict[str, Any]) -> ChatExtras:
     """Reject unknown fields (400 naming them), then validate this module's fields."""
     unknown = sorted(set(body) - known_fields())
     if unknown:
-        raise InvalidRequest(f"unsupported field(s): {', '.join(unknown)}; Hindsight rejects fields it does not "
-                             "implement instead of ignoring them", param=unknown[0])
+        raise InvalidRequest(
+            f"unsupported field(s): {', '.join(unknown)}; Hindsight rejects fields it does not "
+            "implement instead of ignoring them",
+            param=unknown[0],
+        )
     try:
         extras = ChatExtras.model_validate(body)
     except ValidationError as exc:
@@ -99,14 +102,17 @@ def parse_extras(body: dict[str, Any]) -> ChatExtras:
     return extras
 
 
-def apply_constraints(extras: ChatExtras, sp: dict[str, Any], tools: list[dict[str, Any]] | None,
-                      tool_choice: Any) -> bool:
+def apply_constraints(
+    extras: ChatExtras, sp: dict[str, Any], tools: list[dict[str, Any]] | None, tool_choice: Any
+) -> bool:
     """Set the engine grammar for a forced tool call or a JSON response format; True when a call is forced."""
     forced = forced_tool_grammar(tools, tool_choice)
     json_schema = response_format_schema(extras.response_format)
     if forced and json_schema:
-        raise InvalidRequest("response_format json_object/json_schema cannot be combined with a forced tool_choice",
-                             param="response_format")
+        raise InvalidRequest(
+            "response_format json_object/json_schema cannot be combined with a forced tool_choice",
+            param="response_format",
+        )
     if forced:
         sp["ebnf"] = forced
     elif json_schema:
@@ -114,18 +120,22 @@ def apply_constraints(extras: ChatExtras, sp: dict[str, Any], tools: list[dict[s
     return forced is not None
 
 
-def apply_extras(extras: ChatExtras, sp: dict[str, Any], *, vocab_size: int, forced_tools: bool,
-                 tools: bool, behind_router: bool) -> None:
+def apply_extras(
+    extras: ChatExtras, sp: dict[str, Any], *, vocab_size: int, forced_tools: bool, tools: bool, behind_router: bool
+) -> None:
     """Add this module's engine sampling parameters to ``sp`` (in place)."""
     if extras.logit_bias:
         if behind_router:
-            raise InvalidRequest("logit_bias is not available behind sglang-router, which drops it on the way to "
-                                 "the engine; point the policy server at the engine directly to use it",
-                                 param="logit_bias")
+            raise InvalidRequest(
+                "logit_bias is not available behind sglang-router, which drops it on the way to "
+                "the engine; point the policy server at the engine directly to use it",
+                param="logit_bias",
+            )
         bad = [k for k in extras.logit_bias if int(k) >= vocab_size]
         if bad:
-            raise InvalidRequest(f"logit_bias token id {bad[0]} is outside the vocabulary ({vocab_size} tokens)",
-                                 param="logit_bias")
+            raise InvalidRequest(
+                f"logit_bias token id {bad[0]} is outside the vocabulary ({vocab_size} tokens)", param="logit_bias"
+            )
         sp["logit_bias"] = dict(extras.logit_bias)
     if extras.parallel_tool_calls is False and tools and not forced_tools:
         sp["stop"] = [*sp.get("stop", []), PARALLEL_STOP]
@@ -138,8 +148,9 @@ def chat_template_kwargs(extras: ChatExtras) -> dict[str, Any] | None:
     return None
 
 
-def token_logprobs(tokenizer: Any, ids: list[int], logprobs: list[float],
-                   top: list[list[tuple[float, int]]] | None) -> list[dict[str, Any]]:
+def token_logprobs(
+    tokenizer: Any, ids: list[int], logprobs: list[float], top: list[list[tuple[float, int]]] | None
+) -> list[dict[str, Any]]:
     """OpenAI ``logprobs.content`` entries for sampled ids (``top``: per position (logprob, id) by rank)."""
     out = []
     for i, (tid, lp) in enumerate(zip(ids, logprobs, strict=True)):

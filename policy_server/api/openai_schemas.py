@@ -166,8 +166,9 @@ class ChatRequest(BaseModel):
 class ChatRequestDoc(ChatRequest):
     """The chat body as documented in OpenAPI: the request plus the session fallbacks (removed before use)."""
 
-    session_id: str | None = Field(None, min_length=1, max_length=256,
-                                   description="fallback for the X-Session-Id header")
+    session_id: str | None = Field(
+        None, min_length=1, max_length=256, description="fallback for the X-Session-Id header"
+    )
     turn_type: Literal["main", "side"] | None = Field(None, description="fallback for X-Turn-Type")
     session_done: bool | None = Field(None, description="fallback for X-Session-Done")
 
@@ -190,16 +191,24 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorResponse, "description": _ERROR_TEXT[code]} for code in codes}
 
 
-_ERROR_TEXT = {400: "invalid request (names the field)", 401: "missing or wrong bearer key",
-               404: "unknown object", 409: "conflict (expired lease)",
-               413: "body over max_body_bytes (refused while reading)",
-               429: "too many requests in flight, or sample backlog full (Retry-After)",
-               502: "engine answered badly", 503: "engine unreachable, store busy or shutting down (Retry-After)",
-               504: "engine timed out"}
+_ERROR_TEXT = {
+    400: "invalid request (names the field)",
+    401: "missing or wrong bearer key",
+    404: "unknown object",
+    409: "conflict (expired lease)",
+    413: "body over max_body_bytes (refused while reading)",
+    429: "too many requests in flight, or sample backlog full (Retry-After)",
+    502: "engine answered badly",
+    503: "engine unreachable, store busy or shutting down (Retry-After)",
+    504: "engine timed out",
+}
 CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"description": "chat.completion, or with stream: true chat.completion.chunk events",
-          "content": {"application/json": {}, "text/event-stream": {}}},
-    **error_responses(400, 401, 413, 429, 502, 503, 504)}
+    200: {
+        "description": "chat.completion, or with stream: true chat.completion.chunk events",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    },
+    **error_responses(400, 401, 413, 429, 502, 503, 504),
+}
 
 
 def chat_request_schema() -> dict[str, Any]:
@@ -225,12 +234,14 @@ def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = msg.get("role")
         if role not in ROLES:
-            raise InvalidRequest(f"messages[{i}].role {role!r} is not one of {', '.join(ROLES)}",
-                                 param=f"messages[{i}].role")
+            raise InvalidRequest(
+                f"messages[{i}].role {role!r} is not one of {', '.join(ROLES)}", param=f"messages[{i}].role"
+            )
         content = msg.get("content")
         if content is not None and not isinstance(content, (str, list)):
-            raise InvalidRequest(f"messages[{i}].content must be a string or a list of parts",
-                                 param=f"messages[{i}].content")
+            raise InvalidRequest(
+                f"messages[{i}].content must be a string or a list of parts", param=f"messages[{i}].content"
+            )
         if isinstance(content, list) and not all(isinstance(p, dict) and p.get("type") for p in content):
             raise InvalidRequest(f"messages[{i}].content parts need a type", param=f"messages[{i}].content")
         m = dict(msg)
@@ -240,8 +251,9 @@ def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for j, tc in enumerate(msg.get("tool_calls") or []):
                 fn = tc.get("function") if isinstance(tc, dict) else None
                 if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                    raise InvalidRequest(f"messages[{i}].tool_calls[{j}] needs function.name",
-                                         param=f"messages[{i}].tool_calls")
+                    raise InvalidRequest(
+                        f"messages[{i}].tool_calls[{j}] needs function.name", param=f"messages[{i}].tool_calls"
+                    )
                 if tc.get("id"):
                     call_ids.add(str(tc["id"]))
         elif content is None:
@@ -249,12 +261,14 @@ def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if role == "tool":
             tcid = msg.get("tool_call_id")
             if not tcid:
-                raise InvalidRequest(f"messages[{i}] is a tool message without tool_call_id",
-                                     param=f"messages[{i}].tool_call_id")
+                raise InvalidRequest(
+                    f"messages[{i}] is a tool message without tool_call_id", param=f"messages[{i}].tool_call_id"
+                )
             if str(tcid) not in call_ids:
                 raise InvalidRequest(
                     f"messages[{i}].tool_call_id {tcid!r} does not match any earlier assistant tool call",
-                    param=f"messages[{i}].tool_call_id")
+                    param=f"messages[{i}].tool_call_id",
+                )
         out.append(m)
     return out
 
@@ -262,13 +276,19 @@ def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def validate_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> None:
     for i, t in enumerate(tools or []):
         fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict) \
-                or not isinstance(fn.get("name"), str):
-            raise InvalidRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
-                                 param=f"tools[{i}]")
+        if (
+            not isinstance(t, dict)
+            or t.get("type", "function") != "function"
+            or not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+        ):
+            raise InvalidRequest(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", param=f"tools[{i}]"
+            )
     if isinstance(tool_choice, str) and tool_choice not in ("none", "auto", "required"):
-        raise InvalidRequest(f"tool_choice {tool_choice!r} must be none, auto, required or a function",
-                             param="tool_choice")
+        raise InvalidRequest(
+            f"tool_choice {tool_choice!r} must be none, auto, required or a function", param="tool_choice"
+        )
     if tool_choice not in (None, "none", "auto") and not tools:
         raise InvalidRequest("tool_choice needs tools", param="tool_choice")
 
@@ -304,16 +324,31 @@ def finish_reason(engine_finish: dict[str, Any], has_tool_calls: bool) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def completion(*, rid: str, model: str, message: dict[str, Any], finish: str, prompt_tokens: int,
-               completion_tokens: int, logprobs: dict[str, Any] | None = None,
-               metadata: dict[str, str] | None = None, hindsight: dict[str, Any] | None = None) -> dict[str, Any]:
+def completion(
+    *,
+    rid: str,
+    model: str,
+    message: dict[str, Any],
+    finish: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    logprobs: dict[str, Any] | None = None,
+    metadata: dict[str, str] | None = None,
+    hindsight: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """``metadata`` is the client's own (echoed); Hindsight's values go in the ``hindsight`` extension field."""
     body: dict[str, Any] = {
-        "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
         "usage": usage(prompt_tokens, completion_tokens),
     }
@@ -324,9 +359,16 @@ def completion(*, rid: str, model: str, message: dict[str, Any], finish: str, pr
     return body
 
 
-def chunk(*, rid: str, model: str, created: int, delta: dict[str, Any] | None = None,
-          finish: str | None = None, usage_obj: dict[str, int] | None = None,
-          logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+def chunk(
+    *,
+    rid: str,
+    model: str,
+    created: int,
+    delta: dict[str, Any] | None = None,
+    finish: str | None = None,
+    usage_obj: dict[str, int] | None = None,
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
     if usage_obj is not None:
         body["choices"] = []

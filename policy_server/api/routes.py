@@ -143,19 +143,32 @@ async def _check_backlog(st: PolicyState) -> None:
         st.backlog_cache[:] = [value, time.monotonic()]
     if value >= st.settings.max_unconsumed_samples:
         st.metrics.backpressure.inc()
-        raise Backpressure(f"sample store holds {int(value)} unconsumed samples (limit "
-                           f"{st.settings.max_unconsumed_samples}); the trainer must lease/ack before new main turns")
+        raise Backpressure(
+            f"sample store holds {int(value)} unconsumed samples (limit "
+            f"{st.settings.max_unconsumed_samples}); the trainer must lease/ack before new main turns"
+        )
 
 
-def _turn_record(messages: list[dict[str, Any]], tools: Any, res: GenResult, message: dict[str, Any],
-                 sp: dict[str, Any], template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+def _turn_record(
+    messages: list[dict[str, Any]],
+    tools: Any,
+    res: GenResult,
+    message: dict[str, Any],
+    sp: dict[str, Any],
+    template_kwargs: dict[str, Any] | None,
+) -> dict[str, Any]:
     """The turn's :class:`~engine.records.TurnRecord` JSON, as the store persists it."""
     return TurnRecord(
         chat_template_kwargs=template_kwargs,  # the teacher renders its prompt the same way
-        messages=messages, tools=tools, prompt_ids=res.prompt_ids, response_ids=res.response_ids,
+        messages=messages,
+        tools=tools,
+        prompt_ids=res.prompt_ids,
+        response_ids=res.response_ids,
         rollout_logprobs=res.logprobs,
         response={k: message.get(k) for k in ("content", "reasoning_content", "tool_calls")},
-        weight_version=res.weight_version, weight_versions=res.weight_versions, sampling_params=sp,
+        weight_version=res.weight_version,
+        weight_versions=res.weight_versions,
+        sampling_params=sp,
         # A forced tool call or a JSON response format decodes under a grammar: the log-probs are the
         # masked distribution's.
         constrained=any(k in sp for k in GRAMMAR_KEYS),
@@ -174,15 +187,25 @@ class _Turn:
 def _reject_turn(store: SampleStore, sid: str, turn_index: int) -> str:
     """Keep a recorded but undelivered turn out of training (worker thread): which outcome applied."""
     note = "client disconnected before the reply was delivered"
-    if store.resolve_turn(sid, turn_index, pairing="mismatch", next_state=None, session_done=False, note=note,
-                          reject_reason=DISCONNECT_REASON) is not None:
+    if (
+        store.resolve_turn(
+            sid,
+            turn_index,
+            pairing="mismatch",
+            next_state=None,
+            session_done=False,
+            note=note,
+            reject_reason=DISCONNECT_REASON,
+        )
+        is not None
+    ):
         return "rejected"
     # Already resolved: the request ended its session (or the idle sweep did), so its sample was created
     # pending_judge in the same transaction; reject it unless the judge has decided it in the meantime.
     for row in store.list_samples(session_id=sid, status="pending_judge", limit=10_000):
         if row["turn_index"] == turn_index and store.complete_judge(
-                row["sample_id"], status="rejected", reject_reason=DISCONNECT_REASON, included=False,
-                data=None):  # no Sample JSON, like every pairing rejection
+            row["sample_id"], status="rejected", reject_reason=DISCONNECT_REASON, included=False, data=None
+        ):  # no Sample JSON, like every pairing rejection
             return "rejected"
     return "already decided"
 
@@ -190,8 +213,9 @@ def _reject_turn(store: SampleStore, sid: str, turn_index: int) -> str:
 async def _abandon(st: PolicyState, turn: _Turn, why: str) -> None:
     """The client will not get (all of) this answer: abort it upstream and keep it out of training."""
     turn.res.abandoned = True
-    logger.info("%s: aborting engine requests %s* (%d token(s) generated)", why, turn.res.rid_prefix,
-                len(turn.res.response_ids))
+    logger.info(
+        "%s: aborting engine requests %s* (%d token(s) generated)", why, turn.res.rid_prefix, len(turn.res.response_ids)
+    )
     await abort_engine_requests(st.weight_sync.workers, turn.res.rid_prefix)
     if turn.record_task is None or turn.sid is None:
         return
@@ -201,12 +225,14 @@ async def _abandon(st: PolicyState, turn: _Turn, why: str) -> None:
         logger.exception("turn record failed while its client disconnected")
         return
     outcome = await asyncio.to_thread(_reject_turn, st.store, turn.sid, idx)
-    logger.info("session %s turn %d was recorded as the client disconnected: %s (%s)", turn.sid, idx, outcome,
-                DISCONNECT_REASON)
+    logger.info(
+        "session %s turn %d was recorded as the client disconnected: %s (%s)", turn.sid, idx, outcome, DISCONNECT_REASON
+    )
 
 
-def _abandon_detached(st: PolicyState, turn: _Turn, why: str, *, close: AsyncGenerator[str, None] | None = None
-                      ) -> asyncio.Task[None]:
+def _abandon_detached(
+    st: PolicyState, turn: _Turn, why: str, *, close: AsyncGenerator[str, None] | None = None
+) -> asyncio.Task[None]:
     """Run :func:`_abandon` as its own task: it must finish even when the caller is being cancelled."""
     turn.res.abandoned = True  # at once, before any await: nothing may resubmit from here on
 
@@ -234,8 +260,13 @@ def _engine_failed(st: PolicyState, turn: _Turn, exc: EngineError) -> None:
         _abandon_detached(st, turn, "engine call timed out")
 
 
-@router.post("/v1/chat/completions", openapi_extra={"requestBody": {"required": True, "content": {
-    "application/json": {"schema": oa.chat_request_schema()}}}}, responses=oa.CHAT_RESPONSES)
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": oa.chat_request_schema()}}}
+    },
+    responses=oa.CHAT_RESPONSES,
+)
 async def chat_completions(request: Request) -> Response:
     st = _state(request)
     require_client(request, st.settings)
@@ -253,9 +284,14 @@ async def chat_completions(request: Request) -> Response:
     extras = fields.parse_extras(body)
     sp = oa.sampling_params(req, st.settings.default_max_tokens, st.settings.default_temperature)
     forced = fields.apply_constraints(extras, sp, req.tools, req.tool_choice)
-    fields.apply_extras(extras, sp, vocab_size=len(st.generator.tokenizer), forced_tools=forced,
-                        tools=bool(req.tools) and req.tool_choice != "none",
-                        behind_router=st.settings.engine_url not in st.settings.engine_worker_urls)
+    fields.apply_extras(
+        extras,
+        sp,
+        vocab_size=len(st.generator.tokenizer),
+        forced_tools=forced,
+        tools=bool(req.tools) and req.tool_choice != "none",
+        behind_router=st.settings.engine_url not in st.settings.engine_worker_urls,
+    )
     infer = sid is None and turn_type == "main" and st.inferrer is not None
     record = (sid is not None or infer) and turn_type == "main"
     if record:
@@ -277,21 +313,34 @@ async def chat_completions(request: Request) -> Response:
     rid = f"chatcmpl-{hexid}"
     parse_tools = req.tool_choice != "none"
     # Engine rids "hs-<hex>-<segment>": unique per submission, one abort prefix per chat request.
-    turn = _Turn(sid=sid, res=GenResult(prompt_ids=list(prompt_ids), rid_prefix=f"hs-{hexid}-",
-                                        top_logprobs_num=extras.top_logprobs or 0))
+    turn = _Turn(
+        sid=sid,
+        res=GenResult(
+            prompt_ids=list(prompt_ids), rid_prefix=f"hs-{hexid}-", top_logprobs_num=extras.top_logprobs or 0
+        ),
+    )
 
     def logprob_entries(start: int, end: int) -> list[dict[str, Any]]:
         r = turn.res
-        return fields.token_logprobs(st.generator.tokenizer, r.response_ids[start:end], r.logprobs[start:end],
-                                     r.top_logprobs[start:end] if r.top_logprobs_num else None)
+        return fields.token_logprobs(
+            st.generator.tokenizer,
+            r.response_ids[start:end],
+            r.logprobs[start:end],
+            r.top_logprobs[start:end] if r.top_logprobs_num else None,
+        )
 
     async def finish_turn(res: GenResult, message: dict[str, Any]) -> None:
         st.metrics.resumes.inc(res.resumes)
         if record:
             assert sid is not None
             turn.record_task = asyncio.ensure_future(
-                st.sessions.on_main_turn(sid, _turn_record(messages, req.tools, res, message, sp, template_kwargs),
-                                         done=done, arrival=arrival))
+                st.sessions.on_main_turn(
+                    sid,
+                    _turn_record(messages, req.tools, res, message, sp, template_kwargs),
+                    done=done,
+                    arrival=arrival,
+                )
+            )
             # Shielded: a disconnect now must not lose track of a write that commits anyway (see _abandon).
             await asyncio.shield(turn.record_task)
 
@@ -302,12 +351,20 @@ async def chat_completions(request: Request) -> Response:
         content = None if forced and not parsed.tool_calls else parsed.content
         message = assistant_message(content, parsed.reasoning_content, parsed.tool_calls)
         await finish_turn(res, message)
-        return JSONResponse(oa.completion(
-            rid=rid, model=model, message=message, finish=oa.finish_reason(res.finish, bool(parsed.tool_calls)),
-            prompt_tokens=len(prompt_ids), completion_tokens=len(res.response_ids),
-            logprobs={"content": logprob_entries(0, len(res.response_ids))} if extras.logprobs else None,
-            metadata=extras.metadata, hindsight=fields.hindsight_extension(res.weight_version, sid)),
-            headers=fields.hindsight_headers(res.weight_version, sid))
+        return JSONResponse(
+            oa.completion(
+                rid=rid,
+                model=model,
+                message=message,
+                finish=oa.finish_reason(res.finish, bool(parsed.tool_calls)),
+                prompt_tokens=len(prompt_ids),
+                completion_tokens=len(res.response_ids),
+                logprobs={"content": logprob_entries(0, len(res.response_ids))} if extras.logprobs else None,
+                metadata=extras.metadata,
+                hindsight=fields.hindsight_extension(res.weight_version, sid),
+            ),
+            headers=fields.hindsight_headers(res.weight_version, sid),
+        )
 
     include_usage = bool((req.stream_options or {}).get("include_usage"))
     deltas = st.generator.stream(prompt_ids, sp, turn.res) if req.stream else None
@@ -338,10 +395,19 @@ async def chat_completions(request: Request) -> Response:
             _abandon_detached(st, turn, "client disconnected mid-stream", close=deltas)
 
     events = sse_events(
-        rid=rid, model=model, first=first_delta, deltas=deltas, res=turn.res, parse_tools=parse_tools,
-        forced_call=bool(forced), logprob_entries=logprob_entries if extras.logprobs else None,
-        include_usage=include_usage, finish_turn=finish_turn, on_engine_error=lambda e: _engine_failed(st, turn, e),
-        on_undelivered=undelivered)
+        rid=rid,
+        model=model,
+        first=first_delta,
+        deltas=deltas,
+        res=turn.res,
+        parse_tools=parse_tools,
+        forced_call=bool(forced),
+        logprob_entries=logprob_entries if extras.logprobs else None,
+        include_usage=include_usage,
+        finish_turn=finish_turn,
+        on_engine_error=lambda e: _engine_failed(st, turn, e),
+        on_undelivered=undelivered,
+    )
 
     async def close_stream() -> None:
         try:
@@ -352,16 +418,27 @@ async def chat_completions(request: Request) -> Response:
     # The background task runs after the body ends or the client left (Starlette cancels the body on
     # http.disconnect, then runs it): closing the iterator there runs its finally in every case.
     headers = {"Cache-Control": "no-cache", **fields.hindsight_headers(turn.res.weight_version, sid)}
-    return StreamingResponse(events, media_type="text/event-stream", headers=headers,
-                             background=BackgroundTask(close_stream))
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers=headers, background=BackgroundTask(close_stream)
+    )
 
 
 @router.get("/v1/models", responses=oa.error_responses(401))
 async def models(request: Request) -> dict[str, Any]:
     st = _state(request)
     require_client(request, st.settings)
-    return {"object": "list", "data": [{"id": st.settings.served_model_name, "object": "model", "created": 0,
-                                        "owned_by": "hindsight", "weight_version": st.gate.version}]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": st.settings.served_model_name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "hindsight",
+                "weight_version": st.gate.version,
+            }
+        ],
+    }
 
 
 @router.get("/health")
@@ -381,13 +458,21 @@ async def ready(request: Request) -> JSONResponse:
     ok = not draining and engine_ok and store_problem is None
     body: dict[str, Any] = {"ready": ok, "engine": engine_ok, "store": store_problem is None, "draining": draining}
     if is_admin(request, st.settings):
-        body.update(engine_url=st.settings.engine_url, weight_version=st.gate.version, gate_open=st.gate.is_open,
-                    judge=bool(st.pipeline), store_detail=store_problem)
+        body.update(
+            engine_url=st.settings.engine_url,
+            weight_version=st.gate.version,
+            gate_open=st.gate.is_open,
+            judge=bool(st.pipeline),
+            store_detail=store_problem,
+        )
     return JSONResponse(body, status_code=200 if ok else 503, headers={} if ok else {"Retry-After": "5"})
 
 
-@router.get("/metrics", response_class=PlainTextResponse,
-            responses={200: {"content": {"text/plain; version=0.0.4": {}}, "description": "Prometheus text"}})
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain; version=0.0.4": {}}, "description": "Prometheus text"}},
+)
 async def metrics(request: Request) -> Response:
     st = _state(request)
     st.metrics.gate_waiting.set(st.gate.waiting)

@@ -70,7 +70,7 @@ class StreamSplitter:
             elif self.mode == "think":
                 idx = self.buf.find(THINK_CLOSE, self.pos)
                 if idx >= 0:
-                    self._emit(out, "reasoning", self.buf[self.pos:idx].rstrip())
+                    self._emit(out, "reasoning", self.buf[self.pos : idx].rstrip())
                     self.pos = idx + len(THINK_CLOSE)
                     self.mode, progressed = "content", True
                 else:
@@ -78,7 +78,7 @@ class StreamSplitter:
             elif self.mode == "content":
                 idx = self.buf.find(TOOL_OPEN, self.pos)
                 if idx >= 0:
-                    self._emit(out, "content", self.buf[self.pos:idx].rstrip())
+                    self._emit(out, "content", self.buf[self.pos : idx].rstrip())
                     self.pos = idx
                     self.mode = "tool"
                 else:
@@ -86,7 +86,7 @@ class StreamSplitter:
         return out
 
     def _emit_safe(self, out: list[tuple[str, str]], kind: str, tag: str) -> None:
-        tail = self.buf[self.pos:]
+        tail = self.buf[self.pos :]
         hold = _partial_tag_len(tail, tag)
         safe = tail[: len(tail) - hold]
         safe = safe.rstrip()  # trailing whitespace waits: it may end the block and be stripped
@@ -117,10 +117,10 @@ class StreamSplitter:
         out: list[tuple[str, str]] = []
         reasoning = final.reasoning_content or ""
         if reasoning.startswith(self.reasoning) and len(reasoning) > len(self.reasoning):
-            out.append(("reasoning", reasoning[len(self.reasoning):]))
+            out.append(("reasoning", reasoning[len(self.reasoning) :]))
             self.reasoning = reasoning
         if final.content.startswith(self.content) and len(final.content) > len(self.content):
-            out.append(("content", final.content[len(self.content):]))
+            out.append(("content", final.content[len(self.content) :]))
             self.content = final.content
         return out, final.tool_calls
 
@@ -137,12 +137,21 @@ def assistant_message(content: str | None, reasoning: str | None, calls: list[di
     return msg
 
 
-async def sse_events(*, rid: str, model: str, first: str | None, deltas: AsyncIterator[str], res: GenResult,
-                     parse_tools: bool, include_usage: bool, forced_call: bool = False,
-                     logprob_entries: Callable[[int, int], list[dict[str, Any]]] | None = None,
-                     finish_turn: Callable[[GenResult, dict[str, Any]], Awaitable[None]],
-                     on_engine_error: Callable[[EngineError], None],
-                     on_undelivered: Callable[[], None]) -> AsyncIterator[str]:
+async def sse_events(
+    *,
+    rid: str,
+    model: str,
+    first: str | None,
+    deltas: AsyncIterator[str],
+    res: GenResult,
+    parse_tools: bool,
+    include_usage: bool,
+    forced_call: bool = False,
+    logprob_entries: Callable[[int, int], list[dict[str, Any]]] | None = None,
+    finish_turn: Callable[[GenResult, dict[str, Any]], Awaitable[None]],
+    on_engine_error: Callable[[EngineError], None],
+    on_undelivered: Callable[[], None],
+) -> AsyncIterator[str]:
     """The streaming answer. ``finish_turn`` records the turn before the final chunk; ``on_undelivered`` runs
     (synchronously, from ``finally``) when the stream did not get to ``[DONE]`` and must not await: at that
     point the task may be inside a cancelled scope, so the caller detaches any cleanup.
@@ -166,8 +175,18 @@ async def sse_events(*, rid: str, model: str, first: str | None, deltas: AsyncIt
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
     def out(pairs: list[tuple[str, str]]) -> list[str]:
-        return [event(oa.chunk(rid=rid, model=model, created=created, logprobs=lp(),
-                               delta={"reasoning_content" if k == "reasoning" else "content": t})) for k, t in pairs]
+        return [
+            event(
+                oa.chunk(
+                    rid=rid,
+                    model=model,
+                    created=created,
+                    logprobs=lp(),
+                    delta={"reasoning_content" if k == "reasoning" else "content": t},
+                )
+            )
+            for k, t in pairs
+        ]
 
     splitter = StreamSplitter() if parse_tools else None
     delivered = False
@@ -195,17 +214,38 @@ async def sse_events(*, rid: str, model: str, first: str | None, deltas: AsyncIt
             else:
                 message = assistant_message(res.text, None, [])
             if calls:
-                delta_calls = [{"index": i, "id": c["id"], "type": "function",
-                                "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
-                               for i, c in enumerate(calls)]
-                yield event(oa.chunk(rid=rid, model=model, created=created, delta={"tool_calls": delta_calls},
-                                     logprobs=lp()))
+                delta_calls = [
+                    {
+                        "index": i,
+                        "id": c["id"],
+                        "type": "function",
+                        "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                    }
+                    for i, c in enumerate(calls)
+                ]
+                yield event(
+                    oa.chunk(rid=rid, model=model, created=created, delta={"tool_calls": delta_calls}, logprobs=lp())
+                )
             await finish_turn(res, message)
-            yield event(oa.chunk(rid=rid, model=model, created=created, delta={}, logprobs=lp(),
-                                 finish=oa.finish_reason(res.finish, bool(calls))))
+            yield event(
+                oa.chunk(
+                    rid=rid,
+                    model=model,
+                    created=created,
+                    delta={},
+                    logprobs=lp(),
+                    finish=oa.finish_reason(res.finish, bool(calls)),
+                )
+            )
             if include_usage:
-                yield event(oa.chunk(rid=rid, model=model, created=created,
-                                     usage_obj=oa.usage(len(res.prompt_ids), len(res.response_ids))))
+                yield event(
+                    oa.chunk(
+                        rid=rid,
+                        model=model,
+                        created=created,
+                        usage_obj=oa.usage(len(res.prompt_ids), len(res.response_ids)),
+                    )
+                )
         except (EngineError, PolicyError) as exc:
             if isinstance(exc, EngineError):
                 on_engine_error(exc)

@@ -81,20 +81,37 @@ def _retryable_errors() -> tuple[type[BaseException], ...]:
     """Dependency failures that leave a job pending for a later attempt (never a verdict): the client
     layer's exhausted retries of the engine and of the judge service."""
     return (EngineUnavailable, EngineTimeout, JudgeUnavailable)
+
+
 class TurnPipeline(Protocol):
     """What the dispatcher needs of the reward pipeline (policy_server.rewards.modes.RewardPipeline)."""
 
-    async def process(self, turn: dict[str, Any], next_state: list[dict[str, Any]] | None, *,
-                      session_has_included: bool, session_done: bool) -> dict[str, Any]: ...
+    async def process(
+        self,
+        turn: dict[str, Any],
+        next_state: list[dict[str, Any]] | None,
+        *,
+        session_has_included: bool,
+        session_done: bool,
+    ) -> dict[str, Any]: ...
 
 
 class Dispatcher:
     """Polls the store for pending_judge samples; woken early by :meth:`wake`."""
 
-    def __init__(self, store: Store, pipeline: TurnPipeline | None, *, concurrency: int = 8,
-                 retry_initial_s: float = 0.5, retry_max_s: float = 30.0, poll_s: float = 1.0,
-                 scoring: PRMScoring | None = None,
-                 owner: str | None = None, claim_s: float = 30.0):
+    def __init__(
+        self,
+        store: Store,
+        pipeline: TurnPipeline | None,
+        *,
+        concurrency: int = 8,
+        retry_initial_s: float = 0.5,
+        retry_max_s: float = 30.0,
+        poll_s: float = 1.0,
+        scoring: PRMScoring | None = None,
+        owner: str | None = None,
+        claim_s: float = 30.0,
+    ):
         self.store = store
         self.owner = owner
         self.claim_s = claim_s
@@ -231,9 +248,15 @@ class Dispatcher:
         try:
             async with self._sem:
                 while True:
-                    jobs = [] if self.pipeline is None else [
-                        j for j in await asyncio.to_thread(self.store.pending_jobs, self.owner)
-                        if j["session_id"] == session_id]
+                    jobs = (
+                        []
+                        if self.pipeline is None
+                        else [
+                            j
+                            for j in await asyncio.to_thread(self.store.pending_jobs, self.owner)
+                            if j["session_id"] == session_id
+                        ]
+                    )
                     if not jobs:
                         if self.scoring is None:
                             return
@@ -267,8 +290,11 @@ class Dispatcher:
         assert self.pipeline is not None, "pending jobs are only processed with a pipeline"
         try:
             result = await self.pipeline.process(
-                {k: turn.get(k) for k in PIPELINE_TURN_KEYS}, turn["next_state"],
-                session_has_included=bool(session["has_included"]), session_done=turn["session_done"])
+                {k: turn.get(k) for k in PIPELINE_TURN_KEYS},
+                turn["next_state"],
+                session_has_included=bool(session["has_included"]),
+                session_done=turn["session_done"],
+            )
         except _RETRYABLE as exc:
             return await self._retry_later(job, f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # a pipeline bug must not stall the session: reject visibly
@@ -295,9 +321,14 @@ class Dispatcher:
                 logger.error("sample of %s/%s is off the schema: %s", job["session_id"], job["turn_index"], exc)
                 result = _pipeline_error(exc)
                 data = Sample.model_validate(_sample_json({}, turn, job["sample_id"]))
-        await asyncio.to_thread(self.store.complete_judge, job["sample_id"], status=result["status"],
-                                reject_reason=result.get("reject_reason"), included=bool(result.get("included")),
-                                data=data)
+        await asyncio.to_thread(
+            self.store.complete_judge,
+            job["sample_id"],
+            status=result["status"],
+            reject_reason=result.get("reject_reason"),
+            included=bool(result.get("included")),
+            data=data,
+        )
         self.processed += 1
         self.outcomes[result["status"]] = self.outcomes.get(result["status"], 0) + 1
         return True
@@ -316,22 +347,32 @@ class Dispatcher:
         if outcome.kind == "retry":
             self.retries += 1
             attempts = max(s["attempts"] for s in held)
-            logger.warning("scoring session %s deferred (attempt %d, %d held): %s", session_id, attempts + 1,
-                           len(held), outcome.reason)
+            logger.warning(
+                "scoring session %s deferred (attempt %d, %d held): %s",
+                session_id,
+                attempts + 1,
+                len(held),
+                outcome.reason,
+            )
             await asyncio.to_thread(self.store.note_score_attempt, session_id, f"prm: {outcome.reason}")
             return attempts
         rows = held_outcomes(trajectory, outcome)
         moved = await asyncio.to_thread(self.store.complete_score, rows)
         status = "ready" if outcome.kind == "scored" else "rejected"
         self.outcomes[status] = self.outcomes.get(status, 0) + moved
-        logger.info("scored session %s: %d held sample(s) %s", session_id, moved,
-                    "ready" if outcome.kind == "scored" else f"rejected ({outcome.reason})")
+        logger.info(
+            "scored session %s: %d held sample(s) %s",
+            session_id,
+            moved,
+            "ready" if outcome.kind == "scored" else f"rejected ({outcome.reason})",
+        )
         return None
 
     async def _retry_later(self, job: dict[str, Any], error: str) -> bool:
         self.retries += 1
-        logger.warning("judging %s/%s deferred (attempt %d): %s", job["session_id"], job["turn_index"],
-                       job["attempts"] + 1, error)
+        logger.warning(
+            "judging %s/%s deferred (attempt %d): %s", job["session_id"], job["turn_index"], job["attempts"] + 1, error
+        )
         await asyncio.to_thread(self.store.note_attempt, job["sample_id"], error)
         return False
 
@@ -339,9 +380,15 @@ class Dispatcher:
 def _sample_json(fields: dict[str, Any], turn: dict[str, Any], sample_id: str) -> dict[str, Any]:
     """The stored Sample's JSON: the pipeline's fields, then the turn's (:data:`SAMPLE_TURN_KEYS`), then its
     origin (the :class:`~engine.records.Sample` field order)."""
-    return {**fields, **{k: turn.get(k) for k in SAMPLE_TURN_KEYS}, "sample_id": sample_id,
-            "session_id": turn["session_id"], "turn_index": turn["turn_index"], "created_at": turn["created_at"],
-            "constrained": is_constrained(turn)}
+    return {
+        **fields,
+        **{k: turn.get(k) for k in SAMPLE_TURN_KEYS},
+        "sample_id": sample_id,
+        "session_id": turn["session_id"],
+        "turn_index": turn["turn_index"],
+        "created_at": turn["created_at"],
+        "constrained": is_constrained(turn),
+    }
 
 
 def _pipeline_error(exc: Exception) -> dict[str, Any]:

@@ -48,17 +48,36 @@ from policy_server.rewards.teacher import TeacherEngine, TeacherFailed, TeacherS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MODES", "TASKS_BY_MODE", "Decision", "InvalidMode", "Judge", "ModeSnapshot", "ModeState",
-           "RewardPipeline", "RewardSettings", "TeacherEngine", "build_sample", "classify_hint", "classify_prm",
-           "decide"]
+__all__ = [
+    "MODES",
+    "TASKS_BY_MODE",
+    "Decision",
+    "InvalidMode",
+    "Judge",
+    "ModeSnapshot",
+    "ModeState",
+    "RewardPipeline",
+    "RewardSettings",
+    "TeacherEngine",
+    "build_sample",
+    "classify_hint",
+    "classify_prm",
+    "decide",
+]
 TASKS_BY_MODE: dict[str, list[str]] = {"rl": ["prm"], "opd": ["hint"], "combine": ["prm", "hint"]}
 
 
 class Judge(Protocol):
     """The judge service as the pipeline calls it (judge_server.client.JudgeClient): the /v1/judge verdicts."""
 
-    async def judge(self, context: list[dict[str, Any]], response: dict[str, Any],
-                    next_state: list[dict[str, Any]], tasks: list[str], m: int | None = None) -> JudgeVerdicts: ...
+    async def judge(
+        self,
+        context: list[dict[str, Any]],
+        response: dict[str, Any],
+        next_state: list[dict[str, Any]],
+        tasks: list[str],
+        m: int | None = None,
+    ) -> JudgeVerdicts: ...
 
 
 class RewardSettings(Protocol):
@@ -204,9 +223,7 @@ class Decision:
     promoted: bool = False  # included by the at-least-one guarantee
 
 
-def decide(
-    mode: str, prm: Any, hint: Any, *, session_has_included: bool, at_least_one: bool
-) -> Decision:
+def decide(mode: str, prm: Any, hint: Any, *, session_has_included: bool, at_least_one: bool) -> Decision:
     """Pure per-mode decision from the judge verdicts (see module docstring for the table)."""
     promote_ok = at_least_one and not session_has_included
     if mode == "rl":

@@ -143,8 +143,9 @@ def session_turns(trajectory: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def held_outcomes(trajectory: list[dict[str, Any]],
-                  outcome: SessionOutcome) -> list[tuple[str, str, str | None, dict[str, Any]]]:
+def held_outcomes(
+    trajectory: list[dict[str, Any]], outcome: SessionOutcome
+) -> list[tuple[str, str, str | None, dict[str, Any]]]:
     """``Store.complete_score`` rows for the held samples of a ``scored`` or ``rejected`` session outcome."""
     rows = []
     for t in trajectory:
@@ -152,8 +153,11 @@ def held_outcomes(trajectory: list[dict[str, Any]],
         if sample.get("status") != "pending_score":
             continue
         result = {"status": "ready", "reject_reason": None, "included": True, "sample": sample.get("data") or {}}
-        one = (ScoreOutcome("scored", token_rewards=outcome.token_rewards[t["turn_index"]])
-               if outcome.kind == "scored" else ScoreOutcome("rejected", reason=outcome.reason))
+        one = (
+            ScoreOutcome("scored", token_rewards=outcome.token_rewards[t["turn_index"]])
+            if outcome.kind == "scored"
+            else ScoreOutcome("rejected", reason=outcome.reason)
+        )
         res = apply_outcome(result, one)
         rows.append((sample["sample_id"], res["status"], res.get("reject_reason"), res["sample"]))
     return rows
@@ -192,16 +196,21 @@ class PRMScoring:
         try:
             config = load_prm_config(path)
             if not config.prm.active:
-                logger.info("--prm-config %s: scoring disabled (enabled: false or no enabled scorer); "
-                            "samples keep token_rewards null", path)
+                logger.info(
+                    "--prm-config %s: scoring disabled (enabled: false or no enabled scorer); "
+                    "samples keep token_rewards null",
+                    path,
+                )
                 return None
             runner = await PRMRunner.create(config)
         except Exception as exc:
-            raise PRMStartupError(f"--prm-config {path}: cannot start the PRM scorers: "
-                                  f"{type(exc).__name__}: {exc}") from exc
+            raise PRMStartupError(
+                f"--prm-config {path}: cannot start the PRM scorers: {type(exc).__name__}: {exc}"
+            ) from exc
         names = ", ".join(f"{s.name} (weight {s.weight})" for s in runner.scorers if s.enabled)
-        logger.info("PRM scoring on from %s: %s; shaping %s; scope %s", path, names,
-                    config.prm.advantage_shaping.mode, scope)
+        logger.info(
+            "PRM scoring on from %s: %s; shaping %s; scope %s", path, names, config.prm.advantage_shaping.mode, scope
+        )
         return cls(runner, path, config, scope=scope)
 
     def register(self, registry: Any) -> None:
@@ -221,9 +230,13 @@ class PRMScoring:
         got = rewards.get(idx)
         n = len(turn.get("response_ids") or [])
         if got is None or len(got) != n:
-            return self._count(ScoreOutcome(
-                "rejected", reason=f"{REJECT_PREFIX}expected {n} token rewards for turn {idx}, got "
-                                   f"{'none' if got is None else len(got)}"))
+            return self._count(
+                ScoreOutcome(
+                    "rejected",
+                    reason=f"{REJECT_PREFIX}expected {n} token rewards for turn {idx}, got "
+                    f"{'none' if got is None else len(got)}",
+                )
+            )
         return self._count(ScoreOutcome("scored", token_rewards=[float(v) for v in got]))
 
     async def score_held_session(self, trajectory: list[dict[str, Any]]) -> SessionOutcome:
@@ -245,9 +258,14 @@ class PRMScoring:
             idx, n = t["turn_index"], len(t.get("response_ids") or [])
             got = rewards.get(idx)
             if got is None or len(got) != n:
-                return self._count_session(SessionOutcome(
-                    "rejected", reason=f"{REJECT_PREFIX}expected {n} token rewards for turn {idx}, got "
-                                       f"{'none' if got is None else len(got)}"), len(held))
+                return self._count_session(
+                    SessionOutcome(
+                        "rejected",
+                        reason=f"{REJECT_PREFIX}expected {n} token rewards for turn {idx}, got "
+                        f"{'none' if got is None else len(got)}",
+                    ),
+                    len(held),
+                )
             per_turn[idx] = [float(v) for v in got]
         return self._count_session(SessionOutcome("scored", token_rewards=per_turn), len(held))
 

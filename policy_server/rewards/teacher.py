@@ -97,8 +97,15 @@ def build_teacher_prompt_ids(
 class TeacherEngine(Protocol):
     """What the scorer needs of the teacher engine (engine.client.EngineClient has it)."""
 
-    async def score(self, prompt_ids: list[int], response_ids: list[int], *, top_logprobs_num: int = 0,
-                    temperature: float = 1.0, deadline_s: float | None = None) -> ScoredSequence: ...
+    async def score(
+        self,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        *,
+        top_logprobs_num: int = 0,
+        temperature: float = 1.0,
+        deadline_s: float | None = None,
+    ) -> ScoredSequence: ...
 
 
 class TeacherFailed(Exception):

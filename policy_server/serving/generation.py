@@ -132,8 +132,16 @@ class GenResult:
 class Generator:
     """Renders prompts and drives the engine; one instance per server."""
 
-    def __init__(self, engine: EngineClient, tokenizer: Any, gate: WeightGate, *, max_resumes: int = 8,
-                 deadline_s: float | None = None, max_prompt_tokens: int | None = None):
+    def __init__(
+        self,
+        engine: EngineClient,
+        tokenizer: Any,
+        gate: WeightGate,
+        *,
+        max_resumes: int = 8,
+        deadline_s: float | None = None,
+        max_prompt_tokens: int | None = None,
+    ):
         self.engine = engine
         self.tokenizer = tokenizer
         self.gate = gate
@@ -149,18 +157,26 @@ class Generator:
             return
         floor = prompt_token_floor(messages, self._max_token_chars)
         if floor >= self.max_prompt_tokens:
-            raise InvalidRequest(f"the prompt has at least {floor} tokens; the engine's context is "
-                                 f"{self.max_prompt_tokens} tokens", param="messages", code="context_length_exceeded")
+            raise InvalidRequest(
+                f"the prompt has at least {floor} tokens; the engine's context is {self.max_prompt_tokens} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
 
-    async def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    async def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
         # Template rendering + tokenization is CPU work proportional to the history. A short prompt
         # renders in ~0.1 ms, less than a thread hand-off costs, so it runs inline; a long history
         # would stall every other request on the loop for milliseconds, so it goes to a worker thread.
         if _prompt_chars(messages, tools) <= INLINE_RENDER_MAX_CHARS:
             return render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs)
-        return await asyncio.to_thread(render_prompt_ids, self.tokenizer, messages, tools,
-                                       chat_template_kwargs=chat_template_kwargs)
+        return await asyncio.to_thread(
+            render_prompt_ids, self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs
+        )
 
     def _segment_params(self, sp: dict[str, Any], produced: int) -> dict[str, Any]:
         out = dict(sp)
@@ -174,14 +190,17 @@ class Generator:
 
     def _resume_or_fail(self, res: GenResult, finish: dict[str, Any]) -> None:
         if res.abandoned:  # our own abort (the client left), not a weight-sync pause: never resubmit
-            raise GenerationAbandoned(f"generation {res.rid_prefix} aborted after its client left "
-                                      f"({finish.get('message')})")
+            raise GenerationAbandoned(
+                f"generation {res.rid_prefix} aborted after its client left ({finish.get('message')})"
+            )
         res.resumes += 1
         if res.resumes > self.max_resumes:
             raise ServiceUnavailable(
-                f"generation was interrupted {res.resumes} times (last: {finish.get('message')}); try again")
-        logger.info("generation aborted after %d tokens (%s); resubmitting", len(res.response_ids),
-                    finish.get("message"))
+                f"generation was interrupted {res.resumes} times (last: {finish.get('message')}); try again"
+            )
+        logger.info(
+            "generation aborted after %d tokens (%s); resubmitting", len(res.response_ids), finish.get("message")
+        )
 
     async def generate(self, prompt_ids: list[int], sp: dict[str, Any], res: GenResult | None = None) -> GenResult:
         """Non-streaming generation with transparent resume; fills ``res`` (made here when not given)."""
@@ -190,9 +209,14 @@ class Generator:
             await self.gate.wait_open()
             epoch, version = self.gate.epoch, self.gate.version
             seg_sp = self._segment_params(sp, len(res.response_ids))
-            gens = await self.engine.generate_ids(res.prompt_ids + res.response_ids, seg_sp, return_logprob=True,
-                                                  rid=res.next_rid(), deadline_s=self.deadline_s,
-                                                  top_logprobs_num=res.top_logprobs_num)
+            gens = await self.engine.generate_ids(
+                res.prompt_ids + res.response_ids,
+                seg_sp,
+                return_logprob=True,
+                rid=res.next_rid(),
+                deadline_s=self.deadline_s,
+                top_logprobs_num=res.top_logprobs_num,
+            )
             g = gens[0]
             self._note_epoch(res, epoch, version)
             if g.output_ids:
@@ -222,8 +246,11 @@ class Generator:
             await self.gate.wait_open()
             epoch, version = self.gate.epoch, self.gate.version
             seg_sp = self._segment_params(sp, len(res.response_ids))
-            payload: dict[str, Any] = {"input_ids": res.prompt_ids + res.response_ids, "sampling_params": seg_sp,
-                                       "return_logprob": True}
+            payload: dict[str, Any] = {
+                "input_ids": res.prompt_ids + res.response_ids,
+                "sampling_params": seg_sp,
+                "return_logprob": True,
+            }
             rid = res.next_rid()
             if rid:
                 payload["rid"] = rid
@@ -246,7 +273,7 @@ class Generator:
                     res.response_ids += [int(t) for t in new]
                     res.logprobs += [float(e[0]) for e in lps[seen_ids:]]
                     if res.top_logprobs_num:
-                        rows = (meta.get("output_top_logprobs") or [])[seen_ids:len(ids)]
+                        rows = (meta.get("output_top_logprobs") or [])[seen_ids : len(ids)]
                         rows += [[]] * (len(new) - len(rows))
                         res.top_logprobs += [[(float(t[0]), int(t[1])) for t in (row or [])] for row in rows]
                     res.add_version(meta.get("weight_version"))
@@ -275,4 +302,3 @@ class Generator:
             if sp["max_new_tokens"] - len(res.response_ids) <= 0:
                 res.finish = {"type": "length", "length": sp["max_new_tokens"]}
                 return
-

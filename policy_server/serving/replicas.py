@@ -36,9 +36,18 @@ logger = logging.getLogger(__name__)
 class ReplicaSync:
     """Follows the shared reward mode and weight-sync pause (see the module docstring)."""
 
-    def __init__(self, store: Any, *, replica_id: str, mode_state: Any, gate: Any, interval_s: float = 1.0,
-                 ack_timeout_s: float = 5.0, max_pause_s: float = 600.0,
-                 in_flight: Callable[[], list[str]] | None = None):
+    def __init__(
+        self,
+        store: Any,
+        *,
+        replica_id: str,
+        mode_state: Any,
+        gate: Any,
+        interval_s: float = 1.0,
+        ack_timeout_s: float = 5.0,
+        max_pause_s: float = 600.0,
+        in_flight: Callable[[], list[str]] | None = None,
+    ):
         self.store = store
         self.replica_id = replica_id
         self.mode_state = mode_state
@@ -83,8 +92,9 @@ class ReplicaSync:
                     self._remote_paused = True
                     self.gate.close()
                     logger.info("weight update at another replica: new chat requests wait")
-                await asyncio.to_thread(self.store.set_runtime, f"weights_seen:{self.replica_id}",
-                                        {"epoch": weights["epoch"]})
+                await asyncio.to_thread(
+                    self.store.set_runtime, f"weights_seen:{self.replica_id}", {"epoch": weights["epoch"]}
+                )
             else:
                 if weights.get("version") is not None:
                     self.gate.version = weights["version"]
@@ -93,8 +103,11 @@ class ReplicaSync:
                     self.gate.epoch += 1
                     self.gate.open()
                     logger.info("weight update done at another replica: weight_version %s", self.gate.version)
-        await asyncio.to_thread(self.store.set_runtime, f"replica:{self.replica_id}",
-                                {"at": time.time(), "in_flight": self.in_flight() if self.in_flight else []})
+        await asyncio.to_thread(
+            self.store.set_runtime,
+            f"replica:{self.replica_id}",
+            {"at": time.time(), "in_flight": self.in_flight() if self.in_flight else []},
+        )
 
     async def remote_in_flight(self) -> set[str]:
         """Sessions with a main request in flight at another live replica (for the idle sweep)."""
@@ -123,9 +136,11 @@ class ReplicaSync:
         self.local_update = True
         current = await asyncio.to_thread(self.store.get_runtime, "weights") or {}
         epoch = int(current.get("epoch", 0)) + 1
-        await asyncio.to_thread(self.store.set_runtime, "weights",
-                                {"paused": True, "epoch": epoch, "version": self.gate.version, "at": time.time(),
-                                 "by": self.replica_id})
+        await asyncio.to_thread(
+            self.store.set_runtime,
+            "weights",
+            {"paused": True, "epoch": epoch, "version": self.gate.version, "at": time.time(), "by": self.replica_id},
+        )
         await asyncio.to_thread(self.store.notify_admin)
         end = time.monotonic() + self.ack_timeout_s
         while True:
@@ -133,23 +148,38 @@ class ReplicaSync:
             if not missing:
                 return epoch
             if time.monotonic() >= end:
-                logger.warning("replica(s) %s did not acknowledge the weight-update pause within %.1fs; going on",
-                               missing, self.ack_timeout_s)
+                logger.warning(
+                    "replica(s) %s did not acknowledge the weight-update pause within %.1fs; going on",
+                    missing,
+                    self.ack_timeout_s,
+                )
                 return epoch
             await asyncio.sleep(0.02)
 
     def _unacknowledged(self, epoch: int) -> list[str]:
         live_after = time.time() - 3 * self.interval_s
-        return [r for r in self.store.runtime_keys("replica:")
-                if r != self.replica_id and (self.store.get_runtime(f"replica:{r}") or {}).get("at", 0) > live_after
-                and (self.store.get_runtime(f"weights_seen:{r}") or {}).get("epoch", 0) < epoch]
+        return [
+            r
+            for r in self.store.runtime_keys("replica:")
+            if r != self.replica_id
+            and (self.store.get_runtime(f"replica:{r}") or {}).get("at", 0) > live_after
+            and (self.store.get_runtime(f"weights_seen:{r}") or {}).get("epoch", 0) < epoch
+        ]
 
     async def announce_done(self, epoch: int) -> None:
         """After continue_generation (also after a failed update): publish the version, open every gate."""
         try:
-            await asyncio.to_thread(self.store.set_runtime, "weights",
-                                    {"paused": False, "epoch": epoch, "version": self.gate.version,
-                                     "at": time.time(), "by": self.replica_id})
+            await asyncio.to_thread(
+                self.store.set_runtime,
+                "weights",
+                {
+                    "paused": False,
+                    "epoch": epoch,
+                    "version": self.gate.version,
+                    "at": time.time(),
+                    "by": self.replica_id,
+                },
+            )
             await asyncio.to_thread(self.store.notify_admin)
         finally:
             self.local_update = False

@@ -84,11 +84,17 @@ def message_key(msg: dict[str, Any]) -> tuple[Any, ...]:
         (tc.get("function", {}).get("name"), json.dumps(_args(tc.get("function", {}).get("arguments")), sort_keys=True))
         for tc in (msg.get("tool_calls") or [])
     )
-    return (msg.get("role"), _text(msg.get("content")), calls, msg.get("tool_call_id") if msg.get("role") == "tool" else None)
+    return (
+        msg.get("role"),
+        _text(msg.get("content")),
+        calls,
+        msg.get("tool_call_id") if msg.get("role") == "tool" else None,
+    )
 
 
-def pair_next_state(prev_messages: list[dict[str, Any]], prev_response: dict[str, Any],
-                    new_messages: list[dict[str, Any]]) -> Pairing:
+def pair_next_state(
+    prev_messages: list[dict[str, Any]], prev_response: dict[str, Any], new_messages: list[dict[str, Any]]
+) -> Pairing:
     """Apply the pairing rule of the module docstring (pure)."""
     n = len(prev_messages)
     if len(new_messages) < n + 2:
@@ -129,8 +135,9 @@ class SessionTracker:
     ``on_new_work`` is called (no args) whenever a sample becomes pending_judge, to wake the dispatcher.
     """
 
-    def __init__(self, store: SampleStore, *, idle_timeout_s: float, sweep_interval_s: float = 1.0,
-                 on_new_work: Any = None):
+    def __init__(
+        self, store: SampleStore, *, idle_timeout_s: float, sweep_interval_s: float = 1.0, on_new_work: Any = None
+    ):
         self.store = store
         self.idle_timeout_s = idle_timeout_s
         self.sweep_interval_s = sweep_interval_s
@@ -150,8 +157,9 @@ class SessionTracker:
     def _lock(self, session_id: str) -> asyncio.Lock:
         return self._locks.setdefault(session_id, asyncio.Lock())
 
-    async def on_request(self, session_id: str, messages: list[dict[str, Any]], *, main: bool,
-                         done: bool) -> Arrival | None:
+    async def on_request(
+        self, session_id: str, messages: list[dict[str, Any]], *, main: bool, done: bool
+    ) -> Arrival | None:
         """Called when a request arrives (before generation).
 
         A main request pairs the awaiting turn (a read; no commit) and returns its :class:`Arrival`, to be
@@ -189,21 +197,36 @@ class SessionTracker:
         p = pair_next_state(awaiting["messages"], awaiting["response"], messages)
         if p.kind == "mismatch":
             self.mismatches += 1
-            logger.warning("session %s turn %s: history mismatch (%s); rejecting that turn",
-                           session_id, awaiting["turn_index"], p.note)
-        return Resolution(awaiting["turn_index"], p.kind, p.next_state, p.note,
-                          RejectReason.HISTORY_MISMATCH if p.kind == "mismatch" else None)
+            logger.warning(
+                "session %s turn %s: history mismatch (%s); rejecting that turn",
+                session_id,
+                awaiting["turn_index"],
+                p.note,
+            )
+        return Resolution(
+            awaiting["turn_index"],
+            p.kind,
+            p.next_state,
+            p.note,
+            RejectReason.HISTORY_MISMATCH if p.kind == "mismatch" else None,
+        )
 
-    async def on_main_turn(self, session_id: str, record: dict[str, Any], *, done: bool,
-                           arrival: Arrival | None = None) -> int:
+    async def on_main_turn(
+        self, session_id: str, record: dict[str, Any], *, done: bool, arrival: Arrival | None = None
+    ) -> int:
         """Record a generated main turn with its arrival's pairing: ONE commit, before the client gets the answer."""
         owned = arrival is not None and not arrival.settled
         if arrival is not None and owned:
             arrival.settled = True
         try:
             async with self._lock(session_id):
-                idx = await asyncio.to_thread(self.store.record_turn, session_id, record, session_done=done,
-                                              resolve=arrival.resolution if arrival is not None and owned else None)
+                idx = await asyncio.to_thread(
+                    self.store.record_turn,
+                    session_id,
+                    record,
+                    session_done=done,
+                    resolve=arrival.resolution if arrival is not None and owned else None,
+                )
         except BaseException:
             if arrival is not None and owned:
                 arrival.settled = False  # nothing was written: settle_later still owes the pairing
@@ -241,14 +264,24 @@ class SessionTracker:
                 return
             async with self._lock(arrival.session_id):
                 sample_id = await asyncio.to_thread(
-                    self.store.resolve_turn, arrival.session_id, r.turn_index, pairing=r.pairing,
-                    next_state=r.next_state, session_done=False, note=r.note, reject_reason=r.reject_reason,
-                    touch=True)
+                    self.store.resolve_turn,
+                    arrival.session_id,
+                    r.turn_index,
+                    pairing=r.pairing,
+                    next_state=r.next_state,
+                    session_done=False,
+                    note=r.note,
+                    reject_reason=r.reject_reason,
+                    touch=True,
+                )
             if sample_id is not None:
                 self.on_new_work()
         except Exception:  # a store failure here must not be silent; the turn stays awaiting (sweep ends it)
-            logger.exception("session %s: writing the pairing of turn %s failed", arrival.session_id,
-                             arrival.resolution.turn_index if arrival.resolution else None)
+            logger.exception(
+                "session %s: writing the pairing of turn %s failed",
+                arrival.session_id,
+                arrival.resolution.turn_index if arrival.resolution else None,
+            )
         finally:
             self._release(arrival.session_id)
 

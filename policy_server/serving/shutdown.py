@@ -81,11 +81,24 @@ class DrainMiddleware:
             return
         if self.state.draining:
             self.state.refused += 1
-            body = json.dumps(error_body(503, "the policy server is shutting down; retry on another instance or "
-                                              "after its restart", "service_unavailable")).encode()
-            await send({"type": "http.response.start", "status": 503,
-                        "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
-                                    (b"retry-after", b"5")]})
+            body = json.dumps(
+                error_body(
+                    503,
+                    "the policy server is shutting down; retry on another instance or after its restart",
+                    "service_unavailable",
+                )
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"connection", b"close"),
+                        (b"retry-after", b"5"),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
             return
         self.state.inflight += 1
@@ -130,12 +143,17 @@ class DrainingServer(uvicorn.Server):
             super().handle_exit(sig, frame)
             return
         self.drain.begin()
-        logger.info("%s: draining (%d chat request(s) in flight, grace %.0fs); new chat requests get 503",
-                    signal.Signals(sig).name, self.drain.inflight, self.grace_s)
+        logger.info(
+            "%s: draining (%d chat request(s) in flight, grace %.0fs); new chat requests get 503",
+            signal.Signals(sig).name,
+            self.drain.inflight,
+            self.grace_s,
+        )
         loop.call_soon_threadsafe(lambda: loop.create_task(self._exit_when_idle()))
 
     async def _exit_when_idle(self) -> None:
         if not await self.drain.wait_idle(self.grace_s):
-            logger.warning("%d chat request(s) still in flight after %.0fs; stopping anyway",
-                           self.drain.inflight, self.grace_s)
+            logger.warning(
+                "%d chat request(s) still in flight after %.0fs; stopping anyway", self.drain.inflight, self.grace_s
+            )
         self.should_exit = True

@@ -59,8 +59,9 @@ def schema_grammar(schema: dict[str, Any], what: str, param: str) -> xgr.Grammar
     """xgrammar's grammar of a JSON schema, or a 400 that says why it cannot be constrained."""
     ref = _external_ref(schema)
     if ref is not None:
-        raise InvalidRequest(f"{what}: $ref {ref!r} points outside the schema; only local refs (#/...) can be "
-                             "constrained", param=param)
+        raise InvalidRequest(
+            f"{what}: $ref {ref!r} points outside the schema; only local refs (#/...) can be constrained", param=param
+        )
     try:
         return _schema_grammar(json.dumps(schema))  # key order kept: properties come out in schema order
     except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar reports unsupported schemas as RuntimeError
@@ -73,17 +74,23 @@ def _parameters(fn: dict[str, Any], index: int) -> dict[str, Any]:
     if params is None:
         return dict(_EMPTY_OBJECT)
     if not isinstance(params, dict) or params.get("type", "object") != "object":
-        raise InvalidRequest(f"tools[{index}].function.parameters must be a JSON schema of type object to be "
-                             "forced", param=f"tools[{index}].function.parameters")
+        raise InvalidRequest(
+            f"tools[{index}].function.parameters must be a JSON schema of type object to be forced",
+            param=f"tools[{index}].function.parameters",
+        )
     return params
 
 
 def _call_grammar(fn: dict[str, Any], index: int) -> xgr.Grammar:
     head = '<tool_call>\n{"name": ' + json.dumps(fn["name"]) + ', "arguments": '
-    args = schema_grammar(_parameters(fn, index), f"tools[{index}] ({fn['name']}) parameters",
-                          f"tools[{index}].function.parameters")
-    return xgr.Grammar.concat(xgr.Grammar.from_ebnf("root ::= " + json.dumps(head)), args,
-                              xgr.Grammar.from_ebnf('root ::= "}\\n</tool_call>"'))
+    args = schema_grammar(
+        _parameters(fn, index), f"tools[{index}] ({fn['name']}) parameters", f"tools[{index}].function.parameters"
+    )
+    return xgr.Grammar.concat(
+        xgr.Grammar.from_ebnf("root ::= " + json.dumps(head)),
+        args,
+        xgr.Grammar.from_ebnf('root ::= "}\\n</tool_call>"'),
+    )
 
 
 def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any) -> str | None:
@@ -113,9 +120,12 @@ def response_format_schema(response_format: dict[str, Any] | None) -> str | None
         spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
-            raise InvalidRequest("response_format.json_schema.schema must be a JSON schema object",
-                                 param="response_format.json_schema.schema")
+            raise InvalidRequest(
+                "response_format.json_schema.schema must be a JSON schema object",
+                param="response_format.json_schema.schema",
+            )
         schema_grammar(schema, "response_format.json_schema.schema", "response_format.json_schema.schema")
         return json.dumps(schema)
-    raise InvalidRequest(f"response_format.type {kind!r} must be text, json_object or json_schema",
-                         param="response_format.type")
+    raise InvalidRequest(
+        f"response_format.type {kind!r} must be text, json_object or json_schema", param="response_format.type"
+    )

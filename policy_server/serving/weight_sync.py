@@ -63,7 +63,8 @@ class WeightGate:
                 await self._open.wait()
         except TimeoutError:
             raise ServiceUnavailable(
-                f"weight update in progress for more than {self.timeout_s:.0f}s; retry shortly") from None
+                f"weight update in progress for more than {self.timeout_s:.0f}s; retry shortly"
+            ) from None
         finally:
             self.waiting -= 1
 
@@ -71,8 +72,15 @@ class WeightGate:
 class WeightSync:
     """Runs pause -> update_weights_from_disk -> continue on every worker behind the gate."""
 
-    def __init__(self, workers: list[EngineClient], gate: WeightGate, *, pause_mode: str = "abort",
-                 deadline_s: float = 600.0, replicas: Any | None = None):
+    def __init__(
+        self,
+        workers: list[EngineClient],
+        gate: WeightGate,
+        *,
+        pause_mode: str = "abort",
+        deadline_s: float = 600.0,
+        replicas: Any | None = None,
+    ):
         self.workers = workers
         self.replicas = replicas  # policy_server.serving.replicas.ReplicaSync with a shared store, else None
         self.gate = gate
@@ -110,10 +118,16 @@ class WeightSync:
                 failed = await self._all(step, [w.pause_generation(self.pause_mode) for w in self.workers])
                 if not failed:
                     step = "update_weights_from_disk"
-                    failed = await self._all(step, [
-                        w.update_weights_from_disk(model_path, weight_version=weight_version,
-                                                   deadline_s=self.deadline_s)
-                        for w in self.workers], errors)
+                    failed = await self._all(
+                        step,
+                        [
+                            w.update_weights_from_disk(
+                                model_path, weight_version=weight_version, deadline_s=self.deadline_s
+                            )
+                            for w in self.workers
+                        ],
+                        errors,
+                    )
             finally:
                 cont = await self._all("continue_generation", [w.continue_generation() for w in self.workers])
                 if not failed and not cont:
@@ -133,8 +147,13 @@ class WeightSync:
                     # caller's error, not an upstream fault; generation continues on the old weights.
                     raise InvalidRequest(f"weight update refused by the engine(s): {msg}", param="model_path")
                 raise UpstreamFailed(f"weight update failed at {step if failed else 'continue_generation'}: {msg}")
-            logger.info("weights updated to %s from %s in %.3fs (pause mode %s)", weight_version, model_path,
-                        paused_s, self.pause_mode)
+            logger.info(
+                "weights updated to %s from %s in %.3fs (pause mode %s)",
+                weight_version,
+                model_path,
+                paused_s,
+                self.pause_mode,
+            )
             return {"success": True, "weight_version": weight_version, "paused_s": round(paused_s, 4)}
 
 

@@ -52,8 +52,19 @@ from policy_server.store.samples import StoreSamples
 from policy_server.store.sessions import Resolution, StoreSessions
 from policy_server.store.sqlite import SqliteDB
 
-__all__ = ["LATEST_VERSION", "SAMPLE_STATUSES", "LeaseError", "PostgresStore", "Resolution", "SampleStore", "SchemaError",
-           "Store", "StoreDB", "open_store", "sqlite_dir"]
+__all__ = [
+    "LATEST_VERSION",
+    "SAMPLE_STATUSES",
+    "LeaseError",
+    "PostgresStore",
+    "Resolution",
+    "SampleStore",
+    "SchemaError",
+    "Store",
+    "StoreDB",
+    "open_store",
+    "sqlite_dir",
+]
 
 
 class SampleStore(StoreSessions, StoreSamples, StoreLeases, StoreReads):
@@ -80,13 +91,19 @@ def sqlite_dir(store_url: str | None, data_dir: str | Path) -> Path | None:
     if store_url.startswith(("postgresql://", "postgres://")):
         return None
     if store_url.startswith("sqlite://"):
-        rest = store_url[len("sqlite://"):]
+        rest = store_url[len("sqlite://") :]
         return Path(rest) if rest else Path(data_dir)
     raise ValueError(f"store URL must start with sqlite:// or postgresql://, not {store_url.split(':', 1)[0]!r}")
 
 
-def open_store(store_url: str | None, data_dir: str | Path, *, synchronous: str = "normal",
-               busy_timeout_s: float = 5.0, pool_size: int = 8) -> SampleStore:
+def open_store(
+    store_url: str | None,
+    data_dir: str | Path,
+    *,
+    synchronous: str = "normal",
+    busy_timeout_s: float = 5.0,
+    pool_size: int = 8,
+) -> SampleStore:
     """The store a URL names (see :func:`sqlite_dir`), schema migrated to the latest version."""
     directory = sqlite_dir(store_url, data_dir)
     if directory is not None:

@@ -82,7 +82,7 @@ class StoreDB:
         """The runtime keys starting with ``prefix``, prefix removed (e.g. the replicas that reported in)."""
         with self._read() as db:
             rows = db.execute("SELECT key FROM runtime WHERE key LIKE ?", (prefix + "%",)).fetchall()
-        return sorted(r[0][len(prefix):] for r in rows if r[0].startswith(prefix))
+        return sorted(r[0][len(prefix) :] for r in rows if r[0].startswith(prefix))
 
     def get_runtime(self, key: str) -> Any:
         """A runtime setting changed through the admin API (e.g. the reward mode), or None if never set."""
@@ -98,8 +98,10 @@ class StoreDB:
     def set_runtime(self, key: str, value: Any) -> None:
         """Persist a runtime setting, so it survives a restart and every replica sees it (one transaction)."""
         with self._tx() as db:
-            db.execute("INSERT INTO runtime (key, value) VALUES (?, ?) "
-                       "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, json.dumps(value)))
+            db.execute(
+                "INSERT INTO runtime (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (key, json.dumps(value)),
+            )
 
 
 class Row(tuple[Any, ...]):

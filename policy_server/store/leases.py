@@ -44,8 +44,11 @@ class StoreLeases(StoreDB):
         """Return the samples of every lease past its deadline to ``ready``; returns how many."""
         now = time.time() if now is None else now
         with self._tx() as db:
-            rows = db.execute("SELECT lease_id FROM leases WHERE state='active' AND expires_at<=? ORDER BY lease_id"
-                              + self._skip_locked, (now,)).fetchall()
+            rows = db.execute(
+                "SELECT lease_id FROM leases WHERE state='active' AND expires_at<=? ORDER BY lease_id"
+                + self._skip_locked,
+                (now,),
+            ).fetchall()
             n = 0
             for (lease_id,) in rows:
                 n += db.execute(
@@ -62,8 +65,9 @@ class StoreLeases(StoreDB):
             row = db.execute("SELECT MIN(expires_at) FROM leases WHERE state='active'").fetchone()
         return row[0]
 
-    def lease(self, max_n: int, lease_s: float, now: float | None = None, *,
-              min_n: int = 1) -> tuple[str, list[dict[str, Any]]] | None:
+    def lease(
+        self, max_n: int, lease_s: float, now: float | None = None, *, min_n: int = 1
+    ) -> tuple[str, list[dict[str, Any]]] | None:
         """Lease up to ``max_n`` ready samples (oldest first); None when fewer than ``min_n`` are ready."""
         now = time.time() if now is None else now
         self.expire_leases(now)
@@ -92,8 +96,9 @@ class StoreLeases(StoreDB):
         now = time.time() if now is None else now
         self.expire_leases(now)
         with self._tx() as db:
-            row = db.execute("SELECT state, sample_ids FROM leases WHERE lease_id=?" + self._for_update,
-                             (lease_id,)).fetchone()
+            row = db.execute(
+                "SELECT state, sample_ids FROM leases WHERE lease_id=?" + self._for_update, (lease_id,)
+            ).fetchone()
             if row is None:
                 raise LeaseError("unknown", f"unknown lease_id {lease_id!r}")
             if row["state"] == "acked":

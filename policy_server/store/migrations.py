@@ -18,15 +18,17 @@ import time
 from typing import Any
 
 MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("initial schema", (
-        """CREATE TABLE IF NOT EXISTS sessions (
+    (
+        "initial schema",
+        (
+            """CREATE TABLE IF NOT EXISTS sessions (
             session_id TEXT PRIMARY KEY,
             next_turn_index INTEGER NOT NULL DEFAULT 0,
             last_activity {real} NOT NULL,
             done INTEGER NOT NULL DEFAULT 0,
             has_included INTEGER NOT NULL DEFAULT 0,
             mismatches INTEGER NOT NULL DEFAULT 0)""",
-        """CREATE TABLE IF NOT EXISTS turns (
+            """CREATE TABLE IF NOT EXISTS turns (
             session_id TEXT NOT NULL,
             turn_index INTEGER NOT NULL,
             created_at {real} NOT NULL,
@@ -36,8 +38,8 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             next_state TEXT,
             session_done INTEGER NOT NULL DEFAULT 0,
             PRIMARY KEY (session_id, turn_index))""",
-        "CREATE INDEX IF NOT EXISTS turns_awaiting ON turns (session_id, pairing)",
-        """CREATE TABLE IF NOT EXISTS samples (
+            "CREATE INDEX IF NOT EXISTS turns_awaiting ON turns (session_id, pairing)",
+            """CREATE TABLE IF NOT EXISTS samples (
             sample_id TEXT PRIMARY KEY,
             session_id TEXT NOT NULL,
             turn_index INTEGER NOT NULL,
@@ -50,22 +52,26 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             updated_at {real} NOT NULL,
             data TEXT,
             UNIQUE (session_id, turn_index))""",
-        "CREATE INDEX IF NOT EXISTS samples_status ON samples (status, created_at)",
-        "CREATE TABLE IF NOT EXISTS runtime (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-        """CREATE TABLE IF NOT EXISTS leases (
+            "CREATE INDEX IF NOT EXISTS samples_status ON samples (status, created_at)",
+            "CREATE TABLE IF NOT EXISTS runtime (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            """CREATE TABLE IF NOT EXISTS leases (
             lease_id TEXT PRIMARY KEY,
             created_at {real} NOT NULL,
             expires_at {real} NOT NULL,
             state TEXT NOT NULL,
             sample_ids TEXT NOT NULL)""",
-    )),
+        ),
+    ),
     # A session's judge work is claimed by one replica at a time (its turns are judged in order); a claim
     # that is not renewed expires (its replica died) and another replica takes the work over.
-    ("judge work claims", (
-        "ALTER TABLE sessions ADD COLUMN claimed_by TEXT",
-        "ALTER TABLE sessions ADD COLUMN claim_expires_at {real}",
-        "CREATE INDEX IF NOT EXISTS leases_active ON leases (state, expires_at)",
-    )),
+    (
+        "judge work claims",
+        (
+            "ALTER TABLE sessions ADD COLUMN claimed_by TEXT",
+            "ALTER TABLE sessions ADD COLUMN claim_expires_at {real}",
+            "CREATE INDEX IF NOT EXISTS leases_active ON leases (state, expires_at)",
+        ),
+    ),
 )
 
 LATEST_VERSION = len(MIGRATIONS)
@@ -94,8 +100,10 @@ def apply_migrations(store: Any, *, real_type: str) -> list[int]:
             return applied
     with store._tx() as db:
         store._lock_schema(db)
-        db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
-                   f"name TEXT NOT NULL, applied_at {real_type} NOT NULL)")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+            f"name TEXT NOT NULL, applied_at {real_type} NOT NULL)"
+        )
     while True:
         with store._tx() as db:
             store._lock_schema(db)
@@ -105,14 +113,18 @@ def apply_migrations(store: Any, *, real_type: str) -> list[int]:
             name, statements = MIGRATIONS[current]
             for statement in statements:
                 db.execute(statement.format(real=real_type))
-            db.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-                       (current + 1, name, time.time()))
+            db.execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                (current + 1, name, time.time()),
+            )
             applied.append(current + 1)
 
 
 def _is_current(version: int) -> bool:
     """True at :data:`LATEST_VERSION`; a newer schema (written by a later release) is refused, never downgraded."""
     if version > LATEST_VERSION:
-        raise SchemaError(f"store schema version {version} is newer than this release's "
-                          f"{LATEST_VERSION}: upgrade hindsight before opening this store")
+        raise SchemaError(
+            f"store schema version {version} is newer than this release's "
+            f"{LATEST_VERSION}: upgrade hindsight before opening this store"
+        )
     return version == LATEST_VERSION

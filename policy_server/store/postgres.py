@@ -93,8 +93,15 @@ class PostgresDB(StoreDB):
             conn.execute(f"SET statement_timeout = {timeout_ms * 2}")
 
         self._pool: ConnectionPool[Any] = ConnectionPool(
-            url, min_size=1, max_size=pool_size, timeout=busy_timeout_s, configure=configure, open=False,
-            kwargs={"autocommit": True, "row_factory": _row_factory}, name="hindsight-store")
+            url,
+            min_size=1,
+            max_size=pool_size,
+            timeout=busy_timeout_s,
+            configure=configure,
+            open=False,
+            kwargs={"autocommit": True, "row_factory": _row_factory},
+            name="hindsight-store",
+        )
         try:
             self._pool.open(wait=True, timeout=busy_timeout_s)
             apply_migrations(self, real_type="DOUBLE PRECISION")

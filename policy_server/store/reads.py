@@ -22,11 +22,14 @@ class StoreReads(StoreDB):
             by_status = dict.fromkeys(SAMPLE_STATUSES, 0)
             for status, n in db.execute("SELECT status, COUNT(*) FROM samples GROUP BY status"):
                 by_status[status] = n
-            reasons = dict(db.execute(
-                "SELECT reject_reason, COUNT(*) FROM samples WHERE status='rejected' GROUP BY reject_reason"))
+            reasons = dict(
+                db.execute("SELECT reject_reason, COUNT(*) FROM samples WHERE status='rejected' GROUP BY reject_reason")
+            )
             awaiting = db.execute("SELECT COUNT(*) FROM turns WHERE pairing='awaiting'").fetchone()[0]
             turns = db.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
-            sessions = db.execute("SELECT COUNT(*), SUM(CASE WHEN done=0 THEN 1 ELSE 0 END), SUM(mismatches) FROM sessions").fetchone()
+            sessions = db.execute(
+                "SELECT COUNT(*), SUM(CASE WHEN done=0 THEN 1 ELSE 0 END), SUM(mismatches) FROM sessions"
+            ).fetchone()
             leases = db.execute("SELECT COUNT(*) FROM leases WHERE state='active'").fetchone()[0]
             retrying = db.execute(
                 "SELECT COUNT(*) FROM samples WHERE status='pending_judge' AND attempts>0"
@@ -34,8 +37,7 @@ class StoreReads(StoreDB):
             score_retrying = db.execute(
                 "SELECT COUNT(*) FROM samples WHERE status='pending_score' AND attempts>0"
             ).fetchone()[0]
-            inferred = db.execute(
-                "SELECT COUNT(*) FROM sessions WHERE session_id LIKE 'inferred-%'").fetchone()[0]
+            inferred = db.execute("SELECT COUNT(*) FROM sessions WHERE session_id LIKE 'inferred-%'").fetchone()[0]
         return {
             "samples": by_status,
             "reject_reasons": reasons,
@@ -55,7 +57,8 @@ class StoreReads(StoreDB):
         with self._read() as db:
             rows = db.execute(
                 "SELECT t.* FROM turns t JOIN sessions s ON s.session_id=t.session_id "
-                "WHERE s.done=0 AND t.pairing='awaiting' ORDER BY t.created_at").fetchall()
+                "WHERE s.done=0 AND t.pairing='awaiting' ORDER BY t.created_at"
+            ).fetchall()
         return [turn_dict(r) for r in rows]
 
     def unconsumed_backlog(self) -> int:
@@ -76,8 +79,9 @@ class StoreReads(StoreDB):
         out["data"] = json.loads(out["data"]) if out["data"] else None
         return out
 
-    def list_samples(self, *, session_id: str | None = None, status: str | None = None,
-                     limit: int = 100) -> list[dict[str, Any]]:
+    def list_samples(
+        self, *, session_id: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
         """Read-only view of sample rows (no lease, no state change), oldest first, with their Sample JSON.
 
         Each row: sample_id, session_id, turn_index, status, reject_reason, attempts, last_error,
@@ -94,12 +98,18 @@ class StoreReads(StoreDB):
         if status is not None:
             where.append("s.status=?")
             args.append(status)
-        sql = ("SELECT s.sample_id, s.session_id, s.turn_index, s.status, s.reject_reason, s.attempts, s.last_error, "
-               "s.created_at, s.updated_at, s.data, t.pairing, t.pairing_note, t.next_state FROM samples s "
-               "LEFT JOIN turns t ON t.session_id=s.session_id AND t.turn_index=s.turn_index"
-               + (" WHERE " + " AND ".join(where) if where else "")
-               + (" ORDER BY s.turn_index" if session_id is not None
-                  else " ORDER BY s.created_at, s.session_id, s.turn_index") + " LIMIT ?")
+        sql = (
+            "SELECT s.sample_id, s.session_id, s.turn_index, s.status, s.reject_reason, s.attempts, s.last_error, "
+            "s.created_at, s.updated_at, s.data, t.pairing, t.pairing_note, t.next_state FROM samples s "
+            "LEFT JOIN turns t ON t.session_id=s.session_id AND t.turn_index=s.turn_index"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + (
+                " ORDER BY s.turn_index"
+                if session_id is not None
+                else " ORDER BY s.created_at, s.session_id, s.turn_index"
+            )
+            + " LIMIT ?"
+        )
         with self._read() as db:
             rows = db.execute(sql, (*args, int(limit))).fetchall()
         out = []
@@ -108,8 +118,11 @@ class StoreReads(StoreDB):
             data = d.pop("data")
             d["sample"] = json.loads(data) if data else None
             next_state = d.pop("next_state")
-            d["turn"] = {"pairing": d.pop("pairing"), "pairing_note": d.pop("pairing_note"),
-                         "next_state": json.loads(next_state) if next_state else None}
+            d["turn"] = {
+                "pairing": d.pop("pairing"),
+                "pairing_note": d.pop("pairing_note"),
+                "next_state": json.loads(next_state) if next_state else None,
+            }
             out.append(d)
         return out
 

@@ -72,8 +72,9 @@ class LocalReadyNotifier:
         return True
 
 
-async def lease_when_ready(store: Any, notifier: ReadyNotifier, *, max_n: int, min_n: int, wait_s: float,
-                           lease_s: float) -> tuple[str, list[dict[str, Any]]] | None:
+async def lease_when_ready(
+    store: Any, notifier: ReadyNotifier, *, max_n: int, min_n: int, wait_s: float, lease_s: float
+) -> tuple[str, list[dict[str, Any]]] | None:
     """The lease route's wait: a lease of up to ``max_n`` samples as soon as ``min_n`` are ready, else at
     ``wait_s`` whatever is ready (None when nothing is). Sleeps on ``notifier`` between looks, and also until
     the earliest active lease's deadline, whose expiry is only applied when the store is next written."""

@@ -44,7 +44,8 @@ class StoreSamples(StoreDB):
             rows = db.execute(
                 "SELECT s.sample_id, s.session_id, s.turn_index, s.attempts FROM samples s "
                 "JOIN sessions x ON x.session_id=s.session_id "
-                "WHERE s.status='pending_judge'" + claim + " ORDER BY s.session_id, s.turn_index", args
+                "WHERE s.status='pending_judge'" + claim + " ORDER BY s.session_id, s.turn_index",
+                args,
             ).fetchall()
         return [dict(r) for r in rows]
 
@@ -55,16 +56,21 @@ class StoreSamples(StoreDB):
         or stalled). One conditional update, so of several replicas exactly one wins."""
         now = time.time() if now is None else now
         with self._tx() as db:
-            return bool(db.execute(
-                "UPDATE sessions SET claimed_by=?, claim_expires_at=? WHERE session_id=? "
-                "AND (claimed_by IS NULL OR claimed_by=? OR claim_expires_at<?)",
-                (owner, now + claim_s, session_id, owner, now)).rowcount)
+            return bool(
+                db.execute(
+                    "UPDATE sessions SET claimed_by=?, claim_expires_at=? WHERE session_id=? "
+                    "AND (claimed_by IS NULL OR claimed_by=? OR claim_expires_at<?)",
+                    (owner, now + claim_s, session_id, owner, now),
+                ).rowcount
+            )
 
     def release_session(self, session_id: str, owner: str) -> None:
         """Give up ``owner``'s claim (its worker is done), so any replica may take the session's next work."""
         with self._tx() as db:
-            db.execute("UPDATE sessions SET claimed_by=NULL, claim_expires_at=NULL WHERE session_id=? AND claimed_by=?",
-                       (session_id, owner))
+            db.execute(
+                "UPDATE sessions SET claimed_by=NULL, claim_expires_at=NULL WHERE session_id=? AND claimed_by=?",
+                (session_id, owner),
+            )
 
     def note_attempt(self, sample_id: str, error: str) -> None:
         with self._tx() as db:
@@ -74,7 +80,12 @@ class StoreSamples(StoreDB):
             )
 
     def complete_judge(
-        self, sample_id: str, *, status: str, reject_reason: str | None, included: bool,
+        self,
+        sample_id: str,
+        *,
+        status: str,
+        reject_reason: str | None,
+        included: bool,
         data: Sample | dict[str, Any] | None,
     ) -> bool:
         """Persist a judge outcome atomically with the sample's status and the session's at-least-one flag.
@@ -105,8 +116,9 @@ class StoreSamples(StoreDB):
         return bool(cur.rowcount)
 
     # ------------------------------------------------------------------ session-scope scoring
-    def scorable_sessions(self, session_id: str | None = None, available_to: str | None = None,
-                          now: float | None = None) -> list[str]:
+    def scorable_sessions(
+        self, session_id: str | None = None, available_to: str | None = None, now: float | None = None
+    ) -> list[str]:
         """Sessions (all, or just ``session_id``) whose held (``pending_score``) samples can be scored now: the
         session is done, no turn of it awaits its next state and none is ``pending_judge`` (all decided).
         ``available_to``: as in :meth:`pending_jobs`."""
@@ -115,10 +127,13 @@ class StoreSamples(StoreDB):
         with self._read() as db:
             rows = db.execute(
                 "SELECT DISTINCT s.session_id FROM samples s JOIN sessions x ON x.session_id=s.session_id "
-                "WHERE s.status='pending_score' AND x.done=1 " + only + (claim.strip() + " " if claim else "") +
-                "AND NOT EXISTS (SELECT 1 FROM samples p WHERE p.session_id=s.session_id AND p.status='pending_judge') "
+                "WHERE s.status='pending_score' AND x.done=1 "
+                + only
+                + (claim.strip() + " " if claim else "")
+                + "AND NOT EXISTS (SELECT 1 FROM samples p WHERE p.session_id=s.session_id AND p.status='pending_judge') "
                 "AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_id=s.session_id AND t.pairing='awaiting') "
-                "ORDER BY s.session_id", ((session_id,) if session_id is not None else ()) + claim_args
+                "ORDER BY s.session_id",
+                ((session_id,) if session_id is not None else ()) + claim_args,
             ).fetchall()
         return [r[0] for r in rows]
 
@@ -126,9 +141,7 @@ class StoreSamples(StoreDB):
         """Every recorded turn of the session in turn order, each a turn dict plus ``sample`` (its sample row
         with the Sample JSON in ``data``, or None while the turn awaits its next state)."""
         with self._read() as db:
-            turns = db.execute(
-                "SELECT * FROM turns WHERE session_id=? ORDER BY turn_index", (session_id,)
-            ).fetchall()
+            turns = db.execute("SELECT * FROM turns WHERE session_id=? ORDER BY turn_index", (session_id,)).fetchall()
             samples = {
                 r["turn_index"]: dict(r)
                 for r in db.execute("SELECT * FROM samples WHERE session_id=?", (session_id,)).fetchall()

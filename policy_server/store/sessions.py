@@ -76,11 +76,27 @@ class StoreSessions(StoreDB):
         with self._tx() as db:
             if touch:
                 _touch(db, session_id, now)
-            return _resolve(db, session_id, turn_index, pairing=pairing, next_state=next_state,
-                            session_done=session_done, note=note, reject_reason=reject_reason, now=now)
+            return _resolve(
+                db,
+                session_id,
+                turn_index,
+                pairing=pairing,
+                next_state=next_state,
+                session_done=session_done,
+                note=note,
+                reject_reason=reject_reason,
+                now=now,
+            )
 
-    def record_turn(self, session_id: str, record: TurnRecord | dict[str, Any], *, session_done: bool,
-                    now: float | None = None, resolve: Resolution | None = None) -> int:
+    def record_turn(
+        self,
+        session_id: str,
+        record: TurnRecord | dict[str, Any],
+        *,
+        session_done: bool,
+        now: float | None = None,
+        resolve: Resolution | None = None,
+    ) -> int:
         """Insert a main turn (a :class:`~engine.records.TurnRecord` or its JSON) with the next turn index;
         returns that index. One transaction.
 
@@ -98,14 +114,27 @@ class StoreSessions(StoreDB):
         with self._tx() as db:
             # Create/reopen the session, refresh its activity and take the next index in one statement (it also
             # row-locks the session until the commit: concurrent turns of the session, at any replica, queue here).
-            idx = db.execute(
-                "INSERT INTO sessions (session_id, last_activity, next_turn_index) VALUES (?, ?, 1) "
-                "ON CONFLICT(session_id) DO UPDATE SET last_activity=excluded.last_activity, done=0, "
-                "next_turn_index=sessions.next_turn_index+1 RETURNING next_turn_index",
-                (session_id, now)).fetchone()[0] - 1
+            idx = (
+                db.execute(
+                    "INSERT INTO sessions (session_id, last_activity, next_turn_index) VALUES (?, ?, 1) "
+                    "ON CONFLICT(session_id) DO UPDATE SET last_activity=excluded.last_activity, done=0, "
+                    "next_turn_index=sessions.next_turn_index+1 RETURNING next_turn_index",
+                    (session_id, now),
+                ).fetchone()[0]
+                - 1
+            )
             if resolve is not None:
-                _resolve(db, session_id, resolve.turn_index, pairing=resolve.pairing, next_state=resolve.next_state,
-                         session_done=False, note=resolve.note, reject_reason=resolve.reject_reason, now=now)
+                _resolve(
+                    db,
+                    session_id,
+                    resolve.turn_index,
+                    pairing=resolve.pairing,
+                    next_state=resolve.next_state,
+                    session_done=False,
+                    note=resolve.note,
+                    reject_reason=resolve.reject_reason,
+                    now=now,
+                )
             db.execute(
                 "INSERT INTO turns (session_id, turn_index, created_at, record, pairing) VALUES (?, ?, ?, ?, 'awaiting')",
                 (session_id, idx, now, dump_json(record)),
@@ -115,14 +144,22 @@ class StoreSessions(StoreDB):
                 (session_id, idx),
             ).fetchall()
             for (o,) in older:
-                _resolve(db, session_id, o, pairing="mismatch", next_state=None, session_done=False,
-                         note="overtaken by a concurrent turn", reject_reason=RejectReason.CONCURRENT_TURNS, now=now)
+                _resolve(
+                    db,
+                    session_id,
+                    o,
+                    pairing="mismatch",
+                    next_state=None,
+                    session_done=False,
+                    note="overtaken by a concurrent turn",
+                    reject_reason=RejectReason.CONCURRENT_TURNS,
+                    now=now,
+                )
             if session_done:
                 _end(db, session_id, now)
         return idx
 
-    def end_session(self, session_id: str, *, now: float | None = None,
-                    idle_before: float | None = None) -> list[str]:
+    def end_session(self, session_id: str, *, now: float | None = None, idle_before: float | None = None) -> list[str]:
         """Mark the session done; its awaiting turn becomes the last turn (no next state). One transaction.
 
         With ``idle_before`` (the idle sweep) the session is ended only if it is still open and its last
@@ -131,8 +168,9 @@ class StoreSessions(StoreDB):
         now = time.time() if now is None else now
         with self._tx() as db:
             if idle_before is not None:
-                row = db.execute("SELECT done, last_activity FROM sessions WHERE session_id=?" + self._for_update,
-                                 (session_id,)).fetchone()
+                row = db.execute(
+                    "SELECT done, last_activity FROM sessions WHERE session_id=?" + self._for_update, (session_id,)
+                ).fetchone()
                 if row is None or row["done"] or row["last_activity"] >= idle_before:
                     return []
             return _end(db, session_id, now)
@@ -165,9 +203,18 @@ def _touch(db: Any, session_id: str, now: float) -> None:
     )
 
 
-def _resolve(db: Any, session_id: str, turn_index: int, *, pairing: str,
-             next_state: list[dict[str, Any]] | None, session_done: bool, note: str | None,
-             reject_reason: str | None, now: float) -> str | None:
+def _resolve(
+    db: Any,
+    session_id: str,
+    turn_index: int,
+    *,
+    pairing: str,
+    next_state: list[dict[str, Any]] | None,
+    session_done: bool,
+    note: str | None,
+    reject_reason: str | None,
+    now: float,
+) -> str | None:
     """Inside a transaction: see Store.resolve_turn."""
     cur = db.execute(
         "UPDATE turns SET pairing=?, pairing_note=?, next_state=?, session_done=? "
@@ -191,11 +238,22 @@ def _resolve(db: Any, session_id: str, turn_index: int, *, pairing: str,
 def _end(db: Any, session_id: str, now: float) -> list[str]:
     """Inside a transaction: see Store.end_session."""
     db.execute("UPDATE sessions SET done=1 WHERE session_id=?", (session_id,))
-    rows = db.execute("SELECT turn_index FROM turns WHERE session_id=? AND pairing='awaiting'", (session_id,)).fetchall()
+    rows = db.execute(
+        "SELECT turn_index FROM turns WHERE session_id=? AND pairing='awaiting'", (session_id,)
+    ).fetchall()
     out = []
     for (idx,) in rows:
-        sid = _resolve(db, session_id, idx, pairing="session_end", next_state=None, session_done=True, note=None,
-                       reject_reason=None, now=now)
+        sid = _resolve(
+            db,
+            session_id,
+            idx,
+            pairing="session_end",
+            next_state=None,
+            session_done=True,
+            note=None,
+            reject_reason=None,
+            now=now,
+        )
         if sid:
             out.append(sid)
     return out

@@ -76,7 +76,9 @@ class SqliteDB(StoreDB):
 
     def _has_table(self, name: str) -> bool:
         with self._read() as db:
-            return db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone() is not None
+            return (
+                db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone() is not None
+            )
 
     def _lock_schema(self, db: sqlite3.Connection) -> None:
         """Migrations run inside BEGIN IMMEDIATE, which already excludes every other writer."""

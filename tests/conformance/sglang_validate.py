@@ -99,9 +99,15 @@ def main() -> None:
             validate(record, tokenizer, int(task["vocab_size"]))
             out.append({"index": i, "path": record["path"], "ok": True, "error": None})
         except Exception as exc:  # every failure is reported per record, never raised
-            out.append({"index": i, "path": record["path"], "ok": False,
-                        "error": f"{type(exc).__name__}: {exc}",
-                        "where": traceback.format_exc(limit=-2)})
+            out.append(
+                {
+                    "index": i,
+                    "path": record["path"],
+                    "ok": False,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "where": traceback.format_exc(limit=-2),
+                }
+            )
     json.dump(out, sys.stdout)
 
 

@@ -47,10 +47,20 @@ pytestmark = pytest.mark.e2e
 
 HERE = Path(__file__).parent
 LONG = 3000  # max_tokens of the request whose client hangs up (EOS banned): far more than the time it is given
-TOOLS = [{"type": "function", "function": {"name": "move_file", "description": "Rename a file",
-                                           "parameters": {"type": "object", "properties": {
-                                               "src": {"type": "string"}, "dst": {"type": "string"}},
-                                               "required": ["src", "dst"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "move_file",
+            "description": "Rename a file",
+            "parameters": {
+                "type": "object",
+                "properties": {"src": {"type": "string"}, "dst": {"type": "string"}},
+                "required": ["src", "dst"],
+            },
+        },
+    }
+]
 
 
 def sglang_venv() -> Path:
@@ -63,8 +73,10 @@ def sglang_python() -> Path:
     if not (venv / ".complete").exists():
         failed = venv.with_name(venv.name + ".failed")
         why = failed.read_text().strip() if failed.exists() else "not built"
-        pytest.skip(f"SGLang 0.5.23 venv unavailable at {venv} ({why}); "
-                    "build it with: bash tests/conformance/make_sglang_venv.sh")
+        pytest.skip(
+            f"SGLang 0.5.23 venv unavailable at {venv} ({why}); "
+            "build it with: bash tests/conformance/make_sglang_venv.sh"
+        )
     return venv / "bin" / "python"
 
 
@@ -82,8 +94,11 @@ class Stack:
         return [json.loads(ln) for ln in self.record_path.read_text().splitlines() if ln.strip()]
 
     def wait_record(self, pred, what: str, deadline_s: float = 30.0) -> dict[str, Any]:
-        hits = wait_until(lambda: [r for r in self.records() if pred(r)], timeout_s=deadline_s,
-                          message=f"the engine never received {what}")
+        hits = wait_until(
+            lambda: [r for r in self.records() if pred(r)],
+            timeout_s=deadline_s,
+            message=f"the engine never received {what}",
+        )
         return hits[-1]
 
 
@@ -91,20 +106,59 @@ class Stack:
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     d = tmp_path_factory.mktemp("conformance")
     record_path = d / "engine-requests.jsonl"
-    engine = start_dev_engine(tiny_model_dir, log_dir=d, extra_args=["--seed", "0", "--weight-version", "v0",
-                                                                     "--record-requests", str(record_path)])
+    engine = start_dev_engine(
+        tiny_model_dir,
+        log_dir=d,
+        extra_args=["--seed", "0", "--weight-version", "v0", "--record-requests", str(record_path)],
+    )
     port = free_port()
-    judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--engine-url", engine.url,
-                            "--port", str(port), "--tokenizer-path", str(tiny_model_dir), "--m", "3",
-                            "--constrain-output", "--max-new-tokens", "8", "--request-deadline-s", "30"],
-                  url=f"http://127.0.0.1:{port}", log_dir=d)
+    judge = spawn(
+        "judge",
+        [
+            sys.executable,
+            "-m",
+            "judge_server.cli",
+            "--engine-url",
+            engine.url,
+            "--port",
+            str(port),
+            "--tokenizer-path",
+            str(tiny_model_dir),
+            "--m",
+            "3",
+            "--constrain-output",
+            "--max-new-tokens",
+            "8",
+            "--request-deadline-s",
+            "30",
+        ],
+        url=f"http://127.0.0.1:{port}",
+        log_dir=d,
+    )
     policy = rules_judge = None
     try:
         wait_http(judge.url + "/ready", deadline_s=60, proc=judge.proc)
         rules_judge = start_judge(d, "rules-judge")
-        policy = start_policy(tiny_model_dir, engine.url, d / "data", d, extra=[
-            "--judge-url", rules_judge.url, "--teacher-url", engine.url, "--mode", "combine",
-            "--teacher-top-k", "4", "--session-idle-timeout-s", "2", "--idle-sweep-interval-s", "0.2"])
+        policy = start_policy(
+            tiny_model_dir,
+            engine.url,
+            d / "data",
+            d,
+            extra=[
+                "--judge-url",
+                rules_judge.url,
+                "--teacher-url",
+                engine.url,
+                "--mode",
+                "combine",
+                "--teacher-top-k",
+                "4",
+                "--session-idle-timeout-s",
+                "2",
+                "--idle-sweep-interval-s",
+                "0.2",
+            ],
+        )
         yield Stack(engine, judge, rules_judge, policy, record_path)
     finally:
         for mp in (policy, rules_judge, judge, engine):
@@ -113,26 +167,38 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def _chat(stack: Stack, sid: str, body: dict[str, Any], done: bool = False) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {CLIENT_KEY}", "X-Session-Id": sid,
-               **({"X-Session-Done": "true"} if done else {})}
-    r = httpx.post(stack.policy.url + "/v1/chat/completions", json=body, headers=headers, timeout=120,
-                   trust_env=False)
+    headers = {
+        "Authorization": f"Bearer {CLIENT_KEY}",
+        "X-Session-Id": sid,
+        **({"X-Session-Done": "true"} if done else {}),
+    }
+    r = httpx.post(stack.policy.url + "/v1/chat/completions", json=body, headers=headers, timeout=120, trust_env=False)
     assert r.status_code == 200, r.text
     return r.json()
 
 
 def _stream(stack: Stack, sid: str, body: dict[str, Any]) -> None:
     headers = {"Authorization": f"Bearer {CLIENT_KEY}", "X-Session-Id": sid, "X-Session-Done": "true"}
-    with httpx.stream("POST", stack.policy.url + "/v1/chat/completions", json={**body, "stream": True},
-                      headers=headers, timeout=120, trust_env=False) as r:
+    with httpx.stream(
+        "POST",
+        stack.policy.url + "/v1/chat/completions",
+        json={**body, "stream": True},
+        headers=headers,
+        timeout=120,
+        trust_env=False,
+    ) as r:
         assert r.status_code == 200
         lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
 
 
 def _stats(stack: Stack) -> dict[str, Any]:
-    r = httpx.get(stack.policy.url + "/v1/samples/stats", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-                  timeout=30, trust_env=False)
+    r = httpx.get(
+        stack.policy.url + "/v1/samples/stats",
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        timeout=30,
+        trust_env=False,
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -140,17 +206,29 @@ def _stats(stack: Stack) -> dict[str, Any]:
 def _hang_up(stack: Stack, eos_id: int) -> None:
     """A client that leaves mid-generation: the policy server must abort the engine request."""
     # EOS banned: a greedy tiny model may otherwise end its "long" answer before the client leaves.
-    body = {"messages": [{"role": "user", "content": "write a long story"}], "max_tokens": LONG, "temperature": 0,
-            "logit_bias": {str(eos_id): -100}}
+    body = {
+        "messages": [{"role": "user", "content": "write a long story"}],
+        "max_tokens": LONG,
+        "temperature": 0,
+        "logit_bias": {str(eos_id): -100},
+    }
 
     async def run() -> None:
-        async with httpx.AsyncClient(base_url=stack.policy.url, trust_env=False, timeout=60,
-                                     headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as ac:
-            task = asyncio.create_task(ac.post("/v1/chat/completions", json=body,
-                                               headers={"X-Session-Id": "conf-hangup"}))
-            await asyncio.to_thread(stack.wait_record, lambda r: r["path"] == "/generate" and isinstance(
-                r["body"].get("sampling_params"), dict) and r["body"]["sampling_params"].get("max_new_tokens") == LONG,
-                "the long generation")
+        async with httpx.AsyncClient(
+            base_url=stack.policy.url, trust_env=False, timeout=60, headers={"Authorization": f"Bearer {CLIENT_KEY}"}
+        ) as ac:
+            task = asyncio.create_task(
+                ac.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "conf-hangup"})
+            )
+            await asyncio.to_thread(
+                stack.wait_record,
+                lambda r: (
+                    r["path"] == "/generate"
+                    and isinstance(r["body"].get("sampling_params"), dict)
+                    and r["body"]["sampling_params"].get("max_new_tokens") == LONG
+                ),
+                "the long generation",
+            )
             assert not task.done(), "the long generation finished before the client could leave"
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -161,32 +239,93 @@ def _hang_up(stack: Stack, eos_id: int) -> None:
 
 def _drive(stack: Stack, model_dir: Path) -> None:
     hello = [{"role": "user", "content": "Rename a.txt to b.txt"}]
-    first = _chat(stack, "conf-plain", {"messages": hello, "max_tokens": 6, "temperature": 0.7, "top_p": 0.9,
-                                        "stop": ["\n\n", "END"], "seed": 3, "presence_penalty": 0.1,
-                                        "frequency_penalty": 0.2})
+    first = _chat(
+        stack,
+        "conf-plain",
+        {
+            "messages": hello,
+            "max_tokens": 6,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "stop": ["\n\n", "END"],
+            "seed": 3,
+            "presence_penalty": 0.1,
+            "frequency_penalty": 0.2,
+        },
+    )
     reply = first["choices"][0]["message"]
-    _chat(stack, "conf-plain", {"messages": [*hello, {"role": "assistant", "content": reply["content"] or ""},
-                                             {"role": "user", "content": "that is wrong, rename it to c.txt"}],
-                                "max_tokens": 4}, done=True)
+    _chat(
+        stack,
+        "conf-plain",
+        {
+            "messages": [
+                *hello,
+                {"role": "assistant", "content": reply["content"] or ""},
+                {"role": "user", "content": "that is wrong, rename it to c.txt"},
+            ],
+            "max_tokens": 4,
+        },
+        done=True,
+    )
     _stream(stack, "conf-stream", {"messages": hello, "max_tokens": 5, "stream_options": {"include_usage": True}})
-    _chat(stack, "conf-tool", {"messages": hello, "max_tokens": 48, "tools": TOOLS,
-                               "tool_choice": {"type": "function", "function": {"name": "move_file"}}}, done=True)
-    _chat(stack, "conf-json", {"messages": hello, "max_tokens": 8, "logprobs": True, "top_logprobs": 2,
-                               "logit_bias": {"5": -3.5}, "response_format": {"type": "json_schema", "json_schema": {
-                                   "name": "r", "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}},
-                                                           "required": ["ok"]}}}}, done=True)
+    _chat(
+        stack,
+        "conf-tool",
+        {
+            "messages": hello,
+            "max_tokens": 48,
+            "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "move_file"}},
+        },
+        done=True,
+    )
+    _chat(
+        stack,
+        "conf-json",
+        {
+            "messages": hello,
+            "max_tokens": 8,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "logit_bias": {"5": -3.5},
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "r",
+                    "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+                },
+            },
+        },
+        done=True,
+    )
     # The LLM judge's constrained votes (prm and hint, n = m per round) on the recording engine.
-    judged = httpx.post(stack.judge.url + "/v1/judge", timeout=120, trust_env=False, json={
-        "context": hello, "response": {"content": "Done."}, "tasks": ["prm", "hint"], "m": 3,
-        "next_state": [{"role": "user", "content": "that is wrong, rename it to c.txt"}]})
+    judged = httpx.post(
+        stack.judge.url + "/v1/judge",
+        timeout=120,
+        trust_env=False,
+        json={
+            "context": hello,
+            "response": {"content": "Done."},
+            "tasks": ["prm", "hint"],
+            "m": 3,
+            "next_state": [{"role": "user", "content": "that is wrong, rename it to c.txt"}],
+        },
+    )
     assert judged.status_code == 200, judged.text
     # Teacher scoring runs once the turn is paired and judged (a hint accepted): wait for the dispatcher.
-    wait_until(lambda: (st := _stats(stack))["samples"].get("ready", 0) >= 1 and st["samples"].get("pending_judge", 0) == 0,
-               timeout_s=90, interval_s=0.2,
-               message=lambda: f"no sample was judged and teacher-scored in time: {_stats(stack)}")
-    r = httpx.post(stack.policy.url + "/admin/weights/update", json={"model_path": str(model_dir),
-                                                                     "weight_version": "v1"},
-                   headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=120, trust_env=False)
+    wait_until(
+        lambda: (st := _stats(stack))["samples"].get("ready", 0) >= 1 and st["samples"].get("pending_judge", 0) == 0,
+        timeout_s=90,
+        interval_s=0.2,
+        message=lambda: f"no sample was judged and teacher-scored in time: {_stats(stack)}",
+    )
+    r = httpx.post(
+        stack.policy.url + "/admin/weights/update",
+        json={"model_path": str(model_dir), "weight_version": "v1"},
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        timeout=120,
+        trust_env=False,
+    )
     assert r.status_code == 200 and r.json()["success"], r.text
     _hang_up(stack, json.loads((model_dir / "config.json").read_text())["eos_token_id"])
 
@@ -220,25 +359,37 @@ def test_every_engine_body_is_accepted_by_sglang(sglang_python: Path, stack: Sta
         "ebnf constraint (forced tool call)": any(sp.get("ebnf") for sp in params),
         "json_schema constraint": any(sp.get("json_schema") for sp in params),
         "logit_bias": any(sp.get("logit_bias") for sp in params),
-        "output top log-probs": any(b.get("top_logprobs_num", 0) > 0 and any(
-            (sp.get("max_new_tokens") or 0) > 0 for sp in _sampling_params(b)) for b in generates),
-        "teacher top-K scoring": any(b.get("top_logprobs_num", 0) > 0 and any(
-            sp.get("max_new_tokens") == 0 for sp in _sampling_params(b)) for b in generates),
+        "output top log-probs": any(
+            b.get("top_logprobs_num", 0) > 0 and any((sp.get("max_new_tokens") or 0) > 0 for sp in _sampling_params(b))
+            for b in generates
+        ),
+        "teacher top-K scoring": any(
+            b.get("top_logprobs_num", 0) > 0 and any(sp.get("max_new_tokens") == 0 for sp in _sampling_params(b))
+            for b in generates
+        ),
         "streaming": any(b.get("stream") is True for b in generates),
         "logprobs": any(b.get("return_logprob") is True for b in generates),
         "stop strings": any(sp.get("stop") for sp in params),
-        **{path: any(r["path"] == path for r in records)
-           for path in ("/pause_generation", "/update_weights_from_disk", "/continue_generation", "/abort_request")},
+        **{
+            path: any(r["path"] == path for r in records)
+            for path in ("/pause_generation", "/update_weights_from_disk", "/continue_generation", "/abort_request")
+        },
     }
     assert all(covered.values()), f"the run did not cover: {[k for k, v in covered.items() if not v]}"
 
     vocab_size = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
     task = {"vocab_size": vocab_size, "stop_token_ids": _stop_table(records, tiny_model_dir), "records": records}
-    proc = subprocess.run([str(sglang_python), str(HERE / "sglang_validate.py")], input=json.dumps(task),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [str(sglang_python), str(HERE / "sglang_validate.py")],
+        input=json.dumps(task),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout)
     assert len(results) == len(records)
     failed = [{**res, "body": records[res["index"]]["body"]} for res in results if not res["ok"]]
     assert not failed, "SGLang 0.5.23 rejects bodies the services sent:\n" + "\n".join(
-        f"{f['path']}: {f['error']}\n  body: {json.dumps(f['body'])[:600]}" for f in failed)
+        f"{f['path']}: {f['error']}\n  body: {json.dumps(f['body'])[:600]}" for f in failed
+    )

@@ -24,7 +24,8 @@ def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def dev_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    mp = start_dev_engine(tiny_model_dir, log_dir=tmp_path_factory.mktemp("engine-logs"),
-                          extra_args=["--served-model-name", "tiny"])
+    mp = start_dev_engine(
+        tiny_model_dir, log_dir=tmp_path_factory.mktemp("engine-logs"), extra_args=["--served-model-name", "tiny"]
+    )
     yield mp
     mp.stop()

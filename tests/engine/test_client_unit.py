@@ -25,9 +25,17 @@ def client_for(handler, retry: RetryPolicy = FAST) -> EngineClient:
 
 
 def generate_body(ids: list[int], lps: list[float]) -> dict:
-    return {"text": "", "output_ids": ids, "meta_info": {
-        "id": "x", "finish_reason": {"type": "length", "length": len(ids)}, "prompt_tokens": 1,
-        "weight_version": "v", "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids, strict=True)]}}
+    return {
+        "text": "",
+        "output_ids": ids,
+        "meta_info": {
+            "id": "x",
+            "finish_reason": {"type": "length", "length": len(ids)},
+            "prompt_tokens": 1,
+            "weight_version": "v",
+            "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids, strict=True)],
+        },
+    }
 
 
 async def test_retries_5xx_then_succeeds():
@@ -86,8 +94,17 @@ async def test_score_verifies_ids_and_drops_null_entry():
 
         body = json.loads(request.content)
         assert body["logprob_start_len"] == 1 and body["sampling_params"]["max_new_tokens"] == 0
-        return httpx.Response(200, json={"text": "", "output_ids": [], "meta_info": {
-            "weight_version": "w", "input_token_logprobs": [[None, 2, None], [-0.5, 7, None], [-1.5, 8, None]]}})
+        return httpx.Response(
+            200,
+            json={
+                "text": "",
+                "output_ids": [],
+                "meta_info": {
+                    "weight_version": "w",
+                    "input_token_logprobs": [[None, 2, None], [-0.5, 7, None], [-1.5, 8, None]],
+                },
+            },
+        )
 
     async with client_for(handler) as client:
         scored = await client.score([1, 2], [7, 8])

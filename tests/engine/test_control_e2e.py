@@ -30,16 +30,21 @@ LONG = {"max_new_tokens": 3000, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def keyed_engine(tiny_model_dir, tmp_path_factory) -> Iterator[ManagedProcess]:
-    mp = start_dev_engine(tiny_model_dir, log_dir=tmp_path_factory.mktemp("control-logs"), api_key=API_KEY,
-                          extra_args=["--admin-api-key", ADMIN_KEY])
+    mp = start_dev_engine(
+        tiny_model_dir,
+        log_dir=tmp_path_factory.mktemp("control-logs"),
+        api_key=API_KEY,
+        extra_args=["--admin-api-key", ADMIN_KEY],
+    )
     yield mp
     mp.stop()
 
 
 @pytest.fixture
 async def client(keyed_engine):
-    async with EngineClient(keyed_engine.url, api_key=API_KEY, admin_api_key=ADMIN_KEY,
-                            retry=RetryPolicy(max_attempts=2, deadline_s=60)) as c:
+    async with EngineClient(
+        keyed_engine.url, api_key=API_KEY, admin_api_key=ADMIN_KEY, retry=RetryPolicy(max_attempts=2, deadline_s=60)
+    ) as c:
         yield c
         await c.continue_generation()  # never leave the module's engine paused
 
@@ -47,6 +52,7 @@ async def client(keyed_engine):
 async def wait_running(client: EngineClient, url: str) -> None:
     """Wait until the engine has a request in flight (flush_cache refuses while requests run)."""
     async with httpx.AsyncClient(trust_env=False, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as h:
+
         async def busy() -> bool:
             return (await h.get(url + "/flush_cache")).status_code == 400
 
@@ -55,9 +61,15 @@ async def wait_running(client: EngineClient, url: str) -> None:
 
 async def wait_requests(url: str, *, running: int = 0, queued: int = 0) -> None:
     """Wait until the engine counts at least ``running`` prompts past admission and ``queued`` waiting for it."""
-    await async_wait_until(lambda: metric_value(url, "sglang:num_running_reqs") >= running
-                           and metric_value(url, "sglang:num_queue_reqs") >= queued, timeout_s=30, interval_s=0.02,
-                           message=f"engine never had {running} running / {queued} queued request(s)")
+    await async_wait_until(
+        lambda: (
+            metric_value(url, "sglang:num_running_reqs") >= running
+            and metric_value(url, "sglang:num_queue_reqs") >= queued
+        ),
+        timeout_s=30,
+        interval_s=0.02,
+        message=f"engine never had {running} running / {queued} queued request(s)",
+    )
 
 
 def test_auth_rules(keyed_engine):
@@ -123,8 +135,9 @@ async def test_pause_in_place_holds_until_continue(client, keyed_engine):
     assert gen.finish_reason == {"type": "length", "length": 400} and len(gen.output_ids) == 400
 
 
-async def test_retract_pause_lets_weights_update_under_held_requests(client, keyed_engine, other_model_dir,
-                                                                     tiny_model_dir):
+async def test_retract_pause_lets_weights_update_under_held_requests(
+    client, keyed_engine, other_model_dir, tiny_model_dir
+):
     held = asyncio.create_task(client.generate_ids(PROMPT, {"max_new_tokens": 400, "ignore_eos": True}))
     await wait_running(client, keyed_engine.url)
     await client.pause_generation("retract")
@@ -140,10 +153,12 @@ async def test_retract_pause_lets_weights_update_under_held_requests(client, key
 
 
 async def test_abort_request_by_rid_prefix(client, keyed_engine):
-    victim = asyncio.create_task(client.generate({"input_ids": [PROMPT, PROMPT], "rid": "job42",
-                                                  "sampling_params": LONG}))
-    bystander = asyncio.create_task(client.generate_ids(PROMPT, {"max_new_tokens": 300, "ignore_eos": True},
-                                                        rid="other"))
+    victim = asyncio.create_task(
+        client.generate({"input_ids": [PROMPT, PROMPT], "rid": "job42", "sampling_params": LONG})
+    )
+    bystander = asyncio.create_task(
+        client.generate_ids(PROMPT, {"max_new_tokens": 300, "ignore_eos": True}, rid="other")
+    )
     await wait_requests(keyed_engine.url, running=3)  # both job42 prompts and the bystander are past admission
     await client.abort_request("job42")
     items = await asyncio.wait_for(victim, 30)

@@ -41,8 +41,9 @@ def http(dev_engine):
 
 async def test_sampled_logprobs_equal_scoring(client):
     for temperature in (1.0, 0.7):
-        gens = await client.generate_ids(PROMPT, {"max_new_tokens": 12, "temperature": temperature, "n": 3,
-                                                  "ignore_eos": True, "sampling_seed": 11})
+        gens = await client.generate_ids(
+            PROMPT, {"max_new_tokens": 12, "temperature": temperature, "n": 3, "ignore_eos": True, "sampling_seed": 11}
+        )
         assert len(gens) == 3
         for gen in gens:
             scored = await client.score(PROMPT, gen.output_ids, temperature=temperature)
@@ -51,8 +52,15 @@ async def test_sampled_logprobs_equal_scoring(client):
 
 
 async def test_input_logprobs_cover_prompt_with_null_first(client):
-    raw = await client.generate({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0},
-                                 "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 3})
+    raw = await client.generate(
+        {
+            "input_ids": PROMPT,
+            "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 3,
+        }
+    )
     meta = raw["meta_info"]
     assert [e[1] for e in meta["input_token_logprobs"]] == PROMPT  # returned ids equal input ids
     assert meta["input_token_logprobs"][0][0] is None and all(e[0] < 0 for e in meta["input_token_logprobs"][1:])
@@ -61,11 +69,13 @@ async def test_input_logprobs_cover_prompt_with_null_first(client):
         assert [t[0] for t in row] == sorted((t[0] for t in row), reverse=True) and entry[0] <= row[0][0] + 1e-6
     assert raw["output_ids"] == [] and raw["text"] == "" and meta["completion_tokens"] == 0
     assert meta["finish_reason"] == {"type": "length", "length": 0} and meta["prompt_tokens"] == len(PROMPT)
-    default = await client.generate({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0},
-                                     "return_logprob": True})
+    default = await client.generate(
+        {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True}
+    )
     assert default["meta_info"]["input_token_logprobs"] == []  # 0.5.23: -1 means len(prompt)
-    mid = await client.generate({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0},
-                                 "return_logprob": True, "logprob_start_len": 4})
+    mid = await client.generate(
+        {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 4}
+    )
     assert [e[1] for e in mid["meta_info"]["input_token_logprobs"]] == PROMPT[4:]
     assert mid["meta_info"]["input_token_logprobs"][0][0] is None
 
@@ -87,20 +97,29 @@ async def test_greedy_is_deterministic_and_seeded_n3_reproduces(client):
 
 
 async def test_n_samples_are_prompt_major_with_fresh_ids(client):
-    raw = await client.generate({"input_ids": [PROMPT, PROMPT[:4]], "rid": "batch",
-                                 "sampling_params": {"max_new_tokens": 3, "n": 2}, "return_logprob": True})
+    raw = await client.generate(
+        {
+            "input_ids": [PROMPT, PROMPT[:4]],
+            "rid": "batch",
+            "sampling_params": {"max_new_tokens": 3, "n": 2},
+            "return_logprob": True,
+        }
+    )
     assert isinstance(raw, list) and len(raw) == 4
     ids = [item["meta_info"]["id"] for item in raw]
     assert len(set(ids)) == 4 and "batch" not in ids
     assert [item["meta_info"]["prompt_tokens"] for item in raw] == [len(PROMPT)] * 2 + [4] * 2
-    single = await client.generate({"input_ids": [PROMPT, PROMPT], "rid": "r", "sampling_params": {"max_new_tokens": 1}})
+    single = await client.generate(
+        {"input_ids": [PROMPT, PROMPT], "rid": "r", "sampling_params": {"max_new_tokens": 1}}
+    )
     assert [item["meta_info"]["id"] for item in single] == ["r_0", "r_1"]
 
 
 async def test_regex_output_always_matches(client):
     eos = 2
-    gens = await client.generate_ids(PROMPT, {"max_new_tokens": 24, "temperature": 1.0, "n": 6,
-                                              "regex": r"\\boxed\{(1|0|-1)\}", "sampling_seed": 5})
+    gens = await client.generate_ids(
+        PROMPT, {"max_new_tokens": 24, "temperature": 1.0, "n": 6, "regex": r"\\boxed\{(1|0|-1)\}", "sampling_seed": 5}
+    )
     for g in gens:
         assert BOXED.fullmatch(g.text), g.text
         assert g.finish_reason == {"type": "stop", "matched": eos} and g.output_ids[-1] == eos
@@ -115,10 +134,11 @@ async def test_stop_token_and_stop_string_trim_text_only(client, dev_engine):
     first = base.output_ids.index(stop_tok)
     assert cut.output_ids == base.output_ids[: first + 1]  # output_ids keep the stop token
     assert cut.finish_reason == {"type": "stop", "matched": stop_tok}
-    kept = await client.generate({"input_ids": PROMPT, "sampling_params": {**greedy, "stop_token_ids": [stop_tok],
-                                                                           "no_stop_trim": True}})
+    kept = await client.generate(
+        {"input_ids": PROMPT, "sampling_params": {**greedy, "stop_token_ids": [stop_tok], "no_stop_trim": True}}
+    )
     assert len(kept["text"]) > len(cut.text)  # no_stop_trim keeps the stop in the text
-    text_tail = base.text[len(base.text) // 2:]
+    text_tail = base.text[len(base.text) // 2 :]
     stop_str = text_tail[:2] if text_tail[:2].strip() else text_tail[-2:]
     by_str = (await client.generate_ids(PROMPT, {**greedy, "stop": [stop_str]}, return_logprob=False))[0]
     assert by_str.finish_reason == {"type": "stop", "matched": stop_str}
@@ -126,9 +146,16 @@ async def test_stop_token_and_stop_string_trim_text_only(client, dev_engine):
 
 
 async def test_text_input_and_return_text_in_logprobs(client):
-    raw = await client.generate({"text": "hello world", "sampling_params": {"max_new_tokens": 3},
-                                 "return_logprob": True, "return_text_in_logprobs": True, "top_logprobs_num": 2,
-                                 "return_prompt_token_ids": True})
+    raw = await client.generate(
+        {
+            "text": "hello world",
+            "sampling_params": {"max_new_tokens": 3},
+            "return_logprob": True,
+            "return_text_in_logprobs": True,
+            "top_logprobs_num": 2,
+            "return_prompt_token_ids": True,
+        }
+    )
     meta = raw["meta_info"]
     assert raw["prompt_token_ids"] and meta["prompt_tokens"] == len(raw["prompt_token_ids"])
     assert all(isinstance(e[2], str) for e in meta["output_token_logprobs"])
@@ -139,23 +166,35 @@ async def test_text_input_and_return_text_in_logprobs(client):
 
 
 async def test_stream_is_cumulative_and_ends_with_done(client):
-    chunks = [c async for c in client.stream_generate({"input_ids": PROMPT, "return_logprob": True,
-                                                      "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}})]
+    chunks = [
+        c
+        async for c in client.stream_generate(
+            {"input_ids": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}}
+        )
+    ]
     assert len(chunks) == 5
     for i, c in enumerate(chunks):
         assert len(c["output_ids"]) == i + 1 and len(c["meta_info"]["output_token_logprobs"]) == i + 1
     assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
-    multi = [c async for c in client.stream_generate({"input_ids": PROMPT, "sampling_params": {
-        "max_new_tokens": 2, "n": 2, "ignore_eos": True}})]
+    multi = [
+        c
+        async for c in client.stream_generate(
+            {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2, "n": 2, "ignore_eos": True}}
+        )
+    ]
     assert sorted({c["index"] for c in multi}) == [0, 1]
 
 
 async def test_stream_holds_back_incomplete_utf8(client):
     # The tiny tokenizer has no merge for "é": each of its two UTF-8 bytes is its own token, so a cumulative
     # chunk cut between them would end in U+FFFD; SGLang's detokenizer holds such a tail back.
-    chunks = [c async for c in client.stream_generate({"input_ids": PROMPT, "sampling_params": {
-        "max_new_tokens": 6, "regex": "(é){3}", "temperature": 1.0}})]
+    chunks = [
+        c
+        async for c in client.stream_generate(
+            {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, "regex": "(é){3}", "temperature": 1.0}}
+        )
+    ]
     assert len(chunks) >= 6
     assert all(not c["text"].endswith("\ufffd") for c in chunks)
     assert chunks[-1]["text"] == "ééé"
@@ -194,10 +233,12 @@ def test_control_endpoints_need_a_json_body(http):
 
 
 async def test_health_stays_responsive_during_long_generation(dev_engine, client):
-    long_gen = asyncio.create_task(client.generate(
-        {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}))
-    await async_wait_until(lambda: metric_value(dev_engine.url, "sglang:num_running_reqs") >= 1, timeout_s=30,
-                           interval_s=0.02)
+    long_gen = asyncio.create_task(
+        client.generate({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}})
+    )
+    await async_wait_until(
+        lambda: metric_value(dev_engine.url, "sglang:num_running_reqs") >= 1, timeout_s=30, interval_s=0.02
+    )
     worst = 0.0
     async with httpx.AsyncClient(base_url=dev_engine.url, trust_env=False, timeout=5) as h:
         for _ in range(10):
@@ -217,8 +258,10 @@ async def test_health_stays_responsive_during_long_generation(dev_engine, client
 async def test_concurrent_requests_are_isolated(client):
     params = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
     solo = (await client.generate_ids(PROMPT, params))[0]
-    results = await asyncio.gather(*(client.generate_ids(PROMPT, params) for _ in range(6)),
-                                   *(client.generate_ids(PROMPT[:3], {**params, "temperature": 1.0}) for _ in range(4)))
+    results = await asyncio.gather(
+        *(client.generate_ids(PROMPT, params) for _ in range(6)),
+        *(client.generate_ids(PROMPT[:3], {**params, "temperature": 1.0}) for _ in range(4)),
+    )
     for gens in results[:6]:
         assert gens[0].output_ids == solo.output_ids
         assert max(abs(a - b) for a, b in zip(gens[0].output_logprobs, solo.output_logprobs, strict=True)) < 1e-5
@@ -247,20 +290,28 @@ def test_chat_completions_with_openai_client(dev_engine):
     openai = pytest.importorskip("openai")
     oc = openai.OpenAI(base_url=dev_engine.url + "/v1", api_key="unused", http_client=httpx.Client(trust_env=False))
     msgs = [{"role": "user", "content": "what is the weather?"}]
-    resp = oc.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, n=2, logprobs=True, top_logprobs=2,
-                                      temperature=0.8, seed=3)
+    resp = oc.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=6, n=2, logprobs=True, top_logprobs=2, temperature=0.8, seed=3
+    )
     assert len(resp.choices) == 2 and resp.usage.completion_tokens >= 2
     for ch in resp.choices:
         assert ch.finish_reason in ("stop", "length") and ch.logprobs.content
         assert all(len(e.top_logprobs) == 2 for e in ch.logprobs.content)
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-    raw = oc.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, tools=tools,
-                                     extra_body={"return_token_ids": True})
+    raw = oc.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=2, tools=tools, extra_body={"return_token_ids": True}
+    )
     plain = oc.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, extra_body={"return_token_ids": True})
     assert raw.usage.prompt_tokens > plain.usage.prompt_tokens  # tools reached the template
     assert len(raw.choices[0].model_extra["prompt_token_ids"]) == raw.usage.prompt_tokens
-    stream = oc.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, stream=True,
-                                        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    stream = oc.chat.completions.create(
+        model="tiny",
+        messages=msgs,
+        max_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].choices == []
@@ -272,16 +323,28 @@ def test_chat_completions_with_openai_client(dev_engine):
 
 
 def test_chat_bad_input_shapes(http):
-    for body in [b"{oops", {"messages": "hi"}, {"messages": []}, {"messages": [{"role": "user", "content": "x"}],
-                                                                  "max_completion_tokens": "many"}]:
+    for body in [
+        b"{oops",
+        {"messages": "hi"},
+        {"messages": []},
+        {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": "many"},
+    ]:
         kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
         resp = http.post("/v1/chat/completions", **kwargs)
         assert resp.status_code == 400, resp.text
         err = resp.json()
         assert err["object"] == "error" and err["code"] == 400 and err["message"]
-    ok = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
-                                                 "max_completion_tokens": 2, "model": "unknown", "logprobs": False,
-                                                 "separate_reasoning": True, "return_hidden_states": False})
+    ok = http.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "x"}],
+            "max_completion_tokens": 2,
+            "model": "unknown",
+            "logprobs": False,
+            "separate_reasoning": True,
+            "return_hidden_states": False,
+        },
+    )
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 2
     assert json.loads(ok.text)["metadata"]["weight_version"] == "default"
 
@@ -291,9 +354,17 @@ def test_chat_parses_reasoning_and_tool_calls(http):
     msgs = [{"role": "user", "content": "weather in Paris?"}]
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     call = r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "Paris"\}\}</tool_call>'
-    resp = http.post("/v1/chat/completions", json={
-        "model": "tiny", "messages": msgs, "tools": tools, "max_tokens": 64, "seed": 7,
-        "regex": r"<think>[a-z]{2,5}</think>" + call})
+    resp = http.post(
+        "/v1/chat/completions",
+        json={
+            "model": "tiny",
+            "messages": msgs,
+            "tools": tools,
+            "max_tokens": 64,
+            "seed": 7,
+            "regex": r"<think>[a-z]{2,5}</think>" + call,
+        },
+    )
     assert resp.status_code == 200, resp.text
     choice = resp.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["matched_stop"] is None
@@ -301,9 +372,19 @@ def test_chat_parses_reasoning_and_tool_calls(http):
     (tc,) = choice["message"]["tool_calls"]
     assert tc["function"]["name"] == "get_weather" and json.loads(tc["function"]["arguments"]) == {"city": "Paris"}
     # streamed: reasoning arrives as reasoning_content deltas, the call in the finish-side chunk
-    with http.stream("POST", "/v1/chat/completions", json={
-            "model": "tiny", "messages": msgs, "tools": tools, "max_tokens": 64, "stream": True, "seed": 7,
-            "regex": r"<think>[a-z]{2,5}</think>" + call}) as s:
+    with http.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": "tiny",
+            "messages": msgs,
+            "tools": tools,
+            "max_tokens": 64,
+            "stream": True,
+            "seed": 7,
+            "regex": r"<think>[a-z]{2,5}</think>" + call,
+        },
+    ) as s:
         events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
     deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == choice["message"]["reasoning_content"]

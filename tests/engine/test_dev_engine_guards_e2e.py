@@ -26,8 +26,9 @@ GOOD = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
 
 
 @pytest.fixture(scope="module")
-def guarded(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
-            monkeypatch_module: pytest.MonkeyPatch) -> Iterator[ManagedProcess]:
+def guarded(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytest.MonkeyPatch
+) -> Iterator[ManagedProcess]:
     monkeypatch_module.setenv("HINDSIGHT_DEV_ENGINE_MAX_BODY_BYTES", str(LIMIT))
     monkeypatch_module.setenv("HINDSIGHT_DEV_ENGINE_MAX_JSON_DEPTH", "8")
     mp = start_dev_engine(tiny_model_dir, log_dir=tmp_path_factory.mktemp("guarded-engine"), api_key=KEY)
@@ -62,11 +63,15 @@ def _post(engine: ManagedProcess, content: str | bytes, key: str | None = KEY) -
 
 
 def test_oversized_bodies_are_413_before_auth(guarded):
-    declared = (f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {200 * 1024 * 1024}\r\n\r\n")
+    declared = (
+        f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {200 * 1024 * 1024}\r\n\r\n"
+    )
     assert _status_of_raw_post(guarded.url, declared, iter([b" " * 1024])) == 413  # no key, never read
-    chunked = (f"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
-               "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+    chunked = (
+        f"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
     chunk = f"{1024:x}\r\n".encode() + b" " * 1024 + b"\r\n"
     assert _status_of_raw_post(guarded.url, chunked, iter([chunk] * 64)) == 413
     assert _post(guarded, json.dumps(GOOD)).status_code == 200

@@ -44,20 +44,27 @@ DEADLINE_S = 0.5
 MANY = RetryPolicy(max_attempts=50, initial_backoff_s=0.01, max_backoff_s=0.01, jitter_s=0.0, deadline_s=DEADLINE_S)
 
 
-@pytest.mark.parametrize(("response", "expected"), [
-    (httpx.Response(400, json={"error": {"message": "bad temperature", "type": "invalid_request_error"}}),
-     "bad temperature"),
-    (httpx.Response(400, json={"error": "unknown field `max_tokens`"}), "unknown field `max_tokens`"),
-    (httpx.Response(404, json={"detail": "unknown lease L9"}), "unknown lease L9"),
-    (httpx.Response(422, json={"detail": {"message": "m too large"}}), "m too large"),
-    (httpx.Response(422, json={"detail": [{"loc": ["body", "m"], "msg": "too big"}]}),
-     "[{'loc': ['body', 'm'], 'msg': 'too big'}]"),
-    (httpx.Response(500, json={"message": "boom"}), "boom"),
-    (httpx.Response(502, text="bad gateway"), "bad gateway"),
-    (httpx.Response(503, text=""), "Service Unavailable"),
-    (httpx.Response(500, json=["x"]), "['x']"),
-    (httpx.Response(500, json={"other": 1}), "{'other': 1}"),
-])
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        (
+            httpx.Response(400, json={"error": {"message": "bad temperature", "type": "invalid_request_error"}}),
+            "bad temperature",
+        ),
+        (httpx.Response(400, json={"error": "unknown field `max_tokens`"}), "unknown field `max_tokens`"),
+        (httpx.Response(404, json={"detail": "unknown lease L9"}), "unknown lease L9"),
+        (httpx.Response(422, json={"detail": {"message": "m too large"}}), "m too large"),
+        (
+            httpx.Response(422, json={"detail": [{"loc": ["body", "m"], "msg": "too big"}]}),
+            "[{'loc': ['body', 'm'], 'msg': 'too big'}]",
+        ),
+        (httpx.Response(500, json={"message": "boom"}), "boom"),
+        (httpx.Response(502, text="bad gateway"), "bad gateway"),
+        (httpx.Response(503, text=""), "Service Unavailable"),
+        (httpx.Response(500, json=["x"]), "['x']"),
+        (httpx.Response(500, json={"other": 1}), "{'other': 1}"),
+    ],
+)
 def test_error_message_reads_every_body_shape(response: httpx.Response, expected: str) -> None:
     assert error_message(response) == expected
 
@@ -221,8 +228,14 @@ async def test_stream_generate_retries_opening_and_rejects_4xx() -> None:
 
 
 async def test_judge_client_deadline_is_total() -> None:
-    client = JudgeClient("http://judge.test", max_attempts=50, initial_backoff_s=0.01, max_backoff_s=0.01,
-                         deadline_s=DEADLINE_S, transport=httpx.MockTransport(_slow_503))
+    client = JudgeClient(
+        "http://judge.test",
+        max_attempts=50,
+        initial_backoff_s=0.01,
+        max_backoff_s=0.01,
+        deadline_s=DEADLINE_S,
+        transport=httpx.MockTransport(_slow_503),
+    )
     async with client:
         started = time.monotonic()
         with pytest.raises(JudgeUnavailable, match="unreachable"):
@@ -256,8 +269,9 @@ async def test_event_hooks_are_a_constructor_argument() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"weight_version": "7"})
 
-    async with EngineClient("http://engine.test", transport=httpx.MockTransport(handler),
-                            event_hooks={"request": [hook]}) as client:
+    async with EngineClient(
+        "http://engine.test", transport=httpx.MockTransport(handler), event_hooks={"request": [hook]}
+    ) as client:
         assert await client.weight_version() == "7"
     assert seen == ["/model_info"]
     async with build_async_http(httpx.Timeout(1.0)) as shared:

@@ -30,8 +30,12 @@ MODEL = 'model_name="tiny"'
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    mp = start_dev_engine(tiny_model_dir, log_dir=tmp_path_factory.mktemp("engine-ops"), api_key=API_KEY,
-                          extra_args=["--served-model-name", "tiny", "--admin-api-key", ADMIN_KEY])
+    mp = start_dev_engine(
+        tiny_model_dir,
+        log_dir=tmp_path_factory.mktemp("engine-ops"),
+        api_key=API_KEY,
+        extra_args=["--served-model-name", "tiny", "--admin-api-key", ADMIN_KEY],
+    )
     yield mp
     mp.stop()
 
@@ -50,10 +54,20 @@ def scrape(engine: ManagedProcess) -> dict[str, float]:
 def test_sglang_counters_follow_served_tokens(engine: ManagedProcess) -> None:
     before = scrape(engine)
     assert before[f"sglang:num_running_reqs{{{MODEL}}}"] == 0 and before[f"sglang:num_queue_reqs{{{MODEL}}}"] == 0
-    gen = httpx.post(engine.url + "/generate", headers=AUTH, trust_env=False, timeout=60, json={
-        "input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 5, "temperature": 0, "n": 2}}).json()
-    chat = httpx.post(engine.url + "/v1/chat/completions", headers=AUTH, trust_env=False, timeout=60, json={
-        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).json()
+    gen = httpx.post(
+        engine.url + "/generate",
+        headers=AUTH,
+        trust_env=False,
+        timeout=60,
+        json={"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 5, "temperature": 0, "n": 2}},
+    ).json()
+    chat = httpx.post(
+        engine.url + "/v1/chat/completions",
+        headers=AUTH,
+        trust_env=False,
+        timeout=60,
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    ).json()
     after = scrape(engine)
 
     def delta(name: str) -> float:
@@ -62,7 +76,8 @@ def test_sglang_counters_follow_served_tokens(engine: ManagedProcess) -> None:
 
     assert delta("sglang:prompt_tokens_total") == 2 * 4 + chat["usage"]["prompt_tokens"]
     assert delta("sglang:generation_tokens_total") == (
-        sum(g["meta_info"]["completion_tokens"] for g in gen) + chat["usage"]["completion_tokens"])
+        sum(g["meta_info"]["completion_tokens"] for g in gen) + chat["usage"]["completion_tokens"]
+    )
     assert delta("sglang:num_requests_total") == 3
     assert delta("sglang:e2e_request_latency_seconds_count") == 2  # two prompts
     route = 'hindsight_dev_engine_http_requests_total{method="POST",route="/generate",status="200"}'
@@ -75,20 +90,30 @@ def test_route_metrics_count_unauthorized_and_use_templates(engine: ManagedProce
     assert httpx.get(engine.url + "/v1/models/some-other-model", headers=AUTH, trust_env=False).status_code == 404
     after = scrape(engine)
     assert after['hindsight_dev_engine_http_requests_total{method="POST",route="/generate",status="401"}'] >= 1
-    assert after['hindsight_dev_engine_http_requests_total{method="GET",route="/v1/models/{model:path}",'
-                 'status="404"}'] >= 1
+    assert (
+        after['hindsight_dev_engine_http_requests_total{method="GET",route="/v1/models/{model:path}",status="404"}']
+        >= 1
+    )
     assert not [k for k in after if "some-other-model" in k]
 
 
 def test_request_id_echoed_and_logged(engine: ManagedProcess) -> None:
-    r = httpx.post(engine.url + "/generate", headers={**AUTH, "X-Request-ID": "eng-ops-42"}, trust_env=False,
-                   timeout=60, json={"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 2}})
+    r = httpx.post(
+        engine.url + "/generate",
+        headers={**AUTH, "X-Request-ID": "eng-ops-42"},
+        trust_env=False,
+        timeout=60,
+        json={"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 2}},
+    )
     assert r.status_code == 200 and r.headers["x-request-id"] == "eng-ops-42"
     fresh = httpx.get(engine.url + "/health", trust_env=False).headers["x-request-id"]
     assert re.fullmatch(r"[0-9a-f]{32}", fresh)
     # the access line is written when the response completes, which can be just after the client has it
-    log = wait_until(lambda: "request_id=eng-ops-42" in (text := engine.log_path.read_text()) and text,
-                     timeout_s=5.0, message=lambda: engine.log_path.read_text()[-2000:])
+    log = wait_until(
+        lambda: "request_id=eng-ops-42" in (text := engine.log_path.read_text()) and text,
+        timeout_s=5.0,
+        message=lambda: engine.log_path.read_text()[-2000:],
+    )
     assert re.search(r"request_id=eng-ops-42 session_id=-: POST /generate -> 200 in [\d.]+ ms", log), log[-2000:]
 
 
@@ -107,10 +132,18 @@ def test_non_streaming_generate_is_aborted_when_the_caller_hangs_up(engine: Mana
     # the engine busy to the last token (SGLang aborts a request whose connection closed).
     body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(engine.url + "/generate", headers=AUTH, trust_env=False, json=body,
-                   timeout=httpx.Timeout(10.0, read=0.5))
+        httpx.post(
+            engine.url + "/generate", headers=AUTH, trust_env=False, json=body, timeout=httpx.Timeout(10.0, read=0.5)
+        )
     key = f"sglang:num_running_reqs{{{MODEL}}}"
-    wait_until(lambda: scrape(engine)[key] == 0, timeout_s=1.5, message="the generation kept running after its caller left")
-    r = httpx.post(engine.url + "/generate", headers=AUTH, trust_env=False, timeout=30,
-                   json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3}})
+    wait_until(
+        lambda: scrape(engine)[key] == 0, timeout_s=1.5, message="the generation kept running after its caller left"
+    )
+    r = httpx.post(
+        engine.url + "/generate",
+        headers=AUTH,
+        trust_env=False,
+        timeout=30,
+        json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3}},
+    )
     assert r.status_code == 200 and len(r.json()["output_ids"]) == 3

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def uncached_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    mp = start_dev_engine(tiny_model_dir, log_dir=tmp_path_factory.mktemp("nocache-logs"),
-                          extra_args=["--prefix-cache-max-tokens", "0"])
+    mp = start_dev_engine(
+        tiny_model_dir, log_dir=tmp_path_factory.mktemp("nocache-logs"), extra_args=["--prefix-cache-max-tokens", "0"]
+    )
     yield mp
     mp.stop()
 
@@ -35,16 +36,25 @@ def _fresh_prompt(seed: int, n: int) -> list[int]:
 
 
 def _generate(url: str, ids: list[int], **extra) -> dict:
-    body = {"input_ids": ids, "sampling_params": {"temperature": 1.0, "max_new_tokens": 8, "sampling_seed": 7,
-                                                  "n": 3}, "return_logprob": True, "logprob_start_len": 0, **extra}
+    body = {
+        "input_ids": ids,
+        "sampling_params": {"temperature": 1.0, "max_new_tokens": 8, "sampling_seed": 7, "n": 3},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        **extra,
+    }
     r = httpx.post(f"{url}/generate", json=body, timeout=60, trust_env=False)
     r.raise_for_status()
     return r.json()
 
 
 def _no_logprob(url: str, ids: list[int]) -> dict:
-    r = httpx.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1}},
-                   timeout=60, trust_env=False)
+    r = httpx.post(
+        f"{url}/generate",
+        json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1}},
+        timeout=60,
+        trust_env=False,
+    )
     r.raise_for_status()
     return r.json()
 

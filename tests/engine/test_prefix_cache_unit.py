@@ -24,10 +24,17 @@ class KV:
         del self.ids[tokens_to_remove:]
 
 
-@pytest.mark.parametrize(("a", "b", "n"), [
-    ((), (1,), 0), ((1, 2, 3), (1, 2, 3), 3), ((1, 2, 3), (1, 2), 2), ((1, 2, 3), (1, 5, 3), 1),
-    ((9,), (1,), 0), (tuple(range(100)), tuple(range(57)) + (0,), 57),
-])
+@pytest.mark.parametrize(
+    ("a", "b", "n"),
+    [
+        ((), (1,), 0),
+        ((1, 2, 3), (1, 2, 3), 3),
+        ((1, 2, 3), (1, 2), 2),
+        ((1, 2, 3), (1, 5, 3), 1),
+        ((9,), (1,), 0),
+        (tuple(range(100)), tuple(range(57)) + (0,), 57),
+    ],
+)
 def test_common_prefix_len(a, b, n):
     assert common_prefix_len(a, b) == n
     assert common_prefix_len(b, a) == n

@@ -92,15 +92,22 @@ def test_resolve_sampling_defaults_and_greedy():
 
 def test_check_prompt():
     check_prompt([1, 2], vocab_size=10, logprob_start_len=2, top_logprobs_num=0)  # == len is allowed
-    for ids, start, needle in [([], -1, "cannot be empty"), ([1, 99], -1, "out of the vocabulary"),
-                               ([1, 2], 3, "logprob_start_len"), ([1], -2, "logprob_start_len")]:
+    for ids, start, needle in [
+        ([], -1, "cannot be empty"),
+        ([1, 99], -1, "out of the vocabulary"),
+        ([1, 2], 3, "logprob_start_len"),
+        ([1], -2, "logprob_start_len"),
+    ]:
         with pytest.raises(ProtocolError, match=needle):
             check_prompt(ids, vocab_size=10, logprob_start_len=start, top_logprobs_num=0)
 
 
 def test_triples_sanitise_infinity():
-    assert triples([None, float("-inf"), -1.5], [1, 2, 3], None) == [[None, 1, None], [-9999.0, 2, None],
-                                                                    [-1.5, 3, None]]
+    assert triples([None, float("-inf"), -1.5], [1, 2, 3], None) == [
+        [None, 1, None],
+        [-9999.0, 2, None],
+        [-1.5, 3, None],
+    ]
 
 
 def test_sampling_truncation_and_seed():

@@ -32,8 +32,9 @@ async def refuse(request: Request) -> JSONResponse:  # answers without reading t
 
 
 def app(path: Path) -> RequestRecorder:
-    inner = Starlette(routes=[Route("/generate", echo, methods=["POST", "PUT", "GET"]),
-                              Route("/refuse", refuse, methods=["POST"])])
+    inner = Starlette(
+        routes=[Route("/generate", echo, methods=["POST", "PUT", "GET"]), Route("/refuse", refuse, methods=["POST"])]
+    )
     return RequestRecorder(inner, path=path)
 
 
@@ -47,6 +48,7 @@ async def test_records_bodies_in_order_and_passes_responses_through(tmp_path: Pa
         async def chunks():
             for part in (b'{"rid": ', b'"a"}'):
                 yield part
+
         await c.put("/generate", content=chunks())
         await c.post("/generate", content=b"not json")
         await c.post("/generate", content=b"")

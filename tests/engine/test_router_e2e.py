@@ -34,8 +34,14 @@ def stack(tiny_model_dir, tmp_path_factory) -> Iterator[tuple[ManagedProcess, Ma
     router = None
     try:
         for name in ("A", "B"):
-            engines.append(start_dev_engine(tiny_model_dir, log_dir=logs, name=f"engine-{name}",
-                                            extra_args=["--weight-version", name, "--served-model-name", "tiny"]))
+            engines.append(
+                start_dev_engine(
+                    tiny_model_dir,
+                    log_dir=logs,
+                    name=f"engine-{name}",
+                    extra_args=["--weight-version", name, "--served-model-name", "tiny"],
+                )
+            )
         router = start_router([e.url for e in engines], log_dir=logs)
         yield engines[0], engines[1], router
     finally:
@@ -45,8 +51,9 @@ def stack(tiny_model_dir, tmp_path_factory) -> Iterator[tuple[ManagedProcess, Ma
 
 
 def router_client(router: ManagedProcess, deadline_s: float = 20.0) -> EngineClient:
-    return EngineClient(router.url, retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.2, max_backoff_s=1.0,
-                                                      deadline_s=deadline_s))
+    return EngineClient(
+        router.url, retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.2, max_backoff_s=1.0, deadline_s=deadline_s)
+    )
 
 
 async def test_round_robin_reaches_both_and_logprobs_pass_through(stack):
@@ -54,8 +61,9 @@ async def test_round_robin_reaches_both_and_logprobs_pass_through(stack):
     async with router_client(router) as client:
         served = []
         for _ in range(4):
-            gens = await client.generate_ids(PROMPT, {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True},
-                                             top_logprobs_num=2)
+            gens = await client.generate_ids(
+                PROMPT, {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}, top_logprobs_num=2
+            )
             assert len(gens[0].output_ids) == len(gens[0].output_logprobs) == 6
             assert len(gens[0].output_top_logprobs) == 6
             served.append(gens[0].weight_version)
@@ -76,12 +84,16 @@ def test_chat_through_router_with_openai_client(stack):
     openai = pytest.importorskip("openai")
     *_, router = stack
     oc = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", http_client=httpx.Client(trust_env=False))
-    resp = oc.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5, n=2,
-                                      logprobs=True, top_logprobs=1)
+    resp = oc.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5, n=2, logprobs=True, top_logprobs=1
+    )
     assert len(resp.choices) == 2 and all(ch.logprobs.content for ch in resp.choices)
     assert 0 < resp.usage.completion_tokens <= 10
-    chunks = list(oc.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                             max_tokens=3, stream=True))
+    chunks = list(
+        oc.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason
 
 

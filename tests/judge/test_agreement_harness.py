@@ -43,28 +43,53 @@ JUDGE_KEY = "sk-judge-agreement"
 def test_labelled_set_shape() -> None:
     turns = ja.load_turns(ja.DEFAULT_TURNS)
     assert len(turns) == 64 and len({t["id"] for t in turns}) == 64
-    assert Counter(t["category"] for t in turns) == {"correction": 12, "thanks": 10, "tool_success": 10,
-                                                     "tool_error": 10, "ambiguous": 10, "injection": 12}
+    assert Counter(t["category"] for t in turns) == {
+        "correction": 12,
+        "thanks": 10,
+        "tool_success": 10,
+        "tool_error": 10,
+        "ambiguous": 10,
+        "injection": 12,
+    }
     assert Counter(t["gold"] for t in turns) == {-1: 12 + 10 + 7, 1: 20, 0: 10 + 5}
     assert all(len(t["context"]) == 4 and t["next_state"] for t in turns)
 
 
 @pytest.mark.unit
 def test_pure_figures() -> None:
-    ctx = [{"role": "system", "content": "s"}, {"role": "user", "content": "a"},
-           {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    ctx = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ]
     assert [m["content"] for m in ja.perturb_context(ctx)] == ["s", "b", "a", "c"]
     assert ja.perturb_context(ctx[:3]) == ctx[:3]  # nothing to reorder
     assert ja.tie_aware_credit({"status": "tie", "votes": [1, -1, None]}, -1) == 0.5
     assert ja.tie_aware_credit({"status": "tie", "votes": [1, 1, 0, 0, -1]}, -1) == 0.0
     assert ja.tie_aware_credit({"status": "ok", "score": 1, "votes": [1]}, 1) == 1.0
     assert ja.tie_aware_credit({"status": "no_valid_votes", "score": 0, "votes": [None]}, 0) == 0.0
-    turns = [{"category": "thanks", "gold": 1}, {"category": "correction", "gold": -1},
-             {"category": "ambiguous", "gold": 0}, {"category": "tool_error", "gold": -1}]
-    orig = [{"prm": {"status": "ok", "score": 1, "votes": [1, 1, 1]}, "usage": {"engine_calls": 1, "prompt_tokens": 90, "completion_tokens": 30}},
-            {"prm": {"status": "tie", "score": 0, "votes": [1, -1]}, "usage": {"engine_calls": 1, "prompt_tokens": 90, "completion_tokens": 20}},
-            {"prm": {"status": "no_valid_votes", "score": 0, "votes": [None]}, "usage": {"engine_calls": 1, "prompt_tokens": 50, "completion_tokens": 10}},
-            None]
+    turns = [
+        {"category": "thanks", "gold": 1},
+        {"category": "correction", "gold": -1},
+        {"category": "ambiguous", "gold": 0},
+        {"category": "tool_error", "gold": -1},
+    ]
+    orig = [
+        {
+            "prm": {"status": "ok", "score": 1, "votes": [1, 1, 1]},
+            "usage": {"engine_calls": 1, "prompt_tokens": 90, "completion_tokens": 30},
+        },
+        {
+            "prm": {"status": "tie", "score": 0, "votes": [1, -1]},
+            "usage": {"engine_calls": 1, "prompt_tokens": 90, "completion_tokens": 20},
+        },
+        {
+            "prm": {"status": "no_valid_votes", "score": 0, "votes": [None]},
+            "usage": {"engine_calls": 1, "prompt_tokens": 50, "completion_tokens": 10},
+        },
+        None,
+    ]
     pert = [orig[0], {"prm": {"status": "ok", "score": -1, "votes": [-1, -1]}}, orig[2], None]
     f = ja.summarise(turns, orig, pert)
     assert f["accuracy"] == 0.25 and f["tie_aware"] == (1 + 0.5) / 4
@@ -86,21 +111,38 @@ def test_unreachable_judge_is_an_error_not_a_score(tmp_path: Path, capsys: pytes
     assert rc == 1
     assert "16 of 16 judge requests failed" in err and err.count("request failed: ConnectError") == 16
     figures = json.loads(out.read_text())
-    assert all(f["failed_requests"] == 4 and f["failed_rate"] == 1.0 and f["accuracy"] == 0.0
-               for f in figures.values())
+    assert all(f["failed_requests"] == 4 and f["failed_rate"] == 1.0 and f["accuracy"] == 0.0 for f in figures.values())
 
 
 @pytest.mark.e2e
 def test_harness_against_the_rules_backend(tmp_path: Path) -> None:
     port = free_port()
-    judge = spawn("judge-rules", [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--port", str(port)],
-                  url=f"http://127.0.0.1:{port}", log_dir=tmp_path, env={"HINDSIGHT_JUDGE_API_KEY": JUDGE_KEY})
+    judge = spawn(
+        "judge-rules",
+        [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--port", str(port)],
+        url=f"http://127.0.0.1:{port}",
+        log_dir=tmp_path,
+        env={"HINDSIGHT_JUDGE_API_KEY": JUDGE_KEY},
+    )
     try:
         wait_http(judge.url + "/ready", deadline_s=60, proc=judge.proc)
         out = tmp_path / "figures.json"
-        res = subprocess.run([sys.executable, str(ROOT / "bench" / "judge_agreement.py"), "--judge-url", judge.url,
-                              "--api-key", JUDGE_KEY, "--json", str(out)],
-                             capture_output=True, text=True, timeout=240, cwd=ROOT)
+        res = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "judge_agreement.py"),
+                "--judge-url",
+                judge.url,
+                "--api-key",
+                JUDGE_KEY,
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=ROOT,
+        )
     finally:
         judge.stop()
     assert res.returncode == 0, res.stdout + res.stderr
@@ -116,6 +158,8 @@ def test_harness_against_the_rules_backend(tmp_path: Path) -> None:
         assert f["votes_per_turn"] == votes, name
         assert f["engine_calls_per_turn"] == f["tokens_per_turn"] == 0.0, name
     table = res.stdout.splitlines()
-    assert table[0] == ("judge agreement on 64 labelled turns: correction 12, thanks 10, tool_success 10, "
-                        "tool_error 10, ambiguous 10, injection 12")
+    assert table[0] == (
+        "judge agreement on 64 labelled turns: correction 12, thanks 10, tool_success 10, "
+        "tool_error 10, ambiguous 10, injection 12"
+    )
     assert table[2].split()[:4] == ["m=1", "0.781", "0.781", "0.000"]

@@ -18,8 +18,14 @@ ARGS = ([{"role": "user", "content": "hi"}], {"content": "hello"}, [{"role": "us
 
 
 def client_for(handler) -> JudgeClient:
-    return JudgeClient("http://judge", api_key="k", transport=httpx.MockTransport(handler),
-                       max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
+    return JudgeClient(
+        "http://judge",
+        api_key="k",
+        transport=httpx.MockTransport(handler),
+        max_attempts=3,
+        initial_backoff_s=0.01,
+        max_backoff_s=0.02,
+    )
 
 
 async def test_retries_then_succeeds() -> None:
@@ -72,11 +78,14 @@ def test_cli_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
         JudgeSettings(backend="llm")
 
 
-@pytest.mark.parametrize("body", [
-    {"prm": {"score": "1", "status": "ok"}},          # a string score
-    {"prm": {"score": 1, "status": "great"}},         # a status outside the verdict statuses
-    ["not", "an", "object"],
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prm": {"score": "1", "status": "ok"}},  # a string score
+        {"prm": {"score": 1, "status": "great"}},  # a status outside the verdict statuses
+        ["not", "an", "object"],
+    ],
+)
 async def test_an_answer_off_the_verdict_schema_raises_bad_response_once(body) -> None:
     calls = []
 

@@ -34,10 +34,26 @@ def judge(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     port = free_port()
     proc = None
     try:
-        proc = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--engine-url", engine.url,
-                               "--port", str(port), "--tokenizer-path", str(tiny_model_dir),
-                               "--max-new-tokens", str(MAX_NEW), "--log-level", "warning"],
-                     url=f"http://127.0.0.1:{port}", log_dir=log_dir)
+        proc = spawn(
+            "judge",
+            [
+                sys.executable,
+                "-m",
+                "judge_server.cli",
+                "--engine-url",
+                engine.url,
+                "--port",
+                str(port),
+                "--tokenizer-path",
+                str(tiny_model_dir),
+                "--max-new-tokens",
+                str(MAX_NEW),
+                "--log-level",
+                "warning",
+            ],
+            url=f"http://127.0.0.1:{port}",
+            log_dir=log_dir,
+        )
         wait_http(proc.url + "/ready", deadline_s=60, proc=proc.proc)
         yield proc
     finally:
@@ -48,10 +64,13 @@ def judge(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 def test_cost_fields_match_engine_prefill(judge: ManagedProcess, tiny_model_dir: Path) -> None:
     tag = uuid.uuid4().hex  # a context no earlier prompt shares, so the only cache hits are this item's
-    req = {"context": [{"role": "user", "content": f"[{tag}] Please rename report.txt to summary.txt in ~/docs."}],
-           "response": {"content": "Renamed it."},
-           "next_state": [{"role": "user", "content": "No, that is the wrong folder; use ~/work."}],
-           "tasks": ["prm", "hint"], "m": 3}
+    req = {
+        "context": [{"role": "user", "content": f"[{tag}] Please rename report.txt to summary.txt in ~/docs."}],
+        "response": {"content": "Renamed it."},
+        "next_state": [{"role": "user", "content": "No, that is the wrong folder; use ~/work."}],
+        "tasks": ["prm", "hint"],
+        "m": 3,
+    }
     r = httpx.post(judge.url + "/v1/judge", json=req, timeout=120, trust_env=False)
     assert r.status_code == 200, r.text
     body = r.json()
@@ -60,8 +79,14 @@ def test_cost_fields_match_engine_prefill(judge: ManagedProcess, tiny_model_dir:
     ids = {}
     for task, name in (("prm", "prm_eval_v2"), ("hint", "hint_extract_v2")):
         messages, _ = render_judge_messages(
-            load_template(name), context=req["context"], response=req["response"], next_state=req["next_state"],
-            counter=TokenCounter.from_tokenizer(tok), context_budget_tokens=3000, part_budget_tokens=2000)
+            load_template(name),
+            context=req["context"],
+            response=req["response"],
+            next_state=req["next_state"],
+            counter=TokenCounter.from_tokenizer(tok),
+            context_budget_tokens=3000,
+            part_budget_tokens=2000,
+        )
         ids[task] = render_prompt_ids(tok, messages)
     shared = len(os.path.commonprefix([ids["prm"], ids["hint"]]))
     assert shared >= 0.75 * min(len(v) for v in ids.values())  # short context: the question is a larger share

@@ -41,8 +41,12 @@ REQ = {
 
 def wait_running(url: str, *, want_zero: bool, deadline_s: float) -> float:
     t0 = time.monotonic()
-    wait_until(lambda: (metric_value(url, "sglang:num_running_reqs") == 0) == want_zero, timeout_s=deadline_s,
-               interval_s=0.02, message=f"num_running_reqs {'never dropped to 0' if want_zero else 'stayed 0'}")
+    wait_until(
+        lambda: (metric_value(url, "sglang:num_running_reqs") == 0) == want_zero,
+        timeout_s=deadline_s,
+        interval_s=0.02,
+        message=f"num_running_reqs {'never dropped to 0' if want_zero else 'stayed 0'}",
+    )
     return time.monotonic() - t0
 
 
@@ -54,10 +58,29 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         engine = start_dev_engine(tiny_model_dir, log_dir=log_dir)
         started.append(engine)
         port = free_port()
-        judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--engine-url", engine.url,
-                                "--port", str(port), "--tokenizer-path", str(tiny_model_dir),
-                                "--max-new-tokens", str(MAX_NEW), "--m", "3", "--request-deadline-s", "60"],
-                      url=f"http://127.0.0.1:{port}", log_dir=log_dir, env={"HINDSIGHT_JUDGE_TEMPERATURE": "0"})
+        judge = spawn(
+            "judge",
+            [
+                sys.executable,
+                "-m",
+                "judge_server.cli",
+                "--engine-url",
+                engine.url,
+                "--port",
+                str(port),
+                "--tokenizer-path",
+                str(tiny_model_dir),
+                "--max-new-tokens",
+                str(MAX_NEW),
+                "--m",
+                "3",
+                "--request-deadline-s",
+                "60",
+            ],
+            url=f"http://127.0.0.1:{port}",
+            log_dir=log_dir,
+            env={"HINDSIGHT_JUDGE_TEMPERATURE": "0"},
+        )
         started.append(judge)
         wait_http(judge.url + "/ready", deadline_s=60, proc=judge.proc)
         yield engine, judge
@@ -102,8 +125,9 @@ def test_caller_disconnect_cancels_rounds_and_aborts_engine(stack):
 
 # ---------------------------------------------------------------------------------------------- unit
 def _service(handler) -> JudgeService:
-    client = EngineClient("http://judge-engine", transport=httpx.MockTransport(handler),
-                          retry=RetryPolicy(max_attempts=1, deadline_s=5))
+    client = EngineClient(
+        "http://judge-engine", transport=httpx.MockTransport(handler), retry=RetryPolicy(max_attempts=1, deadline_s=5)
+    )
     settings = JudgeSettings(engine_url="http://judge-engine", m=2, max_new_tokens=8)
     return JudgeService(settings, JudgeMetrics(), client=client)
 
@@ -116,8 +140,17 @@ async def test_every_round_carries_a_rid_under_the_request_prefix():
         payload = json.loads(request.content)
         rids.append(payload.get("rid"))
         n = payload["sampling_params"].get("n", 1)  # the shared-prefix prefill sends max_new_tokens=0 alone
-        return httpx.Response(200, json=[{"text": "\\boxed{1}", "output_ids": [1],
-                                          "meta_info": {"finish_reason": {"type": "stop"}, "prompt_tokens": 3}}] * n)
+        return httpx.Response(
+            200,
+            json=[
+                {
+                    "text": "\\boxed{1}",
+                    "output_ids": [1],
+                    "meta_info": {"finish_reason": {"type": "stop"}, "prompt_tokens": 3},
+                }
+            ]
+            * n,
+        )
 
     service = _service(handler)
     out = await service.judge(JudgeRequest.model_validate(REQ), "hj-abc-0-")

@@ -47,20 +47,42 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     started: list[ManagedProcess] = []
     try:
         with ThreadPoolExecutor(2) as pool:  # the engines start in parallel: ~8 s each on this machine
-            futures = [pool.submit(start_dev_engine, tiny_model_dir, log_dir=log_dir, name=f"engine{i}")
-                       for i in range(2)]
+            futures = [
+                pool.submit(start_dev_engine, tiny_model_dir, log_dir=log_dir, name=f"engine{i}") for i in range(2)
+            ]
             engines = [f.result() for f in futures]
         started += engines
         router = start_router([e.url for e in engines], log_dir=log_dir)
         started.append(router)
         port = free_port()
-        judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--engine-url", router.url,
-                                "--port", str(port), "--tokenizer-path", str(tiny_model_dir),
-                                "--constrain-output", "--max-new-tokens", "64", "--request-deadline-s", "15",
-                                "--log-level", "warning"],
-                      url=f"http://127.0.0.1:{port}", log_dir=log_dir,
-                      env={"HINDSIGHT_JUDGE_REASONING_MAX_CHARS": "24", "HINDSIGHT_JUDGE_HINT_MAX_CHARS": "60",
-                           "HINDSIGHT_JUDGE_ENGINE_MAX_ATTEMPTS": "3"})
+        judge = spawn(
+            "judge",
+            [
+                sys.executable,
+                "-m",
+                "judge_server.cli",
+                "--engine-url",
+                router.url,
+                "--port",
+                str(port),
+                "--tokenizer-path",
+                str(tiny_model_dir),
+                "--constrain-output",
+                "--max-new-tokens",
+                "64",
+                "--request-deadline-s",
+                "15",
+                "--log-level",
+                "warning",
+            ],
+            url=f"http://127.0.0.1:{port}",
+            log_dir=log_dir,
+            env={
+                "HINDSIGHT_JUDGE_REASONING_MAX_CHARS": "24",
+                "HINDSIGHT_JUDGE_HINT_MAX_CHARS": "60",
+                "HINDSIGHT_JUDGE_ENGINE_MAX_ATTEMPTS": "3",
+            },
+        )
         started.append(judge)
         wait_http(judge.url + "/ready", deadline_s=60, proc=judge.proc)
         yield Stack(engines, router, judge)

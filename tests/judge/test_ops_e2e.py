@@ -27,8 +27,13 @@ pytestmark = pytest.mark.e2e
 
 JUDGE_KEY = "judge-secret-key-7"
 ENGINE_KEY = "engine-secret-key-8"
-REQ = {"context": [{"role": "user", "content": "Rename a.txt to b.txt"}], "response": {"content": "Done."},
-       "next_state": [{"role": "user", "content": "thanks, it worked"}], "tasks": ["prm"], "m": 1}
+REQ = {
+    "context": [{"role": "user", "content": "Rename a.txt to b.txt"}],
+    "response": {"content": "Done."},
+    "next_state": [{"role": "user", "content": "thanks, it worked"}],
+    "tasks": ["prm"],
+    "m": 1,
+}
 
 
 @dataclass
@@ -37,8 +42,13 @@ class Ops:
     judge: ManagedProcess
 
     def post(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
-        return httpx.post(self.judge.url + "/v1/judge", json=body, trust_env=False, timeout=60,
-                          headers={"Authorization": f"Bearer {JUDGE_KEY}", **(headers or {})})
+        return httpx.post(
+            self.judge.url + "/v1/judge",
+            json=body,
+            trust_env=False,
+            timeout=60,
+            headers={"Authorization": f"Bearer {JUDGE_KEY}", **(headers or {})},
+        )
 
     def wait_records(self, pred, deadline_s: float = 5.0) -> list[dict[str, Any]]:
         """Access lines are written when the response completes, which can be just after the client has it."""
@@ -59,12 +69,32 @@ def ops(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     log_dir = tmp_path_factory.mktemp("judge-ops")
     engine = start_dev_engine(tiny_model_dir, log_dir=log_dir, api_key=ENGINE_KEY)
     port = free_port()
-    judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--engine-url", engine.url, "--port", str(port),
-                            "--tokenizer-path", str(tiny_model_dir), "--max-new-tokens", "8",
-                            "--request-deadline-s", "20"],
-                  url=f"http://127.0.0.1:{port}", log_dir=log_dir,
-                  env={"HINDSIGHT_JUDGE_API_KEY": JUDGE_KEY, "HINDSIGHT_JUDGE_ENGINE_API_KEY": ENGINE_KEY,
-                       "HINDSIGHT_JUDGE_LOG_JSON": "1", "TRANSFORMERS_VERBOSITY": "error"})
+    judge = spawn(
+        "judge",
+        [
+            sys.executable,
+            "-m",
+            "judge_server.cli",
+            "--engine-url",
+            engine.url,
+            "--port",
+            str(port),
+            "--tokenizer-path",
+            str(tiny_model_dir),
+            "--max-new-tokens",
+            "8",
+            "--request-deadline-s",
+            "20",
+        ],
+        url=f"http://127.0.0.1:{port}",
+        log_dir=log_dir,
+        env={
+            "HINDSIGHT_JUDGE_API_KEY": JUDGE_KEY,
+            "HINDSIGHT_JUDGE_ENGINE_API_KEY": ENGINE_KEY,
+            "HINDSIGHT_JUDGE_LOG_JSON": "1",
+            "TRANSFORMERS_VERBOSITY": "error",
+        },
+    )
     try:
         wait_http(judge.url + "/ready", deadline_s=60, proc=judge.proc)
         yield Ops(engine, judge)
@@ -81,8 +111,9 @@ def test_request_id_echoed_logged_and_forwarded_to_the_engine(ops: Ops) -> None:
     access = ops.wait_records(lambda x: x["message"].startswith("POST /v1/judge -> 200"))
     assert [(x["request_id"], x["session_id"]) for x in access] == [("judge-ops-1", "sess-a")]
     # The engine saw the same ids on the judge's /generate call.
-    assert re.search(r"request_id=judge-ops-1 session_id=sess-a: POST /generate -> 200",
-                     ops.engine.log_path.read_text())
+    assert re.search(
+        r"request_id=judge-ops-1 session_id=sess-a: POST /generate -> 200", ops.engine.log_path.read_text()
+    )
 
 
 def test_request_id_generated_when_absent_or_invalid(ops: Ops) -> None:
@@ -96,8 +127,7 @@ def test_metrics_by_route_template(ops: Ops) -> None:
     ops.post(REQ)
     assert httpx.get(ops.judge.url + "/v1/nope/123", trust_env=False).status_code == 404
     text = httpx.get(ops.judge.url + "/metrics", trust_env=False).text
-    assert re.search(r'hindsight_judge_http_requests_total\{method="POST",route="/v1/judge",status="200"\} [1-9]',
-                     text)
+    assert re.search(r'hindsight_judge_http_requests_total\{method="POST",route="/v1/judge",status="200"\} [1-9]', text)
     assert 'hindsight_judge_http_requests_total{method="POST",route="/v1/judge",status="401"}' in text
     assert 'hindsight_judge_http_requests_total{method="GET",route="<unmatched>",status="404"}' in text
     assert 'hindsight_judge_http_request_duration_seconds_bucket{le="0.5",method="POST",route="/v1/judge"' in text

@@ -73,13 +73,15 @@ def openrlhf_2025(url: str, queries: list[str], prompts: list[str], labels: list
     """2025 OpenRLHF: rewards, scores (default: rewards) and every extra_logs value become tensors."""
     body, attempts = openrlhf_post(url, {"query": queries, "prompts": prompts, "labels": labels})
     rewards = torch.tensor(body["rewards"])
-    return {"rewards": rewards, "scores": torch.tensor(body.get("scores", body["rewards"])),
-            "extra_logs": {k: torch.tensor(v) for k, v in body.get("extra_logs", {}).items()},
-            "attempts": attempts}
+    return {
+        "rewards": rewards,
+        "scores": torch.tensor(body.get("scores", body["rewards"])),
+        "extra_logs": {k: torch.tensor(v) for k, v in body.get("extra_logs", {}).items()},
+        "attempts": attempts,
+    }
 
 
-async def slime_remote_rm(url: str, sample: dict[str, Any], reward_key: str | None,
-                          max_retries: int = 3) -> Any:
+async def slime_remote_rm(url: str, sample: dict[str, Any], reward_key: str | None, max_retries: int = 3) -> Any:
     """slime's remote rm: retry every failure (4xx too) with capped backoff, then raise."""
     async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
         for attempt in range(max_retries):
@@ -91,14 +93,16 @@ async def slime_remote_rm(url: str, sample: dict[str, Any], reward_key: str | No
             except httpx.HTTPError as exc:
                 if attempt + 1 >= max_retries:
                     raise ClientGaveUp(str(exc)) from exc
-                await asyncio.sleep(min(0.05 * 2 ** attempt, 0.2))
+                await asyncio.sleep(min(0.05 * 2**attempt, 0.2))
     raise AssertionError("unreachable")
 
 
 # ------------------------------------------------------------------------ pure shaping (hand-derived)
 def _result(status: str, score: int | None, confidence: float) -> dict[str, Any]:
-    return {"prm": {"score": score, "status": status, "votes": [], "confidence": confidence, "reason": "x"},
-            "prompt_versions": {"prm": "prm_eval_v1@abc"}}
+    return {
+        "prm": {"score": score, "status": status, "votes": [], "confidence": confidence, "reason": "x"},
+        "prompt_versions": {"prm": "prm_eval_v1@abc"},
+    }
 
 
 @pytest.mark.unit
@@ -106,9 +110,13 @@ def test_openrlhf_reply_is_numbers_only() -> None:
     results = [_result("ok", 1, 1.0), _result("tie", 0, 0.5), _result("no_valid_votes", 0, 0.0)]
     reply = openrlhf_reply(results, failed_reward=None)
     assert reply["rewards"] == [1.0, 0.0, 0.0] and reply["scores"] == [1.0, 0.0, 0.0]
-    assert reply["extra_logs"] == {"judge_ok": [1.0, 0.0, 0.0], "judge_tie": [0.0, 1.0, 0.0],
-                                   "judge_no_valid_votes": [0.0, 0.0, 1.0], "judge_failed": [0.0, 0.0, 0.0],
-                                   "judge_confidence": [1.0, 0.5, 0.0]}
+    assert reply["extra_logs"] == {
+        "judge_ok": [1.0, 0.0, 0.0],
+        "judge_tie": [0.0, 1.0, 0.0],
+        "judge_no_valid_votes": [0.0, 0.0, 1.0],
+        "judge_failed": [0.0, 0.0, 0.0],
+        "judge_confidence": [1.0, 0.5, 0.0],
+    }
 
 
 @pytest.mark.unit
@@ -129,9 +137,13 @@ def test_failed_item_is_503_or_the_configured_fallback() -> None:
 # ------------------------------------------------------------------------ end to end
 def _start_judge(log_dir: Path, name: str, args: list[str]) -> ManagedProcess:
     port = free_port()
-    judge = spawn(name, [sys.executable, "-m", "judge_server.cli", "--port", str(port), *args],
-                  url=f"http://127.0.0.1:{port}", log_dir=log_dir,
-                  env={"HINDSIGHT_JUDGE_API_KEY": KEY, "HINDSIGHT_JUDGE_LOG_JSON": "1"})
+    judge = spawn(
+        name,
+        [sys.executable, "-m", "judge_server.cli", "--port", str(port), *args],
+        url=f"http://127.0.0.1:{port}",
+        log_dir=log_dir,
+        env={"HINDSIGHT_JUDGE_API_KEY": KEY, "HINDSIGHT_JUDGE_LOG_JSON": "1"},
+    )
     try:
         wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
     except Exception:
@@ -143,8 +155,9 @@ def _start_judge(log_dir: Path, name: str, args: list[str]) -> ManagedProcess:
 @pytest.fixture(scope="module")
 def rules_judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
     """A keyed judge with the rules backend: deterministic verdicts from the next state's wording."""
-    judge = _start_judge(tmp_path_factory.mktemp("judge-rules"), "judge-rules",
-                         ["--backend", "rules", "--log-level", "debug"])
+    judge = _start_judge(
+        tmp_path_factory.mktemp("judge-rules"), "judge-rules", ["--backend", "rules", "--log-level", "debug"]
+    )
     yield judge
     judge.stop()
 
@@ -186,12 +199,21 @@ def test_query_key_is_required_checked_and_header_still_works(rules_judge: Manag
         assert r.json()["error"]["type"] == "Unauthorized"
     with pytest.raises(ClientGaveUp):  # a 401 is retried by the client, then it gives up: never a reward
         openrlhf_classic(rules_judge.url + "/get_reward?api_key=wrong-key", QUERIES, PROMPTS, LABELS)
-    r = httpx.post(rules_judge.url + "/get_reward", json=body, trust_env=False, timeout=30,
-                   headers={"Authorization": f"Bearer {KEY}"})
+    r = httpx.post(
+        rules_judge.url + "/get_reward",
+        json=body,
+        trust_env=False,
+        timeout=30,
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
     assert r.status_code == 200 and r.json()["rewards"] == [1.0]
     # The query parameter is for the reward-client routes only.
-    judge_body = {"context": [{"role": "user", "content": "hi"}], "response": {"content": "hello"},
-                  "next_state": [{"role": "user", "content": "thanks"}], "tasks": ["prm"]}
+    judge_body = {
+        "context": [{"role": "user", "content": "hi"}],
+        "response": {"content": "hello"},
+        "next_state": [{"role": "user", "content": "thanks"}],
+        "tasks": ["prm"],
+    }
     r = httpx.post(f"{rules_judge.url}/v1/judge?api_key={KEY}", json=judge_body, trust_env=False, timeout=30)
     assert r.status_code == 401
 
@@ -210,7 +232,8 @@ def test_slime_reads_the_reward_with_reward_key(rules_judge: ManagedProcess) -> 
 
 @pytest.mark.e2e
 def test_judge_failure_runs_the_client_retry_path_or_the_fallback(
-        failing_judges: tuple[ManagedProcess, ManagedProcess]) -> None:
+    failing_judges: tuple[ManagedProcess, ManagedProcess],
+) -> None:
     plain, fallback = failing_judges
     body = {"query": QUERIES[:1], "prompts": PROMPTS[:1], "labels": LABELS[:1]}
     r = httpx.post(f"{plain.url}/get_reward?api_key={KEY}", json=body, trust_env=False, timeout=60)
@@ -229,15 +252,18 @@ def test_judge_failure_runs_the_client_retry_path_or_the_fallback(
 
 
 @pytest.mark.e2e
-def test_query_key_is_in_no_log_line_and_no_metric(rules_judge: ManagedProcess,
-                                                   failing_judges: tuple[ManagedProcess, ManagedProcess]) -> None:
+def test_query_key_is_in_no_log_line_and_no_metric(
+    rules_judge: ManagedProcess, failing_judges: tuple[ManagedProcess, ManagedProcess]
+) -> None:
     # Requests that succeed, fail auth with a near-miss key, fail validation and fail the judge.
     base = {"query": QUERIES[:1], "prompts": PROMPTS[:1], "labels": LABELS[:1]}
-    for url, body in [(f"{rules_judge.url}/get_reward?api_key={KEY}", base),
-                      (f"{rules_judge.url}/get_reward?x=1&api_key={KEY}x", base),
-                      (f"{rules_judge.url}/get_reward?api_key={KEY}", {"query": "not a list"}),
-                      (f"{rules_judge.url}/slime/reward?api_key={KEY}", {"prompt": "p", "response": "r", "label": "ok"}),
-                      (f"{failing_judges[0].url}/get_reward?api_key={KEY}", base)]:
+    for url, body in [
+        (f"{rules_judge.url}/get_reward?api_key={KEY}", base),
+        (f"{rules_judge.url}/get_reward?x=1&api_key={KEY}x", base),
+        (f"{rules_judge.url}/get_reward?api_key={KEY}", {"query": "not a list"}),
+        (f"{rules_judge.url}/slime/reward?api_key={KEY}", {"prompt": "p", "response": "r", "label": "ok"}),
+        (f"{failing_judges[0].url}/get_reward?api_key={KEY}", base),
+    ]:
         httpx.post(url, json=body, trust_env=False, timeout=60)
     metrics = httpx.get(rules_judge.url + "/metrics", trust_env=False).text
     assert 'route="/get_reward"' in metrics and KEY not in metrics and "api_key" not in metrics

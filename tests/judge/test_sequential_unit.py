@@ -18,16 +18,19 @@ pytestmark = pytest.mark.unit
 PRM = (1, 0, -1)
 
 
-@pytest.mark.parametrize(("votes", "remaining", "prior", "expected"), [
-    ([1, 1], 1, 0.5, 0.0),  # one more vote brings another verdict to 1 < 2
-    ([1, 1, 0], 1, 0.5, 1.5 / 5),  # the next vote is 0 (2-2 tie): (1 + .5) / (3 + 2)
-    ([1, 1, 0], 1, 1.0, 2 / 7),  # (1 + 1) / (3 + 4)
-    ([1, None], 1, 0.5, 1.0 / 4),  # 0 or -1 ties the leader: 2 * .5 / (2 + 2)
-    ([1, 1], 2, 0.5, 2 * (0.5 / 4) * (1.5 / 5)),  # both go to the same other verdict: urn .5/4 then 1.5/5
-    ([1, 0], 3, 0.5, 1.0),  # no strict leader
-    ([], 5, 0.5, 1.0),
-    ([-1, -1, -1], 0, 0.5, 0.0),
-])
+@pytest.mark.parametrize(
+    ("votes", "remaining", "prior", "expected"),
+    [
+        ([1, 1], 1, 0.5, 0.0),  # one more vote brings another verdict to 1 < 2
+        ([1, 1, 0], 1, 0.5, 1.5 / 5),  # the next vote is 0 (2-2 tie): (1 + .5) / (3 + 2)
+        ([1, 1, 0], 1, 1.0, 2 / 7),  # (1 + 1) / (3 + 4)
+        ([1, None], 1, 0.5, 1.0 / 4),  # 0 or -1 ties the leader: 2 * .5 / (2 + 2)
+        ([1, 1], 2, 0.5, 2 * (0.5 / 4) * (1.5 / 5)),  # both go to the same other verdict: urn .5/4 then 1.5/5
+        ([1, 0], 3, 0.5, 1.0),  # no strict leader
+        ([], 5, 0.5, 1.0),
+        ([-1, -1, -1], 0, 0.5, 0.0),
+    ],
+)
 def test_change_probability_hand_derived(votes, remaining, prior, expected):
     assert change_probability(votes, remaining, PRM, prior) == pytest.approx(expected)
 

@@ -57,9 +57,19 @@ class FakeEngine:
         body = json.loads(request.content)
         if body["sampling_params"].get("max_new_tokens") == 0:
             self.prefix_requests.append(body)
-            return httpx.Response(200, json={"text": "", "output_ids": [], "meta_info": {
-                "prompt_tokens": 80, "cached_tokens": 0, "completion_tokens": 0,
-                "finish_reason": {"type": "length", "length": 0}}})
+            return httpx.Response(
+                200,
+                json={
+                    "text": "",
+                    "output_ids": [],
+                    "meta_info": {
+                        "prompt_tokens": 80,
+                        "cached_tokens": 0,
+                        "completion_tokens": 0,
+                        "finish_reason": {"type": "length", "length": 0},
+                    },
+                },
+            )
         self.requests.append(body)
         if self.fail_next > 0:
             self.fail_next -= 1
@@ -77,19 +87,31 @@ class FakeEngine:
         items = []
         for _ in range(n):
             text = pool.pop(0) if pool else "no verdict"
-            items.append({"text": text, "output_ids": list(range(len(text.split()))),
-                          "meta_info": {"prompt_tokens": 100, "completion_tokens": len(text.split()),
-                                        "finish_reason": {"type": "stop"}}})
+            items.append(
+                {
+                    "text": text,
+                    "output_ids": list(range(len(text.split()))),
+                    "meta_info": {
+                        "prompt_tokens": 100,
+                        "completion_tokens": len(text.split()),
+                        "finish_reason": {"type": "stop"},
+                    },
+                }
+            )
         return httpx.Response(200, json=items if n > 1 else items[0])
 
 
 @asynccontextmanager
 async def judge_app(engine: FakeEngine, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
     settings = JudgeSettings(engine_url="http://engine", **{"request_deadline_s": 5.0, **overrides})
-    client = EngineClient("http://engine", transport=httpx.MockTransport(engine),
-                          timeouts=EngineTimeouts(connect_s=1, read_s=5),
-                          retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05,
-                                            deadline_s=settings.request_deadline_s))
+    client = EngineClient(
+        "http://engine",
+        transport=httpx.MockTransport(engine),
+        timeouts=EngineTimeouts(connect_s=1, read_s=5),
+        retry=RetryPolicy(
+            max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05, deadline_s=settings.request_deadline_s
+        ),
+    )
     app = create_app(settings, engine_client=client)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://judge") as c:
@@ -125,8 +147,14 @@ async def test_adaptive_policy_rounds() -> None:
 
 
 async def test_hint_selected_and_prompt_carries_context() -> None:
-    eng = FakeEngine([], [r"\boxed{1} [HINT_START]Give the exact value 3.107 miles.[HINT_END]",
-                          r"\boxed{1} [HINT_START]Be exact.[HINT_END]", r"\boxed{-1}"])
+    eng = FakeEngine(
+        [],
+        [
+            r"\boxed{1} [HINT_START]Give the exact value 3.107 miles.[HINT_END]",
+            r"\boxed{1} [HINT_START]Be exact.[HINT_END]",
+            r"\boxed{-1}",
+        ],
+    )
     async with judge_app(eng) as c:
         r = await c.post("/v1/judge", json={**REQ, "tasks": ["hint"]})
     hint = r.json()["hint"]
@@ -229,8 +257,10 @@ async def test_openrlhf_get_reward() -> None:
     eng = FakeEngine([r"\boxed{1}"] * 3 + [r"\boxed{-1}"] * 3)
     full = json.dumps({"context": [], "response": {"content": "B"}, "next_state": [{"role": "user", "content": "no"}]})
     async with judge_app(eng) as c:
-        r = await c.post("/get_reward", json={"query": ["Q: hi A: hello", full],
-                                              "prompts": ["Q: hi A:", ""], "labels": ["thanks", None]})
+        r = await c.post(
+            "/get_reward",
+            json={"query": ["Q: hi A: hello", full], "prompts": ["Q: hi A:", ""], "labels": ["thanks", None]},
+        )
         assert r.status_code == 200, r.text
         assert r.json()["rewards"] == [1.0, -1.0] and r.json()["extra_logs"]["judge_ok"] == [1.0, 1.0]
         bad = await c.post("/get_reward", json={"query": ["no prompts given"]})
@@ -256,8 +286,10 @@ async def test_rules_backend_through_http() -> None:
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://judge") as c:
-            r = await c.post("/v1/judge", json={**REQ, "next_state": [
-                {"role": "user", "content": "No, I wanted kilometres per hour."}]})
+            r = await c.post(
+                "/v1/judge",
+                json={**REQ, "next_state": [{"role": "user", "content": "No, I wanted kilometres per hour."}]},
+            )
             ready = await c.get("/ready")
     body = r.json()
     assert body["prm"]["score"] == -1 and body["prm"]["votes"] == [-1, -1, -1]

@@ -140,8 +140,12 @@ async def test_partial_votes_survive_a_failing_round() -> None:
 
 @pytest.mark.unit
 def test_select_hint_prior_rule_and_majority_option() -> None:
-    votes = [Vote(1, "short"), Vote(1, "  a longer useful hint  "), Vote(-1, "the longest hint of a negative vote"),
-             Vote(1, "a longer useful hin2")]
+    votes = [
+        Vote(1, "short"),
+        Vote(1, "  a longer useful hint  "),
+        Vote(-1, "the longest hint of a negative vote"),
+        Vote(1, "a longer useful hin2"),
+    ]
     split = VoteResult(score=-1, status="ok", votes=[1, 1, -1, -1, -1], confidence=0.6)
     assert select_hint(votes, split) == "a longer useful hint"  # prior rule: longest over 10, first on ties
     assert select_hint(votes, split, require_majority=True) is None
@@ -192,24 +196,27 @@ def test_rules_hint_and_version() -> None:
 # --- sequential policy, error-budget rule (judge_server.vote_model). Expectations derived by hand from the
 # one-coin vote model: P(verdict t true | counts) is proportional to (a * (K-1) / (1-a)) ** count_t.
 
-def tracker(agreement: float, unparseable: float = 0.05, k: int = 3, prior_turns: int = 10**6,
-            window: int = 10) -> AgreementTracker:
+
+def tracker(
+    agreement: float, unparseable: float = 0.05, k: int = 3, prior_turns: int = 10**6, window: int = 10
+) -> AgreementTracker:
     """A tracker whose huge warm-up weight pins its estimate to the given noise."""
-    return AgreementTracker(k, default_agreement=agreement, default_unparseable=unparseable,
-                            prior_turns=prior_turns, window_turns=window)
+    return AgreementTracker(
+        k, default_agreement=agreement, default_unparseable=unparseable, prior_turns=prior_turns, window_turns=window
+    )
 
 
 @pytest.mark.unit
 def test_agreement_from_pair_rate_inverts_the_pair_agreement() -> None:
-    assert agreement_from_pair_rate(0.85 ** 2 + 0.15 ** 2 / 2, 3) == pytest.approx(0.85)
-    assert agreement_from_pair_rate(0.9 ** 2 + 0.1 ** 2, 2) == pytest.approx(0.9)  # 0.82
+    assert agreement_from_pair_rate(0.85**2 + 0.15**2 / 2, 3) == pytest.approx(0.85)
+    assert agreement_from_pair_rate(0.9**2 + 0.1**2, 2) == pytest.approx(0.9)  # 0.82
     assert agreement_from_pair_rate(0.1, 3) == pytest.approx(1 / 3)  # below chance: clamped to chance
 
 
 @pytest.mark.unit
 def test_fixed_error_hand_derived() -> None:
-    assert fixed_error(0.9, 0.0, 2, 3, 1) == pytest.approx(1 - (0.9 ** 3 + 3 * 0.9 ** 2 * 0.1))  # binary, m=3
-    assert fixed_error(0.7, 0.0, 3, 2, 1) == pytest.approx(1 - 0.7 ** 2)  # m=2: right only when both agree
+    assert fixed_error(0.9, 0.0, 2, 3, 1) == pytest.approx(1 - (0.9**3 + 3 * 0.9**2 * 0.1))  # binary, m=3
+    assert fixed_error(0.7, 0.0, 3, 2, 1) == pytest.approx(1 - 0.7**2)  # m=2: right only when both agree
     assert fixed_error(0.7, 0.1, 3, 1, 1) == pytest.approx(0.1 + 0.9 * 0.3)  # m=1: unparseable or wrong
 
 
@@ -233,7 +240,7 @@ def test_tracker_estimate_blends_window_with_warm_up_default() -> None:
 def test_tracker_detects_concentrated_wrong_votes() -> None:
     # 700 agreeing pairs, 300 disagreeing ones whose third vote always repeats one of them: wrong votes pile on
     # one rival (the symmetric model at a=0.85 predicts a third verdict after 0.108 of the disagreeing pairs)
-    assert distinct_third_rate(0.85, 0.5, 3) == pytest.approx(6 * 0.85 * 0.075 ** 2 / (1 - 0.85 ** 2 - 2 * 0.075 ** 2))
+    assert distinct_third_rate(0.85, 0.5, 3) == pytest.approx(6 * 0.85 * 0.075**2 / (1 - 0.85**2 - 2 * 0.075**2))
     piled = tracker(0.85, prior_turns=1, window=10_000)
     spread = tracker(0.85, prior_turns=1, window=10_000)
     for _ in range(700):
@@ -242,7 +249,7 @@ def test_tracker_detects_concentrated_wrong_votes() -> None:
     for _ in range(300):
         piled.observe([1, 0, 1])
         spread.observe([1, 0, -1])
-    pair_rate = (700 + 0.85 ** 2 + 0.15 ** 2 / 2) / 1001
+    pair_rate = (700 + 0.85**2 + 0.15**2 / 2) / 1001
     assert piled.estimate() == (round(agreement_from_pair_rate(pair_rate, 3, 0.95), 2), 0.0, 0.95)
     assert spread.estimate() == (round(agreement_from_pair_rate(pair_rate, 3), 2), 0.0, 0.5)
 

@@ -115,11 +115,26 @@ def inspect_page(html: Path, timeout_s: float = START_DEADLINE_S) -> PageReport:
     exe = chromium_path()
     assert exe, "chromium is not installed"
     profile = Path(tempfile.mkdtemp(prefix="hs-chromium-"))
-    proc = subprocess.Popen([exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                             "--no-first-run", "--no-default-browser-check", "--hide-scrollbars",
-                             "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
-                             f"--user-data-dir={profile}", "--window-size=1280,900", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--hide-scrollbars",
+            "--remote-debugging-address=127.0.0.1",
+            "--remote-debugging-port=0",
+            f"--user-data-dir={profile}",
+            "--window-size=1280,900",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         port_file, end = profile / "DevToolsActivePort", time.monotonic() + timeout_s
         while not (port_file.exists() and port_file.read_text().strip()):
@@ -142,9 +157,18 @@ def inspect_page(html: Path, timeout_s: float = START_DEADLINE_S) -> PageReport:
         cdp.wait_event("Page.loadEventFired", timeout_s)
         report = PageReport()
         for plot in json.loads(cdp.evaluate(PLOTS_JS)):
-            shot = cdp.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
-                            clip={"x": plot["x"], "y": plot["y"], "width": max(1, plot["w"]),
-                                  "height": max(1, plot["h"]), "scale": 1})["data"]
+            shot = cdp.call(
+                "Page.captureScreenshot",
+                format="png",
+                captureBeyondViewport=True,
+                clip={
+                    "x": plot["x"],
+                    "y": plot["y"],
+                    "width": max(1, plot["w"]),
+                    "height": max(1, plot["h"]),
+                    "scale": 1,
+                },
+            )["data"]
             base64.b64decode(shot, validate=True)  # a well-formed screenshot came back
             ink = cdp.evaluate(f"({COUNT_INK_JS})({json.dumps(shot)})", awaitPromise=True)
             report.plots[plot["name"]] = {**plot, **ink}

@@ -58,24 +58,32 @@ def test_dashboard_is_generated_and_queries_known_jobs() -> None:
 def test_scrape_targets_are_the_launch_scripts_default_ports() -> None:
     defaults = {}
     for script in ("policy.sh", "judge.sh"):
-        defaults.update(re.findall(r'\$\{([A-Z_]+PORT):=(\d+)\}', (ROOT / "launch" / script).read_text()))
+        defaults.update(re.findall(r"\$\{([A-Z_]+PORT):=(\d+)\}", (ROOT / "launch" / script).read_text()))
     targets = {}
     for job in yaml.safe_load(SCRAPE.read_text())["scrape_configs"]:
         for sc in job["static_configs"]:
             for t in sc["targets"]:
                 targets[(job["job_name"], sc.get("labels", {}).get("role"))] = t.split(":")[1]
     assert targets == {
-        ("hindsight-policy", None): defaults["POLICY_PORT"], ("hindsight-judge", None): defaults["JUDGE_PORT"],
+        ("hindsight-policy", None): defaults["POLICY_PORT"],
+        ("hindsight-judge", None): defaults["JUDGE_PORT"],
         ("sglang-router", "policy"): defaults["POLICY_ROUTER_METRICS_PORT"],
         ("sglang-router", "judge"): defaults["JUDGE_ROUTER_METRICS_PORT"],
         ("sglang-engine", "policy"): defaults["POLICY_ENGINE_BASE_PORT"],
-        ("sglang-engine", "judge"): defaults["JUDGE_ENGINE_BASE_PORT"]}
+        ("sglang-engine", "judge"): defaults["JUDGE_ENGINE_BASE_PORT"],
+    }
 
 
 def dev(cmd: str, run_dir: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HINDSIGHT_RUN_DIR": str(run_dir), "PYTHON": sys.executable}
-    return subprocess.run(["bash", str(ROOT / "launch" / "dev.sh"), cmd], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout_s)
+    return subprocess.run(
+        ["bash", str(ROOT / "launch" / "dev.sh"), cmd],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def exported(url: str) -> set[str]:
@@ -86,8 +94,9 @@ def exported(url: str) -> set[str]:
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # a whole dev stack (two engines, two routers, judge, policy) on shared CPUs
-def test_every_dashboard_metric_exists_on_a_live_dev_stack(tmp_path: Path, tiny_model_dir: Path,
-                                                           teacher_model_dir: Path) -> None:
+def test_every_dashboard_metric_exists_on_a_live_dev_stack(
+    tmp_path: Path, tiny_model_dir: Path, teacher_model_dir: Path
+) -> None:
     shutil.copytree(tiny_model_dir, tmp_path / "models" / "policy")
     shutil.copytree(teacher_model_dir, tmp_path / "models" / "teacher")
     try:
@@ -99,23 +108,44 @@ def test_every_dashboard_metric_exists_on_a_live_dev_stack(tmp_path: Path, tiny_
         with httpx.Client(base_url=ep["policy_url"], trust_env=False, timeout=120) as c:
             msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
             for text, done in (("Thanks, that worked.", False), ("Bye.", True)):
-                r = c.post("/v1/chat/completions", json={"model": "hindsight-policy", "messages": msgs, "max_tokens": 8},
-                           headers={**user, **({"X-Session-Done": "true"} if done else {})}).raise_for_status()
+                r = c.post(
+                    "/v1/chat/completions",
+                    json={"model": "hindsight-policy", "messages": msgs, "max_tokens": 8},
+                    headers={**user, **({"X-Session-Done": "true"} if done else {})},
+                ).raise_for_status()
                 reply = r.json()["choices"][0]["message"].get("content") or ""
                 msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": text}]
             end = time.monotonic() + DEADLINE_S
             while True:  # the first turn is judged (the llm judge calls its engine through the judge router)
-                rows = c.get("/v1/samples", params={"session_id": "dash-1"}, headers=admin).raise_for_status().json()["samples"]
+                rows = (
+                    c.get("/v1/samples", params={"session_id": "dash-1"}, headers=admin)
+                    .raise_for_status()
+                    .json()["samples"]
+                )
                 if len(rows) == 2 and all(r["status"] != "pending_judge" for r in rows):
                     break
                 assert time.monotonic() < end, rows
                 time.sleep(0.2)
-            up = c.post("/admin/weights/update", json={"model_path": ep["policy_model_path"], "weight_version": "1"},
-                        headers=admin, timeout=120).raise_for_status().json()
+            up = (
+                c.post(
+                    "/admin/weights/update",
+                    json={"model_path": ep["policy_model_path"], "weight_version": "1"},
+                    headers=admin,
+                    timeout=120,
+                )
+                .raise_for_status()
+                .json()
+            )
             assert up["success"], up
         names: set[str] = set()
-        for key in ("policy_url", "judge_url", "policy_router_metrics_url", "judge_router_metrics_url",
-                    "policy_engine_url", "judge_engine_url"):
+        for key in (
+            "policy_url",
+            "judge_url",
+            "policy_router_metrics_url",
+            "judge_router_metrics_url",
+            "policy_engine_url",
+            "judge_engine_url",
+        ):
             names |= exported(ep[key])
     finally:
         dev("stop", tmp_path, 90)

@@ -37,8 +37,9 @@ from chromium_check import check_rendered, require_chromium  # noqa: E402
 
 def dev(cmd: str, run_dir: Path, timeout_s: float, **env: str) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "HINDSIGHT_RUN_DIR": str(run_dir), "PYTHON": sys.executable, **env}
-    return subprocess.run(["bash", str(DEV), cmd], cwd=ROOT, env=full_env, capture_output=True, text=True,
-                          timeout=timeout_s)
+    return subprocess.run(
+        ["bash", str(DEV), cmd], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout_s
+    )
 
 
 def port_open(url: str) -> bool:
@@ -70,8 +71,14 @@ def test_dev_stack_start_demo_stop(stack_dir: Path) -> None:
         assert endpoints[key], key
     assert endpoints["mode"] == "rl" and endpoints["judge_backend"] == "llm"
     entries = devstack.read_pids(stack_dir)
-    assert [e["name"] for e in entries] == ["policy-engine", "policy-router", "judge-engine", "judge-router",
-                                            "judge", "policy"]
+    assert [e["name"] for e in entries] == [
+        "policy-engine",
+        "policy-router",
+        "judge-engine",
+        "judge-router",
+        "judge",
+        "policy",
+    ]
     assert all(devstack.is_ours(e) for e in entries)
     assert all(urlparse(e["url"]).hostname == "127.0.0.1" for e in entries)
     # Logs can hold prompts: the owner's only.
@@ -85,8 +92,9 @@ def test_dev_stack_start_demo_stop(stack_dir: Path) -> None:
     with httpx.Client(trust_env=False, timeout=10) as c:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         assert c.post(endpoints["policy_url"] + "/v1/chat/completions", json=body).status_code == 401
-        assert c.get(endpoints["policy_url"] + "/v1/samples/stats",
-                     headers={"Authorization": f"Bearer {endpoints['api_key']}"}).status_code in (401, 403)
+        assert c.get(
+            endpoints["policy_url"] + "/v1/samples/stats", headers={"Authorization": f"Bearer {endpoints['api_key']}"}
+        ).status_code in (401, 403)
 
     demo = dev("demo", stack_dir, 300)
     out = demo.stdout
@@ -115,8 +123,17 @@ def test_dev_stack_start_demo_stop(stack_dir: Path) -> None:
 
     # The demo's run report, opened in headless Chromium: every plot rendered, those with data have marks.
     require_chromium()
-    check_rendered(Path(report.group(1)), ("verdicts_per_version", "samples_per_mode", "samples_per_status",
-                                           "judge_votes_per_turn", "ppo_loss", "trainer_throughput"))
+    check_rendered(
+        Path(report.group(1)),
+        (
+            "verdicts_per_version",
+            "samples_per_mode",
+            "samples_per_status",
+            "judge_votes_per_turn",
+            "ppo_loss",
+            "trainer_throughput",
+        ),
+    )
 
 
 @pytest.mark.unit
@@ -125,10 +142,13 @@ def test_stop_never_signals_a_recycled_pid(tmp_path: Path) -> None:
     try:
         ticks = devstack.proc_start_ticks(victim.pid)
         assert ticks is not None
-        devstack.write_json(tmp_path / "pids.json", [
-            {"name": "recycled", "pid": victim.pid, "start_ticks": ticks + 1, "url": "", "log": ""},
-            {"name": "gone", "pid": 2**22 + 7, "start_ticks": 1, "url": "", "log": ""},
-        ])
+        devstack.write_json(
+            tmp_path / "pids.json",
+            [
+                {"name": "recycled", "pid": victim.pid, "start_ticks": ticks + 1, "url": "", "log": ""},
+                {"name": "gone", "pid": 2**22 + 7, "start_ticks": 1, "url": "", "log": ""},
+            ],
+        )
         res = dev("stop", tmp_path, 30)
         assert res.returncode == 0, res.stderr
         assert "nothing (all had already exited)" in res.stdout

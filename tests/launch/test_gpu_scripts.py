@@ -23,10 +23,15 @@ SECRET = "s3cr3t-key-value"
 
 def dry_run(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """Run ``launch/<script> --dry-run`` with a clean, explicit environment."""
-    base = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "HINDSIGHT_RUN_DIR": str(tmp_path / "run"),
-            "HF_CKPT": "/models/policy"}
-    return subprocess.run(["bash", str(LAUNCH / script), "--dry-run"], env={**base, **env},
-                          capture_output=True, text=True, timeout=30)
+    base = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "HINDSIGHT_RUN_DIR": str(tmp_path / "run"),
+        "HF_CKPT": "/models/policy",
+    }
+    return subprocess.run(
+        ["bash", str(LAUNCH / script), "--dry-run"], env={**base, **env}, capture_output=True, text=True, timeout=30
+    )
 
 
 def commands(out: str) -> list[str]:
@@ -47,15 +52,24 @@ def test_run_default_split_is_trainer4_policy2_judge2(tmp_path: Path) -> None:
     cmds = commands(res.stdout)
     assert len(cmds) == 7  # judge engine, judge router, judge, policy engine, policy router, policy, trainer
     prm, judge_router, judge, rollout, policy_router, policy, trainer = cmds
-    assert prm.startswith("CUDA_VISIBLE_DEVICES=6,7 python -m sglang.launch_server --model-path /models/policy --tp-size 2")
+    assert prm.startswith(
+        "CUDA_VISIBLE_DEVICES=6,7 python -m sglang.launch_server --model-path /models/policy --tp-size 2"
+    )
     assert rollout.startswith("CUDA_VISIBLE_DEVICES=4,5 python -m sglang.launch_server")
-    assert trainer.startswith("CUDA_VISIBLE_DEVICES=0,1,2,3 torchrun --standalone --nnodes 1 --nproc-per-node 4 -m trainer.cli")
+    assert trainer.startswith(
+        "CUDA_VISIBLE_DEVICES=0,1,2,3 torchrun --standalone --nnodes 1 --nproc-per-node 4 -m trainer.cli"
+    )
     assert "--worker-urls http://127.0.0.1:31100 " in judge_router
     assert judge.startswith("hindsight-judge --engine-url http://127.0.0.1:30201 --host 127.0.0.1 --port 30200")
     assert "--worker-urls http://127.0.0.1:31000 " in policy_router
-    for flag in ("--engine-url http://127.0.0.1:30001", "--engine-worker-urls http://127.0.0.1:31000",
-                 "--judge-url http://127.0.0.1:30200", "--teacher-url http://127.0.0.1:30201", "--mode combine",
-                 f"--data-dir {tmp_path}/run/data"):
+    for flag in (
+        "--engine-url http://127.0.0.1:30001",
+        "--engine-worker-urls http://127.0.0.1:31000",
+        "--judge-url http://127.0.0.1:30200",
+        "--teacher-url http://127.0.0.1:30201",
+        "--mode combine",
+        f"--data-dir {tmp_path}/run/data",
+    ):
         assert flag in policy, flag
     assert f"--out-dir {tmp_path}/run/checkpoints" in trainer
     assert "--policy-url http://127.0.0.1:30000" in trainer
@@ -64,22 +78,39 @@ def test_run_default_split_is_trainer4_policy2_judge2(tmp_path: Path) -> None:
     # Readiness: engines on /health, routers on /readiness (not /health), services on /ready.
     waits = [line for line in res.stdout.splitlines() if line.startswith("# wait")]
     assert [w.split()[3] for w in waits] == [
-        "http://127.0.0.1:31100/health", "http://127.0.0.1:30201/readiness", "http://127.0.0.1:30200/ready",
-        "http://127.0.0.1:31000/health", "http://127.0.0.1:30001/readiness", "http://127.0.0.1:30000/ready"]
+        "http://127.0.0.1:31100/health",
+        "http://127.0.0.1:30201/readiness",
+        "http://127.0.0.1:30200/ready",
+        "http://127.0.0.1:31000/health",
+        "http://127.0.0.1:30001/readiness",
+        "http://127.0.0.1:30000/ready",
+    ]
     assert not (tmp_path / "run").exists(), "a dry run must not create the run directory"
 
 
 @pytest.mark.unit
 def test_run_custom_split_four_judge_engines(tmp_path: Path) -> None:
-    res = dry_run("run.sh", tmp_path, NUM_GPUS="8", ACTOR_GPUS="0,1", ROLLOUT_GPUS="2,3", ROLLOUT_TP="1",
-                  PRM_GPUS="4,5,6,7", PRM_TP="1", PRM_MODEL_PATH="/models/judge")
+    res = dry_run(
+        "run.sh",
+        tmp_path,
+        NUM_GPUS="8",
+        ACTOR_GPUS="0,1",
+        ROLLOUT_GPUS="2,3",
+        ROLLOUT_TP="1",
+        PRM_GPUS="4,5,6,7",
+        PRM_TP="1",
+        PRM_MODEL_PATH="/models/judge",
+    )
     assert res.returncode == 0, res.stderr
     cmds = commands(res.stdout)
     engines = [c for c in cmds if "sglang.launch_server" in c and "/models/judge" in c]
     assert [c.split()[0] for c in engines] == [f"CUDA_VISIBLE_DEVICES={g}" for g in (4, 5, 6, 7)]
     assert [c.split("--port ")[1].split()[0] for c in engines] == ["31100", "31101", "31102", "31103"]
     router = next(c for c in cmds if "launch_router" in c and "30201" in c)
-    assert "--worker-urls http://127.0.0.1:31100 http://127.0.0.1:31101 http://127.0.0.1:31102 http://127.0.0.1:31103 " in router
+    assert (
+        "--worker-urls http://127.0.0.1:31100 http://127.0.0.1:31101 http://127.0.0.1:31102 http://127.0.0.1:31103 "
+        in router
+    )
     policy = next(c for c in cmds if c.startswith("hindsight-policy"))
     assert "--engine-worker-urls http://127.0.0.1:31000,http://127.0.0.1:31001" in policy
     assert " --mode " not in policy + " "  # MODE unset: the policy server's own default applies
@@ -89,11 +120,20 @@ def test_run_custom_split_four_judge_engines(tmp_path: Path) -> None:
 
 @pytest.mark.unit
 def test_mode_as_argument_and_public_host_with_keys_redacted(tmp_path: Path) -> None:
-    env = {"HOST": "0.0.0.0", "POLICY_API_KEY": SECRET, "POLICY_ADMIN_API_KEY": SECRET,
-           "JUDGE_API_KEY": SECRET, "ENGINE_API_KEY": SECRET}
-    res = subprocess.run(["bash", str(LAUNCH / "run.sh"), "--dry-run", "MODE=opd"],
-                         env={"PATH": os.environ["PATH"], "HINDSIGHT_RUN_DIR": str(tmp_path / "r"),
-                              "HF_CKPT": "/m", **env}, capture_output=True, text=True, timeout=30)
+    env = {
+        "HOST": "0.0.0.0",
+        "POLICY_API_KEY": SECRET,
+        "POLICY_ADMIN_API_KEY": SECRET,
+        "JUDGE_API_KEY": SECRET,
+        "ENGINE_API_KEY": SECRET,
+    }
+    res = subprocess.run(
+        ["bash", str(LAUNCH / "run.sh"), "--dry-run", "MODE=opd"],
+        env={"PATH": os.environ["PATH"], "HINDSIGHT_RUN_DIR": str(tmp_path / "r"), "HF_CKPT": "/m", **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 0, res.stderr
     assert SECRET not in res.stdout + res.stderr
     policy = next(c for c in commands(res.stdout) if "hindsight-policy --model-path" in c)
@@ -131,11 +171,14 @@ def test_invalid_configuration_fails_clearly(tmp_path: Path, script: str, env: d
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(("script", "first"), [
-    ("judge.sh", "CUDA_VISIBLE_DEVICES=0,1 python -m sglang.launch_server"),
-    ("policy.sh", "CUDA_VISIBLE_DEVICES=0,1 python -m sglang.launch_server"),
-    ("trainer.sh", "CUDA_VISIBLE_DEVICES=0,1,2,3 torchrun"),
-])
+@pytest.mark.parametrize(
+    ("script", "first"),
+    [
+        ("judge.sh", "CUDA_VISIBLE_DEVICES=0,1 python -m sglang.launch_server"),
+        ("policy.sh", "CUDA_VISIBLE_DEVICES=0,1 python -m sglang.launch_server"),
+        ("trainer.sh", "CUDA_VISIBLE_DEVICES=0,1,2,3 torchrun"),
+    ],
+)
 def test_standalone_scripts_dry_run(tmp_path: Path, script: str, first: str) -> None:
     res = dry_run(script, tmp_path, SGLANG_PYTHON="python", PYTHON="python")
     assert res.returncode == 0, res.stderr
@@ -144,8 +187,13 @@ def test_standalone_scripts_dry_run(tmp_path: Path, script: str, first: str) -> 
 
 @pytest.mark.unit
 def test_unknown_argument_and_help(tmp_path: Path) -> None:
-    res = subprocess.run(["bash", str(LAUNCH / "run.sh"), "--frobnicate"], capture_output=True, text=True,
-                         env={"PATH": os.environ["PATH"], "HF_CKPT": "/m"}, timeout=30)
+    res = subprocess.run(
+        ["bash", str(LAUNCH / "run.sh"), "--frobnicate"],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "HF_CKPT": "/m"},
+        timeout=30,
+    )
     assert res.returncode == 2 and "unknown argument '--frobnicate'" in res.stderr
     res = subprocess.run(["bash", str(LAUNCH / "run.sh"), "--help"], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0 and "MODE=rl|opd|combine" in res.stdout
@@ -155,9 +203,20 @@ def test_unknown_argument_and_help(tmp_path: Path) -> None:
 def test_a_process_that_dies_fails_the_wait_fast(tmp_path: Path) -> None:
     """An engine that exits at once ends the script within seconds (not after its readiness deadline)."""
     run_dir = tmp_path / "run"
-    res = subprocess.run(["bash", str(LAUNCH / "judge.sh")], capture_output=True, text=True, timeout=60,
-                         env={"PATH": os.environ["PATH"], "HINDSIGHT_RUN_DIR": str(run_dir), "HF_CKPT": "/m",
-                              "SGLANG_PYTHON": "false", "ENGINE_READY_TIMEOUT_S": "600", "PRM_TP": "1"})
+    res = subprocess.run(
+        ["bash", str(LAUNCH / "judge.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            "PATH": os.environ["PATH"],
+            "HINDSIGHT_RUN_DIR": str(run_dir),
+            "HF_CKPT": "/m",
+            "SGLANG_PYTHON": "false",
+            "ENGINE_READY_TIMEOUT_S": "600",
+            "PRM_TP": "1",
+        },
+    )
     assert res.returncode == 2, res.stderr
     assert "error: prm-engine-0 not ready" in res.stderr and "exited before" in res.stderr
     assert (run_dir / "logs" / "prm-engine-0.log").exists()

@@ -56,18 +56,39 @@ def test_judge_sh_starts_waits_and_stops_only_its_processes(tmp_path: Path, tiny
     shim.chmod(0o755)
     record = tmp_path / "engines.jsonl"
     run_dir = tmp_path / "run"
-    ports = {"JUDGE_ENGINE_BASE_PORT": free_port(), "JUDGE_ROUTER_PORT": free_port(),
-             "JUDGE_ROUTER_METRICS_PORT": free_port(), "JUDGE_PORT": free_port()}
+    ports = {
+        "JUDGE_ENGINE_BASE_PORT": free_port(),
+        "JUDGE_ROUTER_PORT": free_port(),
+        "JUDGE_ROUTER_METRICS_PORT": free_port(),
+        "JUDGE_PORT": free_port(),
+    }
     if ports["JUDGE_ENGINE_BASE_PORT"] + 1 in ports.values():
         pytest.skip("ephemeral ports collided with the engine port range; rerun")
-    env = {**os.environ, "HINDSIGHT_RUN_DIR": str(run_dir), "PRM_MODEL_PATH": str(tiny_model_dir),
-           "NUM_GPUS": "2", "PRM_GPUS": "0,1", "PRM_TP": "1", "SGLANG_PYTHON": str(shim),
-           "ROUTER_PYTHON": sys.executable, "PYTHON": sys.executable,
-           "HINDSIGHT_JUDGE_BIN": str(Path(sys.executable).parent / "hindsight-judge"),
-           "FAKE_SGLANG_RECORD": str(record), "ENGINE_READY_TIMEOUT_S": "120", "HS_STOP_GRACE_S": "10",
-           **{k: str(v) for k, v in ports.items()}}
-    script = subprocess.Popen(["bash", str(ROOT / "launch" / "judge.sh")], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    env = {
+        **os.environ,
+        "HINDSIGHT_RUN_DIR": str(run_dir),
+        "PRM_MODEL_PATH": str(tiny_model_dir),
+        "NUM_GPUS": "2",
+        "PRM_GPUS": "0,1",
+        "PRM_TP": "1",
+        "SGLANG_PYTHON": str(shim),
+        "ROUTER_PYTHON": sys.executable,
+        "PYTHON": sys.executable,
+        "HINDSIGHT_JUDGE_BIN": str(Path(sys.executable).parent / "hindsight-judge"),
+        "FAKE_SGLANG_RECORD": str(record),
+        "ENGINE_READY_TIMEOUT_S": "120",
+        "HS_STOP_GRACE_S": "10",
+        **{k: str(v) for k, v in ports.items()},
+    }
+    script = subprocess.Popen(
+        ["bash", str(ROOT / "launch" / "judge.sh")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     pids: dict[str, int] = {}
     try:
         judge_url = f"http://127.0.0.1:{ports['JUDGE_PORT']}"
@@ -82,16 +103,23 @@ def test_judge_sh_starts_waits_and_stops_only_its_processes(tmp_path: Path, tiny
         assert set(pids) == {"prm-engine-0", "prm-engine-1", "judge-router", "judge"}
         engines = [json.loads(line) for line in record.read_text().splitlines()]
         assert sorted((e["cuda"], e["flags"]["--port"]) for e in engines) == [
-            ("0", str(ports["JUDGE_ENGINE_BASE_PORT"])), ("1", str(ports["JUDGE_ENGINE_BASE_PORT"] + 1))]
+            ("0", str(ports["JUDGE_ENGINE_BASE_PORT"])),
+            ("1", str(ports["JUDGE_ENGINE_BASE_PORT"] + 1)),
+        ]
         assert all(e["flags"]["--tp-size"] == "1" and e["flags"]["--host"] == "127.0.0.1" for e in engines)
         with httpx.Client(trust_env=False, timeout=60) as c:
             workers = c.get(f"http://127.0.0.1:{ports['JUDGE_ROUTER_PORT']}/readiness").json()
             assert workers["healthy_workers"] == 2
-            verdict = c.post(judge_url + "/v1/judge", json={
-                "context": [{"role": "user", "content": "list files"}],
-                "response": {"content": "Here are the files."},
-                "next_state": [{"role": "user", "content": "Thanks, that worked."}],
-                "tasks": ["prm"], "m": 1}).json()
+            verdict = c.post(
+                judge_url + "/v1/judge",
+                json={
+                    "context": [{"role": "user", "content": "list files"}],
+                    "response": {"content": "Here are the files."},
+                    "next_state": [{"role": "user", "content": "Thanks, that worked."}],
+                    "tasks": ["prm"],
+                    "m": 1,
+                },
+            ).json()
         assert verdict["prm"]["status"] in ("ok", "tie", "no_valid_votes")  # the engine path answered
 
         script.send_signal(signal.SIGINT)  # the operator's Ctrl-C reaches the script only (own sessions)

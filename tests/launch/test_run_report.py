@@ -22,10 +22,24 @@ sys.path.insert(0, str(Path(__file__).parent))  # chromium_check, also used by t
 from chromium_check import check_rendered, inspect_page, require_chromium
 
 
-def row(status: str, *, version: str = "default", mode: str = "rl", prm: dict | None = None,
-        hint: dict | None = None, reason: str | None = None, reward: float | None = None) -> dict:
-    sample = {"mode": mode, "weight_version": version, "prm": prm, "hint": hint, "reward": reward,
-              "has_reward": reward is not None}
+def row(
+    status: str,
+    *,
+    version: str = "default",
+    mode: str = "rl",
+    prm: dict | None = None,
+    hint: dict | None = None,
+    reason: str | None = None,
+    reward: float | None = None,
+) -> dict:
+    sample = {
+        "mode": mode,
+        "weight_version": version,
+        "prm": prm,
+        "hint": hint,
+        "reward": reward,
+        "has_reward": reward is not None,
+    }
     return {"status": status, "reject_reason": reason, "sample": sample}
 
 
@@ -34,26 +48,46 @@ ROWS = [
     row("consumed", prm={"status": "ok", "score": -1, "votes": [-1, -1, None]}, reward=-1.0),
     row("rejected", prm={"status": "tie", "score": None, "votes": [1, -1]}, reason="tie"),
     row("rejected", prm=None, reason="no_next_state"),
-    row("ready", version="1", mode="opd", prm={"status": "ok", "score": 1, "votes": [1]},
-        hint={"status": "ok", "accepted": True, "votes": [1, 1, 1]}, reward=1.0),
-    row("rejected", version="1", prm={"status": "judge_failed", "score": None, "votes": []},
-        reason="prm_rejected: too long"),
+    row(
+        "ready",
+        version="1",
+        mode="opd",
+        prm={"status": "ok", "score": 1, "votes": [1]},
+        hint={"status": "ok", "accepted": True, "votes": [1, 1, 1]},
+        reward=1.0,
+    ),
+    row(
+        "rejected",
+        version="1",
+        prm={"status": "judge_failed", "score": None, "votes": []},
+        reason="prm_rejected: too long",
+    ),
     {"status": "pending_judge", "reject_reason": None, "sample": None},
 ]
 
 
 @pytest.mark.unit
 def test_summaries_hand_counted() -> None:
-    assert [d.verdict_class(r) for r in ROWS] == ["+1", "-1", "tie", "no verdict", "+1", "judge_failed",
-                                                  "no verdict"]
+    assert [d.verdict_class(r) for r in ROWS] == ["+1", "-1", "tie", "no verdict", "+1", "judge_failed", "no verdict"]
     versions, mix = d.verdict_mix_by_version(ROWS)
     assert versions == ["default", "1", "unknown"]
-    assert mix == {"+1": [1.0, 1.0, 0.0], "-1": [1.0, 0.0, 0.0], "tie": [1.0, 0.0, 0.0],
-                   "judge_failed": [0.0, 1.0, 0.0], "no verdict": [1.0, 0.0, 1.0]}
+    assert mix == {
+        "+1": [1.0, 1.0, 0.0],
+        "-1": [1.0, 0.0, 0.0],
+        "tie": [1.0, 0.0, 0.0],
+        "judge_failed": [0.0, 1.0, 0.0],
+        "no verdict": [1.0, 0.0, 1.0],
+    }
     assert d.reward_by_version(ROWS) == {"default": (0.0, 2), "1": (1.0, 1)}
     assert d.mode_counts(ROWS) == {"not judged": 1, "opd": 1, "rl": 5}
-    assert d.status_counts(ROWS) == {"consumed": 1, "pending_judge": 1, "ready": 2, "rejected: no_next_state": 1,
-                                     "rejected: prm_rejected": 1, "rejected: tie": 1}
+    assert d.status_counts(ROWS) == {
+        "consumed": 1,
+        "pending_judge": 1,
+        "ready": 2,
+        "rejected: no_next_state": 1,
+        "rejected: prm_rejected": 1,
+        "rejected: tie": 1,
+    }
     sizes, votes = d.votes_per_turn(ROWS)
     assert sizes == ["0", "1", "2", "3"]
     assert votes == {"prm": [1.0, 1.0, 1.0, 2.0], "hint": [0.0, 0.0, 0.0, 1.0]}
@@ -61,24 +95,34 @@ def test_summaries_hand_counted() -> None:
 
 @pytest.mark.unit
 def test_judge_tokens_from_metrics_text_and_later_step_wins(tmp_path: Path) -> None:
-    text = "\n".join([
-        "# TYPE hindsight_judge_tokens_per_turn histogram",
-        'hindsight_judge_tokens_per_turn_bucket{kind="prompt",task="prm",le="+Inf"} 4.0',
-        'hindsight_judge_tokens_per_turn_sum{kind="prompt",task="prm"} 1000.0',
-        'hindsight_judge_tokens_per_turn_count{kind="prompt",task="prm"} 4.0',
-        'hindsight_judge_tokens_per_turn_bucket{kind="completion",task="prm",le="+Inf"} 4.0',
-        'hindsight_judge_tokens_per_turn_sum{kind="completion",task="prm"} 120.0',
-        'hindsight_judge_tokens_per_turn_count{kind="completion",task="prm"} 4.0',
-        'hindsight_judge_tokens_per_turn_bucket{kind="prompt",task="hint",le="+Inf"} 2.0',
-        'hindsight_judge_tokens_per_turn_sum{kind="prompt",task="hint"} 300.0',
-        'hindsight_judge_tokens_per_turn_count{kind="prompt",task="hint"} 2.0', ""])
+    text = "\n".join(
+        [
+            "# TYPE hindsight_judge_tokens_per_turn histogram",
+            'hindsight_judge_tokens_per_turn_bucket{kind="prompt",task="prm",le="+Inf"} 4.0',
+            'hindsight_judge_tokens_per_turn_sum{kind="prompt",task="prm"} 1000.0',
+            'hindsight_judge_tokens_per_turn_count{kind="prompt",task="prm"} 4.0',
+            'hindsight_judge_tokens_per_turn_bucket{kind="completion",task="prm",le="+Inf"} 4.0',
+            'hindsight_judge_tokens_per_turn_sum{kind="completion",task="prm"} 120.0',
+            'hindsight_judge_tokens_per_turn_count{kind="completion",task="prm"} 4.0',
+            'hindsight_judge_tokens_per_turn_bucket{kind="prompt",task="hint",le="+Inf"} 2.0',
+            'hindsight_judge_tokens_per_turn_sum{kind="prompt",task="hint"} 300.0',
+            'hindsight_judge_tokens_per_turn_count{kind="prompt",task="hint"} 2.0',
+            "",
+        ]
+    )
     assert d.judge_tokens_per_turn(text) == (["hint", "prm"], {"prompt": [150.0, 250.0], "completion": [0.0, 30.0]})
-    cached = text + "\n".join([  # cached tokens are part of the prompt tokens: stacked as prefilled + cached
-        'hindsight_judge_tokens_per_turn_bucket{kind="cached",task="prm",le="+Inf"} 4.0',
-        'hindsight_judge_tokens_per_turn_sum{kind="cached",task="prm"} 800.0',
-        'hindsight_judge_tokens_per_turn_count{kind="cached",task="prm"} 4.0', ""])
-    assert d.judge_tokens_per_turn(cached) == (["hint", "prm"], {"prefilled": [150.0, 50.0], "cached": [0.0, 200.0],
-                                                                 "completion": [0.0, 30.0]})
+    cached = text + "\n".join(
+        [  # cached tokens are part of the prompt tokens: stacked as prefilled + cached
+            'hindsight_judge_tokens_per_turn_bucket{kind="cached",task="prm",le="+Inf"} 4.0',
+            'hindsight_judge_tokens_per_turn_sum{kind="cached",task="prm"} 800.0',
+            'hindsight_judge_tokens_per_turn_count{kind="cached",task="prm"} 4.0',
+            "",
+        ]
+    )
+    assert d.judge_tokens_per_turn(cached) == (
+        ["hint", "prm"],
+        {"prefilled": [150.0, 50.0], "cached": [0.0, 200.0], "completion": [0.0, 30.0]},
+    )
     assert d.judge_tokens_per_turn("# nothing\n") == ([], {})
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 3}\n{"step": 2, "loss": 2}\n{"step": 2, "loss": 1}\n')
     assert d.read_steps(tmp_path) == [{"step": 1, "loss": 3}, {"step": 2, "loss": 1}]
@@ -87,9 +131,24 @@ def test_judge_tokens_from_metrics_text_and_later_step_wins(tmp_path: Path) -> N
 def synthetic_run(tmp_path: Path) -> Path:
     out = tmp_path / "run"
     out.mkdir()
-    lines = [{"step": s, "loss": 1.0 / s, "pg_loss": 0.5 / s, "reward_mean": 0.1 * s, "clip_frac": 0.05,
-              "approx_kl": 0.01 * s, "entropy": 3.0, "grad_norm": 1.0, "adv_mean": 0.0, "adv_abs_mean": 0.4,
-              "tokens_per_s": 50.0 + s, "n_trained_samples": 4, "step_time_s": 2.0} for s in (1, 2, 3)]
+    lines = [
+        {
+            "step": s,
+            "loss": 1.0 / s,
+            "pg_loss": 0.5 / s,
+            "reward_mean": 0.1 * s,
+            "clip_frac": 0.05,
+            "approx_kl": 0.01 * s,
+            "entropy": 3.0,
+            "grad_norm": 1.0,
+            "adv_mean": 0.0,
+            "adv_abs_mean": 0.4,
+            "tokens_per_s": 50.0 + s,
+            "n_trained_samples": 4,
+            "step_time_s": 2.0,
+        }
+        for s in (1, 2, 3)
+    ]
     (out / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return out
 

@@ -31,8 +31,13 @@ def prm(score, status="ok"):
 
 
 def hint(accepted, text="Use the other file, it is in /tmp.", status="ok"):
-    return {"accepted": accepted, "hint": text if accepted else None, "votes": [1 if accepted else -1],
-            "status": status, "reason": None}
+    return {
+        "accepted": accepted,
+        "hint": text if accepted else None,
+        "votes": [1 if accepted else -1],
+        "status": status,
+        "reason": None,
+    }
 
 
 FAILED_PRM = {"score": None, "status": "judge_failed", "votes": [], "confidence": 0.0, "reason": "engine down"}
@@ -89,8 +94,14 @@ CASES = [
     ("combine", prm(0), hint(True), True, True, (True, None, False, True, False)),
     ("combine", prm(0), hint(False), True, True, (False, "no_signal: prm_neutral, no_hint", False, False, False)),
     ("combine", prm(0), hint(False), False, True, (True, None, True, False, True)),
-    ("combine", prm(0, "no_valid_votes"), hint(False), False, True,
-     (False, "no_signal: prm_no_valid_votes, no_hint", False, False, False)),
+    (
+        "combine",
+        prm(0, "no_valid_votes"),
+        hint(False),
+        False,
+        True,
+        (False, "no_signal: prm_no_valid_votes, no_hint", False, False, False),
+    ),
     ("combine", FAILED_PRM, hint(True), False, True, (False, "judge_failed: prm: engine down", False, False, False)),
     ("combine", prm(1), FAILED_HINT, False, True, (False, "judge_failed: hint: engine down", False, False, False)),
 ]
@@ -112,8 +123,13 @@ def test_mode_state_validates_and_keeps_unset_values():
     snap = st.set("combine", w_rl=0.5)
     assert snap == ModeSnapshot("combine", 0.5, 1.0)
     assert st.to_dict() == {"mode": "combine", "w_rl": 0.5, "w_opd": 1.0}
-    bad_sets = [("sft", None, None), (None, -1.0, None), (None, None, math.nan), (None, "x", None),
-                (None, None, math.inf)]
+    bad_sets = [
+        ("sft", None, None),
+        (None, -1.0, None),
+        (None, None, math.nan),
+        (None, "x", None),
+        (None, None, math.inf),
+    ]
     for bad in bad_sets:
         with pytest.raises(InvalidMode):
             st.set(*bad)
@@ -131,12 +147,21 @@ def test_mode_state_from_settings_defaults():
 
 def test_build_sample_shapes_and_flags():
     snap = ModeSnapshot("combine", 0.3, 0.7)
-    s = build_sample(snap, 4, include=True, prm=prm(1), hint=hint(True), reward=1.0,
-                     teacher_logprobs=[-1.0, -2.0, -3.0, -4.0], teacher_topk=None)
+    s = build_sample(
+        snap,
+        4,
+        include=True,
+        prm=prm(1),
+        hint=hint(True),
+        reward=1.0,
+        teacher_logprobs=[-1.0, -2.0, -3.0, -4.0],
+        teacher_topk=None,
+    )
     assert s["loss_mask"] == [1, 1, 1, 1]
     assert (s["has_reward"], s["has_teacher"], s["reward"]) == (True, True, 1.0)
     assert (s["mode"], s["w_rl"], s["w_opd"], s["token_rewards"]) == ("combine", 0.3, 0.7, None)
-    r = build_sample(snap, 3, include=False, prm=prm(0), hint=None, reward=None, teacher_logprobs=None,
-                     teacher_topk=None)
+    r = build_sample(
+        snap, 3, include=False, prm=prm(0), hint=None, reward=None, teacher_logprobs=None, teacher_topk=None
+    )
     assert r["loss_mask"] == [0, 0, 0]
     assert (r["has_reward"], r["has_teacher"], r["reward"], r["teacher_logprobs"]) == (False, False, None, None)

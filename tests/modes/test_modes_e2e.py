@@ -34,13 +34,41 @@ NEGATIVE = "No, that is wrong. Use the other file in /tmp."
 NEUTRAL = "Now list the folder."
 
 
-def start_policy(tiny_model_dir: Path, engine_url: str, judge_url: str, teacher_url: str, data_dir: Path,
-                 log_dir: Path, name: str) -> ManagedProcess:
+def start_policy(
+    tiny_model_dir: Path, engine_url: str, judge_url: str, teacher_url: str, data_dir: Path, log_dir: Path, name: str
+) -> ManagedProcess:
     port = free_port()
-    cmd = [sys.executable, "-m", "policy_server.cli", "--model-path", str(tiny_model_dir), "--engine-url", engine_url,
-           "--judge-url", judge_url, "--teacher-url", teacher_url, "--data-dir", str(data_dir), "--mode", "rl",
-           "--w-rl", "1.0", "--w-opd", "0.5", "--teacher-top-k", str(TOP_K), "--admin-api-key", "admin-key",
-           "--host", "127.0.0.1", "--port", str(port), "--dispatch-retry-max-s", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "policy_server.cli",
+        "--model-path",
+        str(tiny_model_dir),
+        "--engine-url",
+        engine_url,
+        "--judge-url",
+        judge_url,
+        "--teacher-url",
+        teacher_url,
+        "--data-dir",
+        str(data_dir),
+        "--mode",
+        "rl",
+        "--w-rl",
+        "1.0",
+        "--w-opd",
+        "0.5",
+        "--teacher-top-k",
+        str(TOP_K),
+        "--admin-api-key",
+        "admin-key",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dispatch-retry-max-s",
+        "1",
+    ]
     mp = start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, deadline_s=60)
     mp.extra["data_dir"] = data_dir
     return mp
@@ -55,16 +83,30 @@ def policy_engine(tiny_model_dir, modes_log_dir):
 
 @pytest.fixture(scope="module")
 def policy(tiny_model_dir, policy_engine, rules_judge, teacher_engine, modes_log_dir, tmp_path_factory):
-    mp = start_policy(tiny_model_dir, policy_engine.url, rules_judge.url, teacher_engine.url,
-                      tmp_path_factory.mktemp("policy-data"), modes_log_dir, "policy")
+    mp = start_policy(
+        tiny_model_dir,
+        policy_engine.url,
+        rules_judge.url,
+        teacher_engine.url,
+        tmp_path_factory.mktemp("policy-data"),
+        modes_log_dir,
+        "policy",
+    )
     yield mp
     mp.stop()
 
 
 @pytest.fixture(scope="module")
 def policy_broken_judge(tiny_model_dir, policy_engine, broken_judge, teacher_engine, modes_log_dir, tmp_path_factory):
-    mp = start_policy(tiny_model_dir, policy_engine.url, broken_judge.url, teacher_engine.url,
-                      tmp_path_factory.mktemp("policy-data-broken"), modes_log_dir, "policy-broken-judge")
+    mp = start_policy(
+        tiny_model_dir,
+        policy_engine.url,
+        broken_judge.url,
+        teacher_engine.url,
+        tmp_path_factory.mktemp("policy-data-broken"),
+        modes_log_dir,
+        "policy-broken-judge",
+    )
     yield mp
     mp.stop()
 
@@ -80,8 +122,11 @@ def run_session(url: str, feedback: list[str]) -> tuple[str, list[dict]]:
         for i in range(len(feedback) + 1):
             last = i == len(feedback)
             headers = {"X-Session-Id": sid, **({"X-Session-Done": "true"} if last else {})}
-            resp = client.post("/v1/chat/completions", headers=headers,
-                               json={"model": "m", "messages": messages, "max_tokens": 6, "temperature": 1.0})
+            resp = client.post(
+                "/v1/chat/completions",
+                headers=headers,
+                json={"model": "m", "messages": messages, "max_tokens": 6, "temperature": 1.0},
+            )
             assert resp.status_code == 200, resp.text
             contexts.append([dict(m) for m in messages])
             if last:
@@ -100,13 +145,26 @@ def session_samples(data_dir: Path, sid: str, n: int, deadline_s: float = 60.0) 
 
     def read_rows() -> list:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
-            return conn.execute("SELECT turn_index, status, reject_reason, data FROM samples WHERE session_id=? "
-                                "ORDER BY turn_index", (sid,)).fetchall()
+            return conn.execute(
+                "SELECT turn_index, status, reject_reason, data FROM samples WHERE session_id=? ORDER BY turn_index",
+                (sid,),
+            ).fetchall()
 
-    rows = wait_until(lambda: len(rows := read_rows()) == n and all(r[1] != "pending_judge" for r in rows) and rows,
-                      timeout_s=deadline_s, interval_s=0.2, message=lambda: f"session {sid} not judged: {read_rows()}")
-    return [{"turn_index": r[0], "status": r[1], "reject_reason": r[2],
-             **({"data": json.loads(r[3])} if r[3] else {"data": None})} for r in rows]
+    rows = wait_until(
+        lambda: len(rows := read_rows()) == n and all(r[1] != "pending_judge" for r in rows) and rows,
+        timeout_s=deadline_s,
+        interval_s=0.2,
+        message=lambda: f"session {sid} not judged: {read_rows()}",
+    )
+    return [
+        {
+            "turn_index": r[0],
+            "status": r[1],
+            "reject_reason": r[2],
+            **({"data": json.loads(r[3])} if r[3] else {"data": None}),
+        }
+        for r in rows
+    ]
 
 
 def set_mode(url: str, **body) -> dict:
@@ -140,7 +198,12 @@ def test_rl_mix_and_all_neutral_sessions(policy):
     rows = session_samples(policy.extra["data_dir"], mixed, 5)
     # turn 0 neutral: first judged turn of a session without an included sample -> promoted, reward 0.0
     assert [(r["status"], r["reject_reason"]) for r in rows] == [
-        ("ready", None), ("ready", None), ("ready", None), ("rejected", "prm_neutral"), ("rejected", "no_next_state")]
+        ("ready", None),
+        ("ready", None),
+        ("ready", None),
+        ("rejected", "prm_neutral"),
+        ("rejected", "no_next_state"),
+    ]
     assert [check_common(r, "rl")["reward"] for r in rows] == [0.0, 1.0, -1.0, None, None]
     assert [r["data"]["has_reward"] for r in rows] == [True, True, True, False, False]
     assert all(r["data"]["has_teacher"] is False and r["data"]["teacher_logprobs"] is None for r in rows)
@@ -148,7 +211,10 @@ def test_rl_mix_and_all_neutral_sessions(policy):
 
     rows = session_samples(policy.extra["data_dir"], neutral, 3)
     assert [(r["status"], r["reject_reason"]) for r in rows] == [
-        ("ready", None), ("rejected", "prm_neutral"), ("rejected", "no_next_state")]
+        ("ready", None),
+        ("rejected", "prm_neutral"),
+        ("rejected", "no_next_state"),
+    ]
     assert [check_common(r, "rl")["reward"] for r in rows] == [0.0, None, None]
 
 
@@ -160,7 +226,10 @@ def test_opd_session_teacher_logprobs(policy, teacher_logprobs_torch):
     finally:
         set_mode(policy.url, mode="rl")
     assert [(r["status"], r["reject_reason"]) for r in rows] == [
-        ("ready", None), ("rejected", "no_hint"), ("rejected", "no_next_state")]
+        ("ready", None),
+        ("rejected", "no_hint"),
+        ("rejected", "no_next_state"),
+    ]
     d = check_common(rows[0], "opd")
     assert (d["has_teacher"], d["has_reward"], d["reward"]) == (True, False, None)
     assert d["hint"]["accepted"] is True and d["hint"]["hint"] == NEGATIVE
@@ -185,8 +254,11 @@ def test_combine_session_and_lease(policy, teacher_logprobs_torch):
     finally:
         set_mode(policy.url, mode="rl")
     assert [(r["status"], r["reject_reason"]) for r in rows] == [
-        ("ready", None), ("ready", None), ("rejected", "no_signal: prm_neutral, no_hint"),
-        ("rejected", "no_next_state")]
+        ("ready", None),
+        ("ready", None),
+        ("rejected", "no_signal: prm_neutral, no_hint"),
+        ("rejected", "no_next_state"),
+    ]
     both, rl_only = check_common(rows[0], "combine"), check_common(rows[1], "combine")
     assert (both["reward"], both["has_reward"], both["has_teacher"]) == (-1.0, True, True)
     expected, _ = teacher_logprobs_torch(contexts[0], None, both["response_ids"], NEGATIVE)
@@ -202,8 +274,9 @@ def test_combine_session_and_lease(policy, teacher_logprobs_torch):
         if not body["samples"]:
             break
         leased.update({(s["session_id"], s["turn_index"]): s for s in body["samples"]})
-        httpx.post(policy.url + "/v1/samples/ack", json={"lease_id": body["lease_id"]}, headers=ADMIN,
-                   trust_env=False).raise_for_status()
+        httpx.post(
+            policy.url + "/v1/samples/ack", json={"lease_id": body["lease_id"]}, headers=ADMIN, trust_env=False
+        ).raise_for_status()
     mine = {k[1]: v for k, v in leased.items() if k[0] == sid}
     assert sorted(mine) == [0, 1]
     assert mine[0]["teacher_logprobs"] == both["teacher_logprobs"] and mine[0]["mode"] == "combine"

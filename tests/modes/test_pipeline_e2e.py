@@ -23,8 +23,16 @@ pytestmark = pytest.mark.e2e
 POSITIVE = [{"role": "user", "content": "Thanks, that worked."}]
 NEGATIVE = [{"role": "user", "content": "No, that is wrong. Use the other file in /tmp."}]
 NEUTRAL = [{"role": "user", "content": "Now list the folder."}]
-TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "read a file",
-                                           "parameters": {"type": "object", "properties": {"path": {}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "read a file",
+            "parameters": {"type": "object", "properties": {"path": {}}},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +42,24 @@ def tokenizer(policy_tokenizer):
 
 @pytest.fixture(scope="module")
 def turn(tokenizer):
-    messages = [{"role": "system", "content": "You help with files."},
-                {"role": "user", "content": "Open the report file."}]
+    messages = [
+        {"role": "system", "content": "You help with files."},
+        {"role": "user", "content": "Open the report file."},
+    ]
     response_text = "Here is the report file from your home folder."
     response_ids = tokenizer.encode(response_text, add_special_tokens=False) + [tokenizer.eos_token_id]
     return {
-        "session_id": "sess", "turn_index": 0, "messages": messages, "tools": TOOLS,
-        "prompt_ids": render_prompt_ids(tokenizer, messages, TOOLS), "response_ids": response_ids,
+        "session_id": "sess",
+        "turn_index": 0,
+        "messages": messages,
+        "tools": TOOLS,
+        "prompt_ids": render_prompt_ids(tokenizer, messages, TOOLS),
+        "response_ids": response_ids,
         "rollout_logprobs": [-1.0] * len(response_ids),
         "response": {"content": response_text, "reasoning_content": None, "tool_calls": []},
-        "weight_version": "0", "weight_versions": ["0"], "sampling_params": {"temperature": 1.0},
+        "weight_version": "0",
+        "weight_versions": ["0"],
+        "sampling_params": {"temperature": 1.0},
     }
 
 
@@ -53,8 +69,15 @@ async def make_pipeline():
     clients = []
 
     def make(judge_url, teacher_url, tokenizer, mode, **extra):
-        fields = {"mode": mode, "w_rl": 1.0, "w_opd": 0.5, "judge_m": 3, "at_least_one": True, "teacher_top_k": 0,
-                  "teacher_temperature": 1.0}
+        fields = {
+            "mode": mode,
+            "w_rl": 1.0,
+            "w_opd": 0.5,
+            "judge_m": 3,
+            "at_least_one": True,
+            "teacher_top_k": 0,
+            "teacher_temperature": 1.0,
+        }
         settings = PolicySettings.model_construct(**{**fields, **extra})
         judge = JudgeClient(judge_url, deadline_s=30.0)
         teacher = EngineClient(teacher_url) if teacher_url else None
@@ -87,8 +110,9 @@ async def test_rl_samples(rules_judge, tokenizer, turn, make_pipeline):
 
 
 @pytest.mark.parametrize("top_k", [0, 4])
-async def test_opd_teacher_logprobs_match_torch(rules_judge, teacher_engine, tokenizer, teacher_logprobs_torch,
-                                               turn, top_k, make_pipeline):
+async def test_opd_teacher_logprobs_match_torch(
+    rules_judge, teacher_engine, tokenizer, teacher_logprobs_torch, turn, top_k, make_pipeline
+):
     pipe = make_pipeline(rules_judge.url, teacher_engine.url, tokenizer, "opd", teacher_top_k=top_k)
     out = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
     assert (out["status"], out["included"]) == ("ready", True), out["reject_reason"]
@@ -96,8 +120,13 @@ async def test_opd_teacher_logprobs_match_torch(rules_judge, teacher_engine, tok
     n = len(turn["response_ids"])
     hint = NEGATIVE[0]["content"]
     assert s["hint"]["accepted"] is True and s["hint"]["hint"] == hint
-    assert (s["mode"], s["has_teacher"], s["has_reward"], s["reward"], s["loss_mask"]) == ("opd", True, False, None,
-                                                                                          [1] * n)
+    assert (s["mode"], s["has_teacher"], s["has_reward"], s["reward"], s["loss_mask"]) == (
+        "opd",
+        True,
+        False,
+        None,
+        [1] * n,
+    )
     assert out["prompt_versions"]["teacher_hint"].startswith("teacher_hint_v1@")
     expected, top = teacher_logprobs_torch(turn["messages"], turn["tools"], turn["response_ids"], hint, top_k)
     assert len(s["teacher_logprobs"]) == n
@@ -121,17 +150,21 @@ async def test_opd_without_hint_is_rejected(rules_judge, teacher_engine, tokeniz
         assert out["sample"]["teacher_logprobs"] is None and out["sample"]["hint"]["accepted"] is False
 
 
-async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_logprobs_torch, turn,
-                               make_pipeline):
+async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_logprobs_torch, turn, make_pipeline):
     pipe = make_pipeline(rules_judge.url, teacher_engine.url, tokenizer, "combine")
     n = len(turn["response_ids"])
     both = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
     s = both["sample"]
     assert both["status"] == "ready"
     assert (s["mode"], s["reward"], s["has_reward"], s["has_teacher"], s["w_rl"], s["w_opd"]) == (
-        "combine", -1.0, True, True, 1.0, 0.5)
-    expected, _ = teacher_logprobs_torch(turn["messages"], turn["tools"], turn["response_ids"],
-                                         NEGATIVE[0]["content"])
+        "combine",
+        -1.0,
+        True,
+        True,
+        1.0,
+        0.5,
+    )
+    expected, _ = teacher_logprobs_torch(turn["messages"], turn["tools"], turn["response_ids"], NEGATIVE[0]["content"])
     assert s["teacher_logprobs"] == pytest.approx(expected, abs=1e-4)
 
     rl_only = await pipe.process(turn, POSITIVE, session_has_included=True, session_done=False)
@@ -160,8 +193,7 @@ async def test_at_least_one_promotes_neutral_only(rules_judge, tokenizer, turn, 
     assert (out["status"], out["reject_reason"]) == ("rejected", "prm_neutral")
 
 
-async def test_judge_failures_are_rejected_never_promoted(broken_judge, teacher_engine, tokenizer, turn,
-                                                         make_pipeline):
+async def test_judge_failures_are_rejected_never_promoted(broken_judge, teacher_engine, tokenizer, turn, make_pipeline):
     for mode in ("rl", "combine"):
         pipe = make_pipeline(broken_judge.url, teacher_engine.url, tokenizer, mode)
         out = await pipe.process(turn, NEUTRAL, session_has_included=False, session_done=False)

@@ -20,9 +20,13 @@ from policy_server.settings import PolicySettings
 pytestmark = pytest.mark.unit
 
 TURN = {
-    "session_id": "s1", "turn_index": 0,
-    "messages": [{"role": "user", "content": "hi"}], "tools": None,
-    "prompt_ids": [1, 2, 3], "response_ids": [4, 5, 6], "rollout_logprobs": [-0.1, -0.2, -0.3],
+    "session_id": "s1",
+    "turn_index": 0,
+    "messages": [{"role": "user", "content": "hi"}],
+    "tools": None,
+    "prompt_ids": [1, 2, 3],
+    "response_ids": [4, 5, 6],
+    "rollout_logprobs": [-0.1, -0.2, -0.3],
     "response": {"content": "hello", "reasoning_content": None, "tool_calls": []},
 }
 NEXT = [{"role": "user", "content": "thanks"}]
@@ -35,8 +39,9 @@ class RecordingJudge:
         self.raises = raises
 
     async def judge(self, context, response, next_state, tasks, m=None):
-        self.calls.append({"context": context, "response": response, "next_state": next_state,
-                           "tasks": list(tasks), "m": m})
+        self.calls.append(
+            {"context": context, "response": response, "next_state": next_state, "tasks": list(tasks), "m": m}
+        )
         if self.raises:
             raise self.raises
         return JudgeVerdicts.model_validate(self.answer)
@@ -47,20 +52,37 @@ def pipeline(judge, mode="rl", teacher=None, **settings):
     return RewardPipeline(judge=judge, teacher=teacher, tokenizer=None, settings=s)
 
 
-OK_PRM = {"prm": {"score": 1, "status": "ok", "votes": [1] * 5, "confidence": 1.0, "reason": None,
-                  "engine_calls": 2, "prompt_tokens": 900, "cached_tokens": 400, "completion_tokens": 60},
-          "prompt_versions": {"prm": "prm_eval_v1@abc"}}
+OK_PRM = {
+    "prm": {
+        "score": 1,
+        "status": "ok",
+        "votes": [1] * 5,
+        "confidence": 1.0,
+        "reason": None,
+        "engine_calls": 2,
+        "prompt_tokens": 900,
+        "cached_tokens": 400,
+        "completion_tokens": 60,
+    },
+    "prompt_versions": {"prm": "prm_eval_v1@abc"},
+}
 
 
 async def test_rl_asks_prm_with_m_and_passes_turn_through():
     judge = RecordingJudge(OK_PRM)
     out = await pipeline(judge).process(TURN, NEXT, session_has_included=False, session_done=False)
-    assert judge.calls == [{"context": TURN["messages"], "response": TURN["response"], "next_state": NEXT,
-                            "tasks": ["prm"], "m": 5}]
+    assert judge.calls == [
+        {"context": TURN["messages"], "response": TURN["response"], "next_state": NEXT, "tasks": ["prm"], "m": 5}
+    ]
     assert out["status"] == "ready" and out["included"] and out["reject_reason"] is None
     s = out["sample"]
-    assert (s["mode"], s["reward"], s["has_reward"], s["has_teacher"], s["loss_mask"]) == ("rl", 1.0, True, False,
-                                                                                            [1, 1, 1])
+    assert (s["mode"], s["reward"], s["has_reward"], s["has_teacher"], s["loss_mask"]) == (
+        "rl",
+        1.0,
+        True,
+        False,
+        [1, 1, 1],
+    )
     assert (s["w_rl"], s["w_opd"], s["teacher_logprobs"], s["teacher_topk"]) == (0.5, 2.0, None, None)
     assert out["prompt_versions"] == s["prompt_versions"] == {"prm": "prm_eval_v1@abc"}
     assert s["prm"] == OK_PRM["prm"]  # the judge's verdict, cost fields included, reaches the sample unchanged
@@ -71,7 +93,8 @@ async def test_no_next_state_is_rejected_without_judging(next_state):
     judge = RecordingJudge(OK_PRM)
     for mode in ("rl", "opd", "combine"):
         out = await pipeline(judge, mode, teacher=object.__new__(object)).process(
-            TURN, next_state, session_has_included=False, session_done=True)
+            TURN, next_state, session_has_included=False, session_done=True
+        )
         assert (out["status"], out["reject_reason"], out["included"]) == ("rejected", "no_next_state", False)
         assert out["sample"]["loss_mask"] == [0, 0, 0] and out["sample"]["mode"] == mode
     assert judge.calls == []
@@ -79,8 +102,9 @@ async def test_no_next_state_is_rejected_without_judging(next_state):
 
 async def test_empty_response_is_rejected_without_judging():
     judge = RecordingJudge(OK_PRM)
-    out = await pipeline(judge).process(dict(TURN, response_ids=[]), NEXT, session_has_included=False,
-                                        session_done=False)
+    out = await pipeline(judge).process(
+        dict(TURN, response_ids=[]), NEXT, session_has_included=False, session_done=False
+    )
     assert (out["status"], out["reject_reason"]) == ("rejected", "empty_response")
     assert judge.calls == []
 
@@ -96,17 +120,24 @@ async def test_opd_and_combine_need_a_teacher(mode):
 async def test_judge_unavailable_defers_and_4xx_rejects():
     with pytest.raises(JudgeUnavailable):  # propagates: the dispatcher keeps the turn pending and retries
         await pipeline(RecordingJudge(raises=JudgeUnavailable("connection refused"))).process(
-            TURN, NEXT, session_has_included=False, session_done=False)
+            TURN, NEXT, session_has_included=False, session_done=False
+        )
     out = await pipeline(RecordingJudge(raises=JudgeRequestRejected("context too large", 413))).process(
-        TURN, NEXT, session_has_included=False, session_done=False)
+        TURN, NEXT, session_has_included=False, session_done=False
+    )
     assert (out["status"], out["reject_reason"]) == ("rejected", "judge_rejected: context too large")
 
 
 async def test_mode_switch_applies_to_the_next_turn():
     judge = RecordingJudge(OK_PRM)
     state = ModeState("rl")
-    pipe = RewardPipeline(judge=judge, teacher=None, tokenizer=None,
-                          settings=PolicySettings.model_construct(judge_m=None), mode_state=state)
+    pipe = RewardPipeline(
+        judge=judge,
+        teacher=None,
+        tokenizer=None,
+        settings=PolicySettings.model_construct(judge_m=None),
+        mode_state=state,
+    )
     assert (await pipe.process(TURN, NEXT, session_has_included=True, session_done=False))["sample"]["mode"] == "rl"
     state.set("combine", w_rl=0.25)
     out = await pipe.process(TURN, NEXT, session_has_included=True, session_done=False)

@@ -46,8 +46,11 @@ def test_append_hint_targets_last_user_message_and_does_not_mutate():
         {"role": "user", "content": "first"},
         {"role": "assistant", "content": "ok"},
         {"role": "user", "content": [{"type": "text", "text": "open "}, {"type": "text", "text": "it"}]},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}],
+        },
         {"role": "tool", "content": "Error: not found", "tool_call_id": "c1"},
     ]
     before = copy.deepcopy(msgs)
@@ -72,9 +75,7 @@ def test_teacher_prompt_ids_render_policy_template_with_tools(tokenizer):
     tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
     msgs = [{"role": "user", "content": "read the file"}]
     ids = build_teacher_prompt_ids(tokenizer, msgs, tools, HINT, TPL)
-    expected = render_prompt_ids(
-        tokenizer, [{"role": "user", "content": f"read the file\n\n{MARKER}\n{HINT}"}], tools
-    )
+    expected = render_prompt_ids(tokenizer, [{"role": "user", "content": f"read the file\n\n{MARKER}\n{HINT}"}], tools)
     assert ids == expected
     text = tokenizer.decode(ids)
     assert "<tools>" in text and HINT in text and text.endswith("<|im_start|>assistant\n")
@@ -170,16 +171,24 @@ def test_teacher_prompt_keeps_the_rollout_prefix_for_the_teacher_cache(tokenizer
     """The hint goes at the END of the last user message, so the teacher prompt repeats the rollout prompt up
     to there: a prefix-caching teacher engine (SGLang's radix cache) prefills only the hint and what follows,
     and successive turns of one session share their whole earlier conversation."""
-    history = [{"role": "system", "content": "You are a coding agent."},
-               {"role": "user", "content": "rename a.txt to b.txt " * 20},
-               {"role": "assistant", "content": "Done: renamed a.txt to b.txt."},
-               {"role": "user", "content": "now list the folder"}]
+    history = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "rename a.txt to b.txt " * 20},
+        {"role": "assistant", "content": "Done: renamed a.txt to b.txt."},
+        {"role": "user", "content": "now list the folder"},
+    ]
     rollout = render_prompt_ids(tokenizer, history, None)
     teacher = build_teacher_prompt_ids(tokenizer, history, None, HINT, TPL)
     # Everything but the last user message's end-of-turn and the generation prompt is shared.
     tail = len(render_prompt_ids(tokenizer, history, None)) - len(
-        tokenizer.encode(tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=False)
-                         .rsplit("now list the folder", 1)[0] + "now list the folder", add_special_tokens=False))
+        tokenizer.encode(
+            tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=False).rsplit(
+                "now list the folder", 1
+            )[0]
+            + "now list the folder",
+            add_special_tokens=False,
+        )
+    )
     assert _common_prefix(rollout, teacher) >= len(rollout) - tail - 1
     # The next turn's teacher prompt shares the earlier turn's whole conversation with this one.
     later = [*history, {"role": "assistant", "content": "a.txt b.txt"}, {"role": "user", "content": "thanks"}]

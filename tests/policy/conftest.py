@@ -33,12 +33,26 @@ def router(engine: ManagedProcess, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(scope="module")
-def policy(tiny_model_dir: Path, router: ManagedProcess, engine: ManagedProcess,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+def policy(
+    tiny_model_dir: Path, router: ManagedProcess, engine: ManagedProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ManagedProcess]:
     """Policy server -> router -> dev engine; weight sync goes to the engine itself."""
     d = tmp_path_factory.mktemp("policy")
-    mp = start_policy(tiny_model_dir, router.url, d / "data", d, extra=[
-        "--engine-worker-urls", engine.url, "--session-idle-timeout-s", "2", "--idle-sweep-interval-s", "0.2",
-        "--max-body-bytes", "65536"])
+    mp = start_policy(
+        tiny_model_dir,
+        router.url,
+        d / "data",
+        d,
+        extra=[
+            "--engine-worker-urls",
+            engine.url,
+            "--session-idle-timeout-s",
+            "2",
+            "--idle-sweep-interval-s",
+            "0.2",
+            "--max-body-bytes",
+            "65536",
+        ],
+    )
     yield mp
     mp.stop()

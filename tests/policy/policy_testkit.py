@@ -16,14 +16,40 @@ ADMIN_KEY = "admin-secret"
 CLIENT_KEY = "client-secret"
 
 
-def start_policy(model_dir: Path, engine_url: str, data_dir: Path, log_dir: Path, *, name: str = "policy",
-                 extra: list[str] | None = None, port: int | None = None,
-                 env: dict[str, str] | None = None) -> ManagedProcess:
+def start_policy(
+    model_dir: Path,
+    engine_url: str,
+    data_dir: Path,
+    log_dir: Path,
+    *,
+    name: str = "policy",
+    extra: list[str] | None = None,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+) -> ManagedProcess:
     port = port or free_port()
-    cmd = [sys.executable, "-m", "policy_server.cli", "--model-path", str(model_dir), "--engine-url", engine_url,
-           "--data-dir", str(data_dir), "--port", str(port), "--api-key", CLIENT_KEY,
-           "--admin-api-key", ADMIN_KEY, "--engine-deadline-s", "10", "--engine-max-attempts", "3",
-           *(extra or [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "policy_server.cli",
+        "--model-path",
+        str(model_dir),
+        "--engine-url",
+        engine_url,
+        "--data-dir",
+        str(data_dir),
+        "--port",
+        str(port),
+        "--api-key",
+        CLIENT_KEY,
+        "--admin-api-key",
+        ADMIN_KEY,
+        "--engine-deadline-s",
+        "10",
+        "--engine-max-attempts",
+        "3",
+        *(extra or []),
+    ]
     return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env=env, deadline_s=60)
 
 
@@ -38,17 +64,24 @@ def start_judge(log_dir: Path, name: str, port: int | None = None) -> ManagedPro
     """A real judge server with the deterministic rules backend ("thanks"/"worked" +1, "wrong"/"No," -1)."""
     port = port or free_port()
     cmd = [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1", "--port", str(port)]
-    return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir,
-                         env={"HINDSIGHT_JUDGE_M": "3"}, deadline_s=60)
+    return start_process(
+        name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env={"HINDSIGHT_JUDGE_M": "3"}, deadline_s=60
+    )
 
 
 @contextmanager
-def judged_policy_stack(model_dir: Path, engine_url: str, work: Path) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
+def judged_policy_stack(
+    model_dir: Path, engine_url: str, work: Path
+) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
     """A policy server judged by a rules-backend judge (its default settings); yields (policy, judge), stops both."""
     port = free_port()
-    judge = start_process("judge", [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host",
-                                    "127.0.0.1", "--port", str(port)],
-                          url=f"http://127.0.0.1:{port}", log_dir=work, deadline_s=60)
+    judge = start_process(
+        "judge",
+        [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1", "--port", str(port)],
+        url=f"http://127.0.0.1:{port}",
+        log_dir=work,
+        deadline_s=60,
+    )
     pol = None
     try:
         pol = start_policy(model_dir, engine_url, work / "data", work, extra=["--judge-url", judge.url])

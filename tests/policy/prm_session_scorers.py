@@ -26,8 +26,14 @@ from judge_server.prm import BaseTrajectoryScorer
 class TrajectoryProbe(BaseTrajectoryScorer):
     name = "trajectory_probe"
 
-    def __init__(self, record_path: str, reject_marker: str = "REJECT-ME", unavailable_flag: str | None = None,
-                 weight: float = 1.0, enabled: bool = True):
+    def __init__(
+        self,
+        record_path: str,
+        reject_marker: str = "REJECT-ME",
+        unavailable_flag: str | None = None,
+        weight: float = 1.0,
+        enabled: bool = True,
+    ):
         super().__init__(weight=weight, enabled=enabled)
         self.record_path = record_path
         self.reject_marker = reject_marker
@@ -39,10 +45,18 @@ class TrajectoryProbe(BaseTrajectoryScorer):
         seen = {
             "session_id": ctx["session_id"],
             "ctx_messages": len(ctx["messages"]),
-            "turns": [{"turn_index": it.turn_index, "interaction_id": it.interaction_id, "parent_id": it.parent_id,
-                       "next_state": [m.get("content") for m in it.next_state],
-                       "sample_status": it.extra.get("sample_status"), "reject_reason": it.extra.get("reject_reason"),
-                       "output_len": it.output_len} for it in interactions],
+            "turns": [
+                {
+                    "turn_index": it.turn_index,
+                    "interaction_id": it.interaction_id,
+                    "parent_id": it.parent_id,
+                    "next_state": [m.get("content") for m in it.next_state],
+                    "sample_status": it.extra.get("sample_status"),
+                    "reject_reason": it.extra.get("reject_reason"),
+                    "output_len": it.output_len,
+                }
+                for it in interactions
+            ],
         }
         with open(self.record_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(seen) + "\n")

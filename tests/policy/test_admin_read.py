@@ -16,11 +16,20 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
-                                            "parameters": {"type": "object",
-                                                           "properties": {"city": {"type": "string",
-                                                                                   "maxLength": 24}},
-                                                           "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 24}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +40,11 @@ def judged_policy(tiny_model_dir, engine, tmp_path_factory) -> Iterator[ManagedP
 
 def _chat(url: str, sid: str, messages: list[dict], headers: dict | None = None, **kw) -> dict:
     with client(url) as c:
-        r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8, **kw},
-                   headers={"X-Session-Id": sid, **(headers or {})})
+        r = c.post(
+            "/v1/chat/completions",
+            json={"messages": messages, "max_tokens": 8, **kw},
+            headers={"X-Session-Id": sid, **(headers or {})},
+        )
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["message"]
 
@@ -49,20 +61,34 @@ def _settled(url: str, sid: str, n: int, timeout_s: float = 30.0) -> list[dict]:
         rows = _rows(url, session_id=sid)
         return rows if len(rows) >= n and all(r["status"] != "pending_judge" for r in rows) else None
 
-    return wait_until(judged, timeout_s=timeout_s, interval_s=0.2,
-                      message=lambda: f"samples of {sid} not judged in time: {_rows(url, session_id=sid)}")
+    return wait_until(
+        judged,
+        timeout_s=timeout_s,
+        interval_s=0.2,
+        message=lambda: f"samples of {sid} not judged in time: {_rows(url, session_id=sid)}",
+    )
 
 
 def test_list_samples_is_a_non_consuming_read(judged_policy):
     url = judged_policy.url
     u = [{"role": "user", "content": "list the files"}]
     a = _chat(url, "read-1", u)
-    _chat(url, "read-1", u + [{"role": "assistant", "content": a["content"]},
-                              {"role": "user", "content": "thanks, that worked"}])
+    _chat(
+        url,
+        "read-1",
+        u + [{"role": "assistant", "content": a["content"]}, {"role": "user", "content": "thanks, that worked"}],
+    )
     b = _chat(url, "read-2", u)
     # a rewritten history: read-2's first turn is rejected with a reason
-    _chat(url, "read-2", [{"role": "user", "content": "something else"}, {"role": "assistant", "content": "x"},
-                          {"role": "user", "content": "ok"}])
+    _chat(
+        url,
+        "read-2",
+        [
+            {"role": "user", "content": "something else"},
+            {"role": "assistant", "content": "x"},
+            {"role": "user", "content": "ok"},
+        ],
+    )
     assert b is not None
     rows = _settled(url, "read-1", 1)
     assert [r["turn_index"] for r in rows] == [0] and rows[0]["status"] == "ready"
@@ -73,8 +99,11 @@ def test_list_samples_is_a_non_consuming_read(judged_policy):
     assert sample["sampling_params"]["temperature"] == 1.0 and sample["sampling_params"]["top_p"] == 1.0
     assert sample["sampling_params"]["max_new_tokens"] == 8
     # the admin view shows the turn's next state (typed by role) and its pairing note
-    assert rows[0]["turn"] == {"pairing": "paired", "pairing_note": None,
-                               "next_state": [{"role": "user", "content": "thanks, that worked"}]}
+    assert rows[0]["turn"] == {
+        "pairing": "paired",
+        "pairing_note": None,
+        "next_state": [{"role": "user", "content": "thanks, that worked"}],
+    }
     rejected = _rows(url, session_id="read-2", status="rejected")
     assert [(r["turn_index"], r["reject_reason"]) for r in rejected] == [(0, "history_mismatch")]
     assert rejected[0]["sample"] is None
@@ -105,17 +134,39 @@ def test_list_samples_bad_input(judged_policy):
 def test_forced_tool_call_sample_is_marked_constrained(judged_policy):
     url = judged_policy.url
     u = [{"role": "user", "content": "weather in Paris?"}]
-    m = _chat(url, "forced", u, tools=TOOLS, max_tokens=64,
-              tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    m = _chat(
+        url,
+        "forced",
+        u,
+        tools=TOOLS,
+        max_tokens=64,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     [call] = m["tool_calls"]
-    _chat(url, "forced", u + [{"role": "assistant", "content": m["content"], "tool_calls": [call]},
-                              {"role": "tool", "tool_call_id": call["id"], "content": "sunny, thanks"},
-                              ], tools=TOOLS, headers={"X-Session-Done": "true"})
+    _chat(
+        url,
+        "forced",
+        u
+        + [
+            {"role": "assistant", "content": m["content"], "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "sunny, thanks"},
+        ],
+        tools=TOOLS,
+        headers={"X-Session-Done": "true"},
+    )
     free = [{"role": "user", "content": "hello"}]
     f = _chat(url, "free", free, tools=TOOLS, tool_choice="auto")
-    _chat(url, "free", free + [{"role": "assistant", "content": f["content"], "tool_calls": f.get("tool_calls")}
-                               if f.get("tool_calls") else {"role": "assistant", "content": f["content"]},
-                               {"role": "user", "content": "thanks"}])
+    _chat(
+        url,
+        "free",
+        free
+        + [
+            {"role": "assistant", "content": f["content"], "tool_calls": f.get("tool_calls")}
+            if f.get("tool_calls")
+            else {"role": "assistant", "content": f["content"]},
+            {"role": "user", "content": "thanks"},
+        ],
+    )
     forced = _settled(url, "forced", 2)
     assert forced[0]["status"] == "ready" and forced[0]["sample"]["constrained"] is True
     # turn 1 (free choice, session done) is settled too; when judged it says constrained false
@@ -135,7 +186,22 @@ def test_client_temperature_is_recorded(judged_policy):
 
 
 def test_refuses_to_listen_beyond_loopback_without_a_key(tiny_model_dir, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "policy_server.cli", "--model-path", str(tiny_model_dir),
-                           "--engine-url", "http://127.0.0.1:9", "--data-dir", str(tmp_path), "--host", "0.0.0.0"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "policy_server.cli",
+            "--model-path",
+            str(tiny_model_dir),
+            "--engine-url",
+            "http://127.0.0.1:9",
+            "--data-dir",
+            str(tmp_path),
+            "--host",
+            "0.0.0.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and "without an API key" in proc.stderr

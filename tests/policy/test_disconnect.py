@@ -49,8 +49,12 @@ def aborts(engine_url: str) -> float:
 def wait_running(engine_url: str, *, want_zero: bool, deadline_s: float) -> float:
     """Seconds until the engine runs no request (want_zero) or at least one; fails after the deadline."""
     t0 = time.monotonic()
-    wait_until(lambda: (running(engine_url) == 0) == want_zero, timeout_s=deadline_s, interval_s=0.02,
-               message=f"engine num_running_reqs {'never dropped to 0' if want_zero else 'stayed 0'}")
+    wait_until(
+        lambda: (running(engine_url) == 0) == want_zero,
+        timeout_s=deadline_s,
+        interval_s=0.02,
+        message=f"engine num_running_reqs {'never dropped to 0' if want_zero else 'stayed 0'}",
+    )
     return time.monotonic() - t0
 
 
@@ -90,10 +94,12 @@ def test_nonstreaming_disconnect_aborts_engine_and_records_nothing(policy, engin
     tokens0 = metric_value(engine.url, "sglang:generation_tokens_total")
 
     async def hang_up() -> float:
-        async with httpx.AsyncClient(base_url=policy.url, trust_env=False, timeout=30,
-                                     headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as ac:
-            task = asyncio.create_task(ac.post("/v1/chat/completions", json=body(msgs, max_tokens=LONG),
-                                               headers={"X-Session-Id": sid}))
+        async with httpx.AsyncClient(
+            base_url=policy.url, trust_env=False, timeout=30, headers={"Authorization": f"Bearer {CLIENT_KEY}"}
+        ) as ac:
+            task = asyncio.create_task(
+                ac.post("/v1/chat/completions", json=body(msgs, max_tokens=LONG), headers={"X-Session-Id": sid})
+            )
             await asyncio.to_thread(wait_running, engine.url, want_zero=False, deadline_s=10)
             assert not task.done(), "the long generation finished before the client could leave"
             task.cancel()  # closes the connection: the client is gone
@@ -127,8 +133,9 @@ def test_streaming_disconnect_after_first_chunks_aborts_engine(policy, engine):
     aborts0 = aborts(engine.url)
     chunks = 0
     with client(policy.url) as c:
-        with c.stream("POST", "/v1/chat/completions", json=body(msgs, max_tokens=LONG, stream=True),
-                      headers={"X-Session-Id": sid}) as r:
+        with c.stream(
+            "POST", "/v1/chat/completions", json=body(msgs, max_tokens=LONG, stream=True), headers={"X-Session-Id": sid}
+        ) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
                 if line.startswith("data: ") and '"content"' in line:
@@ -138,13 +145,17 @@ def test_streaming_disconnect_after_first_chunks_aborts_engine(policy, engine):
                     assert running(engine.url) == 1, "the generation should still be running when the client leaves"
                     break  # leaving iter_lines closes the unfinished response: the connection drops mid-stream
     dropped_s = wait_running(engine.url, want_zero=True, deadline_s=DROP_DEADLINE_S)
-    wait_until(lambda: aborts(engine.url) >= aborts0 + 1, timeout_s=5,
-               message=f"no /abort_request reached the worker (drop {dropped_s:.2f}s)")
+    wait_until(
+        lambda: aborts(engine.url) >= aborts0 + 1,
+        timeout_s=5,
+        message=f"no /abort_request reached the worker (drop {dropped_s:.2f}s)",
+    )
     assert turns_of(policy, sid) == [], "an undelivered streamed reply was recorded"
     # a normal streamed request right after still works and is recorded
     with client(policy.url) as c:
-        with c.stream("POST", "/v1/chat/completions", json=body(msgs, max_tokens=6, stream=True),
-                      headers={"X-Session-Id": sid}) as r:
+        with c.stream(
+            "POST", "/v1/chat/completions", json=body(msgs, max_tokens=6, stream=True), headers={"X-Session-Id": sid}
+        ) as r:
             lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and '"finish_reason": "length"' in "".join(lines)
     assert [len(t["response_ids"]) for t in turns_of(policy, sid)] == [6]
@@ -164,9 +175,19 @@ def _abort_then_done_engine(calls: list[dict], on_call=None) -> EngineClient:
         aborted = len(calls) == 1
         ids = [5, 6] if aborted else [7]
         finish = {"type": "abort", "message": "Aborted"} if aborted else {"type": "stop", "matched": 7}
-        return httpx.Response(200, json={"text": "ab" if aborted else "c", "output_ids": ids, "meta_info": {
-            "id": payload.get("rid"), "finish_reason": finish, "weight_version": "v0",
-            "output_token_logprobs": [[-0.5, t, None] for t in ids]}})
+        return httpx.Response(
+            200,
+            json={
+                "text": "ab" if aborted else "c",
+                "output_ids": ids,
+                "meta_info": {
+                    "id": payload.get("rid"),
+                    "finish_reason": finish,
+                    "weight_version": "v0",
+                    "output_token_logprobs": [[-0.5, t, None] for t in ids],
+                },
+            },
+        )
 
     return EngineClient("http://engine", transport=httpx.MockTransport(handler), retry=RetryPolicy(max_attempts=1))
 
@@ -183,8 +204,11 @@ async def test_abort_is_resumed_for_weight_sync_but_never_after_the_client_left(
     calls.clear()
     res = GenResult(prompt_ids=[1, 2], rid_prefix="hs-cd-")
     # the client leaves while the engine call is in flight; the abort that comes back is ours
-    gen = Generator(_abort_then_done_engine(calls, on_call=lambda: setattr(res, "abandoned", True)),
-                    tokenizer=None, gate=WeightGate(5.0, "v0"))
+    gen = Generator(
+        _abort_then_done_engine(calls, on_call=lambda: setattr(res, "abandoned", True)),
+        tokenizer=None,
+        gate=WeightGate(5.0, "v0"),
+    )
     with pytest.raises(GenerationAbandoned):
         await gen.generate([1, 2], {"max_new_tokens": 8}, res)
     assert [c["rid"] for c in calls] == ["hs-cd-0"]  # never resubmitted
@@ -206,9 +230,11 @@ async def test_abort_engine_requests_is_best_effort_and_bounded():
         await asyncio.sleep(30)
         return httpx.Response(200)
 
-    workers = [EngineClient("http://w1", transport=httpx.MockTransport(ok)),
-               EngineClient("http://router", transport=httpx.MockTransport(lambda r: httpx.Response(404))),
-               EngineClient("http://w3", transport=httpx.MockTransport(hangs))]
+    workers = [
+        EngineClient("http://w1", transport=httpx.MockTransport(ok)),
+        EngineClient("http://router", transport=httpx.MockTransport(lambda r: httpx.Response(404))),
+        EngineClient("http://w3", transport=httpx.MockTransport(hangs)),
+    ]
     t0 = time.monotonic()
     acked = await abort_engine_requests(workers, "hs-ff-", timeout_s=0.3)
     assert acked == 1 and time.monotonic() - t0 < 2.0
@@ -218,8 +244,13 @@ async def test_abort_engine_requests_is_best_effort_and_bounded():
 @pytest.mark.unit
 def test_turn_recorded_as_the_client_left_is_rejected(tmp_path: Path):
     st = Store(tmp_path)
-    rec = {"messages": [{"role": "user", "content": "hi"}], "prompt_ids": [1], "response_ids": [2],
-           "rollout_logprobs": [-0.1], "response": {"content": "x"}}
+    rec = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "prompt_ids": [1],
+        "response_ids": [2],
+        "rollout_logprobs": [-0.1],
+        "response": {"content": "x"},
+    }
     try:
         idx = st.record_turn("s1", rec, session_done=False)  # awaiting its next state
         assert _reject_turn(st, "s1", idx) == "rejected"

@@ -18,12 +18,29 @@ from policy_server.rewards.modes import ModeSnapshot, build_sample
 
 pytestmark = pytest.mark.unit
 
-RECORD = {"messages": [{"role": "user", "content": "hi"}], "tools": None, "prompt_ids": [1, 2],
-          "response_ids": [3, 4], "rollout_logprobs": [-0.5, -0.25],
-          "response": {"content": "ok", "reasoning_content": None, "tool_calls": None}, "weight_version": "7",
-          "weight_versions": ["7"], "sampling_params": {"temperature": 1.0, "top_p": 1.0}, "constrained": False}
-PRM = {"score": 1, "status": "ok", "votes": [1, 1, 1], "confidence": 1.0, "reason": None, "engine_calls": 1,
-       "prompt_tokens": 10, "cached_tokens": 0, "completion_tokens": 3}
+RECORD = {
+    "messages": [{"role": "user", "content": "hi"}],
+    "tools": None,
+    "prompt_ids": [1, 2],
+    "response_ids": [3, 4],
+    "rollout_logprobs": [-0.5, -0.25],
+    "response": {"content": "ok", "reasoning_content": None, "tool_calls": None},
+    "weight_version": "7",
+    "weight_versions": ["7"],
+    "sampling_params": {"temperature": 1.0, "top_p": 1.0},
+    "constrained": False,
+}
+PRM = {
+    "score": 1,
+    "status": "ok",
+    "votes": [1, 1, 1],
+    "confidence": 1.0,
+    "reason": None,
+    "engine_calls": 1,
+    "prompt_tokens": 10,
+    "cached_tokens": 0,
+    "completion_tokens": 3,
+}
 
 
 class FixedPipeline:
@@ -37,8 +54,16 @@ class FixedPipeline:
 
 
 def _good_fields() -> dict:
-    fields = build_sample(ModeSnapshot("rl", 1.0, 1.0), 2, include=True, prm=PRM, hint=None, reward=1.0,
-                          teacher_logprobs=None, teacher_topk=None)
+    fields = build_sample(
+        ModeSnapshot("rl", 1.0, 1.0),
+        2,
+        include=True,
+        prm=PRM,
+        hint=None,
+        reward=1.0,
+        teacher_logprobs=None,
+        teacher_topk=None,
+    )
     fields["prompt_versions"] = {"prm": "prm_eval_v2@abc"}
     return fields
 
@@ -66,16 +91,30 @@ async def test_stored_sample_is_the_record_json(store):
     stored = row["sample"]
     assert Sample.model_validate(stored).to_json() == stored
     assert list(stored)[:13] == list(_good_fields())
-    assert list(stored)[13:] == ["prompt_ids", "response_ids", "rollout_logprobs", "weight_version",
-                                        "weight_versions", "sampling_params", "sample_id", "session_id",
-                                        "turn_index", "created_at", "constrained"]
+    assert list(stored)[13:] == [
+        "prompt_ids",
+        "response_ids",
+        "rollout_logprobs",
+        "weight_version",
+        "weight_versions",
+        "sampling_params",
+        "sample_id",
+        "session_id",
+        "turn_index",
+        "created_at",
+        "constrained",
+    ]
     assert (stored["prompt_ids"], stored["weight_version"], stored["prm"]) == ([1, 2], "7", PRM)
 
 
 async def test_turn_fields_are_copied_as_recorded(store):
     """A record without rollout log-probs (or any other turn field) gives nulls, exactly as before."""
-    minimal = {"messages": RECORD["messages"], "prompt_ids": [1, 2], "response_ids": [3, 4],
-               "response": RECORD["response"]}
+    minimal = {
+        "messages": RECORD["messages"],
+        "prompt_ids": [1, 2],
+        "response_ids": [3, 4],
+        "response": RECORD["response"],
+    }
     store.record_turn("s", minimal, session_done=True)
     [job] = store.pending_jobs()
     assert await Dispatcher(store, FixedPipeline(_good_fields()))._process(job)

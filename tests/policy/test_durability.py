@@ -23,8 +23,7 @@ LEASE_S = 20.0  # longer than a policy-server restart on a loaded 2-core machine
 
 def _chat(url: str, messages: list[dict], sid: str) -> dict:
     with client(url) as c:
-        r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 6},
-                   headers={"X-Session-Id": sid})
+        r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 6}, headers={"X-Session-Id": sid})
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["message"]
 
@@ -33,15 +32,26 @@ def test_kill9_restart_resumes_and_honours_leases(tiny_model_dir, router, tmp_pa
     data = tmp_path / "data"
     judge_port = free_port()
     judge_url = f"http://127.0.0.1:{judge_port}"
-    extra = ["--judge-url", judge_url, "--dispatch-retry-initial-s", "0.2", "--dispatch-retry-max-s", "1",
-             "--lease-timeout-s", str(LEASE_S)]
+    extra = [
+        "--judge-url",
+        judge_url,
+        "--dispatch-retry-initial-s",
+        "0.2",
+        "--dispatch-retry-max-s",
+        "1",
+        "--lease-timeout-s",
+        str(LEASE_S),
+    ]
     pol = start_policy(tiny_model_dir, router.url, data, tmp_path, name="policy-a", extra=extra)
     judge = None
     try:
         u1 = [{"role": "user", "content": "open the file"}]
         a1 = _chat(pol.url, u1, "d1")
-        _chat(pol.url, u1 + [{"role": "assistant", "content": a1["content"]},
-                             {"role": "user", "content": "thanks, that worked"}], "d1")
+        _chat(
+            pol.url,
+            u1 + [{"role": "assistant", "content": a1["content"]}, {"role": "user", "content": "thanks, that worked"}],
+            "d1",
+        )
         u2 = [{"role": "user", "content": "list the files"}]
         a2 = _chat(pol.url, u2, "d2")
         st = Store(data)
@@ -49,8 +59,22 @@ def test_kill9_restart_resumes_and_honours_leases(tiny_model_dir, router, tmp_pa
         wait_until(lambda: st.stats()["pending_judge_retrying"] >= 1)
         pol.kill()  # kill -9 mid-session
 
-        judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1",
-                                "--port", str(judge_port)], url=judge_url, log_dir=tmp_path)
+        judge = spawn(
+            "judge",
+            [
+                sys.executable,
+                "-m",
+                "judge_server.cli",
+                "--backend",
+                "rules",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(judge_port),
+            ],
+            url=judge_url,
+            log_dir=tmp_path,
+        )
         wait_http(judge_url + "/health", deadline_s=60, proc=judge.proc)
         pol = start_policy(tiny_model_dir, router.url, data, tmp_path, name="policy-b", extra=extra)
         # pending work resumes after the restart
@@ -62,8 +86,11 @@ def test_kill9_restart_resumes_and_honours_leases(tiny_model_dir, router, tmp_pa
         assert row["data"]["rollout_logprobs"] == turn["rollout_logprobs"]
         assert row["data"]["prompt_ids"] == turn["prompt_ids"]
         # pairing state survived the crash: d2's awaiting turn pairs with the next request
-        _chat(pol.url, u2 + [{"role": "assistant", "content": a2["content"]},
-                             {"role": "user", "content": "No, that is wrong."}], "d2")
+        _chat(
+            pol.url,
+            u2 + [{"role": "assistant", "content": a2["content"]}, {"role": "user", "content": "No, that is wrong."}],
+            "d2",
+        )
         wait_until(lambda: {s["status"] for s in st.samples_of("d2")} - {"pending_judge"} != set())
         with admin(pol.url) as a:
             lease = a.get("/v1/samples/lease", params={"max": 10, "wait_s": 5}).json()

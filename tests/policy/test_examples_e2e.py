@@ -17,15 +17,22 @@ pytestmark = pytest.mark.e2e
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.mark.parametrize("script, session_prefix", [
-    ("openai_sdk_chat.py", "sdk-"), ("openai_agents_run.py", "agents-"), ("langchain_tools.py", "lc-"),
-    ("litellm_chat.py", "litellm-"),
-])
+@pytest.mark.parametrize(
+    "script, session_prefix",
+    [
+        ("openai_sdk_chat.py", "sdk-"),
+        ("openai_agents_run.py", "agents-"),
+        ("langchain_tools.py", "lc-"),
+        ("litellm_chat.py", "litellm-"),
+    ],
+)
 def test_example_runs_and_records_its_session(policy, script, session_prefix):
     env = {**os.environ, "HINDSIGHT_URL": policy.url, "HINDSIGHT_API_KEY": CLIENT_KEY}
-    res = subprocess.run([sys.executable, str(EXAMPLES / script)], env=env, capture_output=True, text=True,
-                         timeout=240)
+    res = subprocess.run([sys.executable, str(EXAMPLES / script)], env=env, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout + res.stderr
-    rows = [r for r in Store(policy.log_path.parent / "data").list_samples(limit=10_000)
-            if r["session_id"].startswith(session_prefix)]
+    rows = [
+        r
+        for r in Store(policy.log_path.parent / "data").list_samples(limit=10_000)
+        if r["session_id"].startswith(session_prefix)
+    ]
     assert rows, f"{script} recorded no turn"

@@ -78,8 +78,9 @@ def test_empty_queue_answers_200_after_wait_s(judged_policy):
     assert 1.5 <= elapsed <= 2.5
 
 
-@pytest.mark.parametrize("params", [{"max": 0}, {"max": 4, "min": 5}, {"min": 0}, {"wait_s": -1},
-                                    {"wait_s": 1e9}, {"max": "many"}])
+@pytest.mark.parametrize(
+    "params", [{"max": 0}, {"max": 4, "min": 5}, {"min": 0}, {"wait_s": -1}, {"wait_s": 1e9}, {"max": "many"}]
+)
 def test_bad_parameters_are_400(judged_policy, params):
     code, body, _ = _lease(judged_policy.url, **params)
     assert code in (400, 422) and "error" in body

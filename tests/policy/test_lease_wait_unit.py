@@ -31,8 +31,9 @@ def _judged_later(store: Store, sid: str, data: dict | None = None) -> str:
 
 
 def _ready(store: Store, sample_id: str, **data) -> bool:
-    return store.complete_judge(sample_id, status="ready", reject_reason=None, included=True,
-                                data={"sample_id": sample_id, **data})
+    return store.complete_judge(
+        sample_id, status="ready", reject_reason=None, included=True, data={"sample_id": sample_id, **data}
+    )
 
 
 def _wired(store_factory) -> tuple[Store, LocalReadyNotifier]:
@@ -147,8 +148,10 @@ def test_concurrent_waiters_get_disjoint_samples(store_factory):
     async def main() -> None:
         store, notifier = _wired(store_factory)
         ids = [_judged_later(store, f"s{i}") for i in range(4)]
-        waiters = [asyncio.create_task(lease_when_ready(store, notifier, max_n=2, min_n=2, wait_s=10, lease_s=60))
-                   for _ in range(2)]
+        waiters = [
+            asyncio.create_task(lease_when_ready(store, notifier, max_n=2, min_n=2, wait_s=10, lease_s=60))
+            for _ in range(2)
+        ]
         loop = asyncio.get_running_loop()
         for sid in ids:  # arriving one at a time
             await loop.run_in_executor(None, _ready, store, sid)
@@ -159,15 +162,18 @@ def test_concurrent_waiters_get_disjoint_samples(store_factory):
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("data, why", [
-    ({"reward": math.nan}, "reward is not a finite number"),
-    ({"reward": "1"}, "reward is not a finite number"),
-    ({"reward": math.inf}, "reward is not a finite number"),
-    ({"reward": 1.0, "teacher_logprobs": [-0.1, math.nan]}, "teacher_logprobs holds a non-finite"),
-    ({"teacher_logprobs": [-0.1, 0.5]}, "teacher_logprobs holds a positive"),
-    ({"token_rewards": [0.1, None]}, "token_rewards holds a non-finite"),
-    ({"teacher_topk": {"ids": [[1]], "logprobs": [[math.inf]]}}, "teacher_topk.logprobs holds a non-finite"),
-])
+@pytest.mark.parametrize(
+    "data, why",
+    [
+        ({"reward": math.nan}, "reward is not a finite number"),
+        ({"reward": "1"}, "reward is not a finite number"),
+        ({"reward": math.inf}, "reward is not a finite number"),
+        ({"reward": 1.0, "teacher_logprobs": [-0.1, math.nan]}, "teacher_logprobs holds a non-finite"),
+        ({"teacher_logprobs": [-0.1, 0.5]}, "teacher_logprobs holds a positive"),
+        ({"token_rewards": [0.1, None]}, "token_rewards holds a non-finite"),
+        ({"teacher_topk": {"ids": [[1]], "logprobs": [[math.inf]]}}, "teacher_topk.logprobs holds a non-finite"),
+    ],
+)
 def test_unusable_values_are_rejected_before_they_can_be_leased(store_factory, data, why):
     store, notified = store_factory(), []
     store.on_ready = lambda: notified.append(1)
@@ -182,10 +188,18 @@ def test_session_scoring_with_a_nan_token_reward_is_rejected(store_factory):
     store = store_factory()
     good, bad = _judged_later(store, "g"), _judged_later(store, "b")
     for sid in (good, bad):
-        store.complete_judge(sid, status="pending_score", reject_reason=None, included=True,
-                             data={"sample_id": sid, "reward": 1.0})
-    assert store.complete_score([(good, "ready", None, {"sample_id": good, "token_rewards": [0.5]}),
-                                 (bad, "ready", None, {"sample_id": bad, "token_rewards": [math.nan]})]) == 2
+        store.complete_judge(
+            sid, status="pending_score", reject_reason=None, included=True, data={"sample_id": sid, "reward": 1.0}
+        )
+    assert (
+        store.complete_score(
+            [
+                (good, "ready", None, {"sample_id": good, "token_rewards": [0.5]}),
+                (bad, "ready", None, {"sample_id": bad, "token_rewards": [math.nan]}),
+            ]
+        )
+        == 2
+    )
     statuses = {r["sample_id"]: (r["status"], r["reject_reason"]) for r in store.list_samples(limit=10)}
     assert statuses[good] == ("ready", None)
     assert statuses[bad][0] == "rejected" and statuses[bad][1].startswith("invalid_values: token_rewards")

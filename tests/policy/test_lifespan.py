@@ -64,9 +64,15 @@ def test_failed_setup_closes_what_was_opened(tiny_model_dir, tmp_path, monkeypat
     monkeypatch.setattr(app_mod.httpx, "AsyncClient", RecordingHttp)
     monkeypatch.setattr(judge_server.client, "JudgeClient", RecordingJudge)
     monkeypatch.setattr(app_mod, "Dispatcher", fail)  # fails after store, http pool and judge client exist
-    settings = PolicySettings(model_path=str(tiny_model_dir), engine_url="http://127.0.0.1:9",
-                              judge_url="http://127.0.0.1:9", data_dir=str(tmp_path / "data"), prm_config="x.yaml",
-                              engine_max_attempts=1, engine_deadline_s=1.0)
+    settings = PolicySettings(
+        model_path=str(tiny_model_dir),
+        engine_url="http://127.0.0.1:9",
+        judge_url="http://127.0.0.1:9",
+        data_dir=str(tmp_path / "data"),
+        prm_config="x.yaml",
+        engine_max_attempts=1,
+        engine_deadline_s=1.0,
+    )
     app = app_mod.create_app(settings)
 
     async def run() -> None:
@@ -89,9 +95,14 @@ def test_normal_shutdown_closes_everything(tiny_model_dir, tmp_path, monkeypatch
             super().close()
 
     monkeypatch.setattr(app_mod, "Store", RecordingStore)
-    settings = PolicySettings(model_path=str(tiny_model_dir), engine_url="http://127.0.0.1:9",
-                              data_dir=str(tmp_path / "data"), engine_max_attempts=1, engine_deadline_s=1.0,
-                              shutdown_drain_s=0.5)
+    settings = PolicySettings(
+        model_path=str(tiny_model_dir),
+        engine_url="http://127.0.0.1:9",
+        data_dir=str(tmp_path / "data"),
+        engine_max_attempts=1,
+        engine_deadline_s=1.0,
+        shutdown_drain_s=0.5,
+    )
     app = app_mod.create_app(settings)
 
     async def run() -> None:

@@ -32,20 +32,30 @@ pytestmark = pytest.mark.e2e
 NESTED = {
     "type": "object",
     "properties": {
-        "items": {"type": "array", "maxItems": 3, "items": {
-            "type": "object",
-            "properties": {"sku": {"type": "string", "maxLength": 8}, "qty": {"type": "integer"}},
-            "required": ["sku", "qty"]}},
+        "items": {
+            "type": "array",
+            "maxItems": 3,
+            "items": {
+                "type": "object",
+                "properties": {"sku": {"type": "string", "maxLength": 8}, "qty": {"type": "integer"}},
+                "required": ["sku", "qty"],
+            },
+        },
         "limit": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
         "mode": {"type": "string", "enum": ["fast", "safe", "cheap"]},
         "urgent": {"type": "boolean"},
-        "where": {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
-                  "required": ["lat", "lon"]},
+        "where": {
+            "type": "object",
+            "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+            "required": ["lat", "lon"],
+        },
     },
     "required": ["items", "limit", "mode", "urgent", "where"],
 }
-TOOLS = [{"type": "function", "function": {"name": "order", "description": "place an order", "parameters": NESTED}},
-         {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "order", "description": "place an order", "parameters": NESTED}},
+    {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}},
+]
 FORCE_ORDER = {"type": "function", "function": {"name": "order"}}
 MSGS = [{"role": "user", "content": "order two widgets"}]
 
@@ -55,17 +65,29 @@ def data_dir(policy) -> Path:
 
 
 def oai(policy) -> openai.OpenAI:
-    return openai.OpenAI(base_url=policy.url + "/v1", api_key=CLIENT_KEY, max_retries=0, timeout=120,
-                         http_client=httpx.Client(trust_env=False))
+    return openai.OpenAI(
+        base_url=policy.url + "/v1",
+        api_key=CLIENT_KEY,
+        max_retries=0,
+        timeout=120,
+        http_client=httpx.Client(trust_env=False),
+    )
 
 
 def test_forced_nested_schema_call_validates_for_20_seeds(policy):
     c = oai(policy)
     for seed in range(20):
         sid = f"typed-{seed}"
-        r = c.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, tool_choice=FORCE_ORDER, seed=seed,
-                                      temperature=1.0, max_tokens=400,
-                                      extra_headers={"X-Session-Id": sid, "X-Session-Done": "1"})
+        r = c.chat.completions.create(
+            model="m",
+            messages=MSGS,
+            tools=TOOLS,
+            tool_choice=FORCE_ORDER,
+            seed=seed,
+            temperature=1.0,
+            max_tokens=400,
+            extra_headers={"X-Session-Id": sid, "X-Session-Done": "1"},
+        )
         choice = r.choices[0]
         assert choice.finish_reason == "tool_calls", (seed, choice)
         [call] = choice.message.tool_calls
@@ -78,8 +100,9 @@ def test_forced_nested_schema_call_validates_for_20_seeds(policy):
 
 
 def test_required_picks_one_of_the_tools_typed(policy):
-    r = oai(policy).chat.completions.create(model="m", messages=MSGS, tools=TOOLS, tool_choice="required", seed=5,
-                                            max_tokens=400)
+    r = oai(policy).chat.completions.create(
+        model="m", messages=MSGS, tools=TOOLS, tool_choice="required", seed=5, max_tokens=400
+    )
     [call] = r.choices[0].message.tool_calls
     schema = NESTED if call.function.name == "order" else TOOLS[1]["function"]["parameters"]
     jsonschema.validate(json.loads(call.function.arguments), schema)
@@ -87,25 +110,35 @@ def test_required_picks_one_of_the_tools_typed(policy):
 
 def test_truncated_forced_call_leaks_no_markup(policy):
     c = oai(policy)
-    r = c.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, tool_choice=FORCE_ORDER, max_tokens=6,
-                                  extra_headers={"X-Session-Id": "cut", "X-Session-Done": "1"})
+    r = c.chat.completions.create(
+        model="m",
+        messages=MSGS,
+        tools=TOOLS,
+        tool_choice=FORCE_ORDER,
+        max_tokens=6,
+        extra_headers={"X-Session-Id": "cut", "X-Session-Done": "1"},
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "length"
     assert choice.message.tool_calls is None and choice.message.content is None
     assert Store(data_dir(policy)).get_turn("cut", 0)["constrained"] is True
-    stream = c.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, tool_choice=FORCE_ORDER, max_tokens=6,
-                                       stream=True)
+    stream = c.chat.completions.create(
+        model="m", messages=MSGS, tools=TOOLS, tool_choice=FORCE_ORDER, max_tokens=6, stream=True
+    )
     chunks = [ch for ch in stream if ch.choices]
     assert not any(ch.choices[0].delta.content for ch in chunks)
     assert not any(ch.choices[0].delta.tool_calls for ch in chunks)
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
-@pytest.mark.parametrize("parameters, fragment", [
-    ({"type": "object", "properties": {"x": {"type": "tuple"}}}, "cannot be constrained"),
-    ({"type": "object", "properties": {"x": {"$ref": "https://example.com/x.json"}}}, "outside the schema"),
-    ({"type": "array"}, "type object"),
-])
+@pytest.mark.parametrize(
+    "parameters, fragment",
+    [
+        ({"type": "object", "properties": {"x": {"type": "tuple"}}}, "cannot be constrained"),
+        ({"type": "object", "properties": {"x": {"$ref": "https://example.com/x.json"}}}, "outside the schema"),
+        ({"type": "array"}, "type object"),
+    ],
+)
 def test_unconstrainable_schema_is_400(policy, parameters, fragment):
     tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
     with client(policy.url) as c:
@@ -120,15 +153,19 @@ def test_unknown_fields_are_400_naming_them(policy):
         r = c.post("/v1/chat/completions", json={"messages": MSGS, "top_k": 3, "functions": []})
         assert r.status_code == 400
         assert "functions, top_k" in r.json()["error"]["message"]
-        for body, param in (({"reasoning_effort": "bogus"}, "reasoning_effort"),
-                            ({"top_logprobs": 3}, "top_logprobs"),
-                            ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-                            ({"logit_bias": {"abc": 1}}, "logit_bias"),
-                            ({"logit_bias": {"5": 101}}, "logit_bias"),
-                            ({"response_format": {"type": "yaml"}}, "response_format.type"),
-                            ({"metadata": {"k": 1}}, "metadata.k"),
-                            ({"response_format": {"type": "json_object"}, "tools": TOOLS,
-                              "tool_choice": "required"}, "response_format")):
+        for body, param in (
+            ({"reasoning_effort": "bogus"}, "reasoning_effort"),
+            ({"top_logprobs": 3}, "top_logprobs"),
+            ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+            ({"logit_bias": {"abc": 1}}, "logit_bias"),
+            ({"logit_bias": {"5": 101}}, "logit_bias"),
+            ({"response_format": {"type": "yaml"}}, "response_format.type"),
+            ({"metadata": {"k": 1}}, "metadata.k"),
+            (
+                {"response_format": {"type": "json_object"}, "tools": TOOLS, "tool_choice": "required"},
+                "response_format",
+            ),
+        ):
             r = c.post("/v1/chat/completions", json={"messages": MSGS, **body})
             assert r.status_code == 400, (body, r.text)
             assert r.json()["error"]["param"] == param, (body, r.json())
@@ -136,8 +173,15 @@ def test_unknown_fields_are_400_naming_them(policy):
 
 def test_logprobs_and_top_logprobs_equal_the_recorded_rollout(policy):
     c = oai(policy)
-    r = c.chat.completions.create(model="m", messages=MSGS, max_tokens=10, logprobs=True, top_logprobs=3, seed=1,
-                                  extra_headers={"X-Session-Id": "lp", "X-Session-Done": "1"})
+    r = c.chat.completions.create(
+        model="m",
+        messages=MSGS,
+        max_tokens=10,
+        logprobs=True,
+        top_logprobs=3,
+        seed=1,
+        extra_headers={"X-Session-Id": "lp", "X-Session-Done": "1"},
+    )
     entries = r.choices[0].logprobs.content
     turn = Store(data_dir(policy)).get_turn("lp", 0)
     assert len(entries) == r.usage.completion_tokens == len(turn["response_ids"])
@@ -147,8 +191,15 @@ def test_logprobs_and_top_logprobs_equal_the_recorded_rollout(policy):
         assert e.top_logprobs[0].logprob >= e.logprob - 1e-6  # rank 1 is at least as likely as the sample
         assert bytes(e.bytes).decode() == e.token
     # streaming: the entries of all chunks together are the whole response, once each
-    stream = c.chat.completions.create(model="m", messages=MSGS, max_tokens=10, logprobs=True, seed=2, stream=True,
-                                       extra_headers={"X-Session-Id": "lp-s", "X-Session-Done": "1"})
+    stream = c.chat.completions.create(
+        model="m",
+        messages=MSGS,
+        max_tokens=10,
+        logprobs=True,
+        seed=2,
+        stream=True,
+        extra_headers={"X-Session-Id": "lp-s", "X-Session-Done": "1"},
+    )
     got = [e for ch in stream if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
     turn = Store(data_dir(policy)).get_turn("lp-s", 0)
     assert [e.logprob for e in got] == pytest.approx(turn["rollout_logprobs"], abs=1e-6)
@@ -165,9 +216,14 @@ class Verdict(pydantic.BaseModel):
 
 def test_response_format_json_object_and_sdk_parse(policy):
     c = oai(policy)
-    r = c.chat.completions.create(model="m", messages=MSGS, max_tokens=200, seed=3,
-                                  response_format={"type": "json_object"},
-                                  extra_headers={"X-Session-Id": "jo", "X-Session-Done": "1"})
+    r = c.chat.completions.create(
+        model="m",
+        messages=MSGS,
+        max_tokens=200,
+        seed=3,
+        response_format={"type": "json_object"},
+        extra_headers={"X-Session-Id": "jo", "X-Session-Done": "1"},
+    )
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(r.choices[0].message.content), dict)
     assert r.choices[0].message.content.lstrip().startswith("{")
@@ -199,8 +255,11 @@ def test_reasoning_effort_none_renders_thinking_off(policy, tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     with client(policy.url) as c:
         for sid, effort in (("re-none", "none"), ("re-high", "high")):
-            r = c.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 2, "reasoning_effort": effort},
-                       headers={"X-Session-Id": sid, "X-Session-Done": "1"})
+            r = c.post(
+                "/v1/chat/completions",
+                json={"messages": MSGS, "max_tokens": 2, "reasoning_effort": effort},
+                headers={"X-Session-Id": sid, "X-Session-Done": "1"},
+            )
             assert r.status_code == 200, r.text
     st = Store(data_dir(policy))
     off, on = (tok.decode(st.get_turn(s, 0)["prompt_ids"]) for s in ("re-none", "re-high"))
@@ -209,8 +268,11 @@ def test_reasoning_effort_none_renders_thinking_off(policy, tiny_model_dir):
 
 def test_metadata_is_the_clients_and_hindsight_values_are_headers(policy):
     with client(policy.url) as c:
-        r = c.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 2, "metadata": {"run": "a1"},
-                                                 "user": "u1", "store": False}, headers={"X-Session-Id": "meta"})
+        r = c.post(
+            "/v1/chat/completions",
+            json={"messages": MSGS, "max_tokens": 2, "metadata": {"run": "a1"}, "user": "u1", "store": False},
+            headers={"X-Session-Id": "meta"},
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["metadata"] == {"run": "a1"}

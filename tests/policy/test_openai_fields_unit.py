@@ -39,21 +39,36 @@ def test_openapi_chat_body_documents_every_accepted_field_and_no_other():
 
 
 def test_known_fields_pass():
-    e = parse_extras({**BASE, "logprobs": True, "top_logprobs": 2, "reasoning_effort": "low", "user": "u",
-                      "store": False, "metadata": {"a": "b"}, "parallel_tool_calls": False,
-                      "response_format": {"type": "text"}, "logit_bias": {"3": -1.5}, "stream": False})
+    e = parse_extras(
+        {
+            **BASE,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "reasoning_effort": "low",
+            "user": "u",
+            "store": False,
+            "metadata": {"a": "b"},
+            "parallel_tool_calls": False,
+            "response_format": {"type": "text"},
+            "logit_bias": {"3": -1.5},
+            "stream": False,
+        }
+    )
     assert e.top_logprobs == 2 and e.metadata == {"a": "b"} and e.logit_bias == {"3": -1.5}
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"reasoning_effort": "max"}, "reasoning_effort"),
-    ({"top_logprobs": 1}, "top_logprobs"),  # needs logprobs
-    ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
-    ({"logit_bias": {"-3": 1}}, "logit_bias"),
-    ({"logit_bias": {"3": -100.5}}, "logit_bias"),
-    ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
-    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"reasoning_effort": "max"}, "reasoning_effort"),
+        ({"top_logprobs": 1}, "top_logprobs"),  # needs logprobs
+        ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+        ({"logit_bias": {"-3": 1}}, "logit_bias"),
+        ({"logit_bias": {"3": -100.5}}, "logit_bias"),
+        ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+        ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ],
+)
 def test_bad_values(body, param):
     with pytest.raises(InvalidRequest) as exc:
         parse_extras({**BASE, **body})
@@ -62,12 +77,24 @@ def test_bad_values(body, param):
 
 def test_apply_extras_maps_to_engine_params():
     sp = {"max_new_tokens": 8, "stop": ["END"]}
-    apply_extras(parse_extras({**BASE, "logit_bias": {"7": 2}, "parallel_tool_calls": False}), sp, vocab_size=10,
-                 forced_tools=False, tools=True, behind_router=False)
+    apply_extras(
+        parse_extras({**BASE, "logit_bias": {"7": 2}, "parallel_tool_calls": False}),
+        sp,
+        vocab_size=10,
+        forced_tools=False,
+        tools=True,
+        behind_router=False,
+    )
     assert sp == {"max_new_tokens": 8, "stop": ["END", PARALLEL_STOP], "no_stop_trim": True, "logit_bias": {"7": 2.0}}
     sp = {"max_new_tokens": 8}
-    apply_extras(parse_extras({**BASE, "parallel_tool_calls": False}), sp, vocab_size=10, forced_tools=True,
-                 tools=True, behind_router=False)
+    apply_extras(
+        parse_extras({**BASE, "parallel_tool_calls": False}),
+        sp,
+        vocab_size=10,
+        forced_tools=True,
+        tools=True,
+        behind_router=False,
+    )
     assert sp == {"max_new_tokens": 8}  # a forced call is exactly one already
     for kw in ({"vocab_size": 7, "behind_router": False}, {"vocab_size": 10, "behind_router": True}):
         with pytest.raises(InvalidRequest):

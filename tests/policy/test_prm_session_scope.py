@@ -71,8 +71,10 @@ def talk(url: str, sid: str, feedback: list[tuple[str, int]], *, end: bool) -> N
     """Turn i is generated with max_tokens feedback[i][1] and answered by feedback[i][0]; one more request
     follows (its turn has no next state): with ``end`` it carries X-Session-Done, else the session stays open
     and that turn awaits its next state."""
-    msgs: list[dict] = [{"role": "system", "content": "You help with files."},
-                        {"role": "user", "content": "Open the report."}]
+    msgs: list[dict] = [
+        {"role": "system", "content": "You help with files."},
+        {"role": "user", "content": "Open the report."},
+    ]
     for text, max_tokens in feedback:
         reply = chat(url, sid, msgs, max_tokens=max_tokens)
         msgs = msgs + [{"role": "assistant", "content": reply["content"]}, {"role": "user", "content": text}]
@@ -88,6 +90,7 @@ def rows(url: str, sid: str, status: str | None = None) -> list[dict]:
 
 def wait_rows(url: str, sid: str, want: dict[int, str], timeout_s: float = 60.0) -> list[dict]:
     """Until the session's samples have exactly the statuses ``want`` (turn_index -> status)."""
+
     def reached() -> list[dict] | None:
         got = rows(url, sid)
         return got if {r["turn_index"]: r["status"] for r in got} == want else None
@@ -118,13 +121,35 @@ def rules_judge(logs: Path):
     mp.stop()
 
 
-def _policy(tiny_model_dir: Path, engine: ManagedProcess, judge: ManagedProcess, data: Path, logs: Path, name: str,
-            cfg: Path, port: int | None = None) -> ManagedProcess:
-    extra = ["--judge-url", judge.url, "--dispatch-retry-initial-s", "0.2", "--dispatch-retry-max-s", "1",
-             "--session-idle-timeout-s", str(IDLE_S), "--idle-sweep-interval-s", "0.2",
-             "--prm-config", str(cfg), "--prm-scope", "session"]
-    return start_policy(tiny_model_dir, engine.url, data, logs, name=name, extra=extra, port=port,
-                        env=pythonpath_with_testkit())
+def _policy(
+    tiny_model_dir: Path,
+    engine: ManagedProcess,
+    judge: ManagedProcess,
+    data: Path,
+    logs: Path,
+    name: str,
+    cfg: Path,
+    port: int | None = None,
+) -> ManagedProcess:
+    extra = [
+        "--judge-url",
+        judge.url,
+        "--dispatch-retry-initial-s",
+        "0.2",
+        "--dispatch-retry-max-s",
+        "1",
+        "--session-idle-timeout-s",
+        str(IDLE_S),
+        "--idle-sweep-interval-s",
+        "0.2",
+        "--prm-config",
+        str(cfg),
+        "--prm-scope",
+        "session",
+    ]
+    return start_policy(
+        tiny_model_dir, engine.url, data, logs, name=name, extra=extra, port=port, env=pythonpath_with_testkit()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +157,9 @@ def scoped(tiny_model_dir, engine, rules_judge, logs, tmp_path_factory):
     """One session-scope policy server shared by the tests that need no restart; yields (url, probe record)."""
     d = tmp_path_factory.mktemp("prm-session")
     record = d / "probe.jsonl"
-    pol = _policy(tiny_model_dir, engine, rules_judge, d / "data", logs, "policy-session",
-                  probe_yaml(d / "prm.yaml", record))
+    pol = _policy(
+        tiny_model_dir, engine, rules_judge, d / "data", logs, "policy-session", probe_yaml(d / "prm.yaml", record)
+    )
     yield pol.url, record
     pol.stop()
 
@@ -213,8 +239,9 @@ def test_scorer_rejection_rejects_every_held_sample(scoped):
 
 
 @pytest.mark.e2e
-def test_unreachable_scorer_keeps_held_across_kill9_then_scores_once(tiny_model_dir, engine, rules_judge, logs,
-                                                                    tmp_path):
+def test_unreachable_scorer_keeps_held_across_kill9_then_scores_once(
+    tiny_model_dir, engine, rules_judge, logs, tmp_path
+):
     record, flag = tmp_path / "probe.jsonl", tmp_path / "probe-down"
     flag.touch()  # the probe's dependency is down until the flag is removed
     cfg = probe_yaml(tmp_path / "prm.yaml", record, flag)
@@ -225,8 +252,12 @@ def test_unreachable_scorer_keeps_held_across_kill9_then_scores_once(tiny_model_
         talk(pol.url, open_sid, [(POSITIVE, 2)], end=False)  # turn 0 paired, turn 1 awaits: held, session open
         talk(pol.url, ended, [(POSITIVE, 2), (NEGATIVE, 2)], end=True)
         wait_rows(pol.url, open_sid, {0: "pending_score"})
-        wait_until(lambda: stats(pol.url)["pending_score_retrying"], timeout_s=60, interval_s=0.1,
-                   message=lambda: stats(pol.url))
+        wait_until(
+            lambda: stats(pol.url)["pending_score_retrying"],
+            timeout_s=60,
+            interval_s=0.1,
+            message=lambda: stats(pol.url),
+        )
         st = stats(pol.url)
         assert st["samples"]["ready"] == 0 and st["samples"]["pending_score"] == 3
         assert st["prm"]["turns"]["retry"] >= 1 and st["prm"]["turns"]["scored"] == 0
@@ -262,9 +293,15 @@ def test_unreachable_scorer_keeps_held_across_kill9_then_scores_once(tiny_model_
 
 # ------------------------------------------------------------------ unit tests (in process)
 def _record(store: Store, sid: str, text: str) -> int:
-    rec = {"messages": [{"role": "user", "content": text}], "response": {"content": "ok", "tool_calls": []},
-           "prompt_ids": [1, 2, 3], "response_ids": [7, 8], "rollout_logprobs": [-0.1, -0.2], "tools": None,
-           "weight_version": "v0"}
+    rec = {
+        "messages": [{"role": "user", "content": text}],
+        "response": {"content": "ok", "tool_calls": []},
+        "prompt_ids": [1, 2, 3],
+        "response_ids": [7, 8],
+        "rollout_logprobs": [-0.1, -0.2],
+        "tools": None,
+        "weight_version": "v0",
+    }
     return store.record_turn(sid, rec, session_done=False)
 
 
@@ -275,17 +312,22 @@ def _sample_id(store: Store, sid: str, idx: int) -> str:
 def _held_session(store: Store, sid: str = "s") -> None:
     """Turn 0 held pending_score, turn 1 (the session's last) rejected no_next_state, session done."""
     _record(store, sid, "hi")
-    store.resolve_turn(sid, 0, pairing="paired", next_state=[{"role": "user", "content": "thanks"}],
-                       session_done=False)
+    store.resolve_turn(sid, 0, pairing="paired", next_state=[{"role": "user", "content": "thanks"}], session_done=False)
     _record(store, sid, "more")
     data = {"loss_mask": [1, 1], "reward": 1.0, "token_rewards": None, "prm": {"score": 1}, "response_ids": [7, 8]}
-    assert store.complete_judge(_sample_id(store, sid, 0), status="pending_score", reject_reason=None,
-                                included=True, data=data)
+    assert store.complete_judge(
+        _sample_id(store, sid, 0), status="pending_score", reject_reason=None, included=True, data=data
+    )
     assert store.scorable_sessions() == []  # the session is still open
     store.end_session(sid)
     assert store.scorable_sessions() == []  # its last turn is not decided yet
-    store.complete_judge(_sample_id(store, sid, 1), status="rejected", reject_reason="no_next_state",
-                         included=False, data={"loss_mask": [0, 0]})
+    store.complete_judge(
+        _sample_id(store, sid, 1),
+        status="rejected",
+        reject_reason="no_next_state",
+        included=False,
+        data={"loss_mask": [0, 0]},
+    )
 
 
 @pytest.mark.unit
@@ -356,7 +398,9 @@ async def test_session_outcomes_in_process(store_factory):
         store.close()
     turns = session_turns(traj)
     assert [(t["turn_index"], t["parent_turn_index"], t["next_state"]) for t in turns] == [
-        (0, None, [{"role": "user", "content": "thanks"}]), (1, 0, [])]
+        (0, None, [{"role": "user", "content": "thanks"}]),
+        (1, 0, []),
+    ]
     assert turns[0]["judge_prm"] == {"score": 1} and turns[1]["reject_reason"] == "no_next_state"
 
     probe = _Probe()

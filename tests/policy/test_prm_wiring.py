@@ -63,8 +63,10 @@ def run_session(url: str, feedback: list[tuple[str, int]]) -> str:
     """One session: turn i is generated with max_tokens feedback[i][1] and answered by feedback[i][0]; the
     last request ends the session (its turn has no next state)."""
     sid = f"prm-{uuid.uuid4().hex[:8]}"
-    msgs: list[dict] = [{"role": "system", "content": "You help with files."},
-                        {"role": "user", "content": "Open the report."}]
+    msgs: list[dict] = [
+        {"role": "system", "content": "You help with files."},
+        {"role": "user", "content": "Open the report."},
+    ]
     for text, max_tokens in feedback:
         reply = chat(url, sid, msgs, max_tokens=max_tokens)
         msgs = msgs + [{"role": "assistant", "content": reply["content"]}, {"role": "user", "content": text}]
@@ -74,9 +76,14 @@ def run_session(url: str, feedback: list[tuple[str, int]]) -> str:
 
 def wait_settled(url: str, timeout_s: float = 60.0) -> dict:
     """Until no turn awaits pairing and no sample is pending_judge."""
-    return wait_until(lambda: s if (s := stats(url))["samples"]["pending_judge"] == 0
-                      and s["turns_awaiting_next_state"] == 0 else None,
-                      timeout_s=timeout_s, interval_s=0.2, message=lambda: f"samples did not settle: {stats(url)}")
+    return wait_until(
+        lambda: (
+            s if (s := stats(url))["samples"]["pending_judge"] == 0 and s["turns_awaiting_next_state"] == 0 else None
+        ),
+        timeout_s=timeout_s,
+        interval_s=0.2,
+        message=lambda: f"samples did not settle: {stats(url)}",
+    )
 
 
 # ------------------------------------------------------------------ e2e fixtures
@@ -92,10 +99,26 @@ def rules_judge(logs: Path):
     mp.stop()
 
 
-def _policy(tiny_model_dir: Path, engine: ManagedProcess, judge: ManagedProcess, data: Path, logs: Path, name: str,
-            prm_config: Path | None, port: int | None = None) -> ManagedProcess:
-    extra = ["--judge-url", judge.url, "--dispatch-retry-initial-s", "0.2", "--dispatch-retry-max-s", "1",
-             "--session-idle-timeout-s", "30"]
+def _policy(
+    tiny_model_dir: Path,
+    engine: ManagedProcess,
+    judge: ManagedProcess,
+    data: Path,
+    logs: Path,
+    name: str,
+    prm_config: Path | None,
+    port: int | None = None,
+) -> ManagedProcess:
+    extra = [
+        "--judge-url",
+        judge.url,
+        "--dispatch-retry-initial-s",
+        "0.2",
+        "--dispatch-retry-max-s",
+        "1",
+        "--session-idle-timeout-s",
+        "30",
+    ]
     if prm_config is not None:
         extra += ["--prm-config", str(prm_config)]
     return start_policy(tiny_model_dir, engine.url, data, logs, name=name, extra=extra, port=port)
@@ -130,7 +153,9 @@ def test_token_rewards_are_the_weighted_sum(tiny_model_dir, engine, rules_judge,
         assert m["rollout/prm_metric/turn/length_budget/within_budget/observed_count"] == 2
         run_session(pol.url, [(POSITIVE, 2)])
         wait_settled(pol.url)
-        assert lease_all(pol.url)["prm_metrics"]["rollout/prm_metric/turn/length_budget/within_budget/observed_count"] == 1
+        assert (
+            lease_all(pol.url)["prm_metrics"]["rollout/prm_metric/turn/length_budget/within_budget/observed_count"] == 1
+        )
         assert lease_all(pol.url)["prm_metrics"] == {}  # nothing leased: nothing drained
         scrape = httpx.get(pol.url + "/metrics", trust_env=False).text
         assert 'hindsight_prm_sessions_total{namespace="rollout",outcome="scored"} 3.0' in scrape
@@ -185,8 +210,21 @@ def test_broken_prm_config_stops_startup(tiny_model_dir, engine, logs, tmp_path)
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("prm:\n  scorers:\n    - path: no_such_pkg.scorers.Nope\n")
     port = free_port()
-    cmd = [sys.executable, "-m", "policy_server.cli", "--model-path", str(tiny_model_dir), "--engine-url", engine.url,
-           "--data-dir", str(tmp_path / "data"), "--port", str(port), "--prm-config", str(cfg)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "policy_server.cli",
+        "--model-path",
+        str(tiny_model_dir),
+        "--engine-url",
+        engine.url,
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--port",
+        str(port),
+        "--prm-config",
+        str(cfg),
+    ]
     mp = spawn("policy-bad-prm", cmd, url=f"http://127.0.0.1:{port}", log_dir=tmp_path)
     try:
         rc = mp.proc.wait(timeout=90)
@@ -206,8 +244,12 @@ def test_unreachable_scorer_judge_keeps_pending_across_kill9(tiny_model_dir, eng
     prm_judge = None
     try:
         sid = run_session(pol.url, [(POSITIVE, 2)])
-        wait_until(lambda: stats(pol.url)["pending_judge_retrying"], timeout_s=60, interval_s=0.2,
-                   message=lambda: stats(pol.url))
+        wait_until(
+            lambda: stats(pol.url)["pending_judge_retrying"],
+            timeout_s=60,
+            interval_s=0.2,
+            message=lambda: stats(pol.url),
+        )
         st = stats(pol.url)
         # turn 0 waits for its scores; the session's final turn waits behind it (a session is judged in order)
         assert st["samples"]["pending_judge"] == 2 and st["samples"]["ready"] == 0
@@ -248,10 +290,18 @@ class _Fixed(BaseScorer):
 
 
 def _turn(**over: Any) -> dict:
-    t = {"session_id": "s", "turn_index": 3, "messages": [{"role": "user", "content": "hi"}],
-         "response": {"content": "yo", "reasoning_content": None, "tool_calls": []}, "prompt_ids": [1, 2],
-         "response_ids": [5, 6, 7], "next_state": [{"role": "user", "content": "ok"}], "tools": None,
-         "weight_version": "v0", "record_only_key": 1}
+    t = {
+        "session_id": "s",
+        "turn_index": 3,
+        "messages": [{"role": "user", "content": "hi"}],
+        "response": {"content": "yo", "reasoning_content": None, "tool_calls": []},
+        "prompt_ids": [1, 2],
+        "response_ids": [5, 6, 7],
+        "next_state": [{"role": "user", "content": "ok"}],
+        "tools": None,
+        "weight_version": "v0",
+        "record_only_key": 1,
+    }
     t.update(over)
     return t
 
@@ -283,8 +333,12 @@ async def test_outcomes_in_process():
 
 @pytest.mark.unit
 def test_apply_outcome_and_turn_shape():
-    result = {"status": "ready", "reject_reason": None, "included": True,
-              "sample": {"loss_mask": [1, 1], "reward": 1.0, "token_rewards": None}}
+    result = {
+        "status": "ready",
+        "reject_reason": None,
+        "included": True,
+        "sample": {"loss_mask": [1, 1], "reward": 1.0, "token_rewards": None},
+    }
     scored = apply_outcome(result, ScoreOutcome("scored", token_rewards=[0.1, 0.2]))
     assert scored["status"] == "ready" and scored["sample"]["token_rewards"] == [0.1, 0.2]
     rej = apply_outcome(result, ScoreOutcome("rejected", reason="prm_rejected: x"))

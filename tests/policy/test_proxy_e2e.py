@@ -20,10 +20,20 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
-                                            "parameters": {"type": "object",
-                                                           "properties": {"city": {"type": "string", "maxLength": 24}},
-                                                           "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 24}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 
 
 def data_dir(policy) -> Path:
@@ -31,14 +41,26 @@ def data_dir(policy) -> Path:
 
 
 def oai(policy) -> openai.OpenAI:
-    return openai.OpenAI(base_url=policy.url + "/v1", api_key=CLIENT_KEY, max_retries=0, timeout=60,
-                         http_client=httpx.Client(trust_env=False))
+    return openai.OpenAI(
+        base_url=policy.url + "/v1",
+        api_key=CLIENT_KEY,
+        max_retries=0,
+        timeout=60,
+        http_client=httpx.Client(trust_env=False),
+    )
 
 
 def test_openai_plain_and_models(policy):
     c = oai(policy)
-    r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}], max_tokens=8,
-                                  temperature=0.7, top_p=0.9, seed=3, extra_headers={"X-Session-Id": "plain"})
+    r = c.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=8,
+        temperature=0.7,
+        top_p=0.9,
+        seed=3,
+        extra_headers={"X-Session-Id": "plain"},
+    )
     assert r.object == "chat.completion" and r.choices[0].finish_reason in ("stop", "length")
     assert r.usage.completion_tokens >= 1 and r.usage.prompt_tokens > 0
     assert [m.id for m in c.models.list().data] == ["hindsight-policy"]
@@ -46,9 +68,14 @@ def test_openai_plain_and_models(policy):
 
 def test_openai_streaming_real_chunks(policy):
     c = oai(policy)
-    stream = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "tell me"}], max_tokens=12,
-                                       stream=True, stream_options={"include_usage": True},
-                                       extra_headers={"X-Session-Id": "stream-1", "X-Session-Done": "true"})
+    stream = c.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "tell me"}],
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"X-Session-Id": "stream-1", "X-Session-Done": "true"},
+    )
     chunks = list(stream)
     deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
     assert deltas[0].role == "assistant"
@@ -69,23 +96,39 @@ def test_openai_tool_call_round_trip(policy):
     c = oai(policy)
     sid = {"X-Session-Id": "tools-1"}
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
-    r1 = c.chat.completions.create(model="m", messages=msgs, tools=TOOLS, max_tokens=64, extra_headers=sid,
-                                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    r1 = c.chat.completions.create(
+        model="m",
+        messages=msgs,
+        tools=TOOLS,
+        max_tokens=64,
+        extra_headers=sid,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     call = r1.choices[0].message.tool_calls[0]
     assert r1.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
-    msgs += [r1.choices[0].message.model_dump(exclude_none=True),
-             {"role": "tool", "tool_call_id": call.id, "content": "18C and sunny"}]
+    msgs += [
+        r1.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "18C and sunny"},
+    ]
     r2 = c.chat.completions.create(model="m", messages=msgs, tools=TOOLS, max_tokens=8, extra_headers=sid)
     assert r2.choices[0].message.tool_calls is None
     # streaming a forced call gives tool_calls deltas the client can assemble
-    s = c.chat.completions.create(model="m", messages=msgs[:1], tools=TOOLS, max_tokens=64, stream=True,
-                                  tool_choice="required", extra_headers={"X-Turn-Type": "side"})
+    s = c.chat.completions.create(
+        model="m",
+        messages=msgs[:1],
+        tools=TOOLS,
+        max_tokens=64,
+        stream=True,
+        tool_choice="required",
+        extra_headers={"X-Turn-Type": "side"},
+    )
     calls = [tc for ch in s if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
     assert calls and calls[0].function.name == "get_weather" and '"city"' in calls[0].function.arguments
     st = Store(data_dir(policy))
     first = st.get_turn("tools-1", 0)
     assert first["pairing"] == "paired" and first["next_state"] == [
-        {"role": "tool", "tool_call_id": call.id, "content": "18C and sunny"}]
+        {"role": "tool", "tool_call_id": call.id, "content": "18C and sunny"}
+    ]
 
 
 def test_token_exact_against_engine_and_torch(policy, engine, tiny_model_dir):
@@ -93,8 +136,12 @@ def test_token_exact_against_engine_and_torch(policy, engine, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     h = {"X-Session-Id": "exact", "X-Session-Done": "1"}
-    body = {"messages": [{"role": "user", "content": "write python code"}], "max_tokens": 16, "seed": 11,
-            "temperature": 1.0}
+    body = {
+        "messages": [{"role": "user", "content": "write python code"}],
+        "max_tokens": 16,
+        "seed": 11,
+        "temperature": 1.0,
+    }
     with client(policy.url) as c:
         r = c.post("/v1/chat/completions", json=body, headers=h)
     assert r.status_code == 200, r.text
@@ -102,10 +149,16 @@ def test_token_exact_against_engine_and_torch(policy, engine, tiny_model_dir):
     ids, lps = turn["response_ids"], turn["rollout_logprobs"]
     assert len(ids) == len(lps) == r.json()["usage"]["completion_tokens"]
     # the engine itself, same prompt ids and seed: the same sample, the same log-probs
-    direct = httpx.post(engine.url + "/generate", json={
-        "input_ids": turn["prompt_ids"], "return_logprob": True,
-        "sampling_params": {"max_new_tokens": 16, "temperature": 1.0, "sampling_seed": 11}}, trust_env=False,
-        timeout=60).json()
+    direct = httpx.post(
+        engine.url + "/generate",
+        json={
+            "input_ids": turn["prompt_ids"],
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 16, "temperature": 1.0, "sampling_seed": 11},
+        },
+        trust_env=False,
+        timeout=60,
+    ).json()
     assert direct["output_ids"] == ids
     assert [e[0] for e in direct["meta_info"]["output_token_logprobs"]] == pytest.approx(lps, abs=1e-6)
     if direct["meta_info"]["finish_reason"]["type"] == "stop":
@@ -115,7 +168,7 @@ def test_token_exact_against_engine_and_torch(policy, engine, tiny_model_dir):
     with torch.no_grad():
         logp = torch.log_softmax(model(full).logits[0, :-1].float(), dim=-1)
     p = len(turn["prompt_ids"])
-    recomputed = logp[p - 1:, :].gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
+    recomputed = logp[p - 1 :, :].gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
     assert recomputed == pytest.approx(lps, abs=1e-4)
 
 
@@ -141,16 +194,18 @@ def test_pairing_user_reply_side_turns_rewrite_and_idle(policy):
         assert st.get_turn("pair", 1)["pairing"] == "awaiting" and st.get_turn("pair", 2) is None
         # rewritten history: the awaiting turn is rejected as a mismatch, the new turn is recorded
         rewritten = [{"role": "user", "content": "a different first question"}] + m[1:]
-        _chat(c, rewritten + [{"role": "assistant", "content": a2["content"]}, {"role": "user", "content": "hm"}],
-              "pair")
+        _chat(
+            c, rewritten + [{"role": "assistant", "content": a2["content"]}, {"role": "user", "content": "hm"}], "pair"
+        )
         t1 = st.get_turn("pair", 1)
         assert t1["pairing"] == "mismatch" and "message 0 (user) was rewritten" in t1["pairing_note"]
         rows = {s["turn_index"]: s for s in st.samples_of("pair")}
         assert rows[1]["status"] == "rejected" and rows[1]["reject_reason"] == "history_mismatch"
         assert rows[0]["status"] == "pending_judge"  # no judge configured: stays pending, never dropped
         # idle timeout (2 s in this fixture) ends the session: the last turn gets no next state
-        t2 = wait_until(lambda: (turn := st.get_turn("pair", 2))["pairing"] != "awaiting" and turn,
-                        timeout_s=15, interval_s=0.2)
+        t2 = wait_until(
+            lambda: (turn := st.get_turn("pair", 2))["pairing"] != "awaiting" and turn, timeout_s=15, interval_s=0.2
+        )
         assert t2["pairing"] == "session_end" and t2["session_done"] and t2["next_state"] is None
         stats = admin(policy.url).get("/v1/samples/stats").json()
         assert stats["history_mismatches"] >= 1 and stats["reject_reasons"]["history_mismatch"] >= 1
@@ -159,21 +214,28 @@ def test_pairing_user_reply_side_turns_rewrite_and_idle(policy):
 BIG = "x" * 70_000
 
 
-@pytest.mark.parametrize("body,headers,status,needle", [
-    ({"messages": [{"role": "wizard", "content": "x"}]}, {}, 400, "role 'wizard'"),
-    ({"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "r", "tool_call_id": "c"}]},
-     {}, 400, "does not match"),
-    ({"messages": [{"role": "user", "content": "x"}]}, {"X-Turn-Type": "primary"}, 400, "X-Turn-Type"),
-    ({"messages": [{"role": "user", "content": "x"}]}, {"X-Session-Done": "maybe"}, 400, "X-Session-Done"),
-    ({"messages": [{"role": "user", "content": "x"}], "turn_type": "bogus"}, {}, 400, "X-Turn-Type"),
-    ({"messages": []}, {}, 400, "messages"),
-    ({"messages": [{"role": "user", "content": "x"}], "temperature": 9}, {}, 400, "temperature"),
-    ({"messages": [{"role": "user", "content": "x"}], "n": 2}, {}, 400, "n=1"),
-    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, {}, 400, "tool_choice"),
-    ({"messages": [{"role": "user", "content": BIG}]}, {}, 413, "exceeds"),
-    ("not json", {}, 400, "not valid JSON"),
-    ({"messages": [{"role": "user", "content": "x"}]}, {"Authorization": "Bearer wrong"}, 401, "invalid api key"),
-])
+@pytest.mark.parametrize(
+    "body,headers,status,needle",
+    [
+        ({"messages": [{"role": "wizard", "content": "x"}]}, {}, 400, "role 'wizard'"),
+        (
+            {"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "r", "tool_call_id": "c"}]},
+            {},
+            400,
+            "does not match",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}]}, {"X-Turn-Type": "primary"}, 400, "X-Turn-Type"),
+        ({"messages": [{"role": "user", "content": "x"}]}, {"X-Session-Done": "maybe"}, 400, "X-Session-Done"),
+        ({"messages": [{"role": "user", "content": "x"}], "turn_type": "bogus"}, {}, 400, "X-Turn-Type"),
+        ({"messages": []}, {}, 400, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": 9}, {}, 400, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, {}, 400, "n=1"),
+        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, {}, 400, "tool_choice"),
+        ({"messages": [{"role": "user", "content": BIG}]}, {}, 413, "exceeds"),
+        ("not json", {}, 400, "not valid JSON"),
+        ({"messages": [{"role": "user", "content": "x"}]}, {"Authorization": "Bearer wrong"}, 401, "invalid api key"),
+    ],
+)
 def test_bad_input_table(policy, body, headers, status, needle):
     with client(policy.url) as c:
         kw = {"content": body} if isinstance(body, str) else {"json": body}

@@ -40,8 +40,13 @@ def data_dir(policy) -> Path:
 
 
 def agent_model(policy) -> OpenAIChatCompletionsModel:
-    aclient = openai.AsyncOpenAI(base_url=policy.url + "/v1", api_key=CLIENT_KEY, max_retries=0, timeout=120,
-                                 http_client=httpx.AsyncClient(trust_env=False))
+    aclient = openai.AsyncOpenAI(
+        base_url=policy.url + "/v1",
+        api_key=CLIENT_KEY,
+        max_retries=0,
+        timeout=120,
+        http_client=httpx.AsyncClient(trust_env=False),
+    )
     return OpenAIChatCompletionsModel(model="hindsight-policy", openai_client=aclient)
 
 
@@ -59,17 +64,30 @@ def typed_agent(policy, calls: list[dict], sid: str) -> Agent:
         calls.append({"items": items, "limit": limit, "mode": mode, "urgent": urgent})
         return "order placed"
 
-    return Agent(name="shop", instructions="Use the tool.", tools=[place_order], model=agent_model(policy),
-                 model_settings=ModelSettings(tool_choice="place_order", max_tokens=300, temperature=1.0,
-                                              extra_headers={"X-Session-Id": sid}))
+    return Agent(
+        name="shop",
+        instructions="Use the tool.",
+        tools=[place_order],
+        model=agent_model(policy),
+        model_settings=ModelSettings(
+            tool_choice="place_order", max_tokens=300, temperature=1.0, extra_headers={"X-Session-Id": sid}
+        ),
+    )
 
 
 def end_session(policy, sid: str) -> None:
     """How an agent run ends its session: one side request with X-Session-Done (docs/CLIENTS.md)."""
     with httpx.Client(trust_env=False, timeout=60) as c:
-        r = c.post(policy.url + "/v1/chat/completions", headers={
-            "Authorization": f"Bearer {CLIENT_KEY}", "X-Session-Id": sid, "X-Turn-Type": "side",
-            "X-Session-Done": "true"}, json={"messages": [{"role": "user", "content": "end"}], "max_tokens": 1})
+        r = c.post(
+            policy.url + "/v1/chat/completions",
+            headers={
+                "Authorization": f"Bearer {CLIENT_KEY}",
+                "X-Session-Id": sid,
+                "X-Turn-Type": "side",
+                "X-Session-Done": "true",
+            },
+            json={"messages": [{"role": "user", "content": "end"}], "max_tokens": 1},
+        )
     assert r.status_code == 200, r.text
 
 
@@ -115,9 +133,16 @@ def test_openai_agents_run_streamed(policy):
 
 
 def lc_model(policy, **kw) -> ChatOpenAI:
-    return ChatOpenAI(model="hindsight-policy", base_url=policy.url + "/v1", api_key=CLIENT_KEY, max_retries=0,
-                      timeout=120, http_client=httpx.Client(trust_env=False),
-                      http_async_client=httpx.AsyncClient(trust_env=False), **kw)
+    return ChatOpenAI(
+        model="hindsight-policy",
+        base_url=policy.url + "/v1",
+        api_key=CLIENT_KEY,
+        max_retries=0,
+        timeout=120,
+        http_client=httpx.Client(trust_env=False),
+        http_async_client=httpx.AsyncClient(trust_env=False),
+        **kw,
+    )
 
 
 @lc_tool
@@ -153,13 +178,33 @@ def test_litellm_forced_tool_call_and_session(policy, monkeypatch):
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download of the model price list
     import litellm
 
-    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
-        "type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "maxItems": 4},
-                                         "exact": {"type": "boolean"}}, "required": ["ids", "exact"]}}}]
-    r = litellm.completion(model="openai/hindsight-policy", api_base=policy.url + "/v1", api_key=CLIENT_KEY,
-                           messages=[{"role": "user", "content": "find 1 and 2"}], tools=tools, max_tokens=200,
-                           tool_choice={"type": "function", "function": {"name": "lookup"}}, num_retries=0,
-                           extra_headers={"X-Session-Id": "litellm", "X-Session-Done": "true"})
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "ids": {"type": "array", "items": {"type": "integer"}, "maxItems": 4},
+                        "exact": {"type": "boolean"},
+                    },
+                    "required": ["ids", "exact"],
+                },
+            },
+        }
+    ]
+    r = litellm.completion(
+        model="openai/hindsight-policy",
+        api_base=policy.url + "/v1",
+        api_key=CLIENT_KEY,
+        messages=[{"role": "user", "content": "find 1 and 2"}],
+        tools=tools,
+        max_tokens=200,
+        tool_choice={"type": "function", "function": {"name": "lookup"}},
+        num_retries=0,
+        extra_headers={"X-Session-Id": "litellm", "X-Session-Done": "true"},
+    )
     [call] = r.choices[0].message.tool_calls
     args = json.loads(call.function.arguments)
     assert all(isinstance(i, int) for i in args["ids"]) and isinstance(args["exact"], bool)

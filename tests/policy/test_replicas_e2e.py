@@ -29,12 +29,39 @@ pytestmark = pytest.mark.e2e
 CLAIM_S = 2.0
 
 
-def _replica(tiny_model_dir: Path, router_url: str, pg_url: str, judge_url: str, tmp: Path, name: str,
-             extra: list[str] | None = None):
-    return start_policy(tiny_model_dir, router_url, tmp / f"data-{name}", tmp, name=f"policy-{name}", extra=[
-        "--store-url", pg_url, "--judge-url", judge_url, "--replica-id", name, "--dispatch-claim-s", str(CLAIM_S),
-        "--dispatch-retry-initial-s", "0.2", "--dispatch-retry-max-s", "1", "--idle-sweep-interval-s", "0.2",
-        *(extra or [])])
+def _replica(
+    tiny_model_dir: Path,
+    router_url: str,
+    pg_url: str,
+    judge_url: str,
+    tmp: Path,
+    name: str,
+    extra: list[str] | None = None,
+):
+    return start_policy(
+        tiny_model_dir,
+        router_url,
+        tmp / f"data-{name}",
+        tmp,
+        name=f"policy-{name}",
+        extra=[
+            "--store-url",
+            pg_url,
+            "--judge-url",
+            judge_url,
+            "--replica-id",
+            name,
+            "--dispatch-claim-s",
+            str(CLAIM_S),
+            "--dispatch-retry-initial-s",
+            "0.2",
+            "--dispatch-retry-max-s",
+            "1",
+            "--idle-sweep-interval-s",
+            "0.2",
+            *(extra or []),
+        ],
+    )
 
 
 def _settled(url: str) -> bool:
@@ -75,7 +102,9 @@ def test_alternating_sessions_pair_as_on_one_replica(pair):
     wait_until(lambda: _settled(a.url), timeout_s=60)
     with admin(b.url) as c:
         for i in range(4):
-            rows = {r["turn_index"]: r for r in c.get("/v1/samples", params={"session_id": f"alt{i}"}).json()["samples"]}
+            rows = {
+                r["turn_index"]: r for r in c.get("/v1/samples", params={"session_id": f"alt{i}"}).json()["samples"]
+            }
             assert [rows[k]["turn"]["pairing"] for k in (0, 1, 2)] == ["paired", "paired", "session_end"]
             assert rows[0]["sample"]["reward"] == 1.0 and rows[1]["sample"]["reward"] == -1.0
     sa, sb = stats(a.url), stats(b.url)
@@ -119,8 +148,7 @@ class _Blackhole:
             c.close()
 
 
-def test_kill9_loses_no_answered_turn_and_the_other_replica_finishes(tiny_model_dir, router, pg_url, judge,
-                                                                     tmp_path):
+def test_kill9_loses_no_answered_turn_and_the_other_replica_finishes(tiny_model_dir, router, pg_url, judge, tmp_path):
     hole = _Blackhole()
     a = _replica(tiny_model_dir, router.url, pg_url, hole.url, tmp_path, "A")  # its judge calls hang
     b = _replica(tiny_model_dir, router.url, pg_url, judge.url, tmp_path, "B", ["--dispatch-concurrency", "2"])
@@ -136,8 +164,11 @@ def test_kill9_loses_no_answered_turn_and_the_other_replica_finishes(tiny_model_
                 msgs = [{"role": "user", "content": f"job {sid}"}]
                 for k, c in enumerate((ca, cb) if n % 2 else (cb, ca)):
                     try:
-                        r = c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 6},
-                                   headers={"X-Session-Id": sid, **({"X-Session-Done": "1"} if k else {})})
+                        r = c.post(
+                            "/v1/chat/completions",
+                            json={"messages": msgs, "max_tokens": 6},
+                            headers={"X-Session-Id": sid, **({"X-Session-Done": "1"} if k else {})},
+                        )
                     except Exception:  # the killed replica drops connections: not answered
                         break
                     if r.status_code != 200:
@@ -160,8 +191,7 @@ def test_kill9_loses_no_answered_turn_and_the_other_replica_finishes(tiny_model_
             t.join(timeout=60)
         assert answered
         # B takes A's work over once the claims expire, and judges everything.
-        wait_until(lambda: stats(b.url)["samples"]["pending_judge"] == 0 and _claimed_by(store, "A") == 0,
-                   timeout_s=60)
+        wait_until(lambda: stats(b.url)["samples"]["pending_judge"] == 0 and _claimed_by(store, "A") == 0, timeout_s=60)
         for sid, k, text in answered:
             turn = store.get_turn(sid, k)
             assert turn is not None and turn["response"]["content"] == text, (sid, k)
@@ -177,8 +207,11 @@ def test_kill9_loses_no_answered_turn_and_the_other_replica_finishes(tiny_model_
 
 def _claimed_by(store, owner: str) -> int:
     with store._read() as db:
-        return db.execute("SELECT COUNT(*) FROM sessions s WHERE claimed_by=? AND EXISTS (SELECT 1 FROM samples p "
-                          "WHERE p.session_id=s.session_id AND p.status='pending_judge')", (owner,)).fetchone()[0]
+        return db.execute(
+            "SELECT COUNT(*) FROM sessions s WHERE claimed_by=? AND EXISTS (SELECT 1 FROM samples p "
+            "WHERE p.session_id=s.session_id AND p.status='pending_judge')",
+            (owner,),
+        ).fetchone()[0]
 
 
 def test_two_trainers_at_two_replicas_never_share_a_sample(pair):
@@ -199,15 +232,20 @@ def test_two_trainers_at_two_replicas_never_share_a_sample(pair):
                     if r.status_code != 200 or r.json()["acked"] != len(body["samples"]):
                         bad_acks.append(r.text)
 
-    trainers = [threading.Thread(target=trainer, args=(n, u, o))
-                for n, u, o in (("A", a.url, b.url), ("B", b.url, a.url))]
+    trainers = [
+        threading.Thread(target=trainer, args=(n, u, o)) for n, u, o in (("A", a.url, b.url), ("B", b.url, a.url))
+    ]
     for t in trainers:
         t.start()  # long-polling before any sample exists: woken by NOTIFY from whichever replica judges
     try:
         for i in range(8):
             _session([a.url, b.url] if i % 2 else [b.url, a.url], f"tr{i}", ["thanks, that worked"])
-        wait_until(lambda: _settled(a.url) and stats(a.url)["samples"]["ready"] == 0
-                   and stats(a.url)["samples"]["leased"] == 0, timeout_s=60)
+        wait_until(
+            lambda: (
+                _settled(a.url) and stats(a.url)["samples"]["ready"] == 0 and stats(a.url)["samples"]["leased"] == 0
+            ),
+            timeout_s=60,
+        )
     finally:
         stop.set()
         for t in trainers:
@@ -243,22 +281,33 @@ def test_weight_update_at_a_holds_requests_at_b(tiny_model_dir, router, engine, 
     slow = ThreadingHTTPServer(("127.0.0.1", free_port()), _SlowPause)
     threading.Thread(target=slow.serve_forever, daemon=True).start()
     slow_url = f"http://127.0.0.1:{slow.server_address[1]}"
-    a = _replica(tiny_model_dir, router.url, pg_url, judge.url, tmp_path, "A",
-                 ["--engine-worker-urls", f"{engine.url},{slow_url}"])
+    a = _replica(
+        tiny_model_dir,
+        router.url,
+        pg_url,
+        judge.url,
+        tmp_path,
+        "A",
+        ["--engine-worker-urls", f"{engine.url},{slow_url}"],
+    )
     b = _replica(tiny_model_dir, router.url, pg_url, judge.url, tmp_path, "B", ["--engine-worker-urls", engine.url])
     update: dict = {}
     held: dict = {}
     try:
+
         def do_update() -> None:
             with admin(a.url) as c:
-                update["r"] = c.post("/admin/weights/update",
-                                     json={"model_path": str(tiny_model_dir), "weight_version": "v-replicas"})
+                update["r"] = c.post(
+                    "/admin/weights/update", json={"model_path": str(tiny_model_dir), "weight_version": "v-replicas"}
+                )
 
         def ask_b() -> None:
             with client(b.url) as c:
-                held["r"] = c.post("/v1/chat/completions", headers={"X-Session-Id": "held", "X-Session-Done": "1"},
-                                   json={"messages": [{"role": "user", "content": "during the update"}],
-                                         "max_tokens": 6})
+                held["r"] = c.post(
+                    "/v1/chat/completions",
+                    headers={"X-Session-Id": "held", "X-Session-Done": "1"},
+                    json={"messages": [{"role": "user", "content": "during the update"}], "max_tokens": 6},
+                )
                 held["at"] = time.monotonic()
 
         t_update = threading.Thread(target=do_update)

@@ -23,8 +23,13 @@ pytestmark = pytest.mark.unit
 
 
 def _record() -> dict:
-    return {"messages": [{"role": "user", "content": "hi"}], "response": {"content": "x"}, "prompt_ids": [1],
-            "response_ids": [2], "rollout_logprobs": [-0.1]}
+    return {
+        "messages": [{"role": "user", "content": "hi"}],
+        "response": {"content": "x"},
+        "prompt_ids": [1],
+        "response_ids": [2],
+        "rollout_logprobs": [-0.1],
+    }
 
 
 async def test_sweep_spares_a_session_in_flight_at_another_replica(pg_url):
@@ -32,8 +37,14 @@ async def test_sweep_spares_a_session_in_flight_at_another_replica(pg_url):
     try:
         busy: list[str] = ["s"]
         sync_a = ReplicaSync(a, replica_id="A", mode_state=ModeState(), gate=WeightGate(5.0), interval_s=0.5)
-        sync_b = ReplicaSync(b, replica_id="B", mode_state=ModeState(), gate=WeightGate(5.0), interval_s=0.5,
-                             in_flight=lambda: list(busy))
+        sync_b = ReplicaSync(
+            b,
+            replica_id="B",
+            mode_state=ModeState(),
+            gate=WeightGate(5.0),
+            interval_s=0.5,
+            in_flight=lambda: list(busy),
+        )
         tracker_a = SessionTracker(a, idle_timeout_s=10.0)
         tracker_a.remote_in_flight = sync_a.remote_in_flight
         a.record_turn("s", _record(), session_done=False, now=time.time() - 60)  # idle for a minute
@@ -61,8 +72,9 @@ async def test_pause_is_acknowledged_before_the_engines_pause(pg_url):
     a, b = open_store(pg_url, ""), open_store(pg_url, "")
     try:
         gate_b = WeightGate(5.0, version="v0")
-        sync_a = ReplicaSync(a, replica_id="A", mode_state=ModeState(), gate=WeightGate(5.0, version="v0"),
-                             interval_s=0.5)
+        sync_a = ReplicaSync(
+            a, replica_id="A", mode_state=ModeState(), gate=WeightGate(5.0, version="v0"), interval_s=0.5
+        )
         sync_b = ReplicaSync(b, replica_id="B", mode_state=ModeState(), gate=gate_b, interval_s=0.5)
         b.on_admin = sync_b.wake  # B's store listener: NOTIFY hindsight_admin -> refresh
         runner = asyncio.create_task(sync_b.run())
@@ -71,8 +83,12 @@ async def test_pause_is_acknowledged_before_the_engines_pause(pg_url):
         assert not gate_b.is_open  # acknowledged means held: B's gate closed before A goes on
         sync_a.gate.version = "v1"
         await sync_a.announce_done(epoch)
-        await async_wait_until(lambda: gate_b.is_open and gate_b.version == "v1", timeout_s=10, interval_s=0.02,
-                               message="B did not reopen with the new version")
+        await async_wait_until(
+            lambda: gate_b.is_open and gate_b.version == "v1",
+            timeout_s=10,
+            interval_s=0.02,
+            message="B did not reopen with the new version",
+        )
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
     finally:

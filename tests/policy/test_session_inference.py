@@ -38,12 +38,15 @@ def test_choose_session_longest_extension_wins():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("messages", [
-    [U("hi")],  # a retry of the awaiting request (or a fresh conversation with the same opening)
-    [U("hi"), A("something else"), U("x")],  # a different reply
-    [U("bye"), A("hello"), U("x")],  # a different history
-    [U("hi"), A("hello")],  # no feedback after the reply
-])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [U("hi")],  # a retry of the awaiting request (or a fresh conversation with the same opening)
+        [U("hi"), A("something else"), U("x")],  # a different reply
+        [U("bye"), A("hello"), U("x")],  # a different history
+        [U("hi"), A("hello")],  # no feedback after the reply
+    ],
+)
 def test_choose_session_no_extension_starts_a_session(messages):
     assert choose_session([awaiting("s", [U("hi")], "hello")], messages) == (None, False)
 
@@ -56,10 +59,12 @@ def test_choose_session_tie_goes_to_the_oldest():
 
 @pytest.mark.e2e
 def test_header_less_sessions_are_inferred_paired_and_counted(engine, tiny_model_dir, tmp_path):
-    pol = start_policy(tiny_model_dir, engine.url, tmp_path / "data", tmp_path, name="policy-infer",
-                       extra=["--infer-sessions"])
+    pol = start_policy(
+        tiny_model_dir, engine.url, tmp_path / "data", tmp_path, name="policy-infer", extra=["--infer-sessions"]
+    )
     try:
         with client(pol.url) as c:
+
             def ask(messages: list[dict]) -> tuple[str, str]:
                 r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4, "seed": 1})
                 assert r.status_code == 200, r.text
@@ -91,8 +96,11 @@ def test_header_less_sessions_are_inferred_paired_and_counted(engine, tiny_model
 @pytest.mark.e2e
 def test_inference_is_off_by_default(policy):
     with httpx.Client(trust_env=False, timeout=60) as c:
-        r = c.post(policy.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {CLIENT_KEY}"},
-                   json={"messages": [U("unrecorded")], "max_tokens": 2})
+        r = c.post(
+            policy.url + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+            json={"messages": [U("unrecorded")], "max_tokens": 2},
+        )
     assert r.status_code == 200 and "x-hindsight-session-id" not in r.headers
     assert r.json()["hindsight"]["session_id"] is None
 
@@ -108,9 +116,17 @@ async def test_a_session_being_continued_is_not_claimed_twice(tmp_path):
 
     store = Store(tmp_path / "data")
     try:
-        rec = {"messages": [U("hi")], "tools": None, "prompt_ids": [1, 2], "response_ids": [3, 4],
-               "rollout_logprobs": [-0.1, -0.2], "response": {"content": "hello", "tool_calls": None},
-               "weight_version": "v0", "weight_versions": ["v0"], "sampling_params": {}}
+        rec = {
+            "messages": [U("hi")],
+            "tools": None,
+            "prompt_ids": [1, 2],
+            "response_ids": [3, 4],
+            "rollout_logprobs": [-0.1, -0.2],
+            "response": {"content": "hello", "tool_calls": None},
+            "weight_version": "v0",
+            "weight_versions": ["v0"],
+            "sampling_params": {},
+        }
         store.record_turn("s1", rec, session_done=False)
         tracker = SessionTracker(store, idle_timeout_s=60)
         inferrer = SessionInferrer(store, tracker, Metrics())

@@ -44,8 +44,9 @@ class DelayProxy:
                         time.sleep(delay)
                 headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
                 try:
-                    r = httpx.request(method, proxy.upstream + self.path, content=body, headers=headers,
-                                      timeout=120, trust_env=False)
+                    r = httpx.request(
+                        method, proxy.upstream + self.path, content=body, headers=headers, timeout=120, trust_env=False
+                    )
                 except httpx.HTTPError:
                     self.send_error(502)
                     return
@@ -73,29 +74,61 @@ class DelayProxy:
 
 def _chat(url: str, sid: str, messages: list[dict], **headers) -> httpx.Response:
     with client(url) as c:
-        return c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 6},
-                      headers={"X-Session-Id": sid, **headers})
+        return c.post(
+            "/v1/chat/completions",
+            json={"messages": messages, "max_tokens": 6},
+            headers={"X-Session-Id": sid, **headers},
+        )
 
 
 def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
     judge_port = free_port()
-    judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1",
-                            "--port", str(judge_port)], url=f"http://127.0.0.1:{judge_port}", log_dir=tmp_path)
+    judge = spawn(
+        "judge",
+        [
+            sys.executable,
+            "-m",
+            "judge_server.cli",
+            "--backend",
+            "rules",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(judge_port),
+        ],
+        url=f"http://127.0.0.1:{judge_port}",
+        log_dir=tmp_path,
+    )
     eng_proxy, judge_proxy = DelayProxy(engine.url), DelayProxy(judge.url)
     data = tmp_path / "data"
     pol = None
     try:
         wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
         drain_s = 1.5
-        extra = ["--judge-url", judge_proxy.url, "--shutdown-drain-s", str(drain_s), "--shutdown-grace-s", "20",
-                 "--dispatch-retry-initial-s", "0.2"]
+        extra = [
+            "--judge-url",
+            judge_proxy.url,
+            "--shutdown-drain-s",
+            str(drain_s),
+            "--shutdown-grace-s",
+            "20",
+            "--dispatch-retry-initial-s",
+            "0.2",
+        ]
         pol = start_policy(tiny_model_dir, eng_proxy.url, data, tmp_path, name="policy-a", extra=extra)
         u = [{"role": "user", "content": "open the file"}]
         # s1: a turn paired, judged slowly (30 s per judge call >> drain_s): its judge call is in flight at SIGTERM
         a1 = _chat(pol.url, "s1", u).json()["choices"][0]["message"]
         judge_proxy.delays["/v1/judge"] = 30.0
-        assert _chat(pol.url, "s1", u + [{"role": "assistant", "content": a1["content"]},
-                                         {"role": "user", "content": "thanks, that worked"}]).status_code == 200
+        assert (
+            _chat(
+                pol.url,
+                "s1",
+                u
+                + [{"role": "assistant", "content": a1["content"]}, {"role": "user", "content": "thanks, that worked"}],
+            ).status_code
+            == 200
+        )
         wait_until(lambda: judge_proxy.arrived["/v1/judge"] >= 1)  # the dispatcher's judge call is in flight
         # a chat request in flight at SIGTERM (the engine answers after 2 s) must finish
         eng_proxy.delays["/generate"] = 2.0
@@ -138,8 +171,14 @@ def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
         judge_proxy.delays["/v1/judge"] = 0.5
         a2 = box["r"].json()["choices"][0]["message"]
         judge_calls = judge_proxy.arrived["/v1/judge"]
-        assert _chat(pol.url, "s2", u + [{"role": "assistant", "content": a2["content"]},
-                                         {"role": "user", "content": "thanks"}]).status_code == 200
+        assert (
+            _chat(
+                pol.url,
+                "s2",
+                u + [{"role": "assistant", "content": a2["content"]}, {"role": "user", "content": "thanks"}],
+            ).status_code
+            == 200
+        )
         wait_until(lambda: judge_proxy.arrived["/v1/judge"] > judge_calls)  # s2's judge call is in flight
         pol.proc.send_signal(signal.SIGTERM)
         assert pol.proc.wait(timeout=30) == 0

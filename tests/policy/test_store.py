@@ -18,16 +18,29 @@ U = {"role": "user", "content": "weather in Paris?"}
 
 
 def _record(n: int = 3) -> dict:
-    return {"messages": [U], "tools": None, "prompt_ids": [1, 2], "response_ids": list(range(n)),
-            "rollout_logprobs": [-0.5] * n, "response": {"content": "x"}, "weight_version": "v0",
-            "weight_versions": ["v0"], "sampling_params": {}}
+    return {
+        "messages": [U],
+        "tools": None,
+        "prompt_ids": [1, 2],
+        "response_ids": list(range(n)),
+        "rollout_logprobs": [-0.5] * n,
+        "response": {"content": "x"},
+        "weight_version": "v0",
+        "weight_versions": ["v0"],
+        "sampling_params": {},
+    }
 
 
 def _ready_sample(store: Store, sid: str) -> str:
     store.record_turn(sid, _record(), session_done=True)
     [job] = [j for j in store.pending_jobs() if j["session_id"] == sid]
-    assert store.complete_judge(job["sample_id"], status="ready", reject_reason=None, included=True,
-                                data={"sample_id": job["sample_id"], "session_id": sid})
+    assert store.complete_judge(
+        job["sample_id"],
+        status="ready",
+        reject_reason=None,
+        included=True,
+        data={"sample_id": job["sample_id"], "session_id": sid},
+    )
     return job["sample_id"]
 
 
@@ -80,8 +93,6 @@ def test_complete_judge_rejects_bad_status(store_factory):
     st = store_factory()
     with pytest.raises(ValueError):
         st.complete_judge("x", status="leased", reject_reason=None, included=False, data={})
-
-
 
 
 # ---------------------------------------------------------------- several stores on one database (replicas)

@@ -36,8 +36,16 @@ CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, created_at REAL NO
 
 
 def _record(text: str) -> str:
-    return json.dumps({"messages": [{"role": "user", "content": text}], "prompt_ids": [1, 2], "response_ids": [3],
-                       "rollout_logprobs": [-0.5], "response": {"content": "x"}, "weight_version": "v0"})
+    return json.dumps(
+        {
+            "messages": [{"role": "user", "content": text}],
+            "prompt_ids": [1, 2],
+            "response_ids": [3],
+            "rollout_logprobs": [-0.5],
+            "response": {"content": "x"},
+            "weight_version": "v0",
+        }
+    )
 
 
 def _release_data_dir(path) -> None:
@@ -45,18 +53,27 @@ def _release_data_dir(path) -> None:
     db = sqlite3.connect(path / "hindsight.sqlite3")
     db.execute("PRAGMA journal_mode=WAL")
     db.executescript(RELEASE_SCHEMA)
-    db.executemany("INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?)",
-                   [("a", 3, 100.0, 1, 1, 1), ("b", 1, 200.0, 0, 0, 0)])
-    db.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [
-        ("a", 0, 10.0, _record("a0"), "paired", None, json.dumps([{"role": "user", "content": "ok"}]), 0),
-        ("a", 1, 11.0, _record("a1"), "mismatch", "edited", None, 0),
-        ("a", 2, 12.0, _record("a2"), "session_end", None, None, 1),
-        ("b", 0, 20.0, _record("b0"), "awaiting", None, None, 0)])
+    db.executemany(
+        "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?)", [("a", 3, 100.0, 1, 1, 1), ("b", 1, 200.0, 0, 0, 0)]
+    )
+    db.executemany(
+        "INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            ("a", 0, 10.0, _record("a0"), "paired", None, json.dumps([{"role": "user", "content": "ok"}]), 0),
+            ("a", 1, 11.0, _record("a1"), "mismatch", "edited", None, 0),
+            ("a", 2, 12.0, _record("a2"), "session_end", None, None, 1),
+            ("b", 0, 20.0, _record("b0"), "awaiting", None, None, 0),
+        ],
+    )
     sample = {"sample_id": "s-ready", "reward": 1.0, "response_ids": [3], "loss_mask": [1]}
-    db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
-        ("s-ready", "a", 0, "ready", None, 0, None, None, 10.0, 10.5, json.dumps(sample)),
-        ("s-rejected", "a", 1, "rejected", "history_mismatch", 0, None, None, 11.0, 11.0, None),
-        ("s-pending", "a", 2, "pending_judge", None, 2, "judge down", None, 12.0, 12.0, None)])
+    db.executemany(
+        "INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            ("s-ready", "a", 0, "ready", None, 0, None, None, 10.0, 10.5, json.dumps(sample)),
+            ("s-rejected", "a", 1, "rejected", "history_mismatch", 0, None, None, 11.0, 11.0, None),
+            ("s-pending", "a", 2, "pending_judge", None, 2, "judge down", None, 12.0, 12.0, None),
+        ],
+    )
     db.execute("INSERT INTO runtime VALUES ('mode', ?)", (json.dumps({"mode": "opd", "w_rl": 1.0, "w_opd": 2.0}),))
     db.execute("INSERT INTO leases VALUES ('old-lease', 1.0, 2.0, 'acked', '[]')")
     db.commit()
@@ -68,8 +85,14 @@ def test_release_data_dir_opens_after_the_upgrade_with_nothing_lost(tmp_path):
     _release_data_dir(data)
     st = Store(data)
     stats = st.stats()
-    assert stats["samples"] == {"pending_judge": 1, "pending_score": 0, "ready": 1, "leased": 0, "consumed": 0,
-                                  "rejected": 1}
+    assert stats["samples"] == {
+        "pending_judge": 1,
+        "pending_score": 0,
+        "ready": 1,
+        "leased": 0,
+        "consumed": 0,
+        "rejected": 1,
+    }
     assert stats["turns"] == 4 and stats["turns_awaiting_next_state"] == 1 and stats["history_mismatches"] == 1
     assert st.get_turn("a", 0)["next_state"] == [{"role": "user", "content": "ok"}]
     assert st.get_turn("b", 0)["messages"][0]["content"] == "b0"
@@ -129,14 +152,22 @@ def test_migrate_command_upgrades_a_release_data_dir(tmp_path):
 
     data = tmp_path / "data"
     _release_data_dir(data)
-    done = subprocess.run([sys.executable, "-m", "policy_server.cli", "migrate", "--data-dir", str(data)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "policy_server.cli", "migrate", "--data-dir", str(data)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"store schema at version {LATEST_VERSION}"
     db = sqlite3.connect(data / "hindsight.sqlite3")
     assert db.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0] == LATEST_VERSION
     assert db.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 3
     db.close()
-    bad = subprocess.run([sys.executable, "-m", "policy_server.cli", "migrate", "--store-url", "mysql://x/y"],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "policy_server.cli", "migrate", "--store-url", "mysql://x/y"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "sqlite:// or postgresql://" in bad.stderr

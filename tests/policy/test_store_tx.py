@@ -20,8 +20,17 @@ U = {"role": "user", "content": "hi"}
 
 
 def _record() -> dict:
-    return {"messages": [U], "tools": None, "prompt_ids": [1, 2], "response_ids": [3, 4], "rollout_logprobs": [-0.1, -0.2],
-            "response": {"content": "x"}, "weight_version": "v0", "weight_versions": ["v0"], "sampling_params": {}}
+    return {
+        "messages": [U],
+        "tools": None,
+        "prompt_ids": [1, 2],
+        "response_ids": [3, 4],
+        "rollout_logprobs": [-0.1, -0.2],
+        "response": {"content": "x"},
+        "weight_version": "v0",
+        "weight_versions": ["v0"],
+        "sampling_params": {},
+    }
 
 
 class _CountingConn:
@@ -106,8 +115,9 @@ def test_record_with_resolution_is_one_transaction(store_factory):
     st = store_factory()
     st.record_turn("s", _record(), session_done=False, now=100.0)
     commits = _count_commits(st)
-    idx = st.record_turn("s", _record(), session_done=False, now=200.0,
-                         resolve=Resolution(0, "paired", [U]))  # the next turn answers turn 0
+    idx = st.record_turn(
+        "s", _record(), session_done=False, now=200.0, resolve=Resolution(0, "paired", [U])
+    )  # the next turn answers turn 0
     assert commits() == 1 and idx == 1
     assert st.get_turn("s", 0)["pairing"] == "paired" and st.get_turn("s", 0)["next_state"] == [U]
     rows = {r["turn_index"]: r for r in st.samples_of("s")}
@@ -141,8 +151,9 @@ async def test_pairing_written_alone_when_no_turn_is_recorded(store_factory):
 
     st = store_factory()
     tracker = SessionTracker(st, idle_timeout_s=5.0)
-    await tracker.on_main_turn("s", _record(), done=False,
-                               arrival=await tracker.on_request("s", [U], main=True, done=False))
+    await tracker.on_main_turn(
+        "s", _record(), done=False, arrival=await tracker.on_request("s", [U], main=True, done=False)
+    )
     follow = [U, {"role": "assistant", "content": "x"}, {"role": "user", "content": "wrong"}]
     arrival = await tracker.on_request("s", follow, main=True, done=False)
     tracker.settle_later(arrival)  # e.g. the engine failed: no turn 1, but turn 0's next state is known

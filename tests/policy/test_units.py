@@ -19,32 +19,54 @@ pytestmark = pytest.mark.unit
 U = {"role": "user", "content": "weather in Paris?"}
 CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 RESP_TOOL = {"content": "", "reasoning_content": "think", "tool_calls": [CALL]}
-ASSIST_TOOL = {"role": "assistant", "content": None, "tool_calls": [
-    {"id": "zz", "type": "function", "function": {"name": "get_weather", "arguments": '{ "city":"Paris" }'}}]}
+ASSIST_TOOL = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {"id": "zz", "type": "function", "function": {"name": "get_weather", "arguments": '{ "city":"Paris" }'}}
+    ],
+}
 
 
 def test_pair_user_reply():
-    p = pair_next_state([U], {"content": "Sunny."}, [U, {"role": "assistant", "content": " Sunny.\n"},
-                                                    {"role": "user", "content": "thanks"}])
+    p = pair_next_state(
+        [U],
+        {"content": "Sunny."},
+        [U, {"role": "assistant", "content": " Sunny.\n"}, {"role": "user", "content": "thanks"}],
+    )
     assert p.kind == "paired" and p.next_state == [{"role": "user", "content": "thanks"}]
 
 
 def test_pair_several_tool_results_and_dropped_system():
-    new = [U, ASSIST_TOOL, {"role": "tool", "tool_call_id": "zz", "content": "18C"},
-           {"role": "tool", "tool_call_id": "zz", "content": "sunny"}, {"role": "system", "content": "reminder"}]
+    new = [
+        U,
+        ASSIST_TOOL,
+        {"role": "tool", "tool_call_id": "zz", "content": "18C"},
+        {"role": "tool", "tool_call_id": "zz", "content": "sunny"},
+        {"role": "system", "content": "reminder"},
+    ]
     p = pair_next_state([U], RESP_TOOL, new)
     assert p.kind == "paired"
     assert [m["role"] for m in p.next_state] == ["tool", "tool"] and p.next_state[1]["content"] == "sunny"
     assert p.dropped == ["system"]
 
 
-@pytest.mark.parametrize("new,why", [
-    ([{"role": "user", "content": "other question"}, {"role": "assistant", "content": "Sunny."},
-      {"role": "user", "content": "ok"}], "rewritten"),
-    ([U, {"role": "assistant", "content": "Edited reply"}, {"role": "user", "content": "ok"}], "assistant"),
-    ([U, {"role": "assistant", "content": "Sunny."}], "expected more"),
-    ([U, {"role": "assistant", "content": "Sunny."}, {"role": "system", "content": "x"}], "no user or tool"),
-])
+@pytest.mark.parametrize(
+    "new,why",
+    [
+        (
+            [
+                {"role": "user", "content": "other question"},
+                {"role": "assistant", "content": "Sunny."},
+                {"role": "user", "content": "ok"},
+            ],
+            "rewritten",
+        ),
+        ([U, {"role": "assistant", "content": "Edited reply"}, {"role": "user", "content": "ok"}], "assistant"),
+        ([U, {"role": "assistant", "content": "Sunny."}], "expected more"),
+        ([U, {"role": "assistant", "content": "Sunny."}, {"role": "system", "content": "x"}], "no user or tool"),
+    ],
+)
 def test_pair_mismatch(new, why):
     p = pair_next_state([U], {"content": "Sunny."}, new)
     assert p.kind == "mismatch" and p.next_state is None and why in p.note
@@ -58,19 +80,22 @@ def _split(chunks: list[str]) -> tuple[str, str, list]:
     return ("".join(t for k, t in parts if k == "reasoning"), "".join(t for k, t in parts if k == "content"), calls)
 
 
-@pytest.mark.parametrize("text", [
-    "<think>\nplan it\n</think>\n\nThe answer is 4.",
-    "plain answer with < and <t chars",
-    'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-    "<think>only reasoning, cut by max_tokens",
-    "text then <tool_call>not json</tool_call> more",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<think>\nplan it\n</think>\n\nThe answer is 4.",
+        "plain answer with < and <t chars",
+        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        "<think>only reasoning, cut by max_tokens",
+        "text then <tool_call>not json</tool_call> more",
+    ],
+)
 def test_stream_splitter_matches_full_parse(text):
     from engine.chat import parse_assistant_output
 
     full = parse_assistant_output(text)
     for size in (1, 3, 7, len(text)):
-        chunks = [text[i:i + size] for i in range(0, len(text), size)]
+        chunks = [text[i : i + size] for i in range(0, len(text), size)]
         reasoning, content, calls = _split(chunks)
         assert reasoning == (full.reasoning_content or "")
         assert content == full.content
@@ -83,31 +108,46 @@ def test_stream_splitter_never_leaks_tag_fragments():
     assert "".join(t for _, t in out) == "abcHi"
 
 
-@pytest.mark.parametrize("messages,msg", [
-    ([{"role": "robot", "content": "x"}], "role 'robot'"),
-    ([{"role": "user", "content": "x"}, {"role": "tool", "content": "r", "tool_call_id": "c9"}], "does not match"),
-    ([{"role": "tool", "content": "r"}], "without tool_call_id"),
-    ([{"role": "user", "content": 5}], "content must be"),
-    ([{"role": "user"}], "needs content"),
-])
+@pytest.mark.parametrize(
+    "messages,msg",
+    [
+        ([{"role": "robot", "content": "x"}], "role 'robot'"),
+        ([{"role": "user", "content": "x"}, {"role": "tool", "content": "r", "tool_call_id": "c9"}], "does not match"),
+        ([{"role": "tool", "content": "r"}], "without tool_call_id"),
+        ([{"role": "user", "content": 5}], "content must be"),
+        ([{"role": "user"}], "needs content"),
+    ],
+)
 def test_validate_messages_rejects(messages, msg):
     with pytest.raises(InvalidRequest, match=msg):
         validate_messages(messages)
 
 
 def test_validate_messages_accepts_tool_round_trip():
-    out = validate_messages([{"role": "developer", "content": "be brief"}, U, ASSIST_TOOL,
-                             {"role": "tool", "tool_call_id": "zz", "content": "18C"}])
+    out = validate_messages(
+        [
+            {"role": "developer", "content": "be brief"},
+            U,
+            ASSIST_TOOL,
+            {"role": "tool", "tool_call_id": "zz", "content": "18C"},
+        ]
+    )
     assert out[0]["role"] == "system" and len(out) == 4
 
 
 def test_settings_from_cli_and_env(monkeypatch):
     monkeypatch.setenv("HINDSIGHT_POLICY_MODE", "combine")
     monkeypatch.setenv("HINDSIGHT_POLICY_ENGINE_WORKER_URLS", "http://a:1,http://b:2")
-    s = settings_from_args(["--model-path", "m", "--engine-url", "http://r:9/", "--pause-mode", "retract",
-                            "--session-idle-timeout-s", "5"])
-    assert (s.mode, s.engine_url, s.engine_worker_urls, s.pause_mode, s.session_idle_timeout_s) == \
-        ("combine", "http://r:9", ["http://a:1", "http://b:2"], "retract", 5.0)
+    s = settings_from_args(
+        ["--model-path", "m", "--engine-url", "http://r:9/", "--pause-mode", "retract", "--session-idle-timeout-s", "5"]
+    )
+    assert (s.mode, s.engine_url, s.engine_worker_urls, s.pause_mode, s.session_idle_timeout_s) == (
+        "combine",
+        "http://r:9",
+        ["http://a:1", "http://b:2"],
+        "retract",
+        5.0,
+    )
     s2 = settings_from_args(["--model-path", "m", "--engine-url", "http://r:9", "--mode", "opd"])
     assert s2.mode == "opd" and s2.engine_worker_urls == ["http://a:1", "http://b:2"]
     monkeypatch.delenv("HINDSIGHT_POLICY_ENGINE_WORKER_URLS")
@@ -124,20 +164,34 @@ def _accepts(ebnf: str, text: str) -> bool:
 
 def test_forced_tool_grammar_types_arguments_by_schema():
     """The forced-call grammar admits exactly the Hermes block whose arguments satisfy the schema."""
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
-                                         "tags": {"type": "array", "items": {"type": "string"}},
-                                         "unit": {"enum": ["c", "f"]}, "limit": {"type": ["integer", "null"]}},
-        "required": ["city", "days", "tags", "unit", "limit"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "city": {"type": "string"},
+                        "days": {"type": "integer"},
+                        "tags": {"type": "array", "items": {"type": "string"}},
+                        "unit": {"enum": ["c", "f"]},
+                        "limit": {"type": ["integer", "null"]},
+                    },
+                    "required": ["city", "days", "tags", "unit", "limit"],
+                },
+            },
+        }
+    ]
     g = forced_tool_grammar(tools, {"type": "function", "function": {"name": "get_weather"}})
     head = '<tool_call>\n{"name": "get_weather", "arguments": '
     ok = head + '{"city": "Paris", "days": 3, "tags": ["a", "b"], "unit": "c", "limit": null}}\n</tool_call>'
     assert _accepts(g, ok)
-    assert json.loads(ok[len("<tool_call>\n"):-len("\n</tool_call>")])["arguments"]["tags"] == ["a", "b"]
+    assert json.loads(ok[len("<tool_call>\n") : -len("\n</tool_call>")])["arguments"]["tags"] == ["a", "b"]
     assert not _accepts(g, ok.replace('"days": 3', '"days": "3"'))  # integer, not a string
     assert not _accepts(g, ok.replace('["a", "b"]', '"a, b"'))  # array, not a string
     assert not _accepts(g, ok.replace('"unit": "c"', '"unit": "k"'))  # enum
-    assert not _accepts(g, ok.replace(', "limit": null', ''))  # required
+    assert not _accepts(g, ok.replace(', "limit": null', ""))  # required
     assert not _accepts(g, ok.replace("</tool_call>", ""))  # the block is closed
     assert forced_tool_grammar(tools, "auto") is None and forced_tool_grammar(tools, None) is None
     with pytest.raises(InvalidRequest):
@@ -145,9 +199,16 @@ def test_forced_tool_grammar_types_arguments_by_schema():
 
 
 def test_forced_tool_grammar_required_is_one_call_of_any_tool_and_empty_parameters():
-    tools = [{"type": "function", "function": {"name": "a"}},
-             {"type": "function", "function": {"name": "b", "parameters": {
-                 "type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"]}}}]
+    tools = [
+        {"type": "function", "function": {"name": "a"}},
+        {
+            "type": "function",
+            "function": {
+                "name": "b",
+                "parameters": {"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"]},
+            },
+        },
+    ]
     g = forced_tool_grammar(tools, "required")
     assert _accepts(g, '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>')
     assert _accepts(g, '<tool_call>\n{"name": "b", "arguments": {"x": true}}\n</tool_call>')
@@ -155,11 +216,14 @@ def test_forced_tool_grammar_required_is_one_call_of_any_tool_and_empty_paramete
     assert not _accepts(g, '<tool_call>\n{"name": "c", "arguments": {}}\n</tool_call>')
 
 
-@pytest.mark.parametrize("parameters, fragment", [
-    ({"type": "string"}, "type object"),
-    ({"type": "object", "properties": {"x": {"type": "bogus"}}}, "cannot be constrained"),
-    ({"type": "object", "properties": {"x": {"$ref": "https://example.com/s.json"}}}, "outside the schema"),
-])
+@pytest.mark.parametrize(
+    "parameters, fragment",
+    [
+        ({"type": "string"}, "type object"),
+        ({"type": "object", "properties": {"x": {"type": "bogus"}}}, "cannot be constrained"),
+        ({"type": "object", "properties": {"x": {"$ref": "https://example.com/s.json"}}}, "outside the schema"),
+    ],
+)
 def test_unconstrainable_tool_schema_is_a_400(parameters, fragment):
     tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
     with pytest.raises(InvalidRequest) as exc:
@@ -171,9 +235,14 @@ def test_response_format_schema():
     assert response_format_schema(None) is None and response_format_schema({"type": "text"}) is None
     assert json.loads(response_format_schema({"type": "json_object"})) == {"type": "object"}
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    assert json.loads(response_format_schema({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})) \
+    assert (
+        json.loads(response_format_schema({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}))
         == schema
-    for bad in ({"type": "json_schema", "json_schema": {"name": "x"}}, {"type": "yaml"},
-                {"type": "json_schema", "json_schema": {"schema": {"type": "bogus"}}}):
+    )
+    for bad in (
+        {"type": "json_schema", "json_schema": {"name": "x"}},
+        {"type": "yaml"},
+        {"type": "json_schema", "json_schema": {"schema": {"type": "bogus"}}},
+    ):
         with pytest.raises(InvalidRequest):
             response_format_schema(bad)

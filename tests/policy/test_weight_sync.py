@@ -20,8 +20,14 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.parametrize("pause_mode", ["abort", "retract"])
 def test_update_under_steady_traffic(pause_mode, tiny_model_dir, router, engine, tmp_path):
-    pol = start_policy(tiny_model_dir, router.url, tmp_path / "data", tmp_path, name=f"policy-{pause_mode}",
-                       extra=["--engine-worker-urls", engine.url, "--pause-mode", pause_mode])
+    pol = start_policy(
+        tiny_model_dir,
+        router.url,
+        tmp_path / "data",
+        tmp_path,
+        name=f"policy-{pause_mode}",
+        extra=["--engine-worker-urls", engine.url, "--pause-mode", pause_mode],
+    )
     results: list[tuple[int, str | None, float]] = []
     errors: list[str] = []
     stop = threading.Event()
@@ -31,12 +37,17 @@ def test_update_under_steady_traffic(pause_mode, tiny_model_dir, router, engine,
             n = 0
             while not stop.is_set():
                 n += 1
-                body = {"messages": [{"role": "user", "content": f"steady {i} {n}"}], "max_tokens": 64,
-                        "temperature": 1.0, "stream": n % 2 == 0}
+                body = {
+                    "messages": [{"role": "user", "content": f"steady {i} {n}"}],
+                    "max_tokens": 64,
+                    "temperature": 1.0,
+                    "stream": n % 2 == 0,
+                }
                 started = time.monotonic()
                 try:
-                    r = c.post("/v1/chat/completions", json=body,
-                               headers={"X-Session-Id": f"w{i}-{n}", "X-Session-Done": "1"})
+                    r = c.post(
+                        "/v1/chat/completions", json=body, headers={"X-Session-Id": f"w{i}-{n}", "X-Session-Done": "1"}
+                    )
                 except httpx.HTTPError as exc:
                     errors.append(repr(exc))
                     continue
@@ -66,8 +77,12 @@ def test_update_under_steady_traffic(pause_mode, tiny_model_dir, router, engine,
         metrics = httpx.get(pol.url + "/metrics", trust_env=False).text
         pol.stop()
         # restore v0 naming (and the weights) for other tests sharing the engine, even when an assert failed
-        httpx.post(engine.url + "/update_weights_from_disk", json={"model_path": str(tiny_model_dir),
-                                                                   "weight_version": "v0"}, trust_env=False, timeout=60)
+        httpx.post(
+            engine.url + "/update_weights_from_disk",
+            json={"model_path": str(tiny_model_dir), "weight_version": "v0"},
+            trust_env=False,
+            timeout=60,
+        )
     assert not errors, errors[:3]
     assert before > 0 and len(results) > before
     later = [v for _, v, at in results if at > t_done and v is not None]  # submitted after the update

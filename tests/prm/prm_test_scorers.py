@@ -16,8 +16,15 @@ LOG: list[tuple[str, str]] = []
 class _Recording(BaseScorer):
     """Returns ``reward``; logs evaluate/close; options to fail or stall in construction and cleanup."""
 
-    def __init__(self, reward: float = 1.0, fail_init: bool = False, fail_close: bool = False,
-                 close_delay_s: float = 0.0, weight: float = 1.0, enabled: bool = True):
+    def __init__(
+        self,
+        reward: float = 1.0,
+        fail_init: bool = False,
+        fail_close: bool = False,
+        close_delay_s: float = 0.0,
+        weight: float = 1.0,
+        enabled: bool = True,
+    ):
         if fail_init:
             LOG.append(("init_failed", self.name))
             raise RuntimeError(f"{self.name} constructor failed")
@@ -132,10 +139,15 @@ def make_turns(n: int, session_id: str = "s1", out_lens: list[int] | None = None
     msgs: list[dict] = [{"role": "user", "content": "q0"}]
     for i in range(n):
         out_len = out_lens[i] if out_lens else 2 + i
-        turns.append({
-            "session_id": session_id, "turn_index": i, "messages": list(msgs),
-            "response": {"content": f"a{i}", "reasoning_content": None, "tool_calls": []},
-            "prompt_ids": list(range(1, 4 + i)), "response_ids": [7] * (out_len - 1) + [2],
-        })
+        turns.append(
+            {
+                "session_id": session_id,
+                "turn_index": i,
+                "messages": list(msgs),
+                "response": {"content": f"a{i}", "reasoning_content": None, "tool_calls": []},
+                "prompt_ids": list(range(1, 4 + i)),
+                "response_ids": [7] * (out_len - 1) + [2],
+            }
+        )
         msgs = msgs + [{"role": "assistant", "content": f"a{i}"}, {"role": "user", "content": f"q{i + 1}"}]
     return turns

@@ -39,9 +39,12 @@ def tree_turns(fail_branch: bool = False) -> list[dict]:
     base = make_turns(3)
     base[1]["parent_turn_index"] = 0
     base[2]["parent_turn_index"] = 0
-    base[2]["messages"] = base[0]["messages"] + [{"role": "assistant", "content": "a0"},
-                                                 {"role": "user", "content": "retry"}, {"role": "assistant", "content": "x"},
-                                                 {"role": "user", "content": "again"}]
+    base[2]["messages"] = base[0]["messages"] + [
+        {"role": "assistant", "content": "a0"},
+        {"role": "user", "content": "retry"},
+        {"role": "assistant", "content": "x"},
+        {"role": "user", "content": "again"},
+    ]
     if fail_branch:
         base[2]["response"] = {**base[2]["response"], "content": "fail"}
     return base
@@ -117,8 +120,12 @@ async def test_ready_trajectory_consumed_once_retry_not_rescored():
 
 
 def sample(reward, token_rewards, loss_mask=None, response_ids=(5, 2)):
-    return {"reward": reward, "token_rewards": token_rewards,
-            "loss_mask": loss_mask or [1] * len(token_rewards), "response_ids": list(response_ids)}
+    return {
+        "reward": reward,
+        "token_rewards": token_rewards,
+        "loss_mask": loss_mask or [1] * len(token_rewards),
+        "response_ids": list(response_ids),
+    }
 
 
 @pytest.mark.parametrize(

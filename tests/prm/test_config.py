@@ -26,15 +26,24 @@ def test_example_file_loads():
 @pytest.mark.parametrize(
     "data, match",
     [
-        ({"prm": {"advantage_shaping": {"mode": "process_weighted"}}, "actor": {"mask_no_eos_with_zero": True}},
-         "process_weighted rejects actor.mask_no_eos_with_zero=true"),
-        ({"prm": {"scorers": [LB]}, "actor": {"token_rewards_as_adv": False}},
-         "token_rewards_as_adv=false is rejected while PRM scorers are configured"),
-        ({"prm": {"advantage_shaping": {"mode": "gvpo"}}, "actor": {"token_rewards_as_adv": False}},
-         "mode=gvpo requires actor.token_rewards_as_adv=true"),
+        (
+            {"prm": {"advantage_shaping": {"mode": "process_weighted"}}, "actor": {"mask_no_eos_with_zero": True}},
+            "process_weighted rejects actor.mask_no_eos_with_zero=true",
+        ),
+        (
+            {"prm": {"scorers": [LB]}, "actor": {"token_rewards_as_adv": False}},
+            "token_rewards_as_adv=false is rejected while PRM scorers are configured",
+        ),
+        (
+            {"prm": {"advantage_shaping": {"mode": "gvpo"}}, "actor": {"token_rewards_as_adv": False}},
+            "mode=gvpo requires actor.token_rewards_as_adv=true",
+        ),
         ({"prm": {"scorers": [LB]}, "rollout": {"api_url": "http://x"}}, "rollout.api_url"),
         ({"prm": {"advantage_shaping": {"mode": "ppo"}}}, "prm.advantage_shaping.mode"),
-        ({"prm": {"advantage_shaping": {"zero_penalty": -1}}}, "prm.advantage_shaping.zero_penalty: must be finite and >= 0"),
+        (
+            {"prm": {"advantage_shaping": {"zero_penalty": -1}}},
+            "prm.advantage_shaping.zero_penalty: must be finite and >= 0",
+        ),
         ({"prm": {"scorers": [{"path": "LengthBudgetScorer"}]}}, "prm.scorers.0.*dotted Python path"),
         ({"prm": {"scorers": [{**LB, "weight": float("inf")}]}}, "weight must be finite"),
         ({"prm": {"scorers": [{**LB, "kwargs": {"weight": 2}}]}}, "not inside kwargs"),
@@ -49,13 +58,15 @@ def test_rules_fail_with_clear_messages(data, match):
 
 def test_token_rewards_as_adv_false_is_fine_without_active_scorers():
     assert not parse_prm_config({"prm": {"scorers": []}, "actor": {"token_rewards_as_adv": False}}).prm.active
-    assert not parse_prm_config({"prm": {"enabled": False, "scorers": [LB]},
-                                 "actor": {"token_rewards_as_adv": False}}).prm.active
+    assert not parse_prm_config(
+        {"prm": {"enabled": False, "scorers": [LB]}, "actor": {"token_rewards_as_adv": False}}
+    ).prm.active
 
 
 def test_areal_nesting_is_accepted():
-    cfg = parse_prm_config({"rollout": {"_version": "v1", "agent": {"prm": {"scorers": [LB]}}},
-                            "actor": {"token_rewards_as_adv": True}})
+    cfg = parse_prm_config(
+        {"rollout": {"_version": "v1", "agent": {"prm": {"scorers": [LB]}}}, "actor": {"token_rewards_as_adv": True}}
+    )
     assert cfg.prm.active and cfg.prm.scorers[0].kwargs == {"max_output_tokens": 4}
 
 

@@ -95,7 +95,9 @@ async def test_run_rejected_once_closing_starts(scorer_log):
 async def test_create_rolls_back_owned_scorers_and_reraises_original(scorer_log):
     borrowed = C()
     with pytest.raises(RuntimeError, match="d constructor failed") as info:
-        await PRMRunner.create({"scorers": [spec("A"), borrowed, spec("B", fail_close=True), spec("D", fail_init=True)]})
+        await PRMRunner.create(
+            {"scorers": [spec("A"), borrowed, spec("B", fail_close=True), spec("D", fail_init=True)]}
+        )
     assert closes(scorer_log) == ["b", "a"]  # reverse order, borrowed c not closed, d never built
     assert any("cleanup of PRM scorer 'b' failed" in n for n in info.value.__notes__)
 
@@ -108,8 +110,12 @@ async def test_create_rolls_back_owned_scorers_and_reraises_original(scorer_log)
         ({"path": "prm_test_scorers.NotAScorer"}, "additive", "not a BaseScorer subclass", ["b", "a"]),
         # Validation runs after every scorer was built, so the offender is owned and rolled back too.
         ({"path": "prm_test_scorers.AlsoNamedA"}, "additive", "share the name 'a'", ["a", "b", "a"]),
-        ({"path": "prm_test_scorers.RejectsProcessWeighted"}, "process_weighted",
-         "cannot be used with process_weighted", ["rejects_pw", "b", "a"]),
+        (
+            {"path": "prm_test_scorers.RejectsProcessWeighted"},
+            "process_weighted",
+            "cannot be used with process_weighted",
+            ["rejects_pw", "b", "a"],
+        ),
     ],
 )
 async def test_create_rolls_back_on_resolution_and_validation_errors(

@@ -66,7 +66,9 @@ async def test_schema_stable_within_and_across_runs():
         await score_session(PRMRunner({"scorers": [Observing(within)]}), make_turns(2))
 
     schema = {"aggs": ("rate",)}
-    runner = PRMRunner({"scorers": [Observing(lambda it: [obs("m", it.interaction_id, True, "boolean", schema["aggs"])])]})
+    runner = PRMRunner(
+        {"scorers": [Observing(lambda it: [obs("m", it.interaction_id, True, "boolean", schema["aggs"])])]}
+    )
     await score_session(runner, make_turns(2))
     await score_session(runner, make_turns(2, session_id="s2"))  # same schema: fine
     schema["aggs"] = ("count",)
@@ -127,12 +129,17 @@ async def test_prometheus_exposure_and_drained_window():
     await score_session(runner, make_turns(2))
     text = generate_latest(registry).decode()
     assert 'hindsight_prm_turn_reward{namespace="rollout",scorer="length_budget"} 0.5' in text
-    assert ('hindsight_prm_metric{aggregation="rate",metric="within_budget",namespace="rollout",'
-            'scope="turn",scorer="length_budget"} 0.5') in text
+    assert (
+        'hindsight_prm_metric{aggregation="rate",metric="within_budget",namespace="rollout",'
+        'scope="turn",scorer="length_budget"} 0.5'
+    ) in text
     assert 'hindsight_prm_sessions_total{namespace="rollout",outcome="scored"} 1.0' in text
     window = runner.metrics.drain_window()
     assert window["rollout/prm_turn_reward/length_budget"] == 0.5
     assert runner.metrics.drain_window() == {}
     await score_session(runner, make_turns(1, session_id="s2"))
     text = generate_latest(registry).decode()  # cumulative over both sessions: 2 of 3 within budget
-    assert 'hindsight_prm_observed_count{family="turn_reward",metric="",namespace="rollout",scope="",scorer="length_budget"} 3.0' in text
+    assert (
+        'hindsight_prm_observed_count{family="turn_reward",metric="",namespace="rollout",scope="",scorer="length_budget"} 3.0'
+        in text
+    )

@@ -37,8 +37,12 @@ def test_length_budget_rejects_bad_budget(bad):
 @pytest.mark.unit
 async def test_llm_judge_config_validation():
     with pytest.raises(ValueError, match="reward_range: unit"):
-        await PRMRunner.create({"advantage_shaping": {"mode": "process_weighted"},
-                                "scorers": [{"path": JUDGE_PATH, "kwargs": {"judge_url": "http://127.0.0.1:9"}}]})
+        await PRMRunner.create(
+            {
+                "advantage_shaping": {"mode": "process_weighted"},
+                "scorers": [{"path": JUDGE_PATH, "kwargs": {"judge_url": "http://127.0.0.1:9"}}],
+            }
+        )
     with pytest.raises(ValueError, match="needs judge_url"):
         LLMJudgeScorer()
     with pytest.raises(ValueError, match="reward_range"):
@@ -74,10 +78,28 @@ async def test_llm_judge_failures_reject_never_zero(prm, match):
 @pytest.fixture(scope="module")
 def judge_url(tmp_path_factory):
     port = free_port()
-    cmd = [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1",
-           "--port", str(port), "--api-key", JUDGE_KEY, "--log-level", "warning"]
-    proc = spawn("judge-rules", cmd, url=f"http://127.0.0.1:{port}", log_dir=tmp_path_factory.mktemp("judge"),
-                 env={"HINDSIGHT_JUDGE_BACKEND": "rules"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "judge_server.cli",
+        "--backend",
+        "rules",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--api-key",
+        JUDGE_KEY,
+        "--log-level",
+        "warning",
+    ]
+    proc = spawn(
+        "judge-rules",
+        cmd,
+        url=f"http://127.0.0.1:{port}",
+        log_dir=tmp_path_factory.mktemp("judge"),
+        env={"HINDSIGHT_JUDGE_BACKEND": "rules"},
+    )
     try:
         wait_http(proc.url + "/health", deadline_s=60, proc=proc.proc)
     except Exception:
@@ -101,11 +123,22 @@ async def test_llm_judge_over_http_with_length_budget(judge_url):
         "prm": {
             "advantage_shaping": {"mode": "process_weighted"},
             "scorers": [
-                {"path": JUDGE_PATH, "weight": 0.5,
-                 "kwargs": {"judge_url": judge_url, "api_key": JUDGE_KEY, "m": 3, "reward_range": "unit",
-                            "deadline_s": 20}},
-                {"path": "judge_server.prm.scorers.LengthBudgetScorer", "weight": 0.5,
-                 "kwargs": {"max_output_tokens": 3}},
+                {
+                    "path": JUDGE_PATH,
+                    "weight": 0.5,
+                    "kwargs": {
+                        "judge_url": judge_url,
+                        "api_key": JUDGE_KEY,
+                        "m": 3,
+                        "reward_range": "unit",
+                        "deadline_s": 20,
+                    },
+                },
+                {
+                    "path": "judge_server.prm.scorers.LengthBudgetScorer",
+                    "weight": 0.5,
+                    "kwargs": {"max_output_tokens": 3},
+                },
             ],
         },
         "actor": {"token_rewards_as_adv": True},

@@ -19,7 +19,10 @@ from engine.procs import ManagedProcess, start_dev_engine
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    mp = start_dev_engine(tiny_model_dir, log_dir=tmp_path_factory.mktemp("engine-logs"),
-                          extra_args=["--seed", "0", "--weight-version", "v0"])
+    mp = start_dev_engine(
+        tiny_model_dir,
+        log_dir=tmp_path_factory.mktemp("engine-logs"),
+        extra_args=["--seed", "0", "--weight-version", "v0"],
+    )
     yield mp
     mp.stop()

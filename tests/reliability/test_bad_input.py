@@ -36,8 +36,9 @@ def _nested(depth: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def policy(tiny_model_dir: Path, engine: ManagedProcess, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[ManagedProcess]:
+def policy(
+    tiny_model_dir: Path, engine: ManagedProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ManagedProcess]:
     d = tmp_path_factory.mktemp("bad-input-policy")
     mp = start_policy(tiny_model_dir, engine.url, d / "data", d, extra=["--session-idle-timeout-s", "600"])
     mp.extra["data"] = d / "data"
@@ -48,10 +49,10 @@ def policy(tiny_model_dir: Path, engine: ManagedProcess, tmp_path_factory: pytes
 @pytest.fixture(scope="module")
 def judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
     port = free_port()
-    cmd = [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--port", str(port),
-           "--api-key", JUDGE_KEY]
-    mp = start_process("judge", cmd, url=f"http://127.0.0.1:{port}", log_dir=tmp_path_factory.mktemp("judge"),
-                       deadline_s=60)
+    cmd = [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--port", str(port), "--api-key", JUDGE_KEY]
+    mp = start_process(
+        "judge", cmd, url=f"http://127.0.0.1:{port}", log_dir=tmp_path_factory.mktemp("judge"), deadline_s=60
+    )
     yield mp
     mp.stop()
 
@@ -61,11 +62,18 @@ CHAT_CASES = [
     ("text part is null", {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}),
     ("tool_calls is a number", {"messages": [U, {"role": "assistant", "content": MARK, "tool_calls": 5}, U]}),
     ("tool_calls is true", {"messages": [U, {"role": "assistant", "content": MARK, "tool_calls": True}, U]}),
-    ("tool_choice function is a string",
-     {"messages": [U], "tools": [TOOL], "tool_choice": {"type": "function", "function": MARK}}),
-    ("tool parameters is a string",
-     {"messages": [U], "tools": [{"type": "function", "function": {"name": "f", "parameters": MARK}}],
-      "tool_choice": "required"}),
+    (
+        "tool_choice function is a string",
+        {"messages": [U], "tools": [TOOL], "tool_choice": {"type": "function", "function": MARK}},
+    ),
+    (
+        "tool parameters is a string",
+        {
+            "messages": [U],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": MARK}}],
+            "tool_choice": "required",
+        },
+    ),
     ("extra message field nested 600 deep", {"messages": [{**U, "extra": _nested(600)}]}),
     ("content is an unpaired surrogate", {"messages": [{"role": "user", "content": MARK + "\ud800"}]}),
     ("model is an unpaired surrogate", {"messages": [U], "model": MARK + "\ud800"}),
@@ -100,8 +108,9 @@ def test_chat_bad_input_is_400_and_records_nothing(policy, case, body):
 
 def test_session_header_is_utf8(policy):
     with client(policy.url) as c:
-        r = c.post("/v1/chat/completions", json={"messages": [U], "max_tokens": 2},
-                   headers={"X-Session-Id": "café".encode()})
+        r = c.post(
+            "/v1/chat/completions", json={"messages": [U], "max_tokens": 2}, headers={"X-Session-Id": "café".encode()}
+        )
         assert r.status_code == 200, r.text
         assert r.json()["hindsight"]["session_id"] == "café"
         bad = c.post("/v1/chat/completions", json={"messages": [U]}, headers={"X-Session-Id": b"\xff\xfe"})
@@ -130,33 +139,60 @@ def test_admin_bad_input(policy):
 JUDGE_REQ = {"context": [U], "response": {"content": "done"}, "next_state": [{"role": "user", "content": "thanks"}]}
 
 
-@pytest.mark.parametrize("case,body,status", [
-    ("next state is an unpaired surrogate",
-     {**JUDGE_REQ, "next_state": [{"role": "user", "content": MARK + "\ud800"}]}, 400),
-    ("body nested 100000 deep", "[" * 100_000, 400),
-    ("extra field nested 600 deep", {**JUDGE_REQ, "context": [{**U, "x": _nested(600)}]}, 400),
-], ids=lambda v: v if isinstance(v, str) and len(v) < 60 else "")
+@pytest.mark.parametrize(
+    "case,body,status",
+    [
+        (
+            "next state is an unpaired surrogate",
+            {**JUDGE_REQ, "next_state": [{"role": "user", "content": MARK + "\ud800"}]},
+            400,
+        ),
+        ("body nested 100000 deep", "[" * 100_000, 400),
+        ("extra field nested 600 deep", {**JUDGE_REQ, "context": [{**U, "x": _nested(600)}]}, 400),
+    ],
+    ids=lambda v: v if isinstance(v, str) and len(v) < 60 else "",
+)
 def test_judge_bad_input_is_4xx(judge, case, body, status):
     content = body if isinstance(body, str) else json.dumps(body)
-    r = httpx.post(judge.url + "/v1/judge", content=content, trust_env=False, timeout=30,
-                   headers={"Authorization": f"Bearer {JUDGE_KEY}", "Content-Type": "application/json"})
+    r = httpx.post(
+        judge.url + "/v1/judge",
+        content=content,
+        trust_env=False,
+        timeout=30,
+        headers={"Authorization": f"Bearer {JUDGE_KEY}", "Content-Type": "application/json"},
+    )
     assert r.status_code == status, r.text[:500]
     assert r.json()["error"]["message"] and MARK not in r.text
-    ok = httpx.post(judge.url + "/v1/judge", json=JUDGE_REQ, trust_env=False, timeout=30,
-                    headers={"Authorization": f"Bearer {JUDGE_KEY}"})
+    ok = httpx.post(
+        judge.url + "/v1/judge",
+        json=JUDGE_REQ,
+        trust_env=False,
+        timeout=30,
+        headers={"Authorization": f"Bearer {JUDGE_KEY}"},
+    )
     assert ok.status_code == 200, ok.text
 
 
 @pytest.mark.parametrize("route", ["/v1/judge", "/get_reward"])
 def test_judge_oversized_unauthenticated_body_is_413_unread(judge, route):
-    r = httpx.post(judge.url + route, content=b"{" + b" " * 3_000_000 + b"}", trust_env=False, timeout=30,
-                   headers={"Content-Type": "application/json"})
+    r = httpx.post(
+        judge.url + route,
+        content=b"{" + b" " * 3_000_000 + b"}",
+        trust_env=False,
+        timeout=30,
+        headers={"Content-Type": "application/json"},
+    )
     assert r.status_code == 413, r.text[:300]
 
 
 def test_policy_oversized_unauthenticated_ack_is_413(policy):
-    r = httpx.post(policy.url + "/v1/samples/ack", content=b" " * (9 * 1024 * 1024), trust_env=False, timeout=60,
-                   headers={"Content-Type": "application/json"})
+    r = httpx.post(
+        policy.url + "/v1/samples/ack",
+        content=b" " * (9 * 1024 * 1024),
+        trust_env=False,
+        timeout=60,
+        headers={"Content-Type": "application/json"},
+    )
     assert r.status_code == 413
     assert r.json()["error"]["code"] == 413
     assert ADMIN_KEY not in r.text

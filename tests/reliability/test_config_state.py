@@ -17,9 +17,24 @@ pytestmark = pytest.mark.e2e
 
 
 def test_api_key_without_admin_key_refuses_to_start(tiny_model_dir, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "policy_server.cli", "--model-path", str(tiny_model_dir),
-                        "--engine-url", "http://127.0.0.1:9", "--api-key", "k", "--data-dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "policy_server.cli",
+            "--model-path",
+            str(tiny_model_dir),
+            "--engine-url",
+            "http://127.0.0.1:9",
+            "--api-key",
+            "k",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "admin_api_key" in r.stderr
 
 
@@ -55,8 +70,13 @@ def test_admission_control_sheds_load_with_429(tiny_model_dir, engine, run_dir):
     import threading
     import time
 
-    pol = start_policy(tiny_model_dir, engine.url, run_dir / "data", run_dir,
-                       extra=["--max-concurrent-requests", "2", "--max-lease-wait-s", "30"])
+    pol = start_policy(
+        tiny_model_dir,
+        engine.url,
+        run_dir / "data",
+        run_dir,
+        extra=["--max-concurrent-requests", "2", "--max-lease-wait-s", "30"],
+    )
     results: list[int] = []
     release = time.monotonic() + 30
 

@@ -33,15 +33,18 @@ def _nest(depth: int) -> object:
     return v
 
 
-@pytest.mark.parametrize("value,max_depth,ok", [
-    (_nest(3), 3, True),           # [[[1]]]: three containers
-    (_nest(4), 3, False),
-    ({"a": {"b": "c"}}, 2, True),
-    ({"a": {"b": {}}}, 2, False),  # an empty container still counts as a level
-    ("\ud800", 8, False),          # unpaired high surrogate
-    ({"\udc00": 1}, 8, False),     # in a key
-    ("caf\u00e9 \U0001F600", 8, True),
-])
+@pytest.mark.parametrize(
+    "value,max_depth,ok",
+    [
+        (_nest(3), 3, True),  # [[[1]]]: three containers
+        (_nest(4), 3, False),
+        ({"a": {"b": "c"}}, 2, True),
+        ({"a": {"b": {}}}, 2, False),  # an empty container still counts as a level
+        ("\ud800", 8, False),  # unpaired high surrogate
+        ({"\udc00": 1}, 8, False),  # in a key
+        ("caf\u00e9 \U0001f600", 8, True),
+    ],
+)
 def test_check_json_value(value, max_depth, ok):
     if ok:
         check_json_value(value, max_depth)
@@ -58,12 +61,15 @@ def test_parse_json_body_refuses_without_echo():
     assert "SECRET" not in str(info.value)
     with pytest.raises(BadJSON, match="surrogate"):
         parse_json_body(b'{"x": "\\ud800"}', max_depth=64)
-    assert parse_json_body(b'{"x": "\\ud83d\\ude00"}', max_depth=64) == {"x": "\U0001F600"}  # a valid pair
+    assert parse_json_body(b'{"x": "\\ud83d\\ude00"}', max_depth=64) == {"x": "\U0001f600"}  # a valid pair
 
 
 def test_prompt_token_floor():
-    msgs = [{"role": "user", "content": "a" * 100}, {"role": "user", "content": [{"type": "text", "text": "b" * 50}]},
-            {"role": "assistant", "content": None}]
+    msgs = [
+        {"role": "user", "content": "a" * 100},
+        {"role": "user", "content": [{"type": "text", "text": "b" * 50}]},
+        {"role": "assistant", "content": None},
+    ]
     assert prompt_token_floor(msgs, 10) == 3 + 150 // 10
     assert prompt_token_floor(msgs, 1000) == 3
 
@@ -93,9 +99,17 @@ def test_admin_routes_never_accept_the_client_key():
 def test_session_lock_is_dropped_when_the_session_ends(tmp_path):
     store = Store(tmp_path)
     tracker = SessionTracker(store, idle_timeout_s=60)
-    rec = {"messages": [{"role": "user", "content": "hi"}], "tools": None, "prompt_ids": [1], "response_ids": [2],
-           "rollout_logprobs": [-0.1], "response": {"content": "x"}, "weight_version": "v0",
-           "weight_versions": ["v0"], "sampling_params": {}}
+    rec = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": None,
+        "prompt_ids": [1],
+        "response_ids": [2],
+        "rollout_logprobs": [-0.1],
+        "response": {"content": "x"},
+        "weight_version": "v0",
+        "weight_versions": ["v0"],
+        "sampling_params": {},
+    }
 
     async def run() -> None:
         await tracker.on_main_turn("s1", rec, done=False)
@@ -152,8 +166,9 @@ def test_unexpected_errors_answer_one_500_and_rate_limit_their_tracebacks(caplog
         raise ValueError("secret user text")
 
     log = logging.getLogger("test.guard")
-    mw = UnexpectedErrorMiddleware(broken, error_body=lambda status, msg: {"error": {"message": msg}},
-                                   logger=log, tracebacks_per_min=3)
+    mw = UnexpectedErrorMiddleware(
+        broken, error_body=lambda status, msg: {"error": {"message": msg}}, logger=log, tracebacks_per_min=3
+    )
 
     async def one() -> list[dict]:
         sent: list[dict] = []

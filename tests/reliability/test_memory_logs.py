@@ -41,8 +41,11 @@ def _declared_body(url: str, path: str, declared: int, sent: int) -> int:
     """POST with Content-Length ``declared`` but only ``sent`` bytes of body; the HTTP status answered."""
     u = urlparse(url)
     with socket.create_connection((u.hostname, u.port), timeout=30) as s:
-        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {declared}\r\n\r\n".encode() + b" " * sent)
+        s.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {declared}\r\n\r\n".encode()
+            + b" " * sent
+        )
         head = s.recv(4096).decode("latin-1")
     return int(head.split()[1])
 
@@ -51,8 +54,10 @@ def _chunked_body(url: str, path: str, total: int) -> int:
     """POST a chunked body of ``total`` bytes (no Content-Length); stops sending once answered."""
     u = urlparse(url)
     with socket.create_connection((u.hostname, u.port), timeout=30) as s:
-        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  "Transfer-Encoding: chunked\r\n\r\n".encode())
+        s.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+        )
         chunk = f"{256 * 1024:x}\r\n".encode() + b" " * (256 * 1024) + b"\r\n"
         sent = 0
         while sent < total and not select.select([s], [], [], 0)[0]:
@@ -98,8 +103,11 @@ def test_8mb_chat_body_is_refused_before_rendering_with_bounded_memory(policy):
 
 
 def _wait_log(policy, needle: str, timeout_s: float = 10.0) -> str:
-    return wait_until(lambda: needle in (text := policy.log_path.read_text(errors="replace")) and text,
-                      timeout_s=timeout_s, message=f"{needle} never logged")
+    return wait_until(
+        lambda: needle in (text := policy.log_path.read_text(errors="replace")) and text,
+        timeout_s=timeout_s,
+        message=f"{needle} never logged",
+    )
 
 
 def _nested(depth: int) -> dict:
@@ -109,25 +117,35 @@ def _nested(depth: int) -> dict:
     return node
 
 
-@pytest.mark.parametrize("body", [
-    json.dumps({"messages": [{"role": "user", "content": "x", "extra": _nested(700)}]}),
-    "[" * 100_000,
-    json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}),
-], ids=["nested-700", "brackets-100k", "text-part-number"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        json.dumps({"messages": [{"role": "user", "content": "x", "extra": _nested(700)}]}),
+        "[" * 100_000,
+        json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}),
+    ],
+    ids=["nested-700", "brackets-100k", "text-part-number"],
+)
 def test_log_volume_per_bad_request_is_bounded(policy, body):
     marker = uuid.uuid4().hex
     with client(policy.url) as c:
         c.post("/v1/models", headers={"X-Request-ID": f"before-{marker}"})
         before = len(_wait_log(policy, f"before-{marker}"))
-        r = c.post("/v1/chat/completions", content=body, headers={
-            "Content-Type": "application/json", "X-Request-ID": f"bad-{marker}",
-            "Authorization": f"Bearer {CLIENT_KEY}"})
+        r = c.post(
+            "/v1/chat/completions",
+            content=body,
+            headers={
+                "Content-Type": "application/json",
+                "X-Request-ID": f"bad-{marker}",
+                "Authorization": f"Bearer {CLIENT_KEY}",
+            },
+        )
         assert r.status_code == 400
         c.get("/v1/models", headers={"X-Request-ID": f"after-{marker}"})
         text = _wait_log(policy, f"after-{marker}")
     start = text.index("\n", text.index(f"before-{marker}", before - 200)) + 1
     end = text.rindex("\n", 0, text.index(f"after-{marker}"))
-    chunk = text[start:end + 1]
+    chunk = text[start : end + 1]
     lines = [ln for ln in chunk.splitlines() if ln.strip()]
     print(f"{len(lines)} line(s), {len(chunk)} bytes")
     assert len(lines) <= 3 and len(chunk) < 2048, chunk[:2000]

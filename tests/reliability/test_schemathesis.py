@@ -40,8 +40,9 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 @pytest.fixture(scope="module")
-def policy(tiny_model_dir: Path, engine: ManagedProcess, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[ManagedProcess]:
+def policy(
+    tiny_model_dir: Path, engine: ManagedProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ManagedProcess]:
     d = tmp_path_factory.mktemp("schemathesis-policy")
     mp = start_policy(tiny_model_dir, engine.url, d / "data", d, extra=["--max-lease-wait-s", "1"])
     yield mp
@@ -52,14 +53,16 @@ def policy(tiny_model_dir: Path, engine: ManagedProcess, tmp_path_factory: pytes
 def judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
     port = free_port()
     cmd = [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--port", str(port), "--api-key", JUDGE_KEY]
-    mp = start_process("judge", cmd, url=f"http://127.0.0.1:{port}", log_dir=tmp_path_factory.mktemp("judge"),
-                       deadline_s=60)
+    mp = start_process(
+        "judge", cmd, url=f"http://127.0.0.1:{port}", log_dir=tmp_path_factory.mktemp("judge"), deadline_s=60
+    )
     yield mp
     mp.stop()
 
 
-HYPOTHESIS = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck))
+HYPOTHESIS = settings(
+    max_examples=EXAMPLES, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 
 
 def _fuzz(url: str, key_for) -> list[str]:
@@ -76,8 +79,9 @@ def _fuzz(url: str, key_for) -> list[str]:
         @given(case=op.as_strategy())
         def run(case) -> None:
             _cap_generation(case)
-            case.call_and_validate(base_url=url, headers={"Authorization": f"Bearer {key_for(case.path)}"},
-                                   checks=CHECKS, timeout=60)
+            case.call_and_validate(
+                base_url=url, headers={"Authorization": f"Bearer {key_for(case.path)}"}, checks=CHECKS, timeout=60
+            )
 
         run()
         done.append(f"{op.method.upper()} {op.path}")

@@ -49,8 +49,9 @@ class ExternalLock:
     """Another PROCESS holding the SQLite write lock of ``db_path`` for ``hold_s`` seconds."""
 
     def __init__(self, db_path: Path, hold_s: float):
-        self.proc = subprocess.Popen([sys.executable, "-c", LOCKER, str(db_path), str(hold_s)],
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", LOCKER, str(db_path), str(hold_s)], stdout=subprocess.PIPE, text=True
+        )
         assert self.proc.stdout is not None
         assert self.proc.stdout.readline().strip() == "locked"  # synchronise on the lock being taken
 
@@ -64,9 +65,17 @@ class ExternalLock:
 
 
 def _record() -> dict:
-    return {"messages": [U], "tools": None, "prompt_ids": [1, 2], "response_ids": [3, 4],
-            "rollout_logprobs": [-0.1, -0.2], "response": {"content": "x"}, "weight_version": "v0",
-            "weight_versions": ["v0"], "sampling_params": {}}
+    return {
+        "messages": [U],
+        "tools": None,
+        "prompt_ids": [1, 2],
+        "response_ids": [3, 4],
+        "rollout_logprobs": [-0.1, -0.2],
+        "response": {"content": "x"},
+        "weight_version": "v0",
+        "weight_versions": ["v0"],
+        "sampling_params": {},
+    }
 
 
 @pytest.mark.unit
@@ -105,8 +114,9 @@ def test_store_lock_wait_is_bounded(tmp_path):
 
 def _chat(c: httpx.Client, sid: str | None, text: str) -> httpx.Response:
     headers = {"X-Session-Id": sid} if sid else {}
-    return c.post("/v1/chat/completions", headers=headers,
-                  json={"messages": [{"role": "user", "content": text}], "max_tokens": 4})
+    return c.post(
+        "/v1/chat/completions", headers=headers, json={"messages": [{"role": "user", "content": text}], "max_tokens": 4}
+    )
 
 
 def _wait(pred, timeout_s: float) -> float:
@@ -119,8 +129,13 @@ def _wait(pred, timeout_s: float) -> float:
 @pytest.mark.timeout(180)
 def test_external_write_lock_gives_503_then_the_server_recovers_by_itself(tiny_model_dir, engine, run_dir):
     data = run_dir / "data"
-    policy = start_policy(tiny_model_dir, engine.url, data, run_dir, extra=[
-        "--store-busy-timeout-s", str(BUSY_TIMEOUT_S), "--session-idle-timeout-s", "600"])
+    policy = start_policy(
+        tiny_model_dir,
+        engine.url,
+        data,
+        run_dir,
+        extra=["--store-busy-timeout-s", str(BUSY_TIMEOUT_S), "--session-idle-timeout-s", "600"],
+    )
     locker = None
     try:
         with client(policy.url) as c, admin(policy.url) as a:
@@ -129,8 +144,9 @@ def test_external_write_lock_gives_503_then_the_server_recovers_by_itself(tiny_m
             t_locked = time.monotonic()
             # Several recorded chats at once: each is a bounded 503, none wedges the server.
             results: list[httpx.Response] = []
-            threads = [threading.Thread(target=lambda i=i: results.append(_chat(c, f"locked-{i}", "hi")))
-                       for i in range(4)]
+            threads = [
+                threading.Thread(target=lambda i=i: results.append(_chat(c, f"locked-{i}", "hi"))) for i in range(4)
+            ]
             for t in threads:
                 t.start()
             for t in threads:
@@ -153,8 +169,9 @@ def test_external_write_lock_gives_503_then_the_server_recovers_by_itself(tiny_m
             assert httpx.get(policy.url + "/metrics", timeout=10, trust_env=False).status_code == 200
 
             locker.wait_released(HOLD_S + 10)
-            recovered_s = _wait(lambda: httpx.get(policy.url + "/ready", timeout=10,
-                                                  trust_env=False).status_code == 200, 5.0)
+            recovered_s = _wait(
+                lambda: httpx.get(policy.url + "/ready", timeout=10, trust_env=False).status_code == 200, 5.0
+            )
             r = _chat(c, "after", "hello again")
             assert r.status_code == 200, r.text
             lease = a.get("/v1/samples/lease", params={"max": 1})
@@ -175,8 +192,13 @@ def test_external_write_lock_gives_503_then_the_server_recovers_by_itself(tiny_m
 @pytest.mark.timeout(120)
 def test_sigterm_stops_the_server_while_the_database_is_locked(tiny_model_dir, engine, run_dir):
     data = run_dir / "data"
-    policy = start_policy(tiny_model_dir, engine.url, data, run_dir, extra=[
-        "--store-busy-timeout-s", str(BUSY_TIMEOUT_S), "--shutdown-grace-s", "5", "--shutdown-drain-s", "2"])
+    policy = start_policy(
+        tiny_model_dir,
+        engine.url,
+        data,
+        run_dir,
+        extra=["--store-busy-timeout-s", str(BUSY_TIMEOUT_S), "--shutdown-grace-s", "5", "--shutdown-drain-s", "2"],
+    )
     locker = None
     try:
         with client(policy.url) as c:

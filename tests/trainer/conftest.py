@@ -36,7 +36,9 @@ def _quiet_transformers():
 def write_samples(model_dir: Path, path: Path, n: int, *, seed: int = 0, mode: str = "rl") -> list[dict]:
     from trainer.local_source import LocalSampleSource, target_reward
 
-    src = LocalSampleSource(model_dir, PROMPTS, reward_fn=target_reward(TARGET_IDS), max_new_tokens=8, seed=seed, mode=mode)
+    src = LocalSampleSource(
+        model_dir, PROMPTS, reward_fn=target_reward(TARGET_IDS), max_new_tokens=8, seed=seed, mode=mode
+    )
     samples = src.lease(n).samples
     for i, s in enumerate(samples):
         s["sample_id"] = f"s{seed}-{i:04d}"

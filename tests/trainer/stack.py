@@ -39,7 +39,9 @@ class Stack:
     prm_config: Path | None = None
 
     def admin(self) -> httpx.Client:
-        return httpx.Client(base_url=self.policy.url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30, trust_env=False)
+        return httpx.Client(
+            base_url=self.policy.url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30, trust_env=False
+        )
 
     def stats(self) -> dict:
         with self.admin() as a:
@@ -66,16 +68,45 @@ def start_stack(tiny_model_dir: Path, work: Path, *, prm_yaml: str | None = None
         engine = start_dev_engine(model_dir, log_dir=logs, extra_args=["--seed", str(engine_seed)])
         procs.append(engine)
         jport = free_port()
-        judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--host", "127.0.0.1", "--port", str(jport)],
-                      url=f"http://127.0.0.1:{jport}", log_dir=logs,
-                      env={"HINDSIGHT_JUDGE_BACKEND": "rules", "HINDSIGHT_JUDGE_M": "1"})
+        judge = spawn(
+            "judge",
+            [sys.executable, "-m", "judge_server.cli", "--host", "127.0.0.1", "--port", str(jport)],
+            url=f"http://127.0.0.1:{jport}",
+            log_dir=logs,
+            env={"HINDSIGHT_JUDGE_BACKEND": "rules", "HINDSIGHT_JUDGE_M": "1"},
+        )
         procs.append(judge)
         wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
         pport = free_port()
-        cmd = [sys.executable, "-m", "policy_server.cli", "--model-path", str(model_dir), "--engine-url", engine.url,
-               "--judge-url", judge.url, "--data-dir", str(work / "data"), "--mode", "rl", "--api-key", CLIENT,
-               "--admin-api-key", ADMIN, "--port", str(pport), "--session-idle-timeout-s", "30",
-               "--idle-sweep-interval-s", "0.2", "--dispatch-retry-initial-s", "0.1", "--log-level", "WARNING"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "policy_server.cli",
+            "--model-path",
+            str(model_dir),
+            "--engine-url",
+            engine.url,
+            "--judge-url",
+            judge.url,
+            "--data-dir",
+            str(work / "data"),
+            "--mode",
+            "rl",
+            "--api-key",
+            CLIENT,
+            "--admin-api-key",
+            ADMIN,
+            "--port",
+            str(pport),
+            "--session-idle-timeout-s",
+            "30",
+            "--idle-sweep-interval-s",
+            "0.2",
+            "--dispatch-retry-initial-s",
+            "0.1",
+            "--log-level",
+            "WARNING",
+        ]
         prm_config = None
         if prm_yaml is not None:
             prm_config = work / "prm.yaml"
@@ -98,16 +129,22 @@ class ScriptedUser:
     def __init__(self, policy_url: str, is_good: Callable[[str], bool], *, max_tokens: int, workers: int = 4):
         from openai import OpenAI
 
-        self.client = OpenAI(base_url=policy_url + "/v1", api_key=CLIENT, timeout=60, max_retries=0,
-                             http_client=httpx.Client(trust_env=False, timeout=60))
+        self.client = OpenAI(
+            base_url=policy_url + "/v1",
+            api_key=CLIENT,
+            timeout=60,
+            max_retries=0,
+            http_client=httpx.Client(trust_env=False, timeout=60),
+        )
         self.is_good = is_good
         self.max_tokens = max_tokens
         self.workers = workers
 
     def _chat(self, messages: list[dict], sid: str, seed: int, max_tokens: int, done: bool = False) -> str:
         headers = {"X-Session-Id": sid, **({"X-Session-Done": "true"} if done else {})}
-        r = self.client.chat.completions.create(model="policy", messages=messages, max_tokens=max_tokens, temperature=1.0,
-                                                seed=seed, extra_headers=headers)
+        r = self.client.chat.completions.create(
+            model="policy", messages=messages, max_tokens=max_tokens, temperature=1.0, seed=seed, extra_headers=headers
+        )
         return r.choices[0].message.content or ""
 
     def session(self, sid: str, prompt: str, turns: int, seed: int) -> list[bool]:
@@ -118,7 +155,11 @@ class ScriptedUser:
             reply = self._chat(messages, sid, seed * 1000 + t, self.max_tokens)
             good = self.is_good(reply)
             outcomes.append(good)
-            messages = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": GOOD if good else BAD}]
+            messages = [
+                *messages,
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": GOOD if good else BAD},
+            ]
         self._chat(messages, sid, seed * 1000 + turns, 1, done=True)  # pairs the last turn and closes the session
         return outcomes
 

@@ -28,8 +28,11 @@ class ScriptedSource:
         if n is None:
             time.sleep(min(wait_s, self.sleep_s))  # the server waited and nothing came
             return Lease("", [], lease_timeout_s=self.timeout_s)
-        return Lease(f"L{len(self.calls)}", [{"sample_id": f"{len(self.calls)}-{i}"} for i in range(n)],
-                     lease_timeout_s=self.timeout_s)
+        return Lease(
+            f"L{len(self.calls)}",
+            [{"sample_id": f"{len(self.calls)}-{i}"} for i in range(n)],
+            lease_timeout_s=self.timeout_s,
+        )
 
 
 def test_one_lease_that_meets_min_is_the_step():
@@ -102,8 +105,17 @@ def test_empty_waits_never_checkpoint_or_push_weights(tiny_model_dir, sample_fil
 
     out = tmp_path / "out"
     src = QuietThenFile(sample_file, tmp_path / "state.json", empty=3)
-    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir=str(out), steps=1, batch_size=4, min_batch=4,
-                      micro_batch_size=4, lease_wait_s=0.0, lr=1e-3, progress=False)
+    cfg = TrainConfig(
+        model_path=str(tiny_model_dir),
+        out_dir=str(out),
+        steps=1,
+        batch_size=4,
+        min_batch=4,
+        micro_batch_size=4,
+        lease_wait_s=0.0,
+        lr=1e-3,
+        progress=False,
+    )
     assert train(cfg, source=src)["step"] == 1
     assert src.calls == 4  # three empty waits, then the step's lease
     assert [v for _, v in src.weight_updates] == ["1"]  # one push, for the one trained step
@@ -125,8 +137,16 @@ def test_a_lease_without_any_learning_term_is_no_step(tiny_model_dir, sample_fil
     path = tmp_path / "zeros.jsonl"
     path.write_text("".join(json.dumps(s) + "\n" for s in rows))
     src = QuietThenFile(path, tmp_path / "state.json", empty=0)
-    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir=str(tmp_path / "out"), steps=1, batch_size=4,
-                      micro_batch_size=4, lr=1e-3, baseline="none", progress=False)
+    cfg = TrainConfig(
+        model_path=str(tiny_model_dir),
+        out_dir=str(tmp_path / "out"),
+        steps=1,
+        batch_size=4,
+        micro_batch_size=4,
+        lr=1e-3,
+        baseline="none",
+        progress=False,
+    )
     assert train(cfg, source=src)["step"] == 1
     assert [v for _, v in src.weight_updates] == ["1"] and src.inner.acked == 8  # both leases acked
     (m,) = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]

@@ -36,7 +36,9 @@ def test_select_old_logprobs_keeps_recomputed_rows_for_constrained_samples():
     rollout = torch.tensor([[-0.5, -0.5], [-0.1, -0.2]])
     constrained = torch.tensor([False, True])
     assert torch.equal(select_old_logprobs(recomputed, rollout, constrained, "recompute"), recomputed)
-    assert torch.equal(select_old_logprobs(recomputed, rollout, constrained, "rollout"), torch.tensor([[-0.5, -0.5], [-3.0, -4.0]]))
+    assert torch.equal(
+        select_old_logprobs(recomputed, rollout, constrained, "rollout"), torch.tensor([[-0.5, -0.5], [-3.0, -4.0]])
+    )
     with pytest.raises(ValueError, match="recompute or rollout"):
         select_old_logprobs(recomputed, rollout, constrained, "teacher")
     # OPD against the selected old: teacher - rollout on the free row, teacher - recomputed on the constrained one.
@@ -47,14 +49,25 @@ def test_select_old_logprobs_keeps_recomputed_rows_for_constrained_samples():
 
 
 def _sample(sid: str, **kw) -> dict:
-    base = {"sample_id": sid, "mode": "rl", "prompt_ids": [5, 6], "response_ids": [7, 8], "rollout_logprobs": [-1.0, -1.0],
-            "loss_mask": [1, 1], "reward": 1.0, "has_reward": True, "has_teacher": False}
+    base = {
+        "sample_id": sid,
+        "mode": "rl",
+        "prompt_ids": [5, 6],
+        "response_ids": [7, 8],
+        "rollout_logprobs": [-1.0, -1.0],
+        "loss_mask": [1, 1],
+        "reward": 1.0,
+        "has_reward": True,
+        "has_teacher": False,
+    }
     return {**base, **kw}
 
 
 @pytest.mark.unit
 def test_collate_reads_the_flag_and_check_sample_requires_a_bool():
-    b = collate([_sample("a"), _sample("b", constrained=True), _sample("c", constrained=False), _sample("d", constrained=None)])
+    b = collate(
+        [_sample("a"), _sample("b", constrained=True), _sample("c", constrained=False), _sample("d", constrained=None)]
+    )
     assert b.constrained.tolist() == [False, True, False, False]  # missing / null means unconstrained (older rows)
     assert check_sample(_sample("e", constrained=True)) is None
     assert "constrained must be a bool" in check_sample(_sample("f", constrained="yes"))
@@ -66,12 +79,24 @@ def combine_samples(tiny_model_dir: Path) -> list[dict]:
     """6 combine samples from the tiny model with exact rollout log-probs and synthetic teacher log-probs."""
     from trainer.local_source import LocalSampleSource
 
-    src = LocalSampleSource(tiny_model_dir, PROMPTS, reward_fn=lambda ids: 1.0 if ids[0] % 2 else -1.0, max_new_tokens=6,
-                            seed=3, mode="combine")
+    src = LocalSampleSource(
+        tiny_model_dir,
+        PROMPTS,
+        reward_fn=lambda ids: 1.0 if ids[0] % 2 else -1.0,
+        max_new_tokens=6,
+        seed=3,
+        mode="combine",
+    )
     samples = src.lease(6).samples
     for i, s in enumerate(samples):
-        s.update(sample_id=f"c{i}", mode="combine", has_teacher=True, w_rl=1.0, w_opd=1.0,
-                 teacher_logprobs=[lp + 0.3 - 0.2 * (t % 3) for t, lp in enumerate(s["rollout_logprobs"])])
+        s.update(
+            sample_id=f"c{i}",
+            mode="combine",
+            has_teacher=True,
+            w_rl=1.0,
+            w_opd=1.0,
+            teacher_logprobs=[lp + 0.3 - 0.2 * (t % 3) for t, lp in enumerate(s["rollout_logprobs"])],
+        )
     assert len({s["reward"] for s in samples}) == 2, "both rewards present, so the RL term is not zero"
     return samples
 
@@ -83,20 +108,32 @@ def fresh_model(tiny_model_dir: Path):
     return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).train()
 
 
-def train_once(model0, samples: list[dict], tiny_model_dir: Path, old_logprobs: str, rollout_correction: str = "none") -> tuple[dict, dict]:
+def train_once(
+    model0, samples: list[dict], tiny_model_dir: Path, old_logprobs: str, rollout_correction: str = "none"
+) -> tuple[dict, dict]:
     from trainer.train import train_on_batch
 
     model = copy.deepcopy(model0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir="unused", micro_batch_size=4, progress=False, old_logprobs=old_logprobs,
-                      rollout_correction=rollout_correction)
-    m = train_on_batch(model, model, None, opt, samples, [False] * len(samples), cfg, RunningMean(), 0, 1, torch.device("cpu"), None)
+    cfg = TrainConfig(
+        model_path=str(tiny_model_dir),
+        out_dir="unused",
+        micro_batch_size=4,
+        progress=False,
+        old_logprobs=old_logprobs,
+        rollout_correction=rollout_correction,
+    )
+    m = train_on_batch(
+        model, model, None, opt, samples, [False] * len(samples), cfg, RunningMean(), 0, 1, torch.device("cpu"), None
+    )
     return m, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def shifted(samples: list[dict], *, constrained: bool) -> list[dict]:
     out = copy.deepcopy(samples)
-    out[0]["rollout_logprobs"] = [lp + SHIFT for lp in out[0]["rollout_logprobs"]]  # log p(token | allowed) >= log p(token)
+    out[0]["rollout_logprobs"] = [
+        lp + SHIFT for lp in out[0]["rollout_logprobs"]
+    ]  # log p(token | allowed) >= log p(token)
     out[0]["constrained"] = constrained
     return out
 
@@ -106,7 +143,9 @@ SAME = ("loss", "pg_loss", "clip_frac", "approx_kl", "adv_mean", "adv_abs_mean",
 
 @pytest.mark.slow
 @pytest.mark.parametrize("old_logprobs", ["rollout", "recompute"])
-def test_constrained_rollout_logprobs_never_reach_the_update(tiny_model_dir, combine_samples, fresh_model, old_logprobs):
+def test_constrained_rollout_logprobs_never_reach_the_update(
+    tiny_model_dir, combine_samples, fresh_model, old_logprobs
+):
     base_m, base_w = train_once(fresh_model, combine_samples, tiny_model_dir, old_logprobs)
     con_m, con_w = train_once(fresh_model, shifted(combine_samples, constrained=True), tiny_model_dir, old_logprobs)
     assert base_m["n_constrained"] == 0 and math.isnan(base_m["constrained_rollout_lp_abs_diff"])
@@ -121,7 +160,9 @@ def test_constrained_rollout_logprobs_never_reach_the_update(tiny_model_dir, com
 
 
 @pytest.mark.slow
-def test_control_unflagged_shift_does_reach_the_update_with_rollout_old_logprobs(tiny_model_dir, combine_samples, fresh_model):
+def test_control_unflagged_shift_does_reach_the_update_with_rollout_old_logprobs(
+    tiny_model_dir, combine_samples, fresh_model
+):
     """Without the flag the same shift moves teacher - old by -5 nats on sample 0 and shows in the gap: the
     test above would notice if the flag were ignored."""
     base_m, _ = train_once(fresh_model, combine_samples, tiny_model_dir, "rollout")
@@ -135,11 +176,15 @@ def test_control_unflagged_shift_does_reach_the_update_with_rollout_old_logprobs
 
 @pytest.mark.slow
 @pytest.mark.parametrize("old_logprobs", ["rollout", "recompute"])
-def test_tis_weights_a_constrained_sample_by_its_masked_behaviour_probability(tiny_model_dir, combine_samples, fresh_model, old_logprobs):
+def test_tis_weights_a_constrained_sample_by_its_masked_behaviour_probability(
+    tiny_model_dir, combine_samples, fresh_model, old_logprobs
+):
     """Constrained rows always use recomputed old log-probs, so even with --old-logprobs rollout their weight is
     exp(recomputed - (recomputed + 5)) = e^-5 on every token of sample 0, and ~1 on the others."""
     base_m, base_w = train_once(fresh_model, combine_samples, tiny_model_dir, old_logprobs, "tis")
-    con_m, con_w = train_once(fresh_model, shifted(combine_samples, constrained=True), tiny_model_dir, old_logprobs, "tis")
+    con_m, con_w = train_once(
+        fresh_model, shifted(combine_samples, constrained=True), tiny_model_dir, old_logprobs, "tis"
+    )
     n0, n = sum(combine_samples[0]["loss_mask"]), base_m["n_tokens"]
     assert base_m["rollout_is_mean"] == pytest.approx(1.0, abs=1e-4) and base_m["rollout_is_truncated_frac"] == 0.0
     expected = (n0 * math.exp(-SHIFT) + (n - n0) * 1.0) / n

@@ -19,22 +19,53 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PYTHONUNBUFFERED": "1",
+}
 
 
 def run_cli(args: list[str], *, nproc: int = 0, timeout_s: float = 150) -> subprocess.CompletedProcess:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", f"--nproc-per-node={nproc}"] if nproc else [sys.executable]
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", f"--nproc-per-node={nproc}"]
+        if nproc
+        else [sys.executable]
+    )
     cmd = [*launcher, "-m", "trainer.cli", *args]
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout_s)
 
 
 @pytest.mark.unit
 def test_cli_rejects_inconsistent_flags():
-    r = subprocess.run([sys.executable, "-m", "trainer.cli", "--model-path", "m", "--out-dir", "o", "--shaping", "process_weighted",
-                        "--mask-no-eos-with-zero"], env=ENV, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.cli",
+            "--model-path",
+            "m",
+            "--out-dir",
+            "o",
+            "--shaping",
+            "process_weighted",
+            "--mask-no-eos-with-zero",
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "incompatible with mask_no_eos_with_zero" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "trainer.cli", "--model-path", "m", "--out-dir", "o", "--aggregation", "sum"],
-                       env=ENV, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "trainer.cli", "--model-path", "m", "--out-dir", "o", "--aggregation", "sum"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
@@ -44,15 +75,40 @@ def test_cli_unreachable_policy_server_fails_explicitly(tiny_model_dir, tmp_path
 
     key_file = tmp_path / "admin.key"
     key_file.write_text("k\n")
-    r = run_cli(["--policy-url", f"http://127.0.0.1:{free_port()}", "--admin-api-key-file", str(key_file),
-                 "--model-path", str(tiny_model_dir),
-                 "--out-dir", str(tmp_path / "o"), "--http-deadline-s", "1", "--no-progress"], timeout_s=90)
+    r = run_cli(
+        [
+            "--policy-url",
+            f"http://127.0.0.1:{free_port()}",
+            "--admin-api-key-file",
+            str(key_file),
+            "--model-path",
+            str(tiny_model_dir),
+            "--out-dir",
+            str(tmp_path / "o"),
+            "--http-deadline-s",
+            "1",
+            "--no-progress",
+        ],
+        timeout_s=90,
+    )
     assert r.returncode == 1, r.stderr[-2000:]
     assert "training stopped" in r.stderr and "failed after" in r.stderr
 
 
-COMMON = ["--steps", "3", "--batch-size", "8", "--micro-batch-size", "2", "--lr", "1e-2", "--no-progress", "--no-weight-sync",
-          "--aggregation", "token_mean"]
+COMMON = [
+    "--steps",
+    "3",
+    "--batch-size",
+    "8",
+    "--micro-batch-size",
+    "2",
+    "--lr",
+    "1e-2",
+    "--no-progress",
+    "--no-weight-sync",
+    "--aggregation",
+    "token_mean",
+]
 
 
 def metrics_of(out: Path) -> list[dict]:
@@ -102,13 +158,24 @@ def test_ddp_two_ranks_match_one_process(tiny_model_dir, reference_runs):
 
 
 @pytest.mark.e2e
-def test_fsdp2_two_ranks_match_one_process_and_ddp_across_a_resume(tiny_model_dir, sample_file, reference_runs, tmp_path):
+def test_fsdp2_two_ranks_match_one_process_and_ddp_across_a_resume(
+    tiny_model_dir, sample_file, reference_runs, tmp_path
+):
     """--parallel fsdp2 (fully_shard per decoder layer + root, gloo): same losses and gradient norms as one process,
     the same saved weights as DDP; steps 1-2, then a resume (sharded optimizer state restored from the gathered
     full state) for step 3, so a wrong optimizer gather/restore shows in step 3's weights."""
     out = tmp_path / "fsdp2"
-    common = ["--samples-file", str(sample_file), "--model-path", str(tiny_model_dir), *COMMON, "--parallel", "fsdp2",
-              "--out-dir", str(out)]
+    common = [
+        "--samples-file",
+        str(sample_file),
+        "--model-path",
+        str(tiny_model_dir),
+        *COMMON,
+        "--parallel",
+        "fsdp2",
+        "--out-dir",
+        str(out),
+    ]
     r = run_cli([*common[: common.index("--steps") + 1], "2", *common[common.index("--steps") + 2 :]], nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "fsdp2: sharded 2 decoder layers + root over 2 ranks" in r.stderr

@@ -48,8 +48,16 @@ def kl_to_teacher(src: LocalSampleSource, n: int = 16) -> float:
 def test_rl_loop_raises_target_frequency(tiny_model_dir, tmp_path):
     src = LocalSampleSource(tiny_model_dir, PROMPTS, reward_fn=target_reward(TARGET_IDS), max_new_tokens=12, seed=0)
     before = target_frequency(src)
-    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir=str(tmp_path / "rl"), steps=20, batch_size=16, lr=1e-2,
-                      micro_batch_size=16, progress=False, keep_checkpoints=1)
+    cfg = TrainConfig(
+        model_path=str(tiny_model_dir),
+        out_dir=str(tmp_path / "rl"),
+        steps=20,
+        batch_size=16,
+        lr=1e-2,
+        micro_batch_size=16,
+        progress=False,
+        keep_checkpoints=1,
+    )
     train(cfg, source=src)
     after = target_frequency(src)
     assert src.weight_updates[-1][1] == "20"  # the sampler really runs the trained weights
@@ -57,10 +65,20 @@ def test_rl_loop_raises_target_frequency(tiny_model_dir, tmp_path):
 
 
 def test_opd_loop_reduces_kl_to_teacher(tiny_model_dir, teacher_model_dir, tmp_path):
-    src = LocalSampleSource(tiny_model_dir, PROMPTS, teacher_path=teacher_model_dir, mode="opd", max_new_tokens=8, seed=0)
+    src = LocalSampleSource(
+        tiny_model_dir, PROMPTS, teacher_path=teacher_model_dir, mode="opd", max_new_tokens=8, seed=0
+    )
     before = kl_to_teacher(src)
-    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir=str(tmp_path / "opd"), steps=80, batch_size=16, lr=3e-3,
-                      micro_batch_size=16, progress=False, keep_checkpoints=1)
+    cfg = TrainConfig(
+        model_path=str(tiny_model_dir),
+        out_dir=str(tmp_path / "opd"),
+        steps=80,
+        batch_size=16,
+        lr=3e-3,
+        micro_batch_size=16,
+        progress=False,
+        keep_checkpoints=1,
+    )
     train(cfg, source=src)
     after = kl_to_teacher(src)
     assert after < 0.8 * before, (before, after)

@@ -70,12 +70,17 @@ def wait_judged(stack, turns_sent: int, deadline_s: float = 30.0) -> dict:
     is rejected by the judge service (``judge_rejected``), never scored 0, so the count of ready samples
     per round is read back rather than assumed.
     """
+
     def judged() -> dict | None:
         samples = stack.stats()["samples"]
         return samples if samples.get("pending_judge", 0) == 0 and sum(samples.values()) >= turns_sent else None
 
-    return wait_until(judged, timeout_s=deadline_s, interval_s=0.1,
-                      message=lambda: f"turns not judged: {stack.stats()['samples']} (sent {turns_sent})")
+    return wait_until(
+        judged,
+        timeout_s=deadline_s,
+        interval_s=0.1,
+        message=lambda: f"turns not judged: {stack.stats()['samples']} (sent {turns_sent})",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -101,16 +106,30 @@ def test_policy_learns_the_judged_target_through_the_real_stack(stack, tmp_path)
             good_share.append(sum(outcomes) / len(outcomes))
             ready.append(wait_judged(stack, (rnd + 1) * SESSIONS * (TURNS + 1))["ready"])
             assert ready[-1] >= SESSIONS * TURNS - 2, ready  # at most a couple of empty replies
-            cfg = TrainConfig(model_path=str(stack.model_dir), out_dir=str(out), policy_url=stack.policy.url, admin_api_key=ADMIN,
-                              steps=rnd + 1, batch_size=SESSIONS * TURNS, micro_batch_size=SESSIONS * TURNS, lr=2e-2,
-                              min_batch=1, lease_wait_s=5.0, sync_on_resume=False, keep_checkpoints=1, progress=False,
-                              seed=rnd)
+            cfg = TrainConfig(
+                model_path=str(stack.model_dir),
+                out_dir=str(out),
+                policy_url=stack.policy.url,
+                admin_api_key=ADMIN,
+                steps=rnd + 1,
+                batch_size=SESSIONS * TURNS,
+                micro_batch_size=SESSIONS * TURNS,
+                lr=2e-2,
+                min_batch=1,
+                lease_wait_s=5.0,
+                sync_on_resume=False,
+                keep_checkpoints=1,
+                progress=False,
+                seed=rnd,
+            )
             assert train(cfg)["step"] == rnd + 1
             freqs.append(target_frequency(stack.engine.url, tokenizer))
     finally:
         user.close()
-    print(f"target frequency per round: {[round(f, 3) for f in freqs]}; rewarded share of training turns: "
-          f"{[round(g, 3) for g in good_share]}")
+    print(
+        f"target frequency per round: {[round(f, 3) for f in freqs]}; rewarded share of training turns: "
+        f"{[round(g, 3) for g in good_share]}"
+    )
     assert freqs[-1] >= freqs[0] + MARGIN, (freqs, good_share)
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, ROUNDS + 1))

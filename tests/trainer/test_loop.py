@@ -24,8 +24,15 @@ pytestmark = pytest.mark.slow
 
 
 def cfg_for(model_dir: Path, out: Path, **kw) -> TrainConfig:
-    base = {"model_path": str(model_dir), "out_dir": str(out), "steps": 2, "batch_size": 8, "lr": 1e-3,
-            "micro_batch_size": 4, "progress": False}
+    base = {
+        "model_path": str(model_dir),
+        "out_dir": str(out),
+        "steps": 2,
+        "batch_size": 8,
+        "lr": 1e-3,
+        "micro_batch_size": 4,
+        "progress": False,
+    }
     return TrainConfig(**{**base, **kw})
 
 
@@ -38,7 +45,9 @@ class RecordingSource(FileSampleSource):
 
     def ack(self, lease_id: str) -> None:
         ckpt = latest_checkpoint(self.out_dir)
-        assert ckpt is not None and lease_id in load_trainer_state(ckpt)["leases"], "ack before its checkpoint was persisted"
+        assert ckpt is not None and lease_id in load_trainer_state(ckpt)["leases"], (
+            "ack before its checkpoint was persisted"
+        )
         n_acks = sum(e[0] == "ack" for e in self.events) + 1
         if self.crash_on_ack == n_acks:
             raise KeyboardInterrupt("simulated crash between checkpoint and ack")
@@ -59,7 +68,14 @@ def test_checkpoint_then_ack_then_weight_update(tiny_model_dir, sample_file, tmp
     assert kinds == ["ack", "update", "ack", "update"]
     assert src.events[3][1:] == (str((out / "step_000002").resolve()), "2")
     ckpt = out / "step_000002"
-    for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "trainer_state.json", "optimizer.pt"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "trainer_state.json",
+        "optimizer.pt",
+    ):
         assert (ckpt / name).exists(), name
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -108,8 +124,14 @@ def test_invalid_and_excluded_samples(tiny_model_dir, sample_file, tmp_path):
         f = tmp_path / f"{name}.jsonl"
         f.write_text("".join(json.dumps(s) + "\n" for s in batch))
         out = tmp_path / name
-        train(cfg_for(tiny_model_dir, out, steps=1, batch_size=len(batch), micro_batch_size=3), source=FileSampleSource(f, out / "c.json"))
-        results[name] = (json.loads((out / "metrics.jsonl").read_text().splitlines()[0]), load_file(str(out / "step_000001" / "model.safetensors")))
+        train(
+            cfg_for(tiny_model_dir, out, steps=1, batch_size=len(batch), micro_batch_size=3),
+            source=FileSampleSource(f, out / "c.json"),
+        )
+        results[name] = (
+            json.loads((out / "metrics.jsonl").read_text().splitlines()[0]),
+            load_file(str(out / "step_000001" / "model.safetensors")),
+        )
     ma, mb = results["a"][0], results["b"][0]
     assert mb["n_invalid"] == 1 and mb["n_trained_samples"] == 8 and mb["n_samples"] == 10
     assert mb["loss"] == pytest.approx(ma["loss"], abs=1e-6)
@@ -140,6 +162,9 @@ def test_no_reference_model_when_kl_coef_zero(tiny_model_dir, sample_file, tmp_p
 
 def test_ppo_epochs_activate_clipping(tiny_model_dir, sample_file, tmp_path):
     out = tmp_path / "ppo"
-    train(cfg_for(tiny_model_dir, out, steps=1, lr=3e-2, ppo_epochs=4, minibatches=2), source=FileSampleSource(sample_file, out / "c.json"))
+    train(
+        cfg_for(tiny_model_dir, out, steps=1, lr=3e-2, ppo_epochs=4, minibatches=2),
+        source=FileSampleSource(sample_file, out / "c.json"),
+    )
     m = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert m["clip_frac"] > 0 and m["approx_kl"] > 0

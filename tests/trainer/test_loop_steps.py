@@ -15,9 +15,19 @@ from trainer.update import classify_samples, count_after_rejection, plan_minibat
 
 
 def _s(sample_id: str, **kw) -> dict:
-    base = {"sample_id": sample_id, "mode": "rl", "prompt_ids": [5, 6], "response_ids": [7, 8],
-            "rollout_logprobs": [-1.0, -1.0], "loss_mask": [1, 1], "reward": 1.0, "has_reward": True,
-            "has_teacher": False, "w_rl": 1.0, "w_opd": 1.0}
+    base = {
+        "sample_id": sample_id,
+        "mode": "rl",
+        "prompt_ids": [5, 6],
+        "response_ids": [7, 8],
+        "rollout_logprobs": [-1.0, -1.0],
+        "loss_mask": [1, 1],
+        "reward": 1.0,
+        "has_reward": True,
+        "has_teacher": False,
+        "w_rl": 1.0,
+        "w_opd": 1.0,
+    }
     return {**base, **kw}
 
 
@@ -39,8 +49,15 @@ def test_minibatches_interleave_samples_and_ranks_pad_with_dummy_rows():
 
 def test_idle_samples_keep_their_rows_but_leave_the_denominators():
     samples = [_s("a"), _s("b"), _s("c")]
-    plan = plan_minibatches(samples, [False, True, False], _cfg(micro_batch_size=4), rank=0, world=1,
-                            device=torch.device("cpu"), eos_id=None)
+    plan = plan_minibatches(
+        samples,
+        [False, True, False],
+        _cfg(micro_batch_size=4),
+        rank=0,
+        world=1,
+        device=torch.device("cpu"),
+        eos_id=None,
+    )
     [mb] = plan
     assert [m.sample_index for m in mb.micros] == [[0, 1, 2]]
     assert (mb.num_tokens, mb.num_seqs) == (4.0, 2.0)
@@ -49,8 +66,9 @@ def test_idle_samples_keep_their_rows_but_leave_the_denominators():
 
 def test_mis_rejection_replaces_the_denominators_only():
     samples = [_s("a"), _s("b")]
-    plan = plan_minibatches(samples, [False, False], _cfg(minibatches=2), rank=0, world=1,
-                            device=torch.device("cpu"), eos_id=None)
+    plan = plan_minibatches(
+        samples, [False, False], _cfg(minibatches=2), rank=0, world=1, device=torch.device("cpu"), eos_id=None
+    )
     counts = torch.tensor([[1.0, 1.0, 0.0, 0.0], [2.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
     after = count_after_rejection(plan, counts)
     assert [(mb.num_tokens, mb.num_seqs) for mb in after] == [(1.0, 1.0), (2.0, 1.0)]

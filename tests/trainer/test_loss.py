@@ -58,7 +58,9 @@ def test_aggregate_microbatch_shares_sum_to_batch_mean():
     n_tok, n_seq = float(mask.sum()), float((mask.sum(1) > 0).sum())
     for mode in ("token_mean", "seq_mean"):
         whole = aggregate(per_tok, mask, mode, num_tokens=n_tok, num_seqs=n_seq)
-        parts = sum(aggregate(per_tok[i : i + 2], mask[i : i + 2], mode, num_tokens=n_tok, num_seqs=n_seq) for i in (0, 2, 4))
+        parts = sum(
+            aggregate(per_tok[i : i + 2], mask[i : i + 2], mode, num_tokens=n_tok, num_seqs=n_seq) for i in (0, 2, 4)
+        )
         assert parts.item() == pytest.approx(whole.item(), abs=1e-6)
     with pytest.raises(ValueError):
         aggregate(per_tok, mask, "sum", num_tokens=1, num_seqs=1)

@@ -37,16 +37,20 @@ def history(kind: str, rewards: list[float]) -> RunningMean | None:
 
 
 # EMA(0.5) of 0, 0, 0 = 0; window(2) of 0, 0 = 0: a single +1 differs from recent rewards by 1.
-@pytest.mark.parametrize("kind, expected", [("running_mean", 1.0), ("window", 1.0), ("batch_mean", 0.0),
-                                            ("batch_mean_loo", 0.0), ("none", 1.0)])
+@pytest.mark.parametrize(
+    "kind, expected",
+    [("running_mean", 1.0), ("window", 1.0), ("batch_mean", 0.0), ("batch_mean_loo", 0.0), ("none", 1.0)],
+)
 def test_single_sample_step(kind, expected):
     adv = rl_sample_advantages(T([1.0]), T([True]), baseline=kind, running=history(kind, [0.0, 0.0, 0.0]))
     close(adv, [expected])
 
 
 # EMA(0.5) of 0, 0.4 = 0.5*0 + 0.5*0.4 = 0.2; window(2) of 0, 0.4 = 0.2. Four +1: 1 - 0.2 = 0.8 each.
-@pytest.mark.parametrize("kind, expected", [("running_mean", 0.8), ("window", 0.8), ("batch_mean", 0.0),
-                                            ("batch_mean_loo", 0.0), ("none", 1.0)])
+@pytest.mark.parametrize(
+    "kind, expected",
+    [("running_mean", 0.8), ("window", 0.8), ("batch_mean", 0.0), ("batch_mean_loo", 0.0), ("none", 1.0)],
+)
 def test_equal_reward_step(kind, expected):
     adv = rl_sample_advantages(T([1.0] * 4), T([True] * 4), baseline=kind, running=history(kind, [0.0, 0.4]))
     close(adv, [expected] * 4)
@@ -56,7 +60,9 @@ def test_equal_reward_step(kind, expected):
 def test_zero_std_normalisation_never_divides_by_eps(kind):
     # the cases: one +1 under `none` was 1e6; four +1 against a running mean of 0.2 were 8e5 each
     one = rl_sample_advantages(T([1.0]), T([True]), baseline=kind, normalize=True, running=history(kind, [0.0, 0.0]))
-    four = rl_sample_advantages(T([1.0] * 4), T([True] * 4), baseline=kind, normalize=True, running=history(kind, [0.0, 0.4]))
+    four = rl_sample_advantages(
+        T([1.0] * 4), T([True] * 4), baseline=kind, normalize=True, running=history(kind, [0.0, 0.4])
+    )
     assert float(one.abs().max()) <= 1.0 and float(four.abs().max()) <= 1.0
     if kind == "none":
         close(one, [1.0])
@@ -71,8 +77,10 @@ def test_normalisation_with_spread_divides_by_std():
 
 def test_leave_one_out():
     # rewards 1, 0, 0: baselines (0+0)/2 = 0, (1+0)/2 = 0.5, 0.5 -> A = 1, -0.5, -0.5; no reward -> 0
-    close(rl_sample_advantages(T([1.0, 0.0, 0.0, 9.0]), T([True, True, True, False]), baseline="batch_mean_loo"),
-          [1.0, -0.5, -0.5, 0.0])
+    close(
+        rl_sample_advantages(T([1.0, 0.0, 0.0, 9.0]), T([True, True, True, False]), baseline="batch_mean_loo"),
+        [1.0, -0.5, -0.5, 0.0],
+    )
 
 
 def test_running_baselines_update_per_sample_and_round_trip():
@@ -108,8 +116,19 @@ def test_multiplicative_signs_right_neutral_wrong():
 
 
 def _s(**kw) -> dict:
-    base = {"sample_id": "x", "mode": "rl", "prompt_ids": [5, 6], "response_ids": [7, 8], "rollout_logprobs": [-1.0, -1.0],
-            "loss_mask": [1, 1], "reward": 1.0, "has_reward": True, "has_teacher": False, "w_rl": 1.0, "w_opd": 1.0}
+    base = {
+        "sample_id": "x",
+        "mode": "rl",
+        "prompt_ids": [5, 6],
+        "response_ids": [7, 8],
+        "rollout_logprobs": [-1.0, -1.0],
+        "loss_mask": [1, 1],
+        "reward": 1.0,
+        "has_reward": True,
+        "has_teacher": False,
+        "w_rl": 1.0,
+        "w_opd": 1.0,
+    }
     return {**base, **kw}
 
 
@@ -131,17 +150,21 @@ def test_which_samples_carry_a_learning_term():
         assert not carries_learning_term(_s(reward=None, has_reward=False, has_teacher=True), _cfg(advantage_mode=mode))
         assert carries_learning_term(_s(has_teacher=True, teacher_logprobs=teacher), _cfg(advantage_mode=mode))
     assert not carries_learning_term(_s(mode="combine", w_rl=0.0), _cfg())  # reward weighted 0, no teacher
-    assert carries_learning_term(_s(reward=None, has_reward=False, teacher_topk={"ids": [[1]], "logprobs": [[-0.1]]}),
-                                 _cfg(topk_coef=0.1))
+    assert carries_learning_term(
+        _s(reward=None, has_reward=False, teacher_topk={"ids": [[1]], "logprobs": [[-0.1]]}), _cfg(topk_coef=0.1)
+    )
 
 
-@pytest.mark.parametrize("bad, why", [
-    ({"reward": math.nan}, "reward is not a finite number"),
-    ({"reward": "1.0"}, "reward is not a finite number"),
-    ({"has_teacher": True, "teacher_logprobs": [-0.1, math.inf]}, "teacher_logprobs holds a non-finite"),
-    ({"has_teacher": True, "teacher_logprobs": [-0.1, 0.3]}, "teacher_logprobs holds a positive"),
-    ({"token_rewards": [0.0, math.nan]}, "token_rewards holds a non-finite"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ({"reward": math.nan}, "reward is not a finite number"),
+        ({"reward": "1.0"}, "reward is not a finite number"),
+        ({"has_teacher": True, "teacher_logprobs": [-0.1, math.inf]}, "teacher_logprobs holds a non-finite"),
+        ({"has_teacher": True, "teacher_logprobs": [-0.1, 0.3]}, "teacher_logprobs holds a positive"),
+        ({"token_rewards": [0.0, math.nan]}, "token_rewards holds a non-finite"),
+    ],
+)
 def test_trainer_rejects_unusable_values(bad, why):
     assert check_sample(_s()) is None
     assert check_sample(_s(**bad)).startswith(why)
@@ -171,8 +194,9 @@ def _train_once(model0, samples: list[dict], cfg: TrainConfig) -> tuple[dict, di
 
     model = copy.deepcopy(model0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    m = train_on_batch(model, model, None, opt, samples, [False] * len(samples), cfg, RunningMean(), 0, 1,
-                       torch.device("cpu"), None)
+    m = train_on_batch(
+        model, model, None, opt, samples, [False] * len(samples), cfg, RunningMean(), 0, 1, torch.device("cpu"), None
+    )
     return m, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -185,12 +209,24 @@ def test_rows_without_a_learning_term_do_not_dilute_the_step(tiny_model_dir):
     model0 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     a = _s(sample_id="a", response_ids=[7, 8, 9], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=1.0)
     c = _s(sample_id="c", response_ids=[10, 11, 12], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=-1.0)
-    promoted = _s(sample_id="p", response_ids=[13, 14, 15, 16], rollout_logprobs=[-1.0] * 4, loss_mask=[1] * 4, reward=0.0)
-    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir="unused", micro_batch_size=4, baseline="none",
-                      rollout_correction="none", max_grad_norm=0.0)
+    promoted = _s(
+        sample_id="p", response_ids=[13, 14, 15, 16], rollout_logprobs=[-1.0] * 4, loss_mask=[1] * 4, reward=0.0
+    )
+    cfg = TrainConfig(
+        model_path=str(tiny_model_dir),
+        out_dir="unused",
+        micro_batch_size=4,
+        baseline="none",
+        rollout_correction="none",
+        max_grad_norm=0.0,
+    )
     m3, w3 = _train_once(model0, [a, promoted, c], cfg)
     m2, w2 = _train_once(model0, [a, c], cfg)
-    assert m3["n_learning_samples"] == 2 and m3["n_tokens"] == 6 and m3["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+    assert (
+        m3["n_learning_samples"] == 2
+        and m3["n_tokens"] == 6
+        and m3["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+    )
     for k in w2:
         torch.testing.assert_close(w3[k], w2[k])
 
@@ -204,12 +240,27 @@ def test_topk_term_is_divided_by_the_tokens_with_topk_rows(tiny_model_dir):
 
     model0 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     rows = {"ids": [[1, 2]] * 3, "logprobs": [[-0.5, -1.0]] * 3}
-    a = _s(sample_id="a", response_ids=[7, 8, 9], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=0.0,
-           teacher_topk=rows)
+    a = _s(
+        sample_id="a",
+        response_ids=[7, 8, 9],
+        rollout_logprobs=[-1.0] * 3,
+        loss_mask=[1] * 3,
+        reward=0.0,
+        teacher_topk=rows,
+    )
     b = _s(sample_id="b", response_ids=[10, 11, 12], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=1.0)
     c = 0.5
-    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir="unused", micro_batch_size=4, baseline="none",
-                      rollout_correction="none", max_grad_norm=0.0, topk_coef=c, ppo_epochs=1, minibatches=1)
+    cfg = TrainConfig(
+        model_path=str(tiny_model_dir),
+        out_dir="unused",
+        micro_batch_size=4,
+        baseline="none",
+        rollout_correction="none",
+        max_grad_norm=0.0,
+        topk_coef=c,
+        ppo_epochs=1,
+        minibatches=1,
+    )
     m, _ = _train_once(model0, [a, b], cfg)
     assert m["n_learning_samples"] == 2 and m["n_tokens"] == 6 and m["topk_kl"] > 0
     assert m["loss"] - m["pg_loss"] == pytest.approx(c * m["topk_kl"] * 6 / 3, rel=1e-5)
@@ -229,7 +280,19 @@ def test_no_grad_passes_run_in_eval_mode(tiny_model_dir):
 
     model = copy.deepcopy(model0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    train_on_batch(model, model, None, opt, [_s(sample_id="a"), _s(sample_id="b", reward=-1.0)], [False, False], cfg,
-                   RunningMean(), 0, 1, torch.device("cpu"), None)
+    train_on_batch(
+        model,
+        model,
+        None,
+        opt,
+        [_s(sample_id="a"), _s(sample_id="b", reward=-1.0)],
+        [False, False],
+        cfg,
+        RunningMean(),
+        0,
+        1,
+        torch.device("cpu"),
+        None,
+    )
     assert seen and all(not training for grad, training in seen if not grad)  # old log-probs: eval
     assert any(grad and training for grad, training in seen) and model.training  # the update: train, and left so

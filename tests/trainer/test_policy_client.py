@@ -37,7 +37,10 @@ def test_lease_ack_update_paths_and_auth():
     assert c.update_weights("/ckpt/step_000003", "3")["weight_version"] == "3"
     assert seen[0][:4] == ("GET", "/v1/samples/lease", {"max": "4", "min": "1", "wait_s": "2.5"}, "Bearer adminkey")
     assert seen[1][1] == "/v1/samples/ack" and json.loads(seen[1][4]) == {"lease_id": "L1"}
-    assert seen[2][1] == "/admin/weights/update" and json.loads(seen[2][4]) == {"model_path": "/ckpt/step_000003", "weight_version": "3"}
+    assert seen[2][1] == "/admin/weights/update" and json.loads(seen[2][4]) == {
+        "model_path": "/ckpt/step_000003",
+        "weight_version": "3",
+    }
 
 
 def test_retries_5xx_and_transport_errors_then_succeeds():

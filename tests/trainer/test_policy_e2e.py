@@ -33,16 +33,46 @@ def stack(tiny_model_dir, tmp_path_factory):
         engine = start_dev_engine(tiny_model_dir, log_dir=logs, extra_args=["--seed", "0"])
         procs.append(engine)
         jport = free_port()
-        judge = spawn("judge", [sys.executable, "-m", "judge_server.cli", "--host", "127.0.0.1", "--port", str(jport)],
-                      url=f"http://127.0.0.1:{jport}", log_dir=logs, env={"HINDSIGHT_JUDGE_BACKEND": "rules", "HINDSIGHT_JUDGE_M": "1"})
+        judge = spawn(
+            "judge",
+            [sys.executable, "-m", "judge_server.cli", "--host", "127.0.0.1", "--port", str(jport)],
+            url=f"http://127.0.0.1:{jport}",
+            log_dir=logs,
+            env={"HINDSIGHT_JUDGE_BACKEND": "rules", "HINDSIGHT_JUDGE_M": "1"},
+        )
         procs.append(judge)
         wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
         pport = free_port()
-        policy = spawn("policy", [sys.executable, "-m", "policy_server.cli", "--model-path", str(tiny_model_dir),
-                                  "--engine-url", engine.url, "--judge-url", judge.url, "--data-dir", str(logs / "data"),
-                                  "--mode", "rl", "--api-key", CLIENT, "--admin-api-key", ADMIN, "--port", str(pport),
-                                  "--session-idle-timeout-s", "2", "--idle-sweep-interval-s", "0.2"],
-                       url=f"http://127.0.0.1:{pport}", log_dir=logs)
+        policy = spawn(
+            "policy",
+            [
+                sys.executable,
+                "-m",
+                "policy_server.cli",
+                "--model-path",
+                str(tiny_model_dir),
+                "--engine-url",
+                engine.url,
+                "--judge-url",
+                judge.url,
+                "--data-dir",
+                str(logs / "data"),
+                "--mode",
+                "rl",
+                "--api-key",
+                CLIENT,
+                "--admin-api-key",
+                ADMIN,
+                "--port",
+                str(pport),
+                "--session-idle-timeout-s",
+                "2",
+                "--idle-sweep-interval-s",
+                "0.2",
+            ],
+            url=f"http://127.0.0.1:{pport}",
+            log_dir=logs,
+        )
         procs.append(policy)
         wait_http(policy.url + "/health", deadline_s=60, proc=policy.proc)
         yield {"engine": engine, "judge": judge, "policy": policy}
@@ -61,9 +91,17 @@ def drive_sessions(url: str, n_sessions: int, turns: int, target_text: set[str])
         for s in range(n_sessions):
             messages = [{"role": "user", "content": f"please read the file number {s}"}]
             for t in range(turns):
-                r = c.post("/v1/chat/completions", json={"model": "policy", "messages": messages, "max_tokens": 8,
-                                                          "temperature": 1.0, "user": f"session-{s}"},
-                           headers={"X-Session-Id": f"sess-{s}"})
+                r = c.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "policy",
+                        "messages": messages,
+                        "max_tokens": 8,
+                        "temperature": 1.0,
+                        "user": f"session-{s}",
+                    },
+                    headers={"X-Session-Id": f"sess-{s}"},
+                )
                 assert r.status_code == 200, r.text
                 reply = r.json()["choices"][0]["message"].get("content") or ""
                 good = any(w in reply for w in target_text)
@@ -72,8 +110,11 @@ def drive_sessions(url: str, n_sessions: int, turns: int, target_text: set[str])
                 if t > 0:
                     paired += 1
             # the final feedback message pairs the last turn
-            r = c.post("/v1/chat/completions", json={"model": "policy", "messages": messages, "max_tokens": 2},
-                       headers={"X-Session-Id": f"sess-{s}"})
+            r = c.post(
+                "/v1/chat/completions",
+                json={"model": "policy", "messages": messages, "max_tokens": 2},
+                headers={"X-Session-Id": f"sess-{s}"},
+            )
             assert r.status_code == 200, r.text
             paired += 1
     return paired
@@ -84,15 +125,28 @@ def test_trainer_leases_trains_acks_and_syncs_weights(stack, tiny_model_dir, tmp
     paired = drive_sessions(policy.url, n_sessions=4, turns=2, target_text={"e"})
     assert paired >= 8
     out = tmp_path / "train"
-    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir=str(out), policy_url=policy.url, admin_api_key=ADMIN,
-                      steps=2, batch_size=4, lr=1e-3, micro_batch_size=4, lease_wait_s=20.0, idle_timeout_s=40.0, progress=False)
+    cfg = TrainConfig(
+        model_path=str(tiny_model_dir),
+        out_dir=str(out),
+        policy_url=policy.url,
+        admin_api_key=ADMIN,
+        steps=2,
+        batch_size=4,
+        lr=1e-3,
+        micro_batch_size=4,
+        lease_wait_s=20.0,
+        idle_timeout_s=40.0,
+        progress=False,
+    )
     result = train(cfg)
     assert result["step"] == 2, result
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(m["n_with_reward"] >= 1 for m in metrics)
     # rollout log-probs come from the engine that serves the initial weights: the recomputation agrees
     assert metrics[0]["train_rollout_lp_abs_diff"] < 1e-2
-    with httpx.Client(base_url=policy.url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30, trust_env=False) as a:
+    with httpx.Client(
+        base_url=policy.url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30, trust_env=False
+    ) as a:
         stats = a.get("/v1/samples/stats").json()
     assert stats["samples"]["consumed"] == paired and stats["samples"]["leased"] == 0 and stats["samples"]["ready"] == 0
     assert str(stats["weight_version"]) == "2"

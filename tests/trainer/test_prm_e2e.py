@@ -85,10 +85,13 @@ def test_length_budget_and_judge_scorers_shape_the_trainers_advantages(stack, tm
     for max_tokens, prefix in ((2, "short"), (4, "long")):
         user = ScriptedUser(stack.policy.url, is_good, max_tokens=max_tokens)
         try:
-            user.run(prefix, [f"please {w} the file" for w in ("read", "open", "list", "fix")], turns=2, seed=max_tokens)
+            user.run(
+                prefix, [f"please {w} the file" for w in ("read", "open", "list", "fix")], turns=2, seed=max_tokens
+            )
         finally:
             user.close()
         sent += 4 * 3
+
     def judged() -> dict | None:
         counts = stack.stats()["samples"]
         return None if counts["pending_judge"] or sum(counts.values()) < sent else counts
@@ -97,9 +100,20 @@ def test_length_budget_and_judge_scorers_shape_the_trainers_advantages(stack, tm
     assert counts["ready"] >= 12, stack.stats()["reject_reasons"]
 
     out = tmp_path / "train"
-    cfg = TrainConfig(model_path=str(stack.model_dir), out_dir=str(out), policy_url=stack.policy.url, admin_api_key=ADMIN,
-                      prm_config=str(stack.prm_config), steps=1, batch_size=32, micro_batch_size=32, lr=1e-3,
-                      lease_wait_s=5.0, progress=False, weight_sync_timeout_s=60.0)
+    cfg = TrainConfig(
+        model_path=str(stack.model_dir),
+        out_dir=str(out),
+        policy_url=stack.policy.url,
+        admin_api_key=ADMIN,
+        prm_config=str(stack.prm_config),
+        steps=1,
+        batch_size=32,
+        micro_batch_size=32,
+        lr=1e-3,
+        lease_wait_s=5.0,
+        progress=False,
+        weight_sync_timeout_s=60.0,
+    )
     src = RecordingPolicyClient(stack.policy.url, ADMIN)
     try:
         assert train(cfg, source=src)["step"] == 1
@@ -122,7 +136,9 @@ def test_length_budget_and_judge_scorers_shape_the_trainers_advantages(stack, tm
     resolved = resolve_prm_config(cfg)
     assert resolved.shaping == "process_weighted"
     b = collate(samples)
-    rl = rl_sample_advantages(b.reward, b.has_reward, baseline=resolved.baseline, normalize=resolved.normalize_advantages)
+    rl = rl_sample_advantages(
+        b.reward, b.has_reward, baseline=resolved.baseline, normalize=resolved.normalize_advantages
+    )
     raw = outcome_advantages(b, b.rollout_lp, rl, resolved)
     shaped = shape(b, raw, resolved)
     ntok = float(b.mask.sum())
@@ -137,7 +153,8 @@ def test_length_budget_and_judge_scorers_shape_the_trainers_advantages(stack, tm
     for name in ("rollout/prm_turn_reward/length_budget", "rollout/prm_turn_reward/llm_judge"):
         assert m[name] == pytest.approx(lease.prm_metrics[name])
     assert m["rollout/prm_metric/turn/length_budget/within_budget/rate"] == pytest.approx(
-        sum(len(s["response_ids"]) <= BUDGET for s in samples) / len(samples))
+        sum(len(s["response_ids"]) <= BUDGET for s in samples) / len(samples)
+    )
 
     # One step completed and its weights are what the engine serves.
     stats = stack.stats()

@@ -28,22 +28,47 @@ from trainer.prm import resolve_prm_config
 from trainer.settings import TrainConfig, parse_config
 
 
-def sample(resp: list[int], reward: float | None, token_rewards: list[float] | None, *, prompt=(1, 2, 3), loss_mask=None) -> dict:
+def sample(
+    resp: list[int], reward: float | None, token_rewards: list[float] | None, *, prompt=(1, 2, 3), loss_mask=None
+) -> dict:
     n = len(resp)
     return {
-        "sample_id": f"s{resp}", "mode": "rl", "prompt_ids": list(prompt), "response_ids": resp,
-        "rollout_logprobs": [-1.0] * n, "loss_mask": loss_mask or [1] * n, "reward": reward,
-        "has_reward": reward is not None, "has_teacher": False, "teacher_logprobs": None, "teacher_topk": None,
-        "token_rewards": token_rewards, "w_rl": 1.0, "w_opd": 1.0,
+        "sample_id": f"s{resp}",
+        "mode": "rl",
+        "prompt_ids": list(prompt),
+        "response_ids": resp,
+        "rollout_logprobs": [-1.0] * n,
+        "loss_mask": loss_mask or [1] * n,
+        "reward": reward,
+        "has_reward": reward is not None,
+        "has_teacher": False,
+        "teacher_logprobs": None,
+        "teacher_topk": None,
+        "token_rewards": token_rewards,
+        "w_rl": 1.0,
+        "w_opd": 1.0,
     }
 
 
-def yaml_file(tmp_path: Path, mode: str = "additive", *, enabled: bool = True, scorers: bool = True, extra: str = "") -> Path:
-    lines = ["prm:", f"  enabled: {str(enabled).lower()}", "  advantage_shaping:", f"    mode: {mode}",
-             "    negative_scale: 0.5", "    zero_penalty: 0.3", "    zero_eps: 0.01"]
+def yaml_file(
+    tmp_path: Path, mode: str = "additive", *, enabled: bool = True, scorers: bool = True, extra: str = ""
+) -> Path:
+    lines = [
+        "prm:",
+        f"  enabled: {str(enabled).lower()}",
+        "  advantage_shaping:",
+        f"    mode: {mode}",
+        "    negative_scale: 0.5",
+        "    zero_penalty: 0.3",
+        "    zero_eps: 0.01",
+    ]
     if scorers:
-        lines += ["  scorers:", "    - path: judge_server.prm.scorers.LengthBudgetScorer", "      weight: 1.0",
-                  "      kwargs: {max_output_tokens: 4}"]
+        lines += [
+            "  scorers:",
+            "    - path: judge_server.prm.scorers.LengthBudgetScorer",
+            "      weight: 1.0",
+            "      kwargs: {max_output_tokens: 4}",
+        ]
     lines += ["actor:", "  token_rewards_as_adv: true"] + ([extra] if extra else [])
     p = tmp_path / f"prm-{mode}-{enabled}-{scorers}.yaml"
     p.write_text("\n".join(lines) + "\n")
@@ -99,8 +124,15 @@ def test_shaping_applies_after_normalisation_only_to_samples_with_token_rewards(
     if mode == "gvpo":  # gvpo acts on negative process rewards
         samples[0]["token_rewards"] = [-0.5, 0.0, -1.0]
         samples[2]["token_rewards"] = [-0.25, 0.0, -0.5]
-    cfg = TrainConfig(model_path="m", out_dir="o", baseline="batch_mean", normalize_advantages=True, shaping=mode,
-                      shaping_negative_scale=0.5, shaping_zero_penalty=0.3)
+    cfg = TrainConfig(
+        model_path="m",
+        out_dir="o",
+        baseline="batch_mean",
+        normalize_advantages=True,
+        shaping=mode,
+        shaping_negative_scale=0.5,
+        shaping_zero_penalty=0.3,
+    )
     raw, shaped, routed = _advantages(samples, cfg)
     torch.testing.assert_close(routed, shaped)
     # outcome advantage: r - mean(r) over the batch, divided by its std (rewards +-1, mean 0, std 1)
@@ -127,7 +159,12 @@ def test_shaping_applies_after_normalisation_only_to_samples_with_token_rewards(
 def test_prm_yaml_sets_shaping_through_the_judge_servers_loader(tmp_path):
     path = yaml_file(tmp_path, "gvpo", extra="  mask_no_eos_with_zero: true")
     cfg = resolve_prm_config(TrainConfig(model_path="m", out_dir="o", prm_config=str(path)))
-    assert (cfg.shaping, cfg.shaping_negative_scale, cfg.shaping_zero_penalty, cfg.shaping_eps) == ("gvpo", 0.5, 0.3, 0.01)
+    assert (cfg.shaping, cfg.shaping_negative_scale, cfg.shaping_zero_penalty, cfg.shaping_eps) == (
+        "gvpo",
+        0.5,
+        0.3,
+        0.01,
+    )
     assert cfg.mask_no_eos_with_zero is True
     assert resolve_prm_config(cfg) == cfg  # idempotent (train() resolves again)
     # the CLI resolves too, and a flag equal to the file's value is not a conflict
@@ -183,14 +220,28 @@ def test_loop_logs_shaped_vs_unshaped_advantages_and_prm_window(tiny_model_dir, 
     plain = [sample([400, eos], 1.0, None, prompt=(5, 6, 7))]
     for i, s in enumerate(good + bad + plain):
         s["sample_id"] = f"x{i}"
-    window1 = {"rollout/prm_turn_reward/length_budget": 0.5, "rollout/prm_metric/turn/length_budget/within_budget/rate": 0.5}
+    window1 = {
+        "rollout/prm_turn_reward/length_budget": 0.5,
+        "rollout/prm_metric/turn/length_budget/within_budget/rate": 0.5,
+    }
     window2 = {"rollout/prm_turn_reward/length_budget": 1.0}
-    leases = [Lease("L1", [dict(s, sample_id="dup") for s in good[:1]], prm_metrics=window1),  # nothing trainable
-              Lease("L2", good + bad + plain, prm_metrics=window2)]
+    leases = [
+        Lease("L1", [dict(s, sample_id="dup") for s in good[:1]], prm_metrics=window1),  # nothing trainable
+        Lease("L2", good + bad + plain, prm_metrics=window2),
+    ]
     leases[0].samples[0]["token_rewards"] = [1.0]  # wrong length -> not trained, its window carries over
     yml = yaml_file(tmp_path, "process_weighted")
-    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir=str(tmp_path / "out"), prm_config=str(yml), steps=1,
-                      batch_size=8, min_batch=1, micro_batch_size=8, lr=1e-3, progress=False)
+    cfg = TrainConfig(
+        model_path=str(tiny_model_dir),
+        out_dir=str(tmp_path / "out"),
+        prm_config=str(yml),
+        steps=1,
+        batch_size=8,
+        min_batch=1,
+        micro_batch_size=8,
+        lr=1e-3,
+        progress=False,
+    )
     src = ListSource(leases)
     assert train(cfg, source=src)["step"] == 1
     (m,) = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
@@ -213,8 +264,17 @@ def test_loop_shaping_changes_advantages(tiny_model_dir, tmp_path):
     samples = [sample([100 + i, 200], 1.0 if i % 2 else -1.0, [0.5, 0.5], prompt=(5, 6, 7)) for i in range(4)]
     for i, s in enumerate(samples):
         s["sample_id"] = f"y{i}"
-    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir=str(tmp_path / "out"), shaping="additive", steps=1,
-                      batch_size=4, micro_batch_size=4, lr=1e-3, progress=False, weight_sync=False)
+    cfg = TrainConfig(
+        model_path=str(tiny_model_dir),
+        out_dir=str(tmp_path / "out"),
+        shaping="additive",
+        steps=1,
+        batch_size=4,
+        micro_batch_size=4,
+        lr=1e-3,
+        progress=False,
+        weight_sync=False,
+    )
     train(cfg, source=ListSource([Lease("L", samples)]))
     (m,) = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     # additive: every trained token gains +0.5 over the zero-mean outcome advantage

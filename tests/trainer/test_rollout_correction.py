@@ -38,10 +38,20 @@ def test_tis_truncates_at_the_cap_on_valid_tokens_only():
     torch.testing.assert_close(w.applied, T([[1.0, 2.0, 0.5, 1.0]]))
     torch.testing.assert_close(w.raw, T([[1.0, 3.0, 0.5, 1.0]]))  # padding reads 1, not 4
     assert w.keep.tolist() == [[1.0, 1.0, 1.0, 1.0]]
-    assert w.stats == pytest.approx({"is_tokens": 3.0, "is_sum": 4.5, "is_applied_sum": 3.5, "is_over_cap": 1.0, "is_max": 3.0})
+    assert w.stats == pytest.approx(
+        {"is_tokens": 3.0, "is_sum": 4.5, "is_applied_sum": 3.5, "is_over_cap": 1.0, "is_max": 3.0}
+    )
     m = is_metrics(w.stats, w.stats["is_max"], "tis")
-    assert m == pytest.approx({"rollout_is_mean": 1.5, "rollout_is_max": 3.0, "rollout_is_applied_mean": 3.5 / 3,
-                               "rollout_is_over_cap_frac": 1 / 3, "rollout_is_truncated_frac": 1 / 3, "rollout_is_masked_frac": 0.0})
+    assert m == pytest.approx(
+        {
+            "rollout_is_mean": 1.5,
+            "rollout_is_max": 3.0,
+            "rollout_is_applied_mean": 3.5 / 3,
+            "rollout_is_over_cap_frac": 1 / 3,
+            "rollout_is_truncated_frac": 1 / 3,
+            "rollout_is_masked_frac": 0.0,
+        }
+    )
 
 
 def test_mis_zeroes_and_rejects_tokens_above_the_cap():
@@ -58,7 +68,11 @@ def test_none_applies_one_but_reports_the_raw_weights():
     assert w.applied.tolist() == [[1.0] * 4] and w.keep.tolist() == [[1.0] * 4]
     m = is_metrics(w.stats, w.stats["is_max"], "none")
     assert m["rollout_is_mean"] == pytest.approx(1.5) and m["rollout_is_max"] == pytest.approx(3.0)
-    assert m["rollout_is_applied_mean"] == 1.0 and m["rollout_is_truncated_frac"] == 0.0 and m["rollout_is_masked_frac"] == 0.0
+    assert (
+        m["rollout_is_applied_mean"] == 1.0
+        and m["rollout_is_truncated_frac"] == 0.0
+        and m["rollout_is_masked_frac"] == 0.0
+    )
 
 
 def test_invalid_tokens_are_never_counted_even_with_garbage_logprobs():
@@ -86,8 +100,17 @@ def test_temperature_logprobs_scale_the_logits_per_sample():
 
 
 def _sample(**kw) -> dict:
-    base = {"sample_id": "a", "mode": "rl", "prompt_ids": [5], "response_ids": [0, 1, 1], "rollout_logprobs": [-1.0] * 3,
-            "loss_mask": [1, 1, 1], "reward": 1.0, "has_reward": True, "has_teacher": False}
+    base = {
+        "sample_id": "a",
+        "mode": "rl",
+        "prompt_ids": [5],
+        "response_ids": [0, 1, 1],
+        "rollout_logprobs": [-1.0] * 3,
+        "loss_mask": [1, 1, 1],
+        "reward": 1.0,
+        "has_reward": True,
+        "has_teacher": False,
+    }
     return {**base, **kw}
 
 
@@ -98,7 +121,9 @@ def test_sample_temperature_and_the_contract_checks():
     assert sample_temperature(_sample(sampling_params={"temperature": None})) == 1.0
     assert sample_temperature(_sample(sampling_params={"temperature": 0})) == 1.0  # greedy: SGLang scores at T = 1
     assert sample_temperature(_sample(sampling_params={"temperature": 0.7, "top_p": 0.9})) == 0.7
-    assert collate([_sample(), _sample(sampling_params={"temperature": 1.3})]).temperature.tolist() == pytest.approx([1.0, 1.3])
+    assert collate([_sample(), _sample(sampling_params={"temperature": 1.3})]).temperature.tolist() == pytest.approx(
+        [1.0, 1.3]
+    )
     assert check_sample(_sample(sampling_params={"temperature": 0.7, "top_p": 0.9, "top_k": 20})) is None
     assert "sampling_params must be an object" in check_sample(_sample(sampling_params=[0.7]))
     for bad in ("hot", -0.5, float("nan"), True):
@@ -109,8 +134,20 @@ def test_sample_temperature_and_the_contract_checks():
 def test_cli_defaults_and_cap_validation(tmp_path):
     cfg = parse_config(["--model-path", "m", "--out-dir", str(tmp_path)])
     assert (cfg.rollout_correction, cfg.rollout_is_cap, cfg.logprob_temperature) == ("tis", 2.0, "one")
-    cfg = parse_config(["--model-path", "m", "--out-dir", str(tmp_path), "--rollout-correction", "mis", "--rollout-is-cap", "3",
-                        "--logprob-temperature", "sample"])
+    cfg = parse_config(
+        [
+            "--model-path",
+            "m",
+            "--out-dir",
+            str(tmp_path),
+            "--rollout-correction",
+            "mis",
+            "--rollout-is-cap",
+            "3",
+            "--logprob-temperature",
+            "sample",
+        ]
+    )
     assert (cfg.rollout_correction, cfg.rollout_is_cap, cfg.logprob_temperature) == ("mis", 3.0, "sample")
     for argv in (["--rollout-is-cap", "0.5"], ["--rollout-correction", "clip"], ["--logprob-temperature", "two"]):
         with pytest.raises(SystemExit) as exc:
@@ -134,7 +171,9 @@ def _cfg(**kw) -> TrainConfig:
     return TrainConfig(model_path="m", out_dir="o", progress=False, **kw)
 
 
-@pytest.mark.parametrize("mode,weights", [("none", [1.0, 1.0, 1.0]), ("tis", [1.0, 2.0, 0.5]), ("mis", [1.0, 0.0, 0.5])])
+@pytest.mark.parametrize(
+    "mode,weights", [("none", [1.0, 1.0, 1.0]), ("tis", [1.0, 2.0, 0.5]), ("mis", [1.0, 0.0, 0.5])]
+)
 def test_micro_loss_multiplies_the_ppo_term_by_the_detached_weight(mode, weights):
     # Uniform logits over V=2 -> every recomputed log-prob is ln 0.5; rollout chosen so that w = [1, 3, 0.5].
     b = collate([_sample()])
@@ -163,9 +202,18 @@ def test_sample_temperature_scores_the_ppo_term_at_the_samples_temperature():
     b = collate([s])
     table = T([0.0, LN(4.0)]).expand(1, 4, 2).contiguous()
     old = torch.full((1, 3), LN(2 / 3))  # the old pass at the sample's temperature
-    _, st_sample = micro_loss(TableModel(table), None, b, old, torch.ones(1, 3), _cfg(logprob_temperature="sample"),
-                              num_tokens=3.0, num_seqs=1.0)
-    _, st_one = micro_loss(TableModel(table), None, b, old, torch.ones(1, 3), _cfg(logprob_temperature="one"),
-                           num_tokens=3.0, num_seqs=1.0)
+    _, st_sample = micro_loss(
+        TableModel(table),
+        None,
+        b,
+        old,
+        torch.ones(1, 3),
+        _cfg(logprob_temperature="sample"),
+        num_tokens=3.0,
+        num_seqs=1.0,
+    )
+    _, st_one = micro_loss(
+        TableModel(table), None, b, old, torch.ones(1, 3), _cfg(logprob_temperature="one"), num_tokens=3.0, num_seqs=1.0
+    )
     assert st_sample["approx_kl"] == pytest.approx(0.0, abs=1e-10)  # like with like: ratio exactly 1
     assert st_one["approx_kl"] == pytest.approx(3 * 0.5 * (LN(4 / 5) - LN(2 / 3)) ** 2, rel=1e-5)

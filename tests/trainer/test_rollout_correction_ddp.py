@@ -18,24 +18,54 @@ from safetensors.torch import load_file
 
 from tests.trainer.conftest import write_samples
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PYTHONUNBUFFERED": "1",
+}
 
 
 def run_cli(args: list[str], *, nproc: int = 0, timeout_s: float = 150) -> subprocess.CompletedProcess:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", f"--nproc-per-node={nproc}"] if nproc else [sys.executable]
-    return subprocess.run([*launcher, "-m", "trainer.cli", *args], env=ENV, capture_output=True, text=True, timeout=timeout_s)
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", f"--nproc-per-node={nproc}"]
+        if nproc
+        else [sys.executable]
+    )
+    return subprocess.run(
+        [*launcher, "-m", "trainer.cli", *args], env=ENV, capture_output=True, text=True, timeout=timeout_s
+    )
 
 
 @pytest.mark.slow
 def test_mis_two_ranks_match_one_process(tiny_model_dir, tmp_path):
     path = tmp_path / "samples.jsonl"
     samples = write_samples(tiny_model_dir, path, 16, seed=7)
-    for i, s in enumerate(samples):  # every third sample comes from a much "hotter" behaviour: w = e^4 > 2 on its tokens
+    for i, s in enumerate(
+        samples
+    ):  # every third sample comes from a much "hotter" behaviour: w = e^4 > 2 on its tokens
         if i % 3 == 0:
             s["rollout_logprobs"] = [lp - 4.0 for lp in s["rollout_logprobs"]]
     path.write_text("".join(json.dumps(s) + "\n" for s in samples))
-    common = ["--samples-file", str(path), "--model-path", str(tiny_model_dir), "--steps", "2", "--batch-size", "8",
-              "--micro-batch-size", "2", "--lr", "1e-2", "--no-progress", "--no-weight-sync", "--rollout-correction", "mis"]
+    common = [
+        "--samples-file",
+        str(path),
+        "--model-path",
+        str(tiny_model_dir),
+        "--steps",
+        "2",
+        "--batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--lr",
+        "1e-2",
+        "--no-progress",
+        "--no-weight-sync",
+        "--rollout-correction",
+        "mis",
+    ]
     outs = {}
     for name, nproc in (("single", 0), ("ddp", 2)):
         outs[name] = tmp_path / name

@@ -39,8 +39,14 @@ def model0(tiny_model_dir: Path):
 def _samples(tiny_model_dir: Path, n: int, *, temperature: float = 1.0, seed: int = 5) -> list[dict]:
     from trainer.local_source import LocalSampleSource
 
-    src = LocalSampleSource(tiny_model_dir, PROMPTS, reward_fn=lambda ids: 1.0 if ids[0] % 2 else -1.0, max_new_tokens=6,
-                            seed=seed, temperature=temperature)
+    src = LocalSampleSource(
+        tiny_model_dir,
+        PROMPTS,
+        reward_fn=lambda ids: 1.0 if ids[0] % 2 else -1.0,
+        max_new_tokens=6,
+        seed=seed,
+        temperature=temperature,
+    )
     out = src.lease(n).samples
     for i, s in enumerate(out):
         s["sample_id"] = f"t{i}"
@@ -66,9 +72,19 @@ def train_once(model0, samples: list[dict], tiny_model_dir: Path, **kw) -> tuple
 
     model = copy.deepcopy(model0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir="unused", micro_batch_size=MICRO, progress=False, baseline="none",
-                      advantage_mode="rl", max_grad_norm=0.0, **kw)
-    m = train_on_batch(model, model, None, opt, samples, [False] * len(samples), cfg, RunningMean(), 0, 1, torch.device("cpu"), None)
+    cfg = TrainConfig(
+        model_path=str(tiny_model_dir),
+        out_dir="unused",
+        micro_batch_size=MICRO,
+        progress=False,
+        baseline="none",
+        advantage_mode="rl",
+        max_grad_norm=0.0,
+        **kw,
+    )
+    m = train_on_batch(
+        model, model, None, opt, samples, [False] * len(samples), cfg, RunningMean(), 0, 1, torch.device("cpu"), None
+    )
     return m, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -80,7 +96,10 @@ def assert_same(a: tuple[dict, dict], b: tuple[dict, dict], keys=("loss", "pg_lo
 
 
 def test_weights_of_one_change_nothing(tiny_model_dir, model0, exact_samples):
-    runs = {mode: train_once(model0, exact_samples, tiny_model_dir, rollout_correction=mode) for mode in ("none", "tis", "mis")}
+    runs = {
+        mode: train_once(model0, exact_samples, tiny_model_dir, rollout_correction=mode)
+        for mode in ("none", "tis", "mis")
+    }
     for mode, (m, _) in runs.items():
         assert m["train_rollout_lp_abs_diff"] == 0.0
         assert m["rollout_is_mean"] == 1.0 and m["rollout_is_max"] == 1.0 and m["rollout_is_applied_mean"] == 1.0, mode
@@ -147,7 +166,11 @@ def test_temperature_mismatch_is_absorbed_by_the_weight_or_removed_by_sample_tem
     with torch.no_grad():
         for s in samples:
             p, r = len(s["prompt_ids"]), len(s["response_ids"])
-            logits = model0(input_ids=torch.tensor([s["prompt_ids"] + s["response_ids"]])).logits[0, p - 1 : p - 1 + r].float()
+            logits = (
+                model0(input_ids=torch.tensor([s["prompt_ids"] + s["response_ids"]]))
+                .logits[0, p - 1 : p - 1 + r]
+                .float()
+            )
             tok = torch.tensor(s["response_ids"])[:, None]
             lp1 = torch.log_softmax(logits, -1).gather(-1, tok)[:, 0]
             lp_half = torch.log_softmax(logits / 0.5, -1).gather(-1, tok)[:, 0]

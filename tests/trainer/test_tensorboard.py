@@ -27,8 +27,8 @@ def read_scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
         data = path.read_bytes()
         pos = 0
         while pos < len(data):
-            (n,) = struct.unpack("<Q", data[pos:pos + 8])
-            ev = Event.FromString(data[pos + 12:pos + 12 + n])
+            (n,) = struct.unpack("<Q", data[pos : pos + 8])
+            ev = Event.FromString(data[pos + 12 : pos + 12 + n])
             pos += 12 + n + 4
             for v in ev.summary.value:
                 out.setdefault(v.tag, []).append((ev.step, v.simple_value))

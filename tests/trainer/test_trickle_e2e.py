@@ -42,8 +42,12 @@ def count_5xx(url: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(url + "/metrics", timeout=5, trust_env=False).text
-    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-               if s.name.endswith("_http_requests_total") and s.labels.get("status", "").startswith("5"))
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name.endswith("_http_requests_total") and s.labels.get("status", "").startswith("5")
+    )
 
 
 class PacedUser(ScriptedUser):
@@ -71,10 +75,35 @@ def test_trickle_closed_loop_learns_with_min_batch(stack, tmp_path):
     assert 0.1 < start < 0.6, start
     out = tmp_path / "train"
     log = tmp_path / "trainer.log"
-    cmd = [sys.executable, "-m", "trainer.cli", "--policy-url", stack.policy.url,
-           "--model-path", str(stack.model_dir), "--out-dir", str(out), "--steps", "1000", "--batch-size", str(BATCH),
-           "--min-batch", str(MIN_BATCH), "--micro-batch-size", str(BATCH), "--lr", "2e-2", "--lease-wait-s", "10",
-           "--idle-timeout-s", "12", "--keep-checkpoints", "1", "--no-progress", "--no-sync-on-resume"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer.cli",
+        "--policy-url",
+        stack.policy.url,
+        "--model-path",
+        str(stack.model_dir),
+        "--out-dir",
+        str(out),
+        "--steps",
+        "1000",
+        "--batch-size",
+        str(BATCH),
+        "--min-batch",
+        str(MIN_BATCH),
+        "--micro-batch-size",
+        str(BATCH),
+        "--lr",
+        "2e-2",
+        "--lease-wait-s",
+        "10",
+        "--idle-timeout-s",
+        "12",
+        "--keep-checkpoints",
+        "1",
+        "--no-progress",
+        "--no-sync-on-resume",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HINDSIGHT_TRAIN_ADMIN_API_KEY": ADMIN}
     with open(log, "wb") as fh:
         trainer = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
@@ -95,9 +124,11 @@ def test_trickle_closed_loop_learns_with_min_batch(stack, tmp_path):
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     nonzero = sum(m["rl_adv_nonzero"] > 0 for m in metrics) / len(metrics)
     sizes = [m["n_samples"] for m in metrics]
-    print(f"target frequency {start:.3f} -> {end:.3f}; {len(metrics)} steps, samples per step {sizes}; "
-          f"share of steps with a non-zero RL advantage {nonzero:.2f}; rewarded share of user turns "
-          f"{sum(outcomes) / len(outcomes):.2f}")
+    print(
+        f"target frequency {start:.3f} -> {end:.3f}; {len(metrics)} steps, samples per step {sizes}; "
+        f"share of steps with a non-zero RL advantage {nonzero:.2f}; rewarded share of user turns "
+        f"{sum(outcomes) / len(outcomes):.2f}"
+    )
     assert end >= start + MARGIN, (start, end, sizes)
     assert all(n >= 1 for n in sizes) and sum(n >= MIN_BATCH for n in sizes) >= len(sizes) - 2, sizes
     stats = stack.stats()

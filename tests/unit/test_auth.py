@@ -14,20 +14,41 @@ from engine.auth import bearer_problem, bearer_token, key_matches
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize(("header", "token"), [
-    ("Bearer k1", "k1"), ("bearer k1", "k1"), ("BEARER  k1 ", "k1"), (" Bearer k1", "k1"),
-    (None, None), ("", None), ("Bearer", None), ("Bearer   ", None), ("Basic k1", None), ("k1", None),
-])
+@pytest.mark.parametrize(
+    ("header", "token"),
+    [
+        ("Bearer k1", "k1"),
+        ("bearer k1", "k1"),
+        ("BEARER  k1 ", "k1"),
+        (" Bearer k1", "k1"),
+        (None, None),
+        ("", None),
+        ("Bearer", None),
+        ("Bearer   ", None),
+        ("Basic k1", None),
+        ("k1", None),
+    ],
+)
 def test_bearer_token(header: str | None, token: str | None) -> None:
     assert bearer_token(header) == token
 
 
-@pytest.mark.parametrize(("header", "key", "problem"), [
-    (None, None, None), ("Bearer anything", None, None), (None, "", None),  # no key configured: open
-    (None, "k", "missing"), ("Basic k", "k", "missing"), ("Bearer ", "k", "missing"),
-    ("Bearer k", "k", None), ("bearer k", "k", None),
-    ("Bearer K", "k", "invalid"), ("Bearer kk", "k", "invalid"), ("Bearer k x", "k", "invalid"),
-])
+@pytest.mark.parametrize(
+    ("header", "key", "problem"),
+    [
+        (None, None, None),
+        ("Bearer anything", None, None),
+        (None, "", None),  # no key configured: open
+        (None, "k", "missing"),
+        ("Basic k", "k", "missing"),
+        ("Bearer ", "k", "missing"),
+        ("Bearer k", "k", None),
+        ("bearer k", "k", None),
+        ("Bearer K", "k", "invalid"),
+        ("Bearer kk", "k", "invalid"),
+        ("Bearer k x", "k", "invalid"),
+    ],
+)
 def test_bearer_problem(header: str | None, key: str | None, problem: str | None) -> None:
     assert bearer_problem(header, key) == problem
 

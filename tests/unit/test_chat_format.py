@@ -28,8 +28,13 @@ def test_render_all_roles_and_tools(tokenizer):
     msgs = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
         {"role": "tool", "tool_call_id": "c2", "content": "warm"},
     ]
@@ -46,7 +51,9 @@ def test_render_all_roles_and_tools(tokenizer):
 
 
 def test_enable_thinking_false_prefills_empty_think(tokenizer):
-    text = render_prompt_text(tokenizer, [{"role": "user", "content": "hi"}], chat_template_kwargs={"enable_thinking": False})
+    text = render_prompt_text(
+        tokenizer, [{"role": "user", "content": "hi"}], chat_template_kwargs={"enable_thinking": False}
+    )
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 

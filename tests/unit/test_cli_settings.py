@@ -64,8 +64,9 @@ def _exit_code(main: Callable[[list[str]], Any], argv: list[str]) -> int:
 
 # ----------------------------------------------------------------------------- help and unknown flags
 @pytest.mark.parametrize(("prog", "main", "cls"), SCRIPTS, ids=[s[0] for s in SCRIPTS])
-def test_help_has_a_line_for_every_setting(prog: str, main: Callable[[list[str]], Any], cls: type[CliSettings],
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_has_a_line_for_every_setting(
+    prog: str, main: Callable[[list[str]], Any], cls: type[CliSettings], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert _exit_code(main, ["--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps help lines
     assert text.startswith(f"usage: {prog} ")
@@ -81,8 +82,9 @@ def test_help_has_a_line_for_every_setting(prog: str, main: Callable[[list[str]]
 
 
 @pytest.mark.parametrize(("prog", "main", "cls"), SCRIPTS, ids=[s[0] for s in SCRIPTS])
-def test_unknown_flag_exits_2(prog: str, main: Callable[[list[str]], Any], cls: type[CliSettings],
-                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_flag_exits_2(
+    prog: str, main: Callable[[list[str]], Any], cls: type[CliSettings], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert _exit_code(main, ["/tmp", "--no-such-flag", "1"]) == 2  # a positional too, for the scripts that take one
     err = capsys.readouterr().err
     assert "unrecognized arguments:" in err and "--no-such-flag" in err
@@ -98,8 +100,21 @@ def test_a_field_without_description_cannot_become_a_cli() -> None:
 
 # ----------------------------------------------------------------------------- typed values
 def test_flags_parse_typed_and_bools_take_three_forms() -> None:
-    s = settings_from_args([*POLICY_REQUIRED, "--port", "31234", "--w-rl", "0.25", "--infer-sessions",
-                            "--at-least-one", "false", "--log-json", "yes", "--no-allow-unauthenticated"])
+    s = settings_from_args(
+        [
+            *POLICY_REQUIRED,
+            "--port",
+            "31234",
+            "--w-rl",
+            "0.25",
+            "--infer-sessions",
+            "--at-least-one",
+            "false",
+            "--log-json",
+            "yes",
+            "--no-allow-unauthenticated",
+        ]
+    )
     assert (s.port, s.w_rl) == (31234, 0.25)
     assert type(s.port) is int and type(s.w_rl) is float
     assert (s.infer_sessions, s.at_least_one, s.log_json, s.allow_unauthenticated) == (True, False, True, False)
@@ -139,17 +154,21 @@ def _write(path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("suffix", [".json", ".toml", ".yaml"])
 def test_config_file_sets_any_field(tmp_path: Path, suffix: str) -> None:
-    body = {".json": json.dumps({"max-new-tokens": 77, "rules_positive": ["yay", "ok"], "backend": "rules"}),
-            ".toml": 'max-new-tokens = 77\nrules_positive = ["yay", "ok"]\nbackend = "rules"\n',
-            ".yaml": "max-new-tokens: 77\nrules_positive: [yay, ok]\nbackend: rules\n"}[suffix]
+    body = {
+        ".json": json.dumps({"max-new-tokens": 77, "rules_positive": ["yay", "ok"], "backend": "rules"}),
+        ".toml": 'max-new-tokens = 77\nrules_positive = ["yay", "ok"]\nbackend = "rules"\n',
+        ".yaml": "max-new-tokens: 77\nrules_positive: [yay, ok]\nbackend: rules\n",
+    }[suffix]
     path = _write(tmp_path / f"judge{suffix}", body)
     s = parse_settings(JudgeSettings, ["--config", str(path)])
     assert (s.max_new_tokens, s.rules_positive, s.backend) == (77, ["yay", "ok"], "rules")
 
 
 def test_precedence_flags_over_env_over_file_over_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = _write(tmp_path / "policy.yaml", "model_path: m\nengine_url: http://file:1\nport: 1001\n"
-                  "max_resumes: 3\nteacher_top_k: 5\n")
+    path = _write(
+        tmp_path / "policy.yaml",
+        "model_path: m\nengine_url: http://file:1\nport: 1001\nmax_resumes: 3\nteacher_top_k: 5\n",
+    )
     monkeypatch.setenv("HINDSIGHT_POLICY_PORT", "2002")
     monkeypatch.setenv("HINDSIGHT_POLICY_MAX_RESUMES", "4")
     s = settings_from_args(["--config", str(path), "--port", "3003"])
@@ -178,8 +197,9 @@ def test_migrate_reads_the_servers_settings(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 # ----------------------------------------------------------------------------- trainer specifics
-def test_trainer_admin_key_never_on_argv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_trainer_admin_key_never_on_argv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert _exit_code(train_main, [*TRAIN_REQUIRED, "--admin-api-key", "k"]) == 2
     assert "unrecognized arguments: --admin-api-key" in capsys.readouterr().err
     monkeypatch.setenv("HINDSIGHT_TRAIN_ADMIN_API_KEY", "from-env")

@@ -69,8 +69,9 @@ def make_app(registry: CollectorRegistry | None = None) -> FastAPI:
     async def boom() -> None:
         raise RuntimeError("kaboom")
 
-    app.add_middleware(RequestContextMiddleware,
-                       route_metrics=RouteMetrics(registry, "t") if registry is not None else None)
+    app.add_middleware(
+        RequestContextMiddleware, route_metrics=RouteMetrics(registry, "t") if registry is not None else None
+    )
     return app
 
 
@@ -120,8 +121,9 @@ async def test_request_id_of_128_chars_is_kept() -> None:
     assert r.headers["x-request-id"] == rid
 
 
-@pytest.mark.parametrize(("header", "expected"), [("sess 1", "sess 1"), ("  s2 ", "s2"), ("x" * 257, None),
-                                                  ("bad\x7f", None)])
+@pytest.mark.parametrize(
+    ("header", "expected"), [("sess 1", "sess 1"), ("  s2 ", "s2"), ("x" * 257, None), ("bad\x7f", None)]
+)
 async def test_session_id_from_header(header: str, expected: str | None) -> None:
     async with client(make_app()) as c:
         r = await c.get("/ids", headers={"X-Session-Id": header.encode("latin-1")})
@@ -132,9 +134,14 @@ async def test_ids_isolated_across_concurrent_requests_and_reset_after() -> None
     async with client(make_app()) as c:
         rids = [f"req-{i}" for i in range(20)]
         # Decreasing delays: the requests finish in the reverse order they started, fully interleaved.
-        rs = await asyncio.gather(*(c.get("/ids", params={"delay_s": 0.002 * (20 - i)},
-                                          headers={"X-Request-ID": rid, "X-Session-Id": f"s{i}"})
-                                    for i, rid in enumerate(rids)))
+        rs = await asyncio.gather(
+            *(
+                c.get(
+                    "/ids", params={"delay_s": 0.002 * (20 - i)}, headers={"X-Request-ID": rid, "X-Session-Id": f"s{i}"}
+                )
+                for i, rid in enumerate(rids)
+            )
+        )
         # Sequential requests run in THIS task (ASGITransport): nothing may leak into our context.
         await c.get("/ids", headers={"X-Request-ID": "sequential"})
     for i, (rid, r) in enumerate(zip(rids, rs, strict=True)):
@@ -208,7 +215,11 @@ async def test_json_log_lines(log_stream: io.StringIO) -> None:
     assert len([r for r in records if r["message"] == "inside handler"]) == 1
     inside = next(r for r in records if r["message"] == "inside handler")
     assert (inside["request_id"], inside["session_id"], inside["level"], inside["logger"]) == (
-        "json-1", "js", "INFO", "tests.observability")
+        "json-1",
+        "js",
+        "INFO",
+        "tests.observability",
+    )
     extra = next(r for r in records if r["message"] == "with extra 5")
     assert (extra["request_id"], extra["session_id"], extra["turn_index"]) == ("bg-1", None, 3)
     failed = next(r for r in records if r["message"] == "failed")
@@ -249,12 +260,15 @@ def test_handler_masks_secret_query_parameters(json_logs: bool) -> None:
     assert "api_key=***&n=2" in text and "token=***" in text and "max_new_tokens=5" in text
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("/get_reward?api_key=abc", "/get_reward?api_key=***"),
-    ("/r?x=1&API_KEY=abc&y=2", "/r?x=1&API_KEY=***&y=2"),
-    ('{"url": "http://h/r?key=abc"}', '{"url": "http://h/r?key=***"}'),
-    ("monkey=1 key=abc ?keys=abc", "monkey=1 key=abc ?keys=abc"),  # not a query parameter / not a secret name
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/get_reward?api_key=abc", "/get_reward?api_key=***"),
+        ("/r?x=1&API_KEY=abc&y=2", "/r?x=1&API_KEY=***&y=2"),
+        ('{"url": "http://h/r?key=abc"}', '{"url": "http://h/r?key=***"}'),
+        ("monkey=1 key=abc ?keys=abc", "monkey=1 key=abc ?keys=abc"),  # not a query parameter / not a secret name
+    ],
+)
 def test_redact_query_secrets(text: str, expected: str) -> None:
     assert redact_query_secrets(text) == expected
 
@@ -272,10 +286,24 @@ class DemoSettings(BaseSettings):
     worker_urls: list[str] = ["http://a:1", "http://u:p@b:2"]
 
 
-@pytest.mark.parametrize(("name", "secret"), [
-    ("api_key", True), ("admin_api_key", True), ("hf_token", True), ("client_secret", True), ("password", True),
-    ("apiKey", True), ("hfToken", True), ("APIKEY", True), ("max_new_tokens", False), ("tokenizer_path", False),
-    ("keywords", False), ("Authorization", True), ("monkey", False)])
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("api_key", True),
+        ("admin_api_key", True),
+        ("hf_token", True),
+        ("client_secret", True),
+        ("password", True),
+        ("apiKey", True),
+        ("hfToken", True),
+        ("APIKEY", True),
+        ("max_new_tokens", False),
+        ("tokenizer_path", False),
+        ("keywords", False),
+        ("Authorization", True),
+        ("monkey", False),
+    ],
+)
 def test_secret_names(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
 
@@ -284,8 +312,13 @@ def test_log_settings_redacts_secrets(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="tests.observability")
     shown = log_settings(log, DemoSettings(), title="demo")
     assert shown == {
-        "api_key": REDACTED, "admin_api_key": None, "hf_token": REDACTED, "db_password": REDACTED,
-        "max_new_tokens": 64, "tokenizer_path": "/models/tok", "engine_url": "http://***@10.0.0.1:30000/v1",
+        "api_key": REDACTED,
+        "admin_api_key": None,
+        "hf_token": REDACTED,
+        "db_password": REDACTED,
+        "max_new_tokens": 64,
+        "tokenizer_path": "/models/tok",
+        "engine_url": "http://***@10.0.0.1:30000/v1",
         "extra_headers": {"Authorization": REDACTED, "X-Trace": "ok"},
         "worker_urls": ["http://a:1", "http://***@b:2"],
     }
@@ -299,8 +332,10 @@ def test_log_settings_redacts_secrets(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_redact_plain_mapping() -> None:
-    assert redact({"nested": {"secret": "s", "n": 1}, "token": None}) == {"nested": {"secret": REDACTED, "n": 1},
-                                                                           "token": None}
+    assert redact({"nested": {"secret": "s", "n": 1}, "token": None}) == {
+        "nested": {"secret": REDACTED, "n": 1},
+        "token": None,
+    }
 
 
 # ------------------------------------------------------------------------------------------ route metrics
@@ -325,8 +360,12 @@ async def test_route_metrics_use_templates_methods_and_status() -> None:
     assert count("/items/{item_id}", "OTHER", "405") == 1
     assert count("/items/{item_id}", "GET", "401") == 1  # answered before routing, still the template
     assert count("/boom", "GET", "500") == 1
-    assert registry.get_sample_value("t_http_request_duration_seconds_count",
-                                     {"route": "/items/{item_id}", "method": "GET", "status": "200"}) == 3
+    assert (
+        registry.get_sample_value(
+            "t_http_request_duration_seconds_count", {"route": "/items/{item_id}", "method": "GET", "status": "200"}
+        )
+        == 3
+    )
     routes = {s.labels["route"] for m in registry.collect() for s in m.samples if "route" in s.labels}
     assert routes == {"/items/{item_id}", UNMATCHED_ROUTE, "/boom"}  # no raw URL ever becomes a label
 
@@ -334,8 +373,11 @@ async def test_route_metrics_use_templates_methods_and_status() -> None:
 # ------------------------------------------------------------------------------------------ propagation
 async def test_ids_propagate_to_upstream_calls() -> None:
     upstream = make_app()
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=upstream), base_url="http://up",
-                                 event_hooks={"request": [propagate_request_id]}) as up:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=upstream),
+        base_url="http://up",
+        event_hooks={"request": [propagate_request_id]},
+    ) as up:
         with bind_ids(request_id="from-caller", session_id="sess-9"):
             inside = (await up.get("/ids")).json()
         outside = (await up.get("/ids")).json()

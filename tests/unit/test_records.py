@@ -32,36 +32,102 @@ from policy_server.rewards.scoring import ScoreOutcome, apply_outcome
 
 pytestmark = pytest.mark.unit
 
-PRM_OK = {"score": 1, "status": "ok", "votes": [1, 1, None], "confidence": 1.0, "reason": None,
-          "engine_calls": 2, "prompt_tokens": 2410, "cached_tokens": 1150, "completion_tokens": 96}
-HINT_OK = {"accepted": True, "hint": "check the path first", "votes": [1, -1], "status": "ok", "reason": None,
-           "vote_status": "tie", "engine_calls": 1, "prompt_tokens": 1230, "cached_tokens": 1150,
-           "completion_tokens": 80}
-HINT_FAILED = {"accepted": False, "hint": None, "votes": [], "status": "judge_failed",
-               "reason": "engine unavailable", "vote_status": "judge_failed", "engine_calls": 0,
-               "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
-TURN = {"chat_template_kwargs": None, "messages": [{"role": "user", "content": "hi"}], "tools": None,
-        "prompt_ids": [1, 2, 3], "response_ids": [4, 5, 6], "rollout_logprobs": [-0.1, -0.2, -0.3],
-        "response": {"content": "hello", "reasoning_content": None, "tool_calls": None},
-        "weight_version": "3", "weight_versions": ["3"],
-        "sampling_params": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 64}, "constrained": False,
-        "session_id": "s1", "turn_index": 2, "created_at": 1764556800.25, "pairing": "paired",
-        "pairing_note": None, "next_state": [{"role": "user", "content": "thanks"}], "session_done": False}
-TURN_PART = {"prompt_ids": [1, 2, 3], "response_ids": [4, 5, 6], "rollout_logprobs": [-0.1, -0.2, -0.3],
-             "weight_version": "3", "weight_versions": ["3"],
-             "sampling_params": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 64}}
-ORIGIN = {"sample_id": "smp-1", "session_id": "s1", "turn_index": 2, "created_at": 1764556800.25,
-          "constrained": False}
+PRM_OK = {
+    "score": 1,
+    "status": "ok",
+    "votes": [1, 1, None],
+    "confidence": 1.0,
+    "reason": None,
+    "engine_calls": 2,
+    "prompt_tokens": 2410,
+    "cached_tokens": 1150,
+    "completion_tokens": 96,
+}
+HINT_OK = {
+    "accepted": True,
+    "hint": "check the path first",
+    "votes": [1, -1],
+    "status": "ok",
+    "reason": None,
+    "vote_status": "tie",
+    "engine_calls": 1,
+    "prompt_tokens": 1230,
+    "cached_tokens": 1150,
+    "completion_tokens": 80,
+}
+HINT_FAILED = {
+    "accepted": False,
+    "hint": None,
+    "votes": [],
+    "status": "judge_failed",
+    "reason": "engine unavailable",
+    "vote_status": "judge_failed",
+    "engine_calls": 0,
+    "prompt_tokens": 0,
+    "cached_tokens": 0,
+    "completion_tokens": 0,
+}
+TURN = {
+    "chat_template_kwargs": None,
+    "messages": [{"role": "user", "content": "hi"}],
+    "tools": None,
+    "prompt_ids": [1, 2, 3],
+    "response_ids": [4, 5, 6],
+    "rollout_logprobs": [-0.1, -0.2, -0.3],
+    "response": {"content": "hello", "reasoning_content": None, "tool_calls": None},
+    "weight_version": "3",
+    "weight_versions": ["3"],
+    "sampling_params": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 64},
+    "constrained": False,
+    "session_id": "s1",
+    "turn_index": 2,
+    "created_at": 1764556800.25,
+    "pairing": "paired",
+    "pairing_note": None,
+    "next_state": [{"role": "user", "content": "thanks"}],
+    "session_done": False,
+}
+TURN_PART = {
+    "prompt_ids": [1, 2, 3],
+    "response_ids": [4, 5, 6],
+    "rollout_logprobs": [-0.1, -0.2, -0.3],
+    "weight_version": "3",
+    "weight_versions": ["3"],
+    "sampling_params": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 64},
+}
+ORIGIN = {"sample_id": "smp-1", "session_id": "s1", "turn_index": 2, "created_at": 1764556800.25, "constrained": False}
 
 
-def _old_sample(mode: str, *, include: bool, reward: float | None, prm: dict | None, hint: dict | None,
-                teacher: list[float] | None = None, topk: dict | None = None,
-                token_rewards: list[float] | None = None, versions: dict | None = None) -> dict:
+def _old_sample(
+    mode: str,
+    *,
+    include: bool,
+    reward: float | None,
+    prm: dict | None,
+    hint: dict | None,
+    teacher: list[float] | None = None,
+    topk: dict | None = None,
+    token_rewards: list[float] | None = None,
+    versions: dict | None = None,
+) -> dict:
     """A Sample exactly as the dispatcher wrote it: pipeline fields, prompt_versions, turn fields, origin."""
-    return {"mode": mode, "loss_mask": [1 if include else 0] * 3, "reward": reward, "has_reward": reward is not None,
-            "has_teacher": teacher is not None, "prm": prm, "hint": hint, "teacher_logprobs": teacher,
-            "teacher_topk": topk, "token_rewards": token_rewards, "w_rl": 1.0, "w_opd": 0.5,
-            "prompt_versions": versions or {}, **TURN_PART, **ORIGIN}
+    return {
+        "mode": mode,
+        "loss_mask": [1 if include else 0] * 3,
+        "reward": reward,
+        "has_reward": reward is not None,
+        "has_teacher": teacher is not None,
+        "prm": prm,
+        "hint": hint,
+        "teacher_logprobs": teacher,
+        "teacher_topk": topk,
+        "token_rewards": token_rewards,
+        "w_rl": 1.0,
+        "w_opd": 0.5,
+        "prompt_versions": versions or {},
+        **TURN_PART,
+        **ORIGIN,
+    }
 
 
 TEACHER = [-0.5, -1.25, -0.01]
@@ -69,19 +135,43 @@ TOPK = {"ids": [[5, 9], [6, 1], [7, 2]], "logprobs": [[-0.5, -2.0], [-1.25, -1.5
 VERSIONS = {"prm": "prm_eval_v2@abc", "hint": "hint_extract_v2@def", "teacher_hint": "teacher_hint_v1@123"}
 OLD_SAMPLES = {
     "rl": _old_sample("rl", include=True, reward=1.0, prm=PRM_OK, hint=None, versions={"prm": "prm_eval_v2@abc"}),
-    "rl_prm_token_rewards": _old_sample("rl", include=True, reward=-1.0, prm={**PRM_OK, "score": -1}, hint=None,
-                                        token_rewards=[0.5, -0.25, 1.0]),
-    "rl_promoted_tie": _old_sample("rl", include=True, reward=0.0, hint=None,
-                                   prm={**PRM_OK, "score": 0, "status": "tie", "confidence": 0.5}),
-    "rl_rejected_no_valid": _old_sample("rl", include=False, reward=None, hint=None,
-                                        prm={**PRM_OK, "score": 0, "status": "no_valid_votes", "votes": [None]}),
-    "opd": _old_sample("opd", include=True, reward=None, prm=None, hint=HINT_OK, teacher=TEACHER, topk=TOPK,
-                       versions={"hint": "hint_extract_v2@def", "teacher_hint": "teacher_hint_v1@123"}),
+    "rl_prm_token_rewards": _old_sample(
+        "rl", include=True, reward=-1.0, prm={**PRM_OK, "score": -1}, hint=None, token_rewards=[0.5, -0.25, 1.0]
+    ),
+    "rl_promoted_tie": _old_sample(
+        "rl", include=True, reward=0.0, hint=None, prm={**PRM_OK, "score": 0, "status": "tie", "confidence": 0.5}
+    ),
+    "rl_rejected_no_valid": _old_sample(
+        "rl",
+        include=False,
+        reward=None,
+        hint=None,
+        prm={**PRM_OK, "score": 0, "status": "no_valid_votes", "votes": [None]},
+    ),
+    "opd": _old_sample(
+        "opd",
+        include=True,
+        reward=None,
+        prm=None,
+        hint=HINT_OK,
+        teacher=TEACHER,
+        topk=TOPK,
+        versions={"hint": "hint_extract_v2@def", "teacher_hint": "teacher_hint_v1@123"},
+    ),
     "opd_no_topk": _old_sample("opd", include=True, reward=None, prm=None, hint=HINT_OK, teacher=TEACHER),
-    "combine": _old_sample("combine", include=True, reward=1.0, prm=PRM_OK, hint=HINT_OK, teacher=TEACHER,
-                           versions=VERSIONS, token_rewards=[0.1, 0.2, 0.3]),
-    "combine_hint_failed": _old_sample("combine", include=False, reward=None, prm=PRM_OK, hint=HINT_FAILED,
-                                       versions=VERSIONS),
+    "combine": _old_sample(
+        "combine",
+        include=True,
+        reward=1.0,
+        prm=PRM_OK,
+        hint=HINT_OK,
+        teacher=TEACHER,
+        versions=VERSIONS,
+        token_rewards=[0.1, 0.2, 0.3],
+    ),
+    "combine_hint_failed": _old_sample(
+        "combine", include=False, reward=None, prm=PRM_OK, hint=HINT_FAILED, versions=VERSIONS
+    ),
     "prm_rejected": {**_old_sample("rl", include=False, reward=1.0, prm=PRM_OK, hint=None)},
     "pipeline_error": {**TURN_PART, **ORIGIN},  # a pipeline exception: no mode fields at all
     "rejected_before_judging": _old_sample("opd", include=False, reward=None, prm=None, hint=None),
@@ -97,14 +187,25 @@ def test_sample_round_trips_todays_json_byte_for_byte(name):
     assert json.dumps(got, ensure_ascii=False) == json.dumps(old, ensure_ascii=False)
 
 
-@pytest.mark.parametrize("mode, prm, hint, reward, teacher, topk", [
-    ("rl", PRM_OK, None, 1.0, None, None),
-    ("opd", None, HINT_OK, None, TEACHER, TOPK),
-    ("combine", PRM_OK, HINT_OK, 1.0, TEACHER, None),
-])
+@pytest.mark.parametrize(
+    "mode, prm, hint, reward, teacher, topk",
+    [
+        ("rl", PRM_OK, None, 1.0, None, None),
+        ("opd", None, HINT_OK, None, TEACHER, TOPK),
+        ("combine", PRM_OK, HINT_OK, 1.0, TEACHER, None),
+    ],
+)
 def test_dispatcher_builds_the_same_sample_as_before(mode, prm, hint, reward, teacher, topk):
-    fields = build_sample(ModeSnapshot(mode, 1.0, 0.5), 3, include=True, prm=prm, hint=hint, reward=reward,
-                          teacher_logprobs=teacher, teacher_topk=topk)
+    fields = build_sample(
+        ModeSnapshot(mode, 1.0, 0.5),
+        3,
+        include=True,
+        prm=prm,
+        hint=hint,
+        reward=reward,
+        teacher_logprobs=teacher,
+        teacher_topk=topk,
+    )
     fields["prompt_versions"] = dict(VERSIONS)
     # The old composition: the pipeline's dict, updated with the turn's fields and the origin.
     old = dict(fields)
@@ -130,7 +231,8 @@ def test_non_finite_values_survive_for_the_value_checks():
     assert math.isnan(s.to_json()["reward"]) and s.to_json()["token_rewards"][1] == math.inf
     assert s.value_problem() == "reward is not a finite number (nan)"
     assert Sample.model_validate({**bad, "reward": 1.0}).value_problem() == (
-        "token_rewards holds a non-finite or non-numeric value (inf)")
+        "token_rewards holds a non-finite or non-numeric value (inf)"
+    )
     assert Sample.model_validate(OLD_SAMPLES["opd"]).value_problem() is None
     positive = {**OLD_SAMPLES["opd"], "teacher_logprobs": [-0.1, 0.5, -0.2]}
     assert Sample.model_validate(positive).value_problem() == "teacher_logprobs holds a positive log-probability (0.5)"
@@ -149,15 +251,25 @@ def test_verdicts_are_typed_and_keep_the_judges_order():
     assert (prm.score, prm.status, prm.engine_calls) == (1, "ok", 2)
     assert list(prm.to_json()) == list(PRM_OK)
     usage = JudgeUsage(engine_calls=1, prompt_tokens=1230, cached_tokens=1150, completion_tokens=80)
-    wired = HintVerdict.wire(accepted=True, hint="check the path first", votes=[1, -1], status="ok", reason=None,
-                             vote_status="tie", usage=usage)
+    wired = HintVerdict.wire(
+        accepted=True,
+        hint="check the path first",
+        votes=[1, -1],
+        status="ok",
+        reason=None,
+        vote_status="tie",
+        usage=usage,
+    )
     assert json.dumps(wired.to_json()) == json.dumps(HINT_OK)
     usage = JudgeUsage(engine_calls=2, prompt_tokens=2410, cached_tokens=1150, completion_tokens=96)
     wired_prm = PrmVerdict.wire(score=1, status="ok", votes=[1, 1, None], confidence=1.0, reason=None, usage=usage)
     assert json.dumps(wired_prm.to_json()) == json.dumps(PRM_OK)
-    answer = {"prm": PRM_OK, "hint": HINT_FAILED,
-              "usage": {"engine_calls": 2, "prompt_tokens": 2410, "cached_tokens": 1150, "completion_tokens": 96},
-              "prompt_versions": {"prm": "prm_eval_v2@abc", "hint": "hint_extract_v2@def"}}
+    answer = {
+        "prm": PRM_OK,
+        "hint": HINT_FAILED,
+        "usage": {"engine_calls": 2, "prompt_tokens": 2410, "cached_tokens": 1150, "completion_tokens": 96},
+        "prompt_versions": {"prm": "prm_eval_v2@abc", "hint": "hint_extract_v2@def"},
+    }
     parsed = JudgeVerdicts.model_validate(answer)
     assert parsed.hint is not None and parsed.hint.status == STATUS_FAILED and parsed.hint.hint is None
     assert json.dumps(parsed.to_json()) == json.dumps(answer)

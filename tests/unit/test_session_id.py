@@ -13,10 +13,23 @@ from engine.observability import bind_ids, header_text, request_id_headers, vali
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ("s1", "s1"), ("sess 1", "sess 1"), ("  s2 ", "s2"), ("café", "café"), ("x" * 256, "x" * 256),
-    ("x" * 257, None), ("", None), ("   ", None), (None, None), ("bad\x7f", None), ("a\nb", None), ("a\x00", None),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("s1", "s1"),
+        ("sess 1", "sess 1"),
+        ("  s2 ", "s2"),
+        ("café", "café"),
+        ("x" * 256, "x" * 256),
+        ("x" * 257, None),
+        ("", None),
+        ("   ", None),
+        (None, None),
+        ("bad\x7f", None),
+        ("a\nb", None),
+        ("a\x00", None),
+    ],
+)
 def test_valid_session_id(value: str | None, expected: str | None) -> None:
     assert valid_session_id(value) == expected
 

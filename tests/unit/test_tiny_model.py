@@ -39,7 +39,9 @@ def _answer_logprob(model_dir, tok, text):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    prompt = tok.apply_chat_template([{"role": "user", "content": "check the weather file"}], add_generation_prompt=True, tokenize=False)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "check the weather file"}], add_generation_prompt=True, tokenize=False
+    )
     p = tok.encode(prompt, add_special_tokens=False)
     r = tok.encode(text, add_special_tokens=False)
     ids = torch.tensor([p + r])

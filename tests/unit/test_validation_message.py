@@ -40,8 +40,10 @@ def errors_of(body: dict) -> list[dict]:
 
 
 def test_fastapi_body_prefix_and_value_error_prefix_are_dropped() -> None:
-    errors = [{"loc": ("body", "messages", 0, "content"), "msg": "Value error, content must not be empty"},
-              {"loc": ("body",), "msg": "Field required"}]
+    errors = [
+        {"loc": ("body", "messages", 0, "content"), "msg": "Value error, content must not be empty"},
+        {"loc": ("body",), "msg": "Field required"},
+    ]
     assert describe_validation_errors(errors) == "messages.0.content: content must not be empty; Field required"
 
 
@@ -57,13 +59,16 @@ def test_real_pydantic_errors() -> None:
     errors = errors_of({"messages": [{"role": "user", "content": ""}], "n": "many"})
     assert describe_validation_errors(errors) == (
         "messages.0.content: content must not be empty; n: Input should be a valid integer, unable to parse "
-        "string as an integer")
+        "string as an integer"
+    )
 
 
 def test_most_specific_error_picks_the_deepest_union_branch() -> None:
     # content fails both union branches: str (wrong type) and list[str] (item 1 wrong): the list item is deeper.
     errors = errors_of({"messages": [{"role": "user", "content": ["ok", 3]}]})
     assert len(errors) == 2
-    assert most_specific_error(errors) == ("messages.0.content.list[str].1: Input should be a valid string",
-                                           "messages.0.content.list[str].1")
+    assert most_specific_error(errors) == (
+        "messages.0.content.list[str].1: Input should be a valid string",
+        "messages.0.content.list[str].1",
+    )
     assert most_specific_error([{"loc": (), "msg": "bad root"}]) == ("bad root", None)

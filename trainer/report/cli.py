@@ -38,9 +38,10 @@ class ReportSettings(CliSettings):
     policy_url: str | None = Field(None, description="policy server base URL (admin API) for sample plots")
     # The policy server's own variable is accepted, so one exported key serves the server and the report.
     admin_api_key: Annotated[str | None, EnvOnly()] = Field(
-        None, validation_alias=AliasChoices("HINDSIGHT_REPORT_ADMIN_API_KEY", "HINDSIGHT_POLICY_ADMIN_API_KEY"),
-        description="policy server admin bearer key: HINDSIGHT_POLICY_ADMIN_API_KEY or "
-        "HINDSIGHT_REPORT_ADMIN_API_KEY")
+        None,
+        validation_alias=AliasChoices("HINDSIGHT_REPORT_ADMIN_API_KEY", "HINDSIGHT_POLICY_ADMIN_API_KEY"),
+        description="policy server admin bearer key: HINDSIGHT_POLICY_ADMIN_API_KEY or HINDSIGHT_REPORT_ADMIN_API_KEY",
+    )
     judge_url: str | None = Field(None, description="judge server base URL, for judge tokens per turn")
     out: Path | None = Field(None, description="output HTML file (default: RUN_DIR/report.html)")
 
@@ -66,8 +67,13 @@ def write_report(out_dir: Path, out_file: Path | None = None, **sources: str | N
 def main(argv: list[str] | None = None) -> int:
     args = parse_cli(ReportSettings, argv, prog=PROG, description=DESCRIPTION)
     try:
-        path = write_report(args.run_dir, args.out, policy_url=args.policy_url, admin_api_key=args.admin_api_key,
-                            judge_url=args.judge_url)
+        path = write_report(
+            args.run_dir,
+            args.out,
+            policy_url=args.policy_url,
+            admin_api_key=args.admin_api_key,
+            judge_url=args.judge_url,
+        )
     except (httpx.HTTPError, CallError) as exc:
         print(f"error: could not read a service for the report: {exc!r}", file=sys.stderr)
         return 1

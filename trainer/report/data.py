@@ -55,8 +55,13 @@ def read_steps(out_dir: Path) -> list[dict[str, Any]]:
     return [by_step[k] for k in sorted(by_step)]
 
 
-def collect(out_dir: Path, policy_url: str | None = None, admin_api_key: str | None = None,
-            judge_url: str | None = None, timeout_s: float = 30.0) -> RunData:
+def collect(
+    out_dir: Path,
+    policy_url: str | None = None,
+    admin_api_key: str | None = None,
+    judge_url: str | None = None,
+    timeout_s: float = 30.0,
+) -> RunData:
     data = RunData(out_dir=out_dir, steps=read_steps(out_dir))
     if (out_dir / "config.json").exists():
         data.config = json.loads((out_dir / "config.json").read_text())
@@ -69,8 +74,9 @@ def collect(out_dir: Path, policy_url: str | None = None, admin_api_key: str | N
             for status, n in sorted((data.stats.get("samples") or {}).items()):
                 if not n:
                     continue
-                got = send_sync(c, "GET", "/v1/samples", policy=retry,
-                                params={"status": status, "limit": ROWS_PER_STATUS})
+                got = send_sync(
+                    c, "GET", "/v1/samples", policy=retry, params={"status": status, "limit": ROWS_PER_STATUS}
+                )
                 data.rows += got.json()["samples"]
                 if n > ROWS_PER_STATUS:
                     data.notes.append(f"{n} samples are {status}: the plots use the oldest {ROWS_PER_STATUS}")
@@ -83,6 +89,7 @@ def collect(out_dir: Path, policy_url: str | None = None, admin_api_key: str | N
 
 
 # --- pure summaries --------------------------------------------------------------------------------
+
 
 def verdict_class(row: dict[str, Any]) -> str:
     prm = (row.get("sample") or {}).get("prm")
@@ -133,10 +140,12 @@ def mode_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 def status_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     """Samples per status, rejected ones split by reject reason (text before the first ':')."""
+
     def label(r: dict[str, Any]) -> str:
         if r.get("status") == "rejected":
             return "rejected: " + str(r.get("reject_reason") or "?").split(":")[0]
         return str(r.get("status"))
+
     return dict(sorted(Counter(label(r) for r in rows).items()))
 
 
@@ -184,5 +193,11 @@ def judge_tokens_per_turn(metrics_text: str | None) -> tuple[list[str], dict[str
 
 def step_series(steps: list[dict[str, Any]], *keys: str) -> dict[str, list[tuple[float, float]]]:
     """{key: [(step, value), ...]} for the numeric values of each key."""
-    return {k: [(float(s["step"]), float(s[k])) for s in steps
-                if isinstance(s.get(k), (int, float)) and not isinstance(s.get(k), bool)] for k in keys}
+    return {
+        k: [
+            (float(s["step"]), float(s[k]))
+            for s in steps
+            if isinstance(s.get(k), (int, float)) and not isinstance(s.get(k), bool)
+        ]
+        for k in keys
+    }

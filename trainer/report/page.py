@@ -15,15 +15,28 @@ from typing import Any
 from trainer.report import data as d
 from trainer.report.svg import bar_chart, line_chart
 
-PLOTS = ("reward_per_step", "reward_per_version", "verdicts_per_version", "samples_per_mode",
-         "samples_per_status", "judge_votes_per_turn", "judge_tokens_per_turn", "ppo_loss", "ppo_clip_kl",
-         "ppo_entropy_grad", "ppo_advantages", "trainer_throughput")
+PLOTS = (
+    "reward_per_step",
+    "reward_per_version",
+    "verdicts_per_version",
+    "samples_per_mode",
+    "samples_per_status",
+    "judge_votes_per_turn",
+    "judge_tokens_per_turn",
+    "ppo_loss",
+    "ppo_clip_kl",
+    "ppo_entropy_grad",
+    "ppo_advantages",
+    "trainer_throughput",
+)
 
-CSS = ("body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}"
-       "h1{font-size:22px}h2{font-size:17px;border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:28px}"
-       ".grid{display:flex;flex-wrap:wrap;gap:16px}figure.plot{margin:0;width:560px}"
-       "figcaption{font-size:12px;color:#555;margin-top:2px}table{border-collapse:collapse;font-size:13px}"
-       "td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}.note{color:#a60}")
+CSS = (
+    "body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}"
+    "h1{font-size:22px}h2{font-size:17px;border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:28px}"
+    ".grid{display:flex;flex-wrap:wrap;gap:16px}figure.plot{margin:0;width:560px}"
+    "figcaption{font-size:12px;color:#555;margin-top:2px}table{border-collapse:collapse;font-size:13px}"
+    "td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}.note{color:#a60}"
+)
 
 
 def _figure(name: str, svg: str, caption: str) -> str:
@@ -39,40 +52,78 @@ def _plots(data: d.RunData) -> dict[str, str]:
     token_tasks, tokens = d.judge_tokens_per_turn(data.judge_metrics)
     ordered = sorted(by_version, key=d.version_key)
     return {
-        "reward_per_step": _figure("reward_per_step", line_chart("Mean reward per trained step",
-                                   d.step_series(steps, "reward_mean")),
-                                   "metrics.jsonl reward_mean: the PRM reward averaged over the step's samples that carry one."),
-        "reward_per_version": _figure("reward_per_version", line_chart(
-            "Mean reward per weight version", {"reward_mean": [(float(i), by_version[v][0]) for i, v in enumerate(ordered)]},
-            x_label="weight version #: " + ", ".join(f"{i}={v} (n={by_version[v][1]})" for i, v in enumerate(ordered))[:90]),
-            "Samples' reward grouped by the weight version that sampled them (version N = the policy after step N)."),
-        "verdicts_per_version": _figure("verdicts_per_version", bar_chart(
-            "Judge verdict mix per weight version", versions, verdicts, x_label="weight version"),
-            "PRM verdict of each stored sample: +1/0/-1 (ok), tie, no_valid_votes, judge_failed, or none."),
-        "samples_per_mode": _figure("samples_per_mode", bar_chart(
-            "Samples per reward mode", list(modes), {"samples": [float(v) for v in modes.values()]}),
-            "Stored samples by the mode that produced them (rl, opd, combine)."),
-        "samples_per_status": _figure("samples_per_status", bar_chart(
-            "Samples per status and reject reason", list(statuses), {"samples": [float(v) for v in statuses.values()]}),
-            "Every stored sample by status; rejected ones by reject reason."),
-        "judge_votes_per_turn": _figure("judge_votes_per_turn", bar_chart(
-            "Judge votes per turn", vote_sizes, votes, x_label="votes drawn"),
-            "Turns by the number of votes the judge drew (len(votes) of each verdict)."),
-        "judge_tokens_per_turn": _figure("judge_tokens_per_turn", bar_chart(
-            "Judge tokens per turn (mean)", token_tasks, tokens, x_label="task"),
-            "The judge's hindsight_judge_tokens_per_turn histogram (_sum / _count) by task and kind."),
-        "ppo_loss": _figure("ppo_loss", line_chart("PPO loss", d.step_series(steps, "loss", "pg_loss")),
-                            "metrics.jsonl loss and pg_loss per step."),
-        "ppo_clip_kl": _figure("ppo_clip_kl", line_chart("Clip fraction and KL", d.step_series(
-            steps, "clip_frac", "approx_kl", "ref_kl", "rollout_is_over_cap_frac")),
-            "clip_frac, approx_kl (to the old policy), ref_kl (with --kl-coef), share of tokens over the IS cap."),
-        "ppo_entropy_grad": _figure("ppo_entropy_grad", line_chart("Entropy and gradient norm", d.step_series(
-            steps, "entropy", "grad_norm")), "Per-token entropy and the pre-clip gradient norm."),
-        "ppo_advantages": _figure("ppo_advantages", line_chart("Advantages", d.step_series(
-            steps, "adv_mean", "adv_abs_mean", "train_rollout_lp_abs_diff")),
-            "Advantage mean and mean |A| after shaping; mean |recomputed - rollout| log-prob gap."),
-        "trainer_throughput": _figure("trainer_throughput", line_chart("Trainer throughput", d.step_series(
-            steps, "tokens_per_s", "n_trained_samples", "step_time_s")), "Tokens per second, samples trained per step, step time."),
+        "reward_per_step": _figure(
+            "reward_per_step",
+            line_chart("Mean reward per trained step", d.step_series(steps, "reward_mean")),
+            "metrics.jsonl reward_mean: the PRM reward averaged over the step's samples that carry one.",
+        ),
+        "reward_per_version": _figure(
+            "reward_per_version",
+            line_chart(
+                "Mean reward per weight version",
+                {"reward_mean": [(float(i), by_version[v][0]) for i, v in enumerate(ordered)]},
+                x_label="weight version #: "
+                + ", ".join(f"{i}={v} (n={by_version[v][1]})" for i, v in enumerate(ordered))[:90],
+            ),
+            "Samples' reward grouped by the weight version that sampled them (version N = the policy after step N).",
+        ),
+        "verdicts_per_version": _figure(
+            "verdicts_per_version",
+            bar_chart("Judge verdict mix per weight version", versions, verdicts, x_label="weight version"),
+            "PRM verdict of each stored sample: +1/0/-1 (ok), tie, no_valid_votes, judge_failed, or none.",
+        ),
+        "samples_per_mode": _figure(
+            "samples_per_mode",
+            bar_chart("Samples per reward mode", list(modes), {"samples": [float(v) for v in modes.values()]}),
+            "Stored samples by the mode that produced them (rl, opd, combine).",
+        ),
+        "samples_per_status": _figure(
+            "samples_per_status",
+            bar_chart(
+                "Samples per status and reject reason",
+                list(statuses),
+                {"samples": [float(v) for v in statuses.values()]},
+            ),
+            "Every stored sample by status; rejected ones by reject reason.",
+        ),
+        "judge_votes_per_turn": _figure(
+            "judge_votes_per_turn",
+            bar_chart("Judge votes per turn", vote_sizes, votes, x_label="votes drawn"),
+            "Turns by the number of votes the judge drew (len(votes) of each verdict).",
+        ),
+        "judge_tokens_per_turn": _figure(
+            "judge_tokens_per_turn",
+            bar_chart("Judge tokens per turn (mean)", token_tasks, tokens, x_label="task"),
+            "The judge's hindsight_judge_tokens_per_turn histogram (_sum / _count) by task and kind.",
+        ),
+        "ppo_loss": _figure(
+            "ppo_loss",
+            line_chart("PPO loss", d.step_series(steps, "loss", "pg_loss")),
+            "metrics.jsonl loss and pg_loss per step.",
+        ),
+        "ppo_clip_kl": _figure(
+            "ppo_clip_kl",
+            line_chart(
+                "Clip fraction and KL",
+                d.step_series(steps, "clip_frac", "approx_kl", "ref_kl", "rollout_is_over_cap_frac"),
+            ),
+            "clip_frac, approx_kl (to the old policy), ref_kl (with --kl-coef), share of tokens over the IS cap.",
+        ),
+        "ppo_entropy_grad": _figure(
+            "ppo_entropy_grad",
+            line_chart("Entropy and gradient norm", d.step_series(steps, "entropy", "grad_norm")),
+            "Per-token entropy and the pre-clip gradient norm.",
+        ),
+        "ppo_advantages": _figure(
+            "ppo_advantages",
+            line_chart("Advantages", d.step_series(steps, "adv_mean", "adv_abs_mean", "train_rollout_lp_abs_diff")),
+            "Advantage mean and mean |A| after shaping; mean |recomputed - rollout| log-prob gap.",
+        ),
+        "trainer_throughput": _figure(
+            "trainer_throughput",
+            line_chart("Trainer throughput", d.step_series(steps, "tokens_per_s", "n_trained_samples", "step_time_s")),
+            "Tokens per second, samples trained per step, step time.",
+        ),
     }
 
 
@@ -85,9 +136,12 @@ def _summary(data: d.RunData) -> str:
         if key in cfg:
             items.append((key, cfg[key]))
     if data.stats:
-        items += [("samples by status", data.stats.get("samples")), ("reject reasons", data.stats.get("reject_reasons")),
-                  ("policy weight version", data.stats.get("weight_version")),
-                  ("weight updates", data.stats.get("weight_updates"))]
+        items += [
+            ("samples by status", data.stats.get("samples")),
+            ("reject reasons", data.stats.get("reject_reasons")),
+            ("policy weight version", data.stats.get("weight_version")),
+            ("weight updates", data.stats.get("weight_updates")),
+        ]
     items.append(("samples read", len(data.rows)))
     body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in items)
     notes = "".join(f'<p class="note">{escape(n)}</p>' for n in data.notes)
@@ -96,11 +150,19 @@ def _summary(data: d.RunData) -> str:
 
 def render(data: d.RunData) -> str:
     plots = _plots(data)
-    sections = [("Reward and verdicts", PLOTS[:3]), ("Samples", PLOTS[3:5]), ("Judge cost", PLOTS[5:7]),
-                ("PPO", PLOTS[7:])]
-    body = "".join(f"<h2>{escape(title)}</h2><div class=\"grid\">{''.join(plots[n] for n in names)}</div>"
-                   for title, names in sections)
+    sections = [
+        ("Reward and verdicts", PLOTS[:3]),
+        ("Samples", PLOTS[3:5]),
+        ("Judge cost", PLOTS[5:7]),
+        ("PPO", PLOTS[7:]),
+    ]
+    body = "".join(
+        f'<h2>{escape(title)}</h2><div class="grid">{"".join(plots[n] for n in names)}</div>'
+        for title, names in sections
+    )
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Hindsight run report</title>"
-            f"<style>{CSS}</style></head><body><h1>Hindsight run report</h1><p>generated {stamp}</p>"
-            f"{_summary(data)}{body}</body></html>\n")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Hindsight run report</title>'
+        f"<style>{CSS}</style></head><body><h1>Hindsight run report</h1><p>generated {stamp}</p>"
+        f"{_summary(data)}{body}</body></html>\n"
+    )

@@ -13,8 +13,7 @@ from html import escape
 
 WIDTH, HEIGHT = 560, 260
 LEFT, RIGHT, TOP, BOTTOM = 56, 150, 30, 40  # plot margins; the legend lives in the right margin
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#17becf", "#bcbd22")
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf", "#bcbd22")
 
 
 def _fmt(v: float) -> str:
@@ -32,16 +31,22 @@ def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
 
 
 def _frame(title: str, body: list[str], legend: list[tuple[str, str]]) -> str:
-    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-              f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" font-family="sans-serif" font-size="11">'),
-             f"<title>{escape(title)}</title>",
-             f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
-             f'<text x="{LEFT}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>']
+    parts = [
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+            f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" font-family="sans-serif" font-size="11">'
+        ),
+        f"<title>{escape(title)}</title>",
+        f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
+        f'<text x="{LEFT}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>',
+    ]
     parts += body
     for i, (name, colour) in enumerate(legend):
         y = TOP + 6 + 16 * i
-        parts.append(f'<rect x="{WIDTH - RIGHT + 12}" y="{y - 8}" width="10" height="10" fill="{colour}"/>'
-                     f'<text x="{WIDTH - RIGHT + 26}" y="{y + 1}">{escape(name[:22])}</text>')
+        parts.append(
+            f'<rect x="{WIDTH - RIGHT + 12}" y="{y - 8}" width="10" height="10" fill="{colour}"/>'
+            f'<text x="{WIDTH - RIGHT + 26}" y="{y + 1}">{escape(name[:22])}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -49,25 +54,33 @@ def _frame(title: str, body: list[str], legend: list[tuple[str, str]]) -> str:
 def _axes(y_lo: float, y_hi: float, x_label: str) -> tuple[list[str], float, float]:
     """Axis lines and y ticks; returns the parts, plot width and plot height."""
     w, h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    parts = [f'<line x1="{LEFT}" y1="{TOP + h}" x2="{LEFT + w}" y2="{TOP + h}" stroke="#333"/>',
-             f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + h}" stroke="#333"/>',
-             f'<text x="{LEFT + w / 2}" y="{HEIGHT - 6}" text-anchor="middle">{escape(x_label)}</text>']
+    parts = [
+        f'<line x1="{LEFT}" y1="{TOP + h}" x2="{LEFT + w}" y2="{TOP + h}" stroke="#333"/>',
+        f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + h}" stroke="#333"/>',
+        f'<text x="{LEFT + w / 2}" y="{HEIGHT - 6}" text-anchor="middle">{escape(x_label)}</text>',
+    ]
     for t in _ticks(y_lo, y_hi):
         y = TOP + h - (t - y_lo) / (y_hi - y_lo or 1.0) * h
-        parts.append(f'<line x1="{LEFT - 4}" y1="{y:.1f}" x2="{LEFT + w}" y2="{y:.1f}" stroke="#ddd"/>'
-                     f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
+        parts.append(
+            f'<line x1="{LEFT - 4}" y1="{y:.1f}" x2="{LEFT + w}" y2="{y:.1f}" stroke="#ddd"/>'
+            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>'
+        )
     return parts, w, h
 
 
 def _no_data(title: str) -> str:
-    return _frame(title, [(f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" fill="#666">'
-                           "no data in this run</text>")], [])
+    return _frame(
+        title,
+        [(f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" fill="#666">no data in this run</text>')],
+        [],
+    )
 
 
 def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x_label: str = "step") -> str:
     """One polyline plus point marks per series; x and y ranges cover every finite point."""
-    clean = {k: [(float(x), float(y)) for x, y in pts if math.isfinite(x) and math.isfinite(y)]
-             for k, pts in series.items()}
+    clean = {
+        k: [(float(x), float(y)) for x, y in pts if math.isfinite(x) and math.isfinite(y)] for k, pts in series.items()
+    }
     clean = {k: v for k, v in clean.items() if v}
     if not clean:
         return _no_data(title)
@@ -101,8 +114,9 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x_label
     return _frame(title, parts, legend)
 
 
-def bar_chart(title: str, categories: list[str], stacks: dict[str, list[float]], x_label: str = "",
-              normalise: bool = False) -> str:
+def bar_chart(
+    title: str, categories: list[str], stacks: dict[str, list[float]], x_label: str = "", normalise: bool = False
+) -> str:
     """Stacked bars: one bar per category, one segment per stack name (``stacks[name][i]`` for category i).
 
     ``normalise`` draws shares (each bar sums to 1) instead of counts.
@@ -127,8 +141,10 @@ def bar_chart(title: str, categories: list[str], stacks: dict[str, list[float]],
             if v <= 0:
                 continue
             y0, y1 = TOP + h - base / y_hi * h, TOP + h - (base + v) / y_hi * h
-            parts.append(f'<rect class="mark" x="{x:.1f}" y="{y1:.1f}" width="{bar_w:.1f}" height="{y0 - y1:.1f}" '
-                         f'fill="{colour}"><title>{escape(cat)} {escape(name)}: {_fmt(v)}</title></rect>')
+            parts.append(
+                f'<rect class="mark" x="{x:.1f}" y="{y1:.1f}" width="{bar_w:.1f}" height="{y0 - y1:.1f}" '
+                f'fill="{colour}"><title>{escape(cat)} {escape(name)}: {_fmt(v)}</title></rect>'
+            )
             base += v
         parts.append(f'<text x="{x + bar_w / 2:.1f}" y="{TOP + h + 14}" text-anchor="middle">{escape(cat[:14])}</text>')
     return _frame(title, parts, legend)

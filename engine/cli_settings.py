@@ -164,7 +164,9 @@ def build_parser(cls: type[CliSettings], prog: str, description: str | None = No
         if choices:
             kw["metavar"] = "{" + ",".join(choices) + "}"
         if _has(field, Positional):
-            parser.add_argument(name, **({"nargs": "?"} if not field.is_required() else {}), **kw)
+            if not field.is_required():
+                kw["nargs"] = "?"
+            parser.add_argument(name, **kw)
         else:
             parser.add_argument(flag_name(name), dest=name, **kw)
     return parser

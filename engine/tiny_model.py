@@ -19,7 +19,7 @@ import json
 import random
 import shutil
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -71,7 +71,7 @@ def _corpus(seed: int = 1234, n_lines: int = 4000) -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int = 2048):
+def build_tokenizer(vocab_size: int = 2048) -> Any:
     """Byte-level BPE trained on the built-in corpus, wrapped as PreTrainedTokenizerFast."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast

@@ -39,7 +39,7 @@ class Message(BaseModel):
 
 
 class NextStateMessage(Message):
-    role: Literal["user", "tool"]  # type: ignore[assignment]
+    role: Literal["user", "tool"]
 
 
 class JudgedResponse(BaseModel):
@@ -52,13 +52,20 @@ class JudgedResponse(BaseModel):
     # next state says how it went (refusing it would lose a real turn as a rejected sample).
 
 
+JudgeTask = Literal["prm", "hint"]
+
+
+def _every_task() -> list[JudgeTask]:
+    return ["prm", "hint"]
+
+
 class JudgeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     context: list[Message] = Field(default_factory=list)
     response: JudgedResponse
     next_state: list[NextStateMessage] = Field(min_length=1)
-    tasks: list[Literal["prm", "hint"]] = Field(default_factory=lambda: ["prm", "hint"], min_length=1)
+    tasks: list[JudgeTask] = Field(default_factory=_every_task, min_length=1)
     m: int | None = Field(default=None, ge=1)
     policy: Literal["fixed", "adaptive", "sequential"] | None = None
 

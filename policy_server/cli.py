@@ -43,8 +43,9 @@ class MigrateSettings(CliSettings):
 
     model_config = SettingsConfigDict(env_prefix="HINDSIGHT_POLICY_", extra="ignore")
 
-    store_url: str | None = PolicySettings.model_fields["store_url"]
-    data_dir: str = PolicySettings.model_fields["data_dir"]
+    # The server's own fields (default, description, validation), so the two commands cannot drift apart.
+    store_url: str | None = PolicySettings.model_fields["store_url"]  # type: ignore[assignment]
+    data_dir: str = PolicySettings.model_fields["data_dir"]  # type: ignore[assignment]
 
 
 def migrate(argv: list[str]) -> int:

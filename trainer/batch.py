@@ -146,7 +146,7 @@ def collate(
         if s.get("token_rewards") is not None:
             token_rewards[i, :r] = torch.tensor(s["token_rewards"], dtype=torch.float32)
         topk = s.get("teacher_topk")
-        if K and topk and topk.get("ids") and len(topk["ids"][0]) == K:
+        if topk_ids is not None and topk_lp is not None and topk and topk.get("ids") and len(topk["ids"][0]) == K:
             topk_ids[i, :r] = torch.tensor(topk["ids"], dtype=torch.long)
             topk_lp[i, :r] = torch.tensor(topk["logprobs"], dtype=torch.float32)
             topk_valid[i, :r] = mask[i, :r]

@@ -149,7 +149,7 @@ class TrainConfig(CliSettings):
     )
     progress: bool = Field(True, description="progress bar on stderr")
 
-    def validate(self) -> None:
+    def check_consistency(self) -> None:
         if not self.model_path or not self.out_dir:
             raise ValueError("model_path and out_dir are required")
         if self.shaping == "process_weighted" and self.mask_no_eos_with_zero:
@@ -216,7 +216,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         from trainer.prm import resolve_prm_config
 
         cfg = resolve_prm_config(cfg)
-        cfg.validate()
+        cfg.check_consistency()
     except ValueError as exc:
         print(f"{PROG}: invalid configuration: {exc}", file=sys.stderr)  # noqa: T201
         sys.exit(2)

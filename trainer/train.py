@@ -234,19 +234,26 @@ class TrainingRun:
         logger.info("resumed from %s (step %d, %d remembered sample ids)", ckpt, self.step, len(self.trained_ids))
         return list(state.get("leases", []))
 
+    @property
+    def leader_source(self) -> SampleSource:
+        """The sample source, which only rank 0 holds (the other ranks never lease, ack or push)."""
+        if self.source is None:
+            raise RuntimeError("only rank 0 talks to the sample source")
+        return self.source
+
     def finish_interrupted_save(self, ckpt: Path, leases: list[str]) -> None:
         """Rank 0: re-ack the checkpoint's leases when the crash fell between checkpoint and ack, then push its weights."""
         if read_acked_step(self.out_dir) < self.step:
             for lease_id in leases:
                 try:
-                    self.source.ack(lease_id)
+                    self.leader_source.ack(lease_id)
                 except PolicyRejected as exc:
                     logger.warning(
                         "re-ack of lease %s after resume refused (%s); its samples are in %s", lease_id, exc, ckpt
                     )
             write_acked_step(self.out_dir, self.step)
         if self.cfg.weight_sync and self.cfg.sync_on_resume:
-            self.source.update_weights(str(ckpt.resolve()), str(self.step))
+            self.leader_source.update_weights(str(ckpt.resolve()), str(self.step))
 
     def collect_leases(self) -> tuple[list[Lease], bool]:
         """(leases, stop) on every rank: rank 0 leases from live traffic (policy_client.collect_leases); stop when
@@ -256,7 +263,7 @@ class TrainingRun:
         if self.rank == 0:
             try:
                 leases = collect_leases(
-                    self.source, self.cfg.batch_size, self.cfg.min_batch_size, self.cfg.lease_wait_s
+                    self.leader_source, self.cfg.batch_size, self.cfg.min_batch_size, self.cfg.lease_wait_s
                 )
             except SourceExhausted as exc:
                 logger.info("%s; stopping", exc)
@@ -349,7 +356,7 @@ class TrainingRun:
             )
             for lease_id in self.pending_leases:
                 try:
-                    self.source.ack(lease_id)
+                    self.leader_source.ack(lease_id)
                 except PolicyRejected as exc:
                     if exc.status_code != 409:
                         raise
@@ -358,7 +365,7 @@ class TrainingRun:
                     logger.warning("lease %s expired before its ack (%s)", lease_id, exc)
             write_acked_step(self.out_dir, self.step)
             saved = time.monotonic()
-            sync = self.source.update_weights(str(path.resolve()), str(self.step)) if cfg.weight_sync else {}
+            sync = self.leader_source.update_weights(str(path.resolve()), str(self.step)) if cfg.weight_sync else {}
             logger.info(
                 "step %d saved to %s (%.2fs), acked %d lease(s), weights pushed in %.2fs %s",
                 self.step,
@@ -397,7 +404,7 @@ class TrainingRun:
             # Leases that held only duplicates/invalid samples since the last save: nothing new to persist.
             if self.rank == 0:
                 for lease_id in self.pending_leases:
-                    self.source.ack(lease_id)
+                    self.leader_source.ack(lease_id)
             self.pending_leases.clear()
         if self.bar is not None:
             self.bar.close()
@@ -410,7 +417,7 @@ class TrainingRun:
 def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any]:
     """Train until cfg.steps (or the source runs dry / stays idle); returns the final step and checkpoint."""
     cfg = resolve_prm_config(cfg)  # --prm-config: shaping from the policy server's PRM YAML
-    cfg.validate()
+    cfg.check_consistency()
     rank, world, device = compute_init()
     torch.manual_seed(cfg.seed)
     run = TrainingRun(cfg, source, rank, world, device)

@@ -58,7 +58,7 @@ from engine.sample_values import value_problem
 from judge_server.errors import JudgeUnavailable
 from policy_server.errors import StoreBusy
 from policy_server.rewards.scoring import PRMScoring, apply_outcome, held_outcomes
-from policy_server.store import Store
+from policy_server.store import SampleStore
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        store: Store,
+        store: SampleStore,
         pipeline: TurnPipeline | None,
         *,
         concurrency: int = 8,

@@ -193,7 +193,7 @@ class TeacherScorer:
         # Belt and braces: EngineClient.score verifies these; a regression there must not reach the trainer.
         if scored.token_ids != response_ids or len(scored.logprobs) != len(response_ids):
             raise TeacherFailed("teacher_mismatch", "scored ids/log-probs do not align with the response ids")
-        topk = None
+        topk: dict[str, list[list[Any]]] | None = None
         if self.top_k:
             ids, lps = scored.top_ids, scored.top_logprobs
             if ids is None or lps is None or len(ids) != len(response_ids) or len(lps) != len(response_ids):

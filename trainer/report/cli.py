@@ -53,10 +53,17 @@ class ReportSettings(CliSettings):
         return v
 
 
-def write_report(out_dir: Path, out_file: Path | None = None, **sources: str | None) -> Path:
+def write_report(
+    out_dir: Path,
+    out_file: Path | None = None,
+    *,
+    policy_url: str | None = None,
+    admin_api_key: str | None = None,
+    judge_url: str | None = None,
+) -> Path:
     """Collect, render and write atomically; returns the file written."""
     target = out_file or out_dir / "report.html"
-    html = render(collect(out_dir, **sources))
+    html = render(collect(out_dir, policy_url=policy_url, admin_api_key=admin_api_key, judge_url=judge_url))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".tmp")
     tmp.write_text(html, encoding="utf-8")

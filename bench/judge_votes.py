@@ -19,7 +19,7 @@ errors of the paired difference there, and not resolved at 2000.
 Part 2 (one CPU dev engine, tiny model): one judge prompt rendered with the real template, sampled as
 ONE /generate with n=m vs m separate n=1 calls, each from a cold prefix cache. Printed: the prompt tokens
 the engine reports prefilling (prompt_tokens - cached_tokens; n samples of one call share one prefill in
-SGLang, protocol §1.3; m separate calls each prefill unless the prefix cache catches them: on the dev
+SGLang; m separate calls each prefill unless the prefix cache catches them: on the dev
 engine, whose prefills are serialised, the later ones reuse the first one's KV, so the token ratio is about
 1 and the saving shows in the wall clock, i.e. in batched decoding) and the wall-clock ratio. One run.
 """

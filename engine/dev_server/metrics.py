@@ -1,6 +1,6 @@
 """Prometheus metrics of the dev engine, named like real SGLang's (``--enable-metrics``), on one registry per app.
 
-Contract (../shared/reference/sglang-protocol.md §2 ``/metrics``): ``GET /metrics`` serves, with the label
+Contract (real SGLang's ``GET /metrics`` names and labels): ``GET /metrics`` serves, with the label
 ``model_name`` (the served model name, as SGLang labels them):
 
 - ``sglang:prompt_tokens_total`` (counter): prompt tokens prefilled; a sample aborted before prefill adds 0.

@@ -1,6 +1,6 @@
 """OpenAI chat-completions shapes at the HTTP edge: request validation, sampling mapping, responses.
 
-Contract (sglang-protocol.md §4.3-4.4): non-streaming ``chat.completion`` objects and streaming
+Contract (OpenAI chat completions, as SGLang's OpenAI server answers them): non-streaming ``chat.completion`` objects and streaming
 ``chat.completion.chunk`` events (role chunk, content/reasoning/tool-call deltas, finish chunk, optional
 usage chunk with ``choices: []``, then ``[DONE]``). Wrong values of known fields are a 400 with a message
 naming the field; the further OpenAI fields and the rejection of unknown ones are policy_server.api.openai_fields.

@@ -54,11 +54,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from engine.errors import EngineTimeout, EngineUnavailable
 from engine.records import RejectReason
 from judge_server.errors import JudgeUnavailable
+
+if TYPE_CHECKING:  # the PRM package loads only when --prm-config is given (PRMScoring.start)
+    from judge_server.prm import PRMRunner
+    from judge_server.prm.config import PRMFileConfig
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +181,7 @@ def apply_outcome(result: dict[str, Any], outcome: ScoreOutcome) -> dict[str, An
 class PRMScoring:
     """One per policy server: the runner built from ``--prm-config`` plus its counters."""
 
-    def __init__(self, runner: Any, config_path: str, config: Any, *, scope: str = "turn"):
+    def __init__(self, runner: PRMRunner, config_path: str, config: PRMFileConfig, *, scope: str = "turn"):
         if scope not in ("turn", "session"):
             raise ValueError(f"prm_scope must be turn or session, not {scope!r}")
         self.runner = runner

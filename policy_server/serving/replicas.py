@@ -26,9 +26,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policy_server.errors import StoreBusy
+
+if TYPE_CHECKING:  # types only: the store package and the weight gate do not import this module back
+    from policy_server.rewards.modes import ModeState
+    from policy_server.serving.weight_sync import WeightGate
+    from policy_server.store import SampleStore
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +43,11 @@ class ReplicaSync:
 
     def __init__(
         self,
-        store: Any,
+        store: SampleStore,
         *,
         replica_id: str,
-        mode_state: Any,
-        gate: Any,
+        mode_state: ModeState,
+        gate: WeightGate,
         interval_s: float = 1.0,
         ack_timeout_s: float = 5.0,
         max_pause_s: float = 600.0,

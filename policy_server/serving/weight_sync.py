@@ -24,11 +24,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.client import EngineClient
 from engine.errors import EngineError, EngineRejected
 from policy_server.errors import InvalidRequest, ServiceUnavailable, UpstreamFailed
+
+if TYPE_CHECKING:  # types only: replicas imports this module's WeightGate
+    from policy_server.serving.replicas import ReplicaSync
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +82,10 @@ class WeightSync:
         *,
         pause_mode: str = "abort",
         deadline_s: float = 600.0,
-        replicas: Any | None = None,
+        replicas: ReplicaSync | None = None,
     ):
         self.workers = workers
-        self.replicas = replicas  # policy_server.serving.replicas.ReplicaSync with a shared store, else None
+        self.replicas = replicas  # with a shared store (several replicas), else None
         self.gate = gate
         self.pause_mode = pause_mode
         self.deadline_s = deadline_s

@@ -35,6 +35,8 @@ from pydantic.fields import FieldInfo
 from pydantic_core import core_schema
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource
 
+from engine.validation import describe_error
+
 S = TypeVar("S", bound="CliSettings")
 
 _TRUE = ("1", "true", "yes", "on")
@@ -219,16 +221,10 @@ def parse_cli(
     try:
         return parse_settings(cls, argv, prog, description)
     except ValidationError as exc:
-        _exit_invalid(prog or cls.__name__, "\n".join(_describe(err) for err in exc.errors()))
+        _exit_invalid(prog or cls.__name__, "\n".join(f"  {describe_error(err)}" for err in exc.errors()))
     except ValueError as exc:
         _exit_invalid(prog or cls.__name__, str(exc))
     raise AssertionError("unreachable")  # _exit_invalid exits
-
-
-def _describe(err: Any) -> str:
-    where = ".".join(str(p) for p in err.get("loc", ())) or "settings"
-    msg = str(err.get("msg", "invalid"))
-    return f"  {where}: {msg}"
 
 
 def _exit_invalid(prog: str, reason: str) -> None:

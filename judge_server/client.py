@@ -41,6 +41,10 @@ def _verdicts(answer: Any) -> JudgeVerdicts:
         ) from exc
 
 
+# A judge call votes m times on a long prompt: a request may take minutes, and the budget covers a judge restart.
+JUDGE_RETRY = RetryPolicy(max_attempts=5, initial_backoff_s=0.2, max_backoff_s=5.0, jitter_s=0.1, deadline_s=900.0)
+
+
 class JudgeClient:
     """Async client for one judge service; owns its pool (closed by :meth:`aclose`)."""
 
@@ -51,23 +55,13 @@ class JudgeClient:
         *,
         timeout_s: float = 600.0,
         connect_timeout_s: float = 5.0,
-        max_attempts: int = 5,
-        initial_backoff_s: float = 0.2,
-        max_backoff_s: float = 5.0,
-        deadline_s: float = 900.0,
-        retry: RetryPolicy | None = None,
+        retry: RetryPolicy = JUDGE_RETRY,
         event_hooks: EventHooks | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
-        self.retry = retry or RetryPolicy(
-            max_attempts=max_attempts,
-            initial_backoff_s=initial_backoff_s,
-            max_backoff_s=max_backoff_s,
-            jitter_s=0.1,
-            deadline_s=deadline_s,
-        )
+        self.retry = retry
         self._http = build_async_http(
             httpx.Timeout(timeout_s, connect=connect_timeout_s),
             max_connections=100,

@@ -212,7 +212,7 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
                 log_dir=stack.log_dir,
                 name="policy-engine",
                 deadline_s=READY_DEADLINE_S,
-                extra_args=["--served-model-name", "hindsight-policy", "--torch-threads", "1"],
+                extra_args=["--served-model-name", "hindsight-policy"],
             )
         )
         p_router = stack.record(start_router([p_engine.url], log_dir=stack.log_dir, name="policy-router"))
@@ -223,7 +223,7 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
                 log_dir=stack.log_dir,
                 name="judge-engine",
                 deadline_s=READY_DEADLINE_S,
-                extra_args=["--served-model-name", "judge", "--seed", "1", "--torch-threads", "1"],
+                extra_args=["--served-model-name", "judge", "--seed", "1"],
             )
         )
         j_router = stack.record(start_router([j_engine.url], log_dir=stack.log_dir, name="judge-router"))
@@ -236,7 +236,7 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
                 console_script("hindsight-judge"),
                 "--engine-url",
                 j_router.url,
-                "--host",
+                "--host",  # loopback whatever HINDSIGHT_*_HOST says: the dev stack is never exposed
                 "127.0.0.1",
                 "--port",
                 str(judge_port),
@@ -266,7 +266,7 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
                 j_router.url,
                 "--data-dir",
                 str(data_dir),
-                "--host",
+                "--host",  # loopback whatever HINDSIGHT_*_HOST says: the dev stack is never exposed
                 "127.0.0.1",
                 "--port",
                 str(policy_port),

@@ -28,7 +28,7 @@ policy_defaults() {
   : "${POLICY_PORT:=30000}"              # hindsight-policy: point agents at http://HOST:POLICY_PORT/v1
   : "${POLICY_API_KEY:=}"                # bearer agents send
   : "${POLICY_ADMIN_API_KEY:=}"          # bearer of the trainer / admin endpoints
-  : "${SERVED_MODEL_NAME:=hindsight-policy}"  # the model name the engines serve and agents send
+  : "${SERVED_MODEL_NAME:=hindsight-policy}"  # the model name agents send; given to the engines AND the server so they agree
   : "${MODE:=}"                          # rl | opd | combine; empty: the server's default (switch: POST /admin/mode)
   : "${W_RL:=}"                          # empty: the server's default
   : "${W_OPD:=}"                         # empty: the server's default

@@ -52,6 +52,7 @@ from engine.observability import (
     log_settings,
     propagate_request_id,
 )
+from judge_server.client import JudgeClient
 from policy_server.api import admin, routes
 from policy_server.errors import (
     RETRY_AFTER_S,
@@ -61,6 +62,7 @@ from policy_server.errors import (
 )
 from policy_server.metrics import Metrics
 from policy_server.rewards.dispatch import Dispatcher
+from policy_server.rewards.modes import ModeState, RewardPipeline
 from policy_server.rewards.scoring import PRMScoring
 from policy_server.serving.generation import Generator, context_length
 from policy_server.serving.replicas import ReplicaSync
@@ -93,17 +95,12 @@ def _build_pipeline(
     http: httpx.AsyncClient,
     retry: RetryPolicy,
     stack: contextlib.AsyncExitStack,
-) -> tuple[Any, Any]:
+) -> tuple[ModeState, RewardPipeline | None]:
     """(mode_state, pipeline or None). The pipeline needs the judge service; its client closes with ``stack``."""
-    from policy_server.rewards.modes import ModeState
-
     mode_state = ModeState.from_settings(settings)
     if not settings.judge_url:
         logger.warning("no --judge-url: turns are recorded and stay pending_judge until a judge is configured")
         return mode_state, None
-    from judge_server.client import JudgeClient
-    from policy_server.rewards.modes import RewardPipeline
-
     judge = JudgeClient(settings.judge_url, api_key=settings.judge_api_key)
     stack.push_async_callback(_quiet_close, judge)
     teacher = None

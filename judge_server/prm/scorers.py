@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from engine.records import STATUS_FAILED, STATUS_TIE, JudgeVerdicts
 from judge_server.prm.scorer import BaseScorer
@@ -28,6 +29,20 @@ from judge_server.prm.types import Interaction, PRMMetricObservation, PRMScorerR
 
 if TYPE_CHECKING:
     from judge_server.prm.config import PRMConfig
+
+
+class VerdictSource(Protocol):
+    """What LLMJudgeScorer asks of a judge client: ``judge_server.client.JudgeClient``, or a user's object with
+    the same ``judge`` (sync or async, answering a ``JudgeVerdicts`` or its wire JSON)."""
+
+    def judge(
+        self,
+        context: list[dict[str, Any]],
+        response: dict[str, Any],
+        next_state: list[dict[str, Any]],
+        tasks: list[str],
+        m: int | None = None,
+    ) -> Any: ...
 
 
 class LengthBudgetScorer(BaseScorer):
@@ -75,7 +90,7 @@ class LLMJudgeScorer(BaseScorer):
         missing_next_state: Literal["reject", "zero"] = "reject",
         timeout_s: float = 120.0,
         deadline_s: float = 300.0,
-        client: Any = None,
+        client: VerdictSource | None = None,
         weight: float = 1.0,
         enabled: bool = True,
     ):
@@ -89,15 +104,21 @@ class LLMJudgeScorer(BaseScorer):
         self.m = m
         self.reward_range = reward_range
         self.missing_next_state = missing_next_state
+        self._client: VerdictSource
         if client is not None:
             self._client, self._owns_client = client, False
         else:
             if not judge_url:
                 raise ValueError("LLMJudgeScorer needs judge_url (or a client)")
-            from judge_server.client import JudgeClient  # the judge helper's client; imported only when used
+            from judge_server.client import (
+                JUDGE_RETRY,
+                JudgeClient,
+            )  # the judge helper's client; imported only when used
 
             # Bounded per call and in total: the runner adds no timeout of its own.
-            self._client = JudgeClient(judge_url, api_key=api_key, timeout_s=timeout_s, deadline_s=deadline_s)
+            self._client = JudgeClient(
+                judge_url, api_key=api_key, timeout_s=timeout_s, retry=replace(JUDGE_RETRY, deadline_s=deadline_s)
+            )
             self._owns_client = True
 
     def validate_prm_config(self, config: PRMConfig, *, training_enabled: bool) -> None:

@@ -1,7 +1,7 @@
 """Sessions without headers: continue the open session whose recorded transcript a request extends.
 
 Role: opt-in (``infer_sessions`` / ``--infer-sessions`` / ``HINDSIGHT_POLICY_INFER_SESSIONS=true``; off by
-default, and then a request without a session id is served and not recorded, as before). Many clients
+default, and then a request without a session id is served and not recorded). Many clients
 (hosted agent UIs, IDE agents) cannot add ``X-Session-Id``; they do resend the whole transcript, which
 is enough to find the session a main request belongs to.
 

@@ -38,10 +38,11 @@ A session ends on ``X-Session-Done`` (its last turn gets no next state) or when 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +130,12 @@ class Arrival:
     settled: bool = False  # the resolution is written (or being written) and the in-flight count released
 
 
+@dataclass
+class _SessionLock:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0  # requests holding or awaiting ``lock``
+
+
 class SessionTracker:
     """Applies pairing and session ends against the store; runs the idle sweeper.
 
@@ -142,7 +149,7 @@ class SessionTracker:
         self.idle_timeout_s = idle_timeout_s
         self.sweep_interval_s = sweep_interval_s
         self.on_new_work = on_new_work or (lambda: None)
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _SessionLock] = {}
         self._in_flight: dict[str, int] = {}  # main requests per session between arrival and settle
         self._settles: set[asyncio.Task[None]] = set()
         self.mismatches = 0
@@ -154,8 +161,17 @@ class SessionTracker:
         """The sessions with a main request of this process between arrival and settle (published to replicas)."""
         return list(self._in_flight)
 
-    def _lock(self, session_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(session_id, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _lock(self, session_id: str) -> AsyncIterator[None]:
+        """Serialise one session's store work; counts who holds or awaits it, so an ended session's lock is
+        dropped only when nobody does."""
+        entry = self._locks.setdefault(session_id, _SessionLock())
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
 
     async def on_request(
         self, session_id: str, messages: list[dict[str, Any]], *, main: bool, done: bool
@@ -241,8 +257,8 @@ class SessionTracker:
     def _forget_lock(self, session_id: str) -> None:
         """Drop the lock of an ended session (a new request would create a fresh one), unless a request of it
         holds or awaits the lock right now: dropping it then would let two requests run unserialised."""
-        lock = self._locks.get(session_id)
-        if lock is not None and not lock.locked() and not getattr(lock, "_waiters", None):
+        entry = self._locks.get(session_id)
+        if entry is not None and entry.users == 0:
             del self._locks[session_id]
 
     def settle_later(self, arrival: Arrival | None) -> None:

@@ -230,10 +230,7 @@ async def test_stream_generate_retries_opening_and_rejects_4xx() -> None:
 async def test_judge_client_deadline_is_total() -> None:
     client = JudgeClient(
         "http://judge.test",
-        max_attempts=50,
-        initial_backoff_s=0.01,
-        max_backoff_s=0.01,
-        deadline_s=DEADLINE_S,
+        retry=RetryPolicy(max_attempts=50, initial_backoff_s=0.01, max_backoff_s=0.01, deadline_s=DEADLINE_S),
         transport=httpx.MockTransport(_slow_503),
     )
     async with client:

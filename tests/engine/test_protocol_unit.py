@@ -163,7 +163,7 @@ def test_control_pause_abort_and_prefix_abort():
     admitted: list[bool] = []
     t = threading.Thread(target=lambda: admitted.append(control.admit(late)))
     t.start()
-    time.sleep(0.1)
+    time.sleep(0.1)  # a window in which admission must NOT happen: a negative check has no event to wait on
     assert not admitted  # new requests wait while paused
     control.resume()
     t.join(2)

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from engine.cli_settings import parse_settings
+from engine.http_client import RetryPolicy
 from judge_server.client import JudgeBadResponse, JudgeClient, JudgeRequestRejected, JudgeUnavailable
 from judge_server.settings import JudgeSettings
 
@@ -22,9 +23,7 @@ def client_for(handler) -> JudgeClient:
         "http://judge",
         api_key="k",
         transport=httpx.MockTransport(handler),
-        max_attempts=3,
-        initial_backoff_s=0.01,
-        max_backoff_s=0.02,
+        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02),
     )
 
 

@@ -10,11 +10,13 @@ anything else -> 0 (no hint).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from engine.chat import render_prompt_ids
 from engine.client import EngineClient
-from judge_server.client import JudgeClient
+from judge_server.client import JUDGE_RETRY, JudgeClient
 from policy_server.rewards.modes import RewardPipeline
 from policy_server.settings import PolicySettings
 
@@ -79,7 +81,7 @@ async def make_pipeline():
             "teacher_temperature": 1.0,
         }
         settings = PolicySettings.model_construct(**{**fields, **extra})
-        judge = JudgeClient(judge_url, deadline_s=30.0)
+        judge = JudgeClient(judge_url, retry=replace(JUDGE_RETRY, deadline_s=30.0))
         teacher = EngineClient(teacher_url) if teacher_url else None
         clients.extend(c for c in (judge, teacher) if c is not None)
         return RewardPipeline(judge=judge, teacher=teacher, tokenizer=tokenizer, settings=settings)

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from prm_test_scorers import make_turns
 
+from engine.http_client import RetryPolicy
 from engine.procs import free_port, spawn, wait_http
 from judge_server.prm import PRMRejected, PRMRunner, score_session
 from judge_server.prm.scorers import LengthBudgetScorer, LLMJudgeScorer
@@ -55,7 +56,9 @@ def fault_client(prm: dict) -> object:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"prm": prm, "usage": {}, "prompt_versions": {}})
 
-    return JudgeClient("http://judge.invalid", transport=httpx.MockTransport(handler), max_attempts=1)
+    return JudgeClient(
+        "http://judge.invalid", transport=httpx.MockTransport(handler), retry=RetryPolicy(max_attempts=1)
+    )
 
 
 @pytest.mark.unit

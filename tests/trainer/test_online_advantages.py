@@ -58,7 +58,7 @@ def test_equal_reward_step(kind, expected):
 
 @pytest.mark.parametrize("kind", ["running_mean", "window", "batch_mean", "batch_mean_loo", "none"])
 def test_zero_std_normalisation_never_divides_by_eps(kind):
-    # the issue's cases: one +1 under `none` was 1e6; four +1 against a running mean of 0.2 were 8e5 each
+    # zero-std cases: one +1 under `none`, and four +1 against a running mean of 0.2, must stay O(1), not ~1/eps
     one = rl_sample_advantages(T([1.0]), T([True]), baseline=kind, normalize=True, running=history(kind, [0.0, 0.0]))
     four = rl_sample_advantages(
         T([1.0] * 4), T([True] * 4), baseline=kind, normalize=True, running=history(kind, [0.0, 0.4])
@@ -108,7 +108,7 @@ def test_multiplicative_signs_right_neutral_wrong():
     adv = multiplicative_opd(teacher, old, step_ids, scores)
     close(adv, [[0.5, -0.5], [0.0, 0.0], [-2.0, -1.0], [-1.0, -0.5], [0.0, 0.0]])
     assert float(adv[2:4].max()) <= 0.0  # every token of a wrong step is non-positive
-    # the issue's case: teacher -3, old -1, PRM -1 -> the literal product reinforces (+2), the fix penalises (-2)
+    # teacher -3, old -1, PRM -1: the literal product reinforces (+2); the sign-aware form penalises (-2)
     one = turn_steps(torch.ones(1, 1), T([-1.0]))
     assert float(multiplicative_opd_literal(T([[-3.0]]), T([[-1.0]]), *one)) == pytest.approx(2.0)
     assert float(multiplicative_opd(T([[-3.0]]), T([[-1.0]]), *one)) == pytest.approx(-2.0)
@@ -202,8 +202,8 @@ def _train_once(model0, samples: list[dict], cfg: TrainConfig) -> tuple[dict, di
 
 @pytest.mark.slow
 def test_rows_without_a_learning_term_do_not_dilute_the_step(tiny_model_dir):
-    """Baseline none: a promoted (reward 0) 4-token sample between two 3-token ones changes nothing at all,
-    where it used to add 4 tokens to the 6-token denominator (gradient x0.6)."""
+    """Baseline none: a promoted (reward 0) 4-token sample between two 3-token ones changes nothing at all
+    (counted, it would add 4 tokens to the 6-token denominator: gradient x0.6)."""
     from transformers import AutoModelForCausalLM
 
     model0 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)

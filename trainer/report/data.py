@@ -26,8 +26,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.http_client import RetryPolicy, bearer_headers, build_sync_http, send_sync
+from engine.records import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
 
-VERDICT_CLASSES = ("+1", "0", "-1", "tie", "no_valid_votes", "judge_failed", "no verdict")
+# The PRM score classes, then every verdict status that carries no score (engine.records), then a sample without one.
+VERDICT_CLASSES = ("+1", "0", "-1", STATUS_TIE, STATUS_NO_VALID, STATUS_FAILED, "no verdict")
 ROWS_PER_STATUS = 4096  # the policy server's default max_lease_size: the most one read may return
 
 
@@ -96,7 +98,7 @@ def verdict_class(row: dict[str, Any]) -> str:
     if not prm:
         return "no verdict"
     status = prm.get("status")
-    if status == "ok" and isinstance(prm.get("score"), (int, float)):
+    if status == STATUS_OK and isinstance(prm.get("score"), (int, float)):
         return "+1" if prm["score"] > 0 else "-1" if prm["score"] < 0 else "0"
     return status if status in VERDICT_CLASSES else "no verdict"
 

@@ -52,7 +52,7 @@ from engine.observability import (
     log_settings,
     propagate_request_id,
 )
-from policy_server.api import admin, routes
+from policy_server.api import admin, ops, routes
 from policy_server.errors import (
     RETRY_AFTER_S,
     StoreBusy,
@@ -346,6 +346,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
     )
     install_error_handlers(app)
     app.include_router(routes.router)
+    app.include_router(ops.router)
     app.include_router(admin.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

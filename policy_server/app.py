@@ -53,7 +53,7 @@ from engine.observability import (
     propagate_request_id,
 )
 from judge_server.client import JudgeClient
-from policy_server.api import admin, routes
+from policy_server.api import admin, ops, routes
 from policy_server.errors import (
     RETRY_AFTER_S,
     StoreBusy,
@@ -343,6 +343,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
     )
     install_error_handlers(app)
     app.include_router(routes.router)
+    app.include_router(ops.router)
     app.include_router(admin.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -5,7 +5,7 @@ incremental split of streamed assistant text into reasoning and content deltas.
 error event, ``data: [DONE]``); it calls ``on_undelivered`` from its ``finally`` whenever it did not get to
 ``[DONE]``, i.e. it was cancelled at an await (Starlette's StreamingResponse saw ``http.disconnect``) or
 closed at a yield (the response's background ``aclose``). ``engine.disconnect.unless_disconnected`` runs work next to
-a watcher of the ASGI ``receive`` channel (see its docstring). Both are used by policy_server.api.routes.
+a watcher of the ASGI ``receive`` channel (see its docstring). Both are used by policy_server.serving.chat_turn.
 
 :class:`StreamSplitter` (pure) lets the policy server stream real token-by-token deltas while ending with
 exactly what ``engine.chat.parse_assistant_output`` says about the whole text. Rules:

@@ -1,7 +1,7 @@
 """Read-only views of the store: stats, backlog and admin sample listings (a Store role class).
 
 Role: what ``GET /v1/samples/stats``, ``GET /v1/samples`` and the main-turn backpressure check
-(``unconsumed_backlog``, policy_server.api.routes) read. Nothing here changes state or takes a
+(``unconsumed_backlog``, policy_server.serving.chat_turn) read. Nothing here changes state or takes a
 transaction; each method takes the store lock for a consistent snapshot of its queries. Sample rows come back with the Sample JSON decoded (``data`` or ``sample``; None before
 the sample is judged). Statuses are those of policy_server.store (``SAMPLE_STATUSES``).
 """

@@ -1,0 +1,77 @@
+"""Operational routes: ``/v1/models`` (client key), ``/health`` (liveness), ``/ready`` (readiness, 503 until
+the engine answers and the store can write, and while draining) and ``/metrics`` (Prometheus text)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from policy_server.api import openai_schemas as oa
+from policy_server.api.auth import is_admin, require_client
+from policy_server.state import PolicyState
+
+router = APIRouter()
+
+
+def _state(request: Request) -> PolicyState:
+    return request.app.state.policy
+
+
+@router.get("/v1/models", responses=oa.error_responses(401))
+async def models(request: Request) -> dict[str, Any]:
+    st = _state(request)
+    require_client(request, st.settings)
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": st.settings.served_model_name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "hindsight",
+                "weight_version": st.gate.version,
+            }
+        ],
+    }
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/ready", responses={503: {"description": "engine down, store busy or draining (same body)"}})
+async def ready(request: Request) -> JSONResponse:
+    """200 when the engine answers, the store can start a write now and the server is not draining, else 503.
+    Anyone sees the three checks; the detail (engine URL, weight version, gate, why the store is busy) only
+    the admin key's holder."""
+    st = _state(request)
+    draining = request.app.state.drain.draining
+    engine_ok = await st.engine.health(timeout_s=2.0)
+    store_problem = await asyncio.to_thread(st.store.probe, min(0.5, st.settings.store_busy_timeout_s))
+    ok = not draining and engine_ok and store_problem is None
+    body: dict[str, Any] = {"ready": ok, "engine": engine_ok, "store": store_problem is None, "draining": draining}
+    if is_admin(request, st.settings):
+        body.update(
+            engine_url=st.settings.engine_url,
+            weight_version=st.gate.version,
+            gate_open=st.gate.is_open,
+            judge=bool(st.pipeline),
+            store_detail=store_problem,
+        )
+    return JSONResponse(body, status_code=200 if ok else 503, headers={} if ok else {"Retry-After": "5"})
+
+
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain; version=0.0.4": {}}, "description": "Prometheus text"}},
+)
+async def metrics(request: Request) -> Response:
+    st = _state(request)
+    st.metrics.gate_waiting.set(st.gate.waiting)
+    stats = await asyncio.to_thread(st.store.stats)
+    return Response(st.metrics.render(stats), media_type="text/plain; version=0.0.4")

@@ -112,10 +112,15 @@ class PostgresDB(StoreDB):
             self._pool.close()
             raise
         self._stop = threading.Event()
+        self._listening = threading.Event()  # set once the listener's LISTEN statements ran
         self._listener: threading.Thread | None = None
         if listen:
             self._listener = threading.Thread(target=self._listen, name="store-listen", daemon=True)
             self._listener.start()
+            # A store handed out before its listener listens would lose the notifications sent meanwhile
+            # (PostgreSQL does not replay them), so a waiter woken by nothing would sleep to its timeout.
+            if not self._listening.wait(busy_timeout_s):
+                logger.warning("store listener not connected within %.1fs; it announces once it is", busy_timeout_s)
 
     # ------------------------------------------------------------------ transactions
     @contextmanager
@@ -182,9 +187,12 @@ class PostgresDB(StoreDB):
                 with psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(self.busy_timeout_s))) as c:
                     c.execute(f"LISTEN {READY_CHANNEL}")
                     c.execute(f"LISTEN {ADMIN_CHANNEL}")
-                    if reconnect:  # anything announced while no listener was connected
+                    # Anything announced while no listener was connected: after a reconnect, or when the
+                    # first connection came after the constructor stopped waiting for it.
+                    if reconnect or not self._listening.is_set():
                         self._dispatch(READY_CHANNEL)
                         self._dispatch(ADMIN_CHANNEL)
+                    self._listening.set()
                     backoff_s, reconnect = 0.1, True
                     while not self._stop.is_set():
                         for note in c.notifies(timeout=0.5):

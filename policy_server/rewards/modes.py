@@ -39,9 +39,21 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from engine.records import MODES, STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE, JudgeVerdicts
+from engine.records import (
+    MODES,
+    STATUS_FAILED,
+    STATUS_NO_VALID,
+    STATUS_OK,
+    STATUS_TIE,
+    JudgeVerdicts,
+    Mode,
+    PipelineOutcome,
+    Sample,
+    SampleJSON,
+    TeacherTopK,
+)
 from engine.records import RejectReason as R
 from judge_server.errors import JudgeBadResponse, JudgeRequestRejected
 from policy_server.rewards.teacher import TeacherEngine, TeacherFailed, TeacherScorer
@@ -264,36 +276,31 @@ def build_sample(
     reward: float | None,
     teacher_logprobs: list[float] | None,
     teacher_topk: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The reward pipeline's fields of one :class:`~engine.records.Sample` (``mode`` .. ``w_opd``, in the
-    Sample's order); loss_mask has one entry per response id."""
-    return {
-        "mode": snap.mode,
-        "loss_mask": [1 if include else 0] * n_response,
-        "reward": reward,
-        "has_reward": reward is not None,
-        "has_teacher": teacher_logprobs is not None,
-        "prm": prm if isinstance(prm, dict) else None,
-        "hint": hint if isinstance(hint, dict) else None,
-        "teacher_logprobs": teacher_logprobs,
-        "teacher_topk": teacher_topk,
-        "token_rewards": None,
-        "w_rl": snap.w_rl,
-        "w_opd": snap.w_opd,
-    }
+    prompt_versions: dict[str, str] | None = None,
+) -> SampleJSON:
+    """The reward pipeline's fields of one :class:`~engine.records.Sample` (``mode`` .. ``w_opd``, then
+    ``prompt_versions`` when given), as its JSON; loss_mask has one entry per response id.
 
-
-def _result(status: str, reason: str | None, sample: dict[str, Any], versions: dict[str, str]) -> dict[str, Any]:
-    # The judge/teacher template versions travel with the sample (an addition to CONTRACTS.md's fields) so
-    # every stored verdict can be traced to the exact prompt text that produced it.
-    sample["prompt_versions"] = dict(versions)
-    return {
-        "status": status,
-        "reject_reason": reason,
-        "included": status == "ready",
-        "sample": sample,
-        "prompt_versions": versions,
-    }
+    The judge/teacher template versions travel with the sample so every stored verdict can be traced to
+    the exact prompt text that produced it. Raises pydantic's ValidationError for a field off the schema.
+    """
+    sample = Sample(
+        mode=cast(Mode, snap.mode),
+        loss_mask=[1 if include else 0] * n_response,
+        reward=reward,
+        has_reward=reward is not None,
+        has_teacher=teacher_logprobs is not None,
+        prm=prm if isinstance(prm, dict) else None,
+        hint=hint if isinstance(hint, dict) else None,
+        teacher_logprobs=teacher_logprobs,
+        teacher_topk=None if teacher_topk is None else TeacherTopK.model_validate(teacher_topk),
+        token_rewards=None,
+        w_rl=snap.w_rl,
+        w_opd=snap.w_opd,
+    )
+    if prompt_versions is not None:
+        sample.prompt_versions = dict(prompt_versions)
+    return sample.to_json()
 
 
 # ---------------------------------------------------------------------------- pipeline
@@ -332,8 +339,8 @@ class RewardPipeline:
         *,
         session_has_included: bool,
         session_done: bool,
-    ) -> dict[str, Any]:
-        """Judge one turn under the current mode and return its status + sample fields.
+    ) -> PipelineOutcome:
+        """Judge one turn under the current mode and return its outcome (status + sample fields).
 
         Raises JudgeUnavailable (judge service unreachable after its retries) and EngineUnavailable /
         EngineTimeout (teacher engine unreachable): the turn was not judged and must be retried later.
@@ -345,11 +352,19 @@ class RewardPipeline:
         n = len(turn.get("response_ids") or [])
         versions: dict[str, str] = {}
 
-        def reject(reason: str, prm: Any = None, hint: Any = None) -> dict[str, Any]:
+        def reject(reason: str, prm: Any = None, hint: Any = None) -> PipelineOutcome:
             sample = build_sample(
-                snap, n, include=False, prm=prm, hint=hint, reward=None, teacher_logprobs=None, teacher_topk=None
+                snap,
+                n,
+                include=False,
+                prm=prm,
+                hint=hint,
+                reward=None,
+                teacher_logprobs=None,
+                teacher_topk=None,
+                prompt_versions=versions,
             )
-            return _result("rejected", reason, sample, versions)
+            return PipelineOutcome.rejected(reason, sample, versions)
 
         if n == 0:
             return reject(R.EMPTY_RESPONSE)
@@ -400,5 +415,6 @@ class RewardPipeline:
             reward=reward,
             teacher_logprobs=teacher_logprobs,
             teacher_topk=teacher_topk,
+            prompt_versions=versions,
         )
-        return _result("ready", None, sample, versions)
+        return PipelineOutcome.ready(sample, versions)

@@ -6,8 +6,8 @@ Role: the user's reply is never delayed by judging. The work queue IS the store 
 Contract:
 - Each session's pending turns are processed serially in turn order (the at-least-one rule depends on
   the order); different sessions run concurrently, at most ``dispatch_concurrency`` at a time.
-- ``session_has_included`` comes from the store; the outcome (status, reject_reason, Sample JSON) and
-  the session's ``has_included`` flag are persisted in one transaction.
+- ``session_has_included`` comes from the store; the outcome (an :class:`engine.records.PipelineOutcome`:
+  status, reject_reason, Sample JSON) and the session's ``has_included`` flag are persisted in one transaction.
 - A judge service that cannot be reached (``JudgeUnavailable``, also when the pipeline reports it as a
   ``judge_unavailable`` rejection) or an engine that is down (teacher ``EngineUnavailable``/
   ``EngineTimeout``) keeps the job ``pending_judge``: it is retried with capped exponential backoff

@@ -3,7 +3,8 @@
 Role: the policy server's dispatcher hands every recorded turn (with its next state, or None for a
 session's last turn) to :meth:`RewardPipeline.process`, which asks the judge service for the verdicts
 the current mode needs, scores the teacher when a hint was accepted, and returns the reward-mode fields
-of the :class:`~engine.records.Sample` plus a status. Semantics (docs/REWARD_MODES.md):
+of the :class:`~engine.records.Sample` and its status: an :class:`~engine.records.PipelineOutcome`.
+Semantics (docs/REWARD_MODES.md):
 
 - mode is read from :class:`ModeState` at process() time (switchable at runtime via /admin/mode);
   each sample records the mode and the (w_rl, w_opd) in force when its turn was judged.
@@ -123,7 +124,7 @@ class InvalidMode(ValueError):
 class ModeSnapshot:
     """The mode and combine weights in force for one turn (read once per process() call)."""
 
-    mode: str
+    mode: Mode
     w_rl: float
     w_opd: float
 
@@ -151,7 +152,10 @@ class ModeState:
     def _validate(mode: str, w_rl: float, w_opd: float) -> ModeSnapshot:
         if mode not in MODES:
             raise InvalidMode(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        return ModeSnapshot(mode=mode, w_rl=_check_weight("w_rl", w_rl), w_opd=_check_weight("w_opd", w_opd))
+        # the membership test above is the narrowing mypy cannot see
+        return ModeSnapshot(
+            mode=cast(Mode, mode), w_rl=_check_weight("w_rl", w_rl), w_opd=_check_weight("w_opd", w_opd)
+        )
 
     @classmethod
     def from_settings(cls, settings: RewardSettings) -> ModeState:
@@ -285,7 +289,7 @@ def build_sample(
     the exact prompt text that produced it. Raises pydantic's ValidationError for a field off the schema.
     """
     sample = Sample(
-        mode=cast(Mode, snap.mode),
+        mode=snap.mode,
         loss_mask=[1 if include else 0] * n_response,
         reward=reward,
         has_reward=reward is not None,

@@ -41,6 +41,8 @@ from typing import Any
 
 import httpx
 
+from engine.records import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
+
 DEFAULT_TURNS = Path(__file__).resolve().parent / "judge_agreement_turns.jsonl"
 SETTINGS = (("m=1", 1, "fixed"), ("m=3", 3, "fixed"), ("m=5", 5, "fixed"), ("adaptive", 5, "adaptive"))
 CATEGORIES = ("correction", "thanks", "tool_success", "tool_error", "ambiguous", "injection")
@@ -66,15 +68,15 @@ def verdict(prm: dict[str, Any] | None) -> str:
     """The comparable outcome of one judgement: the score when ok, else the status."""
     if not prm:
         return "request_failed"
-    return str(prm.get("score")) if prm.get("status") == "ok" else str(prm.get("status"))
+    return str(prm.get("score")) if prm.get("status") == STATUS_OK else str(prm.get("status"))
 
 
 def tie_aware_credit(prm: dict[str, Any] | None, gold: int) -> float:
     if not prm:
         return 0.0
-    if prm.get("status") == "ok":
+    if prm.get("status") == STATUS_OK:
         return 1.0 if prm.get("score") == gold else 0.0
-    if prm.get("status") == "tie":
+    if prm.get("status") == STATUS_TIE:
         counts = Counter(v for v in prm.get("votes") or [] if v is not None)
         if not counts:
             return 0.0
@@ -92,7 +94,7 @@ def summarise(
     prms = [r.get("prm") if r else None for r in original]
     usage = [(r or {}).get("usage") or {} for r in original]
     right = [
-        p is not None and p.get("status") == "ok" and p.get("score") == t["gold"]
+        p is not None and p.get("status") == STATUS_OK and p.get("score") == t["gold"]
         for p, t in zip(prms, turns, strict=True)
     ]
     by_cat = {c: [ok for ok, t in zip(right, turns, strict=True) if t["category"] == c] for c in CATEGORIES}
@@ -102,8 +104,8 @@ def summarise(
         "accuracy": sum(right) / n,
         "tie_aware": sum(tie_aware_credit(p, t["gold"]) for p, t in zip(prms, turns, strict=True)) / n,
         "flip_rate": flips / n,
-        "no_valid_rate": sum(p is not None and p.get("status") == "no_valid_votes" for p in prms) / n,
-        "failed_rate": sum(p is None or p.get("status") == "judge_failed" for p in prms) / n,
+        "no_valid_rate": sum(p is not None and p.get("status") == STATUS_NO_VALID for p in prms) / n,
+        "failed_rate": sum(p is None or p.get("status") == STATUS_FAILED for p in prms) / n,
         "failed_requests": sum(r is None for r in original) + sum(r is None for r in perturbed),
         "votes_per_turn": sum(len((p or {}).get("votes") or []) for p in prms) / n,
         "engine_calls_per_turn": sum(u.get("engine_calls", 0) for u in usage) / n,

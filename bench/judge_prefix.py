@@ -62,6 +62,7 @@ async def run_layout(url: str, model_dir: Path, tok, turns: list[dict], *, v2: b
     import httpx
 
     from engine.client import EngineClient
+    from engine.records import STATUS_FAILED
     from judge_server.judge import JudgeService
     from judge_server.metrics import JudgeMetrics
     from judge_server.schemas import JudgeRequest
@@ -88,7 +89,7 @@ async def run_layout(url: str, model_dir: Path, tok, turns: list[dict], *, v2: b
             t0 = time.perf_counter()
             out = await service.judge(req)
             wall += time.perf_counter() - t0
-            assert out["prm"]["status"] != "judge_failed" and out["hint"]["status"] != "judge_failed", out
+            assert out["prm"]["status"] != STATUS_FAILED and out["hint"]["status"] != STATUS_FAILED, out
             prefilled += out["usage"]["prompt_tokens"] - out["usage"]["cached_tokens"]
     n = len(turns)
     return prefilled / n, whole / n, wall / n

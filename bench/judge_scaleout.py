@@ -32,6 +32,7 @@ def make_item(i: int) -> dict:
 async def judged_per_s(router_url: str, model_dir: Path, items: int, concurrency: int, m: int) -> float:
     from engine.chat import load_tokenizer
     from engine.client import EngineClient
+    from engine.records import STATUS_FAILED
     from judge_server.judge import JudgeService
     from judge_server.metrics import JudgeMetrics
     from judge_server.schemas import JudgeRequest
@@ -47,7 +48,7 @@ async def judged_per_s(router_url: str, model_dir: Path, items: int, concurrency
         async def one(i: int) -> None:
             async with sem:
                 out = await service.judge(JudgeRequest.model_validate(make_item(i)))
-                assert out["prm"]["status"] != "judge_failed", out["prm"]
+                assert out["prm"]["status"] != STATUS_FAILED, out["prm"]
 
         await asyncio.gather(*(one(-1 - i) for i in range(2)))  # warm-up
         t0 = time.perf_counter()

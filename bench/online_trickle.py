@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.records import Sample, TurnRecord
+from engine.records import Sample, SampleState, TurnRecord
 from policy_server.store import Store
 from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_ready
 from trainer.baselines import BASELINES, RunningMean, rl_sample_advantages
@@ -51,7 +51,7 @@ async def run_live(
             ready_at[job["sample_id"]] = time.monotonic()  # just before the commit that makes it leasable
             store.complete_judge(
                 job["sample_id"],
-                status="ready",
+                status=SampleState.READY,
                 reject_reason=None,
                 included=True,
                 data=Sample(sample_id=job["sample_id"], reward=reward),

@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.pgcluster import PgCluster, PgUnavailable
-from engine.records import Sample, TurnRecord
+from engine.records import Sample, SampleState, TurnRecord
 from policy_server.store import Resolution, open_store
 
 RECORD = TurnRecord(
@@ -109,7 +109,7 @@ def measure(url: str, data_dir: str, replicas: int, args: argparse.Namespace) ->
     for j in jobs:
         store.complete_judge(
             j["sample_id"],
-            status="ready",
+            status=SampleState.READY,
             reject_reason=None,
             included=True,
             data=Sample(sample_id=j["sample_id"], reward=1.0),

@@ -11,9 +11,9 @@ and the benches. docs/CONTRACTS.md describes each shape and points here.
 - :class:`Sample` is the Sample JSON the trainer leases (``GET /v1/samples/lease``).
 
 Wire contract: ``record.to_json()`` (``model_dump(mode="json", exclude_unset=True)``) reproduces the JSON
-the services exchanged before these models existed, key for key and in the same order: fields are declared
-in the order the producers write them, a key the producer did not write stays absent (a rejected sample
-built before its verdicts carries only what it got), a ``None`` it wrote stays ``null``, and unknown keys
+the services exchange, key for key and in the same order: fields are declared in the order the producers
+write them, a key the producer did not write stays absent (a rejected sample built before its verdicts
+carries only what it got), a ``None`` it wrote stays ``null``, and unknown keys
 are kept (``extra="allow"``: a newer producer's field survives an older reader). Values are not coerced
 (``strict``), except an int where a float is declared; a non-finite float stays a float (``NaN``), so the
 value checks of :func:`Sample.value_problem` see exactly what the producer wrote.
@@ -45,8 +45,29 @@ VERDICT_STATUSES: tuple[str, ...] = get_args(VerdictStatus)
 # A stored sample's state: pending_judge -> [pending_score ->] ready -> leased -> consumed, or rejected.
 SampleStatus = Literal["pending_judge", "pending_score", "ready", "leased", "consumed", "rejected"]
 SAMPLE_STATUSES: tuple[str, ...] = get_args(SampleStatus)
-JUDGE_OUTCOME_STATUSES: tuple[str, ...] = ("ready", "rejected", "pending_score")
-SCORE_OUTCOME_STATUSES: tuple[str, ...] = ("ready", "rejected")
+
+
+class SampleState:
+    """The :data:`SampleStatus` values by name (the store's ``samples.status`` column)."""
+
+    PENDING_JUDGE: SampleStatus = "pending_judge"
+    PENDING_SCORE: SampleStatus = "pending_score"  # accepted, held until its session is scored
+    READY: SampleStatus = "ready"
+    LEASED: SampleStatus = "leased"
+    CONSUMED: SampleStatus = "consumed"
+    REJECTED: SampleStatus = "rejected"
+
+
+# What judging may decide, and what scoring a held sample may decide.
+JUDGE_OUTCOME_STATUSES: tuple[SampleStatus, ...] = (SampleState.READY, SampleState.REJECTED, SampleState.PENDING_SCORE)
+SCORE_OUTCOME_STATUSES: tuple[SampleStatus, ...] = (SampleState.READY, SampleState.REJECTED)
+# Accepted and not consumed yet: the trainer's backlog.
+UNCONSUMED_STATUSES: tuple[SampleStatus, ...] = (
+    SampleState.PENDING_JUDGE,
+    SampleState.PENDING_SCORE,
+    SampleState.READY,
+    SampleState.LEASED,
+)
 
 
 class RejectReason:
@@ -227,6 +248,9 @@ SAMPLE_TURN_KEYS = (
     "weight_versions",
     "sampling_params",
 )
+# The Sample fields that say where it came from, after the turn's: the sample row's id, the turn's session,
+# index and time, and whether it was sampled under a decoding constraint.
+SAMPLE_ORIGIN_KEYS = ("sample_id", "session_id", "turn_index", "created_at", "constrained")
 PIPELINE_TURN_KEYS = (
     "session_id",
     "turn_index",
@@ -240,20 +264,24 @@ PIPELINE_TURN_KEYS = (
     "weight_versions",
     "sampling_params",
 )
-# A turn as the PRM scorers take it (judge_server.prm.score_session): these keys become the Interaction's own
-# fields, every other key of the turn dict (tools, weight_version, judge_prm, ...) its ``extra``.
-SCORING_TURN_KEYS = frozenset(
-    {
-        "session_id",
-        "turn_index",
-        "messages",
-        "response",
-        "prompt_ids",
-        "response_ids",
-        "parent_turn_index",
-        "next_state",
-    }
-)
+
+
+class ScoringTurn(_Record):
+    """A turn as the PRM scorers take it (judge_server.prm.score_session): these fields become the
+    Interaction's own, every other key of the turn dict (tools, weight_version, judge_prm, ...) its ``extra``.
+    A field the stored turn lacks gets its empty value (a turn scored alone has no parent)."""
+
+    session_id: str
+    turn_index: int
+    messages: list[dict[str, Any]] = []
+    response: dict[str, Any] = {}
+    prompt_ids: list[int] = []
+    response_ids: list[int] = []
+    parent_turn_index: int | None = None
+    next_state: list[dict[str, Any]] = []
+
+
+SCORING_TURN_KEYS = frozenset(ScoringTurn.model_fields)
 
 
 # ---------------------------------------------------------------------------- samples
@@ -304,3 +332,46 @@ class Sample(_Record):
     def value_problem(self) -> str | None:
         """None when every learning signal is a usable number, else why not (engine.sample_values)."""
         return value_problem(self.to_json())
+
+
+# ---------------------------------------------------------------------------- pipeline outcomes
+class PipelineOutcome(BaseModel):
+    """The policy server's decision on one judged turn: what its ``samples`` row becomes.
+
+    Produced by the reward pipeline (``RewardPipeline.process``), by the dispatcher for a pipeline error and
+    a session-scope hold, and by PRM scoring; the dispatcher writes it with ``Store.complete_judge``.
+    ``included``: the turn counts for the session's at-least-one rule (true for an accepted turn, also while
+    it is held ``pending_score``). ``sample``: the reward pipeline's fields of the :class:`Sample`
+    (``mode`` .. ``prompt_versions``, as its JSON, in its order); the dispatcher adds the turn's fields.
+    ``prompt_versions``: the judge/teacher template versions the verdicts came from (also in ``sample``).
+    """
+
+    model_config = ConfigDict(frozen=True, strict=True)
+
+    status: SampleStatus
+    reject_reason: str | None = None
+    included: bool = False
+    sample: SampleJSON = {}
+    prompt_versions: dict[str, str] = {}
+
+    @classmethod
+    def rejected(
+        cls, reason: str, sample: SampleJSON | None = None, prompt_versions: dict[str, str] | None = None
+    ) -> PipelineOutcome:
+        """Not trained on, for ``reason``; ``sample`` keeps what was decided (verdicts, for audit)."""
+        return cls(
+            status=SampleState.REJECTED,
+            reject_reason=reason,
+            included=False,
+            sample=sample or {},
+            prompt_versions=prompt_versions or {},
+        )
+
+    @classmethod
+    def ready(cls, sample: SampleJSON, prompt_versions: dict[str, str] | None = None) -> PipelineOutcome:
+        """Accepted: leasable once stored."""
+        return cls(status=SampleState.READY, included=True, sample=sample, prompt_versions=prompt_versions or {})
+
+    def held(self) -> PipelineOutcome:
+        """This accepted outcome held ``pending_score`` until its whole session is scored."""
+        return self.model_copy(update={"status": SampleState.PENDING_SCORE})

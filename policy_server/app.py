@@ -52,6 +52,7 @@ from engine.observability import (
     log_settings,
     propagate_request_id,
 )
+from engine.records import SampleState as S
 from judge_server.client import JudgeClient
 from policy_server.api import admin, ops, routes
 from policy_server.errors import (
@@ -148,8 +149,8 @@ async def _stop_background(
         "and %d held sample(s) awaiting session scoring stay in the store for the next start",
         drained["judged"],
         drained["cancelled"],
-        counts["pending_judge"],
-        counts["pending_score"],
+        counts[S.PENDING_JUDGE],
+        counts[S.PENDING_SCORE],
     )
 
 
@@ -306,14 +307,14 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 "sample(s) awaiting session scoring resumed",
                 settings.engine_url,
                 version,
-                counts["pending_judge"],
-                counts["pending_score"],
+                counts[S.PENDING_JUDGE],
+                counts[S.PENDING_SCORE],
             )
-            if counts["pending_score"] and scoring is None:
+            if counts[S.PENDING_SCORE] and scoring is None:
                 logger.warning(
                     "%d sample(s) are held pending_score for session PRM scoring, but PRM scoring is off: "
                     "they stay held (not leasable) until the server runs with --prm-config again",
-                    counts["pending_score"],
+                    counts[S.PENDING_SCORE],
                 )
             yield
 

@@ -127,7 +127,7 @@ async def stats(request: Request) -> dict[str, Any]:
         dispatch={
             "processed": st.dispatcher.processed,
             "retries": st.dispatcher.retries,
-            "running_sessions": len(st.dispatcher._running),
+            "running_sessions": st.dispatcher.running_sessions,
         },
         weight_version=st.gate.version,
         weight_updates=st.weight_sync.updates,

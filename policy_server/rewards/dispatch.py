@@ -6,8 +6,8 @@ Role: the user's reply is never delayed by judging. The work queue IS the store 
 Contract:
 - Each session's pending turns are processed serially in turn order (the at-least-one rule depends on
   the order); different sessions run concurrently, at most ``dispatch_concurrency`` at a time.
-- ``session_has_included`` comes from the store; the outcome (status, reject_reason, Sample JSON) and
-  the session's ``has_included`` flag are persisted in one transaction.
+- ``session_has_included`` comes from the store; the outcome (an :class:`engine.records.PipelineOutcome`:
+  status, reject_reason, Sample JSON) and the session's ``has_included`` flag are persisted in one transaction.
 - A judge service that cannot be reached (``JudgeUnavailable``, also when the pipeline reports it as a
   ``judge_unavailable`` rejection) or an engine that is down (teacher ``EngineUnavailable``/
   ``EngineTimeout``) keeps the job ``pending_judge``: it is retried with capped exponential backoff
@@ -53,8 +53,18 @@ from pydantic import ValidationError
 
 from engine.errors import EngineTimeout, EngineUnavailable
 from engine.observability import bind_ids
-from engine.records import PIPELINE_TURN_KEYS, SAMPLE_TURN_KEYS, RejectReason, Sample
+from engine.records import (
+    PIPELINE_TURN_KEYS,
+    SAMPLE_ORIGIN_KEYS,
+    SAMPLE_TURN_KEYS,
+    PipelineOutcome,
+    RejectReason,
+    Sample,
+    SampleJSON,
+)
+from engine.records import SampleState as S
 from engine.sample_values import value_problem
+from engine.validation import describe_validation_errors
 from judge_server.errors import JudgeUnavailable
 from policy_server.errors import StoreBusy
 from policy_server.rewards.scoring import PRMScoring, apply_outcome, held_outcomes
@@ -93,7 +103,7 @@ class TurnPipeline(Protocol):
         *,
         session_has_included: bool,
         session_done: bool,
-    ) -> dict[str, Any]: ...
+    ) -> PipelineOutcome: ...
 
 
 class Dispatcher:
@@ -104,14 +114,16 @@ class Dispatcher:
         store: SampleStore,
         pipeline: TurnPipeline | None,
         *,
-        concurrency: int = 8,
-        retry_initial_s: float = 0.5,
-        retry_max_s: float = 30.0,
+        concurrency: int,
+        retry_initial_s: float,
+        retry_max_s: float,
+        claim_s: float,
         poll_s: float = 1.0,
         scoring: PRMScoring | None = None,
         owner: str | None = None,
-        claim_s: float = 30.0,
     ):
+        """``concurrency`` .. ``claim_s``: the ``dispatch_*`` settings of PolicySettings (defaults live there);
+        ``poll_s``: how often the store is polled when nothing wakes the dispatcher."""
         self.store = store
         self.owner = owner
         self.claim_s = claim_s
@@ -132,6 +144,11 @@ class Dispatcher:
 
     def wake(self) -> None:
         self._wake.set()
+
+    @property
+    def running_sessions(self) -> int:
+        """How many session workers run now (``dispatch.running_sessions`` in the stats)."""
+        return len(self._running)
 
     async def run(self) -> None:
         # The flag, not only task.cancel(), ends the loop: in Python 3.11 a cancel() that races with the
@@ -300,18 +317,18 @@ class Dispatcher:
         except Exception as exc:  # a pipeline bug must not stall the session: reject visibly
             logger.exception("reward pipeline failed on %s/%s", job["session_id"], job["turn_index"])
             result = _pipeline_error(exc)
-        reason = result.get("reject_reason") or ""
-        if result.get("status") == "rejected" and reason.startswith(RejectReason.JUDGE_UNAVAILABLE):
+        reason = result.reject_reason or ""
+        if result.status == S.REJECTED and reason.startswith(RejectReason.JUDGE_UNAVAILABLE):
             return await self._retry_later(job, reason)
-        if self.session_scope and result.get("status") == "ready":
-            result = {**result, "status": "pending_score"}  # held until the whole session is scored
-        elif self.scoring is not None and result.get("status") == "ready":
-            outcome = await self.scoring.score_turn(turn, (result.get("sample") or {}).get("prm"))
+        if self.session_scope and result.status == S.READY:
+            result = result.held()  # held until the whole session is scored
+        elif self.scoring is not None and result.status == S.READY:
+            outcome = await self.scoring.score_turn(turn, result.sample.get("prm"))
             if outcome.kind == "retry":
                 return await self._retry_later(job, f"prm: {outcome.reason}")
             result = apply_outcome(result, outcome)
-        raw = _sample_json(result.get("sample") or {}, turn, job["sample_id"])
-        data: Sample | dict[str, Any] = raw
+        raw = _sample_json(result.sample, turn, job["sample_id"])
+        data: Sample | SampleJSON = raw
         try:
             data = Sample.model_validate(raw)
         except ValidationError as exc:
@@ -324,13 +341,13 @@ class Dispatcher:
         await asyncio.to_thread(
             self.store.complete_judge,
             job["sample_id"],
-            status=result["status"],
-            reject_reason=result.get("reject_reason"),
-            included=bool(result.get("included")),
+            status=result.status,
+            reject_reason=result.reject_reason,
+            included=result.included,
             data=data,
         )
         self.processed += 1
-        self.outcomes[result["status"]] = self.outcomes.get(result["status"], 0) + 1
+        self.outcomes[result.status] = self.outcomes.get(result.status, 0) + 1
         return True
 
     async def _score_session(self, session_id: str) -> int | None:
@@ -339,7 +356,7 @@ class Dispatcher:
         if not await asyncio.to_thread(self.store.scorable_sessions, session_id):
             return None
         trajectory = await asyncio.to_thread(self.store.session_trajectory, session_id)
-        held = [t["sample"] for t in trajectory if (t.get("sample") or {}).get("status") == "pending_score"]
+        held = [t["sample"] for t in trajectory if (t.get("sample") or {}).get("status") == S.PENDING_SCORE]
         if not held:
             return None
         assert self.scoring is not None, "held samples are only scored with PRM scoring on"
@@ -358,13 +375,13 @@ class Dispatcher:
             return attempts
         rows = held_outcomes(trajectory, outcome)
         moved = await asyncio.to_thread(self.store.complete_score, rows)
-        status = "ready" if outcome.kind == "scored" else "rejected"
+        status = S.READY if outcome.kind == "scored" else S.REJECTED
         self.outcomes[status] = self.outcomes.get(status, 0) + moved
         logger.info(
             "scored session %s: %d held sample(s) %s",
             session_id,
             moved,
-            "ready" if outcome.kind == "scored" else f"rejected ({outcome.reason})",
+            status if outcome.kind == "scored" else f"{status} ({outcome.reason})",
         )
         return None
 
@@ -377,25 +394,22 @@ class Dispatcher:
         return False
 
 
-def _sample_json(fields: dict[str, Any], turn: dict[str, Any], sample_id: str) -> dict[str, Any]:
+def _sample_json(fields: SampleJSON, turn: dict[str, Any], sample_id: str) -> SampleJSON:
     """The stored Sample's JSON: the pipeline's fields, then the turn's (:data:`SAMPLE_TURN_KEYS`), then its
-    origin (the :class:`~engine.records.Sample` field order)."""
+    origin (:data:`SAMPLE_ORIGIN_KEYS`): the :class:`~engine.records.Sample` field order. The origin's
+    session, index and time are the turn's; the id is the sample row's, ``constrained`` :func:`is_constrained`."""
+    origin = {**turn, "sample_id": sample_id, "constrained": is_constrained(turn)}
     return {
         **fields,
         **{k: turn.get(k) for k in SAMPLE_TURN_KEYS},
-        "sample_id": sample_id,
-        "session_id": turn["session_id"],
-        "turn_index": turn["turn_index"],
-        "created_at": turn["created_at"],
-        "constrained": is_constrained(turn),
+        **{k: origin[k] for k in SAMPLE_ORIGIN_KEYS},
     }
 
 
-def _pipeline_error(exc: Exception) -> dict[str, Any]:
+def _pipeline_error(exc: Exception) -> PipelineOutcome:
+    """A pipeline failure (a bug, or a sample off the schema) as a visible rejection, never a score."""
     if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        detail = f"sample off the schema: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+        detail = f"sample off the schema: {describe_validation_errors(exc.errors(), limit=1)}"
     else:
         detail = f"{type(exc).__name__}: {exc}"
-    reason = RejectReason.with_detail(RejectReason.PIPELINE_ERROR, detail)
-    return {"status": "rejected", "reject_reason": reason, "included": False, "sample": {}}
+    return PipelineOutcome.rejected(RejectReason.with_detail(RejectReason.PIPELINE_ERROR, detail))

@@ -3,7 +3,8 @@
 Role: the policy server's dispatcher hands every recorded turn (with its next state, or None for a
 session's last turn) to :meth:`RewardPipeline.process`, which asks the judge service for the verdicts
 the current mode needs, scores the teacher when a hint was accepted, and returns the reward-mode fields
-of the :class:`~engine.records.Sample` plus a status. Semantics (docs/REWARD_MODES.md):
+of the :class:`~engine.records.Sample` and its status: an :class:`~engine.records.PipelineOutcome`.
+Semantics (docs/REWARD_MODES.md):
 
 - mode is read from :class:`ModeState` at process() time (switchable at runtime via /admin/mode);
   each sample records the mode and the (w_rl, w_opd) in force when its turn was judged.
@@ -39,9 +40,21 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from engine.records import MODES, STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE, JudgeVerdicts
+from engine.records import (
+    MODES,
+    STATUS_FAILED,
+    STATUS_NO_VALID,
+    STATUS_OK,
+    STATUS_TIE,
+    JudgeVerdicts,
+    Mode,
+    PipelineOutcome,
+    Sample,
+    SampleJSON,
+    TeacherTopK,
+)
 from engine.records import RejectReason as R
 from judge_server.errors import JudgeBadResponse, JudgeRequestRejected
 from policy_server.rewards.teacher import TeacherEngine, TeacherFailed, TeacherScorer
@@ -111,7 +124,7 @@ class InvalidMode(ValueError):
 class ModeSnapshot:
     """The mode and combine weights in force for one turn (read once per process() call)."""
 
-    mode: str
+    mode: Mode
     w_rl: float
     w_opd: float
 
@@ -139,7 +152,10 @@ class ModeState:
     def _validate(mode: str, w_rl: float, w_opd: float) -> ModeSnapshot:
         if mode not in MODES:
             raise InvalidMode(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        return ModeSnapshot(mode=mode, w_rl=_check_weight("w_rl", w_rl), w_opd=_check_weight("w_opd", w_opd))
+        # the membership test above is the narrowing mypy cannot see
+        return ModeSnapshot(
+            mode=cast(Mode, mode), w_rl=_check_weight("w_rl", w_rl), w_opd=_check_weight("w_opd", w_opd)
+        )
 
     @classmethod
     def from_settings(cls, settings: RewardSettings) -> ModeState:
@@ -264,36 +280,31 @@ def build_sample(
     reward: float | None,
     teacher_logprobs: list[float] | None,
     teacher_topk: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The reward pipeline's fields of one :class:`~engine.records.Sample` (``mode`` .. ``w_opd``, in the
-    Sample's order); loss_mask has one entry per response id."""
-    return {
-        "mode": snap.mode,
-        "loss_mask": [1 if include else 0] * n_response,
-        "reward": reward,
-        "has_reward": reward is not None,
-        "has_teacher": teacher_logprobs is not None,
-        "prm": prm if isinstance(prm, dict) else None,
-        "hint": hint if isinstance(hint, dict) else None,
-        "teacher_logprobs": teacher_logprobs,
-        "teacher_topk": teacher_topk,
-        "token_rewards": None,
-        "w_rl": snap.w_rl,
-        "w_opd": snap.w_opd,
-    }
+    prompt_versions: dict[str, str] | None = None,
+) -> SampleJSON:
+    """The reward pipeline's fields of one :class:`~engine.records.Sample` (``mode`` .. ``w_opd``, then
+    ``prompt_versions`` when given), as its JSON; loss_mask has one entry per response id.
 
-
-def _result(status: str, reason: str | None, sample: dict[str, Any], versions: dict[str, str]) -> dict[str, Any]:
-    # The judge/teacher template versions travel with the sample (an addition to CONTRACTS.md's fields) so
-    # every stored verdict can be traced to the exact prompt text that produced it.
-    sample["prompt_versions"] = dict(versions)
-    return {
-        "status": status,
-        "reject_reason": reason,
-        "included": status == "ready",
-        "sample": sample,
-        "prompt_versions": versions,
-    }
+    The judge/teacher template versions travel with the sample so every stored verdict can be traced to
+    the exact prompt text that produced it. Raises pydantic's ValidationError for a field off the schema.
+    """
+    sample = Sample(
+        mode=snap.mode,
+        loss_mask=[1 if include else 0] * n_response,
+        reward=reward,
+        has_reward=reward is not None,
+        has_teacher=teacher_logprobs is not None,
+        prm=prm if isinstance(prm, dict) else None,
+        hint=hint if isinstance(hint, dict) else None,
+        teacher_logprobs=teacher_logprobs,
+        teacher_topk=None if teacher_topk is None else TeacherTopK.model_validate(teacher_topk),
+        token_rewards=None,
+        w_rl=snap.w_rl,
+        w_opd=snap.w_opd,
+    )
+    if prompt_versions is not None:
+        sample.prompt_versions = dict(prompt_versions)
+    return sample.to_json()
 
 
 # ---------------------------------------------------------------------------- pipeline
@@ -332,8 +343,8 @@ class RewardPipeline:
         *,
         session_has_included: bool,
         session_done: bool,
-    ) -> dict[str, Any]:
-        """Judge one turn under the current mode and return its status + sample fields.
+    ) -> PipelineOutcome:
+        """Judge one turn under the current mode and return its outcome (status + sample fields).
 
         Raises JudgeUnavailable (judge service unreachable after its retries) and EngineUnavailable /
         EngineTimeout (teacher engine unreachable): the turn was not judged and must be retried later.
@@ -345,11 +356,19 @@ class RewardPipeline:
         n = len(turn.get("response_ids") or [])
         versions: dict[str, str] = {}
 
-        def reject(reason: str, prm: Any = None, hint: Any = None) -> dict[str, Any]:
+        def reject(reason: str, prm: Any = None, hint: Any = None) -> PipelineOutcome:
             sample = build_sample(
-                snap, n, include=False, prm=prm, hint=hint, reward=None, teacher_logprobs=None, teacher_topk=None
+                snap,
+                n,
+                include=False,
+                prm=prm,
+                hint=hint,
+                reward=None,
+                teacher_logprobs=None,
+                teacher_topk=None,
+                prompt_versions=versions,
             )
-            return _result("rejected", reason, sample, versions)
+            return PipelineOutcome.rejected(reason, sample, versions)
 
         if n == 0:
             return reject(R.EMPTY_RESPONSE)
@@ -400,5 +419,6 @@ class RewardPipeline:
             reward=reward,
             teacher_logprobs=teacher_logprobs,
             teacher_topk=teacher_topk,
+            prompt_versions=versions,
         )
-        return _result("ready", None, sample, versions)
+        return PipelineOutcome.ready(sample, versions)

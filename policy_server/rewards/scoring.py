@@ -57,7 +57,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from engine.errors import EngineTimeout, EngineUnavailable
-from engine.records import RejectReason
+from engine.records import (
+    SCORING_TURN_KEYS,
+    PipelineOutcome,
+    RejectReason,
+    SampleJSON,
+    SampleState,
+    SampleStatus,
+    ScoringTurn,
+)
 from judge_server.errors import JudgeUnavailable
 
 if TYPE_CHECKING:  # the PRM package loads only when --prm-config is given (PRMScoring.start)
@@ -108,16 +116,12 @@ def unreachable_cause(exc: BaseException) -> BaseException | None:
 
 
 def scoring_turn(turn: dict[str, Any], judge_prm: Any = None) -> dict[str, Any]:
-    """The ``score_session`` turn dict of one stored turn, scored alone (no parent, its own next state)."""
+    """The ``score_session`` turn dict of one stored turn, scored alone (no parent, its own next state): the
+    :class:`~engine.records.ScoringTurn` fields (copied), then its ``extra``: tools, weight version and the
+    pipeline's PRM verdict."""
+    own = {k: turn[k] for k in SCORING_TURN_KEYS - {"parent_turn_index"} if turn.get(k) is not None}
     return {
-        "session_id": turn["session_id"],
-        "turn_index": turn["turn_index"],
-        "messages": list(turn.get("messages") or []),
-        "response": dict(turn.get("response") or {}),
-        "prompt_ids": list(turn.get("prompt_ids") or []),
-        "response_ids": list(turn.get("response_ids") or []),
-        "parent_turn_index": None,
-        "next_state": list(turn.get("next_state") or []),
+        **ScoringTurn.model_validate(own).model_dump(),
         "tools": turn.get("tools"),
         "weight_version": turn.get("weight_version"),
         "judge_prm": judge_prm if isinstance(judge_prm, dict) else None,
@@ -149,33 +153,32 @@ def session_turns(trajectory: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def held_outcomes(
     trajectory: list[dict[str, Any]], outcome: SessionOutcome
-) -> list[tuple[str, str, str | None, dict[str, Any]]]:
+) -> list[tuple[str, SampleStatus, str | None, SampleJSON]]:
     """``Store.complete_score`` rows for the held samples of a ``scored`` or ``rejected`` session outcome."""
     rows = []
     for t in trajectory:
         sample = t.get("sample") or {}
-        if sample.get("status") != "pending_score":
+        if sample.get("status") != SampleState.PENDING_SCORE:
             continue
-        result = {"status": "ready", "reject_reason": None, "included": True, "sample": sample.get("data") or {}}
         one = (
             ScoreOutcome("scored", token_rewards=outcome.token_rewards[t["turn_index"]])
             if outcome.kind == "scored"
             else ScoreOutcome("rejected", reason=outcome.reason)
         )
-        res = apply_outcome(result, one)
-        rows.append((sample["sample_id"], res["status"], res.get("reject_reason"), res["sample"]))
+        res = apply_outcome(PipelineOutcome.ready(sample.get("data") or {}), one)
+        rows.append((sample["sample_id"], res.status, res.reject_reason, res.sample))
     return rows
 
 
-def apply_outcome(result: dict[str, Any], outcome: ScoreOutcome) -> dict[str, Any]:
-    """The dispatcher's pipeline result with the scoring outcome folded in (``retry`` is handled by the caller)."""
-    sample = dict(result.get("sample") or {})
+def apply_outcome(result: PipelineOutcome, outcome: ScoreOutcome) -> PipelineOutcome:
+    """The pipeline's outcome with the scoring outcome folded in (``retry`` is handled by the caller)."""
+    sample = dict(result.sample)
     if outcome.kind == "scored":
         sample["token_rewards"] = outcome.token_rewards
-        return {**result, "sample": sample}
+        return result.model_copy(update={"sample": sample})
     n = len(sample.get("loss_mask") or [])
     sample.update(token_rewards=None, loss_mask=[0] * n)  # verdicts kept for audit; nothing to train on
-    return {**result, "status": "rejected", "reject_reason": outcome.reason, "included": False, "sample": sample}
+    return PipelineOutcome.rejected(outcome.reason or RejectReason.PRM_REJECTED, sample, result.prompt_versions)
 
 
 class PRMScoring:
@@ -250,7 +253,7 @@ class PRMScoring:
         from judge_server.prm import score_session
 
         turns = session_turns(trajectory)
-        held = [t for t in trajectory if (t.get("sample") or {}).get("status") == "pending_score"]
+        held = [t for t in trajectory if (t.get("sample") or {}).get("status") == SampleState.PENDING_SCORE]
         sid = trajectory[0]["session_id"] if trajectory else "?"
         try:
             rewards = await score_session(self.runner, turns, is_eval=False)

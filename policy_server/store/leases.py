@@ -26,6 +26,7 @@ import time
 import uuid
 from typing import Any
 
+from engine.records import SampleState as S
 from policy_server.store.base import StoreDB
 
 
@@ -52,8 +53,8 @@ class StoreLeases(StoreDB):
             n = 0
             for (lease_id,) in rows:
                 n += db.execute(
-                    "UPDATE samples SET status='ready', lease_id=NULL, updated_at=? WHERE lease_id=? AND status='leased'",
-                    (now, lease_id),
+                    "UPDATE samples SET status=?, lease_id=NULL, updated_at=? WHERE lease_id=? AND status=?",
+                    (S.READY, now, lease_id, S.LEASED),
                 ).rowcount
                 db.execute("UPDATE leases SET state='expired' WHERE lease_id=? AND state='active'", (lease_id,))
         self._ready_changed(n)
@@ -73,17 +74,17 @@ class StoreLeases(StoreDB):
         self.expire_leases(now)
         with self._tx() as db:
             rows = db.execute(
-                "SELECT sample_id, data FROM samples WHERE status='ready' ORDER BY created_at, sample_id LIMIT ?"
+                "SELECT sample_id, data FROM samples WHERE status=? ORDER BY created_at, sample_id LIMIT ?"
                 + self._skip_locked,
-                (max_n,),
+                (S.READY, max_n),
             ).fetchall()
             if not rows or len(rows) < min_n:
                 return None
             lease_id = uuid.uuid4().hex
             ids = [r["sample_id"] for r in rows]
             db.executemany(
-                "UPDATE samples SET status='leased', lease_id=?, updated_at=? WHERE sample_id=?",
-                [(lease_id, now, i) for i in ids],
+                "UPDATE samples SET status=?, lease_id=?, updated_at=? WHERE sample_id=?",
+                [(S.LEASED, lease_id, now, i) for i in ids],
             )
             db.execute(
                 "INSERT INTO leases (lease_id, created_at, expires_at, state, sample_ids) VALUES (?, ?, ?, 'active', ?)",
@@ -106,8 +107,8 @@ class StoreLeases(StoreDB):
             if row["state"] == "expired":
                 raise LeaseError("expired", f"lease {lease_id} expired; its samples were returned to ready")
             n = db.execute(
-                "UPDATE samples SET status='consumed', updated_at=? WHERE lease_id=? AND status='leased'",
-                (now, lease_id),
+                "UPDATE samples SET status=?, updated_at=? WHERE lease_id=? AND status=?",
+                (S.CONSUMED, now, lease_id, S.LEASED),
             ).rowcount
             db.execute("UPDATE leases SET state='acked' WHERE lease_id=?", (lease_id,))
         return {"lease_id": lease_id, "acked": n, "already_acked": False}

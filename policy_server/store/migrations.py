@@ -17,6 +17,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from policy_server.store.base import StoreDB
+
 MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "initial schema",
@@ -87,7 +89,7 @@ def schema_version(db: Any) -> int:
     return int(row[0] or 0)
 
 
-def apply_migrations(store: Any, *, real_type: str) -> list[int]:
+def apply_migrations(store: StoreDB, *, real_type: str) -> list[int]:
     """Bring the store's schema to :data:`LATEST_VERSION`; returns the versions applied (empty when current).
 
     ``store`` provides ``_tx()`` (one write transaction), ``_read()``, ``_has_table(name)`` and

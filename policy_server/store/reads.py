@@ -11,7 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine.records import UNCONSUMED_STATUSES
+from engine.records import SampleState as S
 from policy_server.store.base import SAMPLE_STATUSES, StoreDB, turn_dict
+
+_COUNT_UNCONSUMED = f"SELECT COUNT(*) FROM samples WHERE status IN ({', '.join('?' * len(UNCONSUMED_STATUSES))})"
 
 
 class StoreReads(StoreDB):
@@ -23,7 +27,9 @@ class StoreReads(StoreDB):
             for status, n in db.execute("SELECT status, COUNT(*) FROM samples GROUP BY status"):
                 by_status[status] = n
             reasons = dict(
-                db.execute("SELECT reject_reason, COUNT(*) FROM samples WHERE status='rejected' GROUP BY reject_reason")
+                db.execute(
+                    "SELECT reject_reason, COUNT(*) FROM samples WHERE status=? GROUP BY reject_reason", (S.REJECTED,)
+                )
             )
             awaiting = db.execute("SELECT COUNT(*) FROM turns WHERE pairing='awaiting'").fetchone()[0]
             turns = db.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
@@ -32,10 +38,10 @@ class StoreReads(StoreDB):
             ).fetchone()
             leases = db.execute("SELECT COUNT(*) FROM leases WHERE state='active'").fetchone()[0]
             retrying = db.execute(
-                "SELECT COUNT(*) FROM samples WHERE status='pending_judge' AND attempts>0"
+                "SELECT COUNT(*) FROM samples WHERE status=? AND attempts>0", (S.PENDING_JUDGE,)
             ).fetchone()[0]
             score_retrying = db.execute(
-                "SELECT COUNT(*) FROM samples WHERE status='pending_score' AND attempts>0"
+                "SELECT COUNT(*) FROM samples WHERE status=? AND attempts>0", (S.PENDING_SCORE,)
             ).fetchone()[0]
             inferred = db.execute("SELECT COUNT(*) FROM sessions WHERE session_id LIKE 'inferred-%'").fetchone()[0]
         return {
@@ -64,9 +70,7 @@ class StoreReads(StoreDB):
     def unconsumed_backlog(self) -> int:
         """Samples accepted but not yet consumed (awaiting pairing, judging, scoring, ready or leased)."""
         with self._read() as db:
-            n = db.execute(
-                "SELECT COUNT(*) FROM samples WHERE status IN ('pending_judge','pending_score','ready','leased')"
-            ).fetchone()[0]
+            n = db.execute(_COUNT_UNCONSUMED, UNCONSUMED_STATUSES).fetchone()[0]
             a = db.execute("SELECT COUNT(*) FROM turns WHERE pairing='awaiting'").fetchone()[0]
         return int(n) + int(a)
 

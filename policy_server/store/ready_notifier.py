@@ -26,6 +26,8 @@ import asyncio
 import time
 from typing import Any, Protocol
 
+from policy_server.store import SampleStore
+
 
 class ReadyNotifier(Protocol):
     def generation(self) -> int: ...
@@ -73,7 +75,7 @@ class LocalReadyNotifier:
 
 
 async def lease_when_ready(
-    store: Any, notifier: ReadyNotifier, *, max_n: int, min_n: int, wait_s: float, lease_s: float
+    store: SampleStore, notifier: ReadyNotifier, *, max_n: int, min_n: int, wait_s: float, lease_s: float
 ) -> tuple[str, list[dict[str, Any]]] | None:
     """The lease route's wait: a lease of up to ``max_n`` samples as soon as ``min_n`` are ready, else at
     ``wait_s`` whatever is ready (None when nothing is). Sleeps on ``notifier`` between looks, and also until

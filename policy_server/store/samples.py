@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from engine.records import JUDGE_OUTCOME_STATUSES, SCORE_OUTCOME_STATUSES, RejectReason, Sample
+from engine.records import SampleState as S
 from engine.sample_values import value_problem
 from policy_server.store.base import StoreDB, dump_json, turn_dict
 
@@ -44,8 +46,8 @@ class StoreSamples(StoreDB):
             rows = db.execute(
                 "SELECT s.sample_id, s.session_id, s.turn_index, s.attempts FROM samples s "
                 "JOIN sessions x ON x.session_id=s.session_id "
-                "WHERE s.status='pending_judge'" + claim + " ORDER BY s.session_id, s.turn_index",
-                args,
+                "WHERE s.status=?" + claim + " ORDER BY s.session_id, s.turn_index",
+                (S.PENDING_JUDGE, *args),
             ).fetchall()
         return [dict(r) for r in rows]
 
@@ -102,9 +104,8 @@ class StoreSamples(StoreDB):
         status, reject_reason = _checked(status, reject_reason, data)
         with self._tx() as db:
             cur = db.execute(
-                "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? "
-                "WHERE sample_id=? AND status='pending_judge'",
-                (status, reject_reason, dump_json(data), time.time(), sample_id),
+                "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? WHERE sample_id=? AND status=?",
+                (status, reject_reason, dump_json(data), time.time(), sample_id, S.PENDING_JUDGE),
             )
             if cur.rowcount and included:
                 db.execute(
@@ -112,7 +113,7 @@ class StoreSamples(StoreDB):
                     "(SELECT session_id FROM samples WHERE sample_id=?)",
                     (sample_id,),
                 )
-        self._ready_changed(cur.rowcount if status == "ready" else 0)
+        self._ready_changed(cur.rowcount if status == S.READY else 0)
         return bool(cur.rowcount)
 
     # ------------------------------------------------------------------ session-scope scoring
@@ -127,13 +128,13 @@ class StoreSamples(StoreDB):
         with self._read() as db:
             rows = db.execute(
                 "SELECT DISTINCT s.session_id FROM samples s JOIN sessions x ON x.session_id=s.session_id "
-                "WHERE s.status='pending_score' AND x.done=1 "
+                "WHERE s.status=? AND x.done=1 "
                 + only
                 + (claim.strip() + " " if claim else "")
-                + "AND NOT EXISTS (SELECT 1 FROM samples p WHERE p.session_id=s.session_id AND p.status='pending_judge') "
+                + "AND NOT EXISTS (SELECT 1 FROM samples p WHERE p.session_id=s.session_id AND p.status=?) "
                 "AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_id=s.session_id AND t.pairing='awaiting') "
                 "ORDER BY s.session_id",
-                ((session_id,) if session_id is not None else ()) + claim_args,
+                (S.PENDING_SCORE, *((session_id,) if session_id is not None else ()), *claim_args, S.PENDING_JUDGE),
             ).fetchall()
         return [r[0] for r in rows]
 
@@ -160,12 +161,11 @@ class StoreSamples(StoreDB):
         """A failed scoring try of the session: every held sample gets attempts+1 and the error."""
         with self._tx() as db:
             return db.execute(
-                "UPDATE samples SET attempts=attempts+1, last_error=?, updated_at=? "
-                "WHERE session_id=? AND status='pending_score'",
-                (error[:500], time.time(), session_id),
+                "UPDATE samples SET attempts=attempts+1, last_error=?, updated_at=? WHERE session_id=? AND status=?",
+                (error[:500], time.time(), session_id, S.PENDING_SCORE),
             ).rowcount
 
-    def complete_score(self, outcomes: list[tuple[str, str, str | None, dict[str, Any]]]) -> int:
+    def complete_score(self, outcomes: Sequence[tuple[str, str, str | None, dict[str, Any]]]) -> int:
         """Decide held samples in ONE transaction: each ``(sample_id, status, reject_reason, data)`` with status
         ``ready`` or ``rejected``; a sample no longer ``pending_score`` is left alone. Returns how many moved."""
         for _, status, _, _ in outcomes:
@@ -173,25 +173,24 @@ class StoreSamples(StoreDB):
                 raise ValueError(f"score outcome status must be ready or rejected, not {status!r}")
         outcomes = [(sid, *_checked(status, reason, data), data) for sid, status, reason, data in outcomes]
         now = time.time()
-        moved = {"ready": 0, "rejected": 0}
+        moved: dict[str, int] = dict.fromkeys(SCORE_OUTCOME_STATUSES, 0)
         with self._tx() as db:
             for sample_id, status, reason, data in outcomes:
                 moved[status] += db.execute(
-                    "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? "
-                    "WHERE sample_id=? AND status='pending_score'",
-                    (status, reason, dump_json(data), now, sample_id),
+                    "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? WHERE sample_id=? AND status=?",
+                    (status, reason, dump_json(data), now, sample_id, S.PENDING_SCORE),
                 ).rowcount
-        self._ready_changed(moved["ready"])
-        return moved["ready"] + moved["rejected"]
+        self._ready_changed(moved[S.READY])
+        return sum(moved.values())
 
 
 def _checked(status: str, reject_reason: str | None, data: dict[str, Any] | None) -> tuple[str, str | None]:
     """A sample about to become leasable (or held for scoring) whose reward, teacher log-probs or token rewards
     are unusable (engine.sample_values) is rejected with the reason instead: never leased, visible in stats."""
-    if status == "rejected" or data is None:
+    if status == S.REJECTED or data is None:
         return status, reject_reason
     why = value_problem(data)
-    return ("rejected", RejectReason.with_detail(RejectReason.INVALID_VALUES, why)) if why else (status, reject_reason)
+    return (S.REJECTED, RejectReason.with_detail(RejectReason.INVALID_VALUES, why)) if why else (status, reject_reason)
 
 
 def _claim_filter(available_to: str | None, now: float | None) -> tuple[str, tuple[Any, ...]]:

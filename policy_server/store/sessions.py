@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.records import RejectReason, TurnRecord
+from engine.records import SampleState as S
 from policy_server.store.base import StoreDB, dump_json, turn_dict
 
 
@@ -226,7 +227,7 @@ def _resolve(
     if pairing == "mismatch":
         db.execute("UPDATE sessions SET mismatches=mismatches+1 WHERE session_id=?", (session_id,))
     sample_id = uuid.uuid4().hex
-    status = "rejected" if reject_reason else "pending_judge"
+    status = S.REJECTED if reject_reason else S.PENDING_JUDGE
     db.execute(
         "INSERT INTO samples (sample_id, session_id, turn_index, status, reject_reason, created_at, updated_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",

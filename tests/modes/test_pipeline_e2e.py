@@ -95,20 +95,20 @@ async def test_rl_samples(rules_judge, tokenizer, turn, make_pipeline):
     pipe = make_pipeline(rules_judge.url, None, tokenizer, "rl")
     n = len(turn["response_ids"])
     pos = await pipe.process(turn, POSITIVE, session_has_included=True, session_done=False)
-    assert (pos["status"], pos["included"], pos["reject_reason"]) == ("ready", True, None)
-    s = pos["sample"]
+    assert (pos.status, pos.included, pos.reject_reason) == ("ready", True, None)
+    s = pos.sample
     assert (s["mode"], s["reward"], s["has_reward"], s["has_teacher"]) == ("rl", 1.0, True, False)
     assert s["loss_mask"] == [1] * n and s["teacher_logprobs"] is None and s["hint"] is None
     assert s["prm"]["status"] == "ok" and s["prm"]["votes"] == [1, 1, 1]
-    assert pos["prompt_versions"]["prm"].startswith("rules@")
+    assert pos.prompt_versions["prm"].startswith("rules@")
 
     neg = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
-    assert (neg["status"], neg["sample"]["reward"], neg["sample"]["loss_mask"]) == ("ready", -1.0, [1] * n)
+    assert (neg.status, neg.sample["reward"], neg.sample["loss_mask"]) == ("ready", -1.0, [1] * n)
 
     neutral = await pipe.process(turn, NEUTRAL, session_has_included=True, session_done=False)
-    assert (neutral["status"], neutral["reject_reason"], neutral["included"]) == ("rejected", "prm_neutral", False)
-    assert neutral["sample"]["loss_mask"] == [0] * n and neutral["sample"]["has_reward"] is False
-    assert neutral["sample"]["prm"]["score"] == 0  # the verdict is kept for audit
+    assert (neutral.status, neutral.reject_reason, neutral.included) == ("rejected", "prm_neutral", False)
+    assert neutral.sample["loss_mask"] == [0] * n and neutral.sample["has_reward"] is False
+    assert neutral.sample["prm"]["score"] == 0  # the verdict is kept for audit
 
 
 @pytest.mark.parametrize("top_k", [0, 4])
@@ -117,8 +117,8 @@ async def test_opd_teacher_logprobs_match_torch(
 ):
     pipe = make_pipeline(rules_judge.url, teacher_engine.url, tokenizer, "opd", teacher_top_k=top_k)
     out = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
-    assert (out["status"], out["included"]) == ("ready", True), out["reject_reason"]
-    s = out["sample"]
+    assert (out.status, out.included) == ("ready", True), out.reject_reason
+    s = out.sample
     n = len(turn["response_ids"])
     hint = NEGATIVE[0]["content"]
     assert s["hint"]["accepted"] is True and s["hint"]["hint"] == hint
@@ -129,7 +129,7 @@ async def test_opd_teacher_logprobs_match_torch(
         None,
         [1] * n,
     )
-    assert out["prompt_versions"]["teacher_hint"].startswith("teacher_hint_v1@")
+    assert out.prompt_versions["teacher_hint"].startswith("teacher_hint_v1@")
     expected, top = teacher_logprobs_torch(turn["messages"], turn["tools"], turn["response_ids"], hint, top_k)
     assert len(s["teacher_logprobs"]) == n
     assert s["teacher_logprobs"][0] < 0  # the first response token is scored, not a 0.0 placeholder
@@ -148,16 +148,16 @@ async def test_opd_without_hint_is_rejected(rules_judge, teacher_engine, tokeniz
     pipe = make_pipeline(rules_judge.url, teacher_engine.url, tokenizer, "opd")
     for state in (POSITIVE, NEUTRAL):
         out = await pipe.process(turn, state, session_has_included=False, session_done=False)
-        assert (out["status"], out["reject_reason"], out["included"]) == ("rejected", "no_hint", False)
-        assert out["sample"]["teacher_logprobs"] is None and out["sample"]["hint"]["accepted"] is False
+        assert (out.status, out.reject_reason, out.included) == ("rejected", "no_hint", False)
+        assert out.sample["teacher_logprobs"] is None and out.sample["hint"]["accepted"] is False
 
 
 async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_logprobs_torch, turn, make_pipeline):
     pipe = make_pipeline(rules_judge.url, teacher_engine.url, tokenizer, "combine")
     n = len(turn["response_ids"])
     both = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
-    s = both["sample"]
-    assert both["status"] == "ready"
+    s = both.sample
+    assert both.status == "ready"
     assert (s["mode"], s["reward"], s["has_reward"], s["has_teacher"], s["w_rl"], s["w_opd"]) == (
         "combine",
         -1.0,
@@ -170,36 +170,36 @@ async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_l
     assert s["teacher_logprobs"] == pytest.approx(expected, abs=1e-4)
 
     rl_only = await pipe.process(turn, POSITIVE, session_has_included=True, session_done=False)
-    s = rl_only["sample"]
-    assert rl_only["status"] == "ready" and s["loss_mask"] == [1] * n
+    s = rl_only.sample
+    assert rl_only.status == "ready" and s["loss_mask"] == [1] * n
     assert (s["reward"], s["has_reward"], s["has_teacher"], s["teacher_logprobs"]) == (1.0, True, False, None)
     assert s["teacher_logprobs"] != turn["rollout_logprobs"]  # never "teacher = rollout"
 
     neither = await pipe.process(turn, NEUTRAL, session_has_included=True, session_done=False)
-    assert (neither["status"], neither["reject_reason"]) == ("rejected", "no_signal: prm_neutral, no_hint")
+    assert (neither.status, neither.reject_reason) == ("rejected", "no_signal: prm_neutral, no_hint")
     promoted = await pipe.process(turn, NEUTRAL, session_has_included=False, session_done=False)
-    s = promoted["sample"]
-    assert promoted["status"] == "ready" and s["loss_mask"] == [1] * n
+    s = promoted.sample
+    assert promoted.status == "ready" and s["loss_mask"] == [1] * n
     assert (s["reward"], s["has_reward"], s["has_teacher"]) == (0.0, True, False)
 
 
 async def test_at_least_one_promotes_neutral_only(rules_judge, tokenizer, turn, make_pipeline):
     pipe = make_pipeline(rules_judge.url, None, tokenizer, "rl")
     out = await pipe.process(turn, NEUTRAL, session_has_included=False, session_done=False)
-    s = out["sample"]
-    assert (out["status"], out["included"], s["reward"], s["has_reward"]) == ("ready", True, 0.0, True)
+    s = out.sample
+    assert (out.status, out.included, s["reward"], s["has_reward"]) == ("ready", True, 0.0, True)
     assert s["loss_mask"] == [1] * len(turn["response_ids"])
     off = make_pipeline(rules_judge.url, None, tokenizer, "rl")
     off.at_least_one = False
     out = await off.process(turn, NEUTRAL, session_has_included=False, session_done=False)
-    assert (out["status"], out["reject_reason"]) == ("rejected", "prm_neutral")
+    assert (out.status, out.reject_reason) == ("rejected", "prm_neutral")
 
 
 async def test_judge_failures_are_rejected_never_promoted(broken_judge, teacher_engine, tokenizer, turn, make_pipeline):
     for mode in ("rl", "combine"):
         pipe = make_pipeline(broken_judge.url, teacher_engine.url, tokenizer, mode)
         out = await pipe.process(turn, NEUTRAL, session_has_included=False, session_done=False)
-        assert out["status"] == "rejected" and out["included"] is False
-        assert out["reject_reason"].startswith("judge_failed: prm:"), out["reject_reason"]
-        assert out["sample"]["loss_mask"] == [0] * len(turn["response_ids"])
-        assert out["sample"]["prm"]["status"] == "judge_failed" and out["sample"]["reward"] is None
+        assert out.status == "rejected" and out.included is False
+        assert out.reject_reason.startswith("judge_failed: prm:"), out.reject_reason
+        assert out.sample["loss_mask"] == [0] * len(turn["response_ids"])
+        assert out.sample["prm"]["status"] == "judge_failed" and out.sample["reward"] is None

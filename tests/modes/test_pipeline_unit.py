@@ -74,8 +74,8 @@ async def test_rl_asks_prm_with_m_and_passes_turn_through():
     assert judge.calls == [
         {"context": TURN["messages"], "response": TURN["response"], "next_state": NEXT, "tasks": ["prm"], "m": 5}
     ]
-    assert out["status"] == "ready" and out["included"] and out["reject_reason"] is None
-    s = out["sample"]
+    assert out.status == "ready" and out.included and out.reject_reason is None
+    s = out.sample
     assert (s["mode"], s["reward"], s["has_reward"], s["has_teacher"], s["loss_mask"]) == (
         "rl",
         1.0,
@@ -84,7 +84,7 @@ async def test_rl_asks_prm_with_m_and_passes_turn_through():
         [1, 1, 1],
     )
     assert (s["w_rl"], s["w_opd"], s["teacher_logprobs"], s["teacher_topk"]) == (0.5, 2.0, None, None)
-    assert out["prompt_versions"] == s["prompt_versions"] == {"prm": "prm_eval_v1@abc"}
+    assert out.prompt_versions == s["prompt_versions"] == {"prm": "prm_eval_v1@abc"}
     assert s["prm"] == OK_PRM["prm"]  # the judge's verdict, cost fields included, reaches the sample unchanged
 
 
@@ -95,8 +95,8 @@ async def test_no_next_state_is_rejected_without_judging(next_state):
         out = await pipeline(judge, mode, teacher=object.__new__(object)).process(
             TURN, next_state, session_has_included=False, session_done=True
         )
-        assert (out["status"], out["reject_reason"], out["included"]) == ("rejected", "no_next_state", False)
-        assert out["sample"]["loss_mask"] == [0, 0, 0] and out["sample"]["mode"] == mode
+        assert (out.status, out.reject_reason, out.included) == ("rejected", "no_next_state", False)
+        assert out.sample["loss_mask"] == [0, 0, 0] and out.sample["mode"] == mode
     assert judge.calls == []
 
 
@@ -105,7 +105,7 @@ async def test_empty_response_is_rejected_without_judging():
     out = await pipeline(judge).process(
         dict(TURN, response_ids=[]), NEXT, session_has_included=False, session_done=False
     )
-    assert (out["status"], out["reject_reason"]) == ("rejected", "empty_response")
+    assert (out.status, out.reject_reason) == ("rejected", "empty_response")
     assert judge.calls == []
 
 
@@ -113,7 +113,7 @@ async def test_empty_response_is_rejected_without_judging():
 async def test_opd_and_combine_need_a_teacher(mode):
     judge = RecordingJudge(OK_PRM)
     out = await pipeline(judge, mode).process(TURN, NEXT, session_has_included=False, session_done=False)
-    assert out["status"] == "rejected" and out["reject_reason"].startswith("no_teacher")
+    assert out.status == "rejected" and out.reject_reason.startswith("no_teacher")
     assert judge.calls == []
 
 
@@ -125,7 +125,7 @@ async def test_judge_unavailable_defers_and_4xx_rejects():
     out = await pipeline(RecordingJudge(raises=JudgeRequestRejected("context too large", 413))).process(
         TURN, NEXT, session_has_included=False, session_done=False
     )
-    assert (out["status"], out["reject_reason"]) == ("rejected", "judge_rejected: context too large")
+    assert (out.status, out.reject_reason) == ("rejected", "judge_rejected: context too large")
 
 
 async def test_mode_switch_applies_to_the_next_turn():
@@ -138,16 +138,16 @@ async def test_mode_switch_applies_to_the_next_turn():
         settings=PolicySettings.model_construct(judge_m=None),
         mode_state=state,
     )
-    assert (await pipe.process(TURN, NEXT, session_has_included=True, session_done=False))["sample"]["mode"] == "rl"
+    assert (await pipe.process(TURN, NEXT, session_has_included=True, session_done=False)).sample["mode"] == "rl"
     state.set("combine", w_rl=0.25)
     out = await pipe.process(TURN, NEXT, session_has_included=True, session_done=False)
-    assert out["reject_reason"].startswith("no_teacher") and out["sample"]["mode"] == "combine"
-    assert out["sample"]["w_rl"] == 0.25
+    assert out.reject_reason.startswith("no_teacher") and out.sample["mode"] == "combine"
+    assert out.sample["w_rl"] == 0.25
 
 
 async def test_judge_answer_off_the_schema_is_a_failed_judgement_not_a_score():
     judge = RecordingJudge(raises=JudgeBadResponse("judge answer off the JudgeVerdicts schema: prm.score: bad"))
     out = await pipeline(judge).process(TURN, NEXT, session_has_included=False, session_done=False)
-    assert out["status"] == "rejected" and not out["included"]
-    assert out["reject_reason"] == "judge_failed: judge answer off the JudgeVerdicts schema: prm.score: bad"
-    assert out["sample"].get("reward") is None
+    assert out.status == "rejected" and not out.included
+    assert out.reject_reason == "judge_failed: judge answer off the JudgeVerdicts schema: prm.score: bad"
+    assert out.sample.get("reward") is None

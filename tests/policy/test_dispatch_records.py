@@ -2,7 +2,7 @@
 
 Contract (policy_server.rewards.dispatch): the stored Sample JSON is the pipeline's fields, then the turn's
 fields, then the origin, exactly what ``Sample.to_json()`` gives; a result whose number is unusable is
-rejected by the store's value check (``invalid_values: ...``, as before the schema existed); any other
+rejected by the store's value check (``invalid_values: ...``, like any other sample); any other
 departure from the schema is rejected ``pipeline_error: sample off the schema: <field>: ...``, keeping
 only the turn's fields, never stored as a trainable sample. The pipeline here is an in-process double
 of RewardPipeline.process; the store is real (SQLite, or PostgreSQL when the suite runs on it).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.records import Sample
+from engine.records import PipelineOutcome, Sample
 from policy_server.rewards.dispatch import Dispatcher
 from policy_server.rewards.modes import ModeSnapshot, build_sample
 
@@ -50,7 +50,11 @@ class FixedPipeline:
         self.sample = sample
 
     async def process(self, turn, next_state, *, session_has_included, session_done):
-        return {"status": "ready", "reject_reason": None, "included": True, "sample": dict(self.sample)}
+        return PipelineOutcome.ready(dict(self.sample))
+
+
+def _dispatcher(store, fields: dict) -> Dispatcher:
+    return Dispatcher(store, FixedPipeline(fields), concurrency=1, retry_initial_s=0.5, retry_max_s=30.0, claim_s=30.0)
 
 
 def _good_fields() -> dict:
@@ -79,7 +83,7 @@ def _row(store, turn_index: int) -> dict:
 
 async def _process_last_turn(store, fields: dict) -> dict:
     store.record_turn("s", RECORD, session_done=True)  # the session's only turn: resolved, pending_judge
-    dispatcher = Dispatcher(store, FixedPipeline(fields))
+    dispatcher = _dispatcher(store, fields)
     [job] = store.pending_jobs()
     assert await dispatcher._process(job)
     return _row(store, 0)
@@ -108,7 +112,7 @@ async def test_stored_sample_is_the_record_json(store):
 
 
 async def test_turn_fields_are_copied_as_recorded(store):
-    """A record without rollout log-probs (or any other turn field) gives nulls, exactly as before."""
+    """A record without rollout log-probs (or any other turn field) gives nulls in the Sample."""
     minimal = {
         "messages": RECORD["messages"],
         "prompt_ids": [1, 2],
@@ -117,7 +121,7 @@ async def test_turn_fields_are_copied_as_recorded(store):
     }
     store.record_turn("s", minimal, session_done=True)
     [job] = store.pending_jobs()
-    assert await Dispatcher(store, FixedPipeline(_good_fields()))._process(job)
+    assert await _dispatcher(store, _good_fields())._process(job)
     row = _row(store, 0)
     assert (row["status"], row["reject_reason"]) == ("ready", None)
     stored = row["sample"]

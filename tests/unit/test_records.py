@@ -15,14 +15,19 @@ import pytest
 from pydantic import ValidationError
 
 from engine.records import (
+    SAMPLE_ORIGIN_KEYS,
     SAMPLE_STATUSES,
+    SAMPLE_TURN_KEYS,
+    SCORING_TURN_KEYS,
     STATUS_FAILED,
     HintVerdict,
     JudgeUsage,
     JudgeVerdicts,
+    PipelineOutcome,
     PrmVerdict,
     RejectReason,
     Sample,
+    SampleState,
     Turn,
     TurnRecord,
 )
@@ -216,9 +221,9 @@ def test_dispatcher_builds_the_same_sample_as_before(mode, prm, hint, reward, te
 
 
 def test_prm_outcome_folded_in_keeps_the_order():
-    result = {"status": "ready", "reject_reason": None, "included": True, "sample": OLD_SAMPLES["rl"]}
-    scored = apply_outcome(result, ScoreOutcome("scored", token_rewards=[0.5, 0.5, 0.5]))["sample"]
-    rejected = apply_outcome(result, ScoreOutcome("rejected", reason="prm_rejected: veto"))["sample"]
+    result = PipelineOutcome.ready(OLD_SAMPLES["rl"])
+    scored = apply_outcome(result, ScoreOutcome("scored", token_rewards=[0.5, 0.5, 0.5])).sample
+    rejected = apply_outcome(result, ScoreOutcome("rejected", reason="prm_rejected: veto")).sample
     for old in (scored, rejected):
         assert json.dumps(Sample.model_validate(old).to_json()) == json.dumps(old)
     assert rejected["loss_mask"] == [0, 0, 0] and rejected["token_rewards"] is None
@@ -295,3 +300,62 @@ def test_statuses_and_reasons_are_the_stored_strings():
     assert SAMPLE_STATUSES == ("pending_judge", "pending_score", "ready", "leased", "consumed", "rejected")
     assert RejectReason.with_detail(RejectReason.INVALID_VALUES, "x") == "invalid_values: x"
     assert RejectReason.CLIENT_DISCONNECTED == "client_disconnected"
+    names = {k: v for k, v in vars(SampleState).items() if k.isupper()}
+    assert names == {
+        "PENDING_JUDGE": "pending_judge",
+        "PENDING_SCORE": "pending_score",
+        "READY": "ready",
+        "LEASED": "leased",
+        "CONSUMED": "consumed",
+        "REJECTED": "rejected",
+    }
+
+
+def test_sample_fields_are_the_pipelines_then_the_turns_then_the_origin():
+    pipeline = (
+        "mode",
+        "loss_mask",
+        "reward",
+        "has_reward",
+        "has_teacher",
+        "prm",
+        "hint",
+        "teacher_logprobs",
+        "teacher_topk",
+        "token_rewards",
+        "w_rl",
+        "w_opd",
+        "prompt_versions",
+    )
+    assert tuple(Sample.model_fields) == pipeline + SAMPLE_TURN_KEYS + SAMPLE_ORIGIN_KEYS
+    assert {
+        "session_id",
+        "turn_index",
+        "messages",
+        "response",
+        "prompt_ids",
+        "response_ids",
+        "parent_turn_index",
+        "next_state",
+    } == SCORING_TURN_KEYS
+
+
+def test_pipeline_outcome_is_typed():
+    ready = PipelineOutcome.ready({"mode": "rl"}, {"prm": "v1"})
+    assert (ready.status, ready.reject_reason, ready.included) == ("ready", None, True)
+    held = ready.held()
+    assert (held.status, held.included, held.sample, held.prompt_versions) == (
+        "pending_score",
+        True,
+        {"mode": "rl"},
+        {"prm": "v1"},
+    )
+    rejected = PipelineOutcome.rejected("no_hint")
+    assert (rejected.status, rejected.reject_reason, rejected.included, rejected.sample) == (
+        "rejected",
+        "no_hint",
+        False,
+        {},
+    )
+    with pytest.raises(ValidationError):
+        PipelineOutcome(status="done")

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from engine.disconnect import abort_engine_requests
 from engine.errors import EngineError, EngineTimeout
-from engine.records import RejectReason
+from engine.records import RejectReason, SampleState
 from policy_server.serving.generation import GenResult
 from policy_server.state import PolicyState
 from policy_server.store import SampleStore
@@ -55,14 +55,14 @@ def reject_turn(store: SampleStore, sid: str, turn_index: int) -> str:
         )
         is not None
     ):
-        return "rejected"
+        return SampleState.REJECTED
     # Already resolved: the request ended its session (or the idle sweep did), so its sample was created
     # pending_judge in the same transaction; reject it unless the judge has decided it in the meantime.
-    for row in store.list_samples(session_id=sid, status="pending_judge", limit=10_000):
+    for row in store.list_samples(session_id=sid, status=SampleState.PENDING_JUDGE, limit=10_000):
         if row["turn_index"] == turn_index and store.complete_judge(
-            row["sample_id"], status="rejected", reject_reason=DISCONNECT_REASON, included=False, data=None
+            row["sample_id"], status=SampleState.REJECTED, reject_reason=DISCONNECT_REASON, included=False, data=None
         ):  # no Sample JSON, like every pairing rejection
-            return "rejected"
+            return SampleState.REJECTED
     return "already decided"
 
 

@@ -26,7 +26,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.http_client import RetryPolicy, bearer_headers, build_sync_http, send_sync
-from engine.records import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
+from engine.records import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE, SampleState
 
 # The PRM score classes, then every verdict status that carries no score (engine.records), then a sample without one.
 VERDICT_CLASSES = ("+1", "0", "-1", STATUS_TIE, STATUS_NO_VALID, STATUS_FAILED, "no verdict")
@@ -144,7 +144,7 @@ def status_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     """Samples per status, rejected ones split by reject reason (text before the first ':')."""
 
     def label(r: dict[str, Any]) -> str:
-        if r.get("status") == "rejected":
+        if r.get("status") == SampleState.REJECTED:
             return "rejected: " + str(r.get("reject_reason") or "?").split(":")[0]
         return str(r.get("status"))
 

@@ -6,7 +6,7 @@ resulting samples to the trainer (docs/CONTRACTS.md "Policy server").
 
 Run: ``hindsight-policy --model-path DIR --engine-url URL --data-dir DIR ...`` (policy_server.cli).
 
-Lifespan: loads the tokenizer, opens the store (SQLite WAL under ``data_dir``, or
+Lifespan (each step a function of policy_server.components): loads the tokenizer, opens the store (SQLite WAL under ``data_dir``, or
 the PostgreSQL database of ``--store-url`` shared with other replicas), creates ONE
 EngineClient for generation plus one per weight-sync worker (one shared connection pool, built by
 engine.http_client.build_async_http with the request-id hook), the judge and
@@ -34,13 +34,10 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 from fastapi import FastAPI
 
 from engine.chat import load_tokenizer
-from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
-from engine.http_client import build_async_http
 from engine.http_guard import (
     AdmissionMiddleware,
     BodyLimitMiddleware,
@@ -50,115 +47,27 @@ from engine.observability import (
     RequestContextMiddleware,
     RouteMetrics,
     log_settings,
-    propagate_request_id,
 )
-from engine.records import SampleState as S
-from judge_server.client import JudgeClient
+from policy_server import components
 from policy_server.api import admin, ops, routes
 from policy_server.errors import (
     RETRY_AFTER_S,
-    StoreBusy,
     error_body,
     install_error_handlers,
 )
 from policy_server.metrics import Metrics
 from policy_server.rewards.dispatch import Dispatcher
-from policy_server.rewards.modes import ModeState, RewardPipeline
 from policy_server.rewards.scoring import PRMScoring
 from policy_server.serving.generation import Generator, context_length
-from policy_server.serving.replicas import ReplicaSync
 from policy_server.serving.session_inference import SessionInferrer
 from policy_server.serving.sessions import SessionTracker
 from policy_server.serving.shutdown import DrainMiddleware, DrainState
 from policy_server.serving.weight_sync import WeightGate, WeightSync
 from policy_server.settings import PolicySettings
 from policy_server.state import PolicyState
-from policy_server.store import PostgresStore, SampleStore, Store, sqlite_dir
 from policy_server.store.ready_notifier import LocalReadyNotifier
 
 logger = logging.getLogger(__name__)
-
-
-def _open_store(settings: PolicySettings) -> SampleStore:
-    """The SQLite store under the data dir (or the ``sqlite://`` URL's folder), or the shared PostgreSQL one."""
-    directory = sqlite_dir(settings.store_url, settings.data_dir)
-    if directory is not None:
-        return Store(directory, synchronous=settings.store_synchronous, busy_timeout_s=settings.store_busy_timeout_s)
-    assert settings.store_url is not None
-    return PostgresStore(
-        settings.store_url, busy_timeout_s=settings.store_busy_timeout_s, pool_size=settings.store_pool_size
-    )
-
-
-def _build_pipeline(
-    settings: PolicySettings,
-    tokenizer: Any,
-    http: httpx.AsyncClient,
-    retry: RetryPolicy,
-    stack: contextlib.AsyncExitStack,
-) -> tuple[ModeState, RewardPipeline | None]:
-    """(mode_state, pipeline or None). The pipeline needs the judge service; its client closes with ``stack``."""
-    mode_state = ModeState.from_settings(settings)
-    if not settings.judge_url:
-        logger.warning("no --judge-url: turns are recorded and stay pending_judge until a judge is configured")
-        return mode_state, None
-    judge = JudgeClient(settings.judge_url, api_key=settings.judge_api_key)
-    stack.push_async_callback(_quiet_close, judge)
-    teacher = None
-    if settings.teacher_url:
-        teacher = EngineClient(settings.teacher_url, api_key=settings.teacher_api_key, http=http, retry=retry)
-    pipeline = RewardPipeline(
-        judge=judge, teacher=teacher, tokenizer=tokenizer, settings=settings, mode_state=mode_state
-    )
-    return mode_state, pipeline
-
-
-async def _quiet_close(closable: Any) -> None:
-    try:
-        await closable.aclose()
-    except Exception:  # shutdown goes on; the failure is logged
-        logger.exception("closing %s failed", type(closable).__name__)
-
-
-async def _stop_background(
-    settings: PolicySettings,
-    store: SampleStore,
-    dispatcher: Dispatcher,
-    tasks: list[asyncio.Task[None]],
-    sessions: SessionTracker,
-) -> None:
-    """Graceful part (policy_server.serving.shutdown): chat requests are finished by now; the sweeper stops first (no
-    new work), pairings still being written land, then the dispatcher judges for at most shutdown_drain_s and
-    what is left stays pending."""
-    for task in tasks[1:]:  # the idle sweeper, and the replica sync when there is one
-        task.cancel()
-    await asyncio.gather(*tasks[1:], return_exceptions=True)
-    await sessions.drain_settles()
-    drained = await dispatcher.shutdown(settings.shutdown_drain_s)
-    tasks[0].cancel()
-    await asyncio.gather(tasks[0], return_exceptions=True)
-    try:
-        counts = (await asyncio.to_thread(store.stats))["samples"]
-    except StoreBusy as exc:  # the shutdown goes on: everything pending is in the store anyway
-        logger.warning(
-            "shutdown: %d turn(s) judged while draining; pending counts unknown (%s)", drained["judged"], exc
-        )
-        return
-    logger.info(
-        "shutdown: %d turn(s) judged while draining, %d judge call(s) cancelled, %d pending judge job(s) "
-        "and %d held sample(s) awaiting session scoring stay in the store for the next start",
-        drained["judged"],
-        drained["cancelled"],
-        counts[S.PENDING_JUDGE],
-        counts[S.PENDING_SCORE],
-    )
-
-
-async def _leave(replicas: ReplicaSync) -> None:
-    try:
-        await replicas.leave()
-    except StoreBusy as exc:  # the shutdown goes on: a silent replica stops counting as live after 3 intervals
-        logger.warning("shutdown: replica state not cleared: %s", exc)
 
 
 def _guard_error(status: int, message: str) -> dict[str, object]:
@@ -186,61 +95,21 @@ def create_app(settings: PolicySettings) -> FastAPI:
             metrics = app.state.metrics
             if scoring is not None:
                 scoring.register(metrics.registry)
-            store = await asyncio.to_thread(_open_store, settings)
+            store = await asyncio.to_thread(components.open_store, settings)
             stack.callback(store.close)
             ready = LocalReadyNotifier()
             store.on_ready = ready.notify  # every write that makes a sample ready wakes the lease waiters
-            timeouts = EngineTimeouts()
-            retry = RetryPolicy(max_attempts=settings.engine_max_attempts, deadline_s=settings.engine_deadline_s)
-            # One pool for every engine call of this process (the engine, its workers, the teacher).
-            # The request/session ids of the chat request go upstream with each engine call (observability).
-            http = build_async_http(
-                timeouts.to_httpx(),
-                max_connections=settings.max_concurrent_requests + 16,
-                max_keepalive=settings.max_concurrent_requests,
-                event_hooks={"request": [propagate_request_id]},
-            )
-            stack.push_async_callback(http.aclose)
-            engine = EngineClient(
-                settings.engine_url,
-                api_key=settings.engine_api_key,
-                admin_api_key=settings.engine_admin_api_key,
-                http=http,
-                retry=retry,
-            )
-            workers = [
-                EngineClient(
-                    u,
-                    api_key=settings.engine_api_key,
-                    admin_api_key=settings.engine_admin_api_key,
-                    http=http,
-                    retry=retry,
-                )
-                for u in settings.engine_worker_urls
-            ]
+            http, retry = components.engine_pool(settings, stack)
+            engine = components.engine_client(settings, settings.engine_url, http, retry)
+            workers = [components.engine_client(settings, url, http, retry) for url in settings.engine_worker_urls]
             version = None
             with contextlib.suppress(EngineError):
                 version = await workers[0].weight_version()
             gate = WeightGate(settings.gate_timeout_s, version=version)
-            mode_state, pipeline = _build_pipeline(settings, tokenizer, http, retry, stack)
+            mode_state, pipeline = components.build_pipeline(settings, tokenizer, http, retry, stack)
             replica_id = settings.replica_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}"
-            replicas = None
-            if isinstance(store, PostgresStore):  # other replicas may share this store: follow their admin changes
-                replicas = ReplicaSync(
-                    store,
-                    replica_id=replica_id,
-                    mode_state=mode_state,
-                    gate=gate,
-                    interval_s=settings.idle_sweep_interval_s,
-                    max_pause_s=settings.weight_update_deadline_s,
-                )
-                store.on_admin = replicas.wake
-            persisted = await asyncio.to_thread(store.get_runtime, "mode")
-            if persisted is not None:  # set through POST /admin/mode before a restart: it stays in force
-                mode_state.set(persisted["mode"], persisted["w_rl"], persisted["w_opd"])
-                flags = {"mode": settings.mode, "w_rl": settings.w_rl, "w_opd": settings.w_opd}
-                if flags != mode_state.to_dict():
-                    logger.warning("reward mode %s set through /admin/mode overrides the flags %s", persisted, flags)
+            replicas = components.replica_sync(settings, store, replica_id, mode_state, gate)
+            await components.restore_mode(settings, store, mode_state)
             dispatcher = Dispatcher(
                 store,
                 pipeline,
@@ -291,31 +160,9 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 ready=ready,
                 inferrer=SessionInferrer(store, sessions, metrics) if settings.infer_sessions else None,
             )
-            tasks = [
-                asyncio.create_task(dispatcher.run(), name="dispatcher"),
-                asyncio.create_task(sessions.run_sweeper(), name="idle-sweeper"),
-            ]
-            if replicas is not None:
-                await replicas.refresh()  # a mode or pause set at another replica holds from the first request
-                tasks.append(asyncio.create_task(replicas.run(), name="replica-sync"))
-                stack.push_async_callback(_leave, replicas)  # runs after the background tasks stopped
-            stack.push_async_callback(_stop_background, settings, store, dispatcher, tasks, sessions)
-            counts = (await asyncio.to_thread(store.stats))["samples"]
+            await components.start_background(stack, settings, store, dispatcher, sessions, replicas)
             app.state.policy = state
-            logger.info(
-                "policy server ready: engine %s, weight_version %s, %d pending judge job(s) and %d held "
-                "sample(s) awaiting session scoring resumed",
-                settings.engine_url,
-                version,
-                counts[S.PENDING_JUDGE],
-                counts[S.PENDING_SCORE],
-            )
-            if counts[S.PENDING_SCORE] and scoring is None:
-                logger.warning(
-                    "%d sample(s) are held pending_score for session PRM scoring, but PRM scoring is off: "
-                    "they stay held (not leasable) until the server runs with --prm-config again",
-                    counts[S.PENDING_SCORE],
-                )
+            await components.log_resumed_work(settings, store, version, scoring)
             yield
 
     app = FastAPI(title="hindsight-policy", lifespan=lifespan)

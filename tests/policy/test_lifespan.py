@@ -7,8 +7,8 @@ import asyncio
 import httpx
 import pytest
 
-import judge_server.client
 import policy_server.app as app_mod
+import policy_server.components as components
 from policy_server.settings import PolicySettings
 
 pytestmark = pytest.mark.unit
@@ -31,7 +31,7 @@ def test_failed_setup_closes_what_was_opened(tiny_model_dir, tmp_path, monkeypat
     async def start(path, *, scope="turn"):
         return Scoring()
 
-    class RecordingStore(app_mod.Store):
+    class RecordingStore(components.Store):
         def close(self):
             closed.append("store")
             super().close()
@@ -49,7 +49,7 @@ def test_failed_setup_closes_what_was_opened(tiny_model_dir, tmp_path, monkeypat
             closed.append("http")
             await super().aclose()
 
-    real_judge = judge_server.client.JudgeClient
+    real_judge = components.JudgeClient
 
     class RecordingJudge(real_judge):
         async def aclose(self):
@@ -60,9 +60,9 @@ def test_failed_setup_closes_what_was_opened(tiny_model_dir, tmp_path, monkeypat
         raise Boom("dispatcher cannot start")
 
     monkeypatch.setattr(app_mod.PRMScoring, "start", staticmethod(start))
-    monkeypatch.setattr(app_mod, "Store", RecordingStore)
-    monkeypatch.setattr(app_mod.httpx, "AsyncClient", RecordingHttp)
-    monkeypatch.setattr(judge_server.client, "JudgeClient", RecordingJudge)
+    monkeypatch.setattr(components, "Store", RecordingStore)
+    monkeypatch.setattr(httpx, "AsyncClient", RecordingHttp)
+    monkeypatch.setattr(components, "JudgeClient", RecordingJudge)
     monkeypatch.setattr(app_mod, "Dispatcher", fail)  # fails after store, http pool and judge client exist
     settings = PolicySettings(
         model_path=str(tiny_model_dir),
@@ -89,12 +89,12 @@ def test_failed_setup_closes_what_was_opened(tiny_model_dir, tmp_path, monkeypat
 def test_normal_shutdown_closes_everything(tiny_model_dir, tmp_path, monkeypatch):
     closed: list[str] = []
 
-    class RecordingStore(app_mod.Store):
+    class RecordingStore(components.Store):
         def close(self):
             closed.append("store")
             super().close()
 
-    monkeypatch.setattr(app_mod, "Store", RecordingStore)
+    monkeypatch.setattr(components, "Store", RecordingStore)
     settings = PolicySettings(
         model_path=str(tiny_model_dir),
         engine_url="http://127.0.0.1:9",

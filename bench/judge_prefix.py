@@ -15,40 +15,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-WORDS = (
-    "file",
-    "folder",
-    "rename",
-    "report",
-    "summary",
-    "please",
-    "move",
-    "the",
-    "to",
-    "and",
-    "check",
-    "list",
-    "error",
-    "output",
-    "tool",
-    "result",
-    "again",
-    "docs",
-    "work",
-    "path",
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests/ helpers
+
+from tests.long_context import long_context
 
 
 def make_turn(rng: random.Random, tok, context_tokens: int, tag: str) -> dict:
-    context, used = [], 0
-    while used < context_tokens:
-        text = f"[{tag}] " + " ".join(rng.choice(WORDS) for _ in range(60))
-        context.append({"role": "user" if len(context) % 2 == 0 else "assistant", "content": text})
-        used += len(tok.encode(text, add_special_tokens=False))
+    context, _ = long_context(tok, context_tokens, rng, tag)
     return {
         "context": context,
         "response": {"content": "Renamed it."},

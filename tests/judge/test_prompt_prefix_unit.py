@@ -16,40 +16,13 @@ import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids
 from prompts import TokenCounter, load_template, parse_hint, parse_verdict, render_judge_messages
+from tests.long_context import long_context
 
 pytestmark = pytest.mark.unit
 
-WORDS = (
-    "file",
-    "folder",
-    "rename",
-    "report",
-    "summary",
-    "please",
-    "move",
-    "the",
-    "to",
-    "and",
-    "check",
-    "list",
-    "error",
-    "output",
-    "tool",
-    "result",
-    "again",
-    "docs",
-    "work",
-    "path",
-)
-
 
 def _turn(tok, target_tokens: int):
-    rng = random.Random(0)
-    context, used = [], 0
-    while used < target_tokens:
-        text = " ".join(rng.choice(WORDS) for _ in range(60))
-        context.append({"role": "user" if len(context) % 2 == 0 else "assistant", "content": text})
-        used += len(tok.encode(text, add_special_tokens=False))
+    context, used = long_context(tok, target_tokens, random.Random(0))
     response = {"content": "Renamed it.", "tool_calls": [{"function": {"name": "mv", "arguments": "{}"}}]}
     next_state = [{"role": "user", "content": "No, that is the wrong folder; use ~/work."}]
     return context, response, next_state, used

@@ -48,6 +48,7 @@ from engine.http_client import (
     EventHooks,
     RetryPolicy,
     bearer_headers,
+    body_message,
     build_async_http,
     open_stream,
     send,
@@ -244,9 +245,7 @@ class EngineClient:
                     return
                 chunk = json.loads(data)
                 if isinstance(chunk, dict) and "error" in chunk:
-                    err = chunk["error"]
-                    msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-                    raise EngineRejected(msg, url=url)
+                    raise EngineRejected(body_message(chunk), url=url)
                 yield chunk
 
     async def score(

@@ -134,6 +134,12 @@ def error_message(resp: httpx.Response, limit: int = MAX_MESSAGE_CHARS) -> str:
         body = resp.json()
     except ValueError:
         return resp.text[:limit] or resp.reason_phrase
+    return body_message(body, limit)
+
+
+def body_message(body: Any, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """The message of an error body already parsed from JSON (the shapes :func:`error_message` reads); also
+    what an SGLang stream's ``{"error": ...}`` chunk says."""
     if isinstance(body, dict):
         for key in ("error", "detail", "message"):
             if key not in body:

@@ -218,6 +218,17 @@ async def test_stream_generate_retries_opening_and_rejects_4xx() -> None:
             async for _ in client.stream_generate({"input_ids": []}):
                 pass
 
+    def error_chunk(request: httpx.Request) -> httpx.Response:  # SGLang reports a mid-stream failure as a chunk
+        body = 'data: {"text": "a"}\n\ndata: {"error": {"message": "KV cache exhausted", "code": 503}}\n\n'
+        return httpx.Response(200, text=body)
+
+    async with EngineClient("http://engine.test", retry=FAST, transport=httpx.MockTransport(error_chunk)) as client:
+        seen = []
+        with pytest.raises(EngineRejected, match=r"^KV cache exhausted \[http"):
+            async for chunk in client.stream_generate({"input_ids": [1]}):
+                seen.append(chunk)
+        assert seen == [{"text": "a"}]
+
     def down(request: httpx.Request) -> httpx.Response:
         return httpx.Response(502, json={"error": "no workers"})
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer.settings import TrainConfig
+
 PROMPTS = [f"please {w} the file" for w in "read write open close list search find fix run check".split()]
 HELD_OUT = [f"can you {w} it" for w in "read write open list".split()]
 TARGET_IDS = set(range(600, 632))
@@ -31,6 +33,29 @@ def _quiet_transformers():
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+
+
+def rl_sample(sample_id: str = "x", **overrides: object) -> dict:
+    """A two-token rl Sample JSON with reward +1 (a learning term), ``overrides`` on top."""
+    base = {
+        "sample_id": sample_id,
+        "mode": "rl",
+        "prompt_ids": [5, 6],
+        "response_ids": [7, 8],
+        "rollout_logprobs": [-1.0, -1.0],
+        "loss_mask": [1, 1],
+        "reward": 1.0,
+        "has_reward": True,
+        "has_teacher": False,
+        "w_rl": 1.0,
+        "w_opd": 1.0,
+    }
+    return {**base, **overrides}
+
+
+def train_config(**kw: object) -> TrainConfig:
+    """Trainer settings for unit tests of the loop's pure steps (paths are never opened)."""
+    return TrainConfig(model_path="m", out_dir="o", **kw)
 
 
 def write_samples(model_dir: Path, path: Path, n: int, *, seed: int = 0, mode: str = "rl") -> list[dict]:

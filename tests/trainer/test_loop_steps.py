@@ -9,35 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from trainer.settings import TrainConfig
+from tests.trainer.conftest import rl_sample, train_config
 from trainer.train import LeasedBatch, PrmWindows
 from trainer.update import classify_samples, count_after_rejection, plan_minibatches, sample_rewards
 
 
-def _s(sample_id: str, **kw) -> dict:
-    base = {
-        "sample_id": sample_id,
-        "mode": "rl",
-        "prompt_ids": [5, 6],
-        "response_ids": [7, 8],
-        "rollout_logprobs": [-1.0, -1.0],
-        "loss_mask": [1, 1],
-        "reward": 1.0,
-        "has_reward": True,
-        "has_teacher": False,
-        "w_rl": 1.0,
-        "w_opd": 1.0,
-    }
-    return {**base, **kw}
-
-
-def _cfg(**kw) -> TrainConfig:
-    return TrainConfig(model_path="m", out_dir="o", **kw)
-
-
 def test_minibatches_interleave_samples_and_ranks_pad_with_dummy_rows():
-    samples = [_s(str(i)) for i in range(5)]
-    cfg = _cfg(minibatches=2, micro_batch_size=1)
+    samples = [rl_sample(str(i)) for i in range(5)]
+    cfg = train_config(minibatches=2, micro_batch_size=1)
     # minibatch 0 = samples 0, 2, 4; minibatch 1 = samples 1, 3. World 2: rank 1 holds 2 of mb 0, 3 of mb 1.
     plan = plan_minibatches(samples, [False] * 5, cfg, rank=1, world=2, device=torch.device("cpu"), eos_id=None)
     assert [[m.sample_index for m in mb.micros] for mb in plan] == [[[2], [-1]], [[3]]]
@@ -48,11 +27,11 @@ def test_minibatches_interleave_samples_and_ranks_pad_with_dummy_rows():
 
 
 def test_idle_samples_keep_their_rows_but_leave_the_denominators():
-    samples = [_s("a"), _s("b"), _s("c")]
+    samples = [rl_sample("a"), rl_sample("b"), rl_sample("c")]
     plan = plan_minibatches(
         samples,
         [False, True, False],
-        _cfg(micro_batch_size=4),
+        train_config(micro_batch_size=4),
         rank=0,
         world=1,
         device=torch.device("cpu"),
@@ -65,9 +44,9 @@ def test_idle_samples_keep_their_rows_but_leave_the_denominators():
 
 
 def test_mis_rejection_replaces_the_denominators_only():
-    samples = [_s("a"), _s("b")]
+    samples = [rl_sample("a"), rl_sample("b")]
     plan = plan_minibatches(
-        samples, [False, False], _cfg(minibatches=2), rank=0, world=1, device=torch.device("cpu"), eos_id=None
+        samples, [False, False], train_config(minibatches=2), rank=0, world=1, device=torch.device("cpu"), eos_id=None
     )
     counts = torch.tensor([[1.0, 1.0, 0.0, 0.0], [2.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
     after = count_after_rejection(plan, counts)
@@ -76,8 +55,13 @@ def test_mis_rejection_replaces_the_denominators_only():
 
 
 def test_trained_and_rewarded_samples():
-    samples = [_s("ok"), _s("bad"), _s("masked", loss_mask=[0, 0]), _s("no-reward", reward=None, has_reward=False)]
-    trainable, idle = classify_samples(samples, [False, True, False, False], _cfg(), eos_id=None)
+    samples = [
+        rl_sample("ok"),
+        rl_sample("bad"),
+        rl_sample("masked", loss_mask=[0, 0]),
+        rl_sample("no-reward", reward=None, has_reward=False),
+    ]
+    trainable, idle = classify_samples(samples, [False, True, False, False], train_config(), eos_id=None)
     assert trainable.tolist() == [True, False, False, True]
     assert idle == [False, True, False, True]  # invalid, or no learning term (no reward in rl mode)
     rewards, has_reward = sample_rewards(samples, trainable)
@@ -85,8 +69,8 @@ def test_trained_and_rewarded_samples():
 
 
 def test_no_eos_samples_are_not_trained_when_masked():
-    samples = [_s("eos", response_ids=[7, 2]), _s("cut", response_ids=[7, 8])]
-    trainable, _ = classify_samples(samples, [False, False], _cfg(mask_no_eos_with_zero=True), eos_id=2)
+    samples = [rl_sample("eos", response_ids=[7, 2]), rl_sample("cut", response_ids=[7, 8])]
+    trainable, _ = classify_samples(samples, [False, False], train_config(mask_no_eos_with_zero=True), eos_id=2)
     assert trainable.tolist() == [True, False]
 
 
@@ -100,7 +84,7 @@ def test_prm_windows_fold_until_the_next_logged_step():
 
 
 def test_a_batch_without_any_learning_term_is_no_step():
-    cfg = _cfg()
-    assert LeasedBatch([_s("a"), _s("b")], [False, True]).has_learning_term(cfg)
-    assert not LeasedBatch([_s("a"), _s("b")], [True, True]).has_learning_term(cfg)
-    assert not LeasedBatch([_s("a", reward=None, has_reward=False)], [False]).has_learning_term(cfg)
+    cfg = train_config()
+    assert LeasedBatch([rl_sample("a"), rl_sample("b")], [False, True]).has_learning_term(cfg)
+    assert not LeasedBatch([rl_sample("a"), rl_sample("b")], [True, True]).has_learning_term(cfg)
+    assert not LeasedBatch([rl_sample("a", reward=None, has_reward=False)], [False]).has_learning_term(cfg)

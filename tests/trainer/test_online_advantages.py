@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from tests.trainer.conftest import rl_sample, train_config
 from trainer.advantages import multiplicative_opd, multiplicative_opd_literal, turn_steps
 from trainer.baselines import RunningMean, rl_sample_advantages
 from trainer.batch import check_sample, collate
@@ -115,43 +116,31 @@ def test_multiplicative_signs_right_neutral_wrong():
     close(multiplicative_opd_literal(teacher, old, step_ids, scores)[:4], d[:4] * T([[1.0], [0.0], [-1.0], [-0.5]]))
 
 
-def _s(**kw) -> dict:
-    base = {
-        "sample_id": "x",
-        "mode": "rl",
-        "prompt_ids": [5, 6],
-        "response_ids": [7, 8],
-        "rollout_logprobs": [-1.0, -1.0],
-        "loss_mask": [1, 1],
-        "reward": 1.0,
-        "has_reward": True,
-        "has_teacher": False,
-        "w_rl": 1.0,
-        "w_opd": 1.0,
-    }
-    return {**base, **kw}
-
-
-def _cfg(**kw) -> TrainConfig:
-    return TrainConfig(model_path="m", out_dir="o", **kw)
-
-
 def test_which_samples_carry_a_learning_term():
-    promoted = _s(reward=0.0)  # an at-least-one promoted turn: reward 0
-    assert not carries_learning_term(promoted, _cfg(baseline="none"))  # r - 0 = 0: no term, no denominator share
-    assert carries_learning_term(promoted, _cfg(baseline="running_mean"))  # 0 - b is a real term
-    no_reward = _s(reward=None, has_reward=False)
-    assert not carries_learning_term(no_reward, _cfg())
+    promoted = rl_sample(reward=0.0)  # an at-least-one promoted turn: reward 0
+    assert not carries_learning_term(
+        promoted, train_config(baseline="none")
+    )  # r - 0 = 0: no term, no denominator share
+    assert carries_learning_term(promoted, train_config(baseline="running_mean"))  # 0 - b is a real term
+    no_reward = rl_sample(reward=None, has_reward=False)
+    assert not carries_learning_term(no_reward, train_config())
     teacher = [-0.5, -0.5]
-    assert carries_learning_term(_s(mode="opd", has_teacher=True, teacher_logprobs=teacher), _cfg())
-    assert not carries_learning_term(_s(mode="opd"), _cfg())
+    assert carries_learning_term(rl_sample(mode="opd", has_teacher=True, teacher_logprobs=teacher), train_config())
+    assert not carries_learning_term(rl_sample(mode="opd"), train_config())
     for mode in ("prm_gated_opd", "multiplicative", "multiplicative_literal"):
-        assert not carries_learning_term(_s(), _cfg(advantage_mode=mode))  # reward but no teacher
-        assert not carries_learning_term(_s(reward=None, has_reward=False, has_teacher=True), _cfg(advantage_mode=mode))
-        assert carries_learning_term(_s(has_teacher=True, teacher_logprobs=teacher), _cfg(advantage_mode=mode))
-    assert not carries_learning_term(_s(mode="combine", w_rl=0.0), _cfg())  # reward weighted 0, no teacher
+        assert not carries_learning_term(rl_sample(), train_config(advantage_mode=mode))  # reward but no teacher
+        assert not carries_learning_term(
+            rl_sample(reward=None, has_reward=False, has_teacher=True), train_config(advantage_mode=mode)
+        )
+        assert carries_learning_term(
+            rl_sample(has_teacher=True, teacher_logprobs=teacher), train_config(advantage_mode=mode)
+        )
+    assert not carries_learning_term(
+        rl_sample(mode="combine", w_rl=0.0), train_config()
+    )  # reward weighted 0, no teacher
     assert carries_learning_term(
-        _s(reward=None, has_reward=False, teacher_topk={"ids": [[1]], "logprobs": [[-0.1]]}), _cfg(topk_coef=0.1)
+        rl_sample(reward=None, has_reward=False, teacher_topk={"ids": [[1]], "logprobs": [[-0.1]]}),
+        train_config(topk_coef=0.1),
     )
 
 
@@ -166,8 +155,8 @@ def test_which_samples_carry_a_learning_term():
     ],
 )
 def test_trainer_rejects_unusable_values(bad, why):
-    assert check_sample(_s()) is None
-    assert check_sample(_s(**bad)).startswith(why)
+    assert check_sample(rl_sample()) is None
+    assert check_sample(rl_sample(**bad)).startswith(why)
 
 
 @pytest.mark.slow
@@ -176,12 +165,14 @@ def test_opd_old_logprobs_are_at_temperature_one(tiny_model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     rollout = [-0.25, -0.5]
-    hot = _s(sampling_params={"temperature": 0.7}, rollout_logprobs=rollout)
-    one = _s(sampling_params={"temperature": 1.0}, rollout_logprobs=rollout)
+    hot = rl_sample(sampling_params={"temperature": 0.7}, rollout_logprobs=rollout)
+    one = rl_sample(sampling_params={"temperature": 1.0}, rollout_logprobs=rollout)
     model.train()
-    recomputed = old_logprobs(model, collate([hot, one]), _cfg(old_logprobs="recompute", rollout_correction="none"))
+    recomputed = old_logprobs(
+        model, collate([hot, one]), train_config(old_logprobs="recompute", rollout_correction="none")
+    )
     assert model.training  # the caller decides the mode; the loop runs this pass in eval mode
-    got = old_logprobs(model, collate([hot, one]), _cfg(old_logprobs="rollout", rollout_correction="none"))
+    got = old_logprobs(model, collate([hot, one]), train_config(old_logprobs="rollout", rollout_correction="none"))
     close(got.adv[0], recomputed.adv[0].tolist())  # drawn at T = 0.7: the T = 1 recomputation
     close(got.adv[1], rollout)  # drawn at T = 1: the rollout's own
     close(got.pg[0], rollout)  # the PPO term keeps the rollout's old log-probs (its IS weight corrects them)
@@ -207,9 +198,9 @@ def test_rows_without_a_learning_term_do_not_dilute_the_step(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     model0 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
-    a = _s(sample_id="a", response_ids=[7, 8, 9], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=1.0)
-    c = _s(sample_id="c", response_ids=[10, 11, 12], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=-1.0)
-    promoted = _s(
+    a = rl_sample(sample_id="a", response_ids=[7, 8, 9], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=1.0)
+    c = rl_sample(sample_id="c", response_ids=[10, 11, 12], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=-1.0)
+    promoted = rl_sample(
         sample_id="p", response_ids=[13, 14, 15, 16], rollout_logprobs=[-1.0] * 4, loss_mask=[1] * 4, reward=0.0
     )
     cfg = TrainConfig(
@@ -240,7 +231,7 @@ def test_topk_term_is_divided_by_the_tokens_with_topk_rows(tiny_model_dir):
 
     model0 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     rows = {"ids": [[1, 2]] * 3, "logprobs": [[-0.5, -1.0]] * 3}
-    a = _s(
+    a = rl_sample(
         sample_id="a",
         response_ids=[7, 8, 9],
         rollout_logprobs=[-1.0] * 3,
@@ -248,7 +239,7 @@ def test_topk_term_is_divided_by_the_tokens_with_topk_rows(tiny_model_dir):
         reward=0.0,
         teacher_topk=rows,
     )
-    b = _s(sample_id="b", response_ids=[10, 11, 12], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=1.0)
+    b = rl_sample(sample_id="b", response_ids=[10, 11, 12], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=1.0)
     c = 0.5
     cfg = TrainConfig(
         model_path=str(tiny_model_dir),
@@ -285,7 +276,7 @@ def test_no_grad_passes_run_in_eval_mode(tiny_model_dir):
         model,
         None,
         opt,
-        [_s(sample_id="a"), _s(sample_id="b", reward=-1.0)],
+        [rl_sample(sample_id="a"), rl_sample(sample_id="b", reward=-1.0)],
         [False, False],
         cfg,
         RunningMean(),

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.trainer.conftest import rl_sample
 from trainer.advantages import RunningMean, opd_advantages
 from trainer.batch import check_sample, collate
 from trainer.objective import select_old_logprobs
@@ -48,29 +49,19 @@ def test_select_old_logprobs_keeps_recomputed_rows_for_constrained_samples():
     torch.testing.assert_close(adv, torch.tensor([[-0.2, -0.1], [0.5, 1.0]]))
 
 
-def _sample(sid: str, **kw) -> dict:
-    base = {
-        "sample_id": sid,
-        "mode": "rl",
-        "prompt_ids": [5, 6],
-        "response_ids": [7, 8],
-        "rollout_logprobs": [-1.0, -1.0],
-        "loss_mask": [1, 1],
-        "reward": 1.0,
-        "has_reward": True,
-        "has_teacher": False,
-    }
-    return {**base, **kw}
-
-
 @pytest.mark.unit
 def test_collate_reads_the_flag_and_check_sample_requires_a_bool():
     b = collate(
-        [_sample("a"), _sample("b", constrained=True), _sample("c", constrained=False), _sample("d", constrained=None)]
+        [
+            rl_sample("a"),
+            rl_sample("b", constrained=True),
+            rl_sample("c", constrained=False),
+            rl_sample("d", constrained=None),
+        ]
     )
     assert b.constrained.tolist() == [False, True, False, False]  # missing / null means unconstrained (older rows)
-    assert check_sample(_sample("e", constrained=True)) is None
-    assert "constrained must be a bool" in check_sample(_sample("f", constrained="yes"))
+    assert check_sample(rl_sample("e", constrained=True)) is None
+    assert "constrained must be a bool" in check_sample(rl_sample("f", constrained="yes"))
 
 
 # ----------------------------------------------------------------------------- through train_on_batch

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny models built offline once per session, and per-test run directories.
+"""Shared fixtures: tiny models built offline once (engine.model_cache) and copied per session, and per-test run
+directories.
 
 Area-specific fixtures (engines, routers, servers) live in each area's own conftest.py and use
 ``engine.procs`` to start real processes on 127.0.0.1 ephemeral ports, stopped by PID.
@@ -22,18 +23,20 @@ TEACHER_PREFERRED_TEXT = "Thanks, that worked."
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The seeded tiny policy model (Qwen3 architecture, ChatML template)."""
-    from engine.tiny_model import build_tiny_model
+    """The seeded tiny policy model (Qwen3 architecture, ChatML template): a private copy of the cached build."""
+    from engine.model_cache import copy_of, tiny_policy
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-policy"), seed=0)
+    return copy_of(tiny_policy(seed=0), tmp_path_factory.mktemp("models") / "tiny-policy")
 
 
 @pytest.fixture(scope="session")
-def teacher_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A teacher with the policy's tokenizer that clearly prefers TEACHER_PREFERRED_TEXT."""
-    from engine.tiny_model import build_teacher
+def teacher_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A teacher with the policy's tokenizer that clearly prefers TEACHER_PREFERRED_TEXT (cached: its
+    fine-tuning is the slowest build of the suite)."""
+    from engine.model_cache import copy_of, tiny_policy, tiny_teacher
 
-    return build_teacher(tiny_model_dir, tmp_path_factory.mktemp("tiny-teacher"), TEACHER_PREFERRED_TEXT, seed=0)
+    teacher = tiny_teacher(tiny_policy(seed=0), TEACHER_PREFERRED_TEXT, seed=0)
+    return copy_of(teacher, tmp_path_factory.mktemp("models") / "tiny-teacher")
 
 
 @pytest.fixture(scope="session")

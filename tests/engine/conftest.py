@@ -17,9 +17,9 @@ from engine.procs import ManagedProcess, start_dev_engine
 @pytest.fixture(scope="session")
 def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Same architecture and tokenizer as the tiny model, different (seed 1) weights."""
-    from engine.tiny_model import build_tiny_model
+    from engine.model_cache import copy_of, tiny_policy
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-other"), seed=1)
+    return copy_of(tiny_policy(seed=1), tmp_path_factory.mktemp("models") / "tiny-other")
 
 
 @pytest.fixture(scope="session")

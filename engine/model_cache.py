@@ -1,0 +1,98 @@
+"""A build-once cache of the tiny models, keyed by everything their builders read.
+
+Building the tiny policy takes seconds and the tiny teacher minutes (it is fine-tuned), yet the same seed
+always gives the same weights: tests, benches and the dev stack take them from
+``$HINDSIGHT_MODEL_CACHE`` (default ``~/.cache/hindsight/tiny-models``) instead of rebuilding them.
+
+Contract: :func:`cached_build` returns a folder that a builder produced from exactly these inputs. The
+key hashes the builder's name and keyword inputs, the source of ``engine/tiny_model.py`` and of the chat
+template, and the torch / transformers / tokenizers versions, so any change to what the builder does gives
+a new entry (stale entries are never read, only left behind). An entry is built in a private temporary
+folder and renamed into place with a completion marker, so a crash mid-build or two processes building at
+once never expose a half-written model. Entries are read-only by convention: callers that write into a
+model folder copy it first (:func:`copy_of`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+CACHE_ENV = "HINDSIGHT_MODEL_CACHE"
+_COMPLETE = ".hindsight-complete"
+
+
+def cache_root() -> Path:
+    """Where entries live: ``$HINDSIGHT_MODEL_CACHE``, else ``~/.cache/hindsight/tiny-models``."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "hindsight" / "tiny-models"
+
+
+def cache_key(kind: str, inputs: dict[str, Any]) -> str:
+    """``kind-<hash>`` of the builder's inputs, its source and the libraries that shape its output."""
+    import tokenizers
+    import torch
+    import transformers
+
+    from engine import tiny_model
+
+    digest = hashlib.sha256()
+    digest.update(Path(tiny_model.__file__).read_bytes())
+    digest.update(tiny_model.CHAT_TEMPLATE_PATH.read_bytes())
+    versions = [torch.__version__, transformers.__version__, tokenizers.__version__]
+    digest.update(json.dumps({"kind": kind, "inputs": inputs, "versions": versions}, sort_keys=True).encode())
+    return f"{kind}-{digest.hexdigest()[:16]}"
+
+
+def cached_build(
+    kind: str, inputs: dict[str, Any], build: Callable[[Path], Path], *, root: Path | None = None
+) -> Path:
+    """The cached folder for ``(kind, inputs)``, calling ``build(folder)`` once when it is missing."""
+    base = root or cache_root()
+    final = base / cache_key(kind, inputs)
+    if (final / _COMPLETE).is_file():
+        return final
+    base.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=base))
+    try:
+        build(work)
+        (work / _COMPLETE).write_text(json.dumps({"kind": kind, "inputs": inputs}, sort_keys=True))
+        try:
+            work.rename(final)
+        except OSError:
+            # Another process renamed its identical build into place first; keep that one.
+            if not (final / _COMPLETE).is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def tiny_policy(*, seed: int = 0, root: Path | None = None, **options: Any) -> Path:
+    """The cached :func:`engine.tiny_model.build_tiny_model` output for ``seed`` and ``options``."""
+    from engine.tiny_model import build_tiny_model
+
+    return cached_build(
+        "policy", {"seed": seed, **options}, lambda out: build_tiny_model(out, seed=seed, **options), root=root
+    )
+
+
+def tiny_teacher(student: Path, prefer_text: str, *, seed: int = 0, root: Path | None = None) -> Path:
+    """The cached :func:`engine.tiny_model.build_teacher` output; ``student`` must itself be a cache entry
+    (its name is its key, so the teacher's key covers the student's inputs)."""
+    from engine.tiny_model import build_teacher
+
+    inputs = {"student": Path(student).name, "prefer_text": prefer_text, "seed": seed}
+    return cached_build("teacher", inputs, lambda out: build_teacher(student, out, prefer_text, seed=seed), root=root)
+
+
+def copy_of(entry: Path, dest: Path) -> Path:
+    """A private, writable copy of a cache entry (tests and engines may write into their model folder)."""
+    shutil.copytree(entry, dest, ignore=shutil.ignore_patterns(_COMPLETE))
+    return dest

@@ -1,0 +1,67 @@
+"""engine.model_cache: one build per key, keys that change with every input, no half-written entry exposed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.model_cache import cache_key, cached_build, copy_of
+
+pytestmark = pytest.mark.unit
+
+
+def _writer(calls: list[Path], text: str):
+    def build(out: Path) -> Path:
+        calls.append(out)
+        (out / "weights.txt").write_text(text)
+        return out
+
+    return build
+
+
+def test_a_key_is_built_once_and_then_read(tmp_path):
+    calls: list[Path] = []
+    first = cached_build("policy", {"seed": 0}, _writer(calls, "w0"), root=tmp_path)
+    again = cached_build("policy", {"seed": 0}, _writer(calls, "other"), root=tmp_path)
+    assert first == again and len(calls) == 1
+    assert (first / "weights.txt").read_text() == "w0"
+    assert [p.name for p in tmp_path.iterdir()] == [first.name], "the build folder was renamed, not left beside"
+
+
+def test_every_input_and_the_kind_change_the_key():
+    base = cache_key("policy", {"seed": 0, "hidden_size": 64})
+    assert cache_key("policy", {"seed": 1, "hidden_size": 64}) != base
+    assert cache_key("policy", {"seed": 0, "hidden_size": 32}) != base
+    assert cache_key("teacher", {"seed": 0, "hidden_size": 64}) != base
+    assert cache_key("policy", {"hidden_size": 64, "seed": 0}) == base  # order of the inputs is not an input
+
+
+def test_a_failed_build_leaves_no_entry_and_is_retried(tmp_path):
+    def broken(out: Path) -> Path:
+        (out / "partial.bin").write_text("half")
+        raise RuntimeError("killed mid-build")
+
+    with pytest.raises(RuntimeError, match="mid-build"):
+        cached_build("policy", {"seed": 0}, broken, root=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    calls: list[Path] = []
+    entry = cached_build("policy", {"seed": 0}, _writer(calls, "w0"), root=tmp_path)
+    assert len(calls) == 1 and (entry / "weights.txt").read_text() == "w0"
+
+
+def test_an_entry_that_lost_its_marker_is_rebuilt(tmp_path):
+    calls: list[Path] = []
+    entry = cached_build("policy", {"seed": 0}, _writer(calls, "w0"), root=tmp_path)
+    (entry / ".hindsight-complete").unlink()
+    # The half-entry is in the way of the rename: the new build fails loudly rather than serve it.
+    with pytest.raises(OSError):
+        cached_build("policy", {"seed": 0}, _writer(calls, "w1"), root=tmp_path)
+
+
+def test_copies_are_private(tmp_path):
+    entry = cached_build("policy", {"seed": 0}, _writer([], "w0"), root=tmp_path / "cache")
+    mine = copy_of(entry, tmp_path / "mine")
+    (mine / "weights.txt").write_text("trained")
+    assert (entry / "weights.txt").read_text() == "w0"
+    assert not (mine / ".hindsight-complete").exists()

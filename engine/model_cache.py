@@ -50,9 +50,7 @@ def cache_key(kind: str, inputs: dict[str, Any]) -> str:
     return f"{kind}-{digest.hexdigest()[:16]}"
 
 
-def cached_build(
-    kind: str, inputs: dict[str, Any], build: Callable[[Path], Path], *, root: Path | None = None
-) -> Path:
+def cached_build(kind: str, inputs: dict[str, Any], build: Callable[[Path], Path], *, root: Path | None = None) -> Path:
     """The cached folder for ``(kind, inputs)``, calling ``build(folder)`` once when it is missing."""
     base = root or cache_root()
     final = base / cache_key(kind, inputs)

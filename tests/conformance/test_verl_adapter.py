@@ -1,0 +1,68 @@
+"""verl adapter against the real verl 0.9.1: its own code consumes leased Hindsight samples, with hand-checked numbers.
+
+tests/conformance/verl_check.py runs in verl's separate venv (tests/conformance/make_verl_venv.sh), with this
+repository on its path and the seeded tiny model as the tokenizer verl's config names. It leases samples through
+trainer.lease_client (a JSONL file source with the policy server's lease/ack semantics) with
+trainer.adapters.verl_rollout.HindsightAgentLoopManager, built by verl's own ``AgentLoopManager.create`` from
+verl's generated PPO config, and checks:
+
+- the batch is verl's own (its ``AgentLoopOutput`` padded and stacked by its ``AgentLoopWorker``): prompts
+  left-padded, responses right-padded, ``response_mask`` = our loss mask, ``rollout_log_probs``, ``rm_scores``
+  = the reward on the last token plus process rewards, the staleness of each sample;
+- samples the step cannot use (no reward in a reward step, longer than verl's lengths) are set aside and replaced,
+  and every lease is acked when verl asks for the next step;
+- verl's ``compute_advantage`` with GRPO (singleton and grouped uids) and REINFORCE++ gives the numbers computed
+  by hand in plain Python;
+- in a teacher step, verl's own unpadding and response slicing (the path its distillation losses read) return our
+  teacher log-probs against the sampled ids, and its k1 estimator equals minus the lease client's OPD advantage;
+- validation batches and repeated uids (rollout.n > 1) are refused with a message.
+
+Skipped (with the reason) when the verl venv is not there: CI builds it (.ci/run); locally run
+``bash tests/conformance/make_verl_venv.sh`` once (minutes, about 2 GB, reused afterwards).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[1]
+EXPECTED_CHECKS = 57  # every check verl_check.py makes; fewer means a branch of it stopped running
+
+
+def verl_venv() -> Path:
+    return Path(os.environ.get("HINDSIGHT_VERL_VENV", Path.home() / ".cache" / "hindsight" / "verl-0.9.1"))
+
+
+@pytest.fixture(scope="module")
+def verl_python() -> Path:
+    venv = verl_venv()
+    if not (venv / ".complete").exists():
+        failed = venv.with_name(venv.name + ".failed")
+        why = failed.read_text().strip() if failed.exists() else "not built"
+        pytest.skip(
+            f"verl 0.9.1 venv unavailable at {venv} ({why}); build it with: bash tests/conformance/make_verl_venv.sh"
+        )
+    return venv / "bin" / "python"
+
+
+@pytest.mark.slow
+def test_verl_consumes_leased_samples(verl_python: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
+    proc = subprocess.run(
+        [str(verl_python), "-W", "ignore", str(HERE / "verl_check.py"), str(tiny_model_dir), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = re.search(r"verl checks passed: (\d+)", proc.stdout)
+    assert found, proc.stdout[-2000:]
+    assert int(found.group(1)) == EXPECTED_CHECKS

@@ -15,7 +15,7 @@ verl's generated PPO config, and checks:
   by hand in plain Python;
 - in a teacher step, verl's own unpadding and response slicing (the path its distillation losses read) return our
   teacher log-probs against the sampled ids, and its k1 estimator equals minus the lease client's OPD advantage;
-- validation batches and repeated uids (rollout.n > 1) are refused with a message.
+- validation batches and repeated uids (rollout.n > 1) are refused with a message; a refused ack is logged.
 
 When the verl venv is not there: skipped with the reason outside CI (locally run
 ``bash tests/conformance/make_verl_venv.sh`` once: minutes, about 2 GB, reused afterwards), failed in CI, which
@@ -33,7 +33,7 @@ import pytest
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
-EXPECTED_CHECKS = 57  # every check verl_check.py makes; fewer means a branch of it stopped running
+EXPECTED_CHECKS = 58  # every check verl_check.py makes; fewer means a branch of it stopped running
 
 
 def verl_venv() -> Path:

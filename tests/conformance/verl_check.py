@@ -269,6 +269,10 @@ def teacher_step(cfg, work: Path) -> None:
         st = sample_tensors(Sample.model_validate(s))
         k1 = kl_penalty(logprob=torch.tensor([s["rollout_logprobs"]]), ref_logprob=got[i : i + 1, :n], kl_penalty="k1")
         check(f"teacher row {i}: k1 = -(teacher - rollout)", close(k1[0].tolist(), (-st.opd_advantages).tolist()), k1)
+    for lid in out.meta_info["hindsight"]["lease_ids"]:
+        src.ack(lid)  # acked behind the manager's back: its own ack is then refused (as an expired lease's is)
+    mgr.ack_pending()
+    check("a refused ack is logged, not raised", mgr.pending == [] and src.acked == 2, src.acked)
     try:
         mgr.generate_sequences(
             DataProto.from_dict(non_tensors={"uid": np.array(["v"], dtype=object)}, meta_info={"validate": True})

@@ -53,6 +53,7 @@ from engine.records import Sample
 from trainer.lease_client import (
     LeasedBatch,
     PolicyClient,
+    PolicyRejected,
     SampleSource,
     SetAside,
     SourceExhausted,
@@ -186,9 +187,16 @@ class HindsightAgentLoopManager(AgentLoopManager):
         self.packer = HindsightBatchPacker(self.config, self.llm_client, self.teacher_client, None)
 
     def ack_pending(self) -> None:
-        """Acks every lease handed to verl so far (call once the step that used them is saved)."""
+        """Acks every lease handed to verl so far (call once the step that used them is saved). A refused ack
+        (the lease expired while the step was filled or trained) is logged, not raised: its samples went back to
+        the server's pool and may be trained again, which a longer ``--lease-timeout-s`` avoids."""
         while self.pending:
-            self.pending.pop(0).ack()
+            batch = self.pending.pop(0)
+            for lease in batch.leases:
+                try:
+                    self.source.ack(lease.lease_id)
+                except PolicyRejected as exc:
+                    logger.warning("ack of lease %s refused: %s", lease.lease_id, exc)
 
     def _lease_step(self, n: int) -> tuple[list[Sample], list[SampleTensors]]:
         """Exactly ``n`` usable samples, leasing again in place of every sample set aside."""

@@ -2,6 +2,7 @@
 leased Hindsight samples, and every number is compared with one computed here by hand.
 
     python verl_check.py TINY_MODEL_DIR WORK_DIR      # prints "verl checks passed: N" or fails
+    python verl_check.py live TINY_MODEL_DIR N         # against a running policy server (HINDSIGHT_* env)
 
 Samples are served by trainer.lease_client.FileSampleSource (the lease/ack semantics of the policy server's
 admin API on a JSONL file), so the path under test is: lease -> typed Sample -> tensors -> verl's
@@ -282,9 +283,70 @@ def teacher_step(cfg, work: Path) -> None:
         check("validation batches refused", "test_freq" in str(exc))
 
 
+def live_step(model_dir: str, n: int) -> None:
+    """A running policy server (HINDSIGHT_POLICY_URL / HINDSIGHT_ADMIN_KEY) holds ``n`` ready samples judged from
+    live sessions: the manager, configured from the environment as in a verl run, leases them over HTTP."""
+    import httpx
+
+    cfg = config(model_dir)
+    cfg.actor_rollout_ref.rollout.prompt_length = 1024
+    cfg.actor_rollout_ref.rollout.response_length = 32
+    mgr = HindsightAgentLoopManager.create(config=cfg, llm_client=None)
+    check("settings from the environment", mgr.settings.require == "reward" and mgr.settings.lease_wait_s == 5.0)
+    out = mgr.generate_sequences(prompts(n, step=1))
+    admin = httpx.Client(
+        base_url=os.environ["HINDSIGHT_POLICY_URL"],
+        headers={"Authorization": f"Bearer {os.environ['HINDSIGHT_ADMIN_KEY']}"},
+        timeout=30,
+        trust_env=False,
+    )
+    rows = admin.get("/v1/samples", params={"status": "leased", "limit": 100}).json()["samples"]
+    leased = {r["sample_id"]: r["sample"] for r in rows}
+    ids = list(out.non_tensor_batch["hindsight_sample_id"])
+    check("the step holds the n leased samples", sorted(ids) == sorted(leased) and len(ids) == n, (ids, list(leased)))
+    b = out.batch
+    P = b["prompts"].shape[1]
+    for i, sid in enumerate(ids):
+        s = leased[sid]
+        p, r = s["prompt_ids"], s["response_ids"]
+        check(f"live row {i}: prompt", b["input_ids"][i, P - len(p) : P].tolist() == p)
+        check(f"live row {i}: response", b["responses"][i, : len(r)].tolist() == r)
+        check(f"live row {i}: loss mask", b["response_mask"][i, : len(r)].tolist() == s["loss_mask"])
+        check(
+            f"live row {i}: rollout log-probs",
+            close(b["rollout_log_probs"][i, : len(r)].tolist(), s["rollout_logprobs"]),
+        )
+        want = [0.0] * len(r)
+        want[-1] = s["reward"]
+        check(
+            f"live row {i}: reward {s['reward']} on the last token", close(b["rm_scores"][i, : len(r)].tolist(), want)
+        )
+        check(
+            f"live row {i}: the engine's weight version",
+            out.non_tensor_batch["hindsight_weight_version"][i] == s["weight_version"],
+        )
+    data = out
+    data.non_tensor_batch.update(prompts(n, step=1).non_tensor_batch)
+    data.batch["token_level_rewards"] = extract_reward(data)[0]
+    adv = compute_advantage(data, AdvantageEstimator.GRPO, norm_adv_by_std_in_grpo=True).batch["advantages"]
+    for i, sid in enumerate(ids):
+        m = b["response_mask"][i].tolist()
+        check(f"live row {i}: GRPO advantage = reward", close(adv[i].tolist(), [leased[sid]["reward"] * x for x in m]))
+    stats = admin.get("/v1/samples/stats").json()["samples"]
+    check("leased, not consumed, while verl trains", stats.get("leased") == n and stats.get("consumed", 0) == 0, stats)
+    mgr.ack_pending()
+    stats = admin.get("/v1/samples/stats").json()["samples"]
+    check("consumed once acked", stats.get("consumed") == n and stats.get("leased", 0) == 0, stats)
+    admin.close()
+
+
 def main() -> None:
-    model_dir, work = sys.argv[1], Path(sys.argv[2])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if sys.argv[1] == "live":
+        live_step(sys.argv[2], int(sys.argv[3]))
+        print(f"verl checks passed: {len(CHECKS)}")
+        return
+    model_dir, work = sys.argv[1], Path(sys.argv[2])
     check("verl version", verl.__version__ == "0.9.1", verl.__version__)
     cfg = config(model_dir)
     from transformers import AutoTokenizer

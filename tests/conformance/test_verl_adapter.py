@@ -79,12 +79,14 @@ def run_check(verl_python: Path, args: list[str], cwd: Path, env: dict[str, str]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)  # verl's imports alone take about a minute on the loaded CI machine
 def test_verl_consumes_leased_samples(verl_python: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     assert run_check(verl_python, [str(tiny_model_dir), str(tmp_path)], tmp_path) == EXPECTED_CHECKS
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the stack, the sessions, then the verl process
 def test_verl_leases_live_traffic(verl_python: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     """Scripted users -> policy server (rl) -> rules judge -> ready samples; the manager, configured by its
     environment variables as in a verl run, leases them over HTTP into verl's batch and acks them."""

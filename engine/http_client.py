@@ -21,7 +21,7 @@ the run report's fetcher) goes through this module, so they all retry the same w
   caller's ``event_hooks`` (e.g. request-id propagation), so no service rebuilds a pool to add a hook.
 
 Each client maps :class:`CallRejected` / :class:`CallFailed` / :class:`CallTimedOut` to its own error tree
-(engine.errors, judge_server.errors, trainer.policy_client) in one place.
+(engine.errors, judge_server.errors, trainer.lease_client) in one place.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 
-from trainer.policy_client import TrainerError
+from trainer.lease_client import TrainerError
 from trainer.settings import parse_config
 
 

@@ -155,7 +155,7 @@ class LocalSampleSource:
         ).to_json()
 
     def lease(self, max_samples: int, wait_s: float = 0.0, min_samples: int = 1) -> Any:
-        from trainer.policy_client import Lease
+        from trainer.lease_client import Lease
 
         if self.replay_unacked:
             for lease_id, samples in list(self.leases.items()):

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from engine.chat import load_tokenizer
 from trainer import parallel
-from trainer.policy_client import FileSampleSource, PolicyClient, SampleSource
+from trainer.lease_client import FileSampleSource, PolicyClient, SampleSource
 from trainer.settings import TrainConfig
 
 logger = logging.getLogger(__name__)

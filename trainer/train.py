@@ -52,9 +52,7 @@ from trainer.checkpoint import (
     save_checkpoint,
     write_acked_step,
 )
-from trainer.metrics import MetricsLogger
-from trainer.objective import carries_learning_term
-from trainer.policy_client import (
+from trainer.lease_client import (
     Lease,
     PolicyRejected,
     SampleSource,
@@ -62,6 +60,8 @@ from trainer.policy_client import (
     TrainerError,
     collect_leases,
 )
+from trainer.metrics import MetricsLogger
+from trainer.objective import carries_learning_term
 from trainer.prm import resolve_prm_config
 from trainer.settings import UNBOUNDED_STEPS, TrainConfig
 from trainer.start import broadcast, compute_init, load_policy, make_source
@@ -182,7 +182,7 @@ class TrainingRun:
             self.leader_source.update_weights(str(ckpt.resolve()), str(self.step))
 
     def collect_leases(self) -> tuple[list[Lease], bool]:
-        """(leases, stop) on every rank: rank 0 leases from live traffic (policy_client.collect_leases); stop when
+        """(leases, stop) on every rank: rank 0 leases from live traffic (lease_client.collect_leases); stop when
         the source is exhausted or nothing came for idle_timeout_s."""
         leases: list[Lease] = []
         stop = False

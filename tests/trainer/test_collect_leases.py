@@ -1,4 +1,4 @@
-"""``collect_leases`` (trainer/policy_client.py): how a trainer step gathers live traffic.
+"""``collect_leases`` (trainer/lease_client/client.py): how a trainer step gathers live traffic.
 
 Contract: lease until at least ``min_batch`` samples are held or the wait ends, never more than
 ``batch_size`` in all; each call asks the server for the REMAINING min and max; partial leases are held
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from trainer.policy_client import Lease, SourceExhausted, collect_leases
+from trainer.lease_client import Lease, SourceExhausted, collect_leases
 
 
 class ScriptedSource:
@@ -80,7 +80,7 @@ class QuietThenFile:
     """A file source whose first leases come back empty (live traffic with nobody talking yet)."""
 
     def __init__(self, path, state_path, empty: int):
-        from trainer.policy_client import FileSampleSource
+        from trainer.lease_client import FileSampleSource
 
         self.inner, self.empty, self.calls = FileSampleSource(path, state_path), empty, 0
         self.weight_updates = self.inner.weight_updates

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainer.checkpoint import latest_checkpoint, load_trainer_state, read_acked_step
-from trainer.policy_client import FileSampleSource
+from trainer.lease_client import FileSampleSource
 from trainer.settings import TrainConfig
 from trainer.train import train
 

@@ -1,4 +1,4 @@
-"""PolicyClient (trainer/policy_client.py): admin API calls, retries within a deadline, no retry on 4xx.
+"""PolicyClient (trainer/lease_client/client.py): admin API calls, retries within a deadline, no retry on 4xx.
 
 httpx.MockTransport is used only to inject faults (5xx, refused connections, 4xx) into the HTTP calls.
 """
@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from trainer.policy_client import FileSampleSource, PolicyClient, PolicyRejected, PolicyUnavailable, SourceExhausted
+from trainer.lease_client import FileSampleSource, PolicyClient, PolicyRejected, PolicyUnavailable, SourceExhausted
 
 pytestmark = pytest.mark.unit
 

@@ -26,8 +26,8 @@ from tests.trainer.stack import ADMIN, ScriptedUser, start_stack
 from tests.waiting import wait_until
 from trainer.advantages import rl_sample_advantages
 from trainer.batch import collate
+from trainer.lease_client import Lease, PolicyClient
 from trainer.objective import outcome_advantages, shape
-from trainer.policy_client import Lease, PolicyClient
 from trainer.prm import resolve_prm_config
 from trainer.settings import TrainConfig
 from trainer.train import train

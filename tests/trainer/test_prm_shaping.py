@@ -22,8 +22,8 @@ import torch
 from judge_server.prm import PRMConfigError
 from trainer.advantages import rl_sample_advantages
 from trainer.batch import check_sample, collate
+from trainer.lease_client import Lease
 from trainer.objective import outcome_advantages, shape, token_advantages
-from trainer.policy_client import Lease
 from trainer.prm import resolve_prm_config
 from trainer.settings import TrainConfig, parse_config
 

@@ -1,4 +1,4 @@
-"""Where the trainer gets samples and where it sends weights: the sample-source interface and its HTTP client.
+"""The lease client's HTTP half: the sample-source interface, its HTTP client and a file source.
 
 A ``SampleSource`` has three calls, mirroring the policy server's admin API (docs/CONTRACTS.md):
 

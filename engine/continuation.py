@@ -82,8 +82,8 @@ class PriorTurn:
             messages=list(turn.get("messages") or []),
             tools=turn.get("tools") or None,
             chat_template_kwargs=turn.get("chat_template_kwargs") or None,
-            prompt_ids=[int(t) for t in turn.get("prompt_ids") or []],
-            response_ids=[int(t) for t in turn.get("response_ids") or []],
+            prompt_ids=list(turn.get("prompt_ids") or []),  # ints, as the store holds them
+            response_ids=list(turn.get("response_ids") or []),
         )
 
 

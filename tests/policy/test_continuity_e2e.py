@@ -15,11 +15,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from policy_testkit import client, start_policy
+from policy_testkit import admin, chat, client, judged_policy_stack, start_policy, stats
 
 from engine.chat import load_tokenizer, render_prompt_ids
 from engine.procs import ManagedProcess
 from policy_server.store import Store
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -119,3 +120,29 @@ def test_a_template_that_rewrites_history_takes_the_full_render(verifying_policy
     assert second["prompt_ids"] == render_prompt_ids(
         tok, second["messages"], chat_template_kwargs={"enable_thinking": False}
     )
+
+
+def test_lease_returns_merged_trajectories(tiny_model_dir, engine, tmp_path_factory):
+    """A judged token-continuous session leased with ``merge=true``: one trajectory holds its turns, each turn's
+    response at its offset, its prompt as the prefix before it."""
+    with judged_policy_stack(tiny_model_dir, engine.url, tmp_path_factory.mktemp("merge-lease")) as (pol, _judge):
+        messages: list[dict] = [{"role": "user", "content": "list the files"}]
+        for k in range(4):
+            reply = chat(pol.url, "merged", messages, max_tokens=6, done=k == 3)
+            messages += [
+                {"role": "assistant", "content": reply.get("content") or ""},
+                {"role": "user", "content": f"thanks, that worked {k}"},
+            ]
+        wait_until(lambda: stats(pol.url)["samples"]["ready"] >= 3, timeout_s=60, message=lambda: stats(pol.url))
+        with admin(pol.url) as a:
+            body = a.get("/v1/samples/lease", params={"max": 16, "merge": "true"}).json()
+            plain = {s["sample_id"]: s for s in body["samples"]}
+            assert a.post("/v1/samples/ack", json={"lease_id": body["lease_id"]}).status_code == 200
+    assert len(plain) == 3
+    (traj,) = body["trajectories"]
+    assert traj["session_id"] == "merged" and [t["turn_index"] for t in traj["turns"]] == [0, 1, 2]
+    for t in traj["turns"]:
+        s = plain[t["sample_id"]]
+        assert traj["token_ids"][: t["response_start"]] == s["prompt_ids"]
+        assert traj["token_ids"][t["response_start"] :][: t["response_len"]] == s["response_ids"]
+    assert len(traj["token_ids"]) < sum(len(s["prompt_ids"]) + len(s["response_ids"]) for s in plain.values())

@@ -177,11 +177,10 @@ class Generator:
     ) -> Rendered:
         """The prompt (engine.continuation): a continuation of ``prior`` when the template allows, else a full render."""
         # Template rendering + tokenization is CPU work: a continued turn's is proportional to its new
-        # messages, a full render's to the whole history. A short one renders in ~0.1 ms, less than a
-        # thread hand-off costs, so it runs inline; a long one would stall every other request on the
-        # loop for milliseconds, so it goes to a worker thread.
-        new = messages[len(prior.messages) :] if prior is not None else messages
-        if _prompt_chars(new, None if prior is not None else tools) <= INLINE_RENDER_MAX_CHARS:
+        # messages, a full render's to the whole history. A short prompt renders in ~0.1 ms, less than a
+        # thread hand-off costs, so it runs inline; a long one goes to a worker thread, because even with a
+        # prior turn the renderer may fall back to the full render (and would stall the loop for a while).
+        if _prompt_chars(messages, tools) <= INLINE_RENDER_MAX_CHARS:
             return self.renderer.render(messages, tools, chat_template_kwargs, prior)
         return await asyncio.to_thread(self.renderer.render, messages, tools, chat_template_kwargs, prior)
 

@@ -106,7 +106,15 @@ def test_same_per_token_loss_and_gradient(model: torch.nn.Module, mode: str) -> 
     assert torch.allclose(adv0, adv1, atol=1e-5)
     assert torch.allclose(loss0, loss1, atol=1e-6)
     assert len(g0) == len(g1) and all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(g0, g1, strict=True))
-    # Hand check: PPO-clip with old = rollout log-probs, no correction, token mean over the batch.
+    # Hand check, from each sample's own forward pass (no batching, no padding): its response log-probs ...
+    with torch.no_grad():
+        for i, s in enumerate(samples):
+            seq = torch.tensor([s["prompt_ids"] + s["response_ids"]])
+            own = torch.log_softmax(model(input_ids=seq).logits[0].float(), dim=-1)
+            p = len(s["prompt_ids"])
+            want = own[p - 1 : p - 1 + len(s["response_ids"])].gather(1, torch.tensor(s["response_ids"])[:, None])[:, 0]
+            assert torch.allclose(lp1[i, : len(want)], want, atol=1e-5)
+    # ... and PPO-clip with old = rollout log-probs, no correction, token mean over the batch.
     expected = torch.tensor(0.0)
     for i, s in enumerate(samples):
         for t, rlp in enumerate(s["rollout_logprobs"]):

@@ -22,8 +22,8 @@ presence, a reply with the same parts, the same tools and template arguments), `
 **append-only**: appending messages never changes the text rendered for the ones before, and an
 assistant message's rendering starts with the generation prompt. That is checked per shape (a probe on
 synthetic messages, cached) and, on every ``verify_every``-th continued turn, against the full render of
-the real messages (``render(M, gen) ⊑ render(M + [a]) `` and ``render(M + [a] + N, gen) == render(M + [a]) +
-suffix``, text only). A shape or a turn that fails falls back to a full render, with the reason in
+the real messages (text only: ``render(M + [a])`` starts with ``render(M, gen)`` and ends with the
+closing, and ``render(M + [a] + N, gen) == render(M + [a]) + suffix``). A shape or a turn that fails falls back to a full render, with the reason in
 :class:`Rendered`; a failed verification also turns that shape off for the process lifetime.
 
 Templates that rewrite history (so they always take the full render, counted with reason

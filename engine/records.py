@@ -375,3 +375,22 @@ class PipelineOutcome(BaseModel):
     def held(self) -> PipelineOutcome:
         """This accepted outcome held ``pending_score`` until its whole session is scored."""
         return self.model_copy(update={"status": SampleState.PENDING_SCORE})
+
+
+# ---------------------------------------------------------------------------- merged trajectories
+class MergedTurn(_Record):
+    """One member of a merged trajectory: the sample, and where its response sits in ``token_ids``."""
+
+    sample_id: str | None = None
+    turn_index: int
+    response_start: int
+    response_len: int
+
+
+class MergedTrajectory(_Record):
+    """A session's token-continuous turns as one sequence (engine/trajectories.py): ``token_ids`` is the last
+    member's prompt + response; each member's response ids are ``token_ids[response_start:][:response_len]``."""
+
+    session_id: str
+    token_ids: list[int]
+    turns: list[MergedTurn]

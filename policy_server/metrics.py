@@ -41,6 +41,20 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.prompt_renders = Counter(
+            "hindsight_policy_prompt_renders_total",
+            "prompts by how they were made: reason=continued (token-continuous, only the new messages "
+            "rendered) or why the template's full render was used (engine.continuation.RENDER_REASONS)",
+            ["reason"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "hindsight_policy_prompt_tokens_total",
+            "prompt tokens sent to the engine: kind=rendered (tokenized for this request), reused (taken "
+            "unchanged from the turn it continues), cached (the engine's reported prefix-cache hits)",
+            ["kind"],
+            registry=r,
+        )
         self.samples = Gauge("hindsight_policy_samples", "samples by status", ["status"], registry=r)
 
     def render(self, stats: dict[str, object] | None = None) -> bytes:

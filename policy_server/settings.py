@@ -129,6 +129,13 @@ class PolicySettings(CliSettings):
     engine_deadline_s: float = Field(120.0, description="total time one engine call may take, retries included")
     engine_max_attempts: int = Field(5, description="tries of one engine call before it fails")
     max_resumes: int = Field(8, description="times a generation aborted by a weight update is resumed")
+    render_verify_every: int = Field(
+        16,
+        ge=0,
+        description="check every Nth token-continued prompt against a full render of the template (1: every "
+        "one, 0: never; a mismatch falls back to a full render and turns continuation off for that "
+        "conversation shape)",
+    )
 
     # --- weight sync
     pause_mode: Literal["abort", "retract", "in_place"] = Field(

@@ -5,7 +5,11 @@ as leased: a broken one must be set aside, not crash the step, so it is not pars
 ``check_sample`` returns a reason string when a sample breaks it (per-token lists of the wrong length, no
 response); the loop then trains it with an all-zero mask and logs the reason, so a bad sample is visible, acked and never crashes a step.
 Sequences are prompt + response, right-padded to L; response position t of sample i is predicted by
-the logits at ``P_i - 1 + t`` (``resp_index``), so all per-token tensors are (B, T) response-aligned.
+the logits of row ``row[i]`` at ``P_i - 1 + t`` (``resp_index``), so all per-token tensors are (B, T)
+response-aligned. Each sample has its own row, or with ``merge`` a session's token-continuous turns
+share one (engine/trajectories.py: the row is the last turn's sequence, every earlier turn's response
+sits inside it with its own exact prefix), so the shared prompt is run once and every per-token value
+is the same as with separate rows.
 Top-K teacher rows are used only for samples whose K equals the batch's most common K (others get
 ``topk_valid`` 0), because mixing K would double-count padded bins.
 ``constrained`` (CONTRACTS "Sample JSON") marks samples decoded under a grammar mask (forced tool calls):
@@ -25,6 +29,7 @@ import torch
 
 from engine.records import SampleJSON
 from engine.sample_values import value_problem
+from engine.trajectories import plan_rows, row_sequence
 from trainer.loss import entropy_from_logits, token_logprobs
 from trainer.rollout_correction import check_sampling_params, sample_temperature
 
@@ -78,9 +83,10 @@ def check_sample(s: SampleJSON, *, shaping: str = "none") -> str | None:
 
 @dataclass
 class Batch:
-    input_ids: torch.Tensor  # (B, L) long, pad 0
-    attention_mask: torch.Tensor  # (B, L) long
-    resp_index: torch.Tensor  # (B, T) long, logit position predicting response token t
+    input_ids: torch.Tensor  # (G, L) long, pad 0: G rows, G <= B (merged turns share a row)
+    attention_mask: torch.Tensor  # (G, L) long
+    row: torch.Tensor  # (B,) long, the row holding sample i
+    resp_index: torch.Tensor  # (B, T) long, logit position (in its row) predicting response token t
     response_ids: torch.Tensor  # (B, T) long
     mask: torch.Tensor  # (B, T) float loss mask (0 on padding / excluded / invalid)
     rollout_lp: torch.Tensor  # (B, T)
@@ -112,18 +118,29 @@ def collate(
     eos_id: int | None = None,
     mask_no_eos: bool = False,
     zero_mask: list[bool] | None = None,
+    merge: bool = False,
 ) -> Batch:
-    """Pad a list of samples; ``zero_mask[i]`` forces sample i's loss mask to 0 (invalid / dummy rows)."""
+    """Pad a list of samples; ``zero_mask[i]`` forces sample i's loss mask to 0 (invalid / dummy rows);
+    ``merge`` lets a session's token-continuous turns share a row (never a zero-mask sample's)."""
     B = len(samples)
     zero_mask = zero_mask or [False] * B
     P = [len(s["prompt_ids"]) for s in samples]
     R = [len(s["response_ids"]) for s in samples]
-    L, T = max(p + r for p, r in zip(P, R, strict=True)), max(R)
+    rows = plan_rows(samples, [not z for z in zero_mask]) if merge else [[i] for i in range(B)]
+    row_of = [0] * B
+    for g, members in enumerate(rows):
+        for i in members:
+            row_of[i] = g
+    seqs = [row_sequence(samples, members) for members in rows]
+    L, T = max(len(q) for q in seqs), max(R)
     ks = [len(s["teacher_topk"]["ids"][0]) for s in samples if s.get("teacher_topk") and s["teacher_topk"].get("ids")]
     K = Counter(ks).most_common(1)[0][0] if ks else 0
 
-    input_ids = torch.zeros(B, L, dtype=torch.long)
-    attn = torch.zeros(B, L, dtype=torch.long)
+    input_ids = torch.zeros(len(rows), L, dtype=torch.long)
+    attn = torch.zeros(len(rows), L, dtype=torch.long)
+    for g, q in enumerate(seqs):
+        input_ids[g, : len(q)] = torch.tensor(q)
+        attn[g, : len(q)] = 1
     resp_index = torch.zeros(B, T, dtype=torch.long)
     response_ids = torch.zeros(B, T, dtype=torch.long)
     f = lambda: torch.zeros(B, T)  # noqa: E731
@@ -132,8 +149,6 @@ def collate(
     topk_lp = torch.zeros(B, T, K) if K else None
     for i, s in enumerate(samples):
         p, r = P[i], R[i]
-        input_ids[i, : p + r] = torch.tensor(list(s["prompt_ids"]) + list(s["response_ids"]))
-        attn[i, : p + r] = 1
         resp_index[i, :r] = torch.arange(p - 1, p - 1 + r)
         resp_index[i, r:] = p - 1  # padding reads a real position; masked anyway
         response_ids[i, :r] = torch.tensor(s["response_ids"])
@@ -154,6 +169,7 @@ def collate(
     return Batch(
         input_ids=input_ids,
         attention_mask=attn,
+        row=torch.tensor(row_of, dtype=torch.long),
         resp_index=resp_index,
         response_ids=response_ids,
         mask=mask,
@@ -183,12 +199,11 @@ class Scored:
 
 
 def score_responses(model: torch.nn.Module, batch: Batch, *, with_entropy: bool) -> Scored:
-    """Forward prompt+response once; log-probs (and optionally entropy) of the response tokens."""
+    """Forward every row once; log-probs (and optionally entropy) of each sample's response tokens."""
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    full = out.logits  # (B, L, V)
-    # Gather only the response positions before any softmax: the (B, L, V) log-softmax is never built.
-    idx = batch.resp_index[..., None].expand(-1, -1, full.shape[-1])
-    logits = full.gather(1, idx).float()  # (B, T, V)
+    full = out.logits  # (G, L, V)
+    # Pick only the response positions before any softmax: the (G, L, V) log-softmax is never built.
+    logits = full[batch.row[:, None], batch.resp_index].float()  # (B, T, V)
     lp = token_logprobs(logits, batch.response_ids)
     ent = entropy_from_logits(logits) if with_entropy else None
     return Scored(logprobs=lp, logits=logits, entropy=ent)

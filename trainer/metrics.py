@@ -59,6 +59,7 @@ class MetricsLogger:
                 "train_rollout_lp_abs_diff",
                 "n_tokens",
                 "tokens_per_s",
+                "forward_tokens_per_turn",
             )
             parts = [
                 f"{k}={metrics[k]:.4g}" if isinstance(metrics.get(k), float) else f"{k}={metrics[k]}"

@@ -102,6 +102,11 @@ def sample_rewards(samples: list[dict[str, Any]], trainable: torch.Tensor) -> tu
     return rewards, has_reward
 
 
+def _turn_index(s: dict[str, Any]) -> int:
+    t = s.get("turn_index")
+    return t if isinstance(t, int) else -1
+
+
 def plan_minibatches(
     samples: list[dict[str, Any]],
     idle: list[bool],
@@ -123,6 +128,8 @@ def plan_minibatches(
         ).mask
         num_tokens, num_seqs = float(mask.sum()), float((mask.sum(-1) > 0).sum())
         mine = members[rank::world]
+        if cfg.merge_trajectories:  # a session's turns side by side, so they land in one micro-batch and merge
+            mine.sort(key=lambda i: (str(samples[i].get("session_id")), _turn_index(samples[i]), i))
         # Every rank runs as many micro-batches as the rank with the largest share, so DDP backward counts agree.
         num_micros = max(1, math.ceil(math.ceil(len(members) / world) / cfg.micro_batch_size))
         micros = []
@@ -135,6 +142,7 @@ def plan_minibatches(
                 eos_id=eos_id,
                 mask_no_eos=cfg.mask_no_eos_with_zero,
                 zero_mask=[dummy or idle[i] for i in rows],
+                merge=cfg.merge_trajectories,
             ).to(device)
             micros.append(Micro(batch, [-1] * len(rows) if dummy else rows))
         plan.append(Minibatch(num_tokens, num_seqs, micros))
@@ -324,7 +332,7 @@ def train_on_batch(
     if cfg.rollout_correction == "mis":
         plan = count_after_rejection(plan, old_pass.counts)
     stats, grad_norms = run_ppo_epochs(ddp, model, ref_model, opt, plan, old_pass, rl_adv, cfg, world, device)
-    return summarize(
+    metrics = summarize(
         samples,
         invalid,
         idle,
@@ -339,3 +347,28 @@ def train_on_batch(
         cfg,
         world,
     )
+    metrics.update(forward_token_metrics(samples, plan, world, device))
+    return metrics
+
+
+def forward_token_metrics(
+    samples: list[dict[str, Any]], plan: list[Minibatch], world: int, device: torch.device
+) -> dict[str, float]:
+    """Tokens one forward pass over the batch runs (all ranks; dummy rows left out), per turn, next to what
+    separate prompt + response sequences would run: merged trajectories make the first smaller."""
+    ran = sum(
+        float(micro.batch.attention_mask.sum())
+        for minibatch in plan
+        for micro in minibatch.micros
+        if micro.sample_index and micro.sample_index[0] >= 0
+    )
+    total = torch.tensor([ran], dtype=torch.float64, device=device)
+    if world > 1:
+        dist.all_reduce(total)
+    separate = sum(len(s.get("prompt_ids") or []) + len(s.get("response_ids") or []) for s in samples)
+    n = max(len(samples), 1)
+    return {
+        "forward_tokens": float(total[0]),
+        "forward_tokens_per_turn": float(total[0]) / n,
+        "separate_tokens_per_turn": separate / n,
+    }

@@ -10,8 +10,11 @@ Contract:
 - Prefix cache (prefix_cache.py, like SGLang's radix cache): the prefill reuses the KV of the longest held
   prefix of the prompt and computes only the rest; ``RunResult.cached_tokens`` (-> ``meta_info.cached_tokens``)
   is the reused length. At least the last prompt token is always computed, and with input log-probs the
-  reuse stops at ``logprob_start_len`` (those positions need their logits). Outputs are the same with and
-  without it (same sampled ids; log-probs equal up to float rounding). Cleared on every weight swap.
+  reuse stops at ``logprob_start_len`` (those positions need their logits). Like SGLang's radix cache, a
+  finished single-sample request also leaves the KV of its prompt plus its output (all but the last
+  sampled token, whose KV was never computed), so a next turn that continues prompt + reply reuses both.
+  Outputs are the same with and without it (same sampled ids; log-probs equal up to float rounding).
+  Cleared on every weight swap.
 - Input log-probs follow SGLang 0.5.23: they cover ``prompt[logprob_start_len:]``, entry
   0 is null, entry k is log p(prompt[start+k] | prompt[:start+k]) of the temperature-scaled distribution.
   Output log-probs come from the very logits the token was sampled from (see sampling.py for the order).
@@ -194,6 +197,7 @@ class ModelRunner:
         n, plen = cfg.n, len(prompt)
         start = plen if job.logprob_start_len < 0 else job.logprob_start_len
         want_input = job.return_logprob and start < plen
+        epoch = self.epoch
         logits, cache, result.cached_tokens = self._prefill_prompt(prompt, want_input, start)
         if want_input:
             self._input_logprobs(job, result, logits[0], start, result.cached_tokens)
@@ -258,7 +262,16 @@ class ModelRunner:
             if on_step is not None:
                 on_step(result)
             if all(s.finish_reason is not None for s in result.samples):
+                if n == 1:
+                    self._keep_output_kv(prompt, result.samples[0].output_ids, cache, epoch)
                 return
+
+    def _keep_output_kv(self, prompt: list[int], output_ids: list[int], cache: Any, epoch: int) -> None:
+        """Hold the KV of prompt + output (but the last token, never fed back) like SGLang's finished-request
+        insert; not when the weights changed during the request (that KV mixes two models)."""
+        with self._lock:
+            if self.epoch == epoch and len(output_ids) > 1:
+                self.prefix_cache.store(prompt + output_ids[:-1], cache)
 
     def _check_finish(
         self, s: Sample, tok: int, cfg: SamplingConfig, stop_ids: set[int], matcher: Any, max_stop_tokens: int

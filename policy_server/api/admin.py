@@ -8,6 +8,9 @@
   (explicit limits, no silent cap).
   ``prm_metrics``: the PRM metrics window drained by this lease (policy_server.rewards.scoring); only a lease that
   hands out samples drains it, an empty answer carries ``{}``; always ``{}`` without PRM scoring.
+  ``merge=true`` adds ``trajectories``: the leased samples' token-continuous session turns merged into
+  ``engine.records.MergedTrajectory`` entries (engine/trajectories.py; rows of two or more samples only), so
+  a trainer can run each session's shared prompt once. The samples themselves are unchanged.
 - ``POST /v1/samples/ack {"lease_id"}``: consume; idempotent (a second ack answers ``already_acked``);
   404 for an unknown lease, 409 for an expired one (its samples went back to ready).
 - ``GET /v1/samples?session_id=S&status=X&limit=N`` -> ``{"samples": [row, ...]}``: a NON-consuming read
@@ -33,6 +36,8 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
+from engine.records import MergedTrajectory
+from engine.trajectories import merged_trajectories
 from policy_server.api.auth import require_admin
 from policy_server.api.openai_schemas import error_responses
 from policy_server.errors import Conflict, InvalidRequest, NotFound
@@ -70,6 +75,7 @@ async def lease(
     max_n: int = Query(64, alias="max", ge=1, description="samples at most, <= max_lease_size"),
     min_n: int = Query(1, alias="min", ge=1, description="return as soon as this many are ready, <= max"),
     wait_s: float = Query(0.0, ge=0, description="seconds to wait for min samples, <= max_lease_wait_s"),
+    merge: bool = Query(False, description="also return the samples' merged session trajectories"),
 ) -> dict[str, Any]:
     st = _st(request)
     if not 1 <= max_n <= st.settings.max_lease_size:
@@ -84,12 +90,16 @@ async def lease(
     lease_id, samples = got if got is not None else (None, [])
     # Only a lease that hands out samples drains the PRM window (those samples' metrics).
     prm_metrics = st.scoring.drain_window() if st.scoring is not None and samples else {}
-    return {
+    body = {
         "lease_id": lease_id,
         "samples": samples,
         "lease_timeout_s": st.settings.lease_timeout_s,
         "prm_metrics": prm_metrics,
     }
+    if merge:
+        merged = await asyncio.to_thread(merged_trajectories, samples)  # compares whole sequences: off the loop
+        body["trajectories"] = [MergedTrajectory.model_validate(t).to_json() for t in merged]
+    return body
 
 
 @router.post("/v1/samples/ack", responses=error_responses(404, 409))

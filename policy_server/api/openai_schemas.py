@@ -323,12 +323,16 @@ def finish_reason(engine_finish: dict[str, Any], has_tool_calls: bool) -> str:
     return "tool_calls" if has_tool_calls else "stop"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI usage; ``prompt_tokens_details.cached_tokens`` (the engine's prefix-cache hit) when the engine said."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def completion(
@@ -342,6 +346,7 @@ def completion(
     logprobs: dict[str, Any] | None = None,
     metadata: dict[str, str] | None = None,
     hindsight: dict[str, Any] | None = None,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     """``metadata`` is the client's own (echoed); Hindsight's values go in the ``hindsight`` extension field."""
     body: dict[str, Any] = {
@@ -350,7 +355,7 @@ def completion(
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }
     if metadata is not None:
         body["metadata"] = metadata
@@ -366,7 +371,7 @@ def chunk(
     created: int,
     delta: dict[str, Any] | None = None,
     finish: str | None = None,
-    usage_obj: dict[str, int] | None = None,
+    usage_obj: dict[str, Any] | None = None,
     logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}

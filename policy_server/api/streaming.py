@@ -243,7 +243,7 @@ async def sse_events(
                         rid=rid,
                         model=model,
                         created=created,
-                        usage_obj=oa.usage(len(res.prompt_ids), len(res.response_ids)),
+                        usage_obj=oa.usage(len(res.prompt_ids), len(res.response_ids), res.cached_tokens),
                     )
                 )
         except (EngineError, PolicyError) as exc:

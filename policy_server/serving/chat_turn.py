@@ -162,10 +162,16 @@ class ChatTurn:
         st.metrics.turns.labels(turn_type=chat.turn_type if record else "side").inc()
         template_kwargs = fields.chat_template_kwargs(chat.extras)
         try:
-            prompt_ids = await st.generator.render(chat.messages, chat.req.tools, template_kwargs)
+            rendered = await st.generator.render(
+                chat.messages, chat.req.tools, template_kwargs, arrival.prior if arrival is not None else None
+            )
         except BaseException:
             st.sessions.settle_later(arrival)  # refused before generating: the pairing it owes is written anyway
             raise
+        st.metrics.prompt_renders.labels(reason=rendered.reason).inc()
+        st.metrics.prompt_tokens.labels(kind="reused").inc(rendered.reused_tokens)
+        st.metrics.prompt_tokens.labels(kind="rendered").inc(len(rendered.ids) - rendered.reused_tokens)
+        prompt_ids = rendered.ids
         return cls(
             st, chat, sid=sid, record=record, arrival=arrival, template_kwargs=template_kwargs, prompt_ids=prompt_ids
         )
@@ -184,6 +190,7 @@ class ChatTurn:
         """Count resumes and, for a recorded turn, commit its record before the client gets the end."""
         st, chat = self.st, self.chat
         st.metrics.resumes.inc(res.resumes)
+        st.metrics.prompt_tokens.labels(kind="cached").inc(res.cached_tokens or 0)
         if self.record:
             assert self.sid is not None
             self.record_task = asyncio.ensure_future(
@@ -217,6 +224,7 @@ class ChatTurn:
                 finish=oa.finish_reason(res.finish, bool(parsed.tool_calls)),
                 prompt_tokens=len(self.prompt_ids),
                 completion_tokens=len(res.response_ids),
+                cached_tokens=res.cached_tokens,
                 logprobs={"content": self.logprob_entries(0, len(res.response_ids))} if chat.extras.logprobs else None,
                 metadata=chat.extras.metadata,
                 hindsight=fields.hindsight_extension(res.weight_version, self.sid),

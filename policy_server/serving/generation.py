@@ -2,8 +2,10 @@
 
 Role: the only path from a chat request to the policy engine. Contract:
 
-- The prompt is ``engine.chat.render_prompt_ids(tokenizer, messages, tools)`` with the policy tokenizer;
-  it goes to the engine's ``/generate`` as ``input_ids`` with ``return_logprob`` through
+- The prompt is rendered by ``engine.continuation.ContinuationRenderer`` with the policy tokenizer: a
+  request that extends a recorded turn continues that turn's exact prompt and sampled ids (only the new
+  messages are rendered), any other gets the template's full render (``engine.chat.render_prompt_ids``).
+  It goes to the engine's ``/generate`` as ``input_ids`` with ``return_logprob`` through
   ``engine.client.EngineClient`` (``stream_generate`` for streaming). The result keeps exactly the
   sampled ids (stop token included) and one rollout log-prob each; the text is only for the client.
 - Every engine submission first passes the weight gate (policy_server.serving.weight_sync): during a weight
@@ -38,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.chat import render_prompt_ids
 from engine.client import EngineClient
+from engine.continuation import ContinuationRenderer, PriorTurn, Rendered
 from engine.errors import EngineBadResponse
 from policy_server.errors import InvalidRequest, ServiceUnavailable
 from policy_server.serving.weight_sync import WeightGate
@@ -111,6 +113,7 @@ class GenResult:
     abandoned: bool = False  # the client left: stop, never resume
     top_logprobs_num: int = 0  # the client's top_logprobs: the engine reports that many alternatives per token
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)  # [len(response_ids)][K]
+    cached_tokens: int | None = None  # the first submission's meta_info.cached_tokens (engine prefix-cache hit)
 
     def next_rid(self) -> str | None:
         """The rid of the next engine submission (one per segment, so a resume never reuses an rid)."""
@@ -141,6 +144,7 @@ class Generator:
         max_resumes: int = 8,
         deadline_s: float | None = None,
         max_prompt_tokens: int | None = None,
+        render_verify_every: int = 16,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -149,6 +153,7 @@ class Generator:
         self.deadline_s = deadline_s
         self.max_prompt_tokens = max_prompt_tokens
         self._max_token_chars = longest_token_chars(tokenizer) if max_prompt_tokens else 1
+        self.renderer = ContinuationRenderer(tokenizer, verify_every=render_verify_every)
 
     def check_fits(self, messages: list[dict[str, Any]]) -> None:
         """400 before any rendering when the prompt cannot fit the engine's context: a multi-megabyte history
@@ -168,15 +173,16 @@ class Generator:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         chat_template_kwargs: dict[str, Any] | None = None,
-    ) -> list[int]:
-        # Template rendering + tokenization is CPU work proportional to the history. A short prompt
-        # renders in ~0.1 ms, less than a thread hand-off costs, so it runs inline; a long history
-        # would stall every other request on the loop for milliseconds, so it goes to a worker thread.
+        prior: PriorTurn | None = None,
+    ) -> Rendered:
+        """The prompt (engine.continuation): a continuation of ``prior`` when the template allows, else a full render."""
+        # Template rendering + tokenization is CPU work: a continued turn's is proportional to its new
+        # messages, a full render's to the whole history. A short prompt renders in ~0.1 ms, less than a
+        # thread hand-off costs, so it runs inline; a long one goes to a worker thread, because even with a
+        # prior turn the renderer may fall back to the full render (and would stall the loop for a while).
         if _prompt_chars(messages, tools) <= INLINE_RENDER_MAX_CHARS:
-            return render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs)
-        return await asyncio.to_thread(
-            render_prompt_ids, self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs
-        )
+            return self.renderer.render(messages, tools, chat_template_kwargs, prior)
+        return await asyncio.to_thread(self.renderer.render, messages, tools, chat_template_kwargs, prior)
 
     def _segment_params(self, sp: dict[str, Any], produced: int) -> dict[str, Any]:
         out = dict(sp)
@@ -219,6 +225,8 @@ class Generator:
             )
             g = gens[0]
             self._note_epoch(res, epoch, version)
+            if res.cached_tokens is None and isinstance(g.meta_info.get("cached_tokens"), int):
+                res.cached_tokens = g.meta_info["cached_tokens"]
             if g.output_ids:
                 res.add_version(g.weight_version)
             res.response_ids += g.output_ids
@@ -260,6 +268,8 @@ class Generator:
             finish: dict[str, Any] | None = None
             async for chunk in self.engine.stream_generate(payload, deadline_s=self.deadline_s):
                 meta = chunk.get("meta_info") or {}
+                if res.cached_tokens is None and isinstance(meta.get("cached_tokens"), int):
+                    res.cached_tokens = meta["cached_tokens"]
                 ids = chunk.get("output_ids") or []
                 lps = meta.get("output_token_logprobs") or []
                 if len(lps) != len(ids):

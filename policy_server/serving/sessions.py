@@ -46,6 +46,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.continuation import PriorTurn
 from engine.records import RejectReason
 from policy_server.store import Resolution, SampleStore
 
@@ -123,11 +124,13 @@ def pair_next_state(
 
 @dataclass
 class Arrival:
-    """A main request between its arrival and its turn record: the pairing it will write (None: nothing)."""
+    """A main request between its arrival and its turn record: the pairing it will write (None: nothing),
+    and the recorded turn it extends (``prior``: set when paired; its prompt continues that turn's ids)."""
 
     session_id: str
     resolution: Resolution | None
     settled: bool = False  # the resolution is written (or being written) and the in-flight count released
+    prior: PriorTurn | None = None
 
 
 @dataclass
@@ -186,11 +189,11 @@ class SessionTracker:
             self._in_flight[session_id] = self._in_flight.get(session_id, 0) + 1
             try:
                 async with self._lock(session_id):
-                    resolution = await asyncio.to_thread(self._pair, session_id, messages)
+                    resolution, prior = await asyncio.to_thread(self._pair, session_id, messages)
             except BaseException:
                 self._release(session_id)
                 raise
-            return Arrival(session_id, resolution)
+            return Arrival(session_id, resolution, prior=prior)
         async with self._lock(session_id):
             new_work = await asyncio.to_thread(self._side, session_id, done)
         if done:
@@ -205,11 +208,12 @@ class SessionTracker:
         self.store.touch_session(session_id)
         return False
 
-    def _pair(self, session_id: str, messages: list[dict[str, Any]]) -> Resolution | None:
-        """Blocking part of :meth:`on_request` for a main request (worker thread): the pairing to write."""
+    def _pair(self, session_id: str, messages: list[dict[str, Any]]) -> tuple[Resolution | None, PriorTurn | None]:
+        """Blocking part of :meth:`on_request` for a main request (worker thread): the pairing to write, and
+        the awaiting turn as the prompt to continue when the request extends it."""
         awaiting = self.store.awaiting_turn(session_id)
         if awaiting is None:
-            return None
+            return None, None
         p = pair_next_state(awaiting["messages"], awaiting["response"], messages)
         if p.kind == "mismatch":
             self.mismatches += 1
@@ -219,13 +223,14 @@ class SessionTracker:
                 awaiting["turn_index"],
                 p.note,
             )
-        return Resolution(
+        resolution = Resolution(
             awaiting["turn_index"],
             p.kind,
             p.next_state,
             p.note,
             RejectReason.HISTORY_MISMATCH if p.kind == "mismatch" else None,
         )
+        return resolution, PriorTurn.from_turn(awaiting) if p.kind == "paired" else None
 
     async def on_main_turn(
         self, session_id: str, record: dict[str, Any], *, done: bool, arrival: Arrival | None = None

@@ -92,3 +92,26 @@ def test_input_logprobs_cap_reuse(dev_engine):
     out = _generate(dev_engine.url, prompt, logprob_start_len=20)
     assert out[0]["meta_info"]["cached_tokens"] == 20  # reuse stops where input log-probs begin
     assert len(out[0]["meta_info"]["input_token_logprobs"]) == 60
+
+
+def test_a_finished_reply_is_cached_like_sglang(dev_engine, uncached_engine):
+    """SGLang's radix cache keeps a finished request's prompt + output (all but the last sampled token, whose
+    KV was never computed): a next turn that continues prompt + reply reuses both, and samples the same."""
+    prompt = _fresh_prompt(7, 60)
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "sampling_seed": 3, "ignore_eos": True}}
+    first = httpx.post(f"{dev_engine.url}/generate", json=body, timeout=60, trust_env=False).json()
+    out = first["output_ids"]
+    assert len(out) == 6
+    nxt = prompt + out + _fresh_prompt(8, 12)
+    seeded = {"max_new_tokens": 4, "sampling_seed": 5}
+    hit = httpx.post(
+        f"{dev_engine.url}/generate", json={"input_ids": nxt, "sampling_params": seeded}, timeout=60, trust_env=False
+    ).json()
+    assert hit["meta_info"]["cached_tokens"] == len(prompt) + len(out) - 1
+    miss = httpx.post(
+        f"{uncached_engine.url}/generate",
+        json={"input_ids": nxt, "sampling_params": seeded},
+        timeout=60,
+        trust_env=False,
+    ).json()
+    assert miss["meta_info"]["cached_tokens"] == 0 and hit["output_ids"] == miss["output_ids"]

@@ -146,6 +146,8 @@ def synthetic_run(tmp_path: Path) -> Path:
             "tokens_per_s": 50.0 + s,
             "n_trained_samples": 4,
             "step_time_s": 2.0,
+            "forward_tokens_per_turn": 300.0,
+            "separate_tokens_per_turn": 900.0,
         }
         for s in (1, 2, 3)
     ]

@@ -28,6 +28,7 @@ PLOTS = (
     "ppo_entropy_grad",
     "ppo_advantages",
     "trainer_throughput",
+    "trainer_tokens_per_turn",
 )
 
 CSS = (
@@ -123,6 +124,15 @@ def _plots(data: d.RunData) -> dict[str, str]:
             "trainer_throughput",
             line_chart("Trainer throughput", d.step_series(steps, "tokens_per_s", "n_trained_samples", "step_time_s")),
             "Tokens per second, samples trained per step, step time.",
+        ),
+        "trainer_tokens_per_turn": _figure(
+            "trainer_tokens_per_turn",
+            line_chart(
+                "Trainer tokens per trained turn",
+                d.step_series(steps, "forward_tokens_per_turn", "separate_tokens_per_turn"),
+            ),
+            "Tokens the forward pass runs per turn, next to prompt + response per turn run separately "
+            "(--merge-trajectories runs a session's shared prompt once).",
         ),
     }
 

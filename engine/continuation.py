@@ -1,0 +1,298 @@
+"""Token-continuous prompts: a request that extends a recorded turn continues that turn's exact ids.
+
+Role: the one place that turns (a recorded turn, the request's messages) into prompt ids. Every request
+shape the policy server speaks ends up here, so every shape gets the same continuity. Pure and synchronous
+(``ContinuationRenderer.render``); callers may run it on a worker thread.
+
+Contract. A request with messages ``M + [a] + N`` that extends a recorded turn T (T's request messages
+``M``, T's prompt ids ``P``, its sampled ids ``R``; ``a`` is the client's copy of T's reply, ``N`` the new
+messages) gets the prompt
+
+    P + R + tokens(close' + suffix)
+
+where ``suffix`` is the template's own rendering of ``N`` and the generation prompt, and ``close'`` is
+what the template writes after an assistant message's content (``<|im_end|>\\n`` for ChatML), minus the
+stop token when ``R`` already ends with it. The render and tokenization cost depends on ``N`` only, never
+on the history. Every earlier token stays exactly what was sent or sampled, so the engine's prefix cache
+holds and every trained token is the sampled token with its own log-prob.
+
+The suffix is rendered against a short synthetic conversation of the same shape (same system-message
+presence, a reply with the same parts, the same tools and template arguments), ``base``:
+``suffix = render(base + N, generation prompt) - render(base)``. This is exact for templates that are
+**append-only**: appending messages never changes the text rendered for the ones before, and an
+assistant message's rendering starts with the generation prompt. That is checked per shape (a probe on
+synthetic messages, cached) and, on every ``verify_every``-th continued turn, against the full render of
+the real messages (text only: ``render(M + [a])`` starts with ``render(M, gen)`` and ends with the
+closing, and ``render(M + [a] + N, gen) == render(M + [a]) + suffix``). A shape or a turn that fails falls back to a full render, with the reason in
+:class:`Rendered`; a failed verification also turns that shape off for the process lifetime.
+
+Templates that rewrite history (so they always take the full render, counted with reason
+``template_rewrites_history``): those that drop earlier turns' reasoning once a new user message arrives
+(Qwen3's official template), and those whose generation prompt is not how they render the reply later (a
+template that opens an empty ``<think></think>`` block when thinking is off but renders past replies
+without it: Qwen3 and the Hindsight tiny template with ``enable_thinking=false``). Other reasons:
+``no_prior_turn``, ``not_an_extension`` (the messages do not extend T's), ``tools_changed``,
+``template_kwargs_changed``, ``verify_mismatch``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from engine.chat import render_prompt_ids, render_prompt_text
+
+CONTINUED = "continued"
+NO_PRIOR_TURN = "no_prior_turn"
+NOT_AN_EXTENSION = "not_an_extension"
+TOOLS_CHANGED = "tools_changed"
+TEMPLATE_KWARGS_CHANGED = "template_kwargs_changed"
+TEMPLATE_REWRITES_HISTORY = "template_rewrites_history"
+VERIFY_MISMATCH = "verify_mismatch"
+RENDER_REASONS = (
+    CONTINUED,
+    NO_PRIOR_TURN,
+    NOT_AN_EXTENSION,
+    TOOLS_CHANGED,
+    TEMPLATE_KWARGS_CHANGED,
+    TEMPLATE_REWRITES_HISTORY,
+    VERIFY_MISMATCH,
+)
+_PROBE_CACHE_SIZE = 512
+
+
+@dataclass(frozen=True)
+class PriorTurn:
+    """The recorded turn a request extends: its request messages, tools, template arguments and exact ids."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    chat_template_kwargs: dict[str, Any] | None
+    prompt_ids: list[int]
+    response_ids: list[int]
+
+    @classmethod
+    def from_turn(cls, turn: dict[str, Any]) -> PriorTurn:
+        """From a stored turn dict (engine.records.Turn's JSON)."""
+        return cls(
+            messages=list(turn.get("messages") or []),
+            tools=turn.get("tools") or None,
+            chat_template_kwargs=turn.get("chat_template_kwargs") or None,
+            prompt_ids=list(turn.get("prompt_ids") or []),  # ints, as the store holds them
+            response_ids=list(turn.get("response_ids") or []),
+        )
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A prompt: its ids, how it was made (``reason`` is ``continued`` or why it is a full render), the
+    number of leading ids taken unchanged from the prior turn, and whether a full render verified it."""
+
+    ids: list[int]
+    reason: str
+    reused_tokens: int = 0
+    verified: bool = False
+
+    @property
+    def continued(self) -> bool:
+        return self.reason == CONTINUED
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What a probe learned about one conversation shape (cached per key)."""
+
+    ok: bool
+    base: tuple[dict[str, Any], ...] = ()  # the synthetic history the suffix is rendered after
+    base_text: str = ""  # render(base), no generation prompt
+    close: str = ""  # what the template writes after an assistant message's content
+    suffix_needs_tools: bool = True
+
+
+def _shape_key(
+    messages: list[dict[str, Any]], n_prior: int, tools: Any, kwargs: dict[str, Any] | None
+) -> tuple[Any, ...]:
+    reply = messages[n_prior]
+    tools_hash = hashlib.sha256(json.dumps(tools, sort_keys=True).encode()).hexdigest() if tools else None
+    return (
+        tools_hash,
+        json.dumps(kwargs or {}, sort_keys=True),
+        bool(messages and messages[0].get("role") in ("system", "developer")),
+        bool(reply.get("reasoning_content")),
+        tuple((tc.get("function") or {}).get("name") for tc in reply.get("tool_calls") or []),
+        bool(reply.get("content")),
+        tuple((m.get("role"), m.get("tool_call_id"), m.get("name")) for m in messages[n_prior + 1 :]),
+    )
+
+
+def _synthetic(messages: list[dict[str, Any]], n_prior: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(base history without the reply, reply): short stand-ins with the real messages' shape."""
+    head: list[dict[str, Any]] = []
+    first = messages[0].get("role") if messages else None
+    if first in ("system", "developer"):
+        head.append({"role": first, "content": "S"})
+    head.append({"role": "user", "content": "U"})
+    real = messages[n_prior]
+    reply: dict[str, Any] = {"role": "assistant", "content": "A" if real.get("content") else ""}
+    if real.get("reasoning_content"):
+        reply["reasoning_content"] = "R"
+    if real.get("tool_calls"):
+        reply["tool_calls"] = [
+            {
+                "id": tc.get("id") or f"call_{i}",
+                "type": "function",
+                "function": {"name": (tc.get("function") or {}).get("name") or "f", "arguments": "{}"},
+            }
+            for i, tc in enumerate(real["tool_calls"])
+        ]
+    return head, reply
+
+
+class ContinuationRenderer:
+    """Renders prompts for one tokenizer/template, continuing recorded turns where the template allows.
+
+    ``verify_every``: every that many continued turns (per renderer) are checked against a full text
+    render of the real messages; 1 checks every one, 0 none (the per-shape probe still runs).
+    Thread-safe: the shape cache and the counter are guarded by one lock.
+    """
+
+    def __init__(self, tokenizer: Any, *, verify_every: int = 16) -> None:
+        self.tokenizer = tokenizer
+        self.verify_every = verify_every
+        self._shapes: OrderedDict[tuple[Any, ...], _Shape] = OrderedDict()
+        self._lock = threading.Lock()
+        self._continued = 0
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        prior: PriorTurn | None = None,
+    ) -> Rendered:
+        """The prompt ids for ``messages``: a continuation of ``prior`` when possible, else a full render."""
+        reason = self._refusal(messages, tools, chat_template_kwargs, prior)
+        if reason is None:
+            assert prior is not None
+            n = len(prior.messages)
+            key = _shape_key(messages, n, tools, chat_template_kwargs)
+            shape = self._shape(key, messages, n, tools, chat_template_kwargs)
+            suffix = self._suffix(shape, messages[n + 1 :], tools, chat_template_kwargs) if shape.ok else None
+            if suffix is None:
+                reason = TEMPLATE_REWRITES_HISTORY
+            else:
+                verified = self._due_for_verify()
+                if verified and not self._verify(messages, n, tools, chat_template_kwargs, shape, suffix):
+                    with self._lock:
+                        self._shapes[key] = _Shape(ok=False)
+                    reason = VERIFY_MISMATCH
+                else:
+                    reused = prior.prompt_ids + prior.response_ids
+                    glue = self._glue(shape.close, prior.response_ids) + suffix
+                    ids = reused + list(self.tokenizer.encode(glue, add_special_tokens=False))
+                    return Rendered(ids, CONTINUED, reused_tokens=len(reused), verified=verified)
+        ids = render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs)
+        return Rendered(ids, reason)
+
+    # ------------------------------------------------------------------ decisions
+    @staticmethod
+    def _refusal(
+        messages: list[dict[str, Any]],
+        tools: Any,
+        kwargs: dict[str, Any] | None,
+        prior: PriorTurn | None,
+    ) -> str | None:
+        if prior is None or not prior.prompt_ids:
+            return NO_PRIOR_TURN
+        n = len(prior.messages)
+        if (
+            len(messages) < n + 2
+            or messages[n].get("role") != "assistant"
+            or any(m.get("role") == "assistant" for m in messages[n + 1 :])
+        ):
+            return NOT_AN_EXTENSION
+        if (tools or None) != (prior.tools or None):
+            return TOOLS_CHANGED
+        if (kwargs or {}) != (prior.chat_template_kwargs or {}):
+            return TEMPLATE_KWARGS_CHANGED
+        return None
+
+    def _due_for_verify(self) -> bool:
+        if self.verify_every <= 0:
+            return False
+        with self._lock:
+            self._continued += 1
+            return self._continued % self.verify_every == 0
+
+    # ------------------------------------------------------------------ template work
+    def _text(self, messages: list[dict[str, Any]], tools: Any, kwargs: Any, gen: bool) -> str:
+        return render_prompt_text(
+            self.tokenizer, messages, tools, add_generation_prompt=gen, chat_template_kwargs=kwargs
+        )
+
+    def _shape(self, key: tuple[Any, ...], messages: list[dict[str, Any]], n: int, tools: Any, kwargs: Any) -> _Shape:
+        with self._lock:
+            shape = self._shapes.get(key)
+            if shape is not None:
+                self._shapes.move_to_end(key)
+                return shape
+        shape = self._probe(messages, n, tools, kwargs)
+        with self._lock:
+            self._shapes[key] = shape
+            while len(self._shapes) > _PROBE_CACHE_SIZE:
+                self._shapes.popitem(last=False)
+        return shape
+
+    def _probe(self, messages: list[dict[str, Any]], n: int, tools: Any, kwargs: Any) -> _Shape:
+        """Append-only check on synthetic messages of this shape; learns the assistant closing."""
+        head, reply = _synthetic(messages, n)
+        new = [dict(m, content=f"V{i}") for i, m in enumerate(messages[n + 1 :])]
+        gen_prompt = self._text(head, tools, kwargs, True)
+        plain = self._text([*head, {"role": "assistant", "content": "A"}], tools, kwargs, False)
+        if not plain.startswith(gen_prompt + "A"):
+            return _Shape(ok=False)  # the reply is not rendered as generation prompt + content
+        close = plain[len(gen_prompt) + 1 :]
+        base = [*head, reply]
+        base_text = self._text(base, tools, kwargs, False)
+        full = self._text([*base, *new], tools, kwargs, True)
+        if not (base_text.startswith(gen_prompt) and base_text.endswith(close) and full.startswith(base_text)):
+            return _Shape(ok=False)
+        needs_tools = True
+        if tools:
+            bare_base = self._text(base, None, kwargs, False)
+            bare_full = self._text([*base, *new], None, kwargs, True)
+            needs_tools = not (
+                bare_full.startswith(bare_base) and bare_full[len(bare_base) :] == full[len(base_text) :]
+            )
+        if not needs_tools:
+            base_text = self._text(base, None, kwargs, False)
+        return _Shape(ok=True, base=tuple(base), base_text=base_text, close=close, suffix_needs_tools=needs_tools)
+
+    def _suffix(self, shape: _Shape, new: list[dict[str, Any]], tools: Any, kwargs: Any) -> str | None:
+        """The template's rendering of ``new`` + generation prompt after the synthetic base; None if the
+        template rewrote the base for these contents."""
+        full = self._text([*shape.base, *new], tools if shape.suffix_needs_tools else None, kwargs, True)
+        if not full.startswith(shape.base_text):
+            return None
+        return full[len(shape.base_text) :]
+
+    def _glue(self, close: str, response_ids: list[int]) -> str:
+        """The part of the assistant closing the sampled ids do not already hold (their stop token)."""
+        if response_ids:
+            last = self.tokenizer.decode([response_ids[-1]], skip_special_tokens=False)
+            if last and response_ids[-1] in self.tokenizer.all_special_ids and close.startswith(last):
+                return close[len(last) :]
+        return close
+
+    def _verify(
+        self, messages: list[dict[str, Any]], n: int, tools: Any, kwargs: Any, shape: _Shape, suffix: str
+    ) -> bool:
+        """Text-level check against the full render of the real messages (see the module docstring)."""
+        gen_prompt = self._text(messages[:n], tools, kwargs, True)
+        with_reply = self._text(messages[: n + 1], tools, kwargs, False)
+        full = self._text(messages, tools, kwargs, True)
+        return with_reply.startswith(gen_prompt) and with_reply.endswith(shape.close) and full == with_reply + suffix

@@ -1,0 +1,241 @@
+"""Token-continuous prompts (engine.continuation): exact ids, suffix-only rendering, and every fallback."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import continuation as cont
+from engine.chat import load_tokenizer, render_prompt_ids, render_prompt_text
+from engine.continuation import ContinuationRenderer, PriorTurn
+
+pytestmark = pytest.mark.unit
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir: Path) -> Any:
+    return load_tokenizer(str(tiny_model_dir))
+
+
+def _eos(tok: Any) -> int:
+    return int(tok.convert_tokens_to_ids("<|im_end|>"))
+
+
+def _chars(tok: Any, text: str) -> list[int]:
+    """A tokenization of ``text`` no full render would produce (one token per character where it can)."""
+    out: list[int] = []
+    for ch in text:
+        out += tok.encode(ch, add_special_tokens=False)
+    return out
+
+
+def test_continuation_equals_the_full_render_when_the_reply_tokenizes_like_the_template(tok: Any) -> None:
+    r = ContinuationRenderer(tok, verify_every=1)
+    m = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "weather in Paris?"}]
+    p = render_prompt_ids(tok, m, TOOLS)
+    resp = tok.encode(CALL_TEXT, add_special_tokens=False) + [_eos(tok)]
+    reply = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    new = [
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c1", "content": "22C"},
+    ]
+    out = r.render([*m, reply, *new], TOOLS, None, PriorTurn(m, TOOLS, None, p, resp))
+    assert out.reason == cont.CONTINUED and out.verified
+    assert out.reused_tokens == len(p) + len(resp)
+    assert out.ids == render_prompt_ids(tok, [*m, reply, *new], TOOLS)
+
+
+def test_sampled_ids_stay_exact_and_only_the_suffix_is_rendered(tok: Any) -> None:
+    r = ContinuationRenderer(tok, verify_every=1)
+    m = [{"role": "user", "content": "say hello"}]
+    p = render_prompt_ids(tok, m)
+    resp = _chars(tok, "hello  there") + [_eos(tok)]  # a tokenization the template's render would not give
+    msgs = [*m, {"role": "assistant", "content": "hello there"}, {"role": "user", "content": "thanks"}]
+    out = r.render(msgs, None, None, PriorTurn(m, None, None, p, resp))
+    assert out.reason == cont.CONTINUED
+    assert out.ids[: len(p) + len(resp)] == p + resp
+    suffix = out.ids[len(p) + len(resp) :]
+    assert suffix == tok.encode(
+        "\n<|im_start|>user\nthanks<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
+    assert render_prompt_text(tok, msgs).endswith(tok.decode(suffix, skip_special_tokens=False))
+
+
+def test_a_reply_cut_without_its_stop_token_gets_the_template_closing(tok: Any) -> None:
+    r = ContinuationRenderer(tok, verify_every=1)
+    m = [{"role": "user", "content": "count"}]
+    p = render_prompt_ids(tok, m)
+    resp = tok.encode("one two", add_special_tokens=False)  # finish: length, no <|im_end|>
+    msgs = [*m, {"role": "assistant", "content": "one two"}, {"role": "user", "content": "go on"}]
+    out = r.render(msgs, None, None, PriorTurn(m, None, None, p, resp))
+    assert out.reason == cont.CONTINUED
+    assert out.ids == render_prompt_ids(tok, msgs)  # the closing <|im_end|> was added once
+    assert out.ids.count(_eos(tok)) == 3  # user, the cut reply (closed here), user
+
+
+def test_every_turn_of_a_session_continues_the_previous_exactly(tok: Any) -> None:
+    r = ContinuationRenderer(tok, verify_every=1)
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "agent"}, {"role": "user", "content": "start"}]
+    prior = None
+    for i in range(5):
+        out = r.render(copy.deepcopy(msgs), TOOLS, None, prior)
+        assert out.reason == (cont.CONTINUED if i else cont.NO_PRIOR_TURN)
+        if prior is not None:
+            assert out.ids[: out.reused_tokens] == prior.prompt_ids + prior.response_ids
+        text = f"step {i}"
+        resp = _chars(tok, text) + [_eos(tok)]
+        prior = PriorTurn(copy.deepcopy(msgs), TOOLS, None, out.ids, resp)
+        feedback = (
+            {"role": "tool", "tool_call_id": "c1", "content": f"r{i}"}
+            if i % 2
+            else {"role": "user", "content": f"u{i}"}
+        )
+        msgs += [{"role": "assistant", "content": text}, feedback]
+
+
+def test_refusals_fall_back_to_the_full_render(tok: Any) -> None:
+    r = ContinuationRenderer(tok, verify_every=1)
+    m = [{"role": "user", "content": "hi"}]
+    p = render_prompt_ids(tok, m)
+    resp = tok.encode("yo", add_special_tokens=False) + [_eos(tok)]
+    prior = PriorTurn(m, None, None, p, resp)
+    good = [*m, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]
+    cases = [
+        (good, None, None, None, cont.NO_PRIOR_TURN),
+        ([*m, {"role": "user", "content": "more"}], None, None, prior, cont.NOT_AN_EXTENSION),
+        (
+            [*good, {"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}],
+            None,
+            None,
+            prior,
+            cont.NOT_AN_EXTENSION,
+        ),
+        (good, TOOLS, None, prior, cont.TOOLS_CHANGED),
+        (good, None, {"enable_thinking": False}, prior, cont.TEMPLATE_KWARGS_CHANGED),
+    ]
+    for msgs, tools, kwargs, pr, reason in cases:
+        out = r.render(msgs, tools, kwargs, pr)
+        assert out.reason == reason and out.reused_tokens == 0
+        assert out.ids == render_prompt_ids(tok, msgs, tools, chat_template_kwargs=kwargs)
+
+
+def test_thinking_off_rewrites_history_in_the_tiny_template(tok: Any) -> None:
+    # The generation prompt opens an empty <think></think> block that the template drops from past replies.
+    r = ContinuationRenderer(tok, verify_every=0)
+    kw = {"enable_thinking": False}
+    m = [{"role": "user", "content": "hi"}]
+    p = render_prompt_ids(tok, m, chat_template_kwargs=kw)
+    resp = tok.encode("yo", add_special_tokens=False) + [_eos(tok)]
+    msgs = [*m, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]
+    out = r.render(msgs, None, kw, PriorTurn(m, None, kw, p, resp))
+    assert out.reason == cont.TEMPLATE_REWRITES_HISTORY
+    assert out.ids == render_prompt_ids(tok, msgs, chat_template_kwargs=kw)
+
+
+# A template of the Qwen3 kind: past replies lose their reasoning once a new user message follows them.
+DROPS_PAST_REASONING = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor -%}"
+    "{%- for m in messages -%}"
+    "{{ '<|im_start|>' + m.role + '\\n' }}"
+    "{%- if m.role == 'assistant' and m.reasoning_content and loop.index0 > ns.last_user -%}"
+    "{{ '<think>' + m.reasoning_content + '</think>' }}"
+    "{%- endif -%}"
+    "{{ m.content + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif -%}"
+)
+
+
+def test_a_template_that_drops_past_reasoning_is_detected(tok: Any) -> None:
+    t = copy.copy(tok)
+    t.chat_template = DROPS_PAST_REASONING
+    r = ContinuationRenderer(t, verify_every=0)
+    m = [{"role": "user", "content": "q"}]
+    p = render_prompt_ids(t, m)
+    resp = tok.encode("<think>hmm</think>call", add_special_tokens=False) + [_eos(tok)]
+    reply = {"role": "assistant", "content": "call", "reasoning_content": "hmm"}
+    prior = PriorTurn(m, None, None, p, resp)
+    user_next = r.render([*m, reply, {"role": "user", "content": "again"}], None, None, prior)
+    assert user_next.reason == cont.TEMPLATE_REWRITES_HISTORY
+    tool_next = r.render([*m, reply, {"role": "tool", "content": "42"}], None, None, prior)
+    assert tool_next.reason == cont.CONTINUED  # a tool result keeps the reasoning: append-only there
+
+
+# Append-only on short conversations, but the system line changes once the conversation is long: only a
+# check against the full render of the real messages can see it.
+REWRITES_WHEN_LONG = (
+    "{%- for m in messages -%}{{ '<|im_start|>' + m.role + '\\n' + m.content }}"
+    "{%- if loop.first and messages | length > 4 %}{{ ' (long)' }}{% endif %}{{ '<|im_end|>\\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif -%}"
+)
+
+
+def test_verification_catches_what_the_probe_cannot_and_turns_the_shape_off(tok: Any) -> None:
+    t = copy.copy(tok)
+    t.chat_template = REWRITES_WHEN_LONG
+    m = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ]
+    p = render_prompt_ids(t, m)
+    resp = tok.encode("d", add_special_tokens=False) + [_eos(tok)]
+    msgs = [*m, {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}]
+    prior = PriorTurn(m, None, None, p, resp)
+    unverified = ContinuationRenderer(t, verify_every=0).render(msgs, None, None, prior)
+    assert unverified.reason == cont.CONTINUED  # the probe's short synthetic conversation does not show it
+    r = ContinuationRenderer(t, verify_every=1)
+    out = r.render(msgs, None, None, prior)
+    assert out.reason == cont.VERIFY_MISMATCH
+    assert out.ids == render_prompt_ids(t, msgs)
+    r.verify_every = 0
+    assert r.render(msgs, None, None, prior).reason == cont.TEMPLATE_REWRITES_HISTORY  # remembered
+
+
+def test_suffix_cost_does_not_depend_on_history_length(tok: Any) -> None:
+    """Counts characters handed to the template: a continued turn renders the same amount at any history."""
+    rendered: list[int] = []
+
+    class Counting:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def apply_chat_template(self, messages: list[dict[str, Any]], **kw: Any) -> Any:
+            rendered.append(sum(len(m.get("content") or "") for m in messages))
+            return self.inner.apply_chat_template(messages, **kw)
+
+    counting = Counting(tok)
+    r = ContinuationRenderer(counting, verify_every=0)
+    costs = []
+    for n_hist in (2, 200):
+        m = [{"role": "user" if i % 2 == 0 else "assistant", "content": "word " * 50} for i in range(n_hist)]
+        m.append({"role": "user", "content": "last"})
+        p = render_prompt_ids(tok, m)
+        resp = tok.encode("ok", add_special_tokens=False) + [_eos(tok)]
+        msgs = [*m, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
+        r.render(msgs, None, None, PriorTurn(m, None, None, p, resp))  # the first one probes the shape
+        rendered.clear()
+        out = r.render(msgs, None, None, PriorTurn(m, None, None, p, resp))
+        assert out.reason == cont.CONTINUED
+        costs.append(sum(rendered))
+    assert costs[0] == costs[1] < 20

@@ -1,0 +1,148 @@
+"""End-to-end token continuity: client -> policy server -> real sglang-router -> dev engine.
+
+A session's continuing turn is sent to the engine as the previous turn's exact prompt ids, its exact sampled
+ids, then only the new messages rendered; the engine's prefix cache then reuses everything up to the new
+messages (``usage.prompt_tokens_details.cached_tokens``). Every continued prompt is also checked against the
+template's full render (``--render-verify-every 1``). A template that rewrites history (thinking off in the
+tiny template) takes the full render and is counted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from policy_testkit import admin, chat, client, judged_policy_stack, start_policy, stats
+
+from engine.chat import load_tokenizer, render_prompt_ids
+from engine.procs import ManagedProcess
+from policy_server.store import Store
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "rename",
+            "parameters": {"type": "object", "properties": {"to": {"type": "string", "maxLength": 12}}},
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def verifying_policy(
+    tiny_model_dir: Path, router: ManagedProcess, engine: ManagedProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ManagedProcess]:
+    d = tmp_path_factory.mktemp("policy-continuity")
+    mp = start_policy(
+        tiny_model_dir,
+        router.url,
+        d / "data",
+        d,
+        extra=["--engine-worker-urls", engine.url, "--render-verify-every", "1"],
+    )
+    yield mp
+    mp.stop()
+
+
+def _metric(policy: ManagedProcess, reason: str) -> float:
+    text = httpx.get(policy.url + "/metrics", trust_env=False, timeout=10).text
+    m = re.search(rf'^hindsight_policy_prompt_renders_total\{{reason="{reason}"\}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def _turn(c: httpx.Client, messages: list[dict], sid: str, **extra) -> dict:
+    body = {"messages": messages, "max_tokens": 8, "temperature": 1.0, **extra}
+    r = c.post("/v1/chat/completions", json=body, headers={"X-Session-Id": sid})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_session_is_token_continuous_and_hits_the_prefix_cache(verifying_policy, tiny_model_dir):
+    store = Store(verifying_policy.log_path.parent / "data")
+    messages: list[dict] = [
+        {"role": "system", "content": "You manage files."},
+        {"role": "user", "content": "list the report folder"},
+    ]
+    feedback = ["now rename it", None, "thanks, check the error output", "again please"]
+    force = {"type": "function", "function": {"name": "rename"}}
+    continued_before = _metric(verifying_policy, "continued")
+    with client(verifying_policy.url) as c:
+        for k in range(5):
+            # Turn 1 is a forced tool call (its reply and the tool result travel in the suffix); the tools stay.
+            out = _turn(
+                c, messages, "cont", seed=k, tools=TOOLS, **({"tool_choice": force, "max_tokens": 96} if k == 1 else {})
+            )
+            if k:
+                prev, cur = store.get_turn("cont", k - 1), store.get_turn("cont", k)
+                assert prev is not None and cur is not None
+                kept = prev["prompt_ids"] + prev["response_ids"]
+                assert cur["prompt_ids"][: len(kept)] == kept  # the exact ids sent and sampled before
+                assert len(cur["prompt_ids"]) > len(kept)
+                assert out["usage"]["prompt_tokens"] == len(cur["prompt_ids"])
+                assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(kept) - 1
+            if k < 4:
+                reply = dict(out["choices"][0]["message"])
+                calls = reply.get("tool_calls") or []
+                if feedback[k] is None:
+                    assert len(calls) == 1
+                    nxt = {"role": "tool", "tool_call_id": calls[0]["id"], "content": "renamed"}
+                else:
+                    nxt = {"role": "user", "content": feedback[k]}
+                messages += [reply, nxt]
+    assert _metric(verifying_policy, "continued") - continued_before == 4
+    assert _metric(verifying_policy, "verify_mismatch") == 0
+    # The first prompt is the template's full render, as before.
+    tok = load_tokenizer(str(tiny_model_dir))
+    first = store.get_turn("cont", 0)
+    assert first is not None and first["prompt_ids"] == render_prompt_ids(tok, first["messages"], TOOLS)
+
+
+def test_a_template_that_rewrites_history_takes_the_full_render(verifying_policy, tiny_model_dir):
+    """Thinking off: the generation prompt holds an empty think block the template drops from past replies."""
+    store = Store(verifying_policy.log_path.parent / "data")
+    tok = load_tokenizer(str(tiny_model_dir))
+    messages: list[dict] = [{"role": "user", "content": "check the docs"}]
+    before = _metric(verifying_policy, "template_rewrites_history")
+    with client(verifying_policy.url) as c:
+        out = _turn(c, messages, "rewrites", reasoning_effort="none")
+        messages += [dict(out["choices"][0]["message"]), {"role": "user", "content": "and the tests"}]
+        _turn(c, messages, "rewrites", reasoning_effort="none")
+    assert _metric(verifying_policy, "template_rewrites_history") - before == 1
+    second = store.get_turn("rewrites", 1)
+    assert second is not None
+    assert second["prompt_ids"] == render_prompt_ids(
+        tok, second["messages"], chat_template_kwargs={"enable_thinking": False}
+    )
+
+
+def test_lease_returns_merged_trajectories(tiny_model_dir, engine, tmp_path_factory):
+    """A judged token-continuous session leased with ``merge=true``: one trajectory holds its turns, each turn's
+    response at its offset, its prompt as the prefix before it."""
+    with judged_policy_stack(tiny_model_dir, engine.url, tmp_path_factory.mktemp("merge-lease")) as (pol, _judge):
+        messages: list[dict] = [{"role": "user", "content": "list the files"}]
+        for k in range(4):
+            reply = chat(pol.url, "merged", messages, max_tokens=6, done=k == 3)
+            messages += [
+                {"role": "assistant", "content": reply.get("content") or ""},
+                {"role": "user", "content": f"thanks, that worked {k}"},
+            ]
+        wait_until(lambda: stats(pol.url)["samples"]["ready"] >= 3, timeout_s=60, message=lambda: stats(pol.url))
+        with admin(pol.url) as a:
+            body = a.get("/v1/samples/lease", params={"max": 16, "merge": "true"}).json()
+            plain = {s["sample_id"]: s for s in body["samples"]}
+            assert a.post("/v1/samples/ack", json={"lease_id": body["lease_id"]}).status_code == 200
+    assert len(plain) == 3
+    (traj,) = body["trajectories"]
+    assert traj["session_id"] == "merged" and [t["turn_index"] for t in traj["turns"]] == [0, 1, 2]
+    for t in traj["turns"]:
+        s = plain[t["sample_id"]]
+        assert traj["token_ids"][: t["response_start"]] == s["prompt_ids"]
+        assert traj["token_ids"][t["response_start"] :][: t["response_len"]] == s["response_ids"]
+    assert len(traj["token_ids"]) < sum(len(s["prompt_ids"]) + len(s["response_ids"]) for s in plain.values())

@@ -1,0 +1,150 @@
+"""Merged session trajectories train exactly like separate samples (engine/trajectories.py, trainer/batch.py).
+
+A token-continuous session (each turn's prompt = previous prompt + sampled reply + new message ids) is run as
+one row instead of one per turn. For rl, opd and combine the per-token log-probs, advantages, loss and
+gradient are the same to float tolerance, and the loss matches a hand computation; a whole trainer step
+(``train_on_batch``) moves the weights the same way while its forward pass runs far fewer tokens.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine.trajectories import forward_tokens, merged_trajectories, plan_rows
+from tests.trainer.conftest import train_config
+from trainer.advantages import RunningMean
+from trainer.batch import collate, score_responses
+from trainer.objective import micro_loss, old_logprobs, token_advantages
+from trainer.update import train_on_batch
+
+
+def _session(rng: random.Random, sid: str, turns: int, mode: str, prompt_len: int = 40) -> list[dict[str, Any]]:
+    prompt = [rng.randrange(10, 1000) for _ in range(prompt_len)]
+    out = []
+    for k in range(turns):
+        resp = [rng.randrange(10, 1000) for _ in range(rng.randint(3, 6))]
+        n = len(resp)
+        out.append(
+            {
+                "sample_id": f"{sid}-{k}",
+                "session_id": sid,
+                "turn_index": k,
+                "mode": mode,
+                "prompt_ids": list(prompt),
+                "response_ids": resp,
+                "rollout_logprobs": [-rng.uniform(3, 8) for _ in range(n)],
+                "loss_mask": [1] * n,
+                "reward": rng.choice([1.0, -1.0]),
+                "has_reward": mode != "opd",
+                "teacher_logprobs": [-rng.uniform(1, 9) for _ in range(n)] if mode != "rl" else None,
+                "has_teacher": mode != "rl",
+                "w_rl": 0.5,
+                "w_opd": 2.0,
+            }
+        )
+        prompt = prompt + resp + [rng.randrange(10, 1000) for _ in range(rng.randint(2, 5))]
+    return out
+
+
+def _batch(mode: str) -> list[dict[str, Any]]:
+    rng = random.Random(7)
+    samples = _session(rng, "a", 4, mode) + _session(rng, "b", 3, mode)
+    rogue = dict(_session(rng, "a", 1, mode, prompt_len=12)[0], sample_id="a-x", turn_index=9)  # not a continuation
+    return [samples[0], samples[4], samples[1], rogue, samples[5], samples[2], samples[6], samples[3]]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir: Path) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def test_rows_follow_continuity():
+    samples = _batch("rl")
+    rows = plan_rows(samples)
+    ids = [[samples[i]["sample_id"] for i in r] for r in rows]
+    assert ids == [["a-0", "a-1", "a-2", "a-3"], ["b-0", "b-1", "b-2"], ["a-x"]]
+    merged = merged_trajectories(samples)
+    assert [t["session_id"] for t in merged] == ["a", "b"]
+    for t in merged:
+        for turn in t["turns"]:
+            s = next(x for x in samples if x["sample_id"] == turn["sample_id"])
+            start, n = turn["response_start"], turn["response_len"]
+            assert t["token_ids"][start : start + n] == s["response_ids"]
+            assert t["token_ids"][:start] == s["prompt_ids"]
+    assert forward_tokens(samples, rows) < forward_tokens(samples, [[i] for i in range(len(samples))])
+    assert len(plan_rows(samples, [i != 2 for i in range(len(samples))])) == 4  # ineligible: its own row
+
+
+@pytest.mark.parametrize("mode", ["rl", "opd", "combine"])
+def test_same_per_token_loss_and_gradient(model: torch.nn.Module, mode: str) -> None:
+    samples = _batch(mode)
+    cfg = train_config(advantage_mode="sample", old_logprobs="rollout", rollout_correction="none")
+    rl_adv = torch.tensor([float(s["reward"]) - 0.25 for s in samples])
+    results = {}
+    for merge in (False, True):
+        b = collate(samples, merge=merge)
+        assert b.input_ids.shape[0] == (3 if merge else len(samples))
+        old = old_logprobs(model, b, cfg)
+        adv = token_advantages(b, old.adv, rl_adv, cfg)
+        n_tok = float(b.mask.sum())
+        model.zero_grad()
+        loss, _ = micro_loss(model, None, b, old.pg, adv, cfg, num_tokens=n_tok, num_seqs=len(samples))
+        loss.backward()
+        grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+        with torch.no_grad():
+            lp = score_responses(model, b, with_entropy=False).logprobs
+        results[merge] = (lp, adv, loss.detach(), grads, b.mask, n_tok)
+    (lp0, adv0, loss0, g0, mask, n_tok), (lp1, adv1, loss1, g1, _, _) = results[False], results[True]
+    assert torch.allclose(lp0 * mask, lp1 * mask, atol=1e-5)
+    assert torch.allclose(adv0, adv1, atol=1e-5)
+    assert torch.allclose(loss0, loss1, atol=1e-6)
+    assert len(g0) == len(g1) and all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(g0, g1, strict=True))
+    # Hand check, from each sample's own forward pass (no batching, no padding): its response log-probs ...
+    with torch.no_grad():
+        for i, s in enumerate(samples):
+            seq = torch.tensor([s["prompt_ids"] + s["response_ids"]])
+            own = torch.log_softmax(model(input_ids=seq).logits[0].float(), dim=-1)
+            p = len(s["prompt_ids"])
+            want = own[p - 1 : p - 1 + len(s["response_ids"])].gather(1, torch.tensor(s["response_ids"])[:, None])[:, 0]
+            assert torch.allclose(lp1[i, : len(want)], want, atol=1e-5)
+    # ... and PPO-clip with old = rollout log-probs, no correction, token mean over the batch.
+    expected = torch.tensor(0.0)
+    for i, s in enumerate(samples):
+        for t, rlp in enumerate(s["rollout_logprobs"]):
+            ratio = torch.exp(lp0[i, t] - rlp)
+            a = {
+                "rl": rl_adv[i],
+                "opd": s["teacher_logprobs"][t] - rlp if s["teacher_logprobs"] else 0.0,
+                "combine": (s["w_opd"] * (s["teacher_logprobs"][t] - rlp) + s["w_rl"] * rl_adv[i])
+                if s["teacher_logprobs"]
+                else 0.0,
+            }[mode]
+            a = torch.as_tensor(a, dtype=torch.float32)
+            expected = expected + torch.max(-a * ratio, -a * torch.clamp(ratio, 1 - 0.2, 1 + 0.28))
+    assert torch.allclose(loss1, expected / n_tok, atol=1e-5, rtol=1e-5)
+
+
+def test_a_trainer_step_moves_the_weights_the_same_way(tiny_model_dir: Path) -> None:
+    samples = _batch("combine")
+    after = {}
+    for merge in (False, True):
+        torch.manual_seed(0)
+        m = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        opt = torch.optim.SGD(m.parameters(), lr=1.0)
+        cfg = train_config(micro_batch_size=8, merge_trajectories=merge, max_grad_norm=0.0, rollout_correction="none")
+        metrics = train_on_batch(
+            m, m, None, opt, samples, [False] * len(samples), cfg, RunningMean(0.9), 0, 1, torch.device("cpu"), None
+        )
+        after[merge] = ([p.detach().clone() for p in m.parameters()], metrics)
+    (p0, m0), (p1, m1) = after[False], after[True]
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(p0, p1, strict=True))
+    assert m0["loss"] == pytest.approx(m1["loss"], abs=1e-6)
+    assert m0["separate_tokens_per_turn"] == m1["separate_tokens_per_turn"] == m0["forward_tokens_per_turn"]
+    assert m1["forward_tokens_per_turn"] < 0.5 * m0["forward_tokens_per_turn"]

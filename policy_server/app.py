@@ -49,7 +49,7 @@ from engine.observability import (
     log_settings,
 )
 from policy_server import components
-from policy_server.api import admin, ops, routes
+from policy_server.api import admin, messages, ops, responses, routes
 from policy_server.errors import (
     RETRY_AFTER_S,
     error_body,
@@ -191,6 +191,8 @@ def create_app(settings: PolicySettings) -> FastAPI:
     )
     install_error_handlers(app)
     app.include_router(routes.router)
+    app.include_router(responses.router)
+    app.include_router(messages.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

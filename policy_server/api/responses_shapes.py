@@ -1,0 +1,331 @@
+"""OpenAI Responses API shapes at the HTTP edge: the typed request, its conversion to the one chat input,
+and the ``response`` object built from a chat answer.
+
+Contract (``POST /v1/responses``, as OpenAI's typed models in ``openai.types.responses`` describe it):
+
+- ``input`` is a string (one user message) or a list of items: ``message`` (roles user, system, developer,
+  assistant; content a string or ``input_text``/``output_text`` parts), ``function_call``,
+  ``function_call_output`` and ``reasoning`` (its text becomes the ``reasoning_content`` of the assistant
+  message that follows). Every other item or part type is a 400 naming it. ``instructions`` is a leading
+  system message. Consecutive assistant items (text, calls) form one chat assistant message, so a tool loop
+  renders and pairs exactly like the same loop on chat completions.
+- ``tools`` are ``function`` tools; ``tool_choice`` is auto, none, required or ``{"type": "function",
+  "name"}`` (a forced call decodes under its schema, as on chat). ``text.format`` json_schema/json_object is
+  constrained decoding; ``include: ["message.output_text.logprobs"]`` (+ ``top_logprobs``) returns the
+  rollout log-probs of the output text. ``max_output_tokens``, ``temperature``, ``top_p``,
+  ``parallel_tool_calls``, ``metadata`` (echoed), ``user``, ``store``, ``previous_response_id`` and
+  ``reasoning.effort`` (none/minimal render with thinking off) are honoured; any other field is a 400
+  naming it (nothing is silently dropped).
+- The answer lists output items in the order the model produced them: a ``reasoning`` item (the model's
+  ``<think>`` text), a ``message`` item (``output_text``) and one ``function_call`` item per call
+  (``call_id`` is the chat tool-call id). ``status`` is ``incomplete`` (reason ``max_output_tokens``) when
+  the token budget ended the answer.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.validation import most_specific_error
+from policy_server.errors import InvalidRequest
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+TEXT_PARTS = ("input_text", "output_text", "text")
+SESSION_KEYS = ("session_id", "turn_type", "session_done")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Reasoning(_Strict):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")  # json_schema formats carry name/schema/strict/description
+
+    type: Literal["text", "json_schema", "json_object"]
+    name: str | None = Field(None, max_length=64)
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class ResponsesRequest(_Strict):
+    """The ``/v1/responses`` body (the session fallbacks ``session_id``/``turn_type``/``session_done`` were
+    removed before)."""
+
+    model: str | None = Field(None, max_length=256)
+    input: str | list[dict[str, Any]] = Field(..., min_length=1)
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = Field(None, max_length=128)
+    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    text: TextConfig | None = None
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    include: list[str] | None = Field(None, max_length=8)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    store: bool = True
+    previous_response_id: str | None = Field(None, min_length=1, max_length=256)
+    stream: bool = False
+    user: str | None = Field(None, max_length=256)
+    reasoning: Reasoning | None = None
+    truncation: Literal["disabled"] | None = None
+
+
+def parse_request(body: dict[str, Any]) -> ResponsesRequest:
+    """The typed request; an unknown field, a wrong value or an unsupported ``include`` is a 400 naming it."""
+    unknown = sorted(set(body) - set(ResponsesRequest.model_fields))
+    if unknown:
+        raise InvalidRequest(
+            f"unsupported field(s): {', '.join(unknown)}; Hindsight rejects fields it does not implement "
+            "instead of ignoring them",
+            param=unknown[0],
+        )
+    try:
+        req = ResponsesRequest.model_validate(body)
+    except ValidationError as exc:
+        message, param = most_specific_error(exc.errors())
+        raise InvalidRequest(message, param=param) from None
+    for value in req.include or []:
+        if value != LOGPROBS_INCLUDE:
+            raise InvalidRequest(f"include {value!r} is not supported (only {LOGPROBS_INCLUDE!r})", param="include")
+    return req
+
+
+def _text_of(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where}.content must be a string or a list of parts", param=f"{where}.content")
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise InvalidRequest(
+                f"{where}.content[{j}] of type {kind!r} is not supported (text parts only)",
+                param=f"{where}.content[{j}].type",
+            )
+        out.append(part["text"])
+    return "".join(out)
+
+
+def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``input`` as chat messages (see the module docstring); every unsupported item is a 400 naming it."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict[str, Any]] = []
+    reasoning: str | None = None
+
+    def assistant() -> dict[str, Any]:
+        # Text, calls and reasoning of one model turn arrive as consecutive items: one assistant message.
+        nonlocal reasoning
+        last = messages[-1] if messages else None
+        if last is None or last["role"] != "assistant" or (last.get("tool_calls") and reasoning is not None):
+            last = {"role": "assistant", "content": None}
+            messages.append(last)
+        if reasoning is not None:
+            last["reasoning_content"], reasoning = reasoning, None
+        return last
+
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"{where} must be an object", param=where)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise InvalidRequest(f"{where}.role {role!r} is not user, system, developer or assistant", param=where)
+            text = _text_of(item.get("content"), where)
+            if role == "assistant":
+                msg = assistant()
+                msg["content"] = (msg["content"] or "") + text
+            else:
+                messages.append({"role": "system" if role == "developer" else role, "content": text})
+        elif kind == "function_call":
+            name, args, call_id = item.get("name"), item.get("arguments"), item.get("call_id")
+            if not isinstance(name, str) or not isinstance(args, str) or not isinstance(call_id, str):
+                raise InvalidRequest(f"{where} needs name, arguments and call_id (strings)", param=where)
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            assistant().setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            call_id, output = item.get("call_id"), item.get("output")
+            if not isinstance(call_id, str):
+                raise InvalidRequest(f"{where}.call_id must be a string", param=f"{where}.call_id")
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": _text_of(output, where)})
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            reasoning = "".join(p.get("text", "") for p in parts if isinstance(p, dict)) or None
+        else:
+            raise InvalidRequest(f"{where} of type {kind!r} is not supported", param=f"{where}.type")
+    return messages
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+            raise InvalidRequest(
+                f"tools[{i}] of type {tool.get('type')!r} is not supported (function tools with a name only)",
+                param=f"tools[{i}].type",
+            )
+        fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    if choice is None or isinstance(choice, str):
+        return choice
+    if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+        raise InvalidRequest("tool_choice must be auto, none, required or {type: function, name}", param="tool_choice")
+    return {"type": "function", "function": {"name": choice["name"]}}
+
+
+def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat-completions body of this request (``messages`` with the prefix and instructions included)."""
+    body: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
+    if req.tools is not None:
+        body["tools"] = chat_tools(req.tools)
+    if req.tool_choice is not None:
+        body["tool_choice"] = chat_tool_choice(req.tool_choice)
+    for src, dst in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p")):
+        if getattr(req, src) is not None:
+            body[dst] = getattr(req, src)
+    if req.parallel_tool_calls is not None:
+        body["parallel_tool_calls"] = req.parallel_tool_calls
+    if req.metadata is not None:
+        body["metadata"] = req.metadata
+    if req.user is not None:
+        body["user"] = req.user
+    fmt = req.text.format if req.text else None
+    if fmt is not None and fmt.type == "json_schema":
+        spec = {"name": fmt.name or "response", "schema": fmt.schema_ or {}, "strict": fmt.strict}
+        body["response_format"] = {"type": "json_schema", "json_schema": spec}
+    elif fmt is not None and fmt.type == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    if LOGPROBS_INCLUDE in (req.include or []):
+        body["logprobs"] = True
+        if req.top_logprobs:
+            body["top_logprobs"] = req.top_logprobs
+    elif req.top_logprobs:
+        raise InvalidRequest(f"top_logprobs needs include: [{LOGPROBS_INCLUDE!r}]", param="top_logprobs")
+    if req.reasoning is not None and req.reasoning.effort is not None:
+        body["reasoning_effort"] = req.reasoning.effort
+    if req.stream:
+        body["stream_options"] = {"include_usage": True}  # response.completed carries the usage
+    return body
+
+
+# ---------------------------------------------------------------------------------------------- output
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "input_tokens": prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    return {
+        "type": "reasoning",
+        "id": item_id,
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "status": status,
+    }
+
+
+def message_item(
+    item_id: str, text: str, logprobs: list[dict[str, Any]] | None, status: str = "completed"
+) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = logprobs
+    return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": [part]}
+
+
+def call_item(item_id: str, call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    fn = call["function"]
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call["id"],
+        "name": fn["name"],
+        "arguments": fn["arguments"],
+        "status": status,
+    }
+
+
+def output_items(hexid: str, message: dict[str, Any], logprobs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The output items of one chat assistant message, in the order the model wrote them."""
+    items = []
+    if message.get("reasoning_content"):
+        items.append(reasoning_item(f"rs_{hexid}", message["reasoning_content"]))
+    if message.get("content"):
+        items.append(message_item(f"msg_{hexid}", message["content"], logprobs))
+    for i, call in enumerate(message.get("tool_calls") or []):
+        items.append(call_item(f"fc_{hexid}_{i}", call))
+    return items
+
+
+def response_object(
+    req: ResponsesRequest,
+    *,
+    rid: str,
+    model: str,
+    created_at: float,
+    status: str,
+    output: list[dict[str, Any]],
+    usage_obj: dict[str, Any] | None,
+    hindsight: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``response`` object: the answer with the request's settings echoed, as the Responses API does."""
+    tool_choice = req.tool_choice if req.tool_choice is not None else "auto"
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "response",
+        "created_at": created_at,
+        "model": model,
+        "status": status,
+        "output": output,
+        "error": error,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": req.instructions,
+        "metadata": req.metadata,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "tool_choice": tool_choice,
+        "tools": [{**t, "parameters": t.get("parameters"), "strict": t.get("strict")} for t in req.tools or []],
+        "max_output_tokens": req.max_output_tokens,
+        "previous_response_id": req.previous_response_id,
+        "store": req.store,
+        "text": {"format": {"type": "text"}}
+        if req.text is None
+        else req.text.model_dump(by_alias=True, exclude_none=True),
+        "usage": usage_obj,
+    }
+    if status in ("completed", "incomplete"):
+        body["completed_at"] = time.time()
+    if hindsight is not None:
+        body["hindsight"] = hindsight
+    return body

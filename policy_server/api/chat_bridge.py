@@ -13,7 +13,7 @@ parsed chunks, which it re-emits in its own event shape. Nothing here records, r
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,9 +70,9 @@ class ChatAnswer:
         )
 
 
-async def _chat_chunks(body: AsyncIterator[str | bytes]) -> AsyncIterator[dict[str, Any]]:
+async def _chat_chunks(body: AsyncIterable[str | bytes | memoryview]) -> AsyncIterator[dict[str, Any]]:
     async for raw in body:
-        text = raw.decode() if isinstance(raw, bytes) else raw
+        text = raw if isinstance(raw, str) else bytes(raw).decode()
         for line in text.splitlines():
             if not line.startswith("data: "):
                 continue

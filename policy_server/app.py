@@ -31,6 +31,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -167,6 +168,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
 
     app = FastAPI(title="hindsight-policy", lifespan=lifespan)
     app.state.settings = settings
+    app.state.started_at_s = int(time.time())  # the "created" of the models it serves
     app.state.drain = DrainState()
     app.state.metrics = Metrics()
     app.add_middleware(DrainMiddleware, state=app.state.drain)

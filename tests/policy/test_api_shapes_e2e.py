@@ -449,3 +449,48 @@ def test_mixed_shapes_one_session_judged_and_leased(tiny_model_dir: Path, engine
         s0 = got[0]
         assert s0["prompt_ids"] == st.get_turn(sid, 0)["prompt_ids"] and s0["response_ids"]
         assert len(s0["response_ids"]) == len(s0["rollout_logprobs"]) and s0["constrained"] is True
+
+
+# ---------------------------------------------------------------------------------------------- OpenAI surface
+def test_models_by_id_aliases_and_unknown_model(policy):
+    c = oai(policy)
+    listed = c.models.list().data
+    assert [m.id for m in listed] == [MODEL, "m"] and all(m.created > 1_600_000_000 for m in listed)
+    assert c.models.retrieve(MODEL).id == MODEL and c.models.retrieve("m").id == "m"
+    with pytest.raises(openai.NotFoundError) as gone:
+        c.models.retrieve("gpt-nope")
+    assert gone.value.code == "model_not_found"
+    for call in (
+        lambda: c.chat.completions.create(model="gpt-nope", messages=[{"role": "user", "content": "x"}], max_tokens=1),
+        lambda: c.responses.create(model="gpt-nope", input="x", max_output_tokens=1),
+    ):
+        with pytest.raises(openai.NotFoundError) as unknown:
+            call()
+        assert unknown.value.code == "model_not_found" and repr(MODEL) in unknown.value.message
+    with pytest.raises(anthropic.NotFoundError) as claude_unknown:
+        claude(policy).messages.create(model="claude-x", max_tokens=1, messages=[{"role": "user", "content": "x"}])
+    assert claude_unknown.value.body["error"]["type"] == "not_found_error"
+    # The alias is served like the served name, and echoed as the client sent it.
+    assert c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=1).model == "m"
+
+
+def test_stream_options_need_stream_and_continuous_usage(policy):
+    c = oai(policy)
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError, match="stream_options"):
+        c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, stream_options={"include_usage": True})
+    with pytest.raises(openai.BadRequestError, match="stream_options.nope"):
+        c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, stream=True, stream_options={"nope": True})
+    chunks = list(
+        c.chat.completions.create(
+            model=MODEL,
+            messages=msgs,
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        )
+    )
+    assert all(ch.usage is not None for ch in chunks)
+    counts = [ch.usage.completion_tokens for ch in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6
+    assert {ch.usage.prompt_tokens for ch in chunks} == {chunks[-1].usage.prompt_tokens}

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from policy_server.api import messages_shapes as ms
+from policy_server.api import openai_schemas as oa
 from policy_server.api import routes
 from policy_server.api.auth import require_client_any_header
 from policy_server.api.chat_bridge import engine_stop, hindsight_headers, request_session, run_chat_turn
@@ -40,7 +41,7 @@ MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": ms.MessagesRequest.model_json_schema()}},
+            "content": {"application/json": {"schema": oa.request_schema(ms.MessagesRequest)}},
         }
     },
     responses=MESSAGES_RESPONSES,

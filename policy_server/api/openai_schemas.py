@@ -225,6 +225,15 @@ def chat_request_schema() -> dict[str, Any]:
     return schema
 
 
+def request_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request-body schema of a route that reads its body itself with ``model`` (``$defs`` inlined),
+    with the session fallbacks every client route accepts (removed before the model sees the body)."""
+    schema = _inline_schema(TypeAdapter(model))
+    doc = _inline_schema(TypeAdapter(ChatRequestDoc))["properties"]
+    schema["properties"].update({k: doc[k] for k in SESSION_BODY_KEYS})
+    return schema
+
+
 def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Check roles, contents and tool-call linkage; return template-ready copies (developer -> system)."""
     out: list[dict[str, Any]] = []

@@ -66,7 +66,7 @@ def _assistant(message: dict[str, Any]) -> dict[str, Any]:
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": rs.ResponsesRequest.model_json_schema()}},
+            "content": {"application/json": {"schema": oa.request_schema(rs.ResponsesRequest)}},
         }
     },
     responses=RESPONSES_RESPONSES,

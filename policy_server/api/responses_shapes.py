@@ -13,9 +13,11 @@ Contract (``POST /v1/responses``, as OpenAI's typed models in ``openai.types.res
   "name"}`` (a forced call decodes under its schema, as on chat). ``text.format`` json_schema/json_object is
   constrained decoding; ``include: ["message.output_text.logprobs"]`` (+ ``top_logprobs``) returns the
   rollout log-probs of the output text. ``max_output_tokens``, ``temperature``, ``top_p``,
-  ``parallel_tool_calls``, ``metadata`` (echoed), ``user``, ``store``, ``previous_response_id`` and
-  ``reasoning.effort`` (none/minimal render with thinking off) are honoured; any other field is a 400
-  naming it (nothing is silently dropped).
+  ``parallel_tool_calls``, ``metadata`` (echoed), ``user``/``safety_identifier``, ``store``,
+  ``previous_response_id`` and ``reasoning.effort`` (none/minimal render with thinking off) are honoured;
+  ``prompt_cache_key`` is accepted (no prompt cache is keyed by it); ``include: ["reasoning.encrypted_content"]``
+  is served by reasoning items whose text is in clear. Any other field is a 400 naming it (nothing is
+  silently dropped).
 - The answer lists output items in the order the model produced them: a ``reasoning`` item (the model's
   ``<think>`` text), a ``message`` item (``output_text``) and one ``function_call`` item per call
   (``call_id`` is the chat tool-call id). ``status`` is ``incomplete`` (reason ``max_output_tokens``) when
@@ -33,6 +35,9 @@ from engine.validation import most_specific_error
 from policy_server.errors import InvalidRequest
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# Stateless clients ask for encrypted reasoning to send it back; reasoning items here carry their text in
+# clear (``content``), which round-trips the same way, so the request is served rather than refused.
+REASONING_INCLUDE = "reasoning.encrypted_content"
 TEXT_PARTS = ("input_text", "output_text", "text")
 SESSION_KEYS = ("session_id", "turn_type", "session_done")
 
@@ -57,7 +62,6 @@ class TextFormat(BaseModel):
 
 class TextConfig(_Strict):
     format: TextFormat | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None
 
 
 class ResponsesRequest(_Strict):
@@ -81,6 +85,8 @@ class ResponsesRequest(_Strict):
     previous_response_id: str | None = Field(None, min_length=1, max_length=256)
     stream: bool = False
     user: str | None = Field(None, max_length=256)
+    safety_identifier: str | None = Field(None, max_length=256)
+    prompt_cache_key: str | None = Field(None, max_length=256)  # no cache to key here; a session hint at most
     reasoning: Reasoning | None = None
     truncation: Literal["disabled"] | None = None
 
@@ -100,8 +106,11 @@ def parse_request(body: dict[str, Any]) -> ResponsesRequest:
         message, param = most_specific_error(exc.errors())
         raise InvalidRequest(message, param=param) from None
     for value in req.include or []:
-        if value != LOGPROBS_INCLUDE:
-            raise InvalidRequest(f"include {value!r} is not supported (only {LOGPROBS_INCLUDE!r})", param="include")
+        if value not in (LOGPROBS_INCLUDE, REASONING_INCLUDE):
+            raise InvalidRequest(
+                f"include {value!r} is not supported (only {LOGPROBS_INCLUDE!r}, {REASONING_INCLUDE!r})",
+                param="include",
+            )
     return req
 
 
@@ -211,8 +220,8 @@ def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str
         body["parallel_tool_calls"] = req.parallel_tool_calls
     if req.metadata is not None:
         body["metadata"] = req.metadata
-    if req.user is not None:
-        body["user"] = req.user
+    if (req.user or req.safety_identifier) is not None:
+        body["user"] = req.user or req.safety_identifier
     fmt = req.text.format if req.text else None
     if fmt is not None and fmt.type == "json_schema":
         spec = {"name": fmt.name or "response", "schema": fmt.schema_ or {}, "strict": fmt.strict}

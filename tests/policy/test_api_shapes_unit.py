@@ -64,7 +64,7 @@ def test_responses_request_fields():
         rs.parse_request({"input": "x", "background": True})
     assert exc.value.param == "background"
     with pytest.raises(InvalidRequest, match="include"):
-        rs.parse_request({"input": "x", "include": ["reasoning.encrypted_content"]})
+        rs.parse_request({"input": "x", "include": ["file_search_call.results"]})
     req = rs.parse_request(
         {
             "input": "x",

@@ -13,7 +13,8 @@ an ``event:`` line naming its type): ``response.created``, ``response.in_progres
 then ``response.output_item.done``, and at the end ``response.completed`` (or ``response.incomplete`` when
 ``max_output_tokens`` ended it) with the whole response and its usage. A failure after the first event is
 ``response.failed`` with the error. ``on_done(message)`` runs before the final event (it stores the
-response, so a client that continues from it at once finds it).
+response, so a client that continues from it at once finds it); if it fails, the final event is
+``response.failed``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from policy_server.api import responses_shapes as rs
+from policy_server.errors import PolicyError
 
 BuildResponse = Callable[..., dict[str, Any]]
 
@@ -212,5 +214,9 @@ async def response_events(
         return
     for e in builder.close():
         yield e
-    await on_done(message)
+    try:
+        await on_done(message)
+    except PolicyError as exc:  # e.g. the store was busy: the answer cannot be continued from, so it failed
+        yield builder.response("failed", error={"code": "server_error", "message": exc.message})
+        return
     yield builder.response("incomplete" if finish == "length" else "completed", usage=usage)

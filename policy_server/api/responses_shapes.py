@@ -9,8 +9,9 @@ Contract (``POST /v1/responses``, as OpenAI's typed models in ``openai.types.res
   message that follows). Every other item or part type is a 400 naming it. ``instructions`` is a leading
   system message. Consecutive assistant items (text, calls) form one chat assistant message, so a tool loop
   renders and pairs exactly like the same loop on chat completions.
-- ``tools`` are ``function`` tools; ``tool_choice`` is auto, none, required or ``{"type": "function",
-  "name"}`` (a forced call decodes under its schema, as on chat). ``text.format`` json_schema/json_object is
+- ``tools`` are ``function`` tools; ``tool_choice`` is auto, none, required, ``{"type": "function",
+  "name"}`` (a forced call decodes under its schema, as on chat) or ``{"type": "allowed_tools", "mode",
+  "tools"}`` (only those tools are offered this turn, under ``mode``). ``text.format`` json_schema/json_object is
   constrained decoding; ``include: ["message.output_text.logprobs"]`` (+ ``top_logprobs``) returns the
   rollout log-probs of the output text. ``max_output_tokens``, ``temperature``, ``top_p``,
   ``parallel_tool_calls``, ``metadata`` (echoed), ``user``/``safety_identifier``, ``store``,
@@ -198,21 +199,45 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     return out
 
 
+def allowed_tools(tools: list[dict[str, Any]] | None, choice: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """``tool_choice: {"type": "allowed_tools", "mode", "tools"}``: the tools the model may call this turn (the
+    others are not rendered into its prompt) and the chat ``tool_choice`` (``mode``: auto or required)."""
+    names = [t.get("name") for t in choice.get("tools") or [] if isinstance(t, dict)]
+    mode = choice.get("mode")
+    if mode not in ("auto", "required") or not names or not all(isinstance(n, str) for n in names):
+        raise InvalidRequest(
+            "tool_choice allowed_tools needs mode auto or required and function tools by name", param="tool_choice"
+        )
+    declared = {t.get("name") for t in tools or []}
+    missing = [n for n in names if n not in declared]
+    if missing:
+        raise InvalidRequest(
+            f"tool_choice allowed_tools names undeclared tool(s): {', '.join(missing)}", param="tool_choice"
+        )
+    return [t for t in tools or [] if t.get("name") in names], mode
+
+
 def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
     if choice is None or isinstance(choice, str):
         return choice
     if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
-        raise InvalidRequest("tool_choice must be auto, none, required or {type: function, name}", param="tool_choice")
+        raise InvalidRequest(
+            "tool_choice must be auto, none, required, {type: function, name} or {type: allowed_tools, ...}",
+            param="tool_choice",
+        )
     return {"type": "function", "function": {"name": choice["name"]}}
 
 
 def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
     """The chat-completions body of this request (``messages`` with the prefix and instructions included)."""
     body: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
-    if req.tools is not None:
-        body["tools"] = chat_tools(req.tools)
-    if req.tool_choice is not None:
-        body["tool_choice"] = chat_tool_choice(req.tool_choice)
+    tools, choice = req.tools, req.tool_choice
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        tools, choice = allowed_tools(tools, choice)
+    if tools is not None:
+        body["tools"] = chat_tools(tools)
+    if choice is not None:
+        body["tool_choice"] = chat_tool_choice(choice)
     for src, dst in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p")):
         if getattr(req, src) is not None:
             body[dst] = getattr(req, src)

@@ -29,7 +29,9 @@ from anthropic.types import Message, RawMessageStreamEvent
 from openai.types.responses import Response, ResponseStreamEvent
 from policy_testkit import CLIENT_KEY, client, judged_policy_stack, lease_all, of_session
 
+from engine.procs import metric_value
 from policy_server.store import Store
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 set_tracing_disabled(True)  # the SDK would otherwise try to export traces to api.openai.com
@@ -292,8 +294,11 @@ def test_openai_agents_default_responses_model_with_tool(policy):
     check_paired_call(policy, "agents-responses", "order placed")
 
 
-def test_pydantic_ai_responses_model(policy):
+def test_pydantic_ai_responses_model_tool_loop(policy):
+    """pydantic-ai's Responses model: its output tool is a forced call; the output validator asks for one retry,
+    which pydantic-ai sends back as the call's function_call_output, so the run is a two-turn tool loop."""
     from pydantic_ai import Agent as PAgent
+    from pydantic_ai import ModelRetry
     from pydantic_ai.models.openai import OpenAIResponsesModel as PResponsesModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
@@ -301,17 +306,28 @@ def test_pydantic_ai_responses_model(policy):
         ok: bool
         tag: Literal["a", "b"]
 
+    sid = "pydantic-ai-responses"
     provider = OpenAIProvider(
         base_url=policy.url + "/v1", api_key=CLIENT_KEY, http_client=httpx2.AsyncClient(trust_env=False, timeout=120)
     )
-    agent = PAgent(PResponsesModel(MODEL, provider=provider), output_type=Verdict)
-    result = agent.run_sync(
-        "judge it",
-        model_settings={"max_tokens": 200, "extra_headers": {"X-Session-Id": "pydantic-ai-responses"}},
-    )
-    assert isinstance(result.output, Verdict)
-    first = store(policy).get_turn("pydantic-ai-responses", 0)
-    assert first["response"]["tool_calls"] and first["constrained"] is True  # the output tool, forced
+    agent = PAgent(PResponsesModel(MODEL, provider=provider), output_type=Verdict, retries=3)
+    attempts: list[Verdict] = []
+
+    @agent.output_validator
+    def once_more(v: Verdict) -> Verdict:
+        attempts.append(v)
+        if len(attempts) == 1:
+            raise ModelRetry("check again")
+        return v
+
+    result = agent.run_sync("judge it", model_settings={"max_tokens": 200, "extra_headers": {"X-Session-Id": sid}})
+    assert isinstance(result.output, Verdict) and len(attempts) == 2
+    end_session(policy, sid)
+    first = store(policy).get_turn(sid, 0)
+    assert first["pairing"] == "paired", first.get("pairing_note")
+    assert "check again" in first["next_state"][0]["content"]  # the retry prompt, as the call's tool result
+    check_paired_call(policy, sid, first["next_state"][0]["content"])
+    assert store(policy).get_turn(sid, 1)["response"]["tool_calls"]
 
 
 # ---------------------------------------------------------------------------------------------- Messages
@@ -494,3 +510,38 @@ def test_stream_options_need_stream_and_continuous_usage(policy):
     counts = [ch.usage.completion_tokens for ch in chunks]
     assert counts == sorted(counts) and counts[-1] == 6
     assert {ch.usage.prompt_tokens for ch in chunks} == {chunks[-1].usage.prompt_tokens}
+
+
+# ---------------------------------------------------------------------------------------------- disconnects
+@pytest.mark.parametrize(
+    ("path", "extra", "marker"),
+    [
+        ("/v1/responses", {"input": "tell me a story", "max_output_tokens": 3500}, "response.output_text.delta"),
+        (
+            "/v1/messages",
+            {"messages": [{"role": "user", "content": "tell me a story"}], "max_tokens": 3500},
+            "content_block_delta",
+        ),
+    ],
+)
+def test_stream_hang_up_aborts_the_engine_and_records_nothing(policy, engine, path, extra, marker):
+    """A client that leaves a Responses or Messages stream is the chat turn's client leaving: the engine work is
+    aborted and nothing of the undelivered reply is recorded or stored."""
+    sid = f"hang-up-{path.rsplit('/', 1)[-1]}"
+    seen = 0
+    with client(policy.url) as c:
+        req = {"model": MODEL, "temperature": 0, "stream": True, **extra}
+        with c.stream("POST", path, json=req, headers={"X-Session-Id": sid}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                seen += line == f"event: {marker}"
+                if seen >= 4:
+                    assert metric_value(engine.url, "sglang:num_running_reqs") == 1
+                    break  # leaving the stream closes the connection mid-answer
+    wait_until(
+        lambda: metric_value(engine.url, "sglang:num_running_reqs") == 0,
+        timeout_s=5,
+        interval_s=0.05,
+        message="the engine kept generating for a client that left",
+    )
+    assert store(policy).get_turn(sid, 0) is None, "an undelivered reply was recorded"

@@ -164,3 +164,16 @@ def test_messages_output_blocks_and_stop_reasons():
         "type": "error",
         "error": {"type": "rate_limit_error", "message": "slow down"},
     }
+
+
+def test_responses_allowed_tools_offer_only_those_tools():
+    tools = [{"type": "function", "name": n, "parameters": {"type": "object"}} for n in ("a", "b", "c")]
+    choice = {
+        "type": "allowed_tools",
+        "mode": "required",
+        "tools": [{"type": "function", "name": "c"}, {"type": "function", "name": "a"}],
+    }
+    body = rs.chat_body(rs.parse_request({"input": "x", "tools": tools, "tool_choice": choice}), [])
+    assert [t["function"]["name"] for t in body["tools"]] == ["a", "c"] and body["tool_choice"] == "required"
+    with pytest.raises(InvalidRequest, match="undeclared tool"):
+        rs.chat_body(rs.parse_request({"input": "x", "tools": tools[:1], "tool_choice": choice}), [])

@@ -204,12 +204,16 @@ def allowed_tools(tools: list[dict[str, Any]] | None, choice: dict[str, Any]) ->
     others are not rendered into its prompt) and the chat ``tool_choice`` (``mode``: auto or required)."""
     names = [t.get("name") for t in choice.get("tools") or [] if isinstance(t, dict)]
     mode = choice.get("mode")
-    if mode not in ("auto", "required") or not names or not all(isinstance(n, str) for n in names):
+    if not isinstance(mode, str) or mode not in ("auto", "required") or not names:
+        raise InvalidRequest(
+            "tool_choice allowed_tools needs mode auto or required and function tools by name", param="tool_choice"
+        )
+    if not all(isinstance(n, str) for n in names):
         raise InvalidRequest(
             "tool_choice allowed_tools needs mode auto or required and function tools by name", param="tool_choice"
         )
     declared = {t.get("name") for t in tools or []}
-    missing = [n for n in names if n not in declared]
+    missing = [str(n) for n in names if n not in declared]
     if missing:
         raise InvalidRequest(
             f"tool_choice allowed_tools names undeclared tool(s): {', '.join(missing)}", param="tool_choice"
@@ -231,7 +235,8 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any
 def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
     """The chat-completions body of this request (``messages`` with the prefix and instructions included)."""
     body: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
-    tools, choice = req.tools, req.tool_choice
+    tools: list[dict[str, Any]] | None = req.tools
+    choice: str | dict[str, Any] | None = req.tool_choice
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         tools, choice = allowed_tools(tools, choice)
     if tools is not None:

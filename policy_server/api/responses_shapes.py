@@ -208,12 +208,8 @@ def allowed_tools(tools: list[dict[str, Any]] | None, choice: dict[str, Any]) ->
         raise InvalidRequest(
             "tool_choice allowed_tools needs mode auto or required and function tools by name", param="tool_choice"
         )
-    if not all(isinstance(n, str) for n in names):
-        raise InvalidRequest(
-            "tool_choice allowed_tools needs mode auto or required and function tools by name", param="tool_choice"
-        )
     declared = {t.get("name") for t in tools or []}
-    missing = [str(n) for n in names if n not in declared]
+    missing = [str(n) for n in names if not isinstance(n, str) or n not in declared]
     if missing:
         raise InvalidRequest(
             f"tool_choice allowed_tools names undeclared tool(s): {', '.join(missing)}", param="tool_choice"

@@ -4,8 +4,8 @@ Key check, body, the session the chat route's way (headers, body fallbacks), the
 (policy_server.api.responses_shapes), then the conversation as chat messages: the stored conversation of
 ``previous_response_id`` (policy_server.store.responses), ``instructions`` as a leading system message, the
 new input items. policy_server.api.chat_bridge answers it as one chat turn (same render, record, pairing,
-judging, training as ``/v1/chat/completions``), and the answer is converted back: a ``response`` object, or
-the Responses event stream (policy_server.api.responses_stream).
+judging, training as ``/v1/chat/completions``), and the answer is converted back: a ``response`` object
+(policy_server.api.responses_output), or the Responses event stream (policy_server.api.responses_stream).
 
 ``store`` (default true) keeps the answer's conversation under its id, with its session: a request that
 continues it with ``previous_response_id`` and no session of its own continues that session
@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from policy_server.api import openai_schemas as oa
+from policy_server.api import responses_output as ro
 from policy_server.api import responses_shapes as rs
 from policy_server.api import routes
 from policy_server.api.auth import require_client
@@ -88,7 +89,7 @@ async def create_response(request: Request) -> Response:
     hexid = answer.turn.rid.removeprefix("chatcmpl-")
     rid, model = f"resp_{hexid}", answer.turn.model
     build = functools.partial(
-        rs.response_object, req, rid=rid, model=model, hindsight=hindsight_extension(None, answer.turn.sid)
+        ro.response_object, req, rid=rid, model=model, hindsight=hindsight_extension(None, answer.turn.sid)
     )
 
     async def store(message: dict[str, Any]) -> None:
@@ -113,8 +114,8 @@ async def _answer(answer: ChatAnswer, build: Any, hexid: str, store: Any) -> JSO
     usage = answer.completion["usage"]
     body = build(
         status=status,
-        output=rs.output_items(hexid, message, logprobs),
-        usage_obj=rs.usage(usage["prompt_tokens"], usage["completion_tokens"]),
+        output=ro.output_items(hexid, message, logprobs),
+        usage_obj=ro.usage(usage["prompt_tokens"], usage["completion_tokens"]),
         created_at=float(answer.completion["created"]),
     )
     body["hindsight"] = answer.completion.get("hindsight")

@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from policy_server.api import responses_shapes as rs
+from policy_server.api import responses_output as ro
 from policy_server.errors import PolicyError
 
 BuildResponse = Callable[..., dict[str, Any]]
@@ -115,7 +115,7 @@ class ResponseEvents:
         out = self.close()
         for i, call in enumerate(calls):
             fn = call.get("function") or {}
-            done = rs.call_item(f"fc_{self.hexid}_{i}", {"id": call.get("id"), "function": fn})
+            done = ro.call_item(f"fc_{self.hexid}_{i}", {"id": call.get("id"), "function": fn})
             index = self._index()
             out.append(
                 self.event(
@@ -151,11 +151,11 @@ class ResponseEvents:
             return []
         where = {"item_id": item["id"], "output_index": self._index(), "content_index": 0}
         if item["type"] == "reasoning":
-            done = rs.reasoning_item(item["id"], self.text)
+            done = ro.reasoning_item(item["id"], self.text)
             out = [self.event("response.reasoning_text.done", **where, text=self.text)]
         else:
             lps = self.text_logprobs if self.logprobs else None
-            done = rs.message_item(item["id"], self.text, lps)
+            done = ro.message_item(item["id"], self.text, lps)
             part = done["content"][0]
             out = [
                 self.event(
@@ -193,7 +193,7 @@ async def response_events(
             continue
         if chunk.get("usage") and not chunk.get("choices"):
             u = chunk["usage"]
-            usage = rs.usage(u["prompt_tokens"], u["completion_tokens"])
+            usage = ro.usage(u["prompt_tokens"], u["completion_tokens"])
             continue
         choice = chunk["choices"][0]
         delta = choice.get("delta") or {}

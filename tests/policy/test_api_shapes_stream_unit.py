@@ -18,6 +18,7 @@ from anthropic.types import RawMessageStreamEvent
 from openai.types.responses import ResponseStreamEvent
 
 from policy_server.api import messages_shapes as ms
+from policy_server.api import responses_output as ro
 from policy_server.api import responses_shapes as rs
 from policy_server.api.messages_stream import message_events
 from policy_server.api.responses_stream import ResponseEvents, response_events
@@ -71,7 +72,7 @@ async def collect(agen) -> list[str]:
 
 def responses(chunks, stored: list) -> tuple[list[dict], Source]:
     req = rs.parse_request({"input": "x", "include": ["message.output_text.logprobs"]})
-    build = functools.partial(rs.response_object, req, rid="resp_1", model="m")
+    build = functools.partial(ro.response_object, req, rid="resp_1", model="m")
     events = ResponseEvents(build, "1", logprobs=True)
 
     async def store(message):

@@ -13,6 +13,7 @@ import json
 import pytest
 
 from policy_server.api import messages_shapes as ms
+from policy_server.api import responses_output as ro
 from policy_server.api import responses_shapes as rs
 from policy_server.errors import InvalidRequest
 from policy_server.serving.sessions import message_key
@@ -28,7 +29,7 @@ def test_responses_string_input_is_one_user_message():
 
 
 def test_responses_items_form_one_assistant_message_per_model_turn():
-    items = rs.output_items("abc", {"role": "assistant", **RECORDED}, None)
+    items = ro.output_items("abc", {"role": "assistant", **RECORDED}, None)
     assert [i["type"] for i in items] == ["reasoning", "message", "function_call"]
     msgs = rs.input_messages(
         [

@@ -242,6 +242,17 @@ def test_responses_tool_loop_with_previous_response_id(policy):
     assert st.get_turn(sid, 1)["messages"][-1] == {"role": "tool", "tool_call_id": call.call_id, "content": "rain"}
 
 
+def test_responses_parse_structured_output(policy):
+    """``text.format`` json_schema is constrained decoding: the SDK's ``responses.parse`` gets its model back."""
+
+    class Pick(pydantic.BaseModel):
+        tag: Literal["a", "b"]
+        urgent: bool
+
+    parsed = oai(policy).responses.parse(model=MODEL, input="pick one", text_format=Pick, max_output_tokens=200)
+    assert isinstance(parsed.output_parsed, Pick)
+
+
 def test_responses_errors_name_the_field(policy):
     c = oai(policy)
     with pytest.raises(openai.BadRequestError, match="unsupported field.*background"):

@@ -47,7 +47,10 @@ RESPONSES_RESPONSES: dict[int | str, dict[str, Any]] = {
 async def previous_response(st: PolicyState, response_id: str) -> tuple[list[dict[str, Any]], str | None]:
     """(conversation, session id) of a stored response: the chain ``previous_response_id`` -> session.
     An unknown id is a 404, as OpenAI answers it."""
-    stored = await asyncio.to_thread(st.store.get_response, response_id)
+    try:
+        stored = await asyncio.to_thread(st.store.get_response, response_id)
+    except LookupError as exc:  # a chain the store cannot walk to its start: nothing to continue from
+        raise NotFound(str(exc), param="previous_response_id") from None
     if stored is None:
         raise NotFound(f"previous response with id {response_id!r} not found", param="previous_response_id")
     return stored["conversation"], stored["session_id"]
@@ -83,7 +86,8 @@ async def create_response(request: Request) -> Response:
         prefix, chained_sid = await previous_response(st, req.previous_response_id)
         if session.sid is None and chained_sid is not None:
             session = SessionHeaders(chained_sid, session.turn_type, session.done)
-    conversation = prefix + rs.input_messages(req.input)
+    new_messages = rs.input_messages(req.input)
+    conversation = prefix + new_messages
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     answer = await run_chat_turn(request, st, rs.chat_body(req, system + conversation), session)
     hexid = answer.turn.rid.removeprefix("chatcmpl-")
@@ -94,7 +98,8 @@ async def create_response(request: Request) -> Response:
 
     async def store(message: dict[str, Any]) -> None:
         if req.store:
-            await asyncio.to_thread(st.store.put_response, rid, answer.turn.sid, [*conversation, _assistant(message)])
+            added = [*new_messages, _assistant(message)]  # what this answer adds to the stored chain
+            await asyncio.to_thread(st.store.put_response, rid, answer.turn.sid, req.previous_response_id, added)
 
     if answer.chunks is not None:
         events = ResponseEvents(build, hexid, logprobs=rs.LOGPROBS_INCLUDE in (req.include or []))

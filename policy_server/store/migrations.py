@@ -82,8 +82,9 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             """CREATE TABLE IF NOT EXISTS responses (
             response_id TEXT PRIMARY KEY,
             session_id TEXT,
+            previous_id TEXT,
             created_at {real} NOT NULL,
-            conversation TEXT NOT NULL)""",
+            messages TEXT NOT NULL)""",
         ),
     ),
 )

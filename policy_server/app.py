@@ -31,6 +31,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -49,7 +50,7 @@ from engine.observability import (
     log_settings,
 )
 from policy_server import components
-from policy_server.api import admin, ops, routes
+from policy_server.api import admin, messages, ops, responses, routes
 from policy_server.errors import (
     RETRY_AFTER_S,
     error_body,
@@ -168,6 +169,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
 
     app = FastAPI(title="hindsight-policy", lifespan=lifespan)
     app.state.settings = settings
+    app.state.started_at_s = int(time.time())  # the "created" of the models it serves
     app.state.drain = DrainState()
     app.state.metrics = Metrics()
     app.add_middleware(DrainMiddleware, state=app.state.drain)
@@ -192,6 +194,8 @@ def create_app(settings: PolicySettings) -> FastAPI:
     )
     install_error_handlers(app)
     app.include_router(routes.router)
+    app.include_router(responses.router)
+    app.include_router(messages.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

@@ -13,7 +13,8 @@
 
 ``engine.errors`` are mapped here too (EngineUnavailable 503, EngineTimeout 504, EngineBadResponse 502,
 EngineRejected 400), after the engine client's own retries. Every error body is OpenAI's
-``{"error": {"message", "type", "param", "code"}}`` so the official client raises the right class.
+``{"error": {"message", "type", "param", "code"}}`` so the official client raises the right class; on the
+Anthropic Messages route it is Anthropic's ``{"type": "error", "error": {"type", "message"}}``.
 """
 
 from __future__ import annotations
@@ -111,37 +112,55 @@ def engine_error_status(exc: EngineError) -> int:
     return 502
 
 
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+
+def _error_response(
+    request: Request, status: int, body: dict[str, object], headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """The error as JSON: OpenAI's envelope, or Anthropic's on the Anthropic Messages route."""
+    if request.url.path in ANTHROPIC_PATHS:
+        from policy_server.api.messages_shapes import error_body as anthropic_error  # the API layer imports this
+
+        detail = body["error"]
+        assert isinstance(detail, dict)
+        body = anthropic_error(status, str(detail["message"]))
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """The one place where exceptions become HTTP responses."""
 
     @app.exception_handler(PolicyError)
-    async def _policy(_: Request, exc: PolicyError) -> JSONResponse:
+    async def _policy(request: Request, exc: PolicyError) -> JSONResponse:
         # 429/503 are "come back later": say when, so clients back off instead of hammering.
         headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status_code in (429, 503) else None
-        return JSONResponse(
+        return _error_response(
+            request,
+            exc.status_code,
             error_body(exc.status_code, exc.message, exc.error_type, exc.param, exc.code),
-            status_code=exc.status_code,
             headers=headers,
         )
 
     @app.exception_handler(EngineError)
-    async def _engine(_: Request, exc: EngineError) -> JSONResponse:
+    async def _engine(request: Request, exc: EngineError) -> JSONResponse:
         status = engine_error_status(exc)
         logger.warning("engine failure -> HTTP %d: %s", status, exc)
         kind = "invalid_request_error" if status == 400 else "upstream_error"
-        return JSONResponse(error_body(status, f"policy engine: {exc.message}", kind), status_code=status)
+        return _error_response(request, status, error_body(status, f"policy engine: {exc.message}", kind))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message = "invalid request: " + describe_validation_errors(exc.errors(), limit=5)
-        return JSONResponse(error_body(400, message, "invalid_request_error"), status_code=400)
+        return _error_response(request, 400, error_body(400, message, "invalid_request_error"))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # exc.headers carries e.g. the Allow header of a 405, which HTTP requires.
-        return JSONResponse(
+        return _error_response(
+            request,
+            exc.status_code,
             error_body(exc.status_code, str(exc.detail), "invalid_request_error"),
-            status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
 

@@ -38,6 +38,11 @@ class PolicySettings(CliSettings):
     served_model_name: str = Field(
         "hindsight-policy", description="model name listed by /v1/models and echoed in responses"
     )
+    model_aliases: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="comma-separated further model names accepted for the served model (clients that insist "
+        "on a name of their own); any other name is a 404 model_not_found",
+    )
 
     # --- storage and reward modes
     data_dir: str = Field("./hindsight-data", description="folder of the SQLite store and the persisted mode")
@@ -196,7 +201,7 @@ class PolicySettings(CliSettings):
     log_level: str = Field("INFO", description="log level (DEBUG, INFO, WARNING, ERROR)")
     log_json: bool = Field(False, description="JSON log lines (engine.observability) instead of plain text")
 
-    @field_validator("engine_worker_urls", mode="before")
+    @field_validator("engine_worker_urls", "model_aliases", mode="before")
     @classmethod
     def _split_urls(cls, v: object) -> object:
         if isinstance(v, str):

@@ -27,6 +27,17 @@ def require_client(request: Request, settings: PolicySettings) -> None:
     _check(request, settings.api_key, "api")
 
 
+def require_client_any_header(request: Request, settings: PolicySettings) -> None:
+    """The client key from ``Authorization: Bearer`` or, as Anthropic's clients send it, ``x-api-key``."""
+    x_api_key = request.headers.get("x-api-key")
+    if request.headers.get("authorization") is None and x_api_key is not None:
+        problem = bearer_problem(f"Bearer {x_api_key}", settings.api_key)
+        if problem is not None:
+            raise Unauthorized("invalid api key (x-api-key)")
+        return
+    require_client(request, settings)
+
+
 def require_admin(request: Request, settings: PolicySettings) -> None:
     key = settings.admin_api_key or (settings.api_key if settings.allow_client_key_for_admin else None)
     _check(request, key, "admin")

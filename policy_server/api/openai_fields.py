@@ -22,6 +22,8 @@ Contract (CONTRACTS.md "OpenAI fields"):
 - ``reasoning_effort``: one of ``none minimal low medium high xhigh``. The policy's chat template only has
   thinking on/off (``enable_thinking``): ``none``/``minimal`` render the prompt with thinking off (an empty
   ``<think></think>`` block, so the reply has no reasoning), every other value leaves the template default.
+- ``stream_options`` (``include_usage``, ``continuous_usage_stats``: every chunk then carries the usage so
+  far) only together with ``stream: true``; otherwise a 400, as vLLM answers.
 - ``user``, ``store``, ``metadata`` (a string map) are accepted and have no effect on generation; the
   response's ``metadata`` echoes the request's (Hindsight's own values are headers and the ``hindsight``
   field, see :func:`hindsight_extension`).
@@ -100,6 +102,25 @@ def parse_extras(body: dict[str, Any]) -> ChatExtras:
     if extras.top_logprobs and not extras.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
     return extras
+
+
+STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
+
+
+def check_stream_options(req: ChatRequest) -> None:
+    """``stream_options`` only with ``stream: true`` (as vLLM answers), and only its known boolean keys."""
+    if req.stream_options is None:
+        return
+    if not req.stream:
+        raise InvalidRequest("stream_options is only allowed together with stream: true", param="stream_options")
+    for key, value in req.stream_options.items():
+        if key not in STREAM_OPTIONS:
+            raise InvalidRequest(
+                f"stream_options.{key} is not supported (only {', '.join(STREAM_OPTIONS)})",
+                param=f"stream_options.{key}",
+            )
+        if not isinstance(value, bool):
+            raise InvalidRequest(f"stream_options.{key} must be true or false", param=f"stream_options.{key}")
 
 
 def apply_constraints(

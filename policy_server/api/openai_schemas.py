@@ -194,7 +194,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 _ERROR_TEXT = {
     400: "invalid request (names the field)",
     401: "missing or wrong bearer key",
-    404: "unknown object",
+    404: "unknown object (a model not served: code model_not_found)",
     409: "conflict (expired lease)",
     413: "body over max_body_bytes (refused while reading)",
     429: "too many requests in flight, or sample backlog full (Retry-After)",
@@ -207,7 +207,7 @@ CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
         "description": "chat.completion, or with stream: true chat.completion.chunk events",
         "content": {"application/json": {}, "text/event-stream": {}},
     },
-    **error_responses(400, 401, 413, 429, 502, 503, 504),
+    **error_responses(400, 401, 404, 413, 429, 502, 503, 504),
 }
 
 
@@ -222,6 +222,15 @@ def chat_request_schema() -> dict[str, Any]:
     schema = _inline_schema(TypeAdapter(ChatRequestDoc))
     schema["properties"].update(_inline_schema(TypeAdapter(ChatExtras))["properties"])
     schema["additionalProperties"] = False
+    return schema
+
+
+def request_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request-body schema of a route that reads its body itself with ``model`` (``$defs`` inlined),
+    with the session fallbacks every client route accepts (removed before the model sees the body)."""
+    schema = _inline_schema(TypeAdapter(model))
+    doc = _inline_schema(TypeAdapter(ChatRequestDoc))["properties"]
+    schema["properties"].update({k: doc[k] for k in SESSION_BODY_KEYS})
     return schema
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from policy_server.api import model_names
 from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import is_admin, require_client
 from policy_server.state import PolicyState
@@ -22,20 +23,26 @@ def _state(request: Request) -> PolicyState:
 
 @router.get("/v1/models", responses=oa.error_responses(401))
 async def models(request: Request) -> dict[str, Any]:
+    """Every model name this server answers to (the served name, then its aliases)."""
     st = _state(request)
     require_client(request, st.settings)
+    created = request.app.state.started_at_s
     return {
         "object": "list",
         "data": [
-            {
-                "id": st.settings.served_model_name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "hindsight",
-                "weight_version": st.gate.version,
-            }
+            model_names.model_card(st.settings, name, created, st.gate.version)
+            for name in model_names.served_models(st.settings)
         ],
     }
+
+
+@router.get("/v1/models/{model_id:path}", responses=oa.error_responses(401, 404))
+async def model(request: Request, model_id: str) -> dict[str, Any]:
+    """One model name of :func:`models`; any other is a 404 ``model_not_found``."""
+    st = _state(request)
+    require_client(request, st.settings)
+    model_names.check_model(st.settings, model_id)
+    return model_names.model_card(st.settings, model_id, request.app.state.started_at_s, st.gate.version)
 
 
 @router.get("/health")

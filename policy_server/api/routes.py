@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from engine.http_guard import BadJSON, parse_json_body
 from engine.observability import valid_session_id
 from engine.validation import most_specific_error
+from policy_server.api import model_names
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import require_client
@@ -107,6 +108,8 @@ def _chat_input(st: PolicyState, body: dict[str, Any], sid: str | None, turn_typ
     except ValidationError as exc:
         message, param = most_specific_error(exc.errors())
         raise InvalidRequest(message, param=param) from None
+    model_names.check_model(st.settings, req.model)
+    fields.check_stream_options(req)
     messages = oa.validate_messages(req.messages)
     oa.validate_tools(req.tools, req.tool_choice)
     extras = fields.parse_extras(body)

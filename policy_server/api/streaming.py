@@ -146,6 +146,7 @@ async def sse_events(
     res: GenResult,
     parse_tools: bool,
     include_usage: bool,
+    continuous_usage: bool = False,
     forced_call: bool = False,
     logprob_entries: Callable[[int, int], list[dict[str, Any]]] | None = None,
     finish_turn: Callable[[GenResult, dict[str, Any]], Awaitable[None]],
@@ -159,7 +160,8 @@ async def sse_events(
     ``forced_call``: the reply was constrained to one tool call, so a call cut short is sent as nothing
     (finish ``length``), never as content. ``logprob_entries(start, end)`` (when the client asked for
     logprobs) gives the OpenAI entries of response tokens ``start:end``; each chunk after the role chunk
-    carries the tokens sampled since the previous one, the finish chunk the rest."""
+    carries the tokens sampled since the previous one, the finish chunk the rest. ``continuous_usage``: every
+    chunk carries the usage so far (``stream_options.continuous_usage_stats``)."""
     created = int(time.time())
     sent_lp = 0
 
@@ -172,6 +174,8 @@ async def sse_events(
         return {"content": entries}
 
     def event(obj: dict[str, Any]) -> str:
+        if continuous_usage and obj.get("choices"):
+            obj["usage"] = oa.usage(len(res.prompt_ids), len(res.response_ids))
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
     def out(pairs: list[tuple[str, str]]) -> list[str]:

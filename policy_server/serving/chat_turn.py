@@ -277,6 +277,7 @@ class ChatTurn:
             forced_call=chat.forced,
             logprob_entries=self.logprob_entries if chat.extras.logprobs else None,
             include_usage=bool((chat.req.stream_options or {}).get("include_usage")),
+            continuous_usage=bool((chat.req.stream_options or {}).get("continuous_usage_stats")),
             finish_turn=self.finish_turn,
             on_engine_error=self.engine_failed,
             on_undelivered=undelivered,

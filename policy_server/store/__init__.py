@@ -48,6 +48,7 @@ from policy_server.store.leases import LeaseError, StoreLeases
 from policy_server.store.migrations import LATEST_VERSION, SchemaError
 from policy_server.store.postgres import PostgresDB
 from policy_server.store.reads import StoreReads
+from policy_server.store.responses import StoreResponses
 from policy_server.store.samples import StoreSamples
 from policy_server.store.sessions import Resolution, StoreSessions
 from policy_server.store.sqlite import SqliteDB
@@ -67,7 +68,7 @@ __all__ = [
 ]
 
 
-class SampleStore(StoreSessions, StoreSamples, StoreLeases, StoreReads):
+class SampleStore(StoreSessions, StoreSamples, StoreLeases, StoreReads, StoreResponses):
     """The whole store interface (every role above) over either backend: the type the services hold."""
 
 

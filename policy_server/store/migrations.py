@@ -74,6 +74,19 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "CREATE INDEX IF NOT EXISTS leases_active ON leases (state, expires_at)",
         ),
     ),
+    # Stored Responses-API answers (store: true): ``previous_response_id`` continues the conversation one
+    # of them ends (policy_server.store.responses).
+    (
+        "stored responses",
+        (
+            """CREATE TABLE IF NOT EXISTS responses (
+            response_id TEXT PRIMARY KEY,
+            session_id TEXT,
+            previous_id TEXT,
+            created_at {real} NOT NULL,
+            messages TEXT NOT NULL)""",
+        ),
+    ),
 )
 
 LATEST_VERSION = len(MIGRATIONS)

@@ -14,6 +14,7 @@ from engine.procs import ManagedProcess, free_port, start_process
 
 ADMIN_KEY = "admin-secret"
 CLIENT_KEY = "client-secret"
+TEST_MODEL_ALIAS = "m"  # the model name the policy tests' clients send (a client with a name of its own)
 
 
 def start_policy(
@@ -48,6 +49,8 @@ def start_policy(
         "10",
         "--engine-max-attempts",
         "3",
+        "--model-aliases",
+        TEST_MODEL_ALIAS,
         *(extra or []),
     ]
     return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env=env, deadline_s=60)

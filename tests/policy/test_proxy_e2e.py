@@ -63,7 +63,7 @@ def test_openai_plain_and_models(policy):
     )
     assert r.object == "chat.completion" and r.choices[0].finish_reason in ("stop", "length")
     assert r.usage.completion_tokens >= 1 and r.usage.prompt_tokens > 0
-    assert [m.id for m in c.models.list().data] == ["hindsight-policy"]
+    assert [m.id for m in c.models.list().data] == ["hindsight-policy", "m"]  # the served name, the test alias
 
 
 def test_openai_streaming_real_chunks(policy):

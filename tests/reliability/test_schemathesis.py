@@ -89,6 +89,10 @@ def _fuzz(url: str, key_for) -> list[str]:
 
 
 def _cap_generation(case) -> None:
+    if case.path == "/v1/responses" and isinstance(case.body, dict):
+        case.body["max_output_tokens"] = min(case.body.get("max_output_tokens") or 8, 8)
+    if case.path == "/v1/messages" and isinstance(case.body, dict) and isinstance(case.body.get("max_tokens"), int):
+        case.body["max_tokens"] = min(case.body["max_tokens"], 8)
     if case.path == "/v1/chat/completions" and isinstance(case.body, dict):
         for key in ("max_tokens", "max_completion_tokens"):
             if isinstance(case.body.get(key), int):

@@ -65,6 +65,8 @@ def stack(tiny_model_dir, tmp_path_factory):
                 ADMIN,
                 "--port",
                 str(pport),
+                "--model-aliases",
+                "policy",
                 "--session-idle-timeout-s",
                 "2",
                 "--idle-sweep-interval-s",

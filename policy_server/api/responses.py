@@ -1,0 +1,127 @@
+"""The OpenAI Responses route, ``POST /v1/responses`` (thin): an adapter onto the one chat turn.
+
+Key check, body, the session the chat route's way (headers, body fallbacks), the typed request
+(policy_server.api.responses_shapes), then the conversation as chat messages: the stored conversation of
+``previous_response_id`` (policy_server.store.responses), ``instructions`` as a leading system message, the
+new input items. policy_server.api.chat_bridge answers it as one chat turn (same render, record, pairing,
+judging, training as ``/v1/chat/completions``), and the answer is converted back: a ``response`` object
+(policy_server.api.responses_output), or the Responses event stream (policy_server.api.responses_stream).
+
+``store`` (default true) keeps the answer's conversation under its id, with its session: a request that
+continues it with ``previous_response_id`` and no session of its own continues that session
+(:func:`previous_response`), so a Responses tool loop is recorded and paired whether the client resends the
+history or chains responses. An unknown ``previous_response_id`` is a 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from policy_server.api import openai_schemas as oa
+from policy_server.api import responses_output as ro
+from policy_server.api import responses_shapes as rs
+from policy_server.api import routes
+from policy_server.api.auth import require_client
+from policy_server.api.chat_bridge import ChatAnswer, SessionHeaders, hindsight_headers, request_session, run_chat_turn
+from policy_server.api.openai_fields import hindsight_extension
+from policy_server.api.responses_stream import ResponseEvents, response_events
+from policy_server.errors import NotFound
+from policy_server.state import PolicyState
+
+router = APIRouter()
+
+RESPONSES_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "a response object, or with stream: true the Responses event stream",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    },
+    **oa.error_responses(400, 401, 404, 413, 429, 502, 503, 504),
+}
+
+
+async def previous_response(st: PolicyState, response_id: str) -> tuple[list[dict[str, Any]], str | None]:
+    """(conversation, session id) of a stored response: the chain ``previous_response_id`` -> session.
+    An unknown id is a 404, as OpenAI answers it."""
+    try:
+        stored = await asyncio.to_thread(st.store.get_response, response_id)
+    except LookupError as exc:  # a chain the store cannot walk to its start: nothing to continue from
+        raise NotFound(str(exc), param="previous_response_id") from None
+    if stored is None:
+        raise NotFound(f"previous response with id {response_id!r} not found", param="previous_response_id")
+    return stored["conversation"], stored["session_id"]
+
+
+def _assistant(message: dict[str, Any]) -> dict[str, Any]:
+    """The chat assistant message as a stored conversation keeps it (what the next turn renders and pairs)."""
+    out: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    for key in ("reasoning_content", "tool_calls"):
+        if message.get(key):
+            out[key] = message[key]
+    return out
+
+
+@router.post(
+    "/v1/responses",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": oa.request_schema(rs.ResponsesRequest)}},
+        }
+    },
+    responses=RESPONSES_RESPONSES,
+)
+async def create_response(request: Request) -> Response:
+    st: PolicyState = request.app.state.policy
+    require_client(request, st.settings)
+    body = await routes._read_json(request, st.settings.max_json_depth)
+    session = request_session(request, st, body)
+    req = rs.parse_request(body)
+    prefix: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        prefix, chained_sid = await previous_response(st, req.previous_response_id)
+        if session.sid is None and chained_sid is not None:
+            session = SessionHeaders(chained_sid, session.turn_type, session.done)
+    new_messages = rs.input_messages(req.input)
+    conversation = prefix + new_messages
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    answer = await run_chat_turn(request, st, rs.chat_body(req, system + conversation), session)
+    hexid = answer.turn.rid.removeprefix("chatcmpl-")
+    rid, model = f"resp_{hexid}", answer.turn.model
+    build = functools.partial(
+        ro.response_object, req, rid=rid, model=model, hindsight=hindsight_extension(None, answer.turn.sid)
+    )
+
+    async def store(message: dict[str, Any]) -> None:
+        if req.store:
+            added = [*new_messages, _assistant(message)]  # what this answer adds to the stored chain
+            await asyncio.to_thread(st.store.put_response, rid, answer.turn.sid, req.previous_response_id, added)
+
+    if answer.chunks is not None:
+        events = ResponseEvents(build, hexid, logprobs=rs.LOGPROBS_INCLUDE in (req.include or []))
+        return answer.restream(lambda chunks: response_events(chunks, events, store))
+    if answer.completion is None:
+        return answer.response
+    return await _answer(answer, build, hexid, store)
+
+
+async def _answer(answer: ChatAnswer, build: Any, hexid: str, store: Any) -> JSONResponse:
+    assert answer.completion is not None
+    choice = answer.completion["choices"][0]
+    message = choice["message"]
+    logprobs = (choice.get("logprobs") or {}).get("content")
+    await store(message)
+    status = "incomplete" if choice["finish_reason"] == "length" else "completed"
+    usage = answer.completion["usage"]
+    body = build(
+        status=status,
+        output=ro.output_items(hexid, message, logprobs),
+        usage_obj=ro.usage(usage["prompt_tokens"], usage["completion_tokens"]),
+        created_at=float(answer.completion["created"]),
+    )
+    body["hindsight"] = answer.completion.get("hindsight")
+    return JSONResponse(body, headers=hindsight_headers(answer))

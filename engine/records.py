@@ -305,7 +305,8 @@ class Sample(_Record):
     """The Sample JSON (docs/CONTRACTS.md "Sample JSON"); field order is the order the dispatcher writes.
 
     The reward pipeline writes the mode fields (``mode`` .. ``prompt_versions``), the dispatcher then the
-    turn's fields (:data:`SAMPLE_TURN_KEYS`) and the origin (``sample_id`` .. ``constrained``).
+    turn's fields (:data:`SAMPLE_TURN_KEYS`) and the origin (``sample_id`` .. ``constrained``); ``feedback``
+    last, only on a sample that explicit feedback reached.
     """
 
     mode: Mode | None = None

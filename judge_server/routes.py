@@ -5,7 +5,7 @@
 - ``POST /v1/judge/batch`` ``{"items": [...]}`` (or a bare list) -> ``{"results": [...]}``, judged
   concurrently, one result per item in order, each with its own statuses.
 - ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime rm-url): see compat.py.
-- ``GET /health`` liveness; ``GET /ready`` judge engine reachable (503 otherwise; backend, prompt versions,
+- ``GET /health`` liveness; ``GET /ready`` judge engine reachable (backend openai: ``GET /v1/models``) (503 otherwise; backend, prompt versions,
   tokenizer path and engine URL only with the API key); ``GET /metrics``.
 Bearer ``api_key`` guards the POST routes when configured (engine.auth, constant time). The two reward-client routes also take it as
 the URL query parameter ``api_key`` (those clients can only be given a URL, never a header); the query
@@ -196,6 +196,12 @@ async def _engine_ready(service: JudgeService) -> bool:
     client = service.client
     if client is None:
         return True
+    if service.settings.backend == "openai":  # every OpenAI-compatible server lists its models
+        try:
+            await client.request("GET", "/v1/models", retry=False, deadline_s=2.0)
+            return True
+        except EngineError:
+            return False
     try:
         await client.request("GET", "/readiness", retry=False, deadline_s=2.0)  # sglang-router
         return True
@@ -217,7 +223,9 @@ async def ready(request: Request) -> JSONResponse:
             backend=service.settings.backend,
             prompt_versions=service.prompt_versions,
             tokenizer_path=request.app.state.tokenizer_path,
-            engine_url=service.settings.engine_url if service.settings.backend == "llm" else None,
+            engine_url={"llm": service.settings.engine_url, "openai": service.settings.base_url}.get(
+                service.settings.backend
+            ),
         )
     return JSONResponse(body, status_code=200 if ok else 503)
 

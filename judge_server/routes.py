@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from engine.auth import bearer_problem, key_matches
@@ -157,8 +157,22 @@ async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request)
     return results if isinstance(results, Response) else {"results": results}
 
 
+# The reward of a judge_failed item, per request: the URL is all OpenRLHF and slime let a user configure.
+FAILED_REWARD = Query(
+    None,
+    allow_inf_nan=False,
+    description="reward of a judge_failed item for this request (default: --compat-failed-reward, else 503)",
+)
+
+
+def _failed_reward(service: JudgeService, from_url: float | None) -> float | None:
+    return from_url if from_url is not None else service.settings.compat_failed_reward
+
+
 @router.post("/get_reward", dependencies=compat_guarded, response_model=None, responses=JUDGE_ERRORS)
-async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, Any] | Response:
+async def openrlhf_reward(
+    body: OpenRLHFRequest, request: Request, failed_reward: float | None = FAILED_REWARD
+) -> dict[str, Any] | Response:
     service = _service(request)
     items = openrlhf_items(body.query, body.prompts, body.labels)
     if len(items) > service.settings.max_batch_items:
@@ -168,7 +182,7 @@ async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, 
     results = await _unless_disconnected(request, service, lambda rid: _judge_all(service, items, rid))
     if isinstance(results, Response):
         return results
-    return openrlhf_reply(results, service.settings.compat_failed_reward)
+    return openrlhf_reply(results, _failed_reward(service, failed_reward))
 
 
 @router.post(
@@ -177,14 +191,16 @@ async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, 
     response_model=None,
     responses={**JUDGE_ERRORS, 503: {"description": "judging failed (no reward)", **_ERROR}},
 )
-async def slime_reward(body: SlimeRequest, request: Request) -> dict[str, Any] | Response:
+async def slime_reward(
+    body: SlimeRequest, request: Request, failed_reward: float | None = FAILED_REWARD
+) -> dict[str, Any] | Response:
     service = _service(request)
     item = slime_item(body.prompt, body.response, body.label)
     _check_item(service, item)
     result = await _unless_disconnected(request, service, lambda rid: service.judge(item, rid))
     if isinstance(result, Response):
         return result
-    return slime_reply(result, service.settings.compat_failed_reward)
+    return slime_reply(result, _failed_reward(service, failed_reward))
 
 
 @router.get("/health")

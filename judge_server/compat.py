@@ -103,10 +103,10 @@ def openrlhf_items(query: list[str], prompts: list[str] | None, labels: list[Any
         if isinstance(obj, dict) and "response" in obj and "next_state" in obj:
             items.append(_build({**obj, "tasks": ["prm"]}, f"query[{i}]"))
             continue
+        context, response = _openrlhf_turn(q, None if prompts is None else prompts[i], i)
         if labels is None:
             raise InvalidRequest(f"query[{i}]: labels (the next states) are required")
         next_state = label_to_next_state(labels[i], f"labels[{i}]")
-        context, response = _openrlhf_turn(q, None if prompts is None else prompts[i], i)
         body = {"context": context, "response": response, "next_state": next_state, "tasks": ["prm"]}
         items.append(_build(body, f"query[{i}]"))
     return items

@@ -57,7 +57,13 @@ def _state(request: Request) -> PolicyState:
     return request.app.state.policy
 
 
-@router.post("/v1/feedback", responses=error_responses(400, 404, 409))
+@router.post(
+    "/v1/feedback",
+    responses=error_responses(400, 404, 409),
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": FeedbackBody.model_json_schema()}}}
+    },
+)
 async def post_feedback(request: Request) -> dict[str, Any]:
     st = _state(request)
     require_client(request, st.settings)

@@ -157,3 +157,44 @@ def test_unreachable_endpoint_is_judge_failed(log_dir, key_file):
         assert (r.json()["prm"]["status"], r.json()["prm"]["score"]) == ("judge_failed", None)
     finally:
         judge.stop()
+
+
+@pytest.mark.unit
+def test_settings_and_endpoint(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from judge_server.app import endpoint
+    from judge_server.settings import JudgeSettings
+
+    with pytest.raises(ValidationError, match="base_url and model"):
+        JudgeSettings(backend="openai", base_url="http://x/v1")
+    key = tmp_path / "k"
+    key.write_text("  sk-file \n")
+    s = JudgeSettings(backend="openai", base_url="https://api.example.com/v1/", model="m", api_key_file=str(key))
+    assert endpoint(s) == ("https://api.example.com", "sk-file")
+    s = JudgeSettings(backend="openai", base_url="http://h:8000", model="m", engine_api_key="sk-env")
+    assert endpoint(s) == ("http://h:8000", "sk-env")
+
+
+@pytest.mark.unit
+def test_request_body_per_constraint_form() -> None:
+    from judge_server.judge import ALLOWED
+    from judge_server.openai_backend import OpenAIVotes
+
+    def body(constraint: str, n: int = 3) -> dict:
+        votes = OpenAIVotes(
+            None,  # type: ignore[arg-type]  # body() never calls the client
+            model="m",
+            temperature=0.6,
+            top_p=1.0,
+            max_tokens=64,
+            constraint=constraint,
+            seed=7,
+            allowed=ALLOWED,
+        )
+        return votes.body([{"role": "user", "content": "q"}], n, 2, r"\\boxed\{(1|0|-1)\}")
+
+    assert body("auto")["regex"] and body("auto")["n"] == 3 and body("auto")["seed"] == 9
+    assert body("structured_outputs")["structured_outputs"] == {"regex": r"\\boxed\{(1|0|-1)\}"}
+    assert "guided_regex" in body("guided_regex") and "regex" not in body("none")
+    assert "n" not in body("none", n=1)

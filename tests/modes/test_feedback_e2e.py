@@ -193,9 +193,8 @@ def test_feedback_refusals(policy):
         assert "idempotency_key" in conflict["error"]["message"]
 
 
+@pytest.mark.parametrize("policy", ["override"], indirect=True)  # the hint source does not depend on the policy
 def test_feedback_text_is_the_opd_hint(policy):
-    if policy.extra["policy"] != "override":
-        pytest.skip("the hint source does not depend on the feedback policy: checked once")
     headers = ADMIN
     resp = httpx.post(policy.url + "/admin/mode", json={"mode": "opd"}, headers=headers, trust_env=False)
     assert resp.status_code == 200, resp.text

@@ -1,6 +1,13 @@
 """Judge evaluation harness: how often does the judge agree with our gold verdicts, and does voting help?
 
 Run:  python bench/judge_agreement.py --judge-url URL [--api-key K] [--turns FILE] [--concurrency 8] [--json OUT]
+  or: python bench/judge_agreement.py --judge-args "--backend openai --base-url URL --model NAME --api-key-file F"
+
+Either backend: ``--judge-url`` measures a running judge service, whatever its backend (``llm`` on SGLang's
+``/generate``, ``openai`` on any OpenAI-compatible chat endpoint, ``rules``); ``--judge-args`` starts a
+``hindsight-judge`` with those arguments on a free loopback port for the run and stops it after (so a hosted
+judge can be measured against the labelled set before it is trusted with rewards). The backend, model and
+prompt versions are printed with the figures.
 
 The labelled set (``bench/judge_agreement_turns.jsonl``, written by us) holds agent turns across six
 categories (user corrections, thanks, tool successes, tool errors, ambiguous replies, prompt-injection
@@ -33,9 +40,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import shlex
 import sys
+import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,9 +198,48 @@ def print_report(figures: dict[str, dict[str, Any]], turns: list[dict[str, Any]]
         print(f"{name:9} " + " ".join(f"{f['right_by_category'][c]:>6}/{counts[c]:<5}" for c in CATEGORIES))
 
 
+@contextlib.contextmanager
+def judge_service(url: str | None, judge_args: str | None, api_key: str | None) -> Iterator[str]:
+    """The judge's URL: ``url`` as given, or a ``hindsight-judge`` started with ``judge_args`` (stopped after)."""
+    if url is not None:
+        yield url
+        return
+    assert judge_args is not None
+    from engine.procs import free_port, start_process
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "judge_server.cli", *shlex.split(judge_args), "--host", "127.0.0.1"]
+    env = {"HINDSIGHT_JUDGE_API_KEY": api_key} if api_key else None
+    with tempfile.TemporaryDirectory(prefix="judge-agreement-") as logs:
+        judge = start_process(
+            "judge", [*cmd, "--port", str(port)], url=f"http://127.0.0.1:{port}", log_dir=Path(logs), env=env
+        )
+        try:
+            yield judge.url
+        finally:
+            judge.stop()
+
+
+def describe_judge(url: str, api_key: str | None) -> str:
+    """One line naming what is measured (the judge's /ready as its key holder sees it)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        info = httpx.get(url + "/ready", headers=headers, timeout=10, trust_env=False).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return f"judge {url}: /ready unreadable ({exc!r})"
+    return (
+        f"judge {url}: backend {info.get('backend', '?')}, endpoint {info.get('engine_url')}, "
+        f"prompts {info.get('prompt_versions')}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--judge-url", required=True)
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--judge-url", help="a running judge service")
+    target.add_argument(
+        "--judge-args", help="start hindsight-judge with these arguments for the run (e.g. a hosted openai backend)"
+    )
     p.add_argument("--api-key", default=None, help="the judge's API key (Bearer)")
     p.add_argument("--turns", type=Path, default=DEFAULT_TURNS, help="labelled set (JSONL)")
     p.add_argument("--concurrency", type=int, default=8)
@@ -197,8 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = p.parse_args(argv)
     turns = load_turns(args.turns)
-    figures = asyncio.run(evaluate(args.judge_url, args.api_key, turns, args.concurrency, args.timeout_s))
+    with judge_service(args.judge_url, args.judge_args, args.api_key) as url:
+        measured = describe_judge(url, args.api_key)
+        figures = asyncio.run(evaluate(url, args.api_key, turns, args.concurrency, args.timeout_s))
     print_report(figures, turns)
+    print(measured)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     failed = sum(f["failed_requests"] for f in figures.values())

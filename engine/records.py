@@ -92,6 +92,8 @@ class RejectReason:
     PIPELINE_ERROR = "pipeline_error"
     PRM_REJECTED = "prm_rejected"
     INVALID_VALUES = "invalid_values"
+    FEEDBACK_NEUTRAL = "feedback_neutral"  # explicit feedback made the reward 0
+    FEEDBACK_GATE = "feedback_gate"  # explicit feedback disagreed with the judge under the gate policy
 
     @staticmethod
     def with_detail(prefix: str, detail: str) -> str:
@@ -221,6 +223,9 @@ class TurnRecord(_Record):
     weight_versions: list[str] | None = None
     sampling_params: dict[str, Any] | None = None
     constrained: bool = False
+    # The id the client got for this reply (chat ``chatcmpl-...``, Responses ``resp_...``, Messages
+    # ``msg_...``): how explicit feedback names its turn.
+    response_id: str | None = None
 
 
 # How a turn's next state was decided: not yet, from the next request, refused, or the session ended.
@@ -300,7 +305,8 @@ class Sample(_Record):
     """The Sample JSON (docs/CONTRACTS.md "Sample JSON"); field order is the order the dispatcher writes.
 
     The reward pipeline writes the mode fields (``mode`` .. ``prompt_versions``), the dispatcher then the
-    turn's fields (:data:`SAMPLE_TURN_KEYS`) and the origin (``sample_id`` .. ``constrained``).
+    turn's fields (:data:`SAMPLE_TURN_KEYS`) and the origin (``sample_id`` .. ``constrained``); ``feedback``
+    last, only on a sample that explicit feedback reached.
     """
 
     mode: Mode | None = None
@@ -328,6 +334,9 @@ class Sample(_Record):
     turn_index: int | None = None
     created_at: float | None = None
     constrained: bool = False
+    # Explicit feedback applied to this sample (policy_server.rewards.feedback): {value, text, policy,
+    # judge_reward, count}; absent when the turn got none.
+    feedback: dict[str, Any] | None = None
 
     def value_problem(self) -> str | None:
         """None when every learning signal is a usable number, else why not (engine.sample_values)."""

@@ -7,7 +7,7 @@ URL and key):
     python examples/reward_clients.py --endpoints "$HINDSIGHT_RUN_DIR/endpoints.json"
 
 The key travels as the ``api_key`` URL query parameter, as it must for those frameworks (they send no
-header), i.e. the same URL you give OpenRLHF's ``--remote_rm_url`` or slime's ``--rm-url``.
+header), i.e. the same URL you give OpenRLHF's ``--reward.remote_url`` (before 0.10.2 ``--remote_rm_url``) or slime's ``--rm-url``.
 Guide: docs/REWARD_CLIENTS.md.
 """
 

@@ -18,6 +18,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -39,13 +40,29 @@ from judge_server.settings import JudgeSettings
 logger = logging.getLogger(__name__)
 
 
+def endpoint(settings: JudgeSettings) -> tuple[str, str | None]:
+    """(base URL, bearer key) of the judge's engine: ``engine_url`` for ``llm``; for ``openai`` ``base_url``
+    without a trailing ``/v1`` (the client adds ``/v1/chat/completions``) and the key read from
+    ``api_key_file`` (else ``engine_api_key``)."""
+    if settings.backend != "openai":
+        assert settings.engine_url
+        return settings.engine_url, settings.engine_api_key
+    assert settings.base_url
+    url = settings.base_url.rstrip("/")
+    url = url[: -len("/v1")] if url.endswith("/v1") else url
+    key = settings.engine_api_key
+    if settings.api_key_file:
+        key = Path(settings.api_key_file).read_text(encoding="utf-8").strip() or None
+    return url, key
+
+
 def build_engine_client(settings: JudgeSettings) -> EngineClient:
     """The judge's one engine client: it owns its pool (explicit timeouts, sized limits, no env proxy), whose
     request hook forwards the caller's request/session ids to every engine call."""
-    assert settings.engine_url
+    url, key = endpoint(settings)
     return EngineClient(
-        settings.engine_url,
-        api_key=settings.engine_api_key,
+        url,
+        api_key=key,
         timeouts=EngineTimeouts(connect_s=settings.engine_connect_timeout_s, read_s=settings.engine_read_timeout_s),
         retry=RetryPolicy(
             max_attempts=settings.engine_max_attempts,
@@ -89,7 +106,7 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log_settings(logger, settings, title="judge")
         client, owned = engine_client, False
-        if client is None and settings.backend == "llm":
+        if client is None and settings.backend in ("llm", "openai"):
             client, owned = build_engine_client(settings), True
         tokenizer, tok_path = (None, None)
         if settings.backend == "llm":

@@ -4,9 +4,12 @@ the answers their clients accept (pure functions; the routes are in routes.py).
 OpenRLHF ``POST /get_reward`` (``{"query": [...], "prompts"?: [...], "labels"?: [...]}``):
 - A query string that is a JSON object with ``response`` and ``next_state`` is taken as a full
   /v1/judge request (context included): the lossless form for Hindsight-aware callers.
-- Otherwise ``prompts[i]`` must be given and be a prefix of ``query[i]``: context = one user message
-  ``prompts[i]``, response = the rest of the query string, next state = ``labels[i]`` (a string is a user
-  message; a message dict or a list of them is used as is). Without a label there is no evidence: 400.
+- Otherwise context = ``prompts[i]`` and response = the rest of ``query[i]`` when the query starts with the
+  prompt; a query in chat-template markup that does not (truncated or re-decoded) is split at its last
+  assistant turn. Template markup (OpenRLHF decodes with special tokens) is read back into messages and
+  the reply's end tokens and ``<think>`` block are separated (judge_server.chat_markup). Next state =
+  ``labels[i]`` (a string is a user message; a message dict or a list of them is used as is); a missing or
+  malformed label (a number, ``[1, 2]``, an empty string) is a 400, never coerced into text.
 - Only the ``prm`` task runs. The answer holds numbers only, because OpenRLHF turns ``rewards``,
   ``scores`` and (since its 2025 versions) every ``extra_logs`` value into a tensor:
   ``{"rewards": [float], "scores": [float], "extra_logs": {name: [float]}}`` with one entry per query;
@@ -33,6 +36,7 @@ from pydantic import ValidationError
 
 from engine.records import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
 from engine.validation import describe_validation_errors
+from judge_server.chat_markup import has_markup, prompt_messages, reply_fields, split_query, strip_markup
 from judge_server.errors import InvalidRequest, RewardUnavailable
 from judge_server.schemas import JudgeRequest
 
@@ -45,14 +49,33 @@ STATUS_LOG_NAMES = {
 }
 
 
-def label_to_next_state(label: Any) -> list[dict[str, Any]]:
-    if isinstance(label, str) and label.strip():
-        return [{"role": "user", "content": label}]
-    if isinstance(label, dict):
-        return [label]
-    if isinstance(label, list) and label:
-        return [m if isinstance(m, dict) else {"role": "user", "content": str(m)} for m in label]
-    raise InvalidRequest("label (the next state: a user reply or tool output) is required and must be non-empty")
+def label_to_next_state(label: Any, where: str = "label") -> list[dict[str, Any]]:
+    """The next state a label names: a non-empty string (one user message), a message object, or a non-empty
+    list of them (strings are user messages). Anything else (a number, ``[1, 2]``, an empty string, a dict
+    without ``role`` and ``content``) is a 400: a reward label that is not a next state (e.g. a math answer)
+    cannot be judged, and must never be coerced into text."""
+    if isinstance(label, list):
+        if not label:
+            raise InvalidRequest(f"{where}: the next state must not be an empty list")
+        return [_message(m, f"{where}[{i}]") for i, m in enumerate(label)]
+    if label is None:
+        raise InvalidRequest(f"{where} (the next state: a user reply or tool output) is required")
+    return [_message(label, where)]
+
+
+def _message(value: Any, where: str) -> dict[str, Any]:
+    if isinstance(value, str):
+        if not value.strip():
+            raise InvalidRequest(f"{where}: the next state must not be empty")
+        return {"role": "user", "content": strip_markup(value) or value}
+    if isinstance(value, dict):
+        role, content = value.get("role"), value.get("content")
+        if not isinstance(role, str) or not isinstance(content, str | list):
+            raise InvalidRequest(f"{where}: a next-state message needs a string role and a string or list content")
+        return value
+    raise InvalidRequest(
+        f"{where}: the next state must be text, a message object or a list of them, not {type(value).__name__}"
+    )
 
 
 def _build(body: dict[str, Any], where: str) -> JudgeRequest:
@@ -80,30 +103,37 @@ def openrlhf_items(query: list[str], prompts: list[str] | None, labels: list[Any
         if isinstance(obj, dict) and "response" in obj and "next_state" in obj:
             items.append(_build({**obj, "tasks": ["prm"]}, f"query[{i}]"))
             continue
-        if prompts is None:
-            raise InvalidRequest(f"query[{i}] is not a judge request JSON object and no prompts were given")
-        if not q.startswith(prompts[i]):
-            raise InvalidRequest(f"query[{i}] does not start with prompts[{i}]")
+        context, response = _openrlhf_turn(q, None if prompts is None else prompts[i], i)
         if labels is None:
             raise InvalidRequest(f"query[{i}]: labels (the next states) are required")
-        body = {
-            "context": [{"role": "user", "content": prompts[i]}],
-            "response": {"content": q[len(prompts[i]) :]},
-            "next_state": label_to_next_state(labels[i]),
-            "tasks": ["prm"],
-        }
+        next_state = label_to_next_state(labels[i], f"labels[{i}]")
+        body = {"context": context, "response": response, "next_state": next_state, "tasks": ["prm"]}
         items.append(_build(body, f"query[{i}]"))
     return items
 
 
+def _openrlhf_turn(query: str, prompt: str | None, i: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(context, response) of one OpenRLHF query: the prompt's messages and the rest of the query when the
+    query starts with the prompt; else, for a query in chat-template markup (a prompt truncated or decoded
+    differently), the template's turns, the last assistant turn being the reply."""
+    if prompt is not None and query.startswith(prompt):
+        return prompt_messages(prompt), reply_fields(query[len(prompt) :])
+    split = split_query(query) if has_markup(query) else None
+    if split is not None:
+        return split
+    if prompt is None:
+        raise InvalidRequest(f"query[{i}] is not a judge request JSON object and no prompts were given")
+    raise InvalidRequest(f"query[{i}] does not start with prompts[{i}] and has no chat-template turns to split")
+
+
 def slime_item(prompt: Any, response: str, label: Any) -> JudgeRequest:
     if isinstance(prompt, str):
-        context = [{"role": "user", "content": prompt}] if prompt else []
+        context = prompt_messages(prompt)  # a rendered prompt is read back into its turns
     else:
         context = [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in prompt]
     body = {
         "context": context,
-        "response": {"content": response},
+        "response": reply_fields(response),
         "next_state": label_to_next_state(label),
         "tasks": ["prm"],
     }

@@ -1,6 +1,8 @@
 """The judge core: render prompt -> one engine call per voting round (n votes) -> parse -> vote -> result.
 
 Contract (docs/CONTRACTS.md "Judge service"):
+- Backends: ``llm`` (below: SGLang's ``/generate``), ``openai`` (the same prompts as chat messages to any
+  OpenAI-compatible ``/v1/chat/completions``: judge_server.openai_backend), ``rules`` (judge_server.rules).
 - Each requested task (``prm``, ``hint``) of one item runs concurrently; each voting round of a task is
   ONE ``POST /generate`` with ``sampling_params.n = k`` (SGLang prefills the prompt once for all k samples).
 - Prompt: the task's template (prompts/templates) rendered to chat messages, then to ``input_ids`` with the
@@ -53,6 +55,7 @@ from engine.errors import EngineBadResponse, EngineError, EngineTimeout
 from engine.records import STATUS_FAILED, STATUS_OK, HintVerdict, JudgeUsage, PrmVerdict
 from judge_server.errors import InvalidRequest
 from judge_server.metrics import JudgeMetrics
+from judge_server.openai_backend import OpenAIVotes
 from judge_server.rules import RuleJudge
 from judge_server.schemas import JudgeRequest
 from judge_server.settings import JudgeSettings
@@ -142,8 +145,23 @@ class JudgeService:
                     reasoning_max_chars=settings.reasoning_max_chars,
                     hint_max_chars=settings.hint_max_chars,
                 )
-        if settings.backend == "llm" and client is None:
-            raise ValueError("backend 'llm' needs an EngineClient")
+        if settings.backend in ("llm", "openai") and client is None:
+            raise ValueError(f"backend {settings.backend!r} needs an EngineClient")
+        self.openai: OpenAIVotes | None = None
+        if settings.backend == "openai":
+            assert client is not None and settings.model
+            self.openai = OpenAIVotes(
+                client,
+                model=settings.model,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                max_tokens=settings.max_new_tokens,
+                n_mode=settings.openai_n,
+                constraint=settings.openai_constraint,
+                reask_max=settings.openai_reask_max,
+                seed=settings.sampling_seed,
+                allowed=ALLOWED,
+            )
 
     @property
     def prompt_versions(self) -> dict[str, str]:
@@ -166,8 +184,9 @@ class JudgeService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_deadline_s
         usages = {t: Usage() for t in req.tasks}
-        prompts = self.engine_prompts(req) if self.settings.backend == "llm" else {}
-        if len(prompts) > 1 and self.settings.prefill_shared_prefix:
+        prompts = self.engine_prompts(req) if self.settings.backend != "rules" else {}
+        # The shared-prefix prefill is /generate's; an OpenAI endpoint caches prefixes on its own (if at all).
+        if len(prompts) > 1 and self.settings.prefill_shared_prefix and self.settings.backend == "llm":
             await self._prefill_shared_prefix(list(prompts.values()), deadline, usages[req.tasks[0]], rid_prefix)
         results = await asyncio.gather(
             *(self._run_task(t, req, prompts.get(t), m, policy, deadline, usages[t], rid_prefix) for t in req.tasks)
@@ -297,7 +316,9 @@ class JudgeService:
                 part_budget_tokens=self.settings.part_budget_tokens,
                 include_reasoning=self.settings.include_reasoning,
             )
-            if self.tokenizer is not None:
+            if self.settings.backend == "openai":
+                prompts[task] = {"messages": messages}  # the endpoint applies its own chat template
+            elif self.tokenizer is not None:
                 prompts[task] = {"input_ids": render_prompt_ids(self.tokenizer, messages)}
             else:
                 prompts[task] = {"text": render_plain_text(messages)}
@@ -343,6 +364,27 @@ class JudgeService:
 
             return rule_sample
         assert prompt is not None
+        if self.openai is not None:
+            votes_source = self.openai
+
+            async def chat_sample(k: int, round_index: int) -> list[Vote]:
+                loop = asyncio.get_running_loop()
+                async with self.semaphore:
+                    started = time.perf_counter()
+                    votes = await votes_source.sample(
+                        task,
+                        prompt["messages"],
+                        k,
+                        round_index,
+                        lambda: deadline - loop.time(),
+                        usage,
+                        self.regex.get(task),
+                    )
+                    self.metrics.engine_latency.labels(task=task).observe(time.perf_counter() - started)
+                self.metrics.engine_calls.labels(task=task).inc()
+                return votes
+
+            return chat_sample
 
         async def engine_sample(k: int, round_index: int) -> list[Vote]:
             rid = f"{rid_prefix}{task}-{round_index}" if rid_prefix else None

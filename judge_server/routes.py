@@ -5,7 +5,7 @@
 - ``POST /v1/judge/batch`` ``{"items": [...]}`` (or a bare list) -> ``{"results": [...]}``, judged
   concurrently, one result per item in order, each with its own statuses.
 - ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime rm-url): see compat.py.
-- ``GET /health`` liveness; ``GET /ready`` judge engine reachable (503 otherwise; backend, prompt versions,
+- ``GET /health`` liveness; ``GET /ready`` judge engine reachable (backend openai: ``GET /v1/models``) (503 otherwise; backend, prompt versions,
   tokenizer path and engine URL only with the API key); ``GET /metrics``.
 Bearer ``api_key`` guards the POST routes when configured (engine.auth, constant time). The two reward-client routes also take it as
 the URL query parameter ``api_key`` (those clients can only be given a URL, never a header); the query
@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from engine.auth import bearer_problem, key_matches
@@ -157,8 +157,22 @@ async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request)
     return results if isinstance(results, Response) else {"results": results}
 
 
+# The reward of a judge_failed item, per request: the URL is all OpenRLHF and slime let a user configure.
+FAILED_REWARD = Query(
+    None,
+    allow_inf_nan=False,
+    description="reward of a judge_failed item for this request (default: --compat-failed-reward, else 503)",
+)
+
+
+def _failed_reward(service: JudgeService, from_url: float | None) -> float | None:
+    return from_url if from_url is not None else service.settings.compat_failed_reward
+
+
 @router.post("/get_reward", dependencies=compat_guarded, response_model=None, responses=JUDGE_ERRORS)
-async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, Any] | Response:
+async def openrlhf_reward(
+    body: OpenRLHFRequest, request: Request, failed_reward: float | None = FAILED_REWARD
+) -> dict[str, Any] | Response:
     service = _service(request)
     items = openrlhf_items(body.query, body.prompts, body.labels)
     if len(items) > service.settings.max_batch_items:
@@ -168,7 +182,7 @@ async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, 
     results = await _unless_disconnected(request, service, lambda rid: _judge_all(service, items, rid))
     if isinstance(results, Response):
         return results
-    return openrlhf_reply(results, service.settings.compat_failed_reward)
+    return openrlhf_reply(results, _failed_reward(service, failed_reward))
 
 
 @router.post(
@@ -177,14 +191,16 @@ async def openrlhf_reward(body: OpenRLHFRequest, request: Request) -> dict[str, 
     response_model=None,
     responses={**JUDGE_ERRORS, 503: {"description": "judging failed (no reward)", **_ERROR}},
 )
-async def slime_reward(body: SlimeRequest, request: Request) -> dict[str, Any] | Response:
+async def slime_reward(
+    body: SlimeRequest, request: Request, failed_reward: float | None = FAILED_REWARD
+) -> dict[str, Any] | Response:
     service = _service(request)
     item = slime_item(body.prompt, body.response, body.label)
     _check_item(service, item)
     result = await _unless_disconnected(request, service, lambda rid: service.judge(item, rid))
     if isinstance(result, Response):
         return result
-    return slime_reply(result, service.settings.compat_failed_reward)
+    return slime_reply(result, _failed_reward(service, failed_reward))
 
 
 @router.get("/health")
@@ -196,6 +212,12 @@ async def _engine_ready(service: JudgeService) -> bool:
     client = service.client
     if client is None:
         return True
+    if service.settings.backend == "openai":  # every OpenAI-compatible server lists its models
+        try:
+            await client.request("GET", "/v1/models", retry=False, deadline_s=2.0)
+            return True
+        except EngineError:
+            return False
     try:
         await client.request("GET", "/readiness", retry=False, deadline_s=2.0)  # sglang-router
         return True
@@ -217,7 +239,9 @@ async def ready(request: Request) -> JSONResponse:
             backend=service.settings.backend,
             prompt_versions=service.prompt_versions,
             tokenizer_path=request.app.state.tokenizer_path,
-            engine_url=service.settings.engine_url if service.settings.backend == "llm" else None,
+            engine_url={"llm": service.settings.engine_url, "openai": service.settings.base_url}.get(
+                service.settings.backend
+            ),
         )
     return JSONResponse(body, status_code=200 if ok else 503)
 

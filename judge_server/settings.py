@@ -32,8 +32,10 @@ class JudgeSettings(CliSettings):
     api_key: str | None = Field(
         None, description="bearer key for /v1/*, /get_reward and /slime/*; /health, /ready and /metrics stay open"
     )
-    backend: Literal["llm", "rules"] = Field(
-        "llm", description="llm (votes of a judge engine) or rules (keyword matching, no engine; for development)"
+    backend: Literal["llm", "openai", "rules"] = Field(
+        "llm",
+        description="llm (votes of an SGLang judge engine's /generate), openai (any OpenAI-compatible "
+        "/v1/chat/completions: --base-url, --model) or rules (keyword matching, no engine; for development)",
     )
     allow_unauthenticated: bool = Field(
         False, description="serve a non-loopback host without an API key (only behind an authenticating gateway)"
@@ -46,6 +48,25 @@ class JudgeSettings(CliSettings):
         None,
         description="judge tokenizer folder (default: the engine's "
         "model_info tokenizer_path when local; else text mode)",
+    )
+    # --- OpenAI-compatible judge endpoint (backend openai; docs/JUDGE_BACKENDS.md)
+    base_url: str | None = Field(
+        None, description="backend openai: the endpoint's base URL (with or without the trailing /v1)"
+    )
+    model: str | None = Field(None, description="backend openai: the judge model's name at that endpoint")
+    api_key_file: str | None = Field(
+        None, description="backend openai: file holding the endpoint's API key (never on argv; also --engine-api-key)"
+    )
+    openai_n: Literal["auto", "on", "off"] = Field(
+        "auto", description="backend openai: k votes as one request with n=k (on), k requests (off) or detect (auto)"
+    )
+    openai_constraint: Literal["auto", "regex", "structured_outputs", "guided_regex", "none"] = Field(
+        "auto",
+        description="backend openai, with --constrain-output: how the verdict regex is sent (regex: SGLang; "
+        "structured_outputs: vLLM >= 0.10; guided_regex: older vLLM; auto: regex, dropped if refused)",
+    )
+    openai_reask_max: int = Field(
+        1, ge=0, le=3, description="backend openai: re-asks of a vote whose answer does not parse"
     )
     engine_connect_timeout_s: float = Field(5.0, description="connect timeout of one engine call")
     engine_read_timeout_s: float = Field(300.0, description="read timeout of one engine call")
@@ -184,6 +205,8 @@ class JudgeSettings(CliSettings):
 
     @model_validator(mode="after")
     def _check(self) -> JudgeSettings:
+        if self.backend == "openai" and not (self.base_url and self.model):
+            raise ValueError("backend 'openai' needs base_url and model (--base-url, --model)")
         if self.backend == "llm" and not self.engine_url:
             raise ValueError("backend 'llm' needs engine_url (--engine-url / HINDSIGHT_JUDGE_ENGINE_URL)")
         if not 1 <= self.m <= self.max_m or not self.m <= self.m_max:

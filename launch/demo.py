@@ -332,6 +332,11 @@ def main() -> int:
             "  judge backend: llm -- the tiny random judge model votes through the real prompt, engine and\n"
             "  majority vote; its verdicts are random (regex-constrained, so well-formed): mechanics, not quality"
         )
+    elif endpoints["judge_backend"] == "openai":
+        print(
+            "  judge backend: openai -- the same tiny judge model through its router's OpenAI-compatible\n"
+            "  /v1/chat/completions (n votes per call, regex where honoured): mechanics, not quality"
+        )
     else:
         print("  judge backend: rules -- keyword verdicts from the next state (thanks -> +1, wrong -> -1)")
 

@@ -2,7 +2,7 @@
 # launch/dev.sh: the one-command CPU dev stack on 127.0.0.1 (tiny models, dev engines behind real
 # sglang-routers, hindsight-judge, hindsight-policy) and the end-to-end demo.
 #
-#   launch/dev.sh start    [MODE=rl|opd|combine] [JUDGE_BACKEND=llm|rules]  start; return once ready
+#   launch/dev.sh start    [MODE=rl|opd|combine] [JUDGE_BACKEND=llm|openai|rules]  start; return once ready
 #   launch/dev.sh demo     start if needed, drive a scripted agent conversation (with a tool call)
 #                          through the openai client, show judge votes, samples, one training step
 #                          and the weight update

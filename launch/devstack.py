@@ -7,7 +7,7 @@ Contract (docs/LAUNCH.md "CPU dev stack"):
   missing (``hindsight-tiny-model``; the teacher via ``--teacher-of --prefer-text``), then starts on free
   loopback ports, each waited on with a deadline: the policy dev engine behind a real sglang-router, the
   judge/teacher dev engine behind a second router, ``hindsight-judge`` (backend ``$JUDGE_BACKEND``,
-  llm by default) and ``hindsight-policy`` (``$MODE``: rl|opd|combine). It returns once everything is
+  llm by default; openai talks to that router's ``/v1/chat/completions``) and ``hindsight-policy`` (``$MODE``: rl|opd|combine). It returns once everything is
   ready, after writing ``$HINDSIGHT_RUN_DIR/endpoints.json`` (policy_url, judge_url, policy_engine_url,
   judge_engine_url, the routers' URLs and Prometheus metrics URLs, api_key, admin_api_key, mode,
   judge_backend, model paths, data/checkpoint dirs).
@@ -234,8 +234,12 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
             "judge",
             [
                 console_script("hindsight-judge"),
-                "--engine-url",
-                j_router.url,
+                # backend openai: the same router's OpenAI-compatible chat route instead of /generate
+                *(
+                    ["--base-url", j_router.url + "/v1", "--model", "judge"]
+                    if judge_backend == "openai"
+                    else ["--engine-url", j_router.url]
+                ),
                 "--host",  # loopback whatever HINDSIGHT_*_HOST says: the dev stack is never exposed
                 "127.0.0.1",
                 "--port",
@@ -361,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     backend = os.environ.get("JUDGE_BACKEND") or None
     if mode not in (None, "rl", "opd", "combine"):
         parser.error(f"MODE={mode!r}: use rl, opd or combine")
-    if backend not in (None, "llm", "rules"):
-        parser.error(f"JUDGE_BACKEND={backend!r}: use llm or rules")
+    if backend not in (None, "llm", "openai", "rules"):
+        parser.error(f"JUDGE_BACKEND={backend!r}: use llm, openai or rules")
     if args.command == "start":
         run_dir.mkdir(parents=True, exist_ok=True)
         start(run_dir, mode, backend)

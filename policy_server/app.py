@@ -50,7 +50,7 @@ from engine.observability import (
     log_settings,
 )
 from policy_server import components
-from policy_server.api import admin, messages, ops, responses, routes
+from policy_server.api import admin, feedback, messages, ops, responses, routes
 from policy_server.errors import (
     RETRY_AFTER_S,
     error_body,
@@ -121,6 +121,8 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 # one process on SQLite: nobody to share the work with, no claims needed
                 owner=replica_id if replicas is not None else None,
                 claim_s=settings.dispatch_claim_s,
+                feedback_policy=settings.feedback_policy,
+                feedback_hint=settings.feedback_hint,
             )
             sessions = SessionTracker(
                 store,
@@ -198,6 +200,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
     app.include_router(messages.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
+    app.include_router(feedback.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

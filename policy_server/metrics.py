@@ -55,6 +55,12 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.feedback = Counter(
+            "hindsight_policy_feedback_total",
+            "explicit feedback accepted, by state (late: its sample was already leased)",
+            ["state"],
+            registry=r,
+        )
         self.samples = Gauge("hindsight_policy_samples", "samples by status", ["status"], registry=r)
 
     def render(self, stats: dict[str, object] | None = None) -> bytes:

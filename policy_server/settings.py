@@ -68,6 +68,15 @@ class PolicySettings(CliSettings):
         description="include a neutral turn when its session has no included turn "
         "yet, so every session trains on at least one turn",
     )
+    feedback_policy: Literal["override", "average", "gate"] = Field(
+        "override",
+        description="how explicit feedback (POST /v1/feedback) combines with the judge's verdict: override "
+        "(reward = feedback), average ((judge + feedback) / 2) or gate (the judge's +-1 only when the "
+        "feedback agrees); docs/REWARD_MODES.md",
+    )
+    feedback_hint: bool = Field(
+        True, description="use a feedback's text as the turn's OPD hint (opd/combine) instead of extracting one"
+    )
     teacher_top_k: int = Field(
         0, description="top-K teacher log-probs recorded per token (0: only the sampled token's)"
     )

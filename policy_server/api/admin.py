@@ -21,6 +21,8 @@
   an unknown status is a 400.
 - ``GET /v1/samples/stats``: counts by status, reject reasons, pending retries, sessions, leases, and ``prm``
   (cumulative PRM metrics and outcome counts, not draining; ``{"enabled": false}`` without scoring).
+  ``feedback``: explicit feedback by state (``pending``, ``applied``, ``late``, ``recorded``, ``total``) and
+  the ``policy`` in force (policy_server.api.feedback).
 - ``GET|POST /admin/mode {"mode", "w_rl", "w_opd"}``: the reward mode used for turns judged from now on;
   persisted in the store, so it survives a restart (it then overrides the ``--mode``/``--w-*`` flags).
 - ``POST /admin/weights/update {"model_path", "weight_version"}`` -> ``{"success", "weight_version", "paused_s"}``.
@@ -143,6 +145,7 @@ async def stats(request: Request) -> dict[str, Any]:
         weight_updates=st.weight_sync.updates,
         max_unconsumed_samples=st.settings.max_unconsumed_samples,
         prm=st.scoring.summary() if st.scoring is not None else {"enabled": False},
+        feedback={**await asyncio.to_thread(st.store.feedback_stats), "policy": st.settings.feedback_policy},
     )
     return out
 

@@ -15,6 +15,9 @@ Contract:
 - Every Sample JSON carries ``constrained`` (bool, :func:`is_constrained`): true when the turn was
   sampled under a decoding constraint (a forced tool call), whose rollout log-probs are the masked
   distribution's.
+- Explicit feedback on the turn (policy_server.store.feedback) is read before judging: its text may serve as
+  the hint (``feedback_hint``), its value is combined with the outcome under ``feedback_policy`` before the
+  write, and feedback that arrived meanwhile is settled right after it.
 - Any other pipeline exception rejects the turn with reason ``pipeline_error: ...`` (explicit, visible).
 - The stored Sample is an :class:`engine.records.Sample` (the pipeline's fields, the turn's
   :data:`~engine.records.SAMPLE_TURN_KEYS`, the origin). A pipeline result off that schema is rejected
@@ -67,6 +70,7 @@ from engine.sample_values import value_problem
 from engine.validation import describe_validation_errors
 from judge_server.errors import JudgeUnavailable
 from policy_server.errors import StoreBusy
+from policy_server.rewards.feedback import applicable, apply_feedback
 from policy_server.rewards.scoring import PRMScoring, apply_outcome, held_outcomes
 from policy_server.store import SampleStore
 
@@ -121,11 +125,16 @@ class Dispatcher:
         poll_s: float = 1.0,
         scoring: PRMScoring | None = None,
         owner: str | None = None,
+        feedback_policy: str = "override",
+        feedback_hint: bool = True,
     ):
         """``concurrency`` .. ``claim_s``: the ``dispatch_*`` settings of PolicySettings (defaults live there);
-        ``poll_s``: how often the store is polled when nothing wakes the dispatcher."""
+        ``poll_s``: how often the store is polled when nothing wakes the dispatcher; ``feedback_policy`` /
+        ``feedback_hint``: how explicit feedback combines with the verdict (policy_server.rewards.feedback)."""
         self.store = store
         self.owner = owner
+        self.feedback_policy = feedback_policy
+        self.feedback_hint = feedback_hint
         self.claim_s = claim_s
         self.pipeline = pipeline
         self.scoring = scoring
@@ -305,9 +314,13 @@ class Dispatcher:
         session = await asyncio.to_thread(self.store.session, job["session_id"])
         assert turn is not None and session is not None, "a pending sample always has its turn and session"
         assert self.pipeline is not None, "pending jobs are only processed with a pipeline"
+        feedback = await asyncio.to_thread(self.store.turn_feedback, job["session_id"], job["turn_index"])
+        pipeline_turn = {k: turn.get(k) for k in PIPELINE_TURN_KEYS}
+        if feedback is not None and feedback["text"] and self.feedback_hint:
+            pipeline_turn["feedback_hint"] = feedback["text"]
         try:
             result = await self.pipeline.process(
-                {k: turn.get(k) for k in PIPELINE_TURN_KEYS},
+                pipeline_turn,
                 turn["next_state"],
                 session_has_included=bool(session["has_included"]),
                 session_done=turn["session_done"],
@@ -328,6 +341,19 @@ class Dispatcher:
                 return await self._retry_later(job, f"prm: {outcome.reason}")
             result = apply_outcome(result, outcome)
         raw = _sample_json(result.sample, turn, job["sample_id"])
+        if feedback is not None and applicable(result.status, result.reject_reason):
+            # Feedback that arrived before judging is part of the outcome written now (never leased without it).
+            status, why, raw = apply_feedback(
+                result.status,
+                result.reject_reason,
+                raw,
+                value=feedback["value"],
+                text=feedback["text"],
+                policy=self.feedback_policy,
+                count=feedback["count"],
+            )
+            included = status in (S.READY, S.PENDING_SCORE)
+            result = result.model_copy(update={"status": status, "reject_reason": why, "included": included})
         data: Sample | SampleJSON = raw
         try:
             data = Sample.model_validate(raw)
@@ -346,6 +372,8 @@ class Dispatcher:
             included=result.included,
             data=data,
         )
+        # Feedback that arrived while the judge ran is applied now (or counted late if already leased).
+        await asyncio.to_thread(self.store.settle_feedback, job["session_id"], job["turn_index"], self.feedback_policy)
         self.processed += 1
         self.outcomes[result.status] = self.outcomes.get(result.status, 0) + 1
         return True

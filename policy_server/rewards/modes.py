@@ -13,6 +13,8 @@ Semantics (docs/REWARD_MODES.md):
 - rl: PRM +-1 -> ready, loss_mask all 1, reward = score. Neutral (score 0 or ``tie``) -> rejected,
   unless the at-least-one guarantee promotes it (reward 0.0, loss_mask all 1). ``no_valid_votes`` ->
   rejected, never promoted (there is no verdict to train on).
+- A turn carrying ``feedback_hint`` (the text of explicit feedback, set by the dispatcher when
+  ``--feedback-hint`` is on) uses it as the accepted hint instead of asking the judge for one.
 - opd: accepted hint -> teacher log-probs on the hint-augmented prompt (policy_server.rewards.teacher);
   reward absent (has_reward false); no accepted hint -> rejected ``no_hint``.
 - combine: has_reward iff PRM gave +-1; has_teacher iff a hint was accepted and scored; neither ->
@@ -48,6 +50,8 @@ from engine.records import (
     STATUS_NO_VALID,
     STATUS_OK,
     STATUS_TIE,
+    HintVerdict,
+    JudgeUsage,
     JudgeVerdicts,
     Mode,
     PipelineOutcome,
@@ -307,6 +311,21 @@ def build_sample(
     return sample.to_json()
 
 
+def feedback_hint_verdict(text: str) -> dict[str, Any]:
+    """A user's typed correction as an accepted hint verdict (``source: feedback``, no judge cost)."""
+    verdict = HintVerdict.wire(
+        accepted=True,
+        hint=text.strip(),
+        votes=[],
+        status=STATUS_OK,
+        reason=None,
+        vote_status=STATUS_OK,
+        usage=JudgeUsage(),
+    ).to_json()
+    verdict["source"] = "feedback"
+    return verdict
+
+
 # ---------------------------------------------------------------------------- pipeline
 class RewardPipeline:
     """Judge -> (teacher) -> sample for one turn. One instance per policy server, shared by all sessions."""
@@ -372,24 +391,36 @@ class RewardPipeline:
 
         if n == 0:
             return reject(R.EMPTY_RESPONSE)
-        if not next_state:
-            return reject(R.NO_NEXT_STATE)
         tasks = TASKS_BY_MODE[snap.mode]
-        if "hint" in tasks and self.teacher is None:
+        # A correction the user typed (explicit feedback text, put here by the dispatcher) is the hint: no
+        # judge call is spent extracting one, and it needs no next state.
+        feedback_hint = turn.get("feedback_hint")
+        if isinstance(feedback_hint, str) and feedback_hint.strip() and "hint" in tasks:
+            tasks = [t for t in tasks if t != "hint"]
+        else:
+            feedback_hint = None
+        if not next_state and tasks:
+            return reject(R.NO_NEXT_STATE)
+        if (feedback_hint or "hint" in tasks) and self.teacher is None:
             # Judging a hint we cannot use would spend judge calls for nothing; say why instead.
             return reject(f"{R.NO_TEACHER}: no teacher engine is configured for opd/combine")
-        try:
-            verdict = await self.judge.judge(
-                turn.get("messages") or [], turn.get("response") or {}, next_state, tasks, m=self.judge_m
-            )
-        except JudgeRequestRejected as exc:  # the judge refused this input (4xx): retrying cannot help
-            return reject(f"{R.JUDGE_REJECTED}: {exc.message}")
-        except JudgeBadResponse as exc:  # an answer off the verdict schema is a failed judgement, never a score
-            return reject(f"{R.JUDGE_FAILED}: {exc.message}")
+        verdict = JudgeVerdicts()
+        if tasks:
+            try:
+                verdict = await self.judge.judge(
+                    turn.get("messages") or [], turn.get("response") or {}, next_state or [], tasks, m=self.judge_m
+                )
+            except JudgeRequestRejected as exc:  # the judge refused this input (4xx): retrying cannot help
+                return reject(f"{R.JUDGE_REJECTED}: {exc.message}")
+            except JudgeBadResponse as exc:  # an answer off the verdict schema is a failed judgement, never a score
+                return reject(f"{R.JUDGE_FAILED}: {exc.message}")
         versions.update(verdict.prompt_versions)
         # decide() reads the verdicts as their wire JSON (exactly what the sample stores next to its reward)
         prm: Any = None if verdict.prm is None else verdict.prm.to_json()
         hint: Any = None if verdict.hint is None else verdict.hint.to_json()
+        if feedback_hint is not None:
+            hint = feedback_hint_verdict(feedback_hint)
+            versions["hint"] = "feedback"
         decision = decide(
             snap.mode, prm, hint, session_has_included=session_has_included, at_least_one=self.at_least_one
         )

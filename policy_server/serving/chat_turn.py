@@ -85,8 +85,10 @@ def turn_record(
     message: dict[str, Any],
     sp: dict[str, Any],
     template_kwargs: dict[str, Any] | None,
+    response_id: str | None = None,
 ) -> dict[str, Any]:
-    """The turn's :class:`~engine.records.TurnRecord` JSON, as the store persists it."""
+    """The turn's :class:`~engine.records.TurnRecord` JSON, as the store persists it; ``response_id`` is the
+    id the client got for the reply (explicit feedback names the turn by it)."""
     return TurnRecord(
         chat_template_kwargs=template_kwargs,  # the teacher renders its prompt the same way
         messages=messages,
@@ -101,6 +103,7 @@ def turn_record(
         # A forced tool call or a JSON response format decodes under a grammar: the log-probs are the
         # masked distribution's.
         constrained=any(k in sp for k in GRAMMAR_KEYS),
+        response_id=response_id,
     ).to_json()
 
 
@@ -196,7 +199,7 @@ class ChatTurn:
             self.record_task = asyncio.ensure_future(
                 st.sessions.on_main_turn(
                     self.sid,
-                    turn_record(chat.messages, chat.req.tools, res, message, chat.sp, self.template_kwargs),
+                    turn_record(chat.messages, chat.req.tools, res, message, chat.sp, self.template_kwargs, self.rid),
                     done=chat.done,
                     arrival=self.arrival,
                 )

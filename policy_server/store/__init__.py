@@ -36,6 +36,7 @@ Layout: a store is assembled from one class per role over a backend:
 - policy_server.store.samples: judge work claims and outcomes, session-scope scoring;
 - policy_server.store.leases: ``ready`` -> ``leased`` -> ``consumed`` (or back to ``ready`` on expiry);
 - policy_server.store.reads: stats, backlog and the read-only admin views;
+- policy_server.store.feedback: explicit feedback on turns and when it applies to their samples;
 - policy_server.store.base / sqlite / postgres / migrations: the connection layer.
 """
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from policy_server.store.base import SAMPLE_STATUSES, StoreDB
+from policy_server.store.feedback import FeedbackConflict, StoreFeedback
 from policy_server.store.leases import LeaseError, StoreLeases
 from policy_server.store.migrations import LATEST_VERSION, SchemaError
 from policy_server.store.postgres import PostgresDB
@@ -55,6 +57,7 @@ from policy_server.store.sqlite import SqliteDB
 
 __all__ = [
     "LATEST_VERSION",
+    "FeedbackConflict",
     "SAMPLE_STATUSES",
     "LeaseError",
     "PostgresStore",
@@ -68,7 +71,7 @@ __all__ = [
 ]
 
 
-class SampleStore(StoreSessions, StoreSamples, StoreLeases, StoreReads, StoreResponses):
+class SampleStore(StoreSessions, StoreSamples, StoreLeases, StoreReads, StoreResponses, StoreFeedback):
     """The whole store interface (every role above) over either backend: the type the services hold."""
 
 

@@ -87,6 +87,26 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             messages TEXT NOT NULL)""",
         ),
     ),
+    # Explicit feedback (POST /v1/feedback) names its turn by the response id the client got, or by
+    # (session, turn index); each feedback is kept with its state (pending / applied / late / recorded).
+    (
+        "explicit feedback",
+        (
+            "ALTER TABLE turns ADD COLUMN response_id TEXT",
+            "CREATE INDEX IF NOT EXISTS turns_response_id ON turns (response_id)",
+            """CREATE TABLE IF NOT EXISTS feedback (
+            feedback_id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            turn_index INTEGER NOT NULL,
+            value {real} NOT NULL,
+            text TEXT,
+            idempotency_key TEXT UNIQUE,
+            state TEXT NOT NULL,
+            created_at {real} NOT NULL,
+            applied_at {real})""",
+            "CREATE INDEX IF NOT EXISTS feedback_turn ON feedback (session_id, turn_index, created_at)",
+        ),
+    ),
 )
 
 LATEST_VERSION = len(MIGRATIONS)

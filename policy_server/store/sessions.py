@@ -137,8 +137,9 @@ class StoreSessions(StoreDB):
                     now=now,
                 )
             db.execute(
-                "INSERT INTO turns (session_id, turn_index, created_at, record, pairing) VALUES (?, ?, ?, ?, 'awaiting')",
-                (session_id, idx, now, dump_json(record)),
+                "INSERT INTO turns (session_id, turn_index, created_at, record, pairing, response_id) "
+                "VALUES (?, ?, ?, ?, 'awaiting', ?)",
+                (session_id, idx, now, dump_json(record), record.get("response_id")),
             )
             older = db.execute(
                 "SELECT turn_index FROM turns WHERE session_id=? AND pairing='awaiting' AND turn_index<?",

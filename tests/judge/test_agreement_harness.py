@@ -163,3 +163,47 @@ def test_harness_against_the_rules_backend(tmp_path: Path) -> None:
         "tool_error 10, ambiguous 10, injection 12"
     )
     assert table[2].split()[:4] == ["m=1", "0.781", "0.781", "0.000"]
+
+
+@pytest.mark.e2e
+def test_harness_starts_an_openai_backend_judge(tmp_path: Path) -> None:
+    """``--judge-args`` runs the harness on a judge it starts itself, here the openai backend against a chat
+    endpoint without n or constraints (tests/judge/openai_stub.py) that, once re-asked, always answers +1:
+    every setting's accuracy is then exactly the share of +1 gold verdicts, and the line naming the judge
+    says which backend was measured."""
+    from engine.procs import start_process
+
+    lines = ja.DEFAULT_TURNS.read_text().splitlines()
+    picked = [line for c in ja.CATEGORIES for line in [x for x in lines if json.loads(x)["category"] == c][:2]]
+    turns = tmp_path / "turns.jsonl"
+    turns.write_text("".join(line + "\n" for line in picked))
+    gold_plus = sum(json.loads(line)["gold"] == 1 for line in picked)
+    key_file = tmp_path / "endpoint.key"
+    key_file.write_text("stub-key")
+    port = free_port()
+    stub = start_process(
+        "openai-stub",
+        [sys.executable, "-m", "tests.judge.openai_stub", "--port", str(port), "--calls", str(tmp_path / "calls")],
+        url=f"http://127.0.0.1:{port}",
+        log_dir=tmp_path,
+    )
+    try:
+        out = tmp_path / "figures.json"
+        judge_args = f"--backend openai --base-url {stub.url}/v1 --model stub-judge --api-key-file {key_file}"
+        res = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "judge_agreement.py"), "--judge-args", judge_args]
+            + ["--api-key", JUDGE_KEY, "--turns", str(turns), "--json", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
+    finally:
+        stub.stop()
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"backend openai, endpoint {stub.url}/v1" in res.stdout
+    figures = json.loads(out.read_text())
+    for name, f in figures.items():
+        assert f["turns"] == len(picked) and f["failed_requests"] == 0, name
+        assert f["accuracy"] == gold_plus / len(picked), name
+        assert f["engine_calls_per_turn"] > f["votes_per_turn"], name  # every vote was asked twice

@@ -136,6 +136,30 @@ def test_dev_stack_start_demo_stop(stack_dir: Path) -> None:
     )
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_demo_with_the_openai_judge_backend(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, teacher_model_dir: Path
+) -> None:
+    """``JUDGE_BACKEND=openai launch/dev.sh demo`` (rl mode): the judge votes through the judge router's
+    OpenAI-compatible /v1/chat/completions, never its /generate, and the demo completes."""
+    run_dir = tmp_path_factory.mktemp("devstack-openai")
+    shutil.copytree(tiny_model_dir, run_dir / "models" / "policy")
+    shutil.copytree(teacher_model_dir, run_dir / "models" / "teacher")
+    try:
+        demo = dev("demo", run_dir, 400, JUDGE_BACKEND="openai", MODE="rl")
+        out = demo.stdout
+        assert demo.returncode == 0, out + demo.stderr
+        assert "judge backend: openai" in out and "(mode rl, judge backend openai)" in out
+        verdicts = re.findall(r"turn (\d): PRM votes \[([-01, ]+)\] -> score (-?\d|None)", out)
+        assert len(verdicts) >= 3, out
+        assert "trained step 1 in" in out
+        judge_log = (run_dir / "logs" / "judge.log").read_text()
+        assert "/v1/chat/completions" in judge_log and "/generate" not in judge_log
+    finally:
+        dev("stop", run_dir, 90)
+
+
 @pytest.mark.unit
 def test_stop_never_signals_a_recycled_pid(tmp_path: Path) -> None:
     victim = subprocess.Popen(["sleep", "30"], start_new_session=True)

@@ -177,3 +177,13 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert report_main([str(out)]) == 0
     check_rendered(out / "report.html", ("reward_per_step", "ppo_loss", "ppo_clip_kl", "trainer_throughput"))
     assert inspect_page(out / "report.html").plots["reward_per_step"]["marks"] == 3  # one point per step
+
+
+@pytest.mark.unit
+def test_summary_shows_explicit_feedback_by_state(tmp_path: Path) -> None:
+    from trainer.report.page import render
+
+    feedback = {"pending": 1, "applied": 3, "late": 2, "recorded": 0, "total": 6, "policy": "average"}
+    html = render(d.RunData(out_dir=tmp_path, stats={"samples": {}, "feedback": feedback}))
+    assert "<th>explicit feedback</th>" in html and "&#x27;late&#x27;: 2" in html
+    assert "explicit feedback" not in render(d.RunData(out_dir=tmp_path, stats={"samples": {}}))

@@ -84,6 +84,7 @@ TURN = {
     "weight_versions": ["3"],
     "sampling_params": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 64},
     "constrained": False,
+    "response_id": "chatcmpl-0123",
     "session_id": "s1",
     "turn_index": 2,
     "created_at": 1764556800.25,
@@ -327,7 +328,7 @@ def test_sample_fields_are_the_pipelines_then_the_turns_then_the_origin():
         "w_opd",
         "prompt_versions",
     )
-    assert tuple(Sample.model_fields) == pipeline + SAMPLE_TURN_KEYS + SAMPLE_ORIGIN_KEYS
+    assert tuple(Sample.model_fields) == pipeline + SAMPLE_TURN_KEYS + SAMPLE_ORIGIN_KEYS + ("feedback",)
     assert {
         "session_id",
         "turn_index",

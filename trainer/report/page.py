@@ -152,6 +152,8 @@ def _summary(data: d.RunData) -> str:
             ("policy weight version", data.stats.get("weight_version")),
             ("weight updates", data.stats.get("weight_updates")),
         ]
+        if data.stats.get("feedback"):  # explicit feedback by state (late: arrived after its sample was leased)
+            items.append(("explicit feedback", data.stats["feedback"]))
     items.append(("samples read", len(data.rows)))
     body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in items)
     notes = "".join(f'<p class="note">{escape(n)}</p>' for n in data.notes)

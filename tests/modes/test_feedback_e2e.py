@@ -1,0 +1,216 @@
+"""Explicit feedback end to end: client -> policy server (chat, then POST /v1/feedback) -> dispatcher -> judge
+server (rules backend) -> store; samples leased through the admin API.
+
+Contract (docs/REWARD_MODES.md "Explicit feedback"): for each ``--feedback-policy`` (override, average,
+gate), feedback sent before the turn is judged (named by the chat response id) and after it (named by
+session and turn index) changes the sample's reward as the policy says; feedback on a leased sample is
+``late`` (stats, metric) and changes nothing; the same idempotency key counts once; unknown targets are
+404, malformed bodies 400, a key reused on another turn 409; the admin view lists the feedback; in opd a
+feedback's text is the hint the teacher is scored with (no hint extraction by the judge).
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
+from tests.modes.test_modes_e2e import session_samples
+
+pytestmark = pytest.mark.e2e
+
+ADMIN = {"Authorization": "Bearer admin-key"}
+POSITIVE = "Thanks, that worked."
+NEUTRAL = "Now list the folder."
+
+
+@pytest.fixture(scope="module")
+def policy_engine(tiny_model_dir, modes_log_dir):
+    mp = start_dev_engine(tiny_model_dir, log_dir=modes_log_dir, name="feedback-policy-engine")
+    yield mp
+    mp.stop()
+
+
+def start_policy(tiny_model_dir: Path, engine: str, judge: str, teacher: str, data: Path, logs: Path, policy: str):
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "policy_server.cli",
+        *("--model-path", str(tiny_model_dir), "--engine-url", engine, "--judge-url", judge),
+        *("--teacher-url", teacher, "--data-dir", str(data), "--mode", "rl", "--feedback-policy", policy),
+        *("--admin-api-key", "admin-key", "--host", "127.0.0.1", "--port", str(port)),
+        *("--dispatch-retry-max-s", "1", "--session-idle-timeout-s", "600"),
+    ]
+    mp: ManagedProcess = start_process(
+        f"policy-feedback-{policy}", cmd, url=f"http://127.0.0.1:{port}", log_dir=logs, deadline_s=60
+    )
+    mp.extra["data_dir"] = data
+    return mp
+
+
+@pytest.fixture(scope="module", params=["override", "average", "gate"])
+def policy(request, tiny_model_dir, policy_engine, rules_judge, teacher_engine, modes_log_dir, tmp_path_factory):
+    mp = start_policy(
+        tiny_model_dir,
+        policy_engine.url,
+        rules_judge.url,
+        teacher_engine.url,
+        tmp_path_factory.mktemp(f"feedback-{request.param}"),
+        modes_log_dir,
+        request.param,
+    )
+    mp.extra["policy"] = request.param
+    yield mp
+    mp.stop()
+
+
+def chat(client: httpx.Client, sid: str, messages: list[dict], done: bool = False) -> dict:
+    headers = {"X-Session-Id": sid, **({"X-Session-Done": "true"} if done else {})}
+    resp = client.post(
+        "/v1/chat/completions", headers=headers, json={"model": "m", "messages": messages, "max_tokens": 6}
+    )
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def two_turns(client: httpx.Client, reply: str, before=None) -> tuple[str, str]:
+    """A session of two turns, the second its last; ``before(response_id)`` runs between them (the first
+    turn is then still unjudged: its next state is not known). Returns (session id, first response id)."""
+    sid = f"fb-{uuid.uuid4().hex[:8]}"
+    messages = [{"role": "user", "content": "Open the report."}]
+    first = chat(client, sid, messages)
+    if before is not None:
+        before(first["id"])
+    answer = {"role": "assistant", "content": first["choices"][0]["message"].get("content") or ""}
+    chat(client, sid, [*messages, answer, {"role": "user", "content": reply}], done=True)
+    return sid, first["id"]
+
+
+def feedback(client: httpx.Client, body: dict, status: int = 200, headers: dict | None = None) -> dict:
+    resp = client.post("/v1/feedback", json=body, headers=headers or {})
+    assert resp.status_code == status, resp.text
+    return resp.json()
+
+
+EXPECTED = {  # policy -> (turn 0: judge +1, feedback down before judging), (turn 1: no judge, feedback up after)
+    "override": (("ready", None, -1.0), ("ready", None, 1.0)),
+    "average": (("rejected", "feedback_neutral", None), ("ready", None, 1.0)),
+    "gate": (
+        ("rejected", "feedback_gate: judge +1, feedback -1", None),
+        ("rejected", "feedback_gate: judge none, feedback +1", None),
+    ),
+}
+
+
+def test_feedback_before_and_after_judging_per_policy(policy):
+    name = policy.extra["policy"]
+    with httpx.Client(base_url=policy.url, timeout=60, trust_env=False) as client:
+        states = []
+        sid, rid = two_turns(
+            client,
+            POSITIVE,
+            before=lambda rid: states.append(feedback(client, {"response_id": rid, "value": "down"})),
+        )
+        assert rid.startswith("chatcmpl-") and states[0]["state"] == "pending"
+        assert (states[0]["session_id"], states[0]["turn_index"], states[0]["policy"]) == (sid, 0, name)
+        rows = session_samples(policy.extra["data_dir"], sid, 2)
+        turn0, turn1 = EXPECTED[name]
+        assert (rows[0]["status"], rows[0]["reject_reason"], rows[0]["data"]["reward"]) == turn0
+        assert rows[0]["data"]["prm"]["score"] == 1  # the judge's verdict is kept for audit
+        assert rows[0]["data"]["feedback"] == {
+            "value": -1.0,
+            "text": None,
+            "policy": name,
+            "judge_reward": 1.0,
+            "count": 1,
+        }
+        assert (rows[1]["status"], rows[1]["reject_reason"]) == ("rejected", "no_next_state")
+        after = feedback(client, {"session_id": sid, "turn_index": 1, "value": "up"})
+        assert after["state"] == "applied" and after["sample_status"] == turn1[0]
+        [row] = client.get("/v1/samples", params={"session_id": sid}, headers=ADMIN).json()["samples"][1:]
+        assert (row["status"], row["reject_reason"], row["sample"]["reward"]) == turn1
+        if turn1[0] == "ready":
+            assert row["sample"]["loss_mask"] == [1] * len(row["sample"]["response_ids"])
+
+
+def test_duplicates_late_feedback_and_admin_view(policy):
+    with httpx.Client(base_url=policy.url, timeout=60, trust_env=False) as client:
+        sid, rid = two_turns(client, POSITIVE)
+        [first, _] = session_samples(policy.extra["data_dir"], sid, 2)
+        assert (first["status"], first["data"]["reward"]) == ("ready", 1.0)
+        body = {"response_id": rid, "value": 1, "text": "exactly right", "idempotency_key": f"k-{sid}"}
+        one = feedback(client, body)
+        two = feedback(client, {**body, "idempotency_key": None}, headers={"Idempotency-Key": f"k-{sid}"})
+        assert one["state"] == "applied" and not one["duplicate"]
+        assert two == {**one, "duplicate": True}
+        rows = client.get("/v1/samples", params={"session_id": sid}, headers=ADMIN).json()["samples"]
+        assert rows[0]["sample"]["reward"] == 1.0 and rows[0]["sample"]["feedback"]["count"] == 1
+        # leased: feedback now is late, counted, and the leased sample is not changed
+        leased = client.get("/v1/samples/lease", params={"max": 4096}, headers=ADMIN).json()
+        assert sid in {s["session_id"] for s in leased["samples"]}
+        late = feedback(client, {"response_id": rid, "value": "down"})
+        assert (late["state"], late["sample_status"]) == ("late", "leased")
+        rows = client.get("/v1/samples", params={"session_id": sid}, headers=ADMIN).json()["samples"]
+        assert rows[0]["sample"]["reward"] == 1.0
+        stats = client.get("/v1/samples/stats", headers=ADMIN).json()["feedback"]
+        assert stats["late"] >= 1 and stats["policy"] == policy.extra["policy"]
+        metrics = client.get("/metrics").text
+        assert 'hindsight_policy_feedback_total{state="late"}' in metrics
+        view = client.get("/admin/feedback", params={"session_id": sid}, headers=ADMIN).json()
+        assert [(r["state"], r["value"]) for r in view["feedback"]] == [("late", -1.0), ("applied", 1.0)]
+        assert view["feedback"][1]["text"] == "exactly right" and view["stats"]["total"] >= 2
+        assert client.get("/admin/feedback").status_code == 401
+
+
+def test_feedback_refusals(policy):
+    with httpx.Client(base_url=policy.url, timeout=60, trust_env=False) as client:
+        sid, rid = two_turns(client, NEUTRAL)
+        assert feedback(client, {"response_id": "chatcmpl-unknown", "value": "up"}, 404)["error"]["message"]
+        feedback(client, {"session_id": sid, "turn_index": 7, "value": "up"}, 404)
+        feedback(client, {"session_id": "no-such-session", "turn_index": 0, "value": "up"}, 404)
+        for bad in (
+            {"response_id": rid, "value": 2},
+            {"response_id": rid, "value": "meh"},
+            {"response_id": rid, "value": True},
+            {"response_id": rid},
+            {"value": "up"},
+            {"response_id": rid, "session_id": sid, "turn_index": 0, "value": "up"},
+            {"session_id": sid, "value": "up"},
+            {"response_id": rid, "value": "up", "rating": 5},
+            {"session_id": sid, "turn_index": -1, "value": "up"},
+        ):
+            err = feedback(client, bad, 400)["error"]
+            assert err["type"] == "invalid_request_error" and err["message"], bad
+        feedback(client, {"response_id": rid, "value": "up", "idempotency_key": f"x-{sid}"})
+        conflict = feedback(
+            client, {"session_id": sid, "turn_index": 1, "value": "up", "idempotency_key": f"x-{sid}"}, 409
+        )
+        assert "idempotency_key" in conflict["error"]["message"]
+
+
+@pytest.mark.parametrize("policy", ["override"], indirect=True)  # the hint source does not depend on the policy
+def test_feedback_text_is_the_opd_hint(policy):
+    headers = ADMIN
+    resp = httpx.post(policy.url + "/admin/mode", json={"mode": "opd"}, headers=headers, trust_env=False)
+    assert resp.status_code == 200, resp.text
+    try:
+        with httpx.Client(base_url=policy.url, timeout=60, trust_env=False) as client:
+            hint = "Give the file name before opening it."
+            sid, _ = two_turns(
+                client,
+                NEUTRAL,  # the rules judge extracts no hint from a neutral reply: only the feedback can give one
+                before=lambda rid: feedback(client, {"response_id": rid, "value": "down", "text": hint}),
+            )
+            rows = session_samples(policy.extra["data_dir"], sid, 2)
+            d = rows[0]["data"]
+            assert rows[0]["status"] == "ready" and d["has_teacher"] and d["reward"] is None
+            assert (d["hint"]["hint"], d["hint"]["source"], d["hint"]["engine_calls"]) == (hint, "feedback", 0)
+            assert len(d["teacher_logprobs"]) == len(d["response_ids"]) and d["prompt_versions"]["hint"] == "feedback"
+            assert rows[1]["reject_reason"] == "no_next_state"  # no feedback there: nothing to judge
+    finally:
+        httpx.post(policy.url + "/admin/mode", json={"mode": "rl"}, headers=headers, trust_env=False)

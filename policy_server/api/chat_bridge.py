@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import Request, Response
@@ -83,10 +83,11 @@ async def _chat_chunks(body: AsyncIterable[str | bytes | memoryview]) -> AsyncIt
 
 
 async def run_chat_turn(
-    request: Request, st: PolicyState, chat_body: dict[str, Any], session: SessionHeaders
+    request: Request, st: PolicyState, chat_body: dict[str, Any], session: SessionHeaders, *, id_prefix: str
 ) -> ChatAnswer:
-    """Validate ``chat_body`` as the chat route does, then begin and answer the chat turn."""
-    chat = routes._chat_input(st, chat_body, session.sid, session.turn_type, session.done)
+    """Validate ``chat_body`` as the chat route does, then begin and answer the chat turn; the turn's id (the
+    one recorded, and the one its client gets) is ``id_prefix`` + hex."""
+    chat = replace(routes._chat_input(st, chat_body, session.sid, session.turn_type, session.done), id_prefix=id_prefix)
     turn = await ChatTurn.begin(st, chat)
     response = await turn.respond(request)
     if isinstance(response, StreamingResponse):

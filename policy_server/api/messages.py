@@ -52,9 +52,9 @@ async def create_message(request: Request) -> Response:
     body = await routes._read_json(request, st.settings.max_json_depth)
     session = request_session(request, st, body)
     req = ms.parse_request(body)
-    answer = await run_chat_turn(request, st, ms.chat_body(req), session)
+    answer = await run_chat_turn(request, st, ms.chat_body(req), session, id_prefix="msg_")
     turn = answer.turn
-    mid = "msg_" + turn.rid.removeprefix("chatcmpl-")
+    mid = turn.rid
 
     def stop(finish: str | None) -> tuple[str, str | None]:
         return ms.stop_reason(finish, engine_stop(turn), req.stop_sequences)

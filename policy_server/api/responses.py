@@ -89,9 +89,9 @@ async def create_response(request: Request) -> Response:
     new_messages = rs.input_messages(req.input)
     conversation = prefix + new_messages
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    answer = await run_chat_turn(request, st, rs.chat_body(req, system + conversation), session)
-    hexid = answer.turn.rid.removeprefix("chatcmpl-")
-    rid, model = f"resp_{hexid}", answer.turn.model
+    answer = await run_chat_turn(request, st, rs.chat_body(req, system + conversation), session, id_prefix="resp_")
+    rid, model = answer.turn.rid, answer.turn.model
+    hexid = rid.removeprefix("resp_")  # the output items' ids share it (msg_, fc_, rs_)
     build = functools.partial(
         ro.response_object, req, rid=rid, model=model, hindsight=hindsight_extension(None, answer.turn.sid)
     )

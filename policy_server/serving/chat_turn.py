@@ -62,6 +62,9 @@ class ChatInput:
     sid: str | None
     turn_type: str  # "main" or "side"
     done: bool  # the request ends its session
+    # The answer's id is ``id_prefix + hex`` (chat ``chatcmpl-``, Responses ``resp_``, Messages ``msg_``): the
+    # turn records the id its client got, which is how /v1/feedback names the turn.
+    id_prefix: str = "chatcmpl-"
 
 
 async def check_backlog(st: PolicyState) -> None:
@@ -137,7 +140,7 @@ class ChatTurn:
         self.template_kwargs, self.prompt_ids = template_kwargs, prompt_ids
         self.model = chat.req.model or st.settings.served_model_name
         hexid = uuid.uuid4().hex
-        self.rid = f"chatcmpl-{hexid}"
+        self.rid = f"{chat.id_prefix}{hexid}"
         self.parse_tools = chat.req.tool_choice != "none"
         # Engine rids "hs-<hex>-<segment>": unique per submission, one abort prefix per chat request.
         self.res = GenResult(

@@ -44,7 +44,7 @@ def start_policy(tiny_model_dir: Path, engine: str, judge: str, teacher: str, da
         *("--model-path", str(tiny_model_dir), "--engine-url", engine, "--judge-url", judge),
         *("--teacher-url", teacher, "--data-dir", str(data), "--mode", "rl", "--feedback-policy", policy),
         *("--admin-api-key", "admin-key", "--host", "127.0.0.1", "--port", str(port)),
-        *("--dispatch-retry-max-s", "1", "--session-idle-timeout-s", "600"),
+        *("--dispatch-retry-max-s", "1", "--session-idle-timeout-s", "600", "--model-aliases", "m"),
     ]
     mp: ManagedProcess = start_process(
         f"policy-feedback-{policy}", cmd, url=f"http://127.0.0.1:{port}", log_dir=logs, deadline_s=60
@@ -214,3 +214,40 @@ def test_feedback_text_is_the_opd_hint(policy):
             assert rows[1]["reject_reason"] == "no_next_state"  # no feedback there: nothing to judge
     finally:
         httpx.post(policy.url + "/admin/mode", json={"mode": "rl"}, headers=headers, trust_env=False)
+
+
+def test_feedback_names_responses_and_messages_turns_by_their_own_ids(policy):
+    """A Responses turn is named by its ``resp_`` id and an Anthropic Messages turn by its ``msg_`` id: the
+    turn records the id its client got, whatever the API shape."""
+    sid = f"fb-shapes-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(base_url=policy.url, timeout=60, trust_env=False) as client:
+        headers = {"X-Session-Id": sid}
+        first = client.post(
+            "/v1/responses", headers=headers, json={"model": "m", "input": "Open the report.", "max_output_tokens": 6}
+        )
+        assert first.status_code == 200, first.text
+        rid = first.json()["id"]
+        text = "".join(
+            c.get("text", "") for item in first.json()["output"] if item["type"] == "message" for c in item["content"]
+        )
+        second = client.post(
+            "/v1/messages",
+            headers=headers,
+            json={
+                "model": "m",
+                "max_tokens": 6,
+                "messages": [
+                    {"role": "user", "content": "Open the report."},
+                    {"role": "assistant", "content": text or "ok"},
+                    {"role": "user", "content": NEUTRAL},
+                ],
+            },
+        )
+        assert second.status_code == 200, second.text
+        mid = second.json()["id"]
+        assert rid.startswith("resp_") and mid.startswith("msg_")
+        one = feedback(client, {"response_id": rid, "value": "up"})
+        two = feedback(client, {"response_id": mid, "value": "down"})
+        assert {one["state"], two["state"]} <= {"pending", "applied"}
+        view = client.get("/admin/feedback", params={"session_id": sid}, headers=ADMIN).json()["feedback"]
+        assert sorted((r["turn_index"], r["value"]) for r in view) == [(0, 1.0), (1, -1.0)]

@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from engine import fastjson
 from engine.errors import (
     EngineBadResponse,
     EngineError,
@@ -115,6 +116,13 @@ class EngineClient:
     def _headers(self, admin: bool) -> dict[str, str]:
         return bearer_headers((self.admin_api_key or self.api_key) if admin else self.api_key)
 
+    def _body(self, body: Any, admin: bool) -> dict[str, Any]:
+        """httpx arguments for a JSON body: encoded once by engine.fastjson (a whole prompt's ids), not per try."""
+        headers = self._headers(admin)
+        if body is None:
+            return {"headers": headers}
+        return {"content": fastjson.dumps_bytes(body), "headers": {**headers, "Content-Type": "application/json"}}
+
     def _engine_error(self, exc: CallError, method: str, path: str) -> EngineError:
         """The engine.errors class for one failed call (the single mapping from the client layer)."""
         if isinstance(exc, CallRejected):
@@ -148,8 +156,7 @@ class EngineClient:
                 policy=self.retry,
                 deadline_s=deadline_s,
                 retry=retry,
-                json=body,
-                headers=self._headers(admin),
+                **self._body(body, admin),
             )
         except CallError as exc:
             raise self._engine_error(exc, method, path) from exc
@@ -219,8 +226,7 @@ class EngineClient:
                     url,
                     policy=self.retry,
                     deadline_s=deadline,
-                    json=body,
-                    headers=self._headers(False),
+                    **self._body(body, False),
                 )
             except CallError as exc:
                 raise self._engine_error(exc, "POST", "/generate") from exc

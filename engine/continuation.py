@@ -21,8 +21,7 @@ presence, a reply with the same parts, the same tools and template arguments), `
 ``suffix = render(base + N, generation prompt) - render(base)``. This is exact for templates that are
 **append-only**: appending messages never changes the text rendered for the ones before, and an
 assistant message's rendering starts with the generation prompt. That is checked per shape (a probe on
-synthetic messages, cached) and, on every ``verify_every``-th continued turn, against the full render of
-the real messages (text only: ``render(M + [a])`` starts with ``render(M, gen)`` and ends with the
+synthetic messages, cached) and, on sampled continued turns, against the full render of the real messages (text only: ``render(M + [a])`` starts with ``render(M, gen)`` and ends with the
 closing, and ``render(M + [a] + N, gen) == render(M + [a]) + suffix``). A shape or a turn that fails falls back to a full render, with the reason in
 :class:`Rendered`; a failed verification also turns that shape off for the process lifetime.
 
@@ -53,6 +52,8 @@ TOOLS_CHANGED = "tools_changed"
 TEMPLATE_KWARGS_CHANGED = "template_kwargs_changed"
 TEMPLATE_REWRITES_HISTORY = "template_rewrites_history"
 VERIFY_MISMATCH = "verify_mismatch"
+# The verification budget holds at most this many turns' worth of credit.
+_VERIFY_CREDIT_TURNS = 64
 RENDER_REASONS = (
     CONTINUED,
     NO_PRIOR_TURN,
@@ -155,17 +156,20 @@ def _synthetic(messages: list[dict[str, Any]], n_prior: int) -> tuple[list[dict[
 class ContinuationRenderer:
     """Renders prompts for one tokenizer/template, continuing recorded turns where the template allows.
 
-    ``verify_every``: every that many continued turns (per renderer) are checked against a full text
-    render of the real messages; 1 checks every one, 0 none (the per-shape probe still runs).
-    Thread-safe: the shape cache and the counter are guarded by one lock.
+    ``verify_tokens_per_turn``: the full-render check of the real messages costs a render of the whole
+    history, so it is paid for from a budget that grows by this many history tokens per continued turn; a
+    turn is checked when the budget covers its history (which then spends it). The check's CPU per turn is
+    therefore the same at any history length: every turn of a short session is checked, one turn in H / T
+    of an H-token one. 0 checks none (the per-shape probe still runs); a huge value checks every turn.
+    Thread-safe: the shape cache and the budget are guarded by one lock.
     """
 
-    def __init__(self, tokenizer: Any, *, verify_every: int = 16) -> None:
+    def __init__(self, tokenizer: Any, *, verify_tokens_per_turn: int = 2048) -> None:
         self.tokenizer = tokenizer
-        self.verify_every = verify_every
+        self.verify_tokens_per_turn = verify_tokens_per_turn
         self._shapes: OrderedDict[tuple[Any, ...], _Shape] = OrderedDict()
         self._lock = threading.Lock()
-        self._continued = 0
+        self._verify_credit = 0
 
     def render(
         self,
@@ -185,7 +189,7 @@ class ContinuationRenderer:
             if suffix is None:
                 reason = TEMPLATE_REWRITES_HISTORY
             else:
-                verified = self._due_for_verify()
+                verified = self._due_for_verify(len(prior.prompt_ids) + len(prior.response_ids))
                 if verified and not self._verify(messages, n, tools, chat_template_kwargs, shape, suffix):
                     with self._lock:
                         self._shapes[key] = _Shape(ok=False)
@@ -221,12 +225,20 @@ class ContinuationRenderer:
             return TEMPLATE_KWARGS_CHANGED
         return None
 
-    def _due_for_verify(self) -> bool:
-        if self.verify_every <= 0:
+    def _due_for_verify(self, history_tokens: int) -> bool:
+        per_turn = self.verify_tokens_per_turn
+        if per_turn <= 0:
             return False
+        # The credit is capped, so a long run of short turns cannot bank a burst of checks of long ones; a
+        # history longer than the cap is checked whenever the credit is full (one turn in that many).
+        cap = _VERIFY_CREDIT_TURNS * per_turn
+        needed = min(history_tokens, cap)
         with self._lock:
-            self._continued += 1
-            return self._continued % self.verify_every == 0
+            self._verify_credit = min(self._verify_credit + per_turn, cap)
+            if self._verify_credit < needed:
+                return False
+            self._verify_credit -= needed
+            return True
 
     # ------------------------------------------------------------------ template work
     def _text(self, messages: list[dict[str, Any]], tools: Any, kwargs: Any, gen: bool) -> str:

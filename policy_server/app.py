@@ -144,7 +144,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
                     gate,
                     max_resumes=settings.max_resumes,
                     max_prompt_tokens=settings.max_prompt_tokens or context_length(settings.model_path),
-                    render_verify_every=settings.render_verify_every,
+                    render_verify_tokens_per_turn=settings.render_verify_tokens_per_turn,
                 ),
                 gate=gate,
                 weight_sync=WeightSync(

@@ -143,12 +143,13 @@ class PolicySettings(CliSettings):
     engine_deadline_s: float = Field(120.0, description="total time one engine call may take, retries included")
     engine_max_attempts: int = Field(5, description="tries of one engine call before it fails")
     max_resumes: int = Field(8, description="times a generation aborted by a weight update is resumed")
-    render_verify_every: int = Field(
-        16,
+    render_verify_tokens_per_turn: int = Field(
+        2048,
         ge=0,
-        description="check every Nth token-continued prompt against a full render of the template (1: every "
-        "one, 0: never; a mismatch falls back to a full render and turns continuation off for that "
-        "conversation shape)",
+        description="budget of the check of token-continued prompts against a full render of the template, in "
+        "history tokens per turn: a turn is checked when the budget covers its history, so the check costs the "
+        "same CPU per turn at any history length (0: never; a huge value: every turn). A mismatch falls back "
+        "to a full render and turns continuation off for that conversation shape",
     )
 
     # --- weight sync

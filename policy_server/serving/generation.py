@@ -144,7 +144,7 @@ class Generator:
         max_resumes: int = 8,
         deadline_s: float | None = None,
         max_prompt_tokens: int | None = None,
-        render_verify_every: int = 16,
+        render_verify_tokens_per_turn: int = 2048,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -153,7 +153,7 @@ class Generator:
         self.deadline_s = deadline_s
         self.max_prompt_tokens = max_prompt_tokens
         self._max_token_chars = longest_token_chars(tokenizer) if max_prompt_tokens else 1
-        self.renderer = ContinuationRenderer(tokenizer, verify_every=render_verify_every)
+        self.renderer = ContinuationRenderer(tokenizer, verify_tokens_per_turn=render_verify_tokens_per_turn)
 
     def check_fits(self, messages: list[dict[str, Any]]) -> None:
         """400 before any rendering when the prompt cannot fit the engine's context: a multi-megabyte history

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from engine import fastjson
 from engine.records import SAMPLE_STATUSES
 
 __all__ = ["SAMPLE_STATUSES", "Row", "StoreDB", "dump_json", "turn_dict"]
@@ -124,14 +125,14 @@ class Row(tuple[Any, ...]):
 
 
 def dump_json(obj: Any) -> str | None:
-    """JSON text of a column value (None stays NULL)."""
-    return None if obj is None else json.dumps(obj, ensure_ascii=False)
+    """JSON text of a column value (None stays NULL); a record's prompt ids by the fast encoder."""
+    return None if obj is None else fastjson.dumps(obj, ensure_ascii=False)
 
 
 def turn_dict(row: Any) -> dict[str, Any]:
     """A ``turns`` row as the :class:`~engine.records.Turn` JSON: the stored record (``TurnRecord``) plus its
     session, index and pairing columns (``Turn``'s own fields, in their order)."""
-    rec = json.loads(row["record"])
+    rec = fastjson.loads(row["record"])
     rec.update(
         session_id=row["session_id"],
         turn_index=row["turn_index"],

@@ -26,6 +26,7 @@ import time
 import uuid
 from typing import Any
 
+from engine import fastjson
 from engine.records import SampleState as S
 from policy_server.store.base import StoreDB
 
@@ -90,7 +91,7 @@ class StoreLeases(StoreDB):
                 "INSERT INTO leases (lease_id, created_at, expires_at, state, sample_ids) VALUES (?, ?, ?, 'active', ?)",
                 (lease_id, now, now + lease_s, json.dumps(ids)),
             )
-        return lease_id, [json.loads(r["data"]) for r in rows]
+        return lease_id, [fastjson.loads(r["data"]) for r in rows]
 
     def ack(self, lease_id: str, now: float | None = None) -> dict[str, Any]:
         """Consume a lease's samples. Idempotent for an acked lease; LeaseError if unknown or expired."""

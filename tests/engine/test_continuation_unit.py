@@ -13,6 +13,7 @@ from engine.chat import load_tokenizer, render_prompt_ids, render_prompt_text
 from engine.continuation import ContinuationRenderer, PriorTurn
 
 pytestmark = pytest.mark.unit
+ALWAYS = 10**9  # a verification budget that covers every turn
 
 TOOLS = [
     {
@@ -45,7 +46,7 @@ def _chars(tok: Any, text: str) -> list[int]:
 
 
 def test_continuation_equals_the_full_render_when_the_reply_tokenizes_like_the_template(tok: Any) -> None:
-    r = ContinuationRenderer(tok, verify_every=1)
+    r = ContinuationRenderer(tok, verify_tokens_per_turn=ALWAYS)
     m = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "weather in Paris?"}]
     p = render_prompt_ids(tok, m, TOOLS)
     resp = tok.encode(CALL_TEXT, add_special_tokens=False) + [_eos(tok)]
@@ -61,7 +62,7 @@ def test_continuation_equals_the_full_render_when_the_reply_tokenizes_like_the_t
 
 
 def test_sampled_ids_stay_exact_and_only_the_suffix_is_rendered(tok: Any) -> None:
-    r = ContinuationRenderer(tok, verify_every=1)
+    r = ContinuationRenderer(tok, verify_tokens_per_turn=ALWAYS)
     m = [{"role": "user", "content": "say hello"}]
     p = render_prompt_ids(tok, m)
     resp = _chars(tok, "hello  there") + [_eos(tok)]  # a tokenization the template's render would not give
@@ -77,7 +78,7 @@ def test_sampled_ids_stay_exact_and_only_the_suffix_is_rendered(tok: Any) -> Non
 
 
 def test_a_reply_cut_without_its_stop_token_gets_the_template_closing(tok: Any) -> None:
-    r = ContinuationRenderer(tok, verify_every=1)
+    r = ContinuationRenderer(tok, verify_tokens_per_turn=ALWAYS)
     m = [{"role": "user", "content": "count"}]
     p = render_prompt_ids(tok, m)
     resp = tok.encode("one two", add_special_tokens=False)  # finish: length, no <|im_end|>
@@ -89,7 +90,7 @@ def test_a_reply_cut_without_its_stop_token_gets_the_template_closing(tok: Any) 
 
 
 def test_every_turn_of_a_session_continues_the_previous_exactly(tok: Any) -> None:
-    r = ContinuationRenderer(tok, verify_every=1)
+    r = ContinuationRenderer(tok, verify_tokens_per_turn=ALWAYS)
     msgs: list[dict[str, Any]] = [{"role": "system", "content": "agent"}, {"role": "user", "content": "start"}]
     prior = None
     for i in range(5):
@@ -109,7 +110,7 @@ def test_every_turn_of_a_session_continues_the_previous_exactly(tok: Any) -> Non
 
 
 def test_refusals_fall_back_to_the_full_render(tok: Any) -> None:
-    r = ContinuationRenderer(tok, verify_every=1)
+    r = ContinuationRenderer(tok, verify_tokens_per_turn=ALWAYS)
     m = [{"role": "user", "content": "hi"}]
     p = render_prompt_ids(tok, m)
     resp = tok.encode("yo", add_special_tokens=False) + [_eos(tok)]
@@ -136,7 +137,7 @@ def test_refusals_fall_back_to_the_full_render(tok: Any) -> None:
 
 def test_thinking_off_rewrites_history_in_the_tiny_template(tok: Any) -> None:
     # The generation prompt opens an empty <think></think> block that the template drops from past replies.
-    r = ContinuationRenderer(tok, verify_every=0)
+    r = ContinuationRenderer(tok, verify_tokens_per_turn=0)
     kw = {"enable_thinking": False}
     m = [{"role": "user", "content": "hi"}]
     p = render_prompt_ids(tok, m, chat_template_kwargs=kw)
@@ -165,7 +166,7 @@ DROPS_PAST_REASONING = (
 def test_a_template_that_drops_past_reasoning_is_detected(tok: Any) -> None:
     t = copy.copy(tok)
     t.chat_template = DROPS_PAST_REASONING
-    r = ContinuationRenderer(t, verify_every=0)
+    r = ContinuationRenderer(t, verify_tokens_per_turn=0)
     m = [{"role": "user", "content": "q"}]
     p = render_prompt_ids(t, m)
     resp = tok.encode("<think>hmm</think>call", add_special_tokens=False) + [_eos(tok)]
@@ -199,13 +200,13 @@ def test_verification_catches_what_the_probe_cannot_and_turns_the_shape_off(tok:
     resp = tok.encode("d", add_special_tokens=False) + [_eos(tok)]
     msgs = [*m, {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}]
     prior = PriorTurn(m, None, None, p, resp)
-    unverified = ContinuationRenderer(t, verify_every=0).render(msgs, None, None, prior)
+    unverified = ContinuationRenderer(t, verify_tokens_per_turn=0).render(msgs, None, None, prior)
     assert unverified.reason == cont.CONTINUED  # the probe's short synthetic conversation does not show it
-    r = ContinuationRenderer(t, verify_every=1)
+    r = ContinuationRenderer(t, verify_tokens_per_turn=ALWAYS)
     out = r.render(msgs, None, None, prior)
     assert out.reason == cont.VERIFY_MISMATCH
     assert out.ids == render_prompt_ids(t, msgs)
-    r.verify_every = 0
+    r.verify_tokens_per_turn = 0
     assert r.render(msgs, None, None, prior).reason == cont.TEMPLATE_REWRITES_HISTORY  # remembered
 
 
@@ -225,7 +226,7 @@ def test_suffix_cost_does_not_depend_on_history_length(tok: Any) -> None:
             return self.inner.apply_chat_template(messages, **kw)
 
     counting = Counting(tok)
-    r = ContinuationRenderer(counting, verify_every=0)
+    r = ContinuationRenderer(counting, verify_tokens_per_turn=0)
     costs = []
     for n_hist in (2, 200):
         m = [{"role": "user" if i % 2 == 0 else "assistant", "content": "word " * 50} for i in range(n_hist)]
@@ -239,3 +240,20 @@ def test_suffix_cost_does_not_depend_on_history_length(tok: Any) -> None:
         assert out.reason == cont.CONTINUED
         costs.append(sum(rendered))
     assert costs[0] == costs[1] < 20
+
+
+def test_the_verification_budget_checks_a_constant_share_of_history_tokens():
+    """Each continued turn earns T tokens of credit; a turn is checked when the credit covers its history:
+    every turn of a T-token history, one in 8 of an 8T-token one, so the check's render work per turn does
+    not grow with the history. The credit is capped at 64 turns' worth."""
+    r = ContinuationRenderer(None, verify_tokens_per_turn=100)
+    assert [r._due_for_verify(100) for _ in range(4)] == [True] * 4
+    checks = [r._due_for_verify(800) for _ in range(32)]
+    assert sum(checks) == 4 and checks[7] and checks[15]
+    r = ContinuationRenderer(None, verify_tokens_per_turn=100)
+    for _ in range(1000):  # a long run of short turns banks at most the cap
+        r._due_for_verify(1)
+    assert sum(r._due_for_verify(6400) for _ in range(64)) == 1  # no burst of long checks
+    huge = ContinuationRenderer(None, verify_tokens_per_turn=100)
+    assert sum(huge._due_for_verify(10**6) for _ in range(128)) == 2  # longer than the cap: one turn in 64
+    assert not any(ContinuationRenderer(None, verify_tokens_per_turn=0)._due_for_verify(1) for _ in range(3))

@@ -3,7 +3,7 @@
 A session's continuing turn is sent to the engine as the previous turn's exact prompt ids, its exact sampled
 ids, then only the new messages rendered; the engine's prefix cache then reuses everything up to the new
 messages (``usage.prompt_tokens_details.cached_tokens``). Every continued prompt is also checked against the
-template's full render (``--render-verify-every 1``). A template that rewrites history (thinking off in the
+template's full render (``--render-verify-tokens-per-turn`` large enough for every turn). A template that rewrites history (thinking off in the
 tiny template) takes the full render and is counted.
 """
 
@@ -45,7 +45,7 @@ def verifying_policy(
         router.url,
         d / "data",
         d,
-        extra=["--engine-worker-urls", engine.url, "--render-verify-every", "1"],
+        extra=["--engine-worker-urls", engine.url, "--render-verify-tokens-per-turn", "1000000000"],
     )
     yield mp
     mp.stop()

@@ -91,12 +91,16 @@ def turn_record(
     response_id: str | None = None,
 ) -> dict[str, Any]:
     """The turn's :class:`~engine.records.TurnRecord` JSON, as the store persists it; ``response_id`` is the
-    id the client got for the reply (explicit feedback names the turn by it)."""
-    return TurnRecord(
+    id the client got for the reply (explicit feedback names the turn by it).
+
+    The two fields that grow with the history are validated where they are made, the request's messages by
+    the API layer and the prompt ids by the renderer: the record is validated with an empty stand-in of each
+    and carries the originals, so a 30k-token turn is not walked twice more (validation and dump)."""
+    record = TurnRecord(
         chat_template_kwargs=template_kwargs,  # the teacher renders its prompt the same way
-        messages=messages,
+        messages=[],
         tools=tools,
-        prompt_ids=res.prompt_ids,
+        prompt_ids=[],
         response_ids=res.response_ids,
         rollout_logprobs=res.logprobs,
         response={k: message.get(k) for k in ("content", "reasoning_content", "tool_calls")},
@@ -108,6 +112,8 @@ def turn_record(
         constrained=any(k in sp for k in GRAMMAR_KEYS),
         response_id=response_id,
     ).to_json()
+    record["messages"], record["prompt_ids"] = messages, res.prompt_ids  # keys keep their places
+    return record
 
 
 async def _first_delta(deltas: AsyncIterator[str]) -> str | None:

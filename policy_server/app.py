@@ -141,6 +141,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
                     gate,
                     max_resumes=settings.max_resumes,
                     max_prompt_tokens=settings.max_prompt_tokens or context_length(settings.model_path),
+                    render_concurrency=settings.render_concurrency,
                 ),
                 gate=gate,
                 weight_sync=WeightSync(

@@ -101,7 +101,10 @@ async def _read_json(request: Request, max_depth: int) -> dict[str, Any]:
 def _chat_input(st: PolicyState, body: dict[str, Any], sid: str | None, turn_type: str, done: bool) -> ChatInput:
     """The typed request, its messages and the engine's sampling params; every problem a 400 naming its field."""
     if isinstance(body.get("messages"), list):  # a hopeless prompt is refused before any per-message work
-        st.generator.check_fits([m for m in body["messages"] if isinstance(m, dict)])
+        tools = body.get("tools")
+        st.generator.check_fits(
+            [m for m in body["messages"] if isinstance(m, dict)], tools if isinstance(tools, list) else None
+        )
     try:
         req = oa.ChatRequest.model_validate(body)
     except ValidationError as exc:

@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 # Below this many characters of message text (+ tool schemas) a prompt is rendered on the event loop.
 INLINE_RENDER_MAX_CHARS = 2048
+# Renders running in worker threads at once: more would only queue for the GIL and hold their memory at once.
+DEFAULT_RENDER_CONCURRENCY = 2
 
 
 def _prompt_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
@@ -63,9 +65,28 @@ def _prompt_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
     return n
 
 
-def prompt_token_floor(messages: list[dict[str, Any]], max_token_chars: int) -> int:
+def _string_chars(value: Any) -> int:
+    """Characters of every string (keys included) in a JSON value; iterative, so any nesting is safe."""
+    total, stack = 0, [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            total += len(node)
+        elif isinstance(node, dict):
+            total += sum(len(k) for k in node if isinstance(k, str))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return total
+
+
+def prompt_token_floor(messages: list[dict[str, Any]], max_token_chars: int, tools: list[Any] | None = None) -> int:
     """A lower bound of the rendered prompt's length in tokens, without rendering it: every message adds at
-    least one token, and no token covers more than ``max_token_chars`` characters of its text."""
+    least one token, and no token covers more than ``max_token_chars`` characters of its text.
+
+    Counted: message text (string content, text parts), the names and arguments of history tool calls,
+    and every string of the tool definitions (templates render each tool whole, as JSON, whose escaping
+    only lengthens it). Cost: one pass over the values, no copies."""
     chars = 0
     for m in messages:
         c = m.get("content")
@@ -73,6 +94,14 @@ def prompt_token_floor(messages: list[dict[str, Any]], max_token_chars: int) -> 
             chars += len(c)
         elif isinstance(c, list):
             chars += sum(len(p["text"]) for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+        calls = m.get("tool_calls")
+        if isinstance(calls, list):
+            for tc in calls:
+                fn = tc.get("function") if isinstance(tc, dict) else None
+                if isinstance(fn, dict):
+                    chars += _string_chars([fn.get("name"), fn.get("arguments")])
+    if isinstance(tools, list):
+        chars += _string_chars(tools)
     return len(messages) + chars // max(1, max_token_chars)
 
 
@@ -141,6 +170,7 @@ class Generator:
         max_resumes: int = 8,
         deadline_s: float | None = None,
         max_prompt_tokens: int | None = None,
+        render_concurrency: int = DEFAULT_RENDER_CONCURRENCY,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -149,19 +179,28 @@ class Generator:
         self.deadline_s = deadline_s
         self.max_prompt_tokens = max_prompt_tokens
         self._max_token_chars = longest_token_chars(tokenizer) if max_prompt_tokens else 1
+        # Bounds the renders in worker threads (each holds its prompt's text and ids while it runs); the
+        # rest wait here, on the event loop, without holding a thread or memory.
+        self._render_slots = asyncio.Semaphore(render_concurrency)
 
-    def check_fits(self, messages: list[dict[str, Any]]) -> None:
-        """400 before any rendering when the prompt cannot fit the engine's context: a multi-megabyte history
-        would otherwise be rendered and tokenized (seconds of CPU, gigabytes) only for the engine to refuse it."""
+    def _too_long(self, tokens: int, exact: bool) -> InvalidRequest:
+        what = f"{tokens} tokens" if exact else f"at least {tokens} tokens"
+        return InvalidRequest(
+            f"the prompt has {what}; the engine's context is {self.max_prompt_tokens} tokens",
+            param="messages",
+            code="context_length_exceeded",
+        )
+
+    def check_fits(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> None:
+        """400 ``context_length_exceeded`` before any rendering when the prompt (its messages and its tools)
+        cannot fit the engine's context: a multi-megabyte history or tool description would otherwise be
+        rendered and tokenized (seconds of CPU, gigabytes) only for the engine to refuse it. The cheap
+        bound; :meth:`render` checks the exact count after rendering."""
         if self.max_prompt_tokens is None:
             return
-        floor = prompt_token_floor(messages, self._max_token_chars)
+        floor = prompt_token_floor(messages, self._max_token_chars, tools)
         if floor >= self.max_prompt_tokens:
-            raise InvalidRequest(
-                f"the prompt has at least {floor} tokens; the engine's context is {self.max_prompt_tokens} tokens",
-                param="messages",
-                code="context_length_exceeded",
-            )
+            raise self._too_long(floor, exact=False)
 
     async def render(
         self,
@@ -169,14 +208,23 @@ class Generator:
         tools: list[dict[str, Any]] | None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        # Template rendering + tokenization is CPU work proportional to the history. A short prompt
-        # renders in ~0.1 ms, less than a thread hand-off costs, so it runs inline; a long history
-        # would stall every other request on the loop for milliseconds, so it goes to a worker thread.
+        """The prompt's ids, checked against the context: the cheap bound first (:meth:`check_fits`), then
+        the exact count; either way a prompt that cannot fit is a 400 before the engine sees it.
+
+        Template rendering + tokenization is CPU work proportional to the history. A short prompt renders
+        in ~0.1 ms, less than a thread hand-off costs, so it runs inline; a longer one runs in a worker
+        thread (at most ``render_concurrency`` at once), so it never stalls the other requests on the loop."""
+        self.check_fits(messages, tools)
         if _prompt_chars(messages, tools) <= INLINE_RENDER_MAX_CHARS:
-            return render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs)
-        return await asyncio.to_thread(
-            render_prompt_ids, self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs
-        )
+            ids = render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs)
+        else:
+            async with self._render_slots:
+                ids = await asyncio.to_thread(
+                    render_prompt_ids, self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs
+                )
+        if self.max_prompt_tokens is not None and len(ids) >= self.max_prompt_tokens:
+            raise self._too_long(len(ids), exact=True)
+        return ids
 
     def _segment_params(self, sp: dict[str, Any], produced: int) -> dict[str, Any]:
         out = dict(sp)

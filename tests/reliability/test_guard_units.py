@@ -189,3 +189,81 @@ def test_unexpected_errors_answer_one_500_and_rate_limit_their_tracebacks(caplog
     assert len(records) == 5  # one record per error
     assert [r.exc_info is not None for r in records] == [True, True, True, False, False]
     assert all("secret" not in r.getMessage() for r in records[3:])
+
+
+def test_prompt_token_floor_counts_tools_and_history_calls():
+    big = "d" * 7000
+    tools = [{"type": "function", "function": {"name": "f" * 20, "description": big, "parameters": {"type": "object"}}}]
+    msgs = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "g", "arguments": "x" * 99}}]}]
+    # strings of the tool: type, function, name, description, parameters, type (keys) + values
+    tool_chars = len("type") * 2 + len("function") * 2 + len("name") + 20 + len("description") + 7000
+    tool_chars += len("parameters") + len("object")
+    assert prompt_token_floor(msgs, 10, tools) == 1 + (1 + 99 + tool_chars) // 10
+    assert prompt_token_floor(msgs, 10) == 1 + 100 // 10
+
+
+class _SlowTokenizer:
+    """A tokenizer double whose render blocks until released: shows where the render runs and how many at once."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.running = self.peak = 0
+
+    def get_vocab(self) -> dict[str, int]:
+        return {"abcd": 0, "a": 1}
+
+    def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=True, **kw) -> str:
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        self.release.wait(10)
+        with self.lock:
+            self.running -= 1
+        return "".join(m["content"] for m in messages)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1] * len(text)
+
+
+def _generator(tok, **kw):
+    from policy_server.serving.generation import Generator
+
+    return Generator(engine=None, tokenizer=tok, gate=None, **kw)  # type: ignore[arg-type]
+
+
+def test_long_renders_run_off_the_event_loop_with_bounded_concurrency():
+    tok = _SlowTokenizer()
+    gen = _generator(tok, max_prompt_tokens=1_000_000, render_concurrency=2)
+    long_msgs = [{"role": "user", "content": "x" * 5000}]
+
+    async def main() -> list[list[int]]:
+        renders = [asyncio.ensure_future(gen.render(long_msgs, None)) for _ in range(5)]
+        while tok.running < 2:  # noqa: ASYNC110  # the loop keeps turning while the renders block their threads
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert tok.running == 2 and not any(r.done() for r in renders)  # the other three wait for a slot
+        tok.release.set()
+        return await asyncio.gather(*renders)
+
+    results = asyncio.run(main())
+    assert tok.peak == 2 and all(len(ids) == 5000 for ids in results)
+
+
+def test_render_refuses_by_the_cheap_bound_then_by_the_exact_count():
+    from policy_server.errors import InvalidRequest
+
+    tok = _SlowTokenizer()
+    tok.release.set()
+    gen = _generator(tok, max_prompt_tokens=3000)  # longest vocab entry: 4 characters
+    tools = [{"type": "function", "function": {"name": "f", "description": "d" * 20_000}}]
+    with pytest.raises(InvalidRequest) as cheap:
+        asyncio.run(gen.render([{"role": "user", "content": "hi"}], tools))
+    assert cheap.value.code == "context_length_exceeded" and "at least" in cheap.value.message
+    assert tok.peak == 0  # refused before any render
+    with pytest.raises(InvalidRequest) as exact:  # 4000 chars: floor 1001 < 3000, but 4000 tokens exactly
+        asyncio.run(gen.render([{"role": "user", "content": "x" * 4000}], None))
+    assert exact.value.code == "context_length_exceeded" and "has 4000 tokens" in exact.value.message
+    assert len(asyncio.run(gen.render([{"role": "user", "content": "x" * 2999}], None))) == 2999

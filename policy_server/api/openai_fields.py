@@ -17,6 +17,8 @@ Contract (CONTRACTS.md "OpenAI fields"):
   talks to its engine directly. sglang-router 0.3.2 drops ``logit_bias`` from ``/generate`` (its typed
   sampling struct lacks it), so behind a router (``engine_url`` not among ``engine_worker_urls``) the
   field is a 400 rather than silently ignored.
+- ``stop`` with a forced ``tool_choice``: not sent to the engine; the forced reply is exactly one call and
+  stops apply to text after it (policy_server.serving.tool_choice).
 - ``parallel_tool_calls: false``: a forced call is always exactly one; with ``tool_choice: auto`` the
   engine stops at the first ``</tool_call>`` (kept in the text), so at most one call is returned.
 - ``reasoning_effort``: one of ``none minimal low medium high xhigh``. The policy's chat template only has
@@ -115,6 +117,8 @@ def apply_constraints(
         )
     if forced:
         sp["ebnf"] = forced
+        # The grammar ends with the call; a stop could only cut the call's own markup (tool_choice's docstring).
+        sp.pop("stop", None)
     elif json_schema:
         sp["json_schema"] = json_schema
     return forced is not None

@@ -7,7 +7,17 @@ with the same library) of exactly one Hermes/Qwen block::
 
     <tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>
 
-that ``engine.chat.HermesToolCallParser`` parses. ``ARGS`` is xgrammar's own JSON-schema grammar of the
+that ``engine.chat.HermesToolCallParser`` parses.
+
+The call's JSON strings (values and keys) cannot hold a raw ``<``: every special or markup token of the
+Hermes/ChatML family starts with it (``<tool_call>``, ``</tool_call>``, ``<think>``, ``</think>``,
+``<|im_end|>``...), so a sampled string can never spell one; the character is still reachable as the JSON
+escape ``\\u003c``, which decodes to ``<`` in the arguments the client gets. Without this a string could
+end the call early (or open a reasoning block) once the history is re-rendered and re-tokenized.
+
+Stop sequences do not apply inside the forced call: the grammar ends with the call, so a client's
+``stop`` could only cut the call's own markup (leaving neither call nor content). A forced request is sent
+to the engine without ``stop``; stops apply to text after the call, and a forced reply has none. ``ARGS`` is xgrammar's own JSON-schema grammar of the
 function's ``parameters`` (compact separators ``", "``/``": "``; strict: no properties beyond the schema's),
 so arrays, nested objects, integers, numbers, booleans, enums, ``anyOf``/nullable fields and local
 ``$ref``/``$defs`` come back typed and valid. ``"required"`` with several tools is the union of their
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 import xgrammar as xgr
@@ -93,6 +104,15 @@ def _call_grammar(fn: dict[str, Any], index: int) -> xgr.Grammar:
     )
 
 
+# A negated character class of a JSON string's characters in xgrammar's EBNF (it excludes the quote).
+_STRING_CHARS = re.compile(r'\[\^((?:[^\]\\]|\\.)*\\"(?:[^\]\\]|\\.)*)\]')
+
+
+def exclude_markup_from_strings(ebnf: str) -> str:
+    """``ebnf`` with ``<`` removed from every JSON-string character class (see the module docstring)."""
+    return _STRING_CHARS.sub(lambda m: m.group(0) if "<" in m.group(1) else f"[^{m.group(1)}<]", ebnf)
+
+
 def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any) -> str | None:
     """The ``ebnf`` source for ``tool_choice``, or None when the model chooses freely (auto/none/absent)."""
     if tool_choice in (None, "auto", "none"):
@@ -104,7 +124,7 @@ def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any) ->
         if not indexed:
             raise InvalidRequest(f"tool_choice names function {name!r}, which is not in tools", param="tool_choice")
     grammars = [_call_grammar(f, i) for i, f in indexed]
-    return str(grammars[0] if len(grammars) == 1 else xgr.Grammar.union(*grammars))
+    return exclude_markup_from_strings(str(grammars[0] if len(grammars) == 1 else xgr.Grammar.union(*grammars)))
 
 
 def response_format_schema(response_format: dict[str, Any] | None) -> str | None:

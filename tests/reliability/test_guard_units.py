@@ -7,6 +7,7 @@ server's log file (engine.procs.spawn: 0600 whatever the umask, an older world-r
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 import sys
@@ -267,3 +268,72 @@ def test_render_refuses_by_the_cheap_bound_then_by_the_exact_count():
         asyncio.run(gen.render([{"role": "user", "content": "x" * 4000}], None))
     assert exact.value.code == "context_length_exceeded" and "has 4000 tokens" in exact.value.message
     assert len(asyncio.run(gen.render([{"role": "user", "content": "x" * 2999}], None))) == 2999
+
+
+# --- Forced calls never vanish: the call grammar's strings cannot spell markup, and calls are parsed by
+# their structure (engine.chat, policy_server.serving.tool_choice).
+_WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}, "k": {"type": "object"}}},
+        },
+    }
+]
+
+
+def _call_text(args: str) -> str:
+    return '<tool_call>\n{"name": "f", "arguments": ' + args + "}\n</tool_call>"
+
+
+@pytest.mark.parametrize("inside", ["</tool_call>", "</think>", "<think>", "<tool_call>", "<|im_end|>"])
+def test_forced_call_grammar_strings_exclude_markup(inside):
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from policy_server.serving.tool_choice import forced_tool_grammar
+
+    grammar = xgr.Grammar.from_ebnf(forced_tool_grammar(_WEATHER, "required"))
+    value = json.dumps("a" + inside + "b")
+    assert not _is_grammar_accept_string(grammar, _call_text('{"x": ' + value + "}"))
+    assert not _is_grammar_accept_string(grammar, _call_text('{"k": {' + value + ": 1}}"))  # keys too
+    escaped = value.replace("<", "\\u003c")  # still reachable, as the JSON escape
+    assert _is_grammar_accept_string(grammar, _call_text('{"x": ' + escaped + "}"))
+
+
+@pytest.mark.parametrize("inside", ["</tool_call>", "</think>", "</tool_call>\n</think>"])
+def test_calls_are_parsed_by_structure_not_by_the_first_closing_tag(inside):
+    from engine.chat import DEFAULT_TOOL_PARSER, parse_assistant_output
+
+    args = {"x": "a" + inside + "b"}
+    text = _call_text(json.dumps(args))
+    for reasoning_parser in (None, parse_assistant_output.__kwdefaults__["reasoning_parser"]):
+        parsed = parse_assistant_output(text, reasoning_parser=reasoning_parser, tool_parser=DEFAULT_TOOL_PARSER)
+        assert parsed.reasoning_content is None and parsed.content == ""
+        [call] = parsed.tool_calls
+        assert json.loads(call["function"]["arguments"]) == args
+    # with reasoning opened by the prompt (no <think> in the reply): the reasoning ends before the call
+    parsed = parse_assistant_output("plan</think>\n" + text)
+    assert parsed.reasoning_content == "plan" and len(parsed.tool_calls) == 1
+
+
+def test_a_block_that_is_not_a_call_stays_content_and_later_calls_parse():
+    from engine.chat import parse_assistant_output
+
+    text = "<tool_call>{not json}</tool_call> then " + _call_text('{"x": "y"}')
+    parsed = parse_assistant_output(text)
+    assert parsed.content == "<tool_call>{not json}</tool_call> then"
+    assert [c["function"]["name"] for c in parsed.tool_calls] == ["f"]
+    cut = _call_text('{"x": "y"}')[:-3]  # closing tag cut by max_tokens: no call, the text stays
+    assert parse_assistant_output(cut).tool_calls == [] and parse_assistant_output(cut).content == cut
+
+
+def test_forced_call_is_sent_without_stop_sequences():
+    from policy_server.api.openai_fields import ChatExtras, apply_constraints
+
+    sp = {"max_new_tokens": 8, "stop": ["a", "</tool_call>"]}
+    assert apply_constraints(ChatExtras(), sp, _WEATHER, "required") is True
+    assert "ebnf" in sp and "stop" not in sp
+    sp = {"max_new_tokens": 8, "stop": ["a"]}
+    assert apply_constraints(ChatExtras(), sp, _WEATHER, "auto") is False and sp["stop"] == ["a"]

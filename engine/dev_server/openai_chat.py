@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from engine.chat import parse_assistant_output, render_prompt_ids
 from engine.dev_server.protocol import NEG_INF_LOGPROB, ProtocolError, build_meta, triples
 from engine.dev_server.service import sse
-from engine.validation import most_specific_error
+from engine.validation import bounded_message, most_specific_error
 
 if TYPE_CHECKING:
     from engine.dev_server.model_runner import RunResult, Sample
@@ -46,7 +46,7 @@ class ChatError(Exception):
     def body(self) -> dict[str, Any]:
         return {
             "object": "error",
-            "message": self.message,
+            "message": bounded_message(self.message),
             "type": "BadRequestError",
             "param": None,
             "code": self.status_code,

@@ -54,8 +54,9 @@ class ModeBody(BaseModel):
 
 
 class WeightsBody(BaseModel):
-    model_path: str = Field(..., min_length=1)
-    weight_version: str = Field(..., min_length=1)
+    # PATH_MAX, and no NUL: a path the OS cannot even look up is the caller's error (400), never the engine's
+    model_path: str = Field(..., min_length=1, max_length=4096, pattern=r"^[^\x00]+$")
+    weight_version: str = Field(..., min_length=1, max_length=256)
 
 
 def _st(request: Request) -> Any:

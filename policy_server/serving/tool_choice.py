@@ -43,6 +43,7 @@ from typing import Any
 
 import xgrammar as xgr
 
+from engine.validation import clip
 from policy_server.errors import InvalidRequest
 
 GRAMMAR_KEYS = ("regex", "json_schema", "ebnf")  # SGLang takes at most one of them per request
@@ -122,7 +123,7 @@ def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any) ->
         name = (tool_choice.get("function") or {}).get("name")
         indexed = [(i, f) for i, f in indexed if f.get("name") == name]
         if not indexed:
-            raise InvalidRequest(f"tool_choice names function {name!r}, which is not in tools", param="tool_choice")
+            raise InvalidRequest(f"tool_choice names function {clip(name)}, which is not in tools", param="tool_choice")
     grammars = [_call_grammar(f, i) for i, f in indexed]
     return exclude_markup_from_strings(str(grammars[0] if len(grammars) == 1 else xgr.Grammar.union(*grammars)))
 
@@ -147,5 +148,5 @@ def response_format_schema(response_format: dict[str, Any] | None) -> str | None
         schema_grammar(schema, "response_format.json_schema.schema", "response_format.json_schema.schema")
         return json.dumps(schema)
     raise InvalidRequest(
-        f"response_format.type {kind!r} must be text, json_object or json_schema", param="response_format.type"
+        f"response_format.type {clip(kind)} must be text, json_object or json_schema", param="response_format.type"
     )

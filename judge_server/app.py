@@ -76,7 +76,7 @@ async def resolve_tokenizer(settings: JudgeSettings, client: EngineClient | None
 
 
 def _guard_error(status: int, message: str) -> dict[str, Any]:
-    kind = {413: "InvalidRequest", 429: "TooManyRequests"}.get(status, "InvalidRequest")
+    kind = {413: "InvalidRequest", 415: "UnsupportedMediaType", 429: "TooManyRequests"}.get(status, "InvalidRequest")
     return {"error": {"type": kind, "message": bounded_message(message)}}
 
 
@@ -119,6 +119,8 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_request_chars,
+        max_body_chars=settings.max_request_chars,
+        require_json=True,
         error_body=_guard_error,
         json_max_depth=settings.max_json_depth,
     )

@@ -98,8 +98,9 @@ async def require_key_or_query_key(request: Request) -> None:
 async def check_size(request: Request) -> None:
     limit = request.app.state.settings.max_request_chars
     body = await request.body()
-    if len(body) > limit:
-        raise InvalidRequest(f"request body of {len(body)} bytes exceeds the limit of {limit}", status_code=413)
+    # The limit counts characters; a body of at most ``limit`` bytes has at most that many.
+    if len(body) > limit and (chars := len(body.decode("utf-8", "replace"))) > limit:
+        raise InvalidRequest(f"request body of {chars} characters exceeds the limit of {limit}", status_code=413)
 
 
 def _check_item(service: JudgeService, item: JudgeRequest) -> None:

@@ -173,7 +173,9 @@ def create_app(settings: PolicySettings) -> FastAPI:
     app.add_middleware(DrainMiddleware, state=app.state.drain)
     # Hostile-input guards (engine.http_guard): body size while reading, before any route or auth runs;
     # then admission (bounded in-flight requests, 429 beyond) around it, so a flood is refused unread.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, error_body=_guard_error)
+    app.add_middleware(
+        BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, error_body=_guard_error, require_json=True
+    )
     app.add_middleware(
         AdmissionMiddleware,
         max_in_flight=settings.max_concurrent_requests,

@@ -207,6 +207,7 @@ _ERROR_TEXT = {
     404: "unknown object",
     409: "conflict (expired lease)",
     413: "body over max_body_bytes (refused while reading)",
+    415: "Content-Type is not JSON",
     429: "too many requests in flight, or sample backlog full (Retry-After)",
     502: "engine answered badly",
     503: "engine unreachable, store busy or shutting down (Retry-After)",
@@ -217,7 +218,7 @@ CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
         "description": "chat.completion, or with stream: true chat.completion.chunk events",
         "content": {"application/json": {}, "text/event-stream": {}},
     },
-    **error_responses(400, 401, 413, 429, 502, 503, 504),
+    **error_responses(400, 401, 413, 415, 429, 502, 503, 504),
 }
 
 

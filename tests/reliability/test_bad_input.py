@@ -300,7 +300,7 @@ def test_judge_request_limit_counts_characters_not_bytes(judge):
         item = {**JUDGE_REQ, "response": {"content": content}}
         return httpx.post(
             judge.url + "/v1/judge",
-            content=json.dumps(item, ensure_ascii=False).encode(),  # raw UTF-8, not \\u escapes
+            content=json.dumps(item, ensure_ascii=False).encode(),  # raw UTF-8, not \u escapes
             trust_env=False,
             timeout=60,
             headers={"Authorization": f"Bearer {JUDGE_KEY}", "Content-Type": "application/json"},

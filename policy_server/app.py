@@ -202,7 +202,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's schema, corrected to what the server answers: a request validation error is a 400 in
-    OpenAI's error shape here (policy_server.errors), not FastAPI's 422."""
+    OpenAI's error shape here (policy_server.errors), not FastAPI's 422; the lease limits are this server's."""
     if app.openapi_schema is None:
         from fastapi.openapi.utils import get_openapi
 
@@ -221,5 +221,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                 responses = op.get("responses", {})
                 if responses.pop("422", None) is not None:
                     responses.setdefault("400", error_ref)
+        settings: PolicySettings = app.state.settings
+        admin.declare_limits(schema, settings.max_lease_size, settings.max_lease_wait_s)
         app.openapi_schema = schema
     return app.openapi_schema

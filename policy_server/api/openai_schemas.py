@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from engine.validation import clip
+from policy_server.api.response_models import ChatCompletion
 from policy_server.errors import InvalidRequest
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -121,7 +122,42 @@ def _inline_schema(adapter: TypeAdapter[Any]) -> dict[str, Any]:
 _MESSAGES = TypeAdapter(list[ChatMessage])
 _TOOLS = TypeAdapter(list[Tool] | None)
 _TOOL_CHOICE = TypeAdapter(ToolChoice | None)
-Messages = Annotated[list[dict[str, Any]], WithJsonSchema({**_inline_schema(_MESSAGES), "minItems": 1})]
+
+
+def _messages_schema() -> dict[str, Any]:
+    """The messages array as validate_messages accepts it, one item schema per role: system/developer/user
+    and tool messages need content (a string or text parts, not null), a tool message its tool_call_id; an
+    assistant message may have null content. (That a tool_call_id names an earlier call is checked, not
+    documented: JSON Schema cannot say it.)"""
+    item = _inline_schema(_MESSAGES)["items"]
+    props = item["properties"]
+    content = {**props["content"], "anyOf": [s for s in props["content"]["anyOf"] if s != {"type": "null"}]}
+    content.pop("default", None)
+    content["anyOf"][1] = {**content["anyOf"][1], "minItems": 1}
+
+    def variant(roles: list[str], required: list[str], **extra: Any) -> dict[str, Any]:
+        p = {**props, "role": {**props["role"], "enum": roles}, **extra}
+        return {**item, "properties": p, "required": required}
+
+    return {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "anyOf": [
+                variant(["system", "developer", "user"], ["role", "content"], content=content),
+                variant(["assistant"], ["role"]),
+                variant(
+                    ["tool"],
+                    ["role", "content", "tool_call_id"],
+                    content=content,
+                    tool_call_id={"type": "string", "minLength": 1},
+                ),
+            ]
+        },
+    }
+
+
+Messages = Annotated[list[dict[str, Any]], WithJsonSchema(_messages_schema())]
 Tools = Annotated[list[dict[str, Any]] | None, WithJsonSchema(_inline_schema(_TOOLS))]
 ToolChoiceField = Annotated[str | dict[str, Any] | None, WithJsonSchema(_inline_schema(_TOOL_CHOICE))]
 
@@ -216,7 +252,8 @@ _ERROR_TEXT = {
 CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "chat.completion, or with stream: true chat.completion.chunk events",
-        "content": {"application/json": {}, "text/event-stream": {}},
+        "model": ChatCompletion,
+        "content": {"text/event-stream": {}},
     },
     **error_responses(400, 401, 413, 415, 429, 502, 503, 504),
 }

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import is_admin, require_client
+from policy_server.api.response_models import ModelList, ok
 from policy_server.state import PolicyState
 
 router = APIRouter()
@@ -20,7 +21,7 @@ def _state(request: Request) -> PolicyState:
     return request.app.state.policy
 
 
-@router.get("/v1/models", responses=oa.error_responses(401))
+@router.get("/v1/models", response_model=None, responses={**ok(ModelList), **oa.error_responses(401)})
 async def models(request: Request) -> dict[str, Any]:
     st = _state(request)
     require_client(request, st.settings)

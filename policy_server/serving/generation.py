@@ -55,11 +55,11 @@ DEFAULT_RENDER_CONCURRENCY = 2
 
 
 def _prompt_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-    n = 512 * len(tools or [])  # a tool schema renders to a few hundred characters
+    """About how many characters the prompt renders to (the strings it holds), stopping once past the
+    inline threshold: a long tool description or text part counts at its real length."""
+    n = _string_chars(tools) if tools else 0
     for m in messages:
-        c = m.get("content")
-        n += len(c) if isinstance(c, str) else 256 * len(c or [])
-        n += 256 * len(m.get("tool_calls") or []) + 16
+        n += _string_chars(m.get("content")) + _string_chars(m.get("tool_calls")) + 16
         if n > INLINE_RENDER_MAX_CHARS:
             break
     return n

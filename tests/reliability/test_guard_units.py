@@ -337,3 +337,33 @@ def test_forced_call_is_sent_without_stop_sequences():
     assert "ebnf" in sp and "stop" not in sp
     sp = {"max_new_tokens": 8, "stop": ["a"]}
     assert apply_constraints(ChatExtras(), sp, _WEATHER, "auto") is False and sp["stop"] == ["a"]
+
+
+@pytest.mark.parametrize(
+    "messages,tools",
+    [
+        ([{"role": "user", "content": [{"type": "text", "text": "x" * 5000}]}], None),
+        (
+            [{"role": "user", "content": "hi"}],
+            [{"type": "function", "function": {"name": "f", "description": "d" * 5000}}],
+        ),
+    ],
+    ids=["one-long-text-part", "one-long-tool"],
+)
+def test_a_long_part_or_tool_is_rendered_off_the_loop(messages, tools, monkeypatch):
+    import threading
+
+    from policy_server.serving import generation
+
+    tok = _SlowTokenizer()
+    tok.release.set()
+    gen = _generator(tok)
+    where: list[str] = []
+
+    def spy(*args, **kw):
+        where.append(threading.current_thread().name)
+        return [1]
+
+    monkeypatch.setattr(generation, "render_prompt_ids", spy)
+    asyncio.run(gen.render(messages, tools))
+    assert where and where[0] != threading.main_thread().name

@@ -5,14 +5,16 @@ encodes the string without adding special tokens, so the ids are exactly what th
 
 Parsing: ``parse_assistant_output`` splits sampled text into ``reasoning_content`` (a leading
 ``<think>…</think>`` block), ``content`` and ``tool_calls`` (Qwen/Hermes ``<tool_call>{json}</tool_call>``
-blocks). Parsers sit behind two tiny interfaces so other model families can add theirs.
+blocks). A call is read by its structure, not by a pattern over the text: the JSON object after
+``<tool_call>`` is decoded where it stands, so it ends where its own braces close, and only then must the
+closing tag follow. A ``</tool_call>`` or ``</think>`` inside one of its strings is data, never the end of
+the call or of a reasoning block. Parsers sit behind two tiny interfaces so other model families can add theirs.
 The parse never changes the sampled token ids; it only decides how the text is shown to the client.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,14 +36,22 @@ class ToolCallParser(Protocol):
 
 
 class ThinkReasoningParser:
-    """``<think>reasoning</think>answer``; an unclosed block (cut by max_tokens) is all reasoning."""
+    """``<think>reasoning</think>answer``; an unclosed block (cut by max_tokens) is all reasoning.
+
+    When the template opened the block in the prompt (the reply has no ``<think>``), the reply's reasoning
+    ends at a ``</think>`` before its first tool call: a ``</think>`` later than that is inside the call."""
 
     open_tag = "<think>"
     close_tag = "</think>"
+    call_tag = "<tool_call>"
 
     def split(self, text: str) -> tuple[str | None, str]:
         stripped = text.lstrip()
-        if self.close_tag in stripped and (stripped.startswith(self.open_tag) or self.open_tag not in stripped):
+        close = stripped.find(self.close_tag)
+        opened = stripped.startswith(self.open_tag)
+        first_call = stripped.find(self.call_tag)
+        before_calls = first_call < 0 or close < first_call
+        if close >= 0 and (opened or (self.open_tag not in stripped[:close] and before_calls)):
             head, _, tail = stripped.partition(self.close_tag)
             reasoning = head.removeprefix(self.open_tag).strip()
             return (reasoning or None), tail.lstrip("\n")
@@ -53,28 +63,50 @@ class ThinkReasoningParser:
 class HermesToolCallParser:
     """Qwen/Hermes style: each call is ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
 
-    A block whose body is not a JSON object with a string ``name`` is left in the content: the
-    client sees what the model wrote instead of a silently dropped call.
+    Structure-based: after the opening tag (and whitespace) one JSON object is decoded in place; the call
+    is accepted when whitespace and the closing tag follow it. A block whose body is not a JSON object
+    with a string ``name`` is left in the content: the client sees what the model wrote instead of a
+    silently dropped call.
     """
 
-    pattern = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+    open_tag = "<tool_call>"
+    close_tag = "</tool_call>"
+    # strict=False: a grammar backend may admit raw control characters inside length-bounded strings
+    # (xgrammar does); they are data, and json.dumps below re-escapes them for the client.
+    _decoder = json.JSONDecoder(strict=False)
+
+    def _call_at(self, text: str, start: int) -> tuple[dict[str, Any], int] | None:
+        """The call object whose opening tag is at ``start`` and the end of its closing tag, or None."""
+        pos = start + len(self.open_tag)
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        try:
+            obj, pos = self._decoder.raw_decode(text, pos)
+        except ValueError:
+            return None
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if (
+            not text.startswith(self.close_tag, pos)
+            or not isinstance(obj, dict)
+            or not isinstance(obj.get("name"), str)
+        ):
+            return None
+        return obj, pos + len(self.close_tag)
 
     def extract(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         calls: list[dict[str, Any]] = []
         kept: list[str] = []
-        pos = 0
-        for m in self.pattern.finditer(text):
-            try:
-                # strict=False: a grammar backend may admit raw control characters inside length-bounded
-                # strings (xgrammar does); they are data, and json.dumps below re-escapes them for the client.
-                obj = json.loads(m.group(1), strict=False)
-            except ValueError:
+        pos = search = 0
+        while (start := text.find(self.open_tag, search)) >= 0:
+            found = self._call_at(text, start)
+            if found is None:
+                search = start + len(self.open_tag)
                 continue
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                continue
+            obj, end = found
             args = obj.get("arguments", obj.get("parameters", {}))
-            kept.append(text[pos : m.start()])
-            pos = m.end()
+            kept.append(text[pos:start])
+            pos = search = end
             calls.append(
                 {
                     "id": f"call_{uuid.uuid4().hex[:24]}",

@@ -8,7 +8,10 @@ settings:
   limit; never parsed, and before any route decides auth (an unauthenticated 200 MB body costs nothing).
   An accepted body is buffered (it is at most ``max_body_bytes``) and replayed to the app unchanged.
   With ``json_max_depth`` (servers whose framework parses the body itself) a JSON body is also checked
-  with :func:`parse_json_body` first and refused 400 when it fails.
+  with :func:`parse_json_body` first and refused 400 when it fails. With ``require_json`` a non-empty
+  body whose ``Content-Type`` names anything but JSON (``application/json``, ``*/*+json``) is refused 415
+  unread (no Content-Type at all is read as JSON). With ``max_body_chars`` the limit counts characters
+  of the UTF-8 text (bytes are bounded at 4 per character while reading, then the characters are counted).
 - :class:`AdmissionMiddleware` (pure ASGI): at most ``max_in_flight`` requests run at once (streams count
   until their last byte); beyond that the answer is 429 with ``Retry-After``. Health, readiness and
   metrics probes are exempt, so an overloaded server still says so.
@@ -31,6 +34,8 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any
+
+from engine.validation import clip
 
 ErrorBody = Callable[[int, str], dict[str, Any]]
 PROBE_PATHS = ("/health", "/ready", "/metrics")
@@ -59,9 +64,21 @@ async def _send_error(send: Any, status: int, body: dict[str, Any], extra: list[
 class BodyLimitMiddleware:
     """413 for a body over ``max_body_bytes``, decided while reading (see the module docstring)."""
 
-    def __init__(self, app: Any, *, max_body_bytes: int, error_body: ErrorBody, json_max_depth: int | None = None):
+    def __init__(
+        self,
+        app: Any,
+        *,
+        max_body_bytes: int,
+        error_body: ErrorBody,
+        json_max_depth: int | None = None,
+        require_json: bool = False,
+        max_body_chars: int | None = None,
+    ):
         self.app = app
-        self.max_body_bytes = max_body_bytes
+        self.max_body_chars = max_body_chars
+        # A character is at most 4 UTF-8 bytes: the byte bound while reading, before the characters are counted.
+        self.max_body_bytes = 4 * max_body_chars if max_body_chars is not None else max_body_bytes
+        self.require_json = require_json
         self.error_body = error_body
         # Set for servers whose framework parses JSON bodies itself (FastAPI body models): the body is
         # checked here first (parse_json_body), so a hostile one is a 400 before any route code runs.
@@ -72,9 +89,17 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         limit = self.max_body_bytes
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._too_large(send)
+            return
+        ctype = headers.get(b"content-type")
+        has_body = (declared is not None and declared.strip() not in (b"", b"0")) or b"transfer-encoding" in headers
+        if self.require_json and has_body and ctype is not None and not _is_json_type(ctype):
+            shown = clip(ctype.decode("latin-1").split(";")[0].strip())
+            msg = f"Content-Type must be application/json, got {shown}"
+            await _send_error(send, 415, self.error_body(415, msg), [(b"connection", b"close")])
             return
         chunks: list[bytes] = []
         size = 0
@@ -91,6 +116,10 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        chars = self.max_body_chars
+        if chars is not None and len(body) > chars and len(body.decode("utf-8", "replace")) > chars:
+            await self._too_large(send)
+            return
         if self.json_max_depth is not None and body.strip() and _is_json(scope):
             try:
                 parse_json_body(body, max_depth=self.json_max_depth)
@@ -109,9 +138,17 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
     async def _too_large(self, send: Any) -> None:
-        msg = f"request body exceeds the limit of {self.max_body_bytes} bytes"
+        if self.max_body_chars is not None:
+            msg = f"request body exceeds the limit of {self.max_body_chars} characters"
+        else:
+            msg = f"request body exceeds the limit of {self.max_body_bytes} bytes"
         # connection: close: the rest of the body is never read, so the connection cannot be reused.
         await _send_error(send, 413, self.error_body(413, msg), [(b"connection", b"close")])
+
+
+def _is_json_type(ctype: bytes) -> bool:
+    media = ctype.split(b";")[0].strip().lower()
+    return media == b"application/json" or media.endswith(b"+json")
 
 
 def _is_json(scope: dict[str, Any]) -> bool:

@@ -6,6 +6,10 @@ prefix, pydantic's ``Value error, `` prefix dropped, errors joined by ``; ``, at
 Where one error is shown (it also names the offending ``param``), :func:`most_specific_error` picks the one
 with the deepest location: a union field lists one error per branch, and the deepest names the value best.
 Messages never echo the rejected input beyond what pydantic's ``msg`` says.
+
+Bounded echo: an error may name a client value (a role, a lease id, a field name) to say what was wrong,
+but only through :func:`clip` (a short prefix and the value's length), and every server passes its final
+message through :func:`bounded_message`, so no error body grows with the client's input.
 """
 
 from __future__ import annotations
@@ -14,11 +18,33 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 ErrorDetails = Iterable[Mapping[str, Any]]
+ECHO_MAX_CHARS = 64  # the longest prefix of a client value an error message quotes
+MESSAGE_MAX_CHARS = 1024  # the longest error message (and param) any server answers
+
+
+def clip(value: Any, limit: int = ECHO_MAX_CHARS) -> str:
+    """A client value as an error message quotes it: its ``repr`` when short, else a prefix and its length."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return repr(value) if isinstance(value, str) else text
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def clip_name(name: Any) -> str:
+    """A field name or key as a message shows it: as is when short, else cut by :func:`clip`."""
+    text = str(name)
+    return text if len(text) <= ECHO_MAX_CHARS else clip(text)
+
+
+def bounded_message(message: str, limit: int = MESSAGE_MAX_CHARS) -> str:
+    """The message cut to ``limit`` characters (a last bound, whatever the message quoted)."""
+    return message if len(message) <= limit else f"{message[:limit]}... (cut, {len(message)} characters)"
 
 
 def error_location(error: Mapping[str, Any]) -> str:
     """``messages.0.content`` for ``loc=("body", "messages", 0, "content")``; "" at the root."""
-    return ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+    # A part may be a client's dict key (an unknown field's name): quoted at most ECHO_MAX_CHARS long.
+    return ".".join(clip_name(part) for part in error.get("loc", ()) if part != "body")
 
 
 def error_text(error: Mapping[str, Any]) -> str:

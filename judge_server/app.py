@@ -30,7 +30,7 @@ from engine.client import EngineClient, EngineTimeouts, RetryPolicy
 from engine.errors import EngineError
 from engine.http_guard import AdmissionMiddleware, BodyLimitMiddleware, UnexpectedErrorMiddleware
 from engine.observability import RequestContextMiddleware, log_settings, propagate_request_id
-from engine.validation import describe_validation_errors
+from engine.validation import bounded_message, describe_validation_errors
 from judge_server.errors import JudgeError
 from judge_server.judge import JudgeService
 from judge_server.metrics import JudgeMetrics
@@ -93,8 +93,8 @@ async def resolve_tokenizer(settings: JudgeSettings, client: EngineClient | None
 
 
 def _guard_error(status: int, message: str) -> dict[str, Any]:
-    kind = {413: "InvalidRequest", 429: "TooManyRequests"}.get(status, "InvalidRequest")
-    return {"error": {"type": kind, "message": message}}
+    kind = {413: "InvalidRequest", 415: "UnsupportedMediaType", 429: "TooManyRequests"}.get(status, "InvalidRequest")
+    return {"error": {"type": kind, "message": bounded_message(message)}}
 
 
 def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = None) -> FastAPI:
@@ -136,6 +136,8 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_request_chars,
+        max_body_chars=settings.max_request_chars,
+        require_json=True,
         error_body=_guard_error,
         json_max_depth=settings.max_json_depth,
     )
@@ -152,7 +154,7 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
     async def _judge_error(_: Request, exc: JudgeError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
         return JSONResponse(
-            {"error": {"type": type(exc).__name__, "message": exc.message}},
+            {"error": {"type": type(exc).__name__, "message": bounded_message(exc.message)}},
             status_code=exc.status_code,
             headers=headers,
         )
@@ -160,7 +162,12 @@ def create_app(settings: JudgeSettings, *, engine_client: EngineClient | None = 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(
-            {"error": {"type": "InvalidRequest", "message": describe_validation_errors(exc.errors(), limit=None)}},
+            {
+                "error": {
+                    "type": "InvalidRequest",
+                    "message": bounded_message(describe_validation_errors(exc.errors(), limit=None)),
+                }
+            },
             status_code=422,
         )
 

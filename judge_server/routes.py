@@ -35,11 +35,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from engine.auth import bearer_problem, key_matches
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
 from engine.errors import EngineError, EngineRejected
+from engine.records import JudgeVerdicts
 from judge_server.compat import openrlhf_items, openrlhf_reply, slime_item, slime_reply
 from judge_server.errors import InvalidRequest, Unauthorized
 from judge_server.judge import JudgeService
 from judge_server.schemas import (
     BatchRequest,
+    JudgeBatchVerdicts,
     JudgeRequest,
     OpenRLHFRequest,
     SlimeRequest,
@@ -68,6 +70,7 @@ JUDGE_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "invalid input (JSON too deep, unpaired surrogates, m too large, empty batch)", **_ERROR},
     401: {"description": "missing or wrong Bearer key", **_ERROR},
     413: {"description": "body over max_request_chars, or too many items/messages", **_ERROR},
+    415: {"description": "Content-Type is not JSON", **_ERROR},
     429: {"description": "too many requests in flight (Retry-After)", **_ERROR},
 }
 router = APIRouter()
@@ -98,8 +101,9 @@ async def require_key_or_query_key(request: Request) -> None:
 async def check_size(request: Request) -> None:
     limit = request.app.state.settings.max_request_chars
     body = await request.body()
-    if len(body) > limit:
-        raise InvalidRequest(f"request body of {len(body)} bytes exceeds the limit of {limit}", status_code=413)
+    # The limit counts characters; a body of at most ``limit`` bytes has at most that many.
+    if len(body) > limit and (chars := len(body.decode("utf-8", "replace"))) > limit:
+        raise InvalidRequest(f"request body of {chars} characters exceeds the limit of {limit}", status_code=413)
 
 
 def _check_item(service: JudgeService, item: JudgeRequest) -> None:
@@ -136,14 +140,24 @@ async def _judge_all(service: JudgeService, items: list[JudgeRequest], rid_prefi
     return list(await asyncio.gather(*(service.judge(it, f"{rid_prefix}{i}-") for i, it in enumerate(items))))
 
 
-@router.post("/v1/judge", dependencies=guarded, response_model=None, responses=JUDGE_ERRORS)
+@router.post(
+    "/v1/judge",
+    dependencies=guarded,
+    response_model=None,
+    responses={200: {"model": JudgeVerdicts, "description": "the verdicts"}, **JUDGE_ERRORS},
+)
 async def judge_one(item: JudgeRequest, request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     _check_item(service, item)
     return await _unless_disconnected(request, service, lambda rid: service.judge(item, rid))
 
 
-@router.post("/v1/judge/batch", dependencies=guarded, response_model=None, responses=JUDGE_ERRORS)
+@router.post(
+    "/v1/judge/batch",
+    dependencies=guarded,
+    response_model=None,
+    responses={200: {"model": JudgeBatchVerdicts, "description": "one verdict per item, in order"}, **JUDGE_ERRORS},
+)
 async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request) -> dict[str, Any] | Response:
     service = _service(request)
     items = body.items if isinstance(body, BatchRequest) else body

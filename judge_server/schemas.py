@@ -106,3 +106,11 @@ class SlimeRequest(BaseModel):
     prompt: str | list[Message]
     response: str = Field(min_length=1)
     label: Any = None
+
+
+class JudgeBatchVerdicts(BaseModel):
+    """``/v1/judge/batch``'s answer: one :class:`~engine.records.JudgeVerdicts` per item, in request order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    results: list[JudgeVerdicts]

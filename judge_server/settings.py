@@ -163,8 +163,8 @@ class JudgeSettings(CliSettings):
     max_context_messages: int = Field(512, description="most messages in one judged context (413 beyond)")
     max_request_chars: int = Field(
         1_000_000,
-        description="largest request body in bytes on any route; 413 while "
-        "reading beyond it, before parsing or auth (engine.http_guard)",
+        description="largest request body in characters (of its UTF-8 text) on any route; 413 while "
+        "reading beyond 4 bytes a character, else once counted, before parsing or auth (engine.http_guard)",
     )
     max_json_depth: int = Field(64, ge=4, le=512, description="deepest JSON nesting accepted in a body (400 beyond)")
     max_in_flight_requests: int = Field(

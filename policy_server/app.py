@@ -145,6 +145,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
                     max_resumes=settings.max_resumes,
                     max_prompt_tokens=settings.max_prompt_tokens or context_length(settings.model_path),
                     render_verify_tokens_per_turn=settings.render_verify_tokens_per_turn,
+                    render_concurrency=settings.render_concurrency,
                 ),
                 gate=gate,
                 weight_sync=WeightSync(
@@ -177,7 +178,9 @@ def create_app(settings: PolicySettings) -> FastAPI:
     app.add_middleware(DrainMiddleware, state=app.state.drain)
     # Hostile-input guards (engine.http_guard): body size while reading, before any route or auth runs;
     # then admission (bounded in-flight requests, 429 beyond) around it, so a flood is refused unread.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, error_body=_guard_error)
+    app.add_middleware(
+        BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, error_body=_guard_error, require_json=True
+    )
     app.add_middleware(
         AdmissionMiddleware,
         max_in_flight=settings.max_concurrent_requests,
@@ -207,7 +210,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's schema, corrected to what the server answers: a request validation error is a 400 in
-    OpenAI's error shape here (policy_server.errors), not FastAPI's 422."""
+    OpenAI's error shape here (policy_server.errors), not FastAPI's 422; the lease limits are this server's."""
     if app.openapi_schema is None:
         from fastapi.openapi.utils import get_openapi
 
@@ -226,5 +229,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                 responses = op.get("responses", {})
                 if responses.pop("422", None) is not None:
                     responses.setdefault("400", error_ref)
+        settings: PolicySettings = app.state.settings
+        admin.declare_limits(schema, settings.max_lease_size, settings.max_lease_wait_s)
         app.openapi_schema = schema
     return app.openapi_schema

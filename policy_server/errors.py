@@ -33,7 +33,7 @@ from engine.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
-from engine.validation import describe_validation_errors
+from engine.validation import ECHO_MAX_CHARS, bounded_message, describe_validation_errors
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,12 @@ def error_body(
     status: int, message: str, error_type: str, param: str | None = None, code: str | int | None = None
 ) -> dict[str, object]:
     return {
-        "error": {"message": message, "type": error_type, "param": param, "code": code if code is not None else status}
+        "error": {
+            "message": bounded_message(message),
+            "type": error_type,
+            "param": None if param is None else bounded_message(param, ECHO_MAX_CHARS * 2),
+            "code": code if code is not None else status,
+        }
     }
 
 

@@ -127,6 +127,13 @@ class PolicySettings(CliSettings):
         "that cannot fit is a 400 before it is rendered (default: the model's "
         "max_position_embeddings from config.json; no check when unknown)",
     )
+    render_concurrency: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="chat prompts rendered and tokenized in worker threads at once (the rest wait, off the "
+        "event loop); short prompts render inline",
+    )
     default_temperature: float = Field(
         1.0,
         ge=0.0,

@@ -43,6 +43,7 @@ from engine.dev_server.control import EngineControl, RequestHandle
 from engine.dev_server.grammar import GrammarBackend
 from engine.dev_server.prefix_cache import PrefixCache
 from engine.dev_server.sampling import SamplingConfig, apply_penalties, sample_tokens, scaled_logprobs, top_logprobs
+from engine.validation import bounded_message, clip
 
 logger = logging.getLogger(__name__)
 
@@ -132,12 +133,16 @@ class ModelRunner:
     # ------------------------------------------------------------------ weights
     def load_weights(self, path: str) -> None:
         """Load ``path`` off-lock, then swap it in between two decode steps."""
-        if not Path(path).is_dir():
-            raise WeightLoadError(f"model_path {path!r} is not a local model folder")
+        try:  # a path too long for the OS (ENAMETOOLONG) or holding a NUL is a bad path, not a server fault
+            is_dir = Path(path).is_dir()
+        except (OSError, ValueError) as exc:
+            raise WeightLoadError(f"model_path {clip(path)} is not a usable path ({type(exc).__name__})") from None
+        if not is_dir:
+            raise WeightLoadError(f"model_path {clip(path)} is not a local model folder")
         try:
             model = self._load(path)
         except Exception as exc:  # transformers raises OSError/ValueError/... for a broken folder
-            raise WeightLoadError(f"failed to load weights from {path!r}: {exc}") from exc
+            raise WeightLoadError(f"failed to load weights from {clip(path)}: {bounded_message(str(exc))}") from exc
         if int(model.config.vocab_size) != self.vocab_size:
             raise WeightLoadError(f"vocab size {model.config.vocab_size} differs from the served {self.vocab_size}")
         with self._lock:

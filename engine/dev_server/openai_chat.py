@@ -8,6 +8,12 @@ Contract (SGLang's OpenAI-compatible chat route):
   ``tool_choice != "none"``). A stop finish with parsed calls becomes ``"tool_calls"``, ``matched_stop: null``.
 - ``max_completion_tokens`` (what sglang-router rewrites ``max_tokens`` to) or ``max_tokens``; none means
   up to the context length. The extra fields the router adds are accepted and ignored.
+- Forced ``tool_choice`` (``required`` or a named function) is constrained as the policy server does it
+  (engine.tool_grammar: one Hermes call, typed by the function's schema; no stop sequences inside it); a
+  client grammar (``regex``/``ebnf``/``response_format``) next to it is a 400.
+- Rejected as SGLang rejects them: a role other than system/developer/user/assistant/tool/function,
+  ``max_tokens``/``max_completion_tokens`` below 1, a forced ``tool_choice`` without tools (or naming a
+  function not in them), ``top_logprobs`` without ``logprobs``.
 - ``model`` must be the served name (or absent / the router's ``"unknown"`` placeholder); anything else -> 400.
 - Streaming order: a role chunk per index, content/reasoning deltas, a finish chunk per index, the usage
   chunk (``choices: []``) when ``stream_options.include_usage``, then ``data: [DONE]``. When tools are
@@ -28,12 +34,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from engine.chat import parse_assistant_output, render_prompt_ids
 from engine.dev_server.protocol import NEG_INF_LOGPROB, ProtocolError, build_meta, triples
 from engine.dev_server.service import sse
-from engine.validation import most_specific_error
+from engine.tool_grammar import GRAMMAR_KEYS, GrammarRefused, forced_tool_grammar
+from engine.validation import bounded_message, clip, most_specific_error
 
 if TYPE_CHECKING:
     from engine.dev_server.model_runner import RunResult, Sample
     from engine.dev_server.service import DevEngine, Prepared
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # SGLang's message types
 ROUTER_MODEL_PLACEHOLDER = "unknown"  # sglang-router forwards a request without "model" with this name
 
 
@@ -46,7 +54,7 @@ class ChatError(Exception):
     def body(self) -> dict[str, Any]:
         return {
             "object": "error",
-            "message": self.message,
+            "message": bounded_message(self.message),
             "type": "BadRequestError",
             "param": None,
             "code": self.status_code,
@@ -148,7 +156,34 @@ def _validate(engine: DevEngine, body: Any) -> ChatRequest:
         raise ChatError("top_logprobs must be between 0 and 20")
     if req.n < 1:
         raise ChatError("n must be at least 1")
+    for i, msg in enumerate(req.messages):
+        if not isinstance(msg, dict) or msg.get("role") not in CHAT_ROLES:
+            role = msg.get("role") if isinstance(msg, dict) else None
+            raise ChatError(f"messages[{i}].role {clip(role)} must be one of {', '.join(CHAT_ROLES)}")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = getattr(req, name)
+        if value is not None and value < 1:
+            raise ChatError(f"{name} must be at least 1, got {value}")
+    if req.top_logprobs and not req.logprobs:
+        raise ChatError("top_logprobs requires logprobs to be true")
+    if req.tool_choice not in (None, "auto", "none") and not req.tools:
+        raise ChatError("Tools cannot be empty if tool choice is set to required or to a function.")
     return req
+
+
+def _forced_call_params(req: ChatRequest, params: dict[str, Any]) -> bool:
+    """Constrain a forced ``tool_choice`` to one typed call (in place); True when a call is forced."""
+    try:
+        grammar = forced_tool_grammar(req.tools, req.tool_choice)
+    except GrammarRefused as exc:
+        raise ChatError(exc.message) from None
+    if grammar is None:
+        return False
+    if any(k in params for k in GRAMMAR_KEYS):
+        raise ChatError("a forced tool_choice cannot be combined with regex, ebnf or response_format")
+    params["ebnf"] = grammar
+    params.pop("stop", None)  # the grammar ends with the call; a stop could only cut its markup
+    return True
 
 
 def _finish(sample: Sample, has_calls: bool) -> tuple[str | None, Any]:
@@ -196,10 +231,12 @@ async def chat_completions(engine: DevEngine, body: Any) -> Any:
         )
     except Exception as exc:  # jinja raises its own errors for messages the template cannot render
         raise ChatError(f"cannot render the chat template: {exc}") from exc
+    params = _sampling_params(req)
+    forced = _forced_call_params(req, params)
     try:
         prepared = engine.prepare(
             prompt_ids,
-            _sampling_params(req),
+            params,
             rid=req.rid,
             return_logprob=req.logprobs,
             logprob_start_len=-1,
@@ -215,7 +252,7 @@ async def chat_completions(engine: DevEngine, body: Any) -> Any:
         return parse_assistant_output(
             text,
             reasoning_parser=None
-            if not (req.separate_reasoning and engine.settings.reasoning_parser)
+            if forced or not (req.separate_reasoning and engine.settings.reasoning_parser)
             else _default_reasoning(),
             tool_parser=_default_tools() if use_tools and engine.settings.tool_call_parser else None,
         )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.dev_server.sampling import SamplingConfig
+from engine.validation import bounded_message
 
 # Every key of SGLang 0.5.23's SamplingParams contract; anything else is rejected like msgspec does.
 SAMPLING_PARAM_KEYS = (
@@ -90,9 +91,10 @@ class ProtocolError(Exception):
         self.status_code = status_code
 
     def body(self) -> dict[str, Any]:
+        message = bounded_message(self.message)
         if self.contract:
-            return {"error": self.message}
-        return {"error": {"message": self.message, "type": "BadRequestError", "code": self.status_code}}
+            return {"error": message}
+        return {"error": {"message": message, "type": "BadRequestError", "code": self.status_code}}
 
 
 @dataclass

@@ -37,6 +37,7 @@ from engine.dev_server.protocol import (
     triples,
 )
 from engine.dev_server.settings import DevEngineSettings
+from engine.validation import clip
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +290,7 @@ class DevEngine:
         try:
             paused = await asyncio.get_running_loop().run_in_executor(self._pool, update)
         except (WeightLoadError, TimeoutError) as exc:
-            logger.warning("update_weights_from_disk(%s) failed: %s", path, exc)
+            logger.warning("update_weights_from_disk(%s) failed: %s", clip(path), exc)
             return 400, {"success": False, "message": str(exc), "num_paused_requests": 0}
         if version is not None:
             self.runner.weight_version = version

@@ -40,8 +40,10 @@ from pydantic import BaseModel, Field
 
 from engine.records import MergedTrajectory
 from engine.trajectories import merged_trajectories
+from policy_server.api import response_models as rm
 from policy_server.api.auth import require_admin
 from policy_server.api.openai_schemas import error_responses
+from policy_server.api.response_models import ok
 from policy_server.errors import Conflict, InvalidRequest, NotFound
 from policy_server.store import SAMPLE_STATUSES, LeaseError
 from policy_server.store.ready_notifier import lease_when_ready
@@ -61,8 +63,19 @@ class ModeBody(BaseModel):
 
 
 class WeightsBody(BaseModel):
-    model_path: str = Field(..., min_length=1)
-    weight_version: str = Field(..., min_length=1)
+    # PATH_MAX, and no NUL: a path the OS cannot even look up is the caller's error (400), never the engine's
+    model_path: str = Field(..., min_length=1, max_length=4096, pattern=r"^[^\x00]+$")
+    weight_version: str = Field(..., min_length=1, max_length=256)
+
+
+def declare_limits(spec: dict[str, Any], max_lease_size: int, max_lease_wait_s: float) -> None:
+    """Put this server's own limits (its settings) into its OpenAPI ``spec``, in place: the lease and list
+    parameters' maxima. (``min <= max`` relates two parameters, which OpenAPI cannot say: a 400.)"""
+    maxima = {"max": max_lease_size, "min": max_lease_size, "limit": max_lease_size, "wait_s": max_lease_wait_s}
+    for path in ("/v1/samples/lease", "/v1/samples"):
+        for param in spec.get("paths", {}).get(path, {}).get("get", {}).get("parameters", []):
+            if param.get("name") in maxima:
+                param["schema"]["maximum"] = maxima[param["name"]]
 
 
 def _st(request: Request) -> Any:
@@ -71,7 +84,7 @@ def _st(request: Request) -> Any:
     return st
 
 
-@router.get("/v1/samples/lease")
+@router.get("/v1/samples/lease", response_model=None, responses={**ok(rm.Lease), **error_responses(400, 401)})
 async def lease(
     request: Request,
     max_n: int = Query(64, alias="max", ge=1, description="samples at most, <= max_lease_size"),
@@ -104,7 +117,9 @@ async def lease(
     return body
 
 
-@router.post("/v1/samples/ack", responses=error_responses(404, 409))
+@router.post(
+    "/v1/samples/ack", response_model=None, responses={**ok(rm.AckResult), **error_responses(400, 401, 404, 409, 415)}
+)
 async def ack(request: Request, body: AckBody) -> dict[str, Any]:
     st = _st(request)
     try:
@@ -150,12 +165,12 @@ async def stats(request: Request) -> dict[str, Any]:
     return out
 
 
-@router.get("/admin/mode")
+@router.get("/admin/mode", response_model=None, responses={**ok(rm.ModeResult), **error_responses(401)})
 async def get_mode(request: Request) -> dict[str, Any]:
     return _st(request).mode_state.to_dict()
 
 
-@router.post("/admin/mode")
+@router.post("/admin/mode", response_model=None, responses={**ok(rm.ModeResult), **error_responses(400, 401, 415)})
 async def set_mode(request: Request, body: ModeBody) -> dict[str, Any]:
     st = _st(request)
     from policy_server.rewards.modes import InvalidMode, ModeState
@@ -170,7 +185,11 @@ async def set_mode(request: Request, body: ModeBody) -> dict[str, Any]:
     return st.mode_state.to_dict()
 
 
-@router.post("/admin/weights/update", responses=error_responses(502))
+@router.post(
+    "/admin/weights/update",
+    response_model=None,
+    responses={**ok(rm.WeightsUpdated), **error_responses(400, 401, 415, 502, 503)},
+)
 async def update_weights(request: Request, body: WeightsBody) -> dict[str, Any]:
     st = _st(request)
     try:

@@ -17,6 +17,8 @@ Contract (CONTRACTS.md "OpenAI fields"):
   talks to its engine directly. sglang-router 0.3.2 drops ``logit_bias`` from ``/generate`` (its typed
   sampling struct lacks it), so behind a router (``engine_url`` not among ``engine_worker_urls``) the
   field is a 400 rather than silently ignored.
+- ``stop`` with a forced ``tool_choice``: not sent to the engine; the forced reply is exactly one call and
+  stops apply to text after it (policy_server.serving.tool_choice).
 - ``parallel_tool_calls: false``: a forced call is always exactly one; with ``tool_choice: auto`` the
   engine stops at the first ``</tool_call>`` (kept in the text), so at most one call is returned.
 - ``reasoning_effort``: one of ``none minimal low medium high xhigh``. The policy's chat template only has
@@ -35,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.validation import most_specific_error
+from engine.validation import clip, clip_name, most_specific_error
 from policy_server.api.openai_schemas import ChatRequest
 from policy_server.errors import InvalidRequest
 from policy_server.serving.tool_choice import (
@@ -51,7 +53,7 @@ PARALLEL_STOP = "</tool_call>"
 class ChatExtras(BaseModel):
     """The fields of this module; validated next to (not inside) ``ChatRequest``."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # wrong JSON types are 400s, never coerced
 
     logprobs: bool | None = Field(None, strict=True)  # "yes" is a 400, not True
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -68,7 +70,7 @@ class ChatExtras(BaseModel):
     def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (v or {}).items():
             if not key.isdigit():
-                raise ValueError(f"keys must be token ids, got {key!r}")
+                raise ValueError(f"keys must be token ids, got {clip(key)}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"bias of token {key} must be in [-100, 100], got {bias}")
         return v
@@ -90,7 +92,8 @@ def parse_extras(body: dict[str, Any]) -> ChatExtras:
     unknown = sorted(set(body) - known_fields())
     if unknown:
         raise InvalidRequest(
-            f"unsupported field(s): {', '.join(unknown)}; Hindsight rejects fields it does not "
+            f"unsupported field(s): {', '.join(clip_name(u) for u in unknown[:5])}"
+            f"{f' and {len(unknown) - 5} more' if len(unknown) > 5 else ''}; Hindsight rejects fields it does not "
             "implement instead of ignoring them",
             param=unknown[0],
         )
@@ -136,6 +139,8 @@ def apply_constraints(
         )
     if forced:
         sp["ebnf"] = forced
+        # The grammar ends with the call; a stop could only cut the call's own markup (tool_choice's docstring).
+        sp.pop("stop", None)
     elif json_schema:
         sp["json_schema"] = json_schema
     return forced is not None

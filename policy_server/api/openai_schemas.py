@@ -10,6 +10,7 @@ the request.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated, Any, Literal
 
@@ -22,9 +23,12 @@ from pydantic import (
     field_validator,
 )
 
+from engine.validation import clip
+from policy_server.api.response_models import ChatCompletion
 from policy_server.errors import InvalidRequest
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+CONTENT_PART_TYPES = ("text",)
 SESSION_BODY_KEYS = ("session_id", "turn_type", "session_done")
 
 
@@ -36,7 +40,8 @@ class _Open(BaseModel):
 
 
 class ContentPart(_Open):
-    type: str = Field(..., min_length=1)
+    # Only text parts are rendered; validate_messages refuses any other type naming it (the enum documents it).
+    type: str = Field(..., min_length=1, json_schema_extra={"enum": list(CONTENT_PART_TYPES)})
     text: str | None = None
 
     @field_validator("text")
@@ -58,7 +63,11 @@ class ToolCall(_Open):
     function: ToolCallFunction
 
 
-class ChatMessage(_Open):
+class ChatMessage(BaseModel):
+    """One chat message. Unknown fields are a 400 naming them, as OpenAI answers (not silently dropped)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     # Checked by validate_messages (its message names the bad role); the enum documents it in OpenAPI.
     role: str = Field(..., json_schema_extra={"enum": list(ROLES)})
     content: str | list[ContentPart] | None = None
@@ -66,6 +75,7 @@ class ChatMessage(_Open):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    refusal: str | None = None
 
 
 class FunctionDef(_Open):
@@ -112,15 +122,51 @@ def _inline_schema(adapter: TypeAdapter[Any]) -> dict[str, Any]:
 _MESSAGES = TypeAdapter(list[ChatMessage])
 _TOOLS = TypeAdapter(list[Tool] | None)
 _TOOL_CHOICE = TypeAdapter(ToolChoice | None)
-Messages = Annotated[list[dict[str, Any]], WithJsonSchema({**_inline_schema(_MESSAGES), "minItems": 1})]
+
+
+def _messages_schema() -> dict[str, Any]:
+    """The messages array as validate_messages accepts it, one item schema per role: system/developer/user
+    and tool messages need content (a string or text parts, not null), a tool message its tool_call_id; an
+    assistant message may have null content. (That a tool_call_id names an earlier call is checked, not
+    documented: JSON Schema cannot say it.)"""
+    item = _inline_schema(_MESSAGES)["items"]
+    props = item["properties"]
+    content = {**props["content"], "anyOf": [s for s in props["content"]["anyOf"] if s != {"type": "null"}]}
+    content.pop("default", None)
+    content["anyOf"][1] = {**content["anyOf"][1], "minItems": 1}
+
+    def variant(roles: list[str], required: list[str], **extra: Any) -> dict[str, Any]:
+        p = {**props, "role": {**props["role"], "enum": roles}, **extra}
+        return {**item, "properties": p, "required": required}
+
+    return {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "anyOf": [
+                variant(["system", "developer", "user"], ["role", "content"], content=content),
+                variant(["assistant"], ["role"]),
+                variant(
+                    ["tool"],
+                    ["role", "content", "tool_call_id"],
+                    content=content,
+                    tool_call_id={"type": "string", "minLength": 1},
+                ),
+            ]
+        },
+    }
+
+
+Messages = Annotated[list[dict[str, Any]], WithJsonSchema(_messages_schema())]
 Tools = Annotated[list[dict[str, Any]] | None, WithJsonSchema(_inline_schema(_TOOLS))]
 ToolChoiceField = Annotated[str | dict[str, Any] | None, WithJsonSchema(_inline_schema(_TOOL_CHOICE))]
 
 
 class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # strict: a JSON value of the wrong type is a 400 ("8" is no max_tokens), never coerced
+    model_config = ConfigDict(extra="allow", strict=True)
 
-    model: str | None = None
+    model: str | None = Field(None, max_length=256)  # echoed in the answer: bounded
     messages: Messages = Field(..., min_length=1)
     tools: Tools = None
     tool_choice: ToolChoiceField = None
@@ -197,6 +243,7 @@ _ERROR_TEXT = {
     404: "unknown object (a model not served: code model_not_found)",
     409: "conflict (expired lease)",
     413: "body over max_body_bytes (refused while reading)",
+    415: "Content-Type is not JSON",
     429: "too many requests in flight, or sample backlog full (Retry-After)",
     502: "engine answered badly",
     503: "engine unreachable, store busy or shutting down (Retry-After)",
@@ -205,9 +252,10 @@ _ERROR_TEXT = {
 CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "chat.completion, or with stream: true chat.completion.chunk events",
-        "content": {"application/json": {}, "text/event-stream": {}},
+        "model": ChatCompletion,
+        "content": {"text/event-stream": {}},
     },
-    **error_responses(400, 401, 404, 413, 429, 502, 503, 504),
+    **error_responses(400, 401, 404, 413, 415, 429, 502, 503, 504),
 }
 
 
@@ -234,6 +282,14 @@ def request_schema(model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Check roles, contents and tool-call linkage; return template-ready copies (developer -> system)."""
     out: list[dict[str, Any]] = []
@@ -244,7 +300,7 @@ def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         role = msg.get("role")
         if role not in ROLES:
             raise InvalidRequest(
-                f"messages[{i}].role {role!r} is not one of {', '.join(ROLES)}", param=f"messages[{i}].role"
+                f"messages[{i}].role {clip(role)} is not one of {', '.join(ROLES)}", param=f"messages[{i}].role"
             )
         content = msg.get("content")
         if content is not None and not isinstance(content, (str, list)):
@@ -253,6 +309,13 @@ def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
         if isinstance(content, list) and not all(isinstance(p, dict) and p.get("type") for p in content):
             raise InvalidRequest(f"messages[{i}].content parts need a type", param=f"messages[{i}].content")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if part["type"] not in CONTENT_PART_TYPES:  # rendered as nothing otherwise: refused, not dropped
+                raise InvalidRequest(
+                    f"messages[{i}].content[{j}]: content part type {clip(part['type'])} is not supported "
+                    f"(supported: {', '.join(CONTENT_PART_TYPES)})",
+                    param=f"messages[{i}].content[{j}].type",
+                )
         m = dict(msg)
         if role == "developer":
             m["role"] = "system"
@@ -262,6 +325,11 @@ def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                     raise InvalidRequest(
                         f"messages[{i}].tool_calls[{j}] needs function.name", param=f"messages[{i}].tool_calls"
+                    )
+                if isinstance(fn.get("arguments"), str) and not _is_json(fn["arguments"]):
+                    raise InvalidRequest(
+                        f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON string",
+                        param=f"messages[{i}].tool_calls[{j}].function.arguments",
                     )
                 if tc.get("id"):
                     call_ids.add(str(tc["id"]))
@@ -275,7 +343,7 @@ def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 )
             if str(tcid) not in call_ids:
                 raise InvalidRequest(
-                    f"messages[{i}].tool_call_id {tcid!r} does not match any earlier assistant tool call",
+                    f"messages[{i}].tool_call_id {clip(tcid)} does not match any earlier assistant tool call",
                     param=f"messages[{i}].tool_call_id",
                 )
         out.append(m)
@@ -296,7 +364,7 @@ def validate_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> None
             )
     if isinstance(tool_choice, str) and tool_choice not in ("none", "auto", "required"):
         raise InvalidRequest(
-            f"tool_choice {tool_choice!r} must be none, auto, required or a function", param="tool_choice"
+            f"tool_choice {clip(tool_choice)} must be none, auto, required or a function", param="tool_choice"
         )
     if tool_choice not in (None, "none", "auto") and not tools:
         raise InvalidRequest("tool_choice needs tools", param="tool_choice")

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from policy_server.api import model_names
 from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import is_admin, require_client
+from policy_server.api.response_models import ModelList, ok
 from policy_server.state import PolicyState
 
 router = APIRouter()
@@ -21,7 +22,7 @@ def _state(request: Request) -> PolicyState:
     return request.app.state.policy
 
 
-@router.get("/v1/models", responses=oa.error_responses(401))
+@router.get("/v1/models", response_model=None, responses={**ok(ModelList), **oa.error_responses(401)})
 async def models(request: Request) -> dict[str, Any]:
     """Every model name this server answers to (the served name, then its aliases)."""
     st = _state(request)

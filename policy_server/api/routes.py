@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from engine.http_guard import BadJSON, parse_json_body
 from engine.observability import valid_session_id
-from engine.validation import most_specific_error
+from engine.validation import clip, most_specific_error
 from policy_server.api import model_names
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
@@ -54,7 +54,7 @@ def _flag(value: Any, name: str) -> bool:
         return True
     if text in FALSE:
         return False
-    raise InvalidRequest(f"{name} must be one of true/false/1/0/yes/no, got {value!r}", param=name)
+    raise InvalidRequest(f"{name} must be one of true/false/1/0/yes/no, got {clip(value)}", param=name)
 
 
 def _utf8_header(request: Request, name: str) -> str | None:
@@ -82,7 +82,7 @@ def session_info(request: Request, body: dict[str, Any], default_turn_type: str)
             raise InvalidRequest("X-Session-Id must be 1-256 printable characters", param="X-Session-Id")
     turn_type = str(request.headers.get("x-turn-type", fallbacks.get("turn_type", default_turn_type))).strip().lower()
     if turn_type not in ("main", "side"):
-        raise InvalidRequest(f"X-Turn-Type must be main or side, got {turn_type!r}", param="X-Turn-Type")
+        raise InvalidRequest(f"X-Turn-Type must be main or side, got {clip(turn_type)}", param="X-Turn-Type")
     done = _flag(request.headers.get("x-session-done", fallbacks.get("session_done", False)), "X-Session-Done")
     return sid, turn_type, done
 
@@ -102,7 +102,10 @@ async def _read_json(request: Request, max_depth: int) -> dict[str, Any]:
 def _chat_input(st: PolicyState, body: dict[str, Any], sid: str | None, turn_type: str, done: bool) -> ChatInput:
     """The typed request, its messages and the engine's sampling params; every problem a 400 naming its field."""
     if isinstance(body.get("messages"), list):  # a hopeless prompt is refused before any per-message work
-        st.generator.check_fits([m for m in body["messages"] if isinstance(m, dict)])
+        tools = body.get("tools")
+        st.generator.check_fits(
+            [m for m in body["messages"] if isinstance(m, dict)], tools if isinstance(tools, list) else None
+        )
     try:
         req = oa.ChatRequest.model_validate(body)
     except ValidationError as exc:

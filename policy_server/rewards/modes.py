@@ -60,6 +60,7 @@ from engine.records import (
     TeacherTopK,
 )
 from engine.records import RejectReason as R
+from engine.validation import clip
 from judge_server.errors import JudgeBadResponse, JudgeRequestRejected
 from policy_server.rewards.teacher import TeacherEngine, TeacherFailed, TeacherScorer
 
@@ -137,9 +138,9 @@ def _check_weight(name: str, value: float) -> float:
     try:
         w = float(value)
     except (TypeError, ValueError) as exc:
-        raise InvalidMode(f"{name} must be a number, got {value!r}") from exc
+        raise InvalidMode(f"{name} must be a number, got {clip(value)}") from exc
     if not math.isfinite(w) or w < 0:
-        raise InvalidMode(f"{name} must be finite and >= 0, got {value!r}")
+        raise InvalidMode(f"{name} must be finite and >= 0, got {clip(value)}")
     return w
 
 
@@ -155,7 +156,7 @@ class ModeState:
     @staticmethod
     def _validate(mode: str, w_rl: float, w_opd: float) -> ModeSnapshot:
         if mode not in MODES:
-            raise InvalidMode(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+            raise InvalidMode(f"mode must be one of {', '.join(MODES)}, got {clip(mode)}")
         # the membership test above is the narrowing mypy cannot see
         return ModeSnapshot(
             mode=cast(Mode, mode), w_rl=_check_weight("w_rl", w_rl), w_opd=_check_weight("w_opd", w_opd)
@@ -271,7 +272,7 @@ def decide(mode: str, prm: Any, hint: Any, *, session_has_included: bool, at_lea
         if p_kind == "neutral" and promote_ok:
             return Decision(True, None, use_reward=True, need_teacher=False, promoted=True)
         return Decision(False, f"{R.NO_SIGNAL}: {p_why}, {R.NO_HINT}", use_reward=False, need_teacher=False)
-    raise InvalidMode(f"unknown mode {mode!r}")
+    raise InvalidMode(f"unknown mode {clip(mode)}")
 
 
 def build_sample(

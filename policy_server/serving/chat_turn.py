@@ -35,7 +35,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from engine.chat import DEFAULT_TOOL_PARSER, parse_assistant_output
+from engine.chat import DEFAULT_REASONING_PARSER, DEFAULT_TOOL_PARSER, parse_assistant_output
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
 from engine.errors import EngineError
 from engine.records import TurnRecord
@@ -223,7 +223,12 @@ class ChatTurn:
         """The non-streaming answer: generate, parse, record, then the completion JSON."""
         chat = self.chat
         res = await self.st.generator.generate(self.prompt_ids, chat.sp, self.res)
-        parsed = parse_assistant_output(res.text, tool_parser=DEFAULT_TOOL_PARSER if self.parse_tools else None)
+        # A forced reply is exactly the call the grammar allows: no reasoning block to split off.
+        parsed = parse_assistant_output(
+            res.text,
+            reasoning_parser=None if chat.forced else DEFAULT_REASONING_PARSER,
+            tool_parser=DEFAULT_TOOL_PARSER if self.parse_tools else None,
+        )
         # A forced call cut short (max_tokens) is no call and no content: its markup never reaches the client.
         content = None if chat.forced and not parsed.tool_calls else parsed.content
         message = assistant_message(content, parsed.reasoning_content, parsed.tool_calls)

@@ -52,22 +52,43 @@ logger = logging.getLogger(__name__)
 
 # Below this many characters of message text (+ tool schemas) a prompt is rendered on the event loop.
 INLINE_RENDER_MAX_CHARS = 2048
+# Renders running in worker threads at once: more would only queue for the GIL and hold their memory at once.
+DEFAULT_RENDER_CONCURRENCY = 2
 
 
 def _prompt_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-    n = 512 * len(tools or [])  # a tool schema renders to a few hundred characters
+    """About how many characters the prompt renders to (the strings it holds), stopping once past the
+    inline threshold: a long tool description or text part counts at its real length."""
+    n = _string_chars(tools) if tools else 0
     for m in messages:
-        c = m.get("content")
-        n += len(c) if isinstance(c, str) else 256 * len(c or [])
-        n += 256 * len(m.get("tool_calls") or []) + 16
+        n += _string_chars(m.get("content")) + _string_chars(m.get("tool_calls")) + 16
         if n > INLINE_RENDER_MAX_CHARS:
             break
     return n
 
 
-def prompt_token_floor(messages: list[dict[str, Any]], max_token_chars: int) -> int:
+def _string_chars(value: Any) -> int:
+    """Characters of every string (keys included) in a JSON value; iterative, so any nesting is safe."""
+    total, stack = 0, [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            total += len(node)
+        elif isinstance(node, dict):
+            total += sum(len(k) for k in node if isinstance(k, str))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return total
+
+
+def prompt_token_floor(messages: list[dict[str, Any]], max_token_chars: int, tools: list[Any] | None = None) -> int:
     """A lower bound of the rendered prompt's length in tokens, without rendering it: every message adds at
-    least one token, and no token covers more than ``max_token_chars`` characters of its text."""
+    least one token, and no token covers more than ``max_token_chars`` characters of its text.
+
+    Counted: message text (string content, text parts), the names and arguments of history tool calls,
+    and every string of the tool definitions (templates render each tool whole, as JSON, whose escaping
+    only lengthens it). Cost: one pass over the values, no copies."""
     chars = 0
     for m in messages:
         c = m.get("content")
@@ -75,6 +96,14 @@ def prompt_token_floor(messages: list[dict[str, Any]], max_token_chars: int) -> 
             chars += len(c)
         elif isinstance(c, list):
             chars += sum(len(p["text"]) for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+        calls = m.get("tool_calls")
+        if isinstance(calls, list):
+            for tc in calls:
+                fn = tc.get("function") if isinstance(tc, dict) else None
+                if isinstance(fn, dict):
+                    chars += _string_chars([fn.get("name"), fn.get("arguments")])
+    if isinstance(tools, list):
+        chars += _string_chars(tools)
     return len(messages) + chars // max(1, max_token_chars)
 
 
@@ -145,6 +174,7 @@ class Generator:
         deadline_s: float | None = None,
         max_prompt_tokens: int | None = None,
         render_verify_tokens_per_turn: int = 2048,
+        render_concurrency: int = DEFAULT_RENDER_CONCURRENCY,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -154,19 +184,28 @@ class Generator:
         self.max_prompt_tokens = max_prompt_tokens
         self._max_token_chars = longest_token_chars(tokenizer) if max_prompt_tokens else 1
         self.renderer = ContinuationRenderer(tokenizer, verify_tokens_per_turn=render_verify_tokens_per_turn)
+        # Bounds the renders in worker threads (each holds its prompt's text and ids while it runs); the
+        # rest wait here, on the event loop, without holding a thread or memory.
+        self._render_slots = asyncio.Semaphore(render_concurrency)
 
-    def check_fits(self, messages: list[dict[str, Any]]) -> None:
-        """400 before any rendering when the prompt cannot fit the engine's context: a multi-megabyte history
-        would otherwise be rendered and tokenized (seconds of CPU, gigabytes) only for the engine to refuse it."""
+    def _too_long(self, tokens: int, exact: bool) -> InvalidRequest:
+        what = f"{tokens} tokens" if exact else f"at least {tokens} tokens"
+        return InvalidRequest(
+            f"the prompt has {what}; the engine's context is {self.max_prompt_tokens} tokens",
+            param="messages",
+            code="context_length_exceeded",
+        )
+
+    def check_fits(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> None:
+        """400 ``context_length_exceeded`` before any rendering when the prompt (its messages and its tools)
+        cannot fit the engine's context: a multi-megabyte history or tool description would otherwise be
+        rendered and tokenized (seconds of CPU, gigabytes) only for the engine to refuse it. The cheap
+        bound; :meth:`render` checks the exact count after rendering."""
         if self.max_prompt_tokens is None:
             return
-        floor = prompt_token_floor(messages, self._max_token_chars)
+        floor = prompt_token_floor(messages, self._max_token_chars, tools)
         if floor >= self.max_prompt_tokens:
-            raise InvalidRequest(
-                f"the prompt has at least {floor} tokens; the engine's context is {self.max_prompt_tokens} tokens",
-                param="messages",
-                code="context_length_exceeded",
-            )
+            raise self._too_long(floor, exact=False)
 
     async def render(
         self,
@@ -175,14 +214,24 @@ class Generator:
         chat_template_kwargs: dict[str, Any] | None = None,
         prior: PriorTurn | None = None,
     ) -> Rendered:
-        """The prompt (engine.continuation): a continuation of ``prior`` when the template allows, else a full render."""
-        # Template rendering + tokenization is CPU work: a continued turn's is proportional to its new
-        # messages, a full render's to the whole history. A short prompt renders in ~0.1 ms, less than a
-        # thread hand-off costs, so it runs inline; a long one goes to a worker thread, because even with a
-        # prior turn the renderer may fall back to the full render (and would stall the loop for a while).
+        """The prompt (engine.continuation): a continuation of ``prior`` when the template allows, else a full
+        render; checked against the context, the cheap bound first (:meth:`check_fits`), then the exact count,
+        so a prompt that cannot fit is a 400 before the engine sees it.
+
+        Template rendering + tokenization is CPU work: a continued turn's is proportional to its new messages,
+        a full render's to the whole history. A short prompt renders in ~0.1 ms, less than a thread hand-off
+        costs, so it runs inline; a long one runs in a worker thread (at most ``render_concurrency`` at once),
+        because even with a prior turn the renderer may fall back to the full render, which would stall the
+        other requests on the loop."""
+        self.check_fits(messages, tools)
         if _prompt_chars(messages, tools) <= INLINE_RENDER_MAX_CHARS:
-            return self.renderer.render(messages, tools, chat_template_kwargs, prior)
-        return await asyncio.to_thread(self.renderer.render, messages, tools, chat_template_kwargs, prior)
+            rendered = self.renderer.render(messages, tools, chat_template_kwargs, prior)
+        else:
+            async with self._render_slots:
+                rendered = await asyncio.to_thread(self.renderer.render, messages, tools, chat_template_kwargs, prior)
+        if self.max_prompt_tokens is not None and len(rendered.ids) >= self.max_prompt_tokens:
+            raise self._too_long(len(rendered.ids), exact=True)
+        return rendered
 
     def _segment_params(self, sp: dict[str, Any], produced: int) -> dict[str, Any]:
         out = dict(sp)

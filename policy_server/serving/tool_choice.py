@@ -1,131 +1,34 @@
-"""Typed forced tool calls and JSON response formats as engine grammars.
+"""Forced tool calls and JSON response formats for the policy server: engine.tool_grammar's grammars, its
+refusals as 400s.
 
-Role: OpenAI's ``tool_choice`` other than auto/none must yield a tool call whose arguments are valid for
-the function's JSON schema. The policy server asks the engine for constrained decoding with SGLang's
-``ebnf`` sampling parameter (xgrammar syntax, SGLang's default grammar backend; the dev engine compiles it
-with the same library) of exactly one Hermes/Qwen block::
-
-    <tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>
-
-that ``engine.chat.HermesToolCallParser`` parses. ``ARGS`` is xgrammar's own JSON-schema grammar of the
-function's ``parameters`` (compact separators ``", "``/``": "``; strict: no properties beyond the schema's),
-so arrays, nested objects, integers, numbers, booleans, enums, ``anyOf``/nullable fields and local
-``$ref``/``$defs`` come back typed and valid. ``"required"`` with several tools is the union of their
-blocks; one call per turn either way (``parallel_tool_calls`` needs no more). A schema that cannot be
-constrained (not an object schema, an unknown type, a ``$ref`` outside the document, a pattern xgrammar
-does not support) is the client's error: :class:`InvalidRequest` naming the tool (HTTP 400).
-
-``response_format`` ``json_object``/``json_schema`` use SGLang's ``json_schema`` sampling parameter
-(a JSON string), checked here the same way so a bad schema is a 400 and never an engine error.
-
-The sampled ids stay the model's own samples, but their log-probs are not the model's: the engine
-renormalises over the tokens the grammar allows, so a constrained step's log-prob is
-log p(token | allowed). The turn record and its sample therefore say ``constrained: true``
-(CONTRACTS.md), so the trainer does not treat those log-probs as comparable with recomputed ones.
+Contract: see engine.tool_grammar (the grammar of one Hermes/Qwen call per forced turn, strings that cannot
+spell markup, no stop sequences inside the call, ``response_format`` as SGLang's ``json_schema``). A tool,
+``tool_choice`` or schema that cannot be constrained is :class:`~policy_server.errors.InvalidRequest` naming
+the field.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 from typing import Any
 
-import xgrammar as xgr
-
+from engine import tool_grammar
+from engine.tool_grammar import GRAMMAR_KEYS, GrammarRefused, exclude_markup_from_strings
 from policy_server.errors import InvalidRequest
 
-GRAMMAR_KEYS = ("regex", "json_schema", "ebnf")  # SGLang takes at most one of them per request
-_EMPTY_OBJECT = {"type": "object", "properties": {}}
-
-
-def _external_ref(schema: Any) -> str | None:
-    """The first ``$ref`` that does not point into the schema itself (xgrammar would silently allow anything)."""
-    if isinstance(schema, dict):
-        ref = schema.get("$ref")
-        if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
-            return ref
-        return next((r for v in schema.values() if (r := _external_ref(v)) is not None), None)
-    if isinstance(schema, list):
-        return next((r for v in schema if (r := _external_ref(v)) is not None), None)
-    return None
-
-
-@functools.lru_cache(maxsize=256)
-def _schema_grammar(schema_json: str) -> xgr.Grammar:
-    return xgr.Grammar.from_json_schema(schema_json, any_whitespace=False)
-
-
-def schema_grammar(schema: dict[str, Any], what: str, param: str) -> xgr.Grammar:
-    """xgrammar's grammar of a JSON schema, or a 400 that says why it cannot be constrained."""
-    ref = _external_ref(schema)
-    if ref is not None:
-        raise InvalidRequest(
-            f"{what}: $ref {ref!r} points outside the schema; only local refs (#/...) can be constrained", param=param
-        )
-    try:
-        return _schema_grammar(json.dumps(schema))  # key order kept: properties come out in schema order
-    except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar reports unsupported schemas as RuntimeError
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InvalidRequest(f"{what} cannot be constrained: {reason.split('] ')[-1]}", param=param) from None
-
-
-def _parameters(fn: dict[str, Any], index: int) -> dict[str, Any]:
-    params = fn.get("parameters")
-    if params is None:
-        return dict(_EMPTY_OBJECT)
-    if not isinstance(params, dict) or params.get("type", "object") != "object":
-        raise InvalidRequest(
-            f"tools[{index}].function.parameters must be a JSON schema of type object to be forced",
-            param=f"tools[{index}].function.parameters",
-        )
-    return params
-
-
-def _call_grammar(fn: dict[str, Any], index: int) -> xgr.Grammar:
-    head = '<tool_call>\n{"name": ' + json.dumps(fn["name"]) + ', "arguments": '
-    args = schema_grammar(
-        _parameters(fn, index), f"tools[{index}] ({fn['name']}) parameters", f"tools[{index}].function.parameters"
-    )
-    return xgr.Grammar.concat(
-        xgr.Grammar.from_ebnf("root ::= " + json.dumps(head)),
-        args,
-        xgr.Grammar.from_ebnf('root ::= "}\\n</tool_call>"'),
-    )
+__all__ = ["GRAMMAR_KEYS", "exclude_markup_from_strings", "forced_tool_grammar", "response_format_schema"]
 
 
 def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any) -> str | None:
     """The ``ebnf`` source for ``tool_choice``, or None when the model chooses freely (auto/none/absent)."""
-    if tool_choice in (None, "auto", "none"):
-        return None
-    indexed = [(i, t["function"]) for i, t in enumerate(tools or [])]
-    if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name")
-        indexed = [(i, f) for i, f in indexed if f.get("name") == name]
-        if not indexed:
-            raise InvalidRequest(f"tool_choice names function {name!r}, which is not in tools", param="tool_choice")
-    grammars = [_call_grammar(f, i) for i, f in indexed]
-    return str(grammars[0] if len(grammars) == 1 else xgr.Grammar.union(*grammars))
+    try:
+        return tool_grammar.forced_tool_grammar(tools, tool_choice)
+    except GrammarRefused as exc:
+        raise InvalidRequest(exc.message, param=exc.param) from None
 
 
 def response_format_schema(response_format: dict[str, Any] | None) -> str | None:
     """SGLang's ``json_schema`` sampling parameter for ``response_format``, or None for text/absent."""
-    if response_format is None:
-        return None
-    kind = response_format.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return '{"type": "object"}'
-    if kind == "json_schema":
-        spec = response_format.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, dict) else None
-        if not isinstance(schema, dict):
-            raise InvalidRequest(
-                "response_format.json_schema.schema must be a JSON schema object",
-                param="response_format.json_schema.schema",
-            )
-        schema_grammar(schema, "response_format.json_schema.schema", "response_format.json_schema.schema")
-        return json.dumps(schema)
-    raise InvalidRequest(
-        f"response_format.type {kind!r} must be text, json_object or json_schema", param="response_format.type"
-    )
+    try:
+        return tool_grammar.response_format_schema(response_format)
+    except GrammarRefused as exc:
+        raise InvalidRequest(exc.message, param=exc.param) from None

@@ -28,6 +28,7 @@ from typing import Any
 
 from engine import fastjson
 from engine.records import SampleState as S
+from engine.validation import clip
 from policy_server.store.base import StoreDB
 
 
@@ -102,7 +103,7 @@ class StoreLeases(StoreDB):
                 "SELECT state, sample_ids FROM leases WHERE lease_id=?" + self._for_update, (lease_id,)
             ).fetchone()
             if row is None:
-                raise LeaseError("unknown", f"unknown lease_id {lease_id!r}")
+                raise LeaseError("unknown", f"unknown lease_id {clip(lease_id)}")
             if row["state"] == "acked":
                 return {"lease_id": lease_id, "acked": 0, "already_acked": True}
             if row["state"] == "expired":

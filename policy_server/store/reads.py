@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.records import UNCONSUMED_STATUSES
 from engine.records import SampleState as S
+from engine.validation import clip
 from policy_server.store.base import SAMPLE_STATUSES, StoreDB, turn_dict
 
 _COUNT_UNCONSUMED = f"SELECT COUNT(*) FROM samples WHERE status IN ({', '.join('?' * len(UNCONSUMED_STATUSES))})"
@@ -94,7 +95,7 @@ class StoreReads(StoreDB):
         the reply, None until paired), so an operator sees why a sample was accepted or rejected.
         """
         if status is not None and status not in SAMPLE_STATUSES:
-            raise ValueError(f"status must be one of {', '.join(SAMPLE_STATUSES)}, not {status!r}")
+            raise ValueError(f"status must be one of {', '.join(SAMPLE_STATUSES)}, not {clip(status)}")
         where, args = [], []
         if session_id is not None:
             where.append("s.session_id=?")

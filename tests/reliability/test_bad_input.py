@@ -80,6 +80,31 @@ CHAT_CASES = [
     ("streamed, model is an unpaired surrogate", {"messages": [U], "model": MARK + "\ud800", "stream": True}),
     ("session_id is an object", {"messages": [U], "session_id": {"a": MARK}}),
     ("body nested 100000 deep", "[" * 100_000),
+    # Strict acceptance: wrong JSON types are not coerced, unknown message fields and parts are not dropped.
+    ("max_tokens is a string", {"messages": [U], "max_tokens": "8", "user": MARK}),
+    ("temperature is a string", {"messages": [U], "temperature": "1", "user": MARK}),
+    ("stream is a string", {"messages": [U], "stream": "true", "user": MARK}),
+    ("logprobs is a number", {"messages": [U], "logprobs": 1, "user": MARK}),
+    ("unknown message field", {"messages": [{**U, "mystery": MARK}]}),
+    (
+        "image_url content part",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": MARK}}]}]},
+    ),
+    (
+        "non-JSON tool-call arguments in the history",
+        {
+            "messages": [
+                U,
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": MARK}}],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+            ],
+            "tools": [TOOL],
+        },
+    ),
 ]
 
 
@@ -196,3 +221,90 @@ def test_policy_oversized_unauthenticated_ack_is_413(policy):
     assert r.status_code == 413
     assert r.json()["error"]["code"] == 413
     assert ADMIN_KEY not in r.text
+
+
+def test_unsupported_content_part_is_named(policy):
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+    with client(policy.url) as c:
+        r = c.post("/v1/chat/completions", json=body)
+    _assert_openai_error(r)
+    assert "image_url" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "messages[0].content[0].type"
+
+
+HUGE = MARK + "x" * (1024 * 1024)  # a 1 MB client value: no answer may carry more than a short prefix of it
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [U], "model": HUGE},
+        {"messages": [{"role": HUGE, "content": "hi"}]},
+        {"messages": [U], HUGE: 1},
+        {"messages": [{**U, HUGE: 1}]},
+        {"messages": [U], "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": HUGE}}},
+        {"messages": [U], "logit_bias": {HUGE: 1}},
+        {"messages": [U], "metadata": {"k": 5, HUGE: "v"}},
+    ],
+    ids=["model", "role", "unknown-field", "unknown-message-field", "tool-choice-name", "logit-bias-key", "meta"],
+)
+def test_error_bodies_echo_a_bounded_prefix_of_a_1mb_value(policy, body):
+    with client(policy.url) as c:
+        r = c.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "echo"})
+    assert r.status_code == 400, r.text[:300]
+    assert len(r.content) < 2048, f"{len(r.content)} bytes answered"
+
+
+def test_unknown_1mb_lease_id_is_a_short_404(policy):
+    with admin(policy.url) as a:
+        r = a.post("/v1/samples/ack", json={"lease_id": HUGE})
+    assert r.status_code == 404 and len(r.content) < 2048, (r.status_code, len(r.content))
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x"])
+def test_non_json_content_type_is_415(policy, judge, ctype):
+    body = json.dumps({"messages": [U], "max_tokens": 2})
+    with client(policy.url) as c:
+        r = c.post("/v1/chat/completions", content=body, headers={"Content-Type": ctype})
+        _assert_openai_error(r, 415)
+    with admin(policy.url) as a:
+        assert (
+            a.post("/v1/samples/ack", content='{"lease_id": "x"}', headers={"Content-Type": ctype}).status_code == 415
+        )
+    r = httpx.post(
+        judge.url + "/v1/judge",
+        content=json.dumps(JUDGE_REQ),
+        trust_env=False,
+        timeout=30,
+        headers={"Authorization": f"Bearer {JUDGE_KEY}", "Content-Type": ctype},
+    )
+    assert r.status_code == 415 and r.json()["error"]["type"] == "UnsupportedMediaType"
+    with client(policy.url) as c:  # JSON with a charset, or a +json type, is JSON
+        for ok_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+            assert c.post("/v1/chat/completions", content=body, headers={"Content-Type": ok_type}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/x" * 50_000, "/tmp/" + "n" * 300], ids=["100k-chars", "300-char-component"])
+def test_bad_weight_path_is_400_at_the_policy_server_and_the_engine(policy, engine, path):
+    with admin(policy.url) as a:
+        r = a.post("/admin/weights/update", json={"model_path": path, "weight_version": "x"})
+    assert r.status_code == 400, r.text[:300]
+    assert len(r.content) < 2048
+    # The dev engine answers as SGLang does: 400 {"success": false, "message"}, never a 500 traceback.
+    e = httpx.post(engine.url + "/update_weights_from_disk", json={"model_path": path}, trust_env=False, timeout=30)
+    assert e.status_code == 400 and e.json()["success"] is False and len(e.content) < 2048
+
+
+def test_judge_request_limit_counts_characters_not_bytes(judge):
+    def post(content: str) -> httpx.Response:
+        item = {**JUDGE_REQ, "response": {"content": content}}
+        return httpx.post(
+            judge.url + "/v1/judge",
+            content=json.dumps(item, ensure_ascii=False).encode(),  # raw UTF-8, not \u escapes
+            trust_env=False,
+            timeout=60,
+            headers={"Authorization": f"Bearer {JUDGE_KEY}", "Content-Type": "application/json"},
+        )
+
+    assert post("\u00e9" * 900_000).status_code == 200  # 900k characters, 1.8 MB of UTF-8: under the limit
+    assert post("e" * 1_000_001).status_code == 413

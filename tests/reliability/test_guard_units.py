@@ -7,6 +7,7 @@ server's log file (engine.procs.spawn: 0600 whatever the umask, an older world-r
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 import sys
@@ -189,3 +190,180 @@ def test_unexpected_errors_answer_one_500_and_rate_limit_their_tracebacks(caplog
     assert len(records) == 5  # one record per error
     assert [r.exc_info is not None for r in records] == [True, True, True, False, False]
     assert all("secret" not in r.getMessage() for r in records[3:])
+
+
+def test_prompt_token_floor_counts_tools_and_history_calls():
+    big = "d" * 7000
+    tools = [{"type": "function", "function": {"name": "f" * 20, "description": big, "parameters": {"type": "object"}}}]
+    msgs = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "g", "arguments": "x" * 99}}]}]
+    # strings of the tool: type, function, name, description, parameters, type (keys) + values
+    tool_chars = len("type") * 2 + len("function") * 2 + len("name") + 20 + len("description") + 7000
+    tool_chars += len("parameters") + len("object")
+    assert prompt_token_floor(msgs, 10, tools) == 1 + (1 + 99 + tool_chars) // 10
+    assert prompt_token_floor(msgs, 10) == 1 + 100 // 10
+
+
+class _SlowTokenizer:
+    """A tokenizer double whose render blocks until released: shows where the render runs and how many at once."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.running = self.peak = 0
+
+    def get_vocab(self) -> dict[str, int]:
+        return {"abcd": 0, "a": 1}
+
+    def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=True, **kw) -> str:
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        self.release.wait(10)
+        with self.lock:
+            self.running -= 1
+        return "".join(m["content"] for m in messages)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1] * len(text)
+
+
+def _generator(tok, **kw):
+    from policy_server.serving.generation import Generator
+
+    return Generator(engine=None, tokenizer=tok, gate=None, **kw)  # type: ignore[arg-type]
+
+
+def test_long_renders_run_off_the_event_loop_with_bounded_concurrency():
+    tok = _SlowTokenizer()
+    gen = _generator(tok, max_prompt_tokens=1_000_000, render_concurrency=2)
+    long_msgs = [{"role": "user", "content": "x" * 5000}]
+
+    async def main() -> list[list[int]]:
+        renders = [asyncio.ensure_future(gen.render(long_msgs, None)) for _ in range(5)]
+        while tok.running < 2:  # noqa: ASYNC110  # the loop keeps turning while the renders block their threads
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert tok.running == 2 and not any(r.done() for r in renders)  # the other three wait for a slot
+        tok.release.set()
+        return await asyncio.gather(*renders)
+
+    results = asyncio.run(main())
+    assert tok.peak == 2 and all(len(ids) == 5000 for ids in results)
+
+
+def test_render_refuses_by_the_cheap_bound_then_by_the_exact_count():
+    from policy_server.errors import InvalidRequest
+
+    tok = _SlowTokenizer()
+    tok.release.set()
+    gen = _generator(tok, max_prompt_tokens=3000)  # longest vocab entry: 4 characters
+    tools = [{"type": "function", "function": {"name": "f", "description": "d" * 20_000}}]
+    with pytest.raises(InvalidRequest) as cheap:
+        asyncio.run(gen.render([{"role": "user", "content": "hi"}], tools))
+    assert cheap.value.code == "context_length_exceeded" and "at least" in cheap.value.message
+    assert tok.peak == 0  # refused before any render
+    with pytest.raises(InvalidRequest) as exact:  # 4000 chars: floor 1001 < 3000, but 4000 tokens exactly
+        asyncio.run(gen.render([{"role": "user", "content": "x" * 4000}], None))
+    assert exact.value.code == "context_length_exceeded" and "has 4000 tokens" in exact.value.message
+    assert len(asyncio.run(gen.render([{"role": "user", "content": "x" * 2999}], None))) == 2999
+
+
+# --- Forced calls never vanish: the call grammar's strings cannot spell markup, and calls are parsed by
+# their structure (engine.chat, policy_server.serving.tool_choice).
+_WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}, "k": {"type": "object"}}},
+        },
+    }
+]
+
+
+def _call_text(args: str) -> str:
+    return '<tool_call>\n{"name": "f", "arguments": ' + args + "}\n</tool_call>"
+
+
+@pytest.mark.parametrize("inside", ["</tool_call>", "</think>", "<think>", "<tool_call>", "<|im_end|>"])
+def test_forced_call_grammar_strings_exclude_markup(inside):
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from policy_server.serving.tool_choice import forced_tool_grammar
+
+    grammar = xgr.Grammar.from_ebnf(forced_tool_grammar(_WEATHER, "required"))
+    value = json.dumps("a" + inside + "b")
+    assert not _is_grammar_accept_string(grammar, _call_text('{"x": ' + value + "}"))
+    assert not _is_grammar_accept_string(grammar, _call_text('{"k": {' + value + ": 1}}"))  # keys too
+    escaped = value.replace("<", "\\u003c")  # still reachable, as the JSON escape
+    assert _is_grammar_accept_string(grammar, _call_text('{"x": ' + escaped + "}"))
+
+
+@pytest.mark.parametrize("inside", ["</tool_call>", "</think>", "</tool_call>\n</think>"])
+def test_calls_are_parsed_by_structure_not_by_the_first_closing_tag(inside):
+    from engine.chat import DEFAULT_TOOL_PARSER, parse_assistant_output
+
+    args = {"x": "a" + inside + "b"}
+    text = _call_text(json.dumps(args))
+    for reasoning_parser in (None, parse_assistant_output.__kwdefaults__["reasoning_parser"]):
+        parsed = parse_assistant_output(text, reasoning_parser=reasoning_parser, tool_parser=DEFAULT_TOOL_PARSER)
+        assert parsed.reasoning_content is None and parsed.content == ""
+        [call] = parsed.tool_calls
+        assert json.loads(call["function"]["arguments"]) == args
+    # with reasoning opened by the prompt (no <think> in the reply): the reasoning ends before the call
+    parsed = parse_assistant_output("plan</think>\n" + text)
+    assert parsed.reasoning_content == "plan" and len(parsed.tool_calls) == 1
+
+
+def test_a_block_that_is_not_a_call_stays_content_and_later_calls_parse():
+    from engine.chat import parse_assistant_output
+
+    text = "<tool_call>{not json}</tool_call> then " + _call_text('{"x": "y"}')
+    parsed = parse_assistant_output(text)
+    assert parsed.content == "<tool_call>{not json}</tool_call> then"
+    assert [c["function"]["name"] for c in parsed.tool_calls] == ["f"]
+    cut = _call_text('{"x": "y"}')[:-3]  # closing tag cut by max_tokens: no call, the text stays
+    assert parse_assistant_output(cut).tool_calls == [] and parse_assistant_output(cut).content == cut
+
+
+def test_forced_call_is_sent_without_stop_sequences():
+    from policy_server.api.openai_fields import ChatExtras, apply_constraints
+
+    sp = {"max_new_tokens": 8, "stop": ["a", "</tool_call>"]}
+    assert apply_constraints(ChatExtras(), sp, _WEATHER, "required") is True
+    assert "ebnf" in sp and "stop" not in sp
+    sp = {"max_new_tokens": 8, "stop": ["a"]}
+    assert apply_constraints(ChatExtras(), sp, _WEATHER, "auto") is False and sp["stop"] == ["a"]
+
+
+@pytest.mark.parametrize(
+    "messages,tools",
+    [
+        ([{"role": "user", "content": [{"type": "text", "text": "x" * 5000}]}], None),
+        (
+            [{"role": "user", "content": "hi"}],
+            [{"type": "function", "function": {"name": "f", "description": "d" * 5000}}],
+        ),
+    ],
+    ids=["one-long-text-part", "one-long-tool"],
+)
+def test_a_long_part_or_tool_is_rendered_off_the_loop(messages, tools, monkeypatch):
+    import threading
+
+    from policy_server.serving import generation
+
+    tok = _SlowTokenizer()
+    tok.release.set()
+    gen = _generator(tok)
+    where: list[str] = []
+
+    def spy(*args, **kw):
+        where.append(threading.current_thread().name)
+        return [1]
+
+    monkeypatch.setattr(generation, "render_prompt_ids", spy)
+    asyncio.run(gen.render(messages, tools))
+    assert where and where[0] != threading.main_thread().name

@@ -3,7 +3,8 @@
 Contract (engine.http_guard, policy_server.serving.generation.Generator.check_fits): a body over ``max_body_bytes``
 is refused 413 while it is read (a declared 200 MB body is never read, whatever the route or credential);
 an 8 MB chat body that cannot fit the engine's context is refused 400 before it is validated per message,
-rendered or tokenized; a bad request writes at most a couple of log lines, no traceback.
+rendered or tokenized; a 7 MB tool description or a 2 MB tool name is refused the same way (the cheap bound counts
+tools), while /health keeps answering (median probe under 100 ms, worst printed); a bad request writes at most a couple of log lines, no traceback.
 
 Stated bounds (peak RSS of the server, /proc VmHWM, measured on the dev box: +118 MB for the 8 MB body (400 in ~1 s),
 +9 MB for the 200 MB one): the 8 MB body raises the peak by less than 400 MB (it was +1.1 GB); the declared
@@ -16,10 +17,12 @@ from __future__ import annotations
 import json
 import select
 import socket
+import threading
 import time
 import uuid
 from urllib.parse import urlparse
 
+import httpx
 import pytest
 from policy_testkit import CLIENT_KEY, client, start_policy
 
@@ -151,3 +154,53 @@ def test_log_volume_per_bad_request_is_bounded(policy, body):
     assert len(lines) <= 3 and len(chunk) < 2048, chunk[:2000]
     assert "Traceback" not in chunk
     assert all(f"bad-{marker}" in ln for ln in lines)  # every line carries the request id
+
+
+def _probe_health(url: str, stop: threading.Event, latencies_s: list[float]) -> None:
+    with httpx.Client(base_url=url, timeout=60, trust_env=False) as c:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            assert c.get("/health").status_code == 200
+            latencies_s.append(time.monotonic() - t0)
+            time.sleep(0.005)
+
+
+@pytest.mark.parametrize(
+    "tool",
+    [
+        {"type": "function", "function": {"name": "f", "description": "d" * (7 * MB), "parameters": {}}},
+        {"type": "function", "function": {"name": "n" * (2 * MB), "parameters": {}}},
+    ],
+    ids=["7mb-description", "2mb-name"],
+)
+def test_hostile_tool_is_refused_before_rendering_and_health_stays_fast(policy, tool):
+    """A tool too large for the context is a 400 ``context_length_exceeded`` from the cheap bound: nothing is
+    rendered or tokenized, so /health answers while it runs and the server's peak RSS barely moves."""
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "tools": [tool]}).encode()
+    base = _peak_rss_mb(policy.pid)
+    stop, latencies = threading.Event(), []
+    prober = threading.Thread(target=_probe_health, args=(policy.url, stop, latencies))
+    prober.start()
+    try:
+        while not latencies:  # the prober is connected and warm before the hostile request starts
+            time.sleep(0.01)
+        during = len(latencies)
+        with client(policy.url) as c:
+            t0 = time.monotonic()
+            r = c.post("/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})
+            took = time.monotonic() - t0
+        during = latencies[during:]
+    finally:
+        stop.set()
+        prober.join()
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert len(r.content) < 1024  # the error names the size, never the tool
+    growth = _peak_rss_mb(policy.pid) - base
+    worst_ms = 1000 * max(during or latencies)
+    print(
+        f"{len(body) / MB:.1f} MB tool: 400 in {took:.2f}s, peak RSS +{growth:.0f} MB, /health worst {worst_ms:.0f} ms"
+    )
+    assert growth < 300
+    # The stall this guards against was 29 s of /health; the median probe during the request must stay fast.
+    assert sorted(during or latencies)[len(during or latencies) // 2] < 0.1

@@ -65,26 +65,28 @@ HYPOTHESIS = settings(
 )
 
 
-def _fuzz(url: str, key_for) -> list[str]:
-    """Every operation of ``url``'s OpenAPI, EXAMPLES derandomized cases each; returns the operations run.
+def _fuzz(url: str, key_for) -> dict[str, list[int]]:
+    """Every operation of ``url``'s OpenAPI, EXAMPLES derandomized cases each; the statuses answered per
+    operation (``"POST /v1/judge": [200, 400, ...]``).
 
     (One hypothesis run per operation inside the test, rather than schemathesis' pytest parametrization,
     whose lazy fixture loader does not support this pytest version.)"""
     schema = schemathesis.openapi.from_url(url + "/openapi.json")
-    done = []
+    done: dict[str, list[int]] = {}
     for result in schema.get_all_operations():
         op = result.ok()
+        done[f"{op.method.upper()} {op.path}"] = []
 
         @HYPOTHESIS
         @given(case=op.as_strategy())
         def run(case) -> None:
             _cap_generation(case)
-            case.call_and_validate(
+            response = case.call_and_validate(
                 base_url=url, headers={"Authorization": f"Bearer {key_for(case.path)}"}, checks=CHECKS, timeout=60
             )
+            done[f"{case.method.upper()} {case.path}"].append(response.status_code)
 
         run()
-        done.append(f"{op.method.upper()} {op.path}")
     return done
 
 
@@ -103,9 +105,12 @@ def _cap_generation(case) -> None:
 
 def test_policy_openapi(policy):
     ops = _fuzz(policy.url, lambda path: ADMIN_KEY if path.startswith(("/v1/samples", "/admin")) else CLIENT_KEY)
-    assert "POST /v1/chat/completions" in ops and "GET /v1/samples/lease" in ops
+    print({op: sorted(set(s)) for op, s in ops.items()})
+    # The documented schemas are exact enough that generated data reaches the success paths.
+    assert 200 in ops["POST /v1/chat/completions"] and 200 in ops["GET /v1/samples/lease"]
 
 
 def test_judge_openapi(judge):
     ops = _fuzz(judge.url, lambda _path: JUDGE_KEY)
-    assert "POST /v1/judge" in ops
+    print({op: sorted(set(s)) for op, s in ops.items()})
+    assert 200 in ops["POST /v1/judge"]

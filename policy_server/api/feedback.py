@@ -27,7 +27,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.observability import valid_session_id
-from engine.validation import describe_validation_errors
+from engine.validation import clip, describe_validation_errors
 from policy_server.api.auth import require_admin, require_client
 from policy_server.api.openai_schemas import error_responses
 from policy_server.api.routes import _read_json
@@ -93,7 +93,7 @@ async def post_feedback(request: Request) -> dict[str, Any]:
     except FeedbackConflict as exc:
         raise Conflict(str(exc), param="idempotency_key") from None
     if out is None:
-        raise NotFound(f"no recorded turn {target[1]} in session {target[0]!r}")
+        raise NotFound(f"no recorded turn {target[1]} in session {clip(target[0])}")
     if not out["duplicate"]:
         st.metrics.feedback.labels(state=out["state"]).inc()
     return {**out, "policy": st.settings.feedback_policy}
@@ -107,7 +107,7 @@ async def _target(st: PolicyState, body: FeedbackBody) -> tuple[str, int]:
     if body.response_id is not None:
         found = await asyncio.to_thread(st.store.turn_by_response_id, body.response_id)
         if found is None:
-            raise NotFound(f"no recorded turn answered with response id {body.response_id!r}", param="response_id")
+            raise NotFound(f"no recorded turn answered with response id {clip(body.response_id)}", param="response_id")
         return found
     if body.session_id is None or body.turn_index is None:
         raise InvalidRequest("session_id and turn_index go together")

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.validation import most_specific_error
+from engine.validation import clip, most_specific_error
 from policy_server.errors import InvalidRequest
 
 # Anthropic's error type per HTTP status (its documented error shapes).
@@ -127,7 +127,7 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
         where = f"messages[{i}]"
         role = msg.get("role")
         if role not in ("user", "assistant"):
-            raise InvalidRequest(f"{where}.role {role!r} is not user or assistant", param=f"{where}.role")
+            raise InvalidRequest(f"{where}.role {clip(role)} is not user or assistant", param=f"{where}.role")
         texts: list[str] = []
         if role == "user":
             for j, block in enumerate(_blocks(msg.get("content"), where)):
@@ -137,7 +137,7 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
                 elif block.get("type") == "text":
                     texts.append(_text(block, bw))
                 else:
-                    raise InvalidRequest(f"{bw} of type {block.get('type')!r} is not supported", param=f"{bw}.type")
+                    raise InvalidRequest(f"{bw} of type {clip(block.get('type'))} is not supported", param=f"{bw}.type")
             if texts:
                 out.append({"role": "user", "content": "".join(texts)})
             continue
@@ -155,7 +155,7 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
                 call = {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": args}}
                 assistant.setdefault("tool_calls", []).append(call)
             else:
-                raise InvalidRequest(f"{bw} of type {kind!r} is not supported", param=f"{bw}.type")
+                raise InvalidRequest(f"{bw} of type {clip(kind)} is not supported", param=f"{bw}.type")
         if texts:
             assistant["content"] = "".join(texts)
         out.append(assistant)

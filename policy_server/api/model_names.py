@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.validation import clip
 from policy_server.errors import NotFound
 from policy_server.settings import PolicySettings
 
@@ -24,7 +25,7 @@ def check_model(settings: PolicySettings, name: str | None) -> None:
     if name is None or name in served_models(settings):
         return
     raise NotFound(
-        f"the model {name!r} does not exist; this server serves {', '.join(map(repr, served_models(settings)))}",
+        f"the model {clip(name)} does not exist; this server serves {', '.join(map(repr, served_models(settings)))}",
         param="model",
         code="model_not_found",
     )

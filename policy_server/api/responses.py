@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from engine.validation import clip
 from policy_server.api import openai_schemas as oa
 from policy_server.api import responses_output as ro
 from policy_server.api import responses_shapes as rs
@@ -52,7 +53,7 @@ async def previous_response(st: PolicyState, response_id: str) -> tuple[list[dic
     except LookupError as exc:  # a chain the store cannot walk to its start: nothing to continue from
         raise NotFound(str(exc), param="previous_response_id") from None
     if stored is None:
-        raise NotFound(f"previous response with id {response_id!r} not found", param="previous_response_id")
+        raise NotFound(f"previous response with id {clip(response_id)} not found", param="previous_response_id")
     return stored["conversation"], stored["session_id"]
 
 

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.validation import most_specific_error
+from engine.validation import clip, most_specific_error
 from policy_server.errors import InvalidRequest
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -105,7 +105,7 @@ def parse_request(body: dict[str, Any]) -> ResponsesRequest:
     for value in req.include or []:
         if value not in (LOGPROBS_INCLUDE, REASONING_INCLUDE):
             raise InvalidRequest(
-                f"include {value!r} is not supported (only {LOGPROBS_INCLUDE!r}, {REASONING_INCLUDE!r})",
+                f"include {clip(value)} is not supported (only {LOGPROBS_INCLUDE!r}, {REASONING_INCLUDE!r})",
                 param="include",
             )
     return req
@@ -121,7 +121,7 @@ def _text_of(content: Any, where: str) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
             raise InvalidRequest(
-                f"{where}.content[{j}] of type {kind!r} is not supported (text parts only)",
+                f"{where}.content[{j}] of type {clip(kind)} is not supported (text parts only)",
                 param=f"{where}.content[{j}].type",
             )
         out.append(part["text"])
@@ -154,7 +154,9 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
-                raise InvalidRequest(f"{where}.role {role!r} is not user, system, developer or assistant", param=where)
+                raise InvalidRequest(
+                    f"{where}.role {clip(role)} is not user, system, developer or assistant", param=where
+                )
             text = _text_of(item.get("content"), where)
             if role == "assistant":
                 msg = assistant()
@@ -176,7 +178,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             parts = item.get("content") or item.get("summary") or []
             reasoning = "".join(p.get("text", "") for p in parts if isinstance(p, dict)) or None
         else:
-            raise InvalidRequest(f"{where} of type {kind!r} is not supported", param=f"{where}.type")
+            raise InvalidRequest(f"{where} of type {clip(kind)} is not supported", param=f"{where}.type")
     return messages
 
 
@@ -187,7 +189,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     for i, tool in enumerate(tools):
         if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             raise InvalidRequest(
-                f"tools[{i}] of type {tool.get('type')!r} is not supported (function tools with a name only)",
+                f"tools[{i}] of type {clip(tool.get('type'))} is not supported (function tools with a name only)",
                 param=f"tools[{i}].type",
             )
         fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}

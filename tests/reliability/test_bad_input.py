@@ -255,6 +255,27 @@ def test_error_bodies_echo_a_bounded_prefix_of_a_1mb_value(policy, body):
     assert len(r.content) < 2048, f"{len(r.content)} bytes answered"
 
 
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/v1/responses", {"input": "hi", "model": HUGE}),
+        ("/v1/responses", {"input": "hi", "previous_response_id": HUGE}),
+        ("/v1/responses", {"input": [{"type": HUGE}]}),
+        ("/v1/responses", {"input": "hi", HUGE: 1}),
+        ("/v1/messages", {"max_tokens": 4, "messages": [{"role": HUGE, "content": "hi"}]}),
+        ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": HUGE}]}]}),
+        ("/v1/messages", {"max_tokens": 4, "model": HUGE, "messages": [U]}),
+        ("/v1/feedback", {"response_id": HUGE, "value": "up"}),
+    ],
+    ids=["resp-model", "resp-previous", "resp-item-type", "resp-field", "msg-role", "msg-block", "msg-model", "fb-id"],
+)
+def test_other_api_shapes_echo_a_bounded_prefix_of_a_1mb_value(policy, route, body):
+    with client(policy.url) as c:
+        r = c.post(route, json=body, headers={"X-Session-Id": "echo-shapes"})
+    assert 400 <= r.status_code < 500, r.text[:300]
+    assert len(r.content) < 2048, f"{route}: {len(r.content)} bytes answered"
+
+
 def test_unknown_1mb_lease_id_is_a_short_404(policy):
     with admin(policy.url) as a:
         r = a.post("/v1/samples/ack", json={"lease_id": HUGE})

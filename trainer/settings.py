@@ -58,6 +58,11 @@ class TrainConfig(CliSettings):
     lease_wait_s: float = Field(
         30.0, description="how long a step waits for min_batch samples before training on what it holds"
     )
+    max_staleness: int = Field(
+        -1,
+        description="set aside samples generated more than K weight versions (trainer steps) before the weights "
+        "being updated (-1 = no bound)",
+    )
     idle_timeout_s: float = Field(0.0, description="stop when no sample arrives for this long (0 = wait forever)")
     weight_sync: bool = Field(True, description="POST /admin/weights/update after each checkpoint")
     sync_on_resume: bool = Field(True, description="push the resumed checkpoint's weights to the engine at start")
@@ -165,6 +170,8 @@ class TrainConfig(CliSettings):
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.max_staleness < -1:
+            raise ValueError("max_staleness must be >= 0, or -1 for no bound")
         if not 0 <= self.min_batch <= self.batch_size:
             raise ValueError("min_batch must be in [0, batch_size] (0 = batch_size)")
         if self.batch_size < self.minibatches:

@@ -63,9 +63,10 @@ def test_trained_and_rewarded_samples():
     ]
     trainable, idle = classify_samples(samples, [False, True, False, False], train_config(), eos_id=None)
     assert trainable.tolist() == [True, False, False, True]
-    assert idle == [False, True, False, True]  # invalid, or no learning term (no reward in rl mode)
-    rewards, has_reward = sample_rewards(samples, trainable)
-    assert rewards.tolist() == [1.0, 1.0, 1.0, 0.0] and has_reward.tolist() == [True, False, False, False]
+    # idle: invalid, no trained token (all-zero loss mask), or no learning term (no reward in rl mode)
+    assert idle == [False, True, True, True]
+    rewards, has_reward = sample_rewards(samples, trainable)  # a sample that is not trained is not read
+    assert rewards.tolist() == [1.0, 0.0, 0.0, 0.0] and has_reward.tolist() == [True, False, False, False]
 
 
 def test_no_eos_samples_are_not_trained_when_masked():

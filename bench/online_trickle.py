@@ -175,7 +175,7 @@ def closed_loop(names: list[str], sessions: int, turns: int, pause_s: float) -> 
             clip = max((x["clip_frac"] for x in m), default=float("nan"))
             norm = max((x["grad_norm"] for x in m), default=float("nan"))
             print(
-                f"| {name} | {' '.join(a for a in args if a not in ('--micro-batch-size', '8'))} | "
+                f"| {name} | {' '.join(flags)} | "
                 f"{start:.3f} -> {end:.3f} | {len(m)} | {len(run.skipped)} | {len(run.sample_versions)} "
                 f"({len(run.versions_made_during_traffic())}) | {run.max_staleness()} | {clip:.3f} | {norm:.3g} | "
                 f"{wall:.0f} |",
@@ -189,7 +189,7 @@ def main() -> None:
     ap.add_argument("--candidates", default=",".join(CANDIDATES), help=f"closed-loop candidates: {list(CANDIDATES)}")
     ap.add_argument("--sessions", type=int, default=32, help="closed loop: user sessions, one at a time")
     ap.add_argument("--turns", type=int, default=4, help="closed loop: judged turns per session")
-    ap.add_argument("--pause-s", type=float, default=0.05, help="closed loop: the user's think time per turn")
+    ap.add_argument("--pause-s", type=float, default=0.2, help="closed loop: the user's think time per turn")
     ap.add_argument("--samples", type=int, default=120, help="samples per run (one run per min-batch)")
     ap.add_argument("--rate-hz", type=float, default=20.0, help="samples made ready per second")
     ap.add_argument("--train-s", type=float, default=0.15, help="seconds one step 'trains' (checkpoint + push)")

@@ -258,8 +258,15 @@ def run_trickle(
         trainer = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
     user = ScriptedUser(stack.policy.url, is_good, max_tokens=max_tokens, workers=1, pause_s=pause_s)
     outcomes: list[bool] = []
-    started = time.monotonic()
     try:
+        # The traffic starts once the trainer is up (it writes config.json after its imports, just before it
+        # loads the policy): a trainer that joins after the traffic would train only the initial weights' samples.
+        deadline = time.monotonic() + trainer_timeout_s
+        while not (out / "config.json").exists():
+            if trainer.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the trainer did not start: {log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.1)
+        started = time.monotonic()
         for i in range(sessions):
             outcomes += user.session(f"{out.name}-{i}", prompts[i % len(prompts)], turns, seed=seed + i)
         traffic_s = time.monotonic() - started

@@ -120,6 +120,28 @@ CANDIDATES: dict[str, list[str]] = {
     "min1-batch_mean": ["--min-batch", "1", "--baseline", "batch_mean"],
     "min4-running-e2m2": ["--min-batch", "4", "--baseline", "running_mean", "--ppo-epochs", "2", "--minibatches", "2"],
     "min1-running-e2": ["--min-batch", "1", "--baseline", "running_mean", "--ppo-epochs", "2"],
+    "min1-running-e2m2": ["--min-batch", "1", "--baseline", "running_mean", "--ppo-epochs", "2", "--minibatches", "2"],
+    "min4-running-e2": ["--min-batch", "4", "--baseline", "running_mean", "--ppo-epochs", "2"],
+    "min1-running-e2-stale1": [
+        "--min-batch",
+        "1",
+        "--baseline",
+        "running_mean",
+        "--ppo-epochs",
+        "2",
+        "--max-staleness",
+        "1",
+    ],
+    "min4-running-e2-stale1": [
+        "--min-batch",
+        "4",
+        "--baseline",
+        "running_mean",
+        "--ppo-epochs",
+        "2",
+        "--max-staleness",
+        "1",
+    ],
     "min4-running-lr5e-3": ["--min-batch", "4", "--baseline", "running_mean", "--lr", "5e-3"],
     "min1-running-lr5e-3": ["--min-batch", "1", "--baseline", "running_mean", "--lr", "5e-3"],
     "min1-running-stale1": ["--min-batch", "1", "--baseline", "running_mean", "--max-staleness", "1"],
@@ -135,10 +157,12 @@ def closed_loop(names: list[str], sessions: int, turns: int, pause_s: float) -> 
     from tests.trainer.stack import run_trickle, start_stack
     from tests.trainer.test_learning_e2e import MAX_TOKENS, PROMPTS, has_target, target_frequency
 
+    probes = (sessions // 4, sessions // 2)
     print(f"closed loop: {sessions} sessions x {turns} turns, one at a time, {pause_s:g}s think time per turn")
     print(
-        "| candidate | flags | held-out target share | steps (non-zero grad) | skipped | trained-sample versions "
-        "(published during traffic) | max staleness | max clip_frac | max grad_norm | wall s |"
+        f"| candidate | flags | held-out target share (start -> after {probes[0]}, {probes[1]} sessions -> end) "
+        "| steps (non-zero grad) | skipped | trained-sample versions "
+        "(published during traffic) | max staleness (stale set aside) | max clip_frac | max grad_norm | wall s |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as d:
@@ -153,6 +177,12 @@ def closed_loop(names: list[str], sessions: int, turns: int, pause_s: float) -> 
             try:
                 started = time.monotonic()
                 start = target_frequency(stack.engine.url, tokenizer)
+                shares: dict[int, float] = {}
+
+                def probe(n: int, url: str = stack.engine.url, shares: dict[int, float] = shares) -> None:
+                    if n in probes:
+                        shares[n] = target_frequency(url, tokenizer)
+
                 run = run_trickle(
                     stack,
                     Path(d) / name / "train",
@@ -163,6 +193,7 @@ def closed_loop(names: list[str], sessions: int, turns: int, pause_s: float) -> 
                     prompts=PROMPTS,
                     max_tokens=MAX_TOKENS,
                     pause_s=pause_s,
+                    after_session=probe,
                 )
                 end = target_frequency(stack.engine.url, tokenizer)
                 wall = time.monotonic() - started
@@ -174,10 +205,11 @@ def closed_loop(names: list[str], sessions: int, turns: int, pause_s: float) -> 
             m = run.metrics
             clip = max((x["clip_frac"] for x in m), default=float("nan"))
             norm = max((x["grad_norm"] for x in m), default=float("nan"))
+            stale = sum(x.get("n_stale", 0) for x in [*m, *run.skipped])
             print(
                 f"| {name} | {' '.join(flags)} | "
-                f"{start:.3f} -> {end:.3f} | {len(m)} | {len(run.skipped)} | {len(run.sample_versions)} "
-                f"({len(run.versions_made_during_traffic())}) | {run.max_staleness()} | {clip:.3f} | {norm:.3g} | "
+                f"{start:.3f} -> {' -> '.join(f'{shares[n]:.3f}' for n in sorted(shares))} -> {end:.3f} | {len(m)} | {len(run.skipped)} | {len(run.sample_versions)} "
+                f"({len(run.versions_made_during_traffic())}) | {run.max_staleness()} ({stale}) | {clip:.3f} | {norm:.3g} | "
                 f"{wall:.0f} |",
                 flush=True,
             )

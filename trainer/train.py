@@ -249,9 +249,10 @@ class TrainingRun:
 
     def staleness_problem(self, sample: dict[str, Any]) -> str | None:
         """Why ``sample`` is too old to train, or None: it was generated more than ``max_staleness`` weight
-        versions before the weights this step updates (version = the trainer's step; -1 = no bound)."""
+        versions before the weights this step updates (version = the trainer's step; -1 = no bound). A samples
+        file is offline data: its versions are not this trainer's, so it has no bound."""
         k = self.cfg.max_staleness
-        if k < 0:
+        if k < 0 or self.cfg.samples_file:
             return None
         age = self.step - sample_version(sample.get("weight_version"))
         if age <= k:

@@ -122,8 +122,10 @@ def plan_minibatches(
     device: torch.device,
     eos_id: int | None,
 ) -> list[Minibatch]:
-    """Split the batch into cfg.minibatches minibatches, this rank's share of each into micro-batches."""
-    num_samples, num_minibatches = len(samples), cfg.minibatches
+    """Split the batch into cfg.minibatches minibatches (at most one per sample: a live step may hold fewer
+    samples than minibatches), this rank's share of each into micro-batches."""
+    num_samples = len(samples)
+    num_minibatches = min(cfg.minibatches, num_samples)
     plan = []
     for members in (list(range(m, num_samples, num_minibatches)) for m in range(num_minibatches)):
         mask = collate(
@@ -293,7 +295,7 @@ def summarize(
     s = dict(zip(STAT_KEYS, vec[: len(STAT_KEYS)].tolist(), strict=True))
     o = dict(zip(OLD_STAT_KEYS, vec[len(STAT_KEYS) :].tolist(), strict=True))
     num_samples = len(samples)
-    num_updates = cfg.ppo_epochs * cfg.minibatches
+    num_updates = cfg.ppo_epochs * len(old_pass.olds)  # optimizer steps actually taken (one per minibatch)
     num_tokens = max(s["tokens"], 1.0)
     out = {
         "loss": s["loss"] / num_updates,

@@ -229,10 +229,12 @@ def run_trickle(
     pause_s: float = 0.05,
     seed: int = 500,
     trainer_timeout_s: float = 300.0,
+    after_session: Callable[[int], None] | None = None,
 ) -> TrickleRun:
     """Sessions ONE AT A TIME through the policy server while ``hindsight-train`` (a subprocess, leasing over
     HTTP with ``trainer_args`` on top of the loop's fixed flags) trains, checkpoints and pushes weights; the
-    trainer stops on its idle timeout after the traffic. Every published version is seen by later sessions."""
+    trainer stops on its idle timeout after the traffic. Every published version is seen by later sessions.
+    ``after_session(n)`` runs after the n-th session."""
     out.mkdir(parents=True, exist_ok=True)
     log = out.parent / f"{out.name}.log"
     cmd = [
@@ -269,6 +271,8 @@ def run_trickle(
         started = time.monotonic()
         for i in range(sessions):
             outcomes += user.session(f"{out.name}-{i}", prompts[i % len(prompts)], turns, seed=seed + i)
+            if after_session is not None:
+                after_session(i + 1)  # e.g. a held-out measurement while the trainer keeps running
         traffic_s = time.monotonic() - started
         with stack.admin() as a:  # the engine's version now = the trainer's last publish during the traffic
             version = str(a.get("/v1/samples/stats").json().get("weight_version"))

@@ -90,7 +90,7 @@ def test_running_mean_equal_to_the_reward_is_no_step_and_adam_state_is_kept(tiny
     the third A = -1 - 1 = -2. One optimizer step in all: Adam's step count is 1, not 3."""
     seq = [dict(real_samples[i], reward=r, has_reward=True) for i, r in enumerate((1.0, 1.0, -1.0))]
     out = tmp_path / "run"
-    result, src = _run(tiny_model_dir, out, seq, batch_size=1, baseline="running_mean")
+    result, src = _run(tiny_model_dir, out, seq, batch_size=1, baseline="running_mean", ppo_epochs=1)
     assert result["step"] == 1 and len(_skipped(out)) == 2
     assert src.pushes == ["1"] and len(src.acks) == 3 and src.acked == 3
     optim = torch.load(latest_checkpoint(out) / "optimizer.pt", weights_only=False)
@@ -160,6 +160,15 @@ def test_max_staleness_sets_old_samples_aside(tiny_model_dir, tmp_path, real_sam
     assert skipped["n_stale"] == 4 and skipped["after_step"] == 2
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["n_stale"] for m in lines] == [0, 0]
+
+
+def test_a_samples_file_has_no_staleness_bound(tiny_model_dir, tmp_path, real_samples):
+    """Offline data: the file's versions are not this trainer's, so nothing is set aside as stale."""
+    samples = [dict(s, weight_version="default") for s in real_samples[:12]]
+    out = tmp_path / "run"
+    f = tmp_path / "run.jsonl"  # where _run writes them
+    result, _ = _run(tiny_model_dir, out, samples, batch_size=4, max_staleness=0, baseline="none", samples_file=str(f))
+    assert result["step"] == 3 and _skipped(out) == []
 
 
 def test_sample_version():

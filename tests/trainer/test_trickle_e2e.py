@@ -5,13 +5,15 @@ Stack (tests/trainer/stack.py): dev engine on a private copy of the tiny model <
 judge server (rules backend, m=1). A scripted user works through sessions ONE AT A TIME, one turn at a time
 with a pause after each, answering "Thanks, that worked." when the reply contains the target (an uppercase
 letter, as in test_learning_e2e) and "No, that is wrong." otherwise, so each judged turn becomes ready on its
-own. Meanwhile ``hindsight-train --min-batch 4`` (a subprocess, default running-mean baseline) leases with
-``min=4``, trains, checkpoints and pushes weights to the engine, and stops after its idle timeout once the
-user is done.
+own. Meanwhile ``hindsight-train`` (a subprocess with its default min-batch, baseline, epochs and staleness
+bound; tests/trainer/stack.py ``run_trickle``) leases, trains, checkpoints and pushes weights to the engine,
+and stops after its idle timeout once the user is done. The traffic starts only once the trainer is up.
 
-Asserted: the target frequency on held-out prompts (straight from the engine, fixed seeds) ends clearly above
-its start; no service answered any HTTP 5xx (their /metrics request counters by status, and their logs); every
-judged sample was consumed; the trainer exited 0. Reported: the share of steps with a non-zero RL advantage.
+Asserted: the loop is closed (the trained samples come from at least 2 weight versions the trainer published
+while the user was still sending traffic); the target frequency on held-out prompts (straight from the engine,
+fixed seeds) ends clearly above its start; no service answered any HTTP 5xx (their /metrics request counters
+by status, and their logs); every judged sample was consumed; the trainer exited 0. Reported: the share of
+steps with a non-zero RL advantage and the skipped batches.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ import pytest
 from engine.chat import load_tokenizer
 from tests.trainer.stack import run_trickle, start_stack
 from tests.trainer.test_learning_e2e import PROMPTS, has_target, target_frequency
+from trainer.settings import TrainConfig
 
 pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 3
 SESSIONS, TURNS = 32, 4
 PAUSE_S = 0.05  # the user's think time between turns (traffic shape, not synchronisation)
-MIN_BATCH = 4
+MIN_BATCH = TrainConfig(model_path="m", out_dir="o").min_batch_size
 # The trainer's own defaults (min-batch, baseline, epochs, minibatches) except lr: the tiny random model
 # needs a far larger step than a real LLM (bench/online_trickle.py --closed-loop measured both).
 TRAINER_ARGS = ["--lr", "2e-2", "--micro-batch-size", "8"]

@@ -82,7 +82,8 @@ def test_trickle_closed_loop_learns_with_min_batch(stack, tmp_path):
     sizes = [m["n_samples"] for m in metrics]
     during = run.versions_made_during_traffic()
     print(
-        f"target frequency {start:.3f} -> {end:.3f}; {len(metrics)} steps, {len(run.skipped)} skipped (no gradient), "
+        f"target frequency {start:.3f} -> {end:.3f}; {len(metrics)} steps, {len(run.skipped)} skipped (no gradient; "
+        f"{sum(x['n_stale'] for x in [*metrics, *run.skipped])} samples set aside as stale), "
         f"samples per step {sizes}; share of steps with a non-zero RL advantage {nonzero:.2f}; trained-sample "
         f"versions {run.sample_versions} ({len(during)} published during the traffic, which ended at version "
         f"{run.traffic_end_version}); rewarded share of user turns {sum(run.outcomes) / len(run.outcomes):.2f}"

@@ -318,6 +318,9 @@ class Sample(_Record):
     hint: HintVerdict | dict[str, Any] | None = None
     teacher_logprobs: list[float] | None = None
     teacher_topk: TeacherTopK | None = None
+    # The temperature the teacher log-probs were scored at; written with them (always 1.0: the OPD term is
+    # derived at T = 1, engine.sample_values refuses any other).
+    teacher_temperature: float | None = None
     token_rewards: list[float] | None = None
     w_rl: float = 1.0
     w_opd: float = 1.0

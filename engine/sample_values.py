@@ -12,7 +12,13 @@ Contract of :func:`value_problem` (None = fine, else the reason):
 - ``teacher_logprobs``: null, or a list of finite numbers <= ``LOGPROB_TOLERANCE`` (a log-probability is
   never positive; the tolerance absorbs float rounding of a near-certain token);
 - ``teacher_topk.logprobs``: when present, rows of finite numbers <= ``LOGPROB_TOLERANCE``;
-- ``token_rewards``: null, or a list of finite numbers.
+- ``token_rewards``: null, or a list of finite numbers;
+- ``rollout_logprobs``: when present and not null, finite numbers <= ``LOGPROB_TOLERANCE`` (a record
+  without them is the trainer's structural check);
+- ``w_rl`` / ``w_opd``: when present, finite numbers (null is refused: the loss would read it as a weight);
+- ``teacher_temperature``: when present, exactly ``TEACHER_TEMPERATURE`` (1.0). The OPD term compares the
+  teacher with the policy's T = 1 log-probs; a teacher scored at another temperature has a different
+  target (docs/REWARD_MODES.md "Teacher temperature").
 
 Lengths against ``response_ids`` are the trainer's structural check, not this one.
 """
@@ -23,6 +29,7 @@ import math
 from typing import Any
 
 LOGPROB_TOLERANCE = 1e-4
+TEACHER_TEMPERATURE = 1.0  # the only temperature the OPD term's derivation holds at
 
 
 def is_finite_number(v: Any) -> bool:
@@ -66,4 +73,14 @@ def value_problem(sample: dict[str, Any]) -> str | None:
         for v in tr:
             if not is_finite_number(v):
                 return f"token_rewards holds a non-finite or non-numeric value ({v!r})"
+    rollout = sample.get("rollout_logprobs")
+    if rollout is not None:
+        why = _logprob_problem(rollout, "rollout_logprobs")
+        if why:
+            return why
+    for key in ("w_rl", "w_opd"):
+        if key in sample and not is_finite_number(sample[key]):
+            return f"{key} is not a finite number ({sample[key]!r})"
+    if "teacher_temperature" in sample and sample["teacher_temperature"] != TEACHER_TEMPERATURE:
+        return f"teacher_temperature must be {TEACHER_TEMPERATURE} ({sample['teacher_temperature']!r})"
     return None

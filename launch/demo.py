@@ -257,7 +257,7 @@ def next_step(checkpoint_dir: Path) -> int:
     return max(steps, default=0) + 1
 
 
-def train_one_step(endpoints: dict, batch_size: int) -> int:
+def train_one_step(endpoints: dict, batch_size: int) -> int | None:
     ckpt = Path(endpoints["checkpoint_dir"])
     step = next_step(ckpt)  # --steps counts across resumes: one more than what is on disk
     cmd = [
@@ -276,6 +276,8 @@ def train_one_step(endpoints: dict, batch_size: int) -> int:
         "1",
         "--lease-wait-s",
         "10",
+        "--idle-timeout-s",
+        "15",  # a batch without gradient is no step: then the trainer stops once nothing more comes
         "--no-progress",
     ]  # the demo trains on what its session produced
     print(f"  $ HINDSIGHT_TRAIN_ADMIN_API_KEY=*** {' '.join(cmd)}")
@@ -299,6 +301,11 @@ def train_one_step(endpoints: dict, batch_size: int) -> int:
         print(f"    {short(line, 150)}")
     if res.returncode != 0:
         raise SystemExit(f"error: hindsight-train exited with {res.returncode} (log {log})")
+    if not (ckpt / f"step_{step:06d}").exists():
+        print(
+            f"  no step: the batch had no gradient (equal rewards against the baseline); {ckpt / 'skipped_steps.jsonl'}"
+        )
+        return None
     print(f"  trained step {step} in {time.monotonic() - t0:.1f}s; checkpoint {ckpt / f'step_{step:06d}'}")
     return step
 
@@ -367,7 +374,7 @@ def main() -> int:
         f"  policy server: weight_version {stats.get('weight_version')}, weight updates "
         f"{stats.get('weight_updates')}, samples {json.dumps(stats['samples'])}"
     )
-    if after != str(step):
+    if step is not None and after != str(step):
         raise SystemExit(f"error: the engine reports weight version {after!r}, expected {str(step)!r}")
     agent.messages = agent.messages[:1] + [{"role": "user", "content": "And tomorrow?"}]
     agent.session_id = "demo-" + uuid.uuid4().hex[:8]

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from engine.cli_settings import CliSettings
+from engine.sample_values import TEACHER_TEMPERATURE
 from engine.security import check_exposure
 
 
@@ -80,7 +81,9 @@ class PolicySettings(CliSettings):
     teacher_top_k: int = Field(
         0, description="top-K teacher log-probs recorded per token (0: only the sampled token's)"
     )
-    teacher_temperature: float = Field(1.0, description="temperature of the teacher's log-probs")
+    teacher_temperature: float = Field(
+        1.0, description="temperature of the teacher's log-probs (only 1.0: the OPD term is derived at T = 1)"
+    )
     teacher_max_concurrency: int = Field(4, description="teacher calls in flight at once")
     teacher_deadline_s: float | None = Field(
         None,
@@ -231,6 +234,15 @@ class PolicySettings(CliSettings):
         if v and not v.startswith(("sqlite://", "postgresql://", "postgres://")):
             raise ValueError("store_url must start with sqlite:// or postgresql://")
         return v or None
+
+    @field_validator("teacher_temperature")
+    @classmethod
+    def _teacher_t1(cls, v: float) -> float:
+        # teacher - policy at T = 1 is the reverse-KL gradient towards the teacher itself; a tempered teacher
+        # moves the target (docs/REWARD_MODES.md "Teacher temperature").
+        if v != TEACHER_TEMPERATURE:
+            raise ValueError(f"teacher_temperature must be {TEACHER_TEMPERATURE} (got {v})")
+        return v
 
     @field_validator("engine_url", "judge_url", "teacher_url")
     @classmethod

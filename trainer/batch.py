@@ -155,6 +155,10 @@ def collate(
         excluded = zero_mask[i] or (mask_no_eos and eos_id is not None and s["response_ids"][-1] != eos_id)
         if not excluded:
             mask[i, :r] = torch.tensor(s["loss_mask"], dtype=torch.float32)
+        if zero_mask[i]:
+            # A set-aside row keeps zeros: its values may be the very reason it was set aside, and a NaN
+            # times a zero mask is still NaN in every sum it enters.
+            continue
         rollout_lp[i, :r] = torch.tensor(s["rollout_logprobs"], dtype=torch.float32)
         if s.get("has_teacher") and s.get("teacher_logprobs"):
             teacher_lp[i, :r] = torch.tensor(s["teacher_logprobs"], dtype=torch.float32)
@@ -165,7 +169,8 @@ def collate(
             topk_ids[i, :r] = torch.tensor(topk["ids"], dtype=torch.long)
             topk_lp[i, :r] = torch.tensor(topk["logprobs"], dtype=torch.float32)
             topk_valid[i, :r] = mask[i, :r]
-    bools = lambda key: torch.tensor([bool(s.get(key)) for s in samples])  # noqa: E731
+    live = [not z for z in zero_mask]
+    bools = lambda key: torch.tensor([bool(s.get(key)) and ok for s, ok in zip(samples, live, strict=True)])  # noqa: E731
     return Batch(
         input_ids=input_ids,
         attention_mask=attn,
@@ -176,12 +181,14 @@ def collate(
         rollout_lp=rollout_lp,
         teacher_lp=teacher_lp,
         has_teacher=bools("has_teacher") & torch.tensor([bool(s.get("teacher_logprobs")) for s in samples]),
-        reward=torch.tensor([float(s["reward"]) if s.get("reward") is not None else 0.0 for s in samples]),
+        reward=torch.tensor([_value(s, "reward", 0.0) if ok else 0.0 for s, ok in zip(samples, live, strict=True)]),
         has_reward=bools("has_reward") & torch.tensor([s.get("reward") is not None for s in samples]),
-        w_rl=torch.tensor([float(s.get("w_rl", 1.0)) for s in samples]),
-        w_opd=torch.tensor([float(s.get("w_opd", 1.0)) for s in samples]),
+        w_rl=torch.tensor([_value(s, "w_rl", 1.0) if ok else 0.0 for s, ok in zip(samples, live, strict=True)]),
+        w_opd=torch.tensor([_value(s, "w_opd", 1.0) if ok else 0.0 for s, ok in zip(samples, live, strict=True)]),
         token_rewards=token_rewards,
-        has_token_rewards=torch.tensor([s.get("token_rewards") is not None for s in samples]),
+        has_token_rewards=torch.tensor(
+            [s.get("token_rewards") is not None and ok for s, ok in zip(samples, live, strict=True)]
+        ),
         topk_ids=topk_ids,
         topk_lp=topk_lp,
         topk_valid=topk_valid,
@@ -189,6 +196,12 @@ def collate(
         temperature=torch.tensor([sample_temperature(s) for s in samples], dtype=torch.float32),
         modes=[str(s.get("mode", "rl")) for s in samples],
     )
+
+
+def _value(s: SampleJSON, key: str, default: float) -> float:
+    """A checked sample's number (``default`` when the key is absent or null: only set-aside rows hold null)."""
+    v = s.get(key)
+    return default if v is None else float(v)
 
 
 @dataclass

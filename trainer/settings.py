@@ -52,11 +52,20 @@ class TrainConfig(CliSettings):
         10, ge=0, description="total optimizer batches (counted across resumes); 0 = until stopped (or idle_timeout_s)"
     )
     batch_size: int = Field(8, description="samples leased per step")
+    # Defaults of min_batch, ppo_epochs, minibatches, baseline and max_staleness: the live closed loop's winners
+    # (bench/online_trickle.py --closed-loop; table in docs/REWARD_MODES.md "Defaults, measured").
     min_batch: int = Field(
-        0, description="samples a step waits for (up to lease_wait_s, holding partial leases); 0 = batch_size"
+        4,
+        description="samples a step waits for (up to lease_wait_s, holding partial leases); 0 = batch_size; "
+        "the default is capped at batch_size",
     )
     lease_wait_s: float = Field(
         30.0, description="how long a step waits for min_batch samples before training on what it holds"
+    )
+    max_staleness: int = Field(
+        4,
+        description="set aside samples generated more than K weight versions (trainer steps) before the weights "
+        "being updated (-1 = no bound; a samples file has none)",
     )
     idle_timeout_s: float = Field(0.0, description="stop when no sample arrives for this long (0 = wait forever)")
     weight_sync: bool = Field(True, description="POST /admin/weights/update after each checkpoint")
@@ -70,7 +79,7 @@ class TrainConfig(CliSettings):
     adam_beta1: float = Field(0.9, description="AdamW beta1")
     adam_beta2: float = Field(0.98, description="AdamW beta2")
     max_grad_norm: float = Field(1.0, description="gradient clipping norm (0 = off)")
-    ppo_epochs: int = Field(1, description="passes over each leased batch")
+    ppo_epochs: int = Field(2, description="passes over each leased batch (from the 2nd on, PPO clipping acts)")
     minibatches: int = Field(1, description="optimizer steps per pass (the batch is split)")
     micro_batch_size: int = Field(4, description="samples per forward/backward (per rank)")
     merge_trajectories: bool = Field(
@@ -170,7 +179,9 @@ class TrainConfig(CliSettings):
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if not 0 <= self.min_batch <= self.batch_size:
+        if self.max_staleness < -1:
+            raise ValueError("max_staleness must be >= 0, or -1 for no bound")
+        if self.min_batch < 0 or ("min_batch" in self.model_fields_set and self.min_batch > self.batch_size):
             raise ValueError("min_batch must be in [0, batch_size] (0 = batch_size)")
         if self.batch_size < self.minibatches:
             raise ValueError("batch_size must be >= minibatches")
@@ -186,8 +197,8 @@ class TrainConfig(CliSettings):
 
     @property
     def min_batch_size(self) -> int:
-        """The resolved ``--min-batch`` (0 stands for the batch size)."""
-        return self.min_batch or self.batch_size
+        """The resolved ``--min-batch`` (0 stands for the batch size; the default is capped at it)."""
+        return min(self.min_batch or self.batch_size, self.batch_size)
 
     def to_dict(self) -> dict[str, Any]:
         d = self.model_dump()

@@ -7,9 +7,11 @@
 Each step (docs/CONTRACTS.md "Trainer"):
   1. ``collect_leases``: rank 0 leases up to batch_size samples, waiting up to lease_wait_s for at least
      min_batch (holding partial leases meanwhile; nothing leased = no step), and broadcasts them.
-  2. ``admit``: samples already trained (a re-leased duplicate) and samples that break the contract are logged
-     and trained with mask 0; a batch in which no sample carries a learning term in the mode is no step (its
-     leases are acked with the next checkpoint).
+  2. ``admit``: samples already trained (a re-leased duplicate), samples that break the contract and samples
+     older than ``max_staleness`` weight versions are logged and trained with mask 0.
+     A batch with no gradient (no sample carries a learning term in the mode, no trained token, or every
+     advantage 0) is no step: no optimizer step, checkpoint or publish; its leases are acked at once and it is
+     counted (``skipped_steps`` in metrics.jsonl, one line in skipped_steps.jsonl). Adam's state is untouched.
   3. ``update_policy``: one PPO update (trainer/update.py): advantages on the whole batch, old log-probs and
      rollout importance weights before any update, process-reward shaping, ppo_epochs x minibatches
      optimizer steps of PPO-clip with global token denominators.
@@ -70,6 +72,18 @@ from trainer.update import train_on_batch
 logger = logging.getLogger(__name__)
 
 
+SKIPPED_STEPS_FILE = "skipped_steps.jsonl"  # one line per batch that had no gradient (trainer/report reads it)
+
+
+def sample_version(weight_version: Any) -> int:
+    """The trainer step whose weights generated a sample: the trainer publishes ``weight_version = str(step)``;
+    any other version (the engine's initial one, e.g. SGLang's ``default``) is the weights before step 1."""
+    try:
+        return int(str(weight_version))
+    except ValueError:
+        return 0
+
+
 # ----------------------------------------------------------------------------- one leased batch
 @dataclass
 class LeasedBatch:
@@ -77,6 +91,7 @@ class LeasedBatch:
 
     samples: list[dict[str, Any]]
     invalid: list[bool]
+    n_stale: int = 0  # of the invalid ones, set aside as older than max_staleness weight versions
 
     def has_learning_term(self, cfg: TrainConfig) -> bool:
         """False when no sample can move the weights (a step would only apply Adam's momentum)."""
@@ -123,6 +138,8 @@ class TrainingRun:
         self.trained_ids: deque[str] = deque(maxlen=cfg.remember_sample_ids)
         self.step = self.last_saved = 0
         self.pending_leases: list[str] = []  # leased since the last checkpoint; acked right after the next one
+        self.skipped_steps = 0  # batches with no gradient since this process started (skipped_steps.jsonl: all)
+        self.stale_samples = 0  # samples set aside by max_staleness since this process started
         self.prm_windows = PrmWindows()
         resume_leases = self.restore(self.checkpoint) if self.checkpoint is not None else []
         self.metrics = MetricsLogger(self.out_dir, enabled=rank == 0)
@@ -207,7 +224,14 @@ class TrainingRun:
         """The leases' samples with contract breaks and already-trained duplicates marked invalid (and logged);
         the leases join the ones the next checkpoint acks, on every rank so all ranks agree on when to persist."""
         samples = [s for lease in leases for s in lease.samples]
-        reasons = [check_sample(s, shaping=self.cfg.shaping) for s in samples]
+        reasons: list[str | None] = []
+        stale: list[bool] = []
+        for sample in samples:
+            why = check_sample(sample, shaping=self.cfg.shaping)
+            too_old = None if why else self.staleness_problem(sample)
+            reasons.append(why or too_old)
+            stale.append(too_old is not None)
+        self.stale_samples += sum(stale)
         for lease in leases:
             if lease.prm_metrics:  # the server's PRM window for these samples; logged with the next trained step
                 self.prm_windows.add(lease.prm_metrics)
@@ -219,10 +243,25 @@ class TrainingRun:
                     "sample %s not trained: %s", sample.get("sample_id"), why or "already trained (re-leased duplicate)"
                 )
         self.pending_leases.extend(lease.lease_id for lease in leases)
-        return LeasedBatch(samples, [bool(why) or dup for why, dup in zip(reasons, duplicate, strict=True)])
+        return LeasedBatch(
+            samples, [bool(why) or dup for why, dup in zip(reasons, duplicate, strict=True)], n_stale=sum(stale)
+        )
 
-    def update_policy(self, batch: LeasedBatch) -> dict[str, Any]:
-        """One PPO update on ``batch``; remembers its trained sample ids and checks DDP replicas still agree."""
+    def staleness_problem(self, sample: dict[str, Any]) -> str | None:
+        """Why ``sample`` is too old to train, or None: it was generated more than ``max_staleness`` weight
+        versions before the weights this step updates (version = the trainer's step; -1 = no bound). A samples
+        file is offline data: its versions are not this trainer's, so it has no bound."""
+        k = self.cfg.max_staleness
+        if k < 0 or self.cfg.samples_file:
+            return None
+        age = self.step - sample_version(sample.get("weight_version"))
+        if age <= k:
+            return None
+        return f"stale: weight version {sample.get('weight_version')!r} is {age} versions behind {self.step} (max_staleness {k})"
+
+    def update_policy(self, batch: LeasedBatch) -> dict[str, Any] | None:
+        """One PPO update on ``batch``; remembers its trained sample ids and checks DDP replicas still agree.
+        None when the batch has no gradient (trainer.update.train_on_batch): nothing changed but the baseline."""
         started = time.monotonic()
         policy = self.policy
         stats = train_on_batch(
@@ -240,6 +279,8 @@ class TrainingRun:
             policy.eos_id,
         )
         self.update_time_s = time.monotonic() - started
+        if stats is None:
+            return None
         self.trained_ids.extend(
             str(s.get("sample_id")) for s, bad in zip(batch.samples, batch.invalid, strict=True) if not bad
         )
@@ -304,6 +345,40 @@ class TrainingRun:
         self.pending_leases.clear()
         self.checkpoint, self.last_saved = broadcast(path, self.world), self.step
 
+    def skip_step(self, leases: list[Lease], batch: LeasedBatch) -> None:
+        """A batch with no gradient: count it, append it to skipped_steps.jsonl and ack its leases.
+
+        Nothing else changes: the step counter, the weights, Adam's moments and step count and the published
+        weight version stay as they were (the baseline has seen the rewards, as after a real step). The leases
+        are acked at once when every trained step is checkpointed (a lease never waits for a checkpoint that
+        may be many skipped batches away, and expires meanwhile); after an unsaved step they stay with the
+        next checkpoint's leases, since a re-leased duplicate among them was trained only in that step."""
+        self.skipped_steps += 1
+        if self.step > self.last_saved:
+            ids: set[str] = set()
+        else:
+            ids = {lease.lease_id for lease in leases}
+            self.pending_leases = [lease_id for lease_id in self.pending_leases if lease_id not in ids]
+        if self.rank != 0:
+            return
+        for lease_id in sorted(ids):
+            try:
+                self.leader_source.ack(lease_id)
+            except PolicyRejected as exc:
+                if exc.status_code != 409:
+                    raise
+                logger.warning("lease %s of a skipped step expired before its ack (%s)", lease_id, exc)
+        record = {
+            "after_step": self.step,
+            "n_samples": len(batch.samples),
+            "n_invalid": sum(batch.invalid),
+            "n_stale": batch.n_stale,
+            "weight_versions": sorted({str(s.get("weight_version")) for s in batch.samples}),
+        }
+        with open(self.out_dir / SKIPPED_STEPS_FILE, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        logger.info("no gradient in %d sample(s): step skipped (%d so far)", len(batch.samples), self.skipped_steps)
+
     def log_step(self, stats: dict[str, Any], batch: LeasedBatch) -> None:
         """Write the step's metrics (rank 0) with its timings and the PRM windows since the last logged step."""
         now = time.monotonic()
@@ -315,6 +390,9 @@ class TrainingRun:
             tokens_per_s=stats["n_tokens"] / max(step_time_s, 1e-9),
             lr=self.cfg.lr,
             weight_versions=sorted({str(s.get("weight_version")) for s in batch.samples}),
+            n_stale=batch.n_stale,
+            stale_samples=self.stale_samples,
+            skipped_steps=self.skipped_steps,
         )
         stats.update(self.prm_windows.drain())
         self.metrics.log(self.step, stats)
@@ -354,10 +432,11 @@ def train(cfg: TrainConfig, source: SampleSource | None = None) -> dict[str, Any
         if not leases:  # an empty wait is no step (no checkpoint, no weight push)
             continue
         batch = run.admit(leases)
-        if not batch.has_learning_term(cfg):  # no step; its leases are acked with the next checkpoint
+        stats = run.update_policy(batch) if batch.has_learning_term(cfg) else None
+        if stats is None:  # no gradient: no optimizer step, checkpoint or publish; the leases are acked now
+            run.skip_step(leases, batch)
             continue
         run.step += 1
-        stats = run.update_policy(batch)
         if run.save_due():
             run.save_and_publish()
         run.log_step(stats, batch)

@@ -19,6 +19,10 @@
      is the outcome advantage shaped by its process rewards; the loss is multiplied by world size because
      DDP averages gradients.
   6. ``summarize``: statistics summed over ranks and normalised into the step's metrics.
+
+A batch that cannot move the weights (no trained token; every advantage 0 and no auxiliary loss term) is no
+update: ``train_on_batch`` returns None before any optimizer step (``has_gradient``), because Adam with a zero
+gradient still moves every weight by its momentum.
 """
 
 from __future__ import annotations
@@ -88,16 +92,23 @@ def classify_samples(
     no_eos = [
         cfg.mask_no_eos_with_zero and (not s.get("response_ids") or s["response_ids"][-1] != eos_id) for s in samples
     ]
-    trainable = torch.tensor(
-        [not bad and not ne and any(s["loss_mask"]) for s, bad, ne in zip(samples, invalid, no_eos, strict=True)]
-    )
-    idle = [bad or not carries_learning_term(s, cfg) for s, bad in zip(samples, invalid, strict=True)]
-    return trainable, idle
+    trained = [
+        not bad and not ne and any(s.get("loss_mask") or [])
+        for s, bad, ne in zip(samples, invalid, no_eos, strict=True)
+    ]
+    # A sample without a single trained token (masked truncation, all-zero loss mask) is idle like an invalid one.
+    idle = [not ok or not carries_learning_term(s, cfg) for s, ok in zip(samples, trained, strict=True)]
+    return torch.tensor(trained), idle
 
 
 def sample_rewards(samples: list[dict[str, Any]], trainable: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B,) float rewards (0 where absent) and (B,) bool: trained samples that carry a reward."""
-    rewards = torch.tensor([float(s["reward"]) if s.get("reward") is not None else 0.0 for s in samples])
+    rewards = torch.tensor(
+        [
+            float(s["reward"]) if ok and s.get("reward") is not None else 0.0
+            for s, ok in zip(samples, trainable.tolist(), strict=True)
+        ]
+    )
     has_reward = torch.tensor([bool(s.get("has_reward")) and s.get("reward") is not None for s in samples]) & trainable
     return rewards, has_reward
 
@@ -116,8 +127,10 @@ def plan_minibatches(
     device: torch.device,
     eos_id: int | None,
 ) -> list[Minibatch]:
-    """Split the batch into cfg.minibatches minibatches, this rank's share of each into micro-batches."""
-    num_samples, num_minibatches = len(samples), cfg.minibatches
+    """Split the batch into cfg.minibatches minibatches (at most one per sample: a live step may hold fewer
+    samples than minibatches), this rank's share of each into micro-batches."""
+    num_samples = len(samples)
+    num_minibatches = min(cfg.minibatches, num_samples)
     plan = []
     for members in (list(range(m, num_samples, num_minibatches)) for m in range(num_minibatches)):
         mask = collate(
@@ -183,6 +196,34 @@ def compute_old_logprobs(model: torch.nn.Module, plan: list[Minibatch], cfg: Tra
 def count_after_rejection(plan: list[Minibatch], counts: torch.Tensor) -> list[Minibatch]:
     """The plan with each minibatch's denominators replaced by the global counts after mis rejection."""
     return [Minibatch(float(counts[k, TOKENS]), float(counts[k, SEQS]), mb.micros) for k, mb in enumerate(plan)]
+
+
+def has_gradient(
+    plan: list[Minibatch], old_pass: OldPass, rl_adv: torch.Tensor, cfg: TrainConfig, world: int, with_ref: bool
+) -> bool:
+    """Whether the update would move the weights: some trained token has a non-zero advantage (after shaping),
+    or an auxiliary term acts on a trained token (entropy bonus, KL to the reference, top-K teacher term).
+
+    Otherwise every loss term is 0 and an optimizer step would only replay Adam's momentum: the caller skips
+    the step. Decided on every rank alike (max over ranks)."""
+    signal = 0.0
+    for minibatch, olds in zip(plan, old_pass.olds, strict=True):
+        for micro, old in zip(minibatch.micros, olds, strict=True):
+            batch = micro.batch
+            if not bool(batch.mask.any()):
+                continue
+            aux = (
+                cfg.entropy_coef > 0 or with_ref or (cfg.topk_coef > 0 and bool((batch.topk_valid * batch.mask).any()))
+            )
+            row_adv = rl_adv[torch.tensor([max(i, 0) for i in micro.sample_index])].to(batch.mask.device)
+            adv = shape(batch, outcome_advantages(batch, old.adv, row_adv, cfg), cfg)
+            if aux or bool(((adv != 0) & (batch.mask > 0)).any()):
+                signal = 1.0
+    if world > 1:
+        flag = torch.tensor([signal], dtype=torch.float64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        signal = float(flag[0])
+    return signal > 0
 
 
 def run_ppo_epochs(
@@ -262,7 +303,7 @@ def summarize(
     s = dict(zip(STAT_KEYS, vec[: len(STAT_KEYS)].tolist(), strict=True))
     o = dict(zip(OLD_STAT_KEYS, vec[len(STAT_KEYS) :].tolist(), strict=True))
     num_samples = len(samples)
-    num_updates = cfg.ppo_epochs * cfg.minibatches
+    num_updates = cfg.ppo_epochs * len(old_pass.olds)  # optimizer steps actually taken (one per minibatch)
     num_tokens = max(s["tokens"], 1.0)
     out = {
         "loss": s["loss"] / num_updates,
@@ -317,20 +358,26 @@ def train_on_batch(
     world: int,
     device: torch.device,
     eos_id: int | None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """One PPO update on ``samples`` (the same list on every rank; ``invalid`` ones are trained with mask 0).
 
     ``ddp`` is the wrapped model the loss runs through, ``model`` the plain one whose parameters are clipped;
-    ``running`` is the baseline state, updated in place. Returns the step's metrics (summed over ranks)."""
+    ``running`` is the baseline state, updated in place (also when the step is skipped: the rewards were seen).
+    Returns the step's metrics (summed over ranks), or None when nothing would move the weights (no trained
+    token, or every advantage 0 with no auxiliary term): then no optimizer step ran, Adam's state is as before."""
     trainable, idle = classify_samples(samples, invalid, cfg, eos_id)
     rewards, has_reward = sample_rewards(samples, trainable)
     rl_adv = rl_sample_advantages(
         rewards, has_reward, baseline=cfg.baseline, normalize=cfg.normalize_advantages, running=running
     )
     plan = plan_minibatches(samples, idle, cfg, rank, world, device, eos_id)
+    if all(minibatch.num_tokens == 0 for minibatch in plan):  # global counts: every rank agrees
+        return None
     old_pass = compute_old_logprobs(model, plan, cfg, world)
     if cfg.rollout_correction == "mis":
         plan = count_after_rejection(plan, old_pass.counts)
+    if not has_gradient(plan, old_pass, rl_adv, cfg, world, with_ref=ref_model is not None):
+        return None
     stats, grad_norms = run_ppo_epochs(ddp, model, ref_model, opt, plan, old_pass, rl_adv, cfg, world, device)
     metrics = summarize(
         samples,

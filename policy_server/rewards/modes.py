@@ -286,6 +286,7 @@ def build_sample(
     teacher_logprobs: list[float] | None,
     teacher_topk: dict[str, Any] | None,
     prompt_versions: dict[str, str] | None = None,
+    teacher_temperature: float | None = None,
 ) -> SampleJSON:
     """The reward pipeline's fields of one :class:`~engine.records.Sample` (``mode`` .. ``w_opd``, then
     ``prompt_versions`` when given), as its JSON; loss_mask has one entry per response id.
@@ -307,6 +308,8 @@ def build_sample(
         w_rl=snap.w_rl,
         w_opd=snap.w_opd,
     )
+    if teacher_logprobs is not None and teacher_temperature is not None:
+        sample.teacher_temperature = teacher_temperature  # recorded with the log-probs it produced
     if prompt_versions is not None:
         sample.prompt_versions = dict(prompt_versions)
     return sample.to_json()
@@ -452,5 +455,6 @@ class RewardPipeline:
             teacher_logprobs=teacher_logprobs,
             teacher_topk=teacher_topk,
             prompt_versions=versions,
+            teacher_temperature=self.teacher.temperature if self.teacher is not None else None,
         )
         return PipelineOutcome.ready(sample, versions)

@@ -17,6 +17,10 @@ policy_server.api.admin). Contract (docs/CONTRACTS.md):
   ``ready`` (lease_id cleared), so nothing leased is lost if a consumer dies.
 
 Exactly-once: a consumed sample is never leased again; each write is one transaction (policy_server.store.base).
+
+Values: every writer checks a sample's values before it becomes ``ready`` (policy_server.store.samples); the lease
+checks them again on read (engine.sample_values), so a ``ready`` row written without that check (an older
+release, a hand-edited database) is moved to ``rejected`` with ``invalid_values: <why>`` and never leased.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ import uuid
 from typing import Any
 
 from engine import fastjson
+from engine.records import RejectReason
 from engine.records import SampleState as S
+from engine.sample_values import value_problem
 from engine.validation import clip
 from policy_server.store.base import StoreDB
 
@@ -80,10 +86,22 @@ class StoreLeases(StoreDB):
                 + self._skip_locked,
                 (S.READY, max_n),
             ).fetchall()
-            if not rows or len(rows) < min_n:
+            samples = [(r["sample_id"], fastjson.loads(r["data"]) if r["data"] else {}) for r in rows]
+            poisoned = [(sid, why) for sid, data in samples if (why := value_problem(data))]
+            if poisoned:
+                db.executemany(
+                    "UPDATE samples SET status=?, reject_reason=?, updated_at=? WHERE sample_id=?",
+                    [
+                        (S.REJECTED, RejectReason.with_detail(RejectReason.INVALID_VALUES, why), now, sid)
+                        for sid, why in poisoned
+                    ],
+                )
+                bad = {sid for sid, _ in poisoned}
+                samples = [(sid, data) for sid, data in samples if sid not in bad]
+            if not samples or len(samples) < min_n:
                 return None
             lease_id = uuid.uuid4().hex
-            ids = [r["sample_id"] for r in rows]
+            ids = [sid for sid, _ in samples]
             db.executemany(
                 "UPDATE samples SET status=?, lease_id=?, updated_at=? WHERE sample_id=?",
                 [(S.LEASED, lease_id, now, i) for i in ids],
@@ -92,7 +110,7 @@ class StoreLeases(StoreDB):
                 "INSERT INTO leases (lease_id, created_at, expires_at, state, sample_ids) VALUES (?, ?, ?, 'active', ?)",
                 (lease_id, now, now + lease_s, json.dumps(ids)),
             )
-        return lease_id, [fastjson.loads(r["data"]) for r in rows]
+        return lease_id, [data for _, data in samples]
 
     def ack(self, lease_id: str, now: float | None = None) -> dict[str, Any]:
         """Consume a lease's samples. Idempotent for an acked lease; LeaseError if unknown or expired."""

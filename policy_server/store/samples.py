@@ -95,7 +95,8 @@ class StoreSamples(StoreDB):
         ``data`` is the :class:`~engine.records.Sample` (or its JSON); None for a turn rejected before judging.
 
         ``pending_score`` (session-scope PRM) holds an accepted sample until its session is scored; it counts
-        as included for the at-least-one rule, which follows the pipeline's decisions in judging order.
+        as included for the at-least-one rule, which follows the pipeline's decisions in judging order; a
+        ``rejected`` outcome (``invalid_values`` included) never does.
         """
         if status not in JUDGE_OUTCOME_STATUSES:
             raise ValueError(f"judge outcome status must be ready, rejected or pending_score, not {status!r}")
@@ -107,7 +108,9 @@ class StoreSamples(StoreDB):
                 "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? WHERE sample_id=? AND status=?",
                 (status, reject_reason, dump_json(data), time.time(), sample_id, S.PENDING_JUDGE),
             )
-            if cur.rowcount and included:
+            # A rejected outcome never counts for at-least-one, whatever the caller passed: the value check
+            # above may have just turned an accepted sample into ``invalid_values``.
+            if cur.rowcount and included and status != S.REJECTED:
                 db.execute(
                     "UPDATE sessions SET has_included=1 WHERE session_id="
                     "(SELECT session_id FROM samples WHERE sample_id=?)",

@@ -170,6 +170,19 @@ def test_cli_writes_a_self_contained_page(tmp_path: Path, capsys: pytest.Capture
     assert exc.value.code == 2
 
 
+@pytest.mark.unit
+def test_skipped_steps_and_stale_samples_are_shown(tmp_path: Path) -> None:
+    out = synthetic_run(tmp_path)
+    with open(out / "metrics.jsonl", "a") as f:  # a later line for step 3 wins: it set 2 samples aside as stale
+        f.write(json.dumps({"step": 3, "loss": 0.1, "n_stale": 2}) + "\n")
+    (out / "skipped_steps.jsonl").write_text('{"after_step": 1, "n_samples": 1}\n{"after_step": 3, "n_samples": 2}\n')
+    assert d.collect(out).skipped_steps == 2
+    assert report_main([str(out)]) == 0
+    html = (out / "report.html").read_text()
+    assert "<th>skipped steps (no gradient)</th><td>2</td>" in html
+    assert "<th>samples set aside as stale</th><td>2</td>" in html
+
+
 @pytest.mark.e2e
 def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     require_chromium()

@@ -99,6 +99,7 @@ async def test_rl_samples(rules_judge, tokenizer, turn, make_pipeline):
     s = pos.sample
     assert (s["mode"], s["reward"], s["has_reward"], s["has_teacher"]) == ("rl", 1.0, True, False)
     assert s["loss_mask"] == [1] * n and s["teacher_logprobs"] is None and s["hint"] is None
+    assert "teacher_temperature" not in s  # no teacher term, no temperature
     assert s["prm"]["status"] == "ok" and s["prm"]["votes"] == [1, 1, 1]
     assert pos.prompt_versions["prm"].startswith("rules@")
 
@@ -130,6 +131,7 @@ async def test_opd_teacher_logprobs_match_torch(
         [1] * n,
     )
     assert out.prompt_versions["teacher_hint"].startswith("teacher_hint_v1@")
+    assert s["teacher_temperature"] == 1.0  # recorded with the log-probs it produced
     expected, top = teacher_logprobs_torch(turn["messages"], turn["tools"], turn["response_ids"], hint, top_k)
     assert len(s["teacher_logprobs"]) == n
     assert s["teacher_logprobs"][0] < 0  # the first response token is scored, not a 0.0 placeholder

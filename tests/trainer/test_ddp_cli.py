@@ -108,6 +108,10 @@ COMMON = [
     "--no-weight-sync",
     "--aggregation",
     "token_mean",
+    # One optimizer step per batch: ranks sum gradients in another order than one process, and each further
+    # Adam step on the same batch compounds that float rounding past the weight tolerance below.
+    "--ppo-epochs",
+    "1",
 ]
 
 

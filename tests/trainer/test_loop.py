@@ -37,17 +37,27 @@ def cfg_for(model_dir: Path, out: Path, **kw) -> TrainConfig:
 
 
 class RecordingSource(FileSampleSource):
-    """FileSampleSource that checks the checkpoint exists when a lease is acked and records events."""
+    """FileSampleSource that checks a lease is acked only once its training is persisted, and records events.
+
+    Persisted: the latest checkpoint lists the lease, or (a lease of a skipped batch, e.g. re-leased
+    duplicates) the checkpoint already holds every one of its samples as trained."""
 
     def __init__(self, *a, out_dir: Path, crash_on_ack: int | None = None, **kw):
         super().__init__(*a, **kw)
         self.out_dir, self.crash_on_ack, self.events = out_dir, crash_on_ack, []
+        self.lease_samples: dict[str, list[str]] = {}
+
+    def lease(self, max_samples: int, wait_s: float, min_samples: int = 1):
+        got = super().lease(max_samples, wait_s, min_samples)
+        self.lease_samples[got.lease_id] = [str(s["sample_id"]) for s in got.samples]
+        return got
 
     def ack(self, lease_id: str) -> None:
         ckpt = latest_checkpoint(self.out_dir)
-        assert ckpt is not None and lease_id in load_trainer_state(ckpt)["leases"], (
-            "ack before its checkpoint was persisted"
-        )
+        assert ckpt is not None, "ack before any checkpoint"
+        state = load_trainer_state(ckpt)
+        persisted = lease_id in state["leases"] or set(self.lease_samples[lease_id]) <= set(state["trained_sample_ids"])
+        assert persisted, "ack before its checkpoint was persisted"
         n_acks = sum(e[0] == "ack" for e in self.events) + 1
         if self.crash_on_ack == n_acks:
             raise KeyboardInterrupt("simulated crash between checkpoint and ack")

@@ -26,6 +26,13 @@ def test_minibatches_interleave_samples_and_ranks_pad_with_dummy_rows():
     assert float(dummy.mask.sum()) == 0.0  # a dummy row never adds to any loss term
 
 
+def test_a_live_step_with_fewer_samples_than_minibatches_has_one_minibatch_per_sample():
+    cfg = train_config(minibatches=2, micro_batch_size=4)
+    plan = plan_minibatches([rl_sample("a")], [False], cfg, rank=0, world=1, device=torch.device("cpu"), eos_id=None)
+    assert [[m.sample_index for m in mb.micros] for mb in plan] == [[[0]]]
+    assert [(mb.num_tokens, mb.num_seqs) for mb in plan] == [(2.0, 1.0)]
+
+
 def test_idle_samples_keep_their_rows_but_leave_the_denominators():
     samples = [rl_sample("a"), rl_sample("b"), rl_sample("c")]
     plan = plan_minibatches(
@@ -63,9 +70,10 @@ def test_trained_and_rewarded_samples():
     ]
     trainable, idle = classify_samples(samples, [False, True, False, False], train_config(), eos_id=None)
     assert trainable.tolist() == [True, False, False, True]
-    assert idle == [False, True, False, True]  # invalid, or no learning term (no reward in rl mode)
-    rewards, has_reward = sample_rewards(samples, trainable)
-    assert rewards.tolist() == [1.0, 1.0, 1.0, 0.0] and has_reward.tolist() == [True, False, False, False]
+    # idle: invalid, no trained token (all-zero loss mask), or no learning term (no reward in rl mode)
+    assert idle == [False, True, True, True]
+    rewards, has_reward = sample_rewards(samples, trainable)  # a sample that is not trained is not read
+    assert rewards.tolist() == [1.0, 0.0, 0.0, 0.0] and has_reward.tolist() == [True, False, False, False]
 
 
 def test_no_eos_samples_are_not_trained_when_masked():

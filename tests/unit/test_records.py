@@ -323,6 +323,7 @@ def test_sample_fields_are_the_pipelines_then_the_turns_then_the_origin():
         "hint",
         "teacher_logprobs",
         "teacher_topk",
+        "teacher_temperature",
         "token_rewards",
         "w_rl",
         "w_opd",

@@ -42,6 +42,7 @@ class RunData:
     stats: dict[str, Any] | None = None
     judge_metrics: str | None = None
     notes: list[str] = field(default_factory=list)
+    skipped_steps: int = 0  # batches that had no gradient (skipped_steps.jsonl): no optimizer step, no publish
 
 
 def read_steps(out_dir: Path) -> list[dict[str, Any]]:
@@ -67,6 +68,9 @@ def collect(
     data = RunData(out_dir=out_dir, steps=read_steps(out_dir))
     if (out_dir / "config.json").exists():
         data.config = json.loads((out_dir / "config.json").read_text())
+    skipped = out_dir / "skipped_steps.jsonl"  # trainer.train.SKIPPED_STEPS_FILE
+    if skipped.exists():
+        data.skipped_steps = sum(1 for line in skipped.read_text().splitlines() if line.strip())
     if not data.steps:
         data.notes.append(f"no metrics.jsonl under {out_dir}: no trainer steps to plot")
     retry = RetryPolicy(max_attempts=4, initial_backoff_s=0.5, max_backoff_s=4.0, deadline_s=timeout_s * 2)

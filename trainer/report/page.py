@@ -142,6 +142,8 @@ def _summary(data: d.RunData) -> str:
     items: list[tuple[str, Any]] = [("trainer out dir", str(data.out_dir)), ("steps logged", len(data.steps))]
     if data.steps:
         items.append(("last step", data.steps[-1]["step"]))
+        items.append(("samples set aside as stale", sum(int(st.get("n_stale", 0)) for st in data.steps)))
+    items.append(("skipped steps (no gradient)", data.skipped_steps))
     for key in ("advantage_mode", "batch_size", "lr", "kl_coef", "rollout_correction", "world_size"):
         if key in cfg:
             items.append((key, cfg[key]))

@@ -125,7 +125,7 @@ def run_session(url: str, feedback: list[str]) -> tuple[str, list[dict]]:
             resp = client.post(
                 "/v1/chat/completions",
                 headers=headers,
-                json={"model": "m", "messages": messages, "max_tokens": 6, "temperature": 1.0},
+                json={"model": "hindsight-policy", "messages": messages, "max_tokens": 6, "temperature": 1.0},
             )
             assert resp.status_code == 200, resp.text
             contexts.append([dict(m) for m in messages])

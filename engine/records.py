@@ -221,6 +221,10 @@ class TurnRecord(_Record):
     weight_versions: list[str] | None = None
     sampling_params: dict[str, Any] | None = None
     constrained: bool = False
+    # Which rule identified the session (header, prompt_cache_key, session_affinity, metadata,
+    # previous_response, inferred) and what it decided (continued, started, diverged, after_done, ...).
+    session_rule: str | None = None
+    session_decision: str | None = None
 
 
 # How a turn's next state was decided: not yet, from the next request, refused, or the session ended.

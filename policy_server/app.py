@@ -59,9 +59,10 @@ from policy_server.metrics import Metrics
 from policy_server.rewards.dispatch import Dispatcher
 from policy_server.rewards.scoring import PRMScoring
 from policy_server.serving.generation import Generator, context_length
-from policy_server.serving.session_inference import SessionInferrer
+from policy_server.serving.identity import SessionResolver
 from policy_server.serving.sessions import SessionTracker
 from policy_server.serving.shutdown import DrainMiddleware, DrainState
+from policy_server.serving.side_rules import SideRules
 from policy_server.serving.weight_sync import WeightGate, WeightSync
 from policy_server.settings import PolicySettings
 from policy_server.state import PolicyState
@@ -84,8 +85,9 @@ def create_app(settings: PolicySettings) -> FastAPI:
         async with contextlib.AsyncExitStack() as stack:
             log_settings(logger, settings, title="policy server")
             tokenizer = await asyncio.to_thread(load_tokenizer, settings.model_path)
-            # First, so a broken --prm-config fails the startup before anything else is opened.
+            # First, so a broken --side-rules-file or --prm-config fails the startup before anything else is opened.
             try:
+                side_rules = SideRules.load(settings.side_rules_file)
                 scoring = await PRMScoring.start(settings.prm_config, scope=settings.prm_scope)
             except Exception as exc:
                 logger.error("policy server not started: %s", exc)
@@ -158,7 +160,14 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 backlog_cache=[0.0, -1e9],
                 scoring=scoring,
                 ready=ready,
-                inferrer=SessionInferrer(store, sessions, metrics) if settings.infer_sessions else None,
+                resolver=SessionResolver(
+                    store,
+                    sessions,
+                    metrics,
+                    infer=settings.infer_sessions,
+                    split_diverged=settings.split_diverged_sessions,
+                ),
+                side_rules=side_rules,
             )
             await components.start_background(stack, settings, store, dispatcher, sessions, replicas)
             app.state.policy = state

@@ -22,6 +22,8 @@ Contract (CONTRACTS.md "OpenAI fields"):
 - ``reasoning_effort``: one of ``none minimal low medium high xhigh``. The policy's chat template only has
   thinking on/off (``enable_thinking``): ``none``/``minimal`` render the prompt with thinking off (an empty
   ``<think></think>`` block, so the reply has no reasoning), every other value leaves the template default.
+- ``prompt_cache_key`` is accepted (the engine's prefix cache needs no key) and read as a session hint
+  (policy_server.serving.identity).
 - ``user``, ``store``, ``metadata`` (a string map) are accepted and have no effect on generation; the
   response's ``metadata`` echoes the request's (Hindsight's own values are headers and the ``hindsight``
   field, see :func:`hindsight_extension`).
@@ -60,6 +62,7 @@ class ChatExtras(BaseModel):
     user: str | None = None
     store: bool | None = Field(None, strict=True)
     metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None  # no cache effect here; a session hint (policy_server.serving.identity)
 
     @field_validator("logit_bias")
     @classmethod

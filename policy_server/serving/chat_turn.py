@@ -25,6 +25,7 @@ What then happens to the generation and its record is policy_server.serving.unde
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -44,10 +45,14 @@ from policy_server.api import openai_schemas as oa
 from policy_server.api.streaming import assistant_message, sse_events
 from policy_server.errors import Backpressure
 from policy_server.serving.generation import GenResult
+from policy_server.serving.identity import HEADER, INFERRED, Identity, SessionHint
 from policy_server.serving.sessions import Arrival
+from policy_server.serving.side_rules import HEADER_RULE
 from policy_server.serving.tool_choice import GRAMMAR_KEYS
 from policy_server.serving.undelivered import abandon_detached, engine_failed
 from policy_server.state import PolicyState
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,9 @@ class ChatInput:
     sid: str | None
     turn_type: str  # "main" or "side"
     done: bool  # the request ends its session
+    # The session key and the rule that gave it (policy_server.serving.identity); None: ``sid`` as a header.
+    hint: SessionHint | None = None
+    typed: bool = True  # the client said the turn type; False: the side rules may make a main request side
 
 
 async def check_backlog(st: PolicyState) -> None:
@@ -85,6 +93,7 @@ def turn_record(
     message: dict[str, Any],
     sp: dict[str, Any],
     template_kwargs: dict[str, Any] | None,
+    identity: Identity | None = None,
 ) -> dict[str, Any]:
     """The turn's :class:`~engine.records.TurnRecord` JSON, as the store persists it."""
     return TurnRecord(
@@ -101,6 +110,8 @@ def turn_record(
         # A forced tool call or a JSON response format decodes under a grammar: the log-probs are the
         # masked distribution's.
         constrained=any(k in sp for k in GRAMMAR_KEYS),
+        session_rule=identity.rule if identity is not None else None,
+        session_decision=identity.decision if identity is not None else None,
     ).to_json()
 
 
@@ -129,8 +140,11 @@ class ChatTurn:
         arrival: Arrival | None,
         template_kwargs: dict[str, Any] | None,
         prompt_ids: list[int],
+        identity: Identity | None = None,
+        side_rule: str | None = None,
     ) -> None:
         self.st, self.chat, self.sid, self.record, self.arrival = st, chat, sid, record, arrival
+        self.identity, self.side_rule = identity, side_rule
         self.template_kwargs, self.prompt_ids = template_kwargs, prompt_ids
         self.model = chat.req.model or st.settings.served_model_name
         hexid = uuid.uuid4().hex
@@ -144,30 +158,39 @@ class ChatTurn:
 
     @classmethod
     async def begin(cls, st: PolicyState, chat: ChatInput) -> ChatTurn:
-        """Backlog check, the session's arrival (or claim) and the render: the turn, ready to generate."""
-        sid = chat.sid
-        infer = sid is None and chat.turn_type == "main" and st.inferrer is not None
-        record = (sid is not None or infer) and chat.turn_type == "main"
-        if record:
+        """Side rules, backlog check, the session (policy_server.serving.identity) and the render: the turn,
+        ready to generate."""
+        hint = chat.hint or (SessionHint(chat.sid, HEADER) if chat.sid is not None else SessionHint(None, INFERRED))
+        side_rule = None
+        if chat.turn_type == "side":
+            side_rule = HEADER_RULE if chat.typed else "default_turn_type"
+        elif not chat.typed and st.side_rules is not None:
+            side_rule = st.side_rules.match(chat.messages)
+        main = side_rule is None
+        assert st.resolver is not None
+        if main and (hint.key is not None or hint.previous_response_id is not None or st.resolver.inferrer):
             await check_backlog(st)
-        if infer:
-            assert st.inferrer is not None
-            sid, arrival = await st.inferrer.claim(chat.messages, done=chat.done)  # claims the session it continues
-        else:
-            arrival = (
-                await st.sessions.on_request(sid, chat.messages, main=record, done=chat.done)
-                if sid is not None
-                else None
-            )
-        st.metrics.turns.labels(turn_type=chat.turn_type if record else "side").inc()
+        ident = await st.resolver.resolve(hint, chat.messages, main=main, done=chat.done)
+        record = main and ident.sid is not None
+        st.metrics.turns.labels(turn_type="main" if record else "side").inc()
+        if side_rule is not None:
+            st.metrics.side_turns.labels(rule=side_rule).inc()
         template_kwargs = fields.chat_template_kwargs(chat.extras)
         try:
             prompt_ids = await st.generator.render(chat.messages, chat.req.tools, template_kwargs)
         except BaseException:
-            st.sessions.settle_later(arrival)  # refused before generating: the pairing it owes is written anyway
+            st.sessions.settle_later(ident.arrival)  # refused before generating: the pairing it owes is written anyway
             raise
         return cls(
-            st, chat, sid=sid, record=record, arrival=arrival, template_kwargs=template_kwargs, prompt_ids=prompt_ids
+            st,
+            chat,
+            sid=ident.sid,
+            record=record,
+            arrival=ident.arrival,
+            template_kwargs=template_kwargs,
+            prompt_ids=prompt_ids,
+            identity=ident,
+            side_rule=side_rule,
         )
 
     def logprob_entries(self, start: int, end: int) -> list[dict[str, Any]]:
@@ -189,13 +212,21 @@ class ChatTurn:
             self.record_task = asyncio.ensure_future(
                 st.sessions.on_main_turn(
                     self.sid,
-                    turn_record(chat.messages, chat.req.tools, res, message, chat.sp, self.template_kwargs),
+                    turn_record(
+                        chat.messages, chat.req.tools, res, message, chat.sp, self.template_kwargs, self.identity
+                    ),
                     done=chat.done,
                     arrival=self.arrival,
                 )
             )
             # Shielded: a disconnect now must not lose track of a write that commits anyway (see undelivered).
             await asyncio.shield(self.record_task)
+        elif self.side_rule is not None:
+            record = turn_record(chat.messages, chat.req.tools, res, message, chat.sp, self.template_kwargs)
+            try:  # kept for operators; a failed write must not fail an answer that trains nothing
+                await asyncio.shield(asyncio.to_thread(st.store.record_side_turn, self.sid, self.side_rule, record))
+            except Exception:
+                logger.exception("recording a side turn (rule %s) failed", self.side_rule)
 
     def engine_failed(self, exc: EngineError) -> None:
         engine_failed(self.st, self, exc)

@@ -1,7 +1,8 @@
 """Sessions without headers: continue the open session whose recorded transcript a request extends.
 
-Role: opt-in (``infer_sessions`` / ``--infer-sessions`` / ``HINDSIGHT_POLICY_INFER_SESSIONS=true``; off by
-default, and then a request without a session id is served and not recorded). Many clients
+Role: the last rule of the session precedence (policy_server.serving.identity), on by default
+(``infer_sessions``; ``--no-infer-sessions`` turns it off, and then a request without any session id or
+hint is served and not recorded). Many clients
 (hosted agent UIs, IDE agents) cannot add ``X-Session-Id``; they do resend the whole transcript, which
 is enough to find the session a main request belongs to.
 
@@ -80,6 +81,13 @@ class SessionInferrer:
         The caller owns the arrival exactly as one from ``on_request``: it goes to ``on_main_turn`` and, whatever
         happens, to ``settle_later``. A new session has no awaiting turn, hence no arrival.
         """
+        sid, arrival, _ = await self.claim_with_outcome(messages, done=done)
+        return sid, arrival
+
+    async def claim_with_outcome(
+        self, messages: list[dict[str, Any]], *, done: bool
+    ) -> tuple[str, Arrival | None, str]:
+        """:meth:`claim` and its outcome: ``continued``, ``tied`` (continued, the best match was a tie) or ``started``."""
         async with self._lock:
             awaiting = await asyncio.to_thread(self.store.awaiting_open_turns)
             # A session whose awaiting turn is already being continued is claimed (pairing written with that turn).
@@ -87,9 +95,9 @@ class SessionInferrer:
             sid, tied = choose_session(awaiting, messages)
             if sid is None:
                 self.metrics.inferred_sessions.labels(outcome="started").inc()
-                return f"{INFERRED_PREFIX}{uuid.uuid4().hex}", None
+                return f"{INFERRED_PREFIX}{uuid.uuid4().hex}", None, "started"
             if tied:
                 self.metrics.inferred_sessions.labels(outcome="tied").inc()
             self.metrics.inferred_sessions.labels(outcome="continued").inc()
             arrival = await self.sessions.on_request(sid, messages, main=True, done=done)
-            return sid, arrival
+            return sid, arrival, "tied" if tied else "continued"

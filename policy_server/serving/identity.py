@@ -173,5 +173,5 @@ class SessionResolver:
         return f"{key}{FAMILY_SEP}{uuid.uuid4().hex[:12]}", decision
 
     def _latest_open(self, key: str) -> str:
-        turns = [t for t in self.store.awaiting_open_turns(family=key) if in_family(t["session_id"], key)]
-        return turns[-1]["session_id"] if turns else key
+        open_ids = [sid for sid in self.store.open_family_sessions(key) if in_family(sid, key)]
+        return open_ids[0] if open_ids else key

@@ -5,8 +5,8 @@ says ``side`` (rule ``header``), else when one of these rules matches it. Stock 
 type, and their housekeeping calls (a scheduled heartbeat, a memory flush before compaction, a title)
 would otherwise be trained as if a user had asked for them.
 
-A rule is ``{"name", "pattern", "on"}``: ``pattern`` a regular expression searched (not anchored unless it
-says ``^``) in the text of ``on``: ``last_user`` (the last user message: a housekeeping run that calls a
+A rule is ``{"name", "pattern", "field"}``: ``pattern`` a regular expression searched (not anchored unless it
+says ``^``) in the text of ``field``: ``last_user`` (the last user message: a housekeeping run that calls a
 tool is still the same run on its next request) or ``system`` (the system/developer messages). The first
 matching rule wins. Shipped defaults (:data:`DEFAULT_RULES`) match what stock OpenClaw (npm ``openclaw``
 2026.9) sends:
@@ -35,11 +35,11 @@ HEADER_RULE = "header"
 
 @dataclass(frozen=True)
 class SideRule:
-    """One rule: ``pattern`` searched in the text of ``on``."""
+    """One rule: ``pattern`` searched in the text of ``field``."""
 
     name: str
     pattern: re.Pattern[str]
-    on: Literal["last_user", "system"] = "last_user"
+    field: Literal["last_user", "system"] = "last_user"
 
 
 DEFAULT_RULES: tuple[SideRule, ...] = (
@@ -48,7 +48,7 @@ DEFAULT_RULES: tuple[SideRule, ...] = (
         re.compile(r"Follow the heartbeat monitor scratch context when provided\.|Read HEARTBEAT\.md if it exists"),
     ),
     SideRule("openclaw_memory_flush", re.compile(r"^\s*Pre-compaction memory flush\.")),
-    SideRule("openclaw_memory_flush", re.compile(r"^\s*Pre-compaction memory flush turn\."), on="system"),
+    SideRule("openclaw_memory_flush", re.compile(r"^\s*Pre-compaction memory flush turn\."), field="system"),
     SideRule(
         "title",
         re.compile(
@@ -113,9 +113,9 @@ class SideRules:
         """The name of the first rule the request matches, or None (a main turn)."""
         texts: dict[str, str] = {}
         for rule in self.rules:
-            if rule.on not in texts:
-                texts[rule.on] = _last_user(messages) if rule.on == "last_user" else _system(messages)
-            if rule.pattern.search(texts[rule.on]):
+            if rule.field not in texts:
+                texts[rule.field] = _last_user(messages) if rule.field == "last_user" else _system(messages)
+            if rule.pattern.search(texts[rule.field]):
                 return rule.name
         return None
 
@@ -123,10 +123,10 @@ class SideRules:
 def _parse_rule(raw: Any, i: int, path: str) -> SideRule:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not isinstance(raw.get("pattern"), str):
         raise SideRulesError(f"side rules file {path}: rule {i} needs a string 'name' and 'pattern'")
-    on = raw.get("on", "last_user")
-    if on not in ("last_user", "system"):
-        raise SideRulesError(f"side rules file {path}: rule {i} 'on' must be last_user or system, got {on!r}")
-    unknown = set(raw) - {"name", "pattern", "on"}
+    field = raw.get("field", "last_user")
+    if field not in ("last_user", "system"):
+        raise SideRulesError(f"side rules file {path}: rule {i} 'field' must be last_user or system, got {field!r}")
+    unknown = set(raw) - {"name", "pattern", "field"}
     if unknown:
         raise SideRulesError(f"side rules file {path}: rule {i} has unknown key(s) {sorted(unknown)}")
     try:
@@ -135,4 +135,4 @@ def _parse_rule(raw: Any, i: int, path: str) -> SideRule:
         raise SideRulesError(f"side rules file {path}: rule {i} pattern: {exc}") from None
     if raw["name"] == HEADER_RULE:
         raise SideRulesError(f"side rules file {path}: rule name {HEADER_RULE!r} is reserved")
-    return SideRule(raw["name"], pattern, on)
+    return SideRule(raw["name"], pattern, field)

@@ -86,6 +86,16 @@ class StoreReads(StoreDB):
             rows = db.execute(sql + " ORDER BY t.created_at", args).fetchall()
         return [turn_dict(r) for r in rows]
 
+    def open_family_sessions(self, family: str) -> list[str]:
+        """Open sessions named ``family`` or ``family~...``, most recently active first."""
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT session_id FROM sessions WHERE done=0 AND (session_id=? OR substr(session_id, 1, ?)=?) "
+                "ORDER BY last_activity DESC",
+                (family, len(family) + 1, family + "~"),
+            ).fetchall()
+        return [r[0] for r in rows]
+
     def unconsumed_backlog(self) -> int:
         """Samples accepted but not yet consumed (awaiting pairing, judging, scoring, ready or leased)."""
         with self._read() as db:

@@ -144,7 +144,8 @@ class SessionResolver:
             return Identity(sid, None, rule, "side")
         if not self.split_diverged:
             arrival = await self.sessions.on_request(key, messages, main=True, done=done)
-            return Identity(key, arrival, rule, "continued")
+            paired = arrival is not None and arrival.resolution is not None
+            return Identity(key, arrival, rule, "continued" if paired else "started")
         async with self._lock:
             sid, decision = await self._choose(key, messages)
             arrival = await self.sessions.on_request(sid, messages, main=True, done=done)

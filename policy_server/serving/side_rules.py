@@ -15,6 +15,8 @@ matching rule wins. Shipped defaults (:data:`DEFAULT_RULES`) match what stock Op
   provided. ..." (older releases: "Read HEARTBEAT.md if it exists ...");
 - ``openclaw_memory_flush``: its pre-compaction flush, a user prompt starting "Pre-compaction memory
   flush." with a system prompt "Pre-compaction memory flush turn. ...";
+- ``openclaw_compaction_summary``: the summary call of its compaction, system prompt "You are a context
+  summarization assistant. ...";
 - ``title``: a request whose last user message asks for a title ("Generate a short title ...").
 
 Other agents add rules in a file (``side_rules_file``: JSON or YAML ``{"rules": [...], "replace_defaults":
@@ -49,6 +51,9 @@ DEFAULT_RULES: tuple[SideRule, ...] = (
     ),
     SideRule("openclaw_memory_flush", re.compile(r"^\s*Pre-compaction memory flush\.")),
     SideRule("openclaw_memory_flush", re.compile(r"^\s*Pre-compaction memory flush turn\."), field="system"),
+    SideRule(
+        "openclaw_compaction_summary", re.compile(r"^\s*You are a context summarization assistant\."), field="system"
+    ),
     SideRule(
         "title",
         re.compile(

@@ -94,6 +94,10 @@ def test_family_membership():
         ([U([{"type": "text", "text": OPENCLAW_FLUSH}])], "openclaw_memory_flush"),
         ([{"role": "system", "content": OPENCLAW_FLUSH_SYSTEM}, U("go")], "openclaw_memory_flush"),
         ([U("Generate a concise title for this conversation")], "title"),
+        (
+            [{"role": "system", "content": "You are a context summarization assistant. Your task is ..."}, U("x")],
+            "openclaw_compaction_summary",
+        ),
         ([U("What is the heartbeat of a cat? Read the file please.")], None),
         ([U("Please fix the failing test"), A("ok"), U("thanks")], None),
     ],

@@ -29,7 +29,7 @@ def openclaw_config(
     api_key: str,
     *,
     model_id: str = "hindsight-policy",
-    context_window_tokens: int = 40960,
+    context_window_tokens: int = 65536,
     max_reply_tokens: int = 256,
     workspace: str | None = None,
 ) -> dict[str, Any]:
@@ -87,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no running dev stack in {run_dir}: run `launch/dev.sh start` first", file=sys.stderr)
         return 1
     out = Path(args.out).resolve() if args.out else run_dir / "openclaw"
-    path = write_config(out, endpoints, workspace=str(out / "workspace"))
+    from policy_server.serving.generation import context_length
+
+    # OpenClaw budgets its prompt (and compacts at about 3/4) from the window it is told: the engine's real one.
+    window = context_length(endpoints["policy_model_path"]) or 65536
+    path = write_config(out, endpoints, workspace=str(out / "workspace"), context_window_tokens=window)
     print(f"wrote {path}")
     print("run a turn (OpenClaw needs Node >= 24; repeat with the same --session-id to continue):")
     print(

@@ -129,6 +129,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 sweep_interval_s=settings.idle_sweep_interval_s,
                 on_new_work=dispatcher.wake,
             )
+            sessions.side_rules = side_rules
             if replicas is not None:  # the sweep also spares sessions in flight at other replicas, and vice versa
                 sessions.remote_in_flight = replicas.remote_in_flight
                 replicas.in_flight = sessions.in_flight_sessions

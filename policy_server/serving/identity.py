@@ -156,7 +156,7 @@ class SessionResolver:
         awaiting = await asyncio.to_thread(self.store.awaiting_open_turns, family=key)
         awaiting = [t for t in awaiting if in_family(t["session_id"], key)]
         free = [t for t in awaiting if not self.sessions.in_flight(t["session_id"])]
-        sid, tied = choose_session(free, messages)
+        sid, tied = choose_session(free, messages, self.sessions.side_rules)
         if sid is not None:
             return sid, "tied" if tied else "continued"
         row = await asyncio.to_thread(self.store.session, key)

@@ -43,12 +43,15 @@ from policy_server.serving.sessions import (
     message_key,
     pair_next_state,
 )
+from policy_server.serving.side_rules import SideRules
 from policy_server.store import SampleStore
 
 INFERRED_PREFIX = "inferred-"
 
 
-def choose_session(awaiting: list[dict[str, Any]], messages: list[dict[str, Any]]) -> tuple[str | None, bool]:
+def choose_session(
+    awaiting: list[dict[str, Any]], messages: list[dict[str, Any]], side_rules: SideRules | None = None
+) -> tuple[str | None, bool]:
     """(session id to continue or None, whether the best match was a tie); ``awaiting`` oldest first (pure)."""
     best: list[str] = []
     best_len = -1
@@ -57,7 +60,7 @@ def choose_session(awaiting: list[dict[str, Any]], messages: list[dict[str, Any]
         prev = turn["messages"]
         if len(prev) < best_len or len(messages) < len(prev) + 2 or message_key(prev[0]) != first:
             continue  # cheap rejections before the full pairing comparison
-        if pair_next_state(prev, turn["response"], messages).kind != "paired":
+        if pair_next_state(prev, turn["response"], messages, side_rules).kind != "paired":
             continue
         if len(prev) > best_len:
             best, best_len = [turn["session_id"]], len(prev)
@@ -92,7 +95,7 @@ class SessionInferrer:
             awaiting = await asyncio.to_thread(self.store.awaiting_open_turns)
             # A session whose awaiting turn is already being continued is claimed (pairing written with that turn).
             awaiting = [t for t in awaiting if not self.sessions.in_flight(t["session_id"])]
-            sid, tied = choose_session(awaiting, messages)
+            sid, tied = choose_session(awaiting, messages, self.sessions.side_rules)
             if sid is None:
                 self.metrics.inferred_sessions.labels(outcome="started").inc()
                 return f"{INFERRED_PREFIX}{uuid.uuid4().hex}", None, "started"

@@ -124,6 +124,20 @@ def test_side_rules_file(tmp_path):
             SideRules.load(str(f))
 
 
+@pytest.mark.unit
+def test_side_exchanges_kept_in_the_transcript_are_no_feedback():
+    """Stock OpenClaw keeps its memory flush (prompt and reply) in the conversation it resends: the next turn
+    still pairs, with only the user's message as the next state."""
+    from policy_server.serving.sessions import pair_next_state
+
+    prev = [{"role": "system", "content": "sys"}, U("hello")]
+    new = [*prev, A("hi"), U(OPENCLAW_FLUSH), A("NO_REPLY"), U("now the time?")]
+    assert pair_next_state(prev, {"content": "hi"}, new).kind == "mismatch"
+    p = pair_next_state(prev, {"content": "hi"}, new, SideRules())
+    assert p.kind == "paired" and p.next_state == [U("now the time?")]
+    assert "openclaw_memory_flush" in (p.note or "")
+
+
 # --- the resolver against a real store ---------------------------------------------------------------
 
 

@@ -111,10 +111,13 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
     window = context_length(stack["policy_model_path"])
     assert window is not None and window >= 32768  # the dev models hold a real agent's prompt
     config = write_config(state, stack, workspace=str(state / "workspace"), context_window_tokens=window)
-    # The shipped config plus one knob: flush memory below the prompt size OpenClaw reaches after turn 1, so its
-    # real pre-compaction memory flush runs once before turn 2 (its compaction stays far away at 3/4 of the window).
+    # The shipped config plus one knob: OpenClaw forces its real pre-compaction memory flush once the session's
+    # transcript is at least forceFlushTranscriptBytes (2 MB by default): 1 byte makes it run once, before turn 2
+    # (its compaction stays far away, at 3/4 of the window).
     cfg = json.loads(config.read_text())
-    cfg["agents"]["defaults"]["compaction"] = {"memoryFlush": {"softThresholdTokens": window // 2}}
+    cfg["agents"]["defaults"]["compaction"] = {
+        "memoryFlush": {"softThresholdTokens": window // 2, "forceFlushTranscriptBytes": 1}
+    }
     config.write_text(json.dumps(cfg))
     tokenizer = load_tokenizer(stack["policy_model_path"])
 
@@ -129,15 +132,15 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
     assert len(first["response_ids"]) == len(first["rollout_logprobs"]) > 0
 
     openclaw_turn(state, config, SESSION, "Thanks. Now tell me the time.")
-    side = admin.get("/v1/side_turns").json()["side_turns"]
-    assert [s["rule"] for s in side] == ["openclaw_memory_flush"], side
-    assert side[0]["session_id"] == first["session_id"] and side[0]["record"]["response_ids"]
     turns = main_turns(stack["data_dir"])
-    assert len(turns) == 2, [(t["session_id"], t["turn_index"]) for t in turns]
+    assert len(turns) == 2, [(t["session_id"], t["turn_index"], t["session_decision"]) for t in turns]
     t0 = turns[0]
     assert turns[1]["session_id"] == first["session_id"] and turns[1]["session_decision"] == "continued"
-    assert t0["pairing"] == "paired" and [m["role"] for m in t0["next_state"]] == ["user"]
+    assert t0["pairing"] == "paired" and [m["role"] for m in t0["next_state"]] == ["user"], t0["pairing_note"]
     assert "tell me the time" in t0["next_state"][0]["content"]
+    side = admin.get("/v1/side_turns").json()["side_turns"]
+    assert [s["rule"] for s in side] == ["openclaw_memory_flush"], [(s["rule"], s["session_id"]) for s in side]
+    assert side[0]["session_id"] == first["session_id"] and side[0]["record"]["response_ids"]
 
     # the paired turn is judged; one trainer step consumes it and loads new weights into the engine
     def ready() -> list[dict] | None:

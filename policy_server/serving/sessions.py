@@ -129,7 +129,10 @@ def pair_next_state(
     side_rules: SideRules | None = None,
 ) -> Pairing:
     """Apply the pairing rule of the module docstring (pure); with ``side_rules``, side exchanges after the recorded
-    reply are left out first (:func:`drop_side_exchanges`)."""
+    reply are left out first (:func:`drop_side_exchanges`), and ephemeral messages are ignored everywhere."""
+    if side_rules is not None:
+        prev_messages = [m for m in prev_messages if not side_rules.is_ephemeral(m)]
+        new_messages = [m for m in new_messages if not side_rules.is_ephemeral(m)]
     n = len(prev_messages)
     if len(new_messages) < n + 2:
         return Pairing("mismatch", note=f"new history has {len(new_messages)} messages, expected more than {n + 1}")

@@ -19,8 +19,12 @@ matching rule wins. Shipped defaults (:data:`DEFAULT_RULES`) match what stock Op
   summarization assistant. ...";
 - ``title``: a request whose last user message asks for a title ("Generate a short title ...").
 
-Other agents add rules in a file (``side_rules_file``: JSON or YAML ``{"rules": [...], "replace_defaults":
-false}``); its rules are tried before the defaults, or alone with ``replace_defaults: true``. A malformed
+*Ephemeral* messages are a second list: user messages a client adds to every request and never keeps in its
+history (stock OpenClaw's trailing ``<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>`` message); pairing compares
+transcripts without them (policy_server.serving.sessions.pair_next_state).
+
+Other agents add rules in a file (``side_rules_file``: JSON or YAML ``{"rules": [...], "ephemeral": [...],
+"replace_defaults": false}``); its rules are tried before the defaults, or alone with ``replace_defaults: true``. A malformed
 file or pattern stops the server at start with the reason (never a silently empty rule set).
 """
 
@@ -65,6 +69,13 @@ DEFAULT_RULES: tuple[SideRule, ...] = (
 )
 
 
+# Messages a client adds to every request and never keeps in its history (stock OpenClaw appends a user message
+# with per-request runtime context): pairing compares transcripts without them.
+DEFAULT_EPHEMERAL: tuple[SideRule, ...] = (
+    SideRule("openclaw_internal_context", re.compile(r"^\s*<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>")),
+)
+
+
 class SideRulesError(ValueError):
     """The side rules file cannot be used (the server refuses to start)."""
 
@@ -91,8 +102,18 @@ def _system(messages: list[dict[str, Any]]) -> str:
 class SideRules:
     """The rule set of one server; :meth:`match` names the first rule a request matches (pure)."""
 
-    def __init__(self, rules: tuple[SideRule, ...] = DEFAULT_RULES):
+    def __init__(
+        self, rules: tuple[SideRule, ...] = DEFAULT_RULES, ephemeral: tuple[SideRule, ...] = DEFAULT_EPHEMERAL
+    ):
         self.rules = rules
+        self.ephemeral_rules = ephemeral
+
+    def is_ephemeral(self, message: dict[str, Any]) -> bool:
+        """Whether a user message is per-request context the client never keeps in its history (pure)."""
+        if message.get("role") != "user":
+            return False
+        text = message_text(message)
+        return any(rule.pattern.search(text) for rule in self.ephemeral_rules)
 
     @classmethod
     def load(cls, path: str | None) -> SideRules:
@@ -112,7 +133,10 @@ class SideRules:
         if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
             raise SideRulesError(f"side rules file {path}: expected an object with a 'rules' list")
         extra = tuple(_parse_rule(r, i, path) for i, r in enumerate(data["rules"]))
-        return cls(extra if data.get("replace_defaults") else extra + DEFAULT_RULES)
+        eph = tuple(_parse_rule(r, i, path) for i, r in enumerate(data.get("ephemeral") or []))
+        if data.get("replace_defaults"):
+            return cls(extra, eph)
+        return cls(extra + DEFAULT_RULES, eph + DEFAULT_EPHEMERAL)
 
     def match(self, messages: list[dict[str, Any]]) -> str | None:
         """The name of the first rule the request matches, or None (a main turn)."""

@@ -4,9 +4,10 @@ OpenClaw is configured the way docs/CLIENTS.md tells a user to (``launch/dev.sh 
 ``api: openai-completions``, no header) and run as ``openclaw agent --local`` for a three-turn conversation.
 Asserted: every turn is served; each is recorded token-exact (the recorded prompt ids are the policy tokenizer's
 render of the recorded messages and tools, one rollout log-prob per sampled id); consecutive turns are paired in
-one session with a role-typed next state; OpenClaw's own pre-compaction memory flush (its real request, triggered
-by a lower flush threshold in the config) is recorded as side and never trained; the paired turns are judged;
-one trainer step consumes them and updates the engine's weights; OpenClaw's next turn is served by those weights.
+one session with a role-typed next state (OpenClaw's per-request context message ignored); the paired turns are
+judged; one trainer step consumes them and updates the engine's weights; OpenClaw's next turn is served by those
+weights. Then a second session told a 40k window makes OpenClaw run its real pre-compaction memory flush, which is
+recorded as side and never trained.
 
 Node 24 and OpenClaw come from tests/agents/install_openclaw.sh (.ci/run runs it, cached under
 ~/.cache/hindsight/openclaw). Without them the test is skipped with the reason, and fails in CI.
@@ -111,14 +112,6 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
     window = context_length(stack["policy_model_path"])
     assert window is not None and window >= 32768  # the dev models hold a real agent's prompt
     config = write_config(state, stack, workspace=str(state / "workspace"), context_window_tokens=window)
-    # The shipped config plus one knob: OpenClaw forces its real pre-compaction memory flush once the session's
-    # transcript is at least forceFlushTranscriptBytes (2 MB by default): 1 byte makes it run once, before turn 2
-    # (its compaction stays far away, at 3/4 of the window).
-    cfg = json.loads(config.read_text())
-    cfg["agents"]["defaults"]["compaction"] = {
-        "memoryFlush": {"softThresholdTokens": window // 2, "forceFlushTranscriptBytes": 1}
-    }
-    config.write_text(json.dumps(cfg))
     tokenizer = load_tokenizer(stack["policy_model_path"])
 
     openclaw_turn(state, config, SESSION, "Hello! Please list what you can do.")
@@ -138,9 +131,6 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
     assert turns[1]["session_id"] == first["session_id"] and turns[1]["session_decision"] == "continued"
     assert t0["pairing"] == "paired" and [m["role"] for m in t0["next_state"]] == ["user"], t0["pairing_note"]
     assert "tell me the time" in t0["next_state"][0]["content"]
-    side = admin.get("/v1/side_turns").json()["side_turns"]
-    assert [s["rule"] for s in side] == ["openclaw_memory_flush"], [(s["rule"], s["session_id"]) for s in side]
-    assert side[0]["session_id"] == first["session_id"] and side[0]["record"]["response_ids"]
 
     # the paired turn is judged; one trainer step consumes it and loads new weights into the engine
     def ready() -> list[dict] | None:
@@ -187,3 +177,25 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
     assert len(turns) == 3 and turns[2]["session_id"] == first["session_id"]
     assert turns[2]["weight_version"] == "1"  # served by the trained weights
     assert turns[1]["pairing"] == "paired" and [m["role"] for m in turns[1]["next_state"]] == ["user"]
+
+    # OpenClaw's real pre-compaction memory flush: told a 40k window, a second turn of a 32k-token session is near
+    # its compaction point, so OpenClaw first runs the flush (and then its compaction's summary call). Both are
+    # served and recorded as side; neither becomes a main turn.
+    small = write_config(tmp_path / "openclaw-small", stack, context_window_tokens=40960)
+    before = len(main_turns(stack["data_dir"]))
+    openclaw_turn(tmp_path / "openclaw-small", small, "hs-e2e-flush", "Hello again.")
+    openclaw_turn(tmp_path / "openclaw-small", small, "hs-e2e-flush", "Remember that my name is Ada.")
+    side = admin.get("/v1/side_turns").json()["side_turns"]
+    rules = {s["rule"] for s in side}
+    assert "openclaw_memory_flush" in rules, [(s["rule"], s["session_id"]) for s in side]
+    flush = next(s for s in side if s["rule"] == "openclaw_memory_flush")
+    assert flush["session_id"].startswith("hs-e2e-flush") and flush["record"]["response_ids"]
+    assert "Pre-compaction memory flush." in json.dumps(flush["record"]["messages"])
+    flushed = [
+        t
+        for t in main_turns(stack["data_dir"])[before:]
+        if "Pre-compaction memory flush" in json.dumps(t["messages"][-1:])
+    ]
+    assert flushed == []  # never a main (trained) turn
+    stats = admin.get("/v1/samples/stats").json()
+    assert stats["side_turns"]["openclaw_memory_flush"] >= 1

@@ -138,6 +138,19 @@ def test_side_exchanges_kept_in_the_transcript_are_no_feedback():
     assert "openclaw_memory_flush" in (p.note or "")
 
 
+@pytest.mark.unit
+def test_per_request_context_messages_are_ignored_by_pairing():
+    """Stock OpenClaw appends a user message of runtime context to every request and never keeps it."""
+    from policy_server.serving.sessions import pair_next_state
+
+    ctx = U([{"type": "text", "text": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nActive exec sessions: none"}])
+    prev = [{"role": "system", "content": "sys"}, U("hello"), ctx]
+    new = [{"role": "system", "content": "sys"}, U("hello"), A("hi"), U("now the time?"), ctx]
+    assert pair_next_state(prev, {"content": "hi"}, new).kind == "mismatch"
+    p = pair_next_state(prev, {"content": "hi"}, new, SideRules())
+    assert p.kind == "paired" and p.next_state == [U("now the time?")]
+
+
 # --- the resolver against a real store ---------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 ``/v1/chat/completions`` of the policy server (render + record + SQLite commit + parse).
 
     python bench/proxy_overhead.py [--model-dir DIR] [--requests 64] [--max-tokens 16] [--stub-turns 8]
-                                   [--engine both|stub|dev]
+                                   [--engine both|stub|dev|agent] [--agent-turns 10]
 
 Part 1 (``stub``): against bench/instant_engine.py, an engine that answers a canned /generate at once, so
 the numbers are the proxy's own cost (on the dev engine the tiny model's queueing at 2 cores dominates and
@@ -10,6 +10,11 @@ can even make the proxy look "faster"). 32 simulated users each run ``--stub-tur
 their own session (pairing + one store commit per turn). Printed: added latency (policy - direct) at p50 and
 p99 at concurrency 1 and 32, the policy server's sustained recorded turns/s at concurrency 32, and its CPU
 ms per recorded turn (its process's user+system time from /proc over that run).
+Part 1b (``agent``, also in ``stub``/``both``): one header-less agent session at an agent's real prompt size,
+against the instant engine: a system prompt plus 12 tool schemas of about 1k and about 30k tokens (OpenClaw's
+default prompt is about 32k with this tokenizer), ``--agent-turns`` continuing turns identified by
+``prompt_cache_key`` as OpenClaw sends it. Printed per size: the policy server's time per turn (policy - direct,
+p50 and mean): validation, rendering the whole prompt, session resolution, pairing and the record commit.
 Part 2 (``dev``): the same comparison on the CPU dev engine (mean/p50/p95 and the latency ratio).
 
 Starts the engines and policy servers on 127.0.0.1 ephemeral ports (stopped by PID at the end); builds
@@ -203,24 +208,98 @@ async def bench_stub(engine_url: str, policy: ManagedProcess, tokenizer, turns_p
         )
 
 
+AGENT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"tool_{i}",
+            "description": f"tool number {i}: reads, writes or searches files for the user",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    }
+    for i in range(12)
+]
+
+
+def agent_system_prompt(tokenizer, target_tokens: int) -> str:
+    """A system prompt whose render with AGENT_TOOLS is about ``target_tokens`` tokens."""
+    unit = "You are a helpful agent. Use the tools to read and write files, then answer the user. "
+    base = len(render_prompt_ids(tokenizer, [{"role": "system", "content": unit}], AGENT_TOOLS))
+    per_unit = max(1, len(render_prompt_ids(tokenizer, [{"role": "system", "content": unit * 20}], AGENT_TOOLS)) - base)
+    return unit * max(1, round(20 * (target_tokens - base) / per_unit))
+
+
+async def bench_agent(engine_url: str, policy: ManagedProcess, tokenizer, turns: int) -> None:
+    print(f"# part 1b: one header-less agent session (prompt_cache_key), {turns} turns, instant engine")
+    async with httpx.AsyncClient(timeout=300, trust_env=False) as http:
+        for target in (1000, 30000):
+            system = agent_system_prompt(tokenizer, target)
+            messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": "hello"}]
+            added: list[float] = []
+            size = 0
+            for t in range(turns):
+                ids = render_prompt_ids(tokenizer, messages, AGENT_TOOLS)  # the client's work, outside the timing
+                size = len(ids)
+                t0 = time.perf_counter()
+                r = await http.post(
+                    engine_url + "/generate",
+                    json={
+                        "input_ids": ids,
+                        "sampling_params": {"max_new_tokens": 16, "temperature": 1.0},
+                        "return_logprob": True,
+                    },
+                )
+                r.raise_for_status()
+                direct = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                r = await http.post(
+                    policy.url + "/v1/chat/completions",
+                    headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+                    json={
+                        "messages": messages,
+                        "tools": AGENT_TOOLS,
+                        "max_tokens": 16,
+                        "prompt_cache_key": f"agent-{target}",
+                    },
+                )
+                r.raise_for_status()
+                added.append(time.perf_counter() - t0 - direct)
+                reply = r.json()["choices"][0]["message"]
+                messages = [
+                    *messages,
+                    {"role": "assistant", "content": reply.get("content") or ""},
+                    {"role": "user", "content": f"and turn {t + 1}?"},
+                ]
+            print(
+                f"prompt ~{size:6d} tokens  policy server time per turn: p50 {statistics.median(added) * 1e3:8.1f} ms  "
+                f"mean {statistics.mean(added) * 1e3:8.1f} ms  (over {turns} turns)"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--stub-turns", type=int, default=8, help="continuing turns per simulated user (stub part)")
-    ap.add_argument("--engine", choices=["both", "stub", "dev"], default="both")
+    ap.add_argument("--engine", choices=["both", "stub", "dev", "agent"], default="both")
+    ap.add_argument("--agent-turns", type=int, default=10, help="turns of the agent-size session (stub part)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model = Path(args.model_dir) if args.model_dir else build_tiny_model(work / "model")
+        # 64k tokens of context: the agent part's 30k-token prompt must pass the server's context check
+        model = (
+            Path(args.model_dir) if args.model_dir else build_tiny_model(work / "model", max_position_embeddings=65536)
+        )
         tok = load_tokenizer(str(model))
-        if args.engine in ("both", "stub"):
+        if args.engine in ("both", "stub", "agent"):
             eng = start_instant_engine(tok, work)
             pol = None
             try:
                 pol = start_policy(model, eng.url, work / "data-stub", work, name="policy-stub")
-                asyncio.run(bench_stub(eng.url, pol, tok, args.stub_turns))
+                if args.engine != "agent":
+                    asyncio.run(bench_stub(eng.url, pol, tok, args.stub_turns))
+                asyncio.run(bench_agent(eng.url, pol, tok, args.agent_turns))
             finally:
                 if pol:
                     pol.stop()

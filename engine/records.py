@@ -226,6 +226,10 @@ class TurnRecord(_Record):
     # The id the client got for this reply (chat ``chatcmpl-...``, Responses ``resp_...``, Messages
     # ``msg_...``): how explicit feedback names its turn.
     response_id: str | None = None
+    # Which rule identified the session (header, prompt_cache_key, session_affinity, metadata,
+    # previous_response, inferred) and what it decided (continued, started, diverged, after_done, ...).
+    session_rule: str | None = None
+    session_decision: str | None = None
 
 
 # How a turn's next state was decided: not yet, from the next request, refused, or the session ended.

@@ -206,6 +206,12 @@ class TinyModelSettings(CliSettings):
     prefer_text: str | None = Field(None, description="text the teacher should prefer (with --teacher-of)")
     hidden_size: int = Field(64, description="hidden size of a new model")
     layers: int = Field(2, description="decoder layers of a new model")
+    max_position_embeddings: int = Field(
+        4096,
+        ge=64,
+        description="context length of a new model in tokens (a teacher keeps its student's); a real agent's "
+        "prompt (OpenClaw: about 31k tokens with this tokenizer) needs 32768 or more",
+    )
 
     @model_validator(mode="after")
     def _teacher_pair(self) -> TinyModelSettings:
@@ -219,7 +225,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.teacher_of and args.prefer_text:
         path = build_teacher(args.teacher_of, args.out_dir, args.prefer_text, seed=args.seed)
     else:
-        path = build_tiny_model(args.out_dir, seed=args.seed, hidden_size=args.hidden_size, num_layers=args.layers)
+        path = build_tiny_model(
+            args.out_dir,
+            seed=args.seed,
+            hidden_size=args.hidden_size,
+            num_layers=args.layers,
+            max_position_embeddings=args.max_position_embeddings,
+        )
     print(path)
 
 

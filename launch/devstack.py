@@ -37,6 +37,12 @@ import httpx
 from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, start_router, wait_http
 
 TEACHER_PREFERRED_TEXT = "Thanks, that worked."
+# Context of the dev models in tokens: a real agent's prompt fits (OpenClaw's default system prompt and 12 tools
+# are about 32k tokens with the tiny tokenizer) with room to grow before the agent compacts (at 3/4 of it). A prefill that long takes the CPU
+# dev engine tens of seconds (SDPA attention, a few hundred MB); the engine's prefix cache reuses it next turn.
+DEV_CONTEXT_TOKENS = 65536
+# The dev engines' prefix cache (tokens of KV, about 1 KB each for the tiny model) holds a few such prompts.
+DEV_PREFIX_CACHE_TOKENS = 262144
 READY_DEADLINE_S = float(os.environ.get("HINDSIGHT_DEV_READY_TIMEOUT_S", "120"))
 STOP_GRACE_S = float(os.environ.get("HINDSIGHT_DEV_STOP_GRACE_S", "15"))
 # The tiny judge writes random text: keep its free-form parts short so a vote costs well under a second,
@@ -46,6 +52,8 @@ DEV_JUDGE_ENV = {
     "HINDSIGHT_JUDGE_REASONING_MAX_CHARS": "40",
     "HINDSIGHT_JUDGE_HINT_MAX_CHARS": "60",
     "HINDSIGHT_JUDGE_MAX_NEW_TOKENS": "96",
+    # Judging an agent's turn prefills its whole context (32k tokens for OpenClaw): minutes on a loaded CPU.
+    "HINDSIGHT_JUDGE_REQUEST_DEADLINE_S": "900",
 }
 
 
@@ -166,7 +174,7 @@ def build_models(run_dir: Path) -> tuple[Path, Path]:
     tool = console_script("hindsight-tiny-model")
     log = run_dir / "logs" / "models.log"
     for out, extra, what in (
-        (policy, [], "tiny policy model"),
+        (policy, ["--max-position-embeddings", str(DEV_CONTEXT_TOKENS)], "tiny policy model"),
         (
             teacher,
             ["--teacher-of", str(policy), "--prefer-text", TEACHER_PREFERRED_TEXT],
@@ -174,7 +182,9 @@ def build_models(run_dir: Path) -> tuple[Path, Path]:
         ),
     ):
         if (out / "config.json").exists() and any(out.glob("*.safetensors")):
-            continue
+            if json.loads((out / "config.json").read_text()).get("max_position_embeddings") == DEV_CONTEXT_TOKENS:
+                continue
+            say(f"{out} holds fewer than {DEV_CONTEXT_TOKENS} tokens (an older dev stack's): rebuilding it")
         say(f"building the {what} in {out} ...")
         t0 = time.monotonic()
         with open(log, "ab") as fh:
@@ -212,7 +222,12 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
                 log_dir=stack.log_dir,
                 name="policy-engine",
                 deadline_s=READY_DEADLINE_S,
-                extra_args=["--served-model-name", "hindsight-policy"],
+                extra_args=[
+                    "--served-model-name",
+                    "hindsight-policy",
+                    "--prefix-cache-max-tokens",
+                    str(DEV_PREFIX_CACHE_TOKENS),
+                ],
             )
         )
         p_router = stack.record(start_router([p_engine.url], log_dir=stack.log_dir, name="policy-router"))
@@ -223,7 +238,14 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
                 log_dir=stack.log_dir,
                 name="judge-engine",
                 deadline_s=READY_DEADLINE_S,
-                extra_args=["--served-model-name", "judge", "--seed", "1"],
+                extra_args=[
+                    "--served-model-name",
+                    "judge",
+                    "--seed",
+                    "1",
+                    "--prefix-cache-max-tokens",
+                    str(DEV_PREFIX_CACHE_TOKENS),
+                ],
             )
         )
         j_router = stack.record(start_router([j_engine.url], log_dir=stack.log_dir, name="judge-router"))
@@ -280,8 +302,13 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
                 "HINDSIGHT_POLICY_API_KEY": api_key,
                 "HINDSIGHT_POLICY_ADMIN_API_KEY": admin_api_key,
                 "HINDSIGHT_POLICY_JUDGE_API_KEY": api_key,
-                # Short idle timeout: a demo session that is never closed still gets its last turn handled.
-                "HINDSIGHT_POLICY_SESSION_IDLE_TIMEOUT_S": "30",
+                # Agents' turns are minutes apart (an OpenClaw turn on this CPU stack takes one to two): a
+                # session stays open this long without a request (HINDSIGHT_DEV_SESSION_IDLE_TIMEOUT_S).
+                "HINDSIGHT_POLICY_SESSION_IDLE_TIMEOUT_S": os.environ.get(
+                    "HINDSIGHT_DEV_SESSION_IDLE_TIMEOUT_S", "600"
+                ),
+                # A CPU prefill of an agent's 32k-token prompt can take minutes on a loaded machine.
+                "HINDSIGHT_POLICY_ENGINE_DEADLINE_S": "600",
             },
             "/ready",
             policy_port,

@@ -60,9 +60,10 @@ from policy_server.metrics import Metrics
 from policy_server.rewards.dispatch import Dispatcher
 from policy_server.rewards.scoring import PRMScoring
 from policy_server.serving.generation import Generator, context_length
-from policy_server.serving.session_inference import SessionInferrer
+from policy_server.serving.identity import SessionResolver
 from policy_server.serving.sessions import SessionTracker
 from policy_server.serving.shutdown import DrainMiddleware, DrainState
+from policy_server.serving.side_rules import SideRules
 from policy_server.serving.weight_sync import WeightGate, WeightSync
 from policy_server.settings import PolicySettings
 from policy_server.state import PolicyState
@@ -85,8 +86,9 @@ def create_app(settings: PolicySettings) -> FastAPI:
         async with contextlib.AsyncExitStack() as stack:
             log_settings(logger, settings, title="policy server")
             tokenizer = await asyncio.to_thread(load_tokenizer, settings.model_path)
-            # First, so a broken --prm-config fails the startup before anything else is opened.
+            # First, so a broken --side-rules-file or --prm-config fails the startup before anything else is opened.
             try:
+                side_rules = SideRules.load(settings.side_rules_file)
                 scoring = await PRMScoring.start(settings.prm_config, scope=settings.prm_scope)
             except Exception as exc:
                 logger.error("policy server not started: %s", exc)
@@ -130,9 +132,15 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 sweep_interval_s=settings.idle_sweep_interval_s,
                 on_new_work=dispatcher.wake,
             )
+            sessions.side_rules = side_rules
             if replicas is not None:  # the sweep also spares sessions in flight at other replicas, and vice versa
                 sessions.remote_in_flight = replicas.remote_in_flight
                 replicas.in_flight = sessions.in_flight_sessions
+            resolver = SessionResolver(
+                store, sessions, metrics, infer=settings.infer_sessions, split_diverged=settings.split_diverged_sessions
+            )
+            # The Responses API's previous_response_id names the session of the stored answer it continues.
+            resolver.previous_response_session = lambda rid: asyncio.to_thread(store.response_session, rid)
             state = PolicyState(
                 settings=settings,
                 store=store,
@@ -163,7 +171,8 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 backlog_cache=[0.0, -1e9],
                 scoring=scoring,
                 ready=ready,
-                inferrer=SessionInferrer(store, sessions, metrics) if settings.infer_sessions else None,
+                resolver=resolver,
+                side_rules=side_rules,
             )
             await components.start_background(stack, settings, store, dispatcher, sessions, replicas)
             app.state.policy = state

@@ -61,6 +61,18 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        self.session_identity = Counter(
+            "hindsight_policy_session_identity_total",
+            "requests by the rule that identified their session and its decision (policy_server.serving.identity)",
+            ["rule", "decision"],
+            registry=r,
+        )
+        self.side_turns = Counter(
+            "hindsight_policy_side_turns_total",
+            "side turns (served, never trained) by the rule that made them side",
+            ["rule"],
+            registry=r,
+        )
         self.samples = Gauge("hindsight_policy_samples", "samples by status", ["status"], registry=r)
 
     def render(self, stats: dict[str, object] | None = None) -> bytes:

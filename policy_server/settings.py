@@ -96,9 +96,19 @@ class PolicySettings(CliSettings):
     api_key: str | None = Field(None, description="bearer key agents send on /v1/*")
     admin_api_key: str | None = Field(None, description="bearer key of /admin/* and the sample lease routes")
     infer_sessions: bool = Field(
-        False,
-        description="continue the open session whose recorded transcript a "
-        "request without a session id extends (policy_server.serving.session_inference)",
+        True,
+        description="continue the open session whose recorded transcript a request without any session id "
+        "or hint extends (policy_server.serving.session_inference); off: such requests are not recorded",
+    )
+    split_diverged_sessions: bool = Field(
+        True,
+        description="a session key (header or client hint) names a family of sessions: a request that "
+        "continues none of its open sessions starts a new one instead of rejecting a turn as history_mismatch "
+        "(policy_server.serving.identity)",
+    )
+    side_rules_file: str | None = Field(
+        None,
+        description="JSON/YAML side-turn rules tried before the shipped ones (policy_server.serving.side_rules)",
     )
     allow_unauthenticated: bool = Field(
         False, description="serve a non-loopback host without an API key (only behind an authenticating gateway)"

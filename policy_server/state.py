@@ -14,8 +14,9 @@ from policy_server.rewards.dispatch import Dispatcher
 from policy_server.rewards.modes import ModeState, RewardPipeline
 from policy_server.rewards.scoring import PRMScoring
 from policy_server.serving.generation import Generator
-from policy_server.serving.session_inference import SessionInferrer
+from policy_server.serving.identity import SessionResolver
 from policy_server.serving.sessions import SessionTracker
+from policy_server.serving.side_rules import SideRules
 from policy_server.serving.weight_sync import WeightGate, WeightSync
 from policy_server.settings import PolicySettings
 from policy_server.store import SampleStore
@@ -38,4 +39,5 @@ class PolicyState:
     backlog_cache: list[float]  # [value, checked_at_monotonic]
     scoring: PRMScoring | None = None
     ready: ReadyNotifier | None = None  # wakes lease waiters when samples become ready
-    inferrer: SessionInferrer | None = None  # only with settings.infer_sessions
+    resolver: SessionResolver | None = None  # every request's session (policy_server.serving.identity)
+    side_rules: SideRules | None = None  # which header-less requests are side (policy_server.serving.side_rules)

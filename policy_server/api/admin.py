@@ -19,6 +19,10 @@
   Sample JSON once judged, else null) and ``turn`` (``pairing``, ``pairing_note``, ``next_state``: the
   messages typed by role that followed the reply). Both filters optional; N in [1, ``max_lease_size``] (default 100);
   an unknown status is a 400.
+- ``GET /v1/side_turns?session_id=S&limit=N`` -> ``{"side_turns": [row, ...]}``: side turns (served, never
+  trained), newest first: ``side_id, session_id, created_at, rule`` (which side rule matched,
+  policy_server.serving.side_rules) and ``record`` (the token-exact TurnRecord JSON). Sample rows' ``turn``
+  also names the rule that identified the session (``session_rule``, ``session_decision``).
 - ``GET /v1/samples/stats``: counts by status, reject reasons, pending retries, sessions, leases, and ``prm``
   (cumulative PRM metrics and outcome counts, not draining; ``{"enabled": false}`` without scoring).
   ``feedback``: explicit feedback by state (``pending``, ``applied``, ``late``, ``recorded``, ``total``) and
@@ -142,6 +146,19 @@ async def list_samples(
         raise InvalidRequest(f"status must be one of {', '.join(SAMPLE_STATUSES)}", param="status")
     rows = await asyncio.to_thread(st.store.list_samples, session_id=session_id, status=status, limit=limit)
     return {"samples": rows}
+
+
+@router.get("/v1/side_turns")
+async def list_side_turns(
+    request: Request,
+    session_id: str | None = None,
+    limit: int = Query(100, ge=1, description="rows at most, <= max_lease_size"),
+) -> dict[str, Any]:
+    st = _st(request)
+    if not 1 <= limit <= st.settings.max_lease_size:
+        raise InvalidRequest(f"limit must be in [1, {st.settings.max_lease_size}]", param="limit")
+    rows = await asyncio.to_thread(st.store.list_side_turns, session_id=session_id, limit=limit)
+    return {"side_turns": rows}
 
 
 @router.get("/v1/samples/stats")

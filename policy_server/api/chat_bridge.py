@@ -22,6 +22,7 @@ from fastapi.responses import StreamingResponse
 
 from policy_server.api import routes
 from policy_server.serving.chat_turn import ChatTurn
+from policy_server.serving.identity import SessionHint
 from policy_server.state import PolicyState
 
 SSE_DONE = "[DONE]"
@@ -29,18 +30,21 @@ SSE_DONE = "[DONE]"
 
 @dataclass(frozen=True)
 class SessionHeaders:
-    """The session protocol values of one request (policy_server.api.routes.session_info)."""
+    """The session part of one request (policy_server.api.routes.request_session): the session hint by the
+    one precedence (policy_server.serving.identity), the turn type, whether the client typed it, done."""
 
-    sid: str | None
+    hint: SessionHint
     turn_type: str
+    typed: bool
     done: bool
 
 
 def request_session(request: Request, st: PolicyState, body: dict[str, Any]) -> SessionHeaders:
     """The session of a request of any shape, exactly as the chat route reads it (the body fallbacks are
-    removed from ``body``)."""
-    sid, turn_type, done = routes.session_info(request, body, st.settings.default_turn_type)
-    return SessionHeaders(sid, turn_type, done)
+    removed from ``body``; the adapter's own body, so its ``prompt_cache_key``, ``metadata`` and
+    ``previous_response_id`` are hints too)."""
+    hint, turn_type, typed, done = routes.request_session(request, body, st.settings.default_turn_type)
+    return SessionHeaders(hint, turn_type, typed, done)
 
 
 @dataclass
@@ -87,7 +91,10 @@ async def run_chat_turn(
 ) -> ChatAnswer:
     """Validate ``chat_body`` as the chat route does, then begin and answer the chat turn; the turn's id (the
     one recorded, and the one its client gets) is ``id_prefix`` + hex."""
-    chat = replace(routes._chat_input(st, chat_body, session.sid, session.turn_type, session.done), id_prefix=id_prefix)
+    chat = replace(
+        routes._chat_input(st, chat_body, session.hint, session.turn_type, session.done, session.typed),
+        id_prefix=id_prefix,
+    )
     turn = await ChatTurn.begin(st, chat)
     response = await turn.respond(request)
     if isinstance(response, StreamingResponse):

@@ -26,6 +26,8 @@ Contract (CONTRACTS.md "OpenAI fields"):
   ``<think></think>`` block, so the reply has no reasoning), every other value leaves the template default.
 - ``stream_options`` (``include_usage``, ``continuous_usage_stats``: every chunk then carries the usage so
   far) only together with ``stream: true``; otherwise a 400, as vLLM answers.
+- ``prompt_cache_key`` is accepted (the engine's prefix cache needs no key) and read as a session hint
+  (policy_server.serving.identity).
 - ``user``, ``store``, ``metadata`` (a string map) are accepted and have no effect on generation; the
   response's ``metadata`` echoes the request's (Hindsight's own values are headers and the ``hindsight``
   field, see :func:`hindsight_extension`).
@@ -64,6 +66,7 @@ class ChatExtras(BaseModel):
     user: str | None = None
     store: bool | None = Field(None, strict=True)
     metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None  # no cache effect here; a session hint (policy_server.serving.identity)
 
     @field_validator("logit_bias")
     @classmethod

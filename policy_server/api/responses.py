@@ -28,7 +28,7 @@ from policy_server.api import responses_output as ro
 from policy_server.api import responses_shapes as rs
 from policy_server.api import routes
 from policy_server.api.auth import require_client
-from policy_server.api.chat_bridge import ChatAnswer, SessionHeaders, hindsight_headers, request_session, run_chat_turn
+from policy_server.api.chat_bridge import ChatAnswer, hindsight_headers, request_session, run_chat_turn
 from policy_server.api.openai_fields import hindsight_extension
 from policy_server.api.responses_stream import ResponseEvents, response_events
 from policy_server.errors import NotFound
@@ -84,9 +84,9 @@ async def create_response(request: Request) -> Response:
     req = rs.parse_request(body)
     prefix: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
-        prefix, chained_sid = await previous_response(st, req.previous_response_id)
-        if session.sid is None and chained_sid is not None:
-            session = SessionHeaders(chained_sid, session.turn_type, session.done)
+        # The conversation it continues; its session (when no header or other hint names one) is found by
+        # the session resolver's previous_response rule, like any other hint.
+        prefix, _ = await previous_response(st, req.previous_response_id)
     new_messages = rs.input_messages(req.input)
     conversation = prefix + new_messages
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []

@@ -3,10 +3,11 @@ policy_server.serving.chat_turn answers it.
 
 Session protocol: ``X-Session-Id``, ``X-Turn-Type: main|side``, ``X-Session-Done``
 headers, with body fallbacks ``session_id``/``turn_type``/``session_done`` removed before use. The
-default turn type is ``default_turn_type``. A request without a session id is served and not recorded
-(nothing could ever pair it), unless session inference is on (policy_server.serving.session_inference). Only main
-turns are recorded; the record is committed before the client receives the end of the answer (the final
-chunk when streaming).
+default turn type is ``default_turn_type``. Which session a request belongs to, also without these headers
+(stock clients' hints, transcript inference), is policy_server.serving.identity's one precedence
+(:func:`request_session`); which header-less requests are side is policy_server.serving.side_rules. Main
+turns are recorded and paired, side turns recorded as side; the record is committed before the client
+receives the end of the answer (the final chunk when streaming).
 
 Hostile input (docs/CONTRACTS.md "Hostile input"): the body's size was bounded while it was read
 (engine.http_guard, before this route and its auth); here it is parsed with nesting and surrogate checks,
@@ -34,6 +35,7 @@ from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import require_client
 from policy_server.errors import InvalidRequest
 from policy_server.serving.chat_turn import ChatInput, ChatTurn
+from policy_server.serving.identity import SessionHint, session_hint
 from policy_server.serving.undelivered import DISCONNECT_REASON as DISCONNECT_REASON
 from policy_server.serving.undelivered import reject_turn as _reject_turn  # noqa: F401  # tests reach it here
 from policy_server.state import PolicyState
@@ -87,6 +89,17 @@ def session_info(request: Request, body: dict[str, Any], default_turn_type: str)
     return sid, turn_type, done
 
 
+def request_session(
+    request: Request, body: dict[str, Any], default_turn_type: str
+) -> tuple[SessionHint, str, bool, bool]:
+    """(session hint, turn type, whether the client typed the turn, session done): the session part of any
+    chat-shaped request. Every route calls this one function, so the precedence of
+    policy_server.serving.identity holds for all of them."""
+    typed = "x-turn-type" in request.headers or "turn_type" in body
+    sid, turn_type, done = session_info(request, body, default_turn_type)
+    return session_hint(request.headers, body, sid), turn_type, typed, done
+
+
 async def _read_json(request: Request, max_depth: int) -> dict[str, Any]:
     """The JSON object body. Its size was bounded while reading (engine.http_guard.BodyLimitMiddleware);
     deep nesting and unpaired surrogates are a 400 here, before any template or tokenizer sees them."""
@@ -99,7 +112,9 @@ async def _read_json(request: Request, max_depth: int) -> dict[str, Any]:
     return body
 
 
-def _chat_input(st: PolicyState, body: dict[str, Any], sid: str | None, turn_type: str, done: bool) -> ChatInput:
+def _chat_input(
+    st: PolicyState, body: dict[str, Any], hint: SessionHint, turn_type: str, done: bool, typed: bool
+) -> ChatInput:
     """The typed request, its messages and the engine's sampling params; every problem a 400 naming its field."""
     if isinstance(body.get("messages"), list):  # a hopeless prompt is refused before any per-message work
         tools = body.get("tools")
@@ -127,7 +142,16 @@ def _chat_input(st: PolicyState, body: dict[str, Any], sid: str | None, turn_typ
         behind_router=st.settings.engine_url not in st.settings.engine_worker_urls,
     )
     return ChatInput(
-        req=req, messages=messages, extras=extras, sp=sp, forced=forced, sid=sid, turn_type=turn_type, done=done
+        req=req,
+        messages=messages,
+        extras=extras,
+        sp=sp,
+        forced=forced,
+        sid=hint.key,
+        turn_type=turn_type,
+        done=done,
+        hint=hint,
+        typed=typed,
     )
 
 
@@ -142,6 +166,6 @@ async def chat_completions(request: Request) -> Response:
     st = _state(request)
     require_client(request, st.settings)
     body = await _read_json(request, st.settings.max_json_depth)
-    sid, turn_type, done = session_info(request, body, st.settings.default_turn_type)
-    turn = await ChatTurn.begin(st, _chat_input(st, body, sid, turn_type, done))
+    hint, turn_type, typed, done = request_session(request, body, st.settings.default_turn_type)
+    turn = await ChatTurn.begin(st, _chat_input(st, body, hint, turn_type, done, typed))
     return await turn.respond(request)

@@ -25,6 +25,7 @@ What then happens to the generation and its record is policy_server.serving.unde
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -44,10 +45,14 @@ from policy_server.api import openai_schemas as oa
 from policy_server.api.streaming import assistant_message, sse_events
 from policy_server.errors import Backpressure
 from policy_server.serving.generation import GenResult
+from policy_server.serving.identity import HEADER, INFERRED, Identity, SessionHint
 from policy_server.serving.sessions import Arrival
+from policy_server.serving.side_rules import HEADER_RULE
 from policy_server.serving.tool_choice import GRAMMAR_KEYS
 from policy_server.serving.undelivered import abandon_detached, engine_failed
 from policy_server.state import PolicyState
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class ChatInput:
     # The answer's id is ``id_prefix + hex`` (chat ``chatcmpl-``, Responses ``resp_``, Messages ``msg_``): the
     # turn records the id its client got, which is how /v1/feedback names the turn.
     id_prefix: str = "chatcmpl-"
+    # The session key and the rule that gave it (policy_server.serving.identity); None: ``sid`` as a header.
+    hint: SessionHint | None = None
+    typed: bool = True  # the client said the turn type; False: the side rules may make a main request side
 
 
 async def check_backlog(st: PolicyState) -> None:
@@ -89,6 +97,7 @@ def turn_record(
     sp: dict[str, Any],
     template_kwargs: dict[str, Any] | None,
     response_id: str | None = None,
+    identity: Identity | None = None,
 ) -> dict[str, Any]:
     """The turn's :class:`~engine.records.TurnRecord` JSON, as the store persists it; ``response_id`` is the
     id the client got for the reply (explicit feedback names the turn by it).
@@ -111,6 +120,8 @@ def turn_record(
         # masked distribution's.
         constrained=any(k in sp for k in GRAMMAR_KEYS),
         response_id=response_id,
+        session_rule=identity.rule if identity is not None else None,
+        session_decision=identity.decision if identity is not None else None,
     ).to_json()
     record["messages"], record["prompt_ids"] = messages, res.prompt_ids  # keys keep their places
     return record
@@ -141,8 +152,11 @@ class ChatTurn:
         arrival: Arrival | None,
         template_kwargs: dict[str, Any] | None,
         prompt_ids: list[int],
+        identity: Identity | None = None,
+        side_rule: str | None = None,
     ) -> None:
         self.st, self.chat, self.sid, self.record, self.arrival = st, chat, sid, record, arrival
+        self.identity, self.side_rule = identity, side_rule
         self.template_kwargs, self.prompt_ids = template_kwargs, prompt_ids
         self.model = chat.req.model or st.settings.served_model_name
         hexid = uuid.uuid4().hex
@@ -156,36 +170,48 @@ class ChatTurn:
 
     @classmethod
     async def begin(cls, st: PolicyState, chat: ChatInput) -> ChatTurn:
-        """Backlog check, the session's arrival (or claim) and the render: the turn, ready to generate."""
-        sid = chat.sid
-        infer = sid is None and chat.turn_type == "main" and st.inferrer is not None
-        record = (sid is not None or infer) and chat.turn_type == "main"
-        if record:
+        """Side rules, backlog check, the session (policy_server.serving.identity) and the render: the turn,
+        ready to generate."""
+        hint = chat.hint or (SessionHint(chat.sid, HEADER) if chat.sid is not None else SessionHint(None, INFERRED))
+        side_rule = None
+        if chat.turn_type == "side":
+            side_rule = HEADER_RULE if chat.typed else "default_turn_type"
+        elif not chat.typed and st.side_rules is not None:
+            side_rule = st.side_rules.match(chat.messages)
+        main = side_rule is None
+        assert st.resolver is not None
+        if main and (hint.key is not None or hint.previous_response_id is not None or st.resolver.inferrer):
             await check_backlog(st)
-        if infer:
-            assert st.inferrer is not None
-            sid, arrival = await st.inferrer.claim(chat.messages, done=chat.done)  # claims the session it continues
-        else:
-            arrival = (
-                await st.sessions.on_request(sid, chat.messages, main=record, done=chat.done)
-                if sid is not None
-                else None
-            )
-        st.metrics.turns.labels(turn_type=chat.turn_type if record else "side").inc()
+        ident = await st.resolver.resolve(hint, chat.messages, main=main, done=chat.done)
+        record = main and ident.sid is not None
+        st.metrics.turns.labels(turn_type="main" if record else "side").inc()
+        if side_rule is not None:
+            st.metrics.side_turns.labels(rule=side_rule).inc()
         template_kwargs = fields.chat_template_kwargs(chat.extras)
         try:
             rendered = await st.generator.render(
-                chat.messages, chat.req.tools, template_kwargs, arrival.prior if arrival is not None else None
+                chat.messages,
+                chat.req.tools,
+                template_kwargs,
+                ident.arrival.prior if ident.arrival is not None else None,
             )
         except BaseException:
-            st.sessions.settle_later(arrival)  # refused before generating: the pairing it owes is written anyway
+            st.sessions.settle_later(ident.arrival)  # refused before generating: the pairing it owes is written anyway
             raise
         st.metrics.prompt_renders.labels(reason=rendered.reason).inc()
         st.metrics.prompt_tokens.labels(kind="reused").inc(rendered.reused_tokens)
         st.metrics.prompt_tokens.labels(kind="rendered").inc(len(rendered.ids) - rendered.reused_tokens)
         prompt_ids = rendered.ids
         return cls(
-            st, chat, sid=sid, record=record, arrival=arrival, template_kwargs=template_kwargs, prompt_ids=prompt_ids
+            st,
+            chat,
+            sid=ident.sid,
+            record=record,
+            arrival=ident.arrival,
+            template_kwargs=template_kwargs,
+            prompt_ids=prompt_ids,
+            identity=ident,
+            side_rule=side_rule,
         )
 
     def logprob_entries(self, start: int, end: int) -> list[dict[str, Any]]:
@@ -208,13 +234,28 @@ class ChatTurn:
             self.record_task = asyncio.ensure_future(
                 st.sessions.on_main_turn(
                     self.sid,
-                    turn_record(chat.messages, chat.req.tools, res, message, chat.sp, self.template_kwargs, self.rid),
+                    turn_record(
+                        chat.messages,
+                        chat.req.tools,
+                        res,
+                        message,
+                        chat.sp,
+                        self.template_kwargs,
+                        self.rid,
+                        self.identity,
+                    ),
                     done=chat.done,
                     arrival=self.arrival,
                 )
             )
             # Shielded: a disconnect now must not lose track of a write that commits anyway (see undelivered).
             await asyncio.shield(self.record_task)
+        elif self.side_rule is not None:
+            record = turn_record(chat.messages, chat.req.tools, res, message, chat.sp, self.template_kwargs)
+            try:  # kept for operators; a failed write must not fail an answer that trains nothing
+                await asyncio.shield(asyncio.to_thread(st.store.record_side_turn, self.sid, self.side_rule, record))
+            except Exception:
+                logger.exception("recording a side turn (rule %s) failed", self.side_rule)
 
     def engine_failed(self, exc: EngineError) -> None:
         engine_failed(self.st, self, exc)

@@ -1,7 +1,8 @@
 """Sessions without headers: continue the open session whose recorded transcript a request extends.
 
-Role: opt-in (``infer_sessions`` / ``--infer-sessions`` / ``HINDSIGHT_POLICY_INFER_SESSIONS=true``; off by
-default, and then a request without a session id is served and not recorded). Many clients
+Role: the last rule of the session precedence (policy_server.serving.identity), on by default
+(``infer_sessions``; ``--no-infer-sessions`` turns it off, and then a request without any session id or
+hint is served and not recorded). Many clients
 (hosted agent UIs, IDE agents) cannot add ``X-Session-Id``; they do resend the whole transcript, which
 is enough to find the session a main request belongs to.
 
@@ -42,21 +43,25 @@ from policy_server.serving.sessions import (
     message_key,
     pair_next_state,
 )
+from policy_server.serving.side_rules import SideRules
 from policy_server.store import SampleStore
 
 INFERRED_PREFIX = "inferred-"
 
 
-def choose_session(awaiting: list[dict[str, Any]], messages: list[dict[str, Any]]) -> tuple[str | None, bool]:
+def choose_session(
+    awaiting: list[dict[str, Any]], messages: list[dict[str, Any]], side_rules: SideRules | None = None
+) -> tuple[str | None, bool]:
     """(session id to continue or None, whether the best match was a tie); ``awaiting`` oldest first (pure)."""
     best: list[str] = []
     best_len = -1
     first = message_key(messages[0]) if messages else None
     for turn in awaiting:
         prev = turn["messages"]
-        if len(prev) < best_len or len(messages) < len(prev) + 2 or message_key(prev[0]) != first:
+        short = side_rules is None and len(messages) < len(prev) + 2  # (ephemeral messages change the counts)
+        if len(prev) < best_len or short or message_key(prev[0]) != first:
             continue  # cheap rejections before the full pairing comparison
-        if pair_next_state(prev, turn["response"], messages).kind != "paired":
+        if pair_next_state(prev, turn["response"], messages, side_rules).kind != "paired":
             continue
         if len(prev) > best_len:
             best, best_len = [turn["session_id"]], len(prev)
@@ -80,16 +85,23 @@ class SessionInferrer:
         The caller owns the arrival exactly as one from ``on_request``: it goes to ``on_main_turn`` and, whatever
         happens, to ``settle_later``. A new session has no awaiting turn, hence no arrival.
         """
+        sid, arrival, _ = await self.claim_with_outcome(messages, done=done)
+        return sid, arrival
+
+    async def claim_with_outcome(
+        self, messages: list[dict[str, Any]], *, done: bool
+    ) -> tuple[str, Arrival | None, str]:
+        """:meth:`claim` and its outcome: ``continued``, ``tied`` (continued, the best match was a tie) or ``started``."""
         async with self._lock:
             awaiting = await asyncio.to_thread(self.store.awaiting_open_turns)
             # A session whose awaiting turn is already being continued is claimed (pairing written with that turn).
             awaiting = [t for t in awaiting if not self.sessions.in_flight(t["session_id"])]
-            sid, tied = choose_session(awaiting, messages)
+            sid, tied = choose_session(awaiting, messages, self.sessions.side_rules)
             if sid is None:
                 self.metrics.inferred_sessions.labels(outcome="started").inc()
-                return f"{INFERRED_PREFIX}{uuid.uuid4().hex}", None
+                return f"{INFERRED_PREFIX}{uuid.uuid4().hex}", None, "started"
             if tied:
                 self.metrics.inferred_sessions.labels(outcome="tied").inc()
             self.metrics.inferred_sessions.labels(outcome="continued").inc()
             arrival = await self.sessions.on_request(sid, messages, main=True, done=done)
-            return sid, arrival
+            return sid, arrival, "tied" if tied else "continued"

@@ -14,7 +14,8 @@ sampled assistant reply ``R``; a new *main* request of the same session has mess
 2. Then T's next state is ``N[len(M)+1:]``: one user reply, or one or more tool results (each typed by
    role), possibly followed by a user message. It must be non-empty and contain only ``user``/``tool``
    messages; a system/developer message appended by the client is not feedback on R and is dropped from
-   the next state (recorded in the note).
+   the next state (recorded in the note). A side exchange the client kept in the transcript (a user message a side
+   rule matches, e.g. an agent's memory flush, with its reply) is left out first (policy_server.serving.side_rules).
 3. Anything else (history rewritten or truncated, reply edited, no new message) is a **mismatch**.
    Conservative decision: the pair cannot be trusted, so T is resolved as ``mismatch`` and its sample is
    **rejected** with reason ``history_mismatch`` (counted per session and in stats) instead of being
@@ -48,6 +49,7 @@ from typing import Any
 
 from engine.continuation import PriorTurn
 from engine.records import RejectReason
+from policy_server.serving.side_rules import SideRules
 from policy_server.store import Resolution, SampleStore
 
 logger = logging.getLogger(__name__)
@@ -94,10 +96,44 @@ def message_key(msg: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
+def drop_side_exchanges(
+    tail: list[dict[str, Any]], side_rules: SideRules | None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """``tail`` without the exchanges a side rule claims (a user message the rules match, and the assistant/tool
+    messages after it up to the next user message), and the names of the rules that matched (pure).
+
+    A stock agent keeps its housekeeping runs (a memory flush, a heartbeat) in the conversation it resends; they are
+    no feedback on the recorded reply and must not turn the next turn into a mismatch.
+    """
+    if side_rules is None:
+        return tail, []
+    kept: list[dict[str, Any]] = []
+    names: list[str] = []
+    i = 0
+    while i < len(tail):
+        name = side_rules.match([tail[i]]) if tail[i].get("role") == "user" else None
+        if name is None:
+            kept.append(tail[i])
+            i += 1
+            continue
+        names.append(name)
+        i += 1
+        while i < len(tail) and tail[i].get("role") != "user":
+            i += 1
+    return kept, names
+
+
 def pair_next_state(
-    prev_messages: list[dict[str, Any]], prev_response: dict[str, Any], new_messages: list[dict[str, Any]]
+    prev_messages: list[dict[str, Any]],
+    prev_response: dict[str, Any],
+    new_messages: list[dict[str, Any]],
+    side_rules: SideRules | None = None,
 ) -> Pairing:
-    """Apply the pairing rule of the module docstring (pure)."""
+    """Apply the pairing rule of the module docstring (pure); with ``side_rules``, side exchanges after the recorded
+    reply are left out first (:func:`drop_side_exchanges`), and ephemeral messages are ignored everywhere."""
+    if side_rules is not None:
+        prev_messages = [m for m in prev_messages if not side_rules.is_ephemeral(m)]
+        new_messages = [m for m in new_messages if not side_rules.is_ephemeral(m)]
     n = len(prev_messages)
     if len(new_messages) < n + 2:
         return Pairing("mismatch", note=f"new history has {len(new_messages)} messages, expected more than {n + 1}")
@@ -108,7 +144,7 @@ def pair_next_state(
     expected = message_key({"role": "assistant", **prev_response})
     if message_key(assistant) != expected:
         return Pairing("mismatch", note=f"message {n} is not the recorded assistant reply")
-    tail = new_messages[n + 1 :]
+    tail, side = drop_side_exchanges(new_messages[n + 1 :], side_rules)
     kept = [dict(m) for m in tail if m.get("role") in FEEDBACK_ROLES]
     dropped = [str(m.get("role")) for m in tail if m.get("role") not in FEEDBACK_ROLES]
     if not kept:
@@ -118,8 +154,9 @@ def pair_next_state(
     state = [{k: v for k, v in m.items() if k in ("role", "content", "tool_call_id", "name")} for m in kept]
     for m in state:
         m["content"] = _text(m.get("content"))
-    note = f"dropped non-feedback roles {dropped}" if dropped else None
-    return Pairing("paired", next_state=state, note=note, dropped=dropped)
+    notes = [f"dropped non-feedback roles {dropped}"] if dropped else []
+    notes += [f"left out side exchanges {side}"] if side else []
+    return Pairing("paired", next_state=state, note="; ".join(notes) or None, dropped=dropped)
 
 
 @dataclass
@@ -149,6 +186,7 @@ class SessionTracker:
         self, store: SampleStore, *, idle_timeout_s: float, sweep_interval_s: float = 1.0, on_new_work: Any = None
     ):
         self.store = store
+        self.side_rules: SideRules | None = None  # side exchanges inside a resent transcript are no feedback
         self.idle_timeout_s = idle_timeout_s
         self.sweep_interval_s = sweep_interval_s
         self.on_new_work = on_new_work or (lambda: None)
@@ -214,7 +252,7 @@ class SessionTracker:
         awaiting = self.store.awaiting_turn(session_id)
         if awaiting is None:
             return None, None
-        p = pair_next_state(awaiting["messages"], awaiting["response"], messages)
+        p = pair_next_state(awaiting["messages"], awaiting["response"], messages, self.side_rules)
         if p.kind == "mismatch":
             self.mismatches += 1
             logger.warning(

@@ -107,6 +107,22 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "CREATE INDEX IF NOT EXISTS feedback_turn ON feedback (session_id, turn_index, created_at)",
         ),
     ),
+    # Which rule identified a turn's session (policy_server.serving.identity), and side turns recorded as
+    # side (served, never trained) with the rule that made them side (policy_server.serving.side_rules).
+    (
+        "session identity and side turns",
+        (
+            "ALTER TABLE turns ADD COLUMN session_rule TEXT",
+            "ALTER TABLE turns ADD COLUMN session_decision TEXT",
+            """CREATE TABLE IF NOT EXISTS side_turns (
+            side_id TEXT PRIMARY KEY,
+            session_id TEXT,
+            created_at {real} NOT NULL,
+            rule TEXT NOT NULL,
+            record TEXT NOT NULL)""",
+            "CREATE INDEX IF NOT EXISTS side_turns_created ON side_turns (created_at)",
+        ),
+    ),
 )
 
 LATEST_VERSION = len(MIGRATIONS)

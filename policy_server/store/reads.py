@@ -45,6 +45,14 @@ class StoreReads(StoreDB):
                 "SELECT COUNT(*) FROM samples WHERE status=? AND attempts>0", (S.PENDING_SCORE,)
             ).fetchone()[0]
             inferred = db.execute("SELECT COUNT(*) FROM sessions WHERE session_id LIKE 'inferred-%'").fetchone()[0]
+            side = dict(db.execute("SELECT rule, COUNT(*) FROM side_turns GROUP BY rule"))
+            rules = {
+                f"{r}:{d}": n
+                for r, d, n in db.execute(
+                    "SELECT session_rule, session_decision, COUNT(*) FROM turns "
+                    "WHERE session_rule IS NOT NULL GROUP BY session_rule, session_decision"
+                )
+            }
         return {
             "samples": by_status,
             "reject_reasons": reasons,
@@ -57,16 +65,37 @@ class StoreReads(StoreDB):
             "pending_judge_retrying": retrying,
             "pending_score_retrying": score_retrying,
             "inferred_sessions": inferred,
+            "side_turns": side,
+            "turns_by_session_rule": rules,
         }
 
-    def awaiting_open_turns(self) -> list[dict[str, Any]]:
-        """Awaiting turns of open sessions, oldest first: what session inference matches against."""
+    def awaiting_open_turns(self, family: str | None = None) -> list[dict[str, Any]]:
+        """Awaiting turns of open sessions, oldest first: what session inference matches against.
+
+        ``family``: only the sessions ``family`` and ``family~...`` (a client key's sessions,
+        policy_server.serving.identity).
+        """
+        sql = (
+            "SELECT t.* FROM turns t JOIN sessions s ON s.session_id=t.session_id "
+            "WHERE s.done=0 AND t.pairing='awaiting'"
+        )
+        args: tuple[Any, ...] = ()
+        if family is not None:
+            sql += " AND (t.session_id=? OR substr(t.session_id, 1, ?)=?)"
+            args = (family, len(family) + 1, family + "~")
+        with self._read() as db:
+            rows = db.execute(sql + " ORDER BY t.created_at", args).fetchall()
+        return [turn_dict(r) for r in rows]
+
+    def open_family_sessions(self, family: str) -> list[str]:
+        """Open sessions named ``family`` or ``family~...``, most recently active first."""
         with self._read() as db:
             rows = db.execute(
-                "SELECT t.* FROM turns t JOIN sessions s ON s.session_id=t.session_id "
-                "WHERE s.done=0 AND t.pairing='awaiting' ORDER BY t.created_at"
+                "SELECT session_id FROM sessions WHERE done=0 AND (session_id=? OR substr(session_id, 1, ?)=?) "
+                "ORDER BY last_activity DESC",
+                (family, len(family) + 1, family + "~"),
             ).fetchall()
-        return [turn_dict(r) for r in rows]
+        return [r[0] for r in rows]
 
     def unconsumed_backlog(self) -> int:
         """Samples accepted but not yet consumed (awaiting pairing, judging, scoring, ready or leased)."""
@@ -105,7 +134,8 @@ class StoreReads(StoreDB):
             args.append(status)
         sql = (
             "SELECT s.sample_id, s.session_id, s.turn_index, s.status, s.reject_reason, s.attempts, s.last_error, "
-            "s.created_at, s.updated_at, s.data, t.pairing, t.pairing_note, t.next_state FROM samples s "
+            "s.created_at, s.updated_at, s.data, t.pairing, t.pairing_note, t.next_state, t.session_rule, "
+            "t.session_decision FROM samples s "
             "LEFT JOIN turns t ON t.session_id=s.session_id AND t.turn_index=s.turn_index"
             + (" WHERE " + " AND ".join(where) if where else "")
             + (
@@ -127,9 +157,24 @@ class StoreReads(StoreDB):
                 "pairing": d.pop("pairing"),
                 "pairing_note": d.pop("pairing_note"),
                 "next_state": json.loads(next_state) if next_state else None,
+                "session_rule": d.pop("session_rule"),
+                "session_decision": d.pop("session_decision"),
             }
             out.append(d)
         return out
+
+    def list_side_turns(self, *, session_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Side turns (served, never trained), newest first: ``side_id, session_id, created_at, rule`` and
+        ``record`` (the turn's TurnRecord JSON, token-exact like a main turn's)."""
+        where, args = ("WHERE session_id=? ", (session_id,)) if session_id is not None else ("", ())
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT side_id, session_id, created_at, rule, record FROM side_turns "
+                + where
+                + "ORDER BY created_at DESC LIMIT ?",
+                (*args, int(limit)),
+            ).fetchall()
+        return [{**dict(r), "record": json.loads(r["record"])} for r in rows]
 
     def samples_of(self, session_id: str) -> list[dict[str, Any]]:
         with self._read() as db:

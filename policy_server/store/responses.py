@@ -36,6 +36,12 @@ class StoreResponses(StoreDB):
                 (response_id, session_id, previous_id, time.time(), json.dumps(messages, ensure_ascii=False)),
             )
 
+    def response_session(self, response_id: str) -> str | None:
+        """The session of a stored answer (None when unknown, or stored without one): one row, no chain walk."""
+        with self._read() as db:
+            row = db.execute("SELECT session_id FROM responses WHERE response_id=?", (response_id,)).fetchone()
+        return None if row is None else row["session_id"]
+
     def get_response(self, response_id: str) -> dict[str, Any] | None:
         """``{"session_id", "conversation"}`` of a stored answer (the whole chain's messages, oldest first), or
         None when no answer has that id."""

@@ -46,6 +46,21 @@ class StoreSessions(StoreDB):
         with self._tx() as db:
             _touch(db, session_id, now)
 
+    def record_side_turn(
+        self, session_id: str | None, rule: str, record: TurnRecord | dict[str, Any], now: float | None = None
+    ) -> str:
+        """Keep a side turn (served, never paired or trained) with the rule that made it side; returns its id."""
+        now = time.time() if now is None else now
+        if isinstance(record, TurnRecord):
+            record = record.to_json()
+        side_id = f"side-{uuid.uuid4().hex}"
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO side_turns (side_id, session_id, created_at, rule, record) VALUES (?, ?, ?, ?, ?)",
+                (side_id, session_id, now, rule, dump_json(record)),
+            )
+        return side_id
+
     def awaiting_turn(self, session_id: str) -> dict[str, Any] | None:
         """The session's latest turn still waiting for its next state, as a turn dict."""
         with self._read() as db:
@@ -137,9 +152,17 @@ class StoreSessions(StoreDB):
                     now=now,
                 )
             db.execute(
-                "INSERT INTO turns (session_id, turn_index, created_at, record, pairing, response_id) "
-                "VALUES (?, ?, ?, ?, 'awaiting', ?)",
-                (session_id, idx, now, dump_json(record), record.get("response_id")),
+                "INSERT INTO turns (session_id, turn_index, created_at, record, pairing, response_id, session_rule, "
+                "session_decision) VALUES (?, ?, ?, ?, 'awaiting', ?, ?, ?)",
+                (
+                    session_id,
+                    idx,
+                    now,
+                    dump_json(record),
+                    record.get("response_id"),
+                    record.get("session_rule"),
+                    record.get("session_decision"),
+                ),
             )
             older = db.execute(
                 "SELECT turn_index FROM turns WHERE session_id=? AND pairing='awaiting' AND turn_index<?",

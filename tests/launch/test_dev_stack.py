@@ -55,6 +55,13 @@ def stack_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, te
     run_dir = tmp_path_factory.mktemp("devstack")
     shutil.copytree(tiny_model_dir, run_dir / "models" / "policy")
     shutil.copytree(teacher_model_dir, run_dir / "models" / "teacher")
+    # The dev stack's models hold DEV_CONTEXT_TOKENS (rotary positions: no weight depends on it), else it rebuilds them.
+    from launch.devstack import DEV_CONTEXT_TOKENS
+
+    for name in ("policy", "teacher"):
+        cfg_path = run_dir / "models" / name / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg_path.write_text(json.dumps({**cfg, "max_position_embeddings": DEV_CONTEXT_TOKENS}))
     yield run_dir
     if (run_dir / "pids.json").exists():  # a failed test must not leave the stack running
         dev("stop", run_dir, 60)

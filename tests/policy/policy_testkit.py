@@ -74,7 +74,7 @@ def start_judge(log_dir: Path, name: str, port: int | None = None) -> ManagedPro
 
 @contextmanager
 def judged_policy_stack(
-    model_dir: Path, engine_url: str, work: Path
+    model_dir: Path, engine_url: str, work: Path, extra: list[str] | None = None
 ) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
     """A policy server judged by a rules-backend judge (its default settings); yields (policy, judge), stops both."""
     port = free_port()
@@ -87,7 +87,7 @@ def judged_policy_stack(
     )
     pol = None
     try:
-        pol = start_policy(model_dir, engine_url, work / "data", work, extra=["--judge-url", judge.url])
+        pol = start_policy(model_dir, engine_url, work / "data", work, extra=["--judge-url", judge.url, *(extra or [])])
         yield pol, judge
     finally:
         if pol:

@@ -34,7 +34,9 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def judged_policy(tiny_model_dir, engine, tmp_path_factory) -> Iterator[ManagedProcess]:
-    with judged_policy_stack(tiny_model_dir, engine.url, tmp_path_factory.mktemp("judged-policy")) as (pol, _judge):
+    # A key naming exactly one session (split off): a rewritten history is then a mismatch the view must show.
+    work = tmp_path_factory.mktemp("judged-policy")
+    with judged_policy_stack(tiny_model_dir, engine.url, work, ["--no-split-diverged-sessions"]) as (pol, _judge):
         yield pol
 
 
@@ -103,6 +105,8 @@ def test_list_samples_is_a_non_consuming_read(judged_policy):
         "pairing": "paired",
         "pairing_note": None,
         "next_state": [{"role": "user", "content": "thanks, that worked"}],
+        "session_rule": "header",
+        "session_decision": "started",
     }
     rejected = _rows(url, session_id="read-2", status="rejected")
     assert [(r["turn_index"], r["reject_reason"]) for r in rejected] == [(0, "history_mismatch")]

@@ -192,23 +192,34 @@ def test_pairing_user_reply_side_turns_rewrite_and_idle(policy):
         t0 = st.get_turn("pair", 0)
         assert t0["pairing"] == "paired" and t0["next_state"] == [{"role": "user", "content": "thanks, that worked"}]
         assert st.get_turn("pair", 1)["pairing"] == "awaiting" and st.get_turn("pair", 2) is None
-        # rewritten history: the awaiting turn is rejected as a mismatch, the new turn is recorded
+        # rewritten history under the same header: a different conversation of that key, so a new session of
+        # its family (policy_server.serving.identity) instead of rejecting the awaiting turn as a mismatch
         rewritten = [{"role": "user", "content": "a different first question"}] + m[1:]
-        _chat(
-            c, rewritten + [{"role": "assistant", "content": a2["content"]}, {"role": "user", "content": "hm"}], "pair"
+        r = c.post(
+            "/v1/chat/completions",
+            json={
+                "messages": rewritten
+                + [{"role": "assistant", "content": a2["content"]}, {"role": "user", "content": "hm"}],
+                "max_tokens": 6,
+            },
+            headers={"X-Session-Id": "pair"},
         )
-        t1 = st.get_turn("pair", 1)
-        assert t1["pairing"] == "mismatch" and "message 0 (user) was rewritten" in t1["pairing_note"]
+        assert r.status_code == 200, r.text
+        split = r.headers["x-hindsight-session-id"]
+        assert split.startswith("pair~") and st.get_turn(split, 0)["pairing"] == "awaiting"
+        assert st.get_turn("pair", 2) is None
+        # idle timeout (2 s in this fixture) ends both sessions: their last turns get no next state, none is lost
+        for sid, idx in (("pair", 1), (split, 0)):
+            turn = wait_until(
+                lambda sid=sid, idx=idx: (t := st.get_turn(sid, idx))["pairing"] != "awaiting" and t,
+                timeout_s=15,
+                interval_s=0.2,
+            )
+            assert turn["pairing"] == "session_end" and turn["session_done"] and turn["next_state"] is None
         rows = {s["turn_index"]: s for s in st.samples_of("pair")}
-        assert rows[1]["status"] == "rejected" and rows[1]["reject_reason"] == "history_mismatch"
         assert rows[0]["status"] == "pending_judge"  # no judge configured: stays pending, never dropped
-        # idle timeout (2 s in this fixture) ends the session: the last turn gets no next state
-        t2 = wait_until(
-            lambda: (turn := st.get_turn("pair", 2))["pairing"] != "awaiting" and turn, timeout_s=15, interval_s=0.2
-        )
-        assert t2["pairing"] == "session_end" and t2["session_done"] and t2["next_state"] is None
         stats = admin(policy.url).get("/v1/samples/stats").json()
-        assert stats["history_mismatches"] >= 1 and stats["reject_reasons"]["history_mismatch"] >= 1
+        assert stats["turns_by_session_rule"]["header:diverged"] >= 1
 
 
 BIG = "x" * 70_000

@@ -1,7 +1,6 @@
 """Sessions without headers (policy_server.serving.session_inference): the longest recorded transcript a request
 extends wins, ties go to the oldest awaiting turn, a retry or a fresh conversation starts a session; and
-over HTTP with ``--infer-sessions``: header-less turns are recorded, paired and counted, while the default
-(off) leaves header-less requests unrecorded.
+over HTTP (on by default): header-less turns are recorded, paired and counted.
 """
 
 from __future__ import annotations
@@ -94,15 +93,16 @@ def test_header_less_sessions_are_inferred_paired_and_counted(engine, tiny_model
 
 
 @pytest.mark.e2e
-def test_inference_is_off_by_default(policy):
+def test_inference_is_on_by_default(policy):
     with httpx.Client(trust_env=False, timeout=60) as c:
         r = c.post(
             policy.url + "/v1/chat/completions",
             headers={"Authorization": f"Bearer {CLIENT_KEY}"},
-            json={"messages": [U("unrecorded")], "max_tokens": 2},
+            json={"messages": [U("recorded without a header")], "max_tokens": 2},
         )
-    assert r.status_code == 200 and "x-hindsight-session-id" not in r.headers
-    assert r.json()["hindsight"]["session_id"] is None
+    assert r.status_code == 200
+    assert r.json()["hindsight"]["session_id"].startswith(INFERRED_PREFIX)
+    assert r.headers["x-hindsight-session-id"] == r.json()["hindsight"]["session_id"]
 
 
 @pytest.mark.unit

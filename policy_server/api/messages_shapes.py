@@ -24,9 +24,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from engine.validation import clip, most_specific_error
+from engine.validation import clip
+from policy_server.api import openai_schemas as oa
 from policy_server.errors import InvalidRequest
 
 # Anthropic's error type per HTTP status (its documented error shapes).
@@ -78,18 +79,7 @@ class MessagesRequest(_Strict):
 
 def parse_request(body: dict[str, Any]) -> MessagesRequest:
     """The typed request; an unknown field or a wrong value is a 400 naming it."""
-    unknown = sorted(set(body) - set(MessagesRequest.model_fields))
-    if unknown:
-        raise InvalidRequest(
-            f"unsupported field(s): {', '.join(unknown)}; Hindsight rejects fields it does not implement "
-            "instead of ignoring them",
-            param=unknown[0],
-        )
-    try:
-        return MessagesRequest.model_validate(body)
-    except ValidationError as exc:
-        message, param = most_specific_error(exc.errors())
-        raise InvalidRequest(message, param=param) from None
+    return oa.parse_strict(MessagesRequest, body)
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:

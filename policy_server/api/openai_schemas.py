@@ -12,20 +12,23 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     TypeAdapter,
+    ValidationError,
     WithJsonSchema,
     field_validator,
 )
 
-from engine.validation import clip
+from engine.validation import clip, clip_name, most_specific_error
 from policy_server.api.response_models import ChatCompletion
 from policy_server.errors import InvalidRequest
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 CONTENT_PART_TYPES = ("text",)
@@ -280,6 +283,23 @@ def request_schema(model: type[BaseModel]) -> dict[str, Any]:
     doc = _inline_schema(TypeAdapter(ChatRequestDoc))["properties"]
     schema["properties"].update({k: doc[k] for k in SESSION_BODY_KEYS})
     return schema
+
+
+def parse_strict(model: type[ModelT], body: dict[str, Any]) -> ModelT:
+    """``body`` as ``model`` for the routes of the other API shapes (Responses, Messages): a field the model
+    does not define is a 400 naming it (never silently dropped), and so is a wrong value."""
+    unknown = sorted(set(body) - set(model.model_fields))
+    if unknown:
+        raise InvalidRequest(
+            f"unsupported field(s): {', '.join(clip_name(k) for k in unknown[:8])}; Hindsight rejects fields it "
+            "does not implement instead of ignoring them",
+            param=clip_name(unknown[0]),
+        )
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        message, param = most_specific_error(exc.errors())
+        raise InvalidRequest(message, param=param) from None
 
 
 def _is_json(text: str) -> bool:

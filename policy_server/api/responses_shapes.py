@@ -26,9 +26,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from engine.validation import clip, most_specific_error
+from engine.validation import clip
+from policy_server.api import openai_schemas as oa
 from policy_server.errors import InvalidRequest
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -90,18 +91,7 @@ class ResponsesRequest(_Strict):
 
 def parse_request(body: dict[str, Any]) -> ResponsesRequest:
     """The typed request; an unknown field, a wrong value or an unsupported ``include`` is a 400 naming it."""
-    unknown = sorted(set(body) - set(ResponsesRequest.model_fields))
-    if unknown:
-        raise InvalidRequest(
-            f"unsupported field(s): {', '.join(unknown)}; Hindsight rejects fields it does not implement "
-            "instead of ignoring them",
-            param=unknown[0],
-        )
-    try:
-        req = ResponsesRequest.model_validate(body)
-    except ValidationError as exc:
-        message, param = most_specific_error(exc.errors())
-        raise InvalidRequest(message, param=param) from None
+    req = oa.parse_strict(ResponsesRequest, body)
     for value in req.include or []:
         if value not in (LOGPROBS_INCLUDE, REASONING_INCLUDE):
             raise InvalidRequest(

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from tests.trainer.conftest import write_samples
 from trainer.checkpoint import latest_checkpoint
-from trainer.policy_client import FileSampleSource
+from trainer.lease_client import FileSampleSource
 from trainer.settings import TrainConfig
 from trainer.train import SKIPPED_STEPS_FILE, sample_version, train
 

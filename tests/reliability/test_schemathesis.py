@@ -195,7 +195,27 @@ def test_policy_openapi(policy):
         assert 200 in ops[op], op
 
 
+def _judge_compat(url: str) -> dict[str, list[int]]:
+    """One well-formed call to each compat reward route (their labels are free-form in the schema, so
+    generated data rarely names a next state), answers checked against the documented schemas."""
+    schema = schemathesis.openapi.from_url(url + "/openapi.json")
+    headers = {"Authorization": f"Bearer {JUDGE_KEY}"}
+    bodies = {
+        "/get_reward": {"query": ["Fix it.Done."], "prompts": ["Fix it."], "labels": ["thanks, that worked"]},
+        "/slime/reward": {"prompt": "Fix it.", "response": "Done.", "label": "thanks, that worked"},
+    }
+    out: dict[str, list[int]] = {}
+    for path, body in bodies.items():
+        case = schema[path]["POST"].Case(body=body, media_type="application/json")
+        got = case.call_and_validate(base_url=url, headers=headers, checks=CHECKS, timeout=60)
+        out[f"POST {path}"] = [got.status_code]
+    return out
+
+
 def test_judge_openapi(judge):
     ops = _fuzz(judge.url, lambda _path: JUDGE_KEY)
+    for op, statuses in _judge_compat(judge.url).items():
+        ops[op] += statuses
     print({op: sorted(set(s)) for op, s in ops.items()})
-    assert 200 in ops["POST /v1/judge"]
+    for op in ops:
+        assert 200 in ops[op], (op, sorted(set(ops[op])))

@@ -1,19 +1,24 @@
 """Property-based requests against each server's own OpenAPI (schemathesis, fixed seed, bounded examples):
 no 5xx on any route, and every answer matches the documented status codes, content types and bodies.
 
-Real servers on loopback ports: the policy server (in front of the real dev engine) and the judge (rules
-backend). Hypothesis is derandomized (a fixed seed per test) and each route gets at most ``EXAMPLES``
-examples, so the two tests run in about 1.5 minutes on 2 cores. Generated chat bodies are capped at 8 new tokens
-(the tiny CPU model would otherwise spend seconds per example on the largest ``max_tokens``), and lease waits
-are capped by ``--max-lease-wait-s 1``.
+Real servers on loopback ports: the policy server (in front of the real dev engine, judged by the judge) and
+the judge (rules backend). Hypothesis is derandomized (a fixed seed per test) and each route gets at most
+``EXAMPLES`` examples; a stateful run follows the OpenAPI links (lease -> ack) for ``STATEFUL_SCENARIOS``
+scenarios of at most 4 steps, since ack's 200 needs a real lease_id. Then one well-formed call to each route
+whose 200 generated data rarely reaches. Every route must answer a checked 200 at least once. The two tests
+run in under a minute on 2 cores. Generated chat bodies are capped at 8 new tokens (the tiny CPU model would
+otherwise spend seconds per example on the largest ``max_tokens``), and lease waits are capped by
+``--max-lease-wait-s 1``.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -28,6 +33,7 @@ from engine.procs import ManagedProcess, free_port, start_process
 
 pytestmark = pytest.mark.e2e
 EXAMPLES = 10
+STATEFUL_SCENARIOS = 6
 JUDGE_KEY = "judge-key"
 
 
@@ -152,6 +158,68 @@ def _lease_then_ack(url: str) -> dict[str, list[int]]:
     return statuses
 
 
+def _ready_samples(url: str, sessions: int) -> None:
+    """``sessions`` judged, ready samples: two paired turns per session, then wait for the judge."""
+    headers = {"Authorization": f"Bearer {CLIENT_KEY}"}
+    with httpx.Client(base_url=url, timeout=60, trust_env=False) as c:
+        for i in range(sessions):
+            sid = {"X-Session-Id": f"schemathesis-stateful-{i}"}
+            user = [{"role": "user", "content": "Fix the failing test."}]
+            r = c.post("/v1/chat/completions", json={"messages": user, "max_tokens": 4}, headers={**headers, **sid})
+            assert r.status_code == 200, r.text
+            said = r.json()["choices"][0]["message"]["content"] or "ok"
+            history = [
+                *user,
+                {"role": "assistant", "content": said},
+                {"role": "user", "content": "thanks, that worked"},
+            ]
+            r = c.post("/v1/chat/completions", json={"messages": history, "max_tokens": 4}, headers={**headers, **sid})
+            assert r.status_code == 200, r.text
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        for _ in range(120):
+            if c.get("/v1/samples/stats", headers=admin).json()["samples"]["ready"] >= sessions:
+                return
+            time.sleep(0.25)
+    raise AssertionError(f"fewer than {sessions} samples became ready")
+
+
+def _stateful_lease_ack(url: str) -> dict[str, list[int]]:
+    """Schemathesis' stateful run over the OpenAPI links (lease -> ack with the lease's ``lease_id``),
+    bounded in scenarios and steps, with the same checks as the per-route run. Ready samples first, so a
+    generated lease hands some out and the linked ack gets its 200."""
+    _ready_samples(url, STATEFUL_SCENARIOS)
+    schema = schemathesis.openapi.from_url(url + "/openapi.json").include(path_regex="^/v1/samples/(lease|ack)$")
+    statuses: dict[str, list[int]] = {}
+
+    class LeaseAck(schema.as_state_machine()):  # type: ignore[misc]
+        def before_call(self, case) -> None:
+            # One sample per lease, so the ready samples last over several scenarios.
+            if case.path == "/v1/samples/lease":
+                case.query = {**(case.query or {}), "max": 1, "min": 1}
+
+        def get_call_kwargs(self, case) -> dict:
+            return {"base_url": url, "headers": {"Authorization": f"Bearer {_policy_key(case.path)}"}, "timeout": 30}
+
+        def after_call(self, response, case) -> None:
+            super().after_call(response, case)
+            statuses.setdefault(f"{case.method.upper()} {case.path}", []).append(response.status_code)
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs) -> None:
+            case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs or None, recorder=self.recorder)
+
+    LeaseAck.run(
+        settings=settings(
+            max_examples=STATEFUL_SCENARIOS,
+            stateful_step_count=4,
+            derandomize=True,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+    )
+    return statuses
+
+
 def _other_success_paths(url: str) -> dict[str, list[int]]:
     """One well-formed call each to the routes whose 200 generated data rarely reaches (Messages, a model
     card, feedback on a recorded turn) and to the read views once they have rows, every answer checked
@@ -183,6 +251,11 @@ def _other_success_paths(url: str) -> dict[str, list[int]]:
 
 def test_policy_openapi(policy):
     ops = _fuzz(policy.url, _policy_key)
+    stateful = _stateful_lease_ack(policy.url)
+    print("stateful", {op: sorted(set(s)) for op, s in stateful.items()})
+    assert 200 in stateful["POST /v1/samples/ack"], "the lease -> ack link never acked a real lease"
+    for op, statuses in stateful.items():
+        ops[op] += statuses
     for op, statuses in [*_lease_then_ack(policy.url).items(), *_other_success_paths(policy.url).items()]:
         ops[op] += statuses
     print({op: sorted(set(s)) for op, s in ops.items()})

@@ -42,9 +42,13 @@ from judge_server.judge import JudgeService
 from judge_server.schemas import (
     BatchRequest,
     JudgeBatchVerdicts,
+    JudgeHealth,
+    JudgeReady,
     JudgeRequest,
     OpenRLHFRequest,
+    OpenRLHFRewards,
     SlimeRequest,
+    SlimeReward,
 )
 
 logger = logging.getLogger(__name__)
@@ -183,7 +187,16 @@ def _failed_reward(service: JudgeService, from_url: float | None) -> float | Non
     return from_url if from_url is not None else service.settings.compat_failed_reward
 
 
-@router.post("/get_reward", dependencies=compat_guarded, response_model=None, responses=JUDGE_ERRORS)
+@router.post(
+    "/get_reward",
+    dependencies=compat_guarded,
+    response_model=None,
+    responses={
+        200: {"model": OpenRLHFRewards, "description": "one reward per query"},
+        **JUDGE_ERRORS,
+        503: {"description": "judging failed (no reward)", **_ERROR},
+    },
+)
 async def openrlhf_reward(
     body: OpenRLHFRequest, request: Request, failed_reward: float | None = FAILED_REWARD
 ) -> dict[str, Any] | Response:
@@ -203,7 +216,11 @@ async def openrlhf_reward(
     "/slime/reward",
     dependencies=compat_guarded,
     response_model=None,
-    responses={**JUDGE_ERRORS, 503: {"description": "judging failed (no reward)", **_ERROR}},
+    responses={
+        200: {"model": SlimeReward, "description": "the reward and its verdict"},
+        **JUDGE_ERRORS,
+        503: {"description": "judging failed (no reward)", **_ERROR},
+    },
 )
 async def slime_reward(
     body: SlimeRequest, request: Request, failed_reward: float | None = FAILED_REWARD
@@ -217,7 +234,7 @@ async def slime_reward(
     return slime_reply(result, _failed_reward(service, failed_reward))
 
 
-@router.get("/health")
+@router.get("/health", response_model=None, responses={200: {"model": JudgeHealth, "description": "alive"}})
 async def health() -> dict[str, str]:
     return {"status": "ok"}
 
@@ -243,7 +260,14 @@ async def _engine_ready(service: JudgeService) -> bool:
         return False
 
 
-@router.get("/ready", responses={503: {"description": "judge engine unreachable"}})
+@router.get(
+    "/ready",
+    response_model=None,
+    responses={
+        200: {"model": JudgeReady, "description": "the judge engine answers"},
+        503: {"model": JudgeReady, "description": "judge engine unreachable"},
+    },
+)
 async def ready(request: Request) -> JSONResponse:
     service = _service(request)
     ok = await _engine_ready(service)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine.records import HintVerdict, JudgeUsage, JudgeVerdicts, PrmVerdict
+from engine.records import HintVerdict, JudgeUsage, JudgeVerdicts, PrmVerdict, VerdictStatus
 
 # The answer of ``POST /v1/judge`` (one per item of ``/v1/judge/batch``): the verdict models of record.
 JudgeResponse = JudgeVerdicts
@@ -106,6 +106,47 @@ class SlimeRequest(BaseModel):
     prompt: str | list[Message]
     response: str = Field(min_length=1)
     label: Any = None
+
+
+class OpenRLHFRewards(BaseModel):
+    """``/get_reward``'s answer: one reward per query (``scores`` the same list), and per query a 0/1 flag
+    for each verdict status plus the confidence, as OpenRLHF's remote reward model reads them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rewards: list[float]
+    scores: list[float]
+    extra_logs: dict[str, list[float]]
+
+
+class SlimeReward(BaseModel):
+    """``/slime/reward``'s answer (slime reads ``reward``); ``prm`` is the full verdict."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reward: float
+    status: VerdictStatus
+    confidence: float = Field(..., ge=0.0, le=1.0)
+    prm: PrmVerdict
+    prompt_versions: dict[str, str]
+
+
+class JudgeReady(BaseModel):
+    """``/ready`` (200 and 503 alike): the detail fields only for the key's holder."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ready: bool
+    backend: str | None = None
+    prompt_versions: dict[str, str] | None = None
+    tokenizer_path: str | None = None
+    engine_url: str | None = None
+
+
+class JudgeHealth(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status: Literal["ok"]
 
 
 class JudgeBatchVerdicts(BaseModel):

@@ -88,7 +88,21 @@ def _st(request: Request) -> Any:
     return st
 
 
-@router.get("/v1/samples/lease", response_model=None, responses={**ok(rm.Lease), **error_responses(400, 401)})
+# The lease answer's lease_id is what ack takes: an OpenAPI link, so a stateful client (or fuzzer) acks a real lease.
+_LEASE_TO_ACK = {
+    "ack": {
+        "operationRef": "#/paths/~1v1~1samples~1ack/post",
+        "requestBody": {"lease_id": "$response.body#/lease_id"},
+        "description": "ack the leased samples once trained on",
+    }
+}
+
+
+@router.get(
+    "/v1/samples/lease",
+    response_model=None,
+    responses={200: {**ok(rm.Lease)[200], "links": _LEASE_TO_ACK}, **error_responses(400, 401)},
+)
 async def lease(
     request: Request,
     max_n: int = Query(64, alias="max", ge=1, description="samples at most, <= max_lease_size"),
@@ -132,7 +146,7 @@ async def ack(request: Request, body: AckBody) -> dict[str, Any]:
         raise (NotFound if exc.kind == "unknown" else Conflict)(str(exc)) from None
 
 
-@router.get("/v1/samples")
+@router.get("/v1/samples", response_model=None, responses={**ok(rm.SampleList), **error_responses(400, 401)})
 async def list_samples(
     request: Request,
     session_id: str | None = None,
@@ -148,7 +162,7 @@ async def list_samples(
     return {"samples": rows}
 
 
-@router.get("/v1/side_turns")
+@router.get("/v1/side_turns", response_model=None, responses={**ok(rm.SideTurnList), **error_responses(400, 401)})
 async def list_side_turns(
     request: Request,
     session_id: str | None = None,
@@ -161,7 +175,7 @@ async def list_side_turns(
     return {"side_turns": rows}
 
 
-@router.get("/v1/samples/stats")
+@router.get("/v1/samples/stats", response_model=None, responses={**ok(rm.SampleStats), **error_responses(401)})
 async def stats(request: Request) -> dict[str, Any]:
     st = _st(request)
     out = await asyncio.to_thread(st.store.stats)

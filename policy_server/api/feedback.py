@@ -28,8 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.observability import valid_session_id
 from engine.validation import clip, describe_validation_errors
+from policy_server.api import response_models as rm
 from policy_server.api.auth import require_admin, require_client
 from policy_server.api.openai_schemas import error_responses
+from policy_server.api.response_models import ok
 from policy_server.api.routes import _read_json
 from policy_server.errors import Conflict, InvalidRequest, NotFound
 from policy_server.rewards.feedback import InvalidFeedback, feedback_value
@@ -59,7 +61,8 @@ def _state(request: Request) -> PolicyState:
 
 @router.post(
     "/v1/feedback",
-    responses=error_responses(400, 404, 409),
+    response_model=None,
+    responses={**ok(rm.FeedbackResult), **error_responses(400, 404, 409, 415)},
     openapi_extra={
         "requestBody": {"required": True, "content": {"application/json": {"schema": FeedbackBody.model_json_schema()}}}
     },
@@ -117,7 +120,7 @@ async def _target(st: PolicyState, body: FeedbackBody) -> tuple[str, int]:
     return sid, body.turn_index
 
 
-@router.get("/admin/feedback")
+@router.get("/admin/feedback", response_model=None, responses={**ok(rm.FeedbackList), **error_responses(400)})
 async def list_feedback(
     request: Request,
     session_id: str | None = None,

@@ -21,6 +21,7 @@ from policy_server.api import routes
 from policy_server.api.auth import require_client_any_header
 from policy_server.api.chat_bridge import engine_stop, hindsight_headers, request_session, run_chat_turn
 from policy_server.api.messages_stream import message_events
+from policy_server.api.response_models_shapes import MessageObject
 from policy_server.state import PolicyState
 
 router = APIRouter()
@@ -30,7 +31,8 @@ _ERROR = {"description": "Anthropic's error shape", "content": {"application/jso
 MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "a message object, or with stream: true the Messages event stream",
-        "content": {"application/json": {}, "text/event-stream": {}},
+        "model": MessageObject,
+        "content": {"text/event-stream": {}},
     },
     **dict.fromkeys((400, 401, 413, 429, 502, 503, 504), _ERROR),
 }

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from policy_server.api import model_names
 from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import is_admin, require_client
-from policy_server.api.response_models import ModelList, ok
+from policy_server.api.response_models import Health, ModelCard, ModelList, Ready, ok
 from policy_server.state import PolicyState
 
 router = APIRouter()
@@ -37,7 +37,9 @@ async def models(request: Request) -> dict[str, Any]:
     }
 
 
-@router.get("/v1/models/{model_id:path}", responses=oa.error_responses(401, 404))
+@router.get(
+    "/v1/models/{model_id:path}", response_model=None, responses={**ok(ModelCard), **oa.error_responses(401, 404)}
+)
 async def model(request: Request, model_id: str) -> dict[str, Any]:
     """One model name of :func:`models`; any other is a 404 ``model_not_found``."""
     st = _state(request)
@@ -46,12 +48,19 @@ async def model(request: Request, model_id: str) -> dict[str, Any]:
     return model_names.model_card(st.settings, model_id, request.app.state.started_at_s, st.gate.version)
 
 
-@router.get("/health")
+@router.get("/health", response_model=None, responses=ok(Health))
 async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/ready", responses={503: {"description": "engine down, store busy or draining (same body)"}})
+@router.get(
+    "/ready",
+    response_model=None,
+    responses={
+        **ok(Ready, "ready (same body as the 503)"),
+        503: {"model": Ready, "description": "engine down, store busy or draining"},
+    },
+)
 async def ready(request: Request) -> JSONResponse:
     """200 when the engine answers, the store can start a write now and the server is not draining, else 503.
     Anyone sees the three checks; the detail (engine URL, weight version, gate, why the store is busy) only

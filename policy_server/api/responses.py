@@ -30,6 +30,7 @@ from policy_server.api import routes
 from policy_server.api.auth import require_client
 from policy_server.api.chat_bridge import ChatAnswer, hindsight_headers, request_session, run_chat_turn
 from policy_server.api.openai_fields import hindsight_extension
+from policy_server.api.response_models_shapes import ResponseObject
 from policy_server.api.responses_stream import ResponseEvents, response_events
 from policy_server.errors import NotFound
 from policy_server.state import PolicyState
@@ -39,7 +40,8 @@ router = APIRouter()
 RESPONSES_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "a response object, or with stream: true the Responses event stream",
-        "content": {"application/json": {}, "text/event-stream": {}},
+        "model": ResponseObject,
+        "content": {"text/event-stream": {}},
     },
     **oa.error_responses(400, 401, 404, 413, 429, 502, 503, 504),
 }

@@ -159,12 +159,16 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
             "1",
             "--lease-wait-s",
             "30",
+            # One sample: against a running mean that starts at its own reward its advantage is 0, and a batch
+            # without a gradient is no step; with no baseline the judged +-1 is the advantage.
+            "--baseline",
+            "none",
             "--no-progress",
         ],
         env={**_env(Path(stack["data_dir"]).parent), "HINDSIGHT_TRAIN_ADMIN_API_KEY": stack["admin_api_key"]},
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=600,
     )
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     consumed = admin.get("/v1/samples", params={"session_id": first["session_id"]}).json()["samples"]

@@ -250,7 +250,7 @@ def test_long_renders_run_off_the_event_loop_with_bounded_concurrency():
         return await asyncio.gather(*renders)
 
     results = asyncio.run(main())
-    assert tok.peak == 2 and all(len(ids) == 5000 for ids in results)
+    assert tok.peak == 2 and all(len(r.ids) == 5000 for r in results)
 
 
 def test_render_refuses_by_the_cheap_bound_then_by_the_exact_count():
@@ -267,7 +267,7 @@ def test_render_refuses_by_the_cheap_bound_then_by_the_exact_count():
     with pytest.raises(InvalidRequest) as exact:  # 4000 chars: floor 1001 < 3000, but 4000 tokens exactly
         asyncio.run(gen.render([{"role": "user", "content": "x" * 4000}], None))
     assert exact.value.code == "context_length_exceeded" and "has 4000 tokens" in exact.value.message
-    assert len(asyncio.run(gen.render([{"role": "user", "content": "x" * 2999}], None))) == 2999
+    assert len(asyncio.run(gen.render([{"role": "user", "content": "x" * 2999}], None)).ids) == 2999
 
 
 # --- Forced calls never vanish: the call grammar's strings cannot spell markup, and calls are parsed by
@@ -353,7 +353,7 @@ def test_forced_call_is_sent_without_stop_sequences():
 def test_a_long_part_or_tool_is_rendered_off_the_loop(messages, tools, monkeypatch):
     import threading
 
-    from policy_server.serving import generation
+    from engine import continuation
 
     tok = _SlowTokenizer()
     tok.release.set()
@@ -364,6 +364,6 @@ def test_a_long_part_or_tool_is_rendered_off_the_loop(messages, tools, monkeypat
         where.append(threading.current_thread().name)
         return [1]
 
-    monkeypatch.setattr(generation, "render_prompt_ids", spy)
+    monkeypatch.setattr(continuation, "render_prompt_ids", spy)  # the renderer's full render
     asyncio.run(gen.render(messages, tools))
     assert where and where[0] != threading.main_thread().name

@@ -139,6 +139,16 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
 
     rows = wait_until(ready, timeout_s=900, interval_s=2, message="turn 0 was not judged in time")
     assert rows[0]["sample"]["prm"]["status"] in ("ok", "tie", "no_valid_votes")
+    # The tiny judge often ties (reward 0: nothing to learn, and a batch without a gradient is, correctly, no
+    # step). The user's thumbs-up (explicit feedback, override policy) makes the turn's reward +1.
+    fb = httpx.post(
+        stack["policy_url"] + "/v1/feedback",
+        json={"session_id": first["session_id"], "turn_index": 0, "value": "up"},
+        headers={"Authorization": f"Bearer {stack['api_key']}"},
+        timeout=60,
+        trust_env=False,
+    )
+    assert fb.status_code == 200 and fb.json()["state"] == "applied", fb.text
     ckpt = Path(stack["checkpoint_dir"])
     train = subprocess.run(
         [

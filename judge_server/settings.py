@@ -110,7 +110,7 @@ class JudgeSettings(CliSettings):
         "result escalates up to m_max) or sequential (stop early by sequential_stop_rule)",
     )
     m_max: int = Field(7, description="most votes the adaptive policy escalates to")
-    min_valid: int = Field(1, description="fewest parseable votes for a verdict; fewer is judge_failed")
+    min_valid: int = Field(1, description="fewest parseable votes for a verdict; fewer gives no_valid_votes (score 0)")
     escalate_step: int = Field(2, description="votes added per adaptive escalation")
     # sequential policy. error_budget: stop at the fewest expected votes whose expected error, under the vote
     # noise estimated online from this service's own turns, is at most error_budget_share times fixed m-vote

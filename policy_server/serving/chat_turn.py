@@ -40,6 +40,7 @@ from engine.chat import DEFAULT_REASONING_PARSER, DEFAULT_TOOL_PARSER, parse_ass
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
 from engine.errors import EngineError
 from engine.records import TurnRecord
+from engine.tool_grammar import is_constrained
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
 from policy_server.api.streaming import assistant_message, sse_events
@@ -48,7 +49,6 @@ from policy_server.serving.generation import GenResult
 from policy_server.serving.identity import HEADER, INFERRED, Identity, SessionHint
 from policy_server.serving.sessions import Arrival
 from policy_server.serving.side_rules import HEADER_RULE
-from policy_server.serving.tool_choice import GRAMMAR_KEYS
 from policy_server.serving.undelivered import abandon_detached, engine_failed
 from policy_server.state import PolicyState
 
@@ -118,7 +118,7 @@ def turn_record(
         sampling_params=sp,
         # A forced tool call or a JSON response format decodes under a grammar: the log-probs are the
         # masked distribution's.
-        constrained=any(k in sp for k in GRAMMAR_KEYS),
+        constrained=is_constrained(sp),
         response_id=response_id,
         session_rule=identity.rule if identity is not None else None,
         session_decision=identity.decision if identity is not None else None,

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from engine.http_guard import BadJSON, parse_json_body
 from engine.observability import valid_session_id
-from engine.validation import clip, most_specific_error
+from engine.validation import bool_word, clip, most_specific_error
 from policy_server.api import model_names
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
@@ -41,7 +41,6 @@ from policy_server.serving.undelivered import reject_turn as _reject_turn  # noq
 from policy_server.state import PolicyState
 
 router = APIRouter()
-TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 
 def _state(request: Request) -> PolicyState:
@@ -49,14 +48,14 @@ def _state(request: Request) -> PolicyState:
 
 
 def _flag(value: Any, name: str) -> bool:
+    """A JSON boolean, or a yes/no word by engine.validation.bool_word; anything else (an empty header
+    included: a header that is sent must say which) is a 400."""
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
-    if text in TRUE:
-        return True
-    if text in FALSE:
-        return False
-    raise InvalidRequest(f"{name} must be one of true/false/1/0/yes/no, got {clip(value)}", param=name)
+    parsed = bool_word(str(value))
+    if parsed is None:
+        raise InvalidRequest(f"{name} must be one of true/false/1/0/yes/no/on/off, got {clip(value)}", param=name)
+    return parsed
 
 
 def _utf8_header(request: Request, name: str) -> str | None:

@@ -119,7 +119,7 @@ class JudgeSettings(CliSettings):
     # noise estimated online from this service's own turns, is at most error_budget_share times fixed m-vote
     # voting's (vote_model.py). change_prob: stop once P(the votes left of the m-vote budget change the
     # result) < stop_change_prob, under a symmetric Dirichlet(stop_prior) belief over the verdict shares.
-    sequential_stop_rule: Literal["error_budget", "change_prob"] = Field(
+    sequential_stop_rule: voting.StopRule = Field(
         voting.STOP_RULE,
         description="sequential policy's stop rule: error_budget (expected error within "
         "error_budget_share of m-vote voting's) or change_prob (remaining votes unlikely to change the result)",

@@ -34,15 +34,18 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Literal
 
 from engine.records import STATUS_NO_VALID, STATUS_OK, STATUS_TIE
 from judge_server.vote_model import AgreementTracker, state_of, stop_table
+
+StopRule = Literal["error_budget", "change_prob"]  # the sequential policy's stop rules
 
 # The voting knobs' defaults, in this one place: run_policy's keyword defaults and the judge service's settings
 # (judge_server.settings.JudgeSettings) both read them, so a caller of either gets the same rule.
 MIN_VALID = 1
 ESCALATE_STEP = 2
-STOP_RULE = "error_budget"
+STOP_RULE: StopRule = "error_budget"
 STOP_CHANGE_PROB = 0.1
 STOP_PRIOR = 0.5
 FIRST_ROUND = 2

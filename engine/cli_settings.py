@@ -35,12 +35,9 @@ from pydantic.fields import FieldInfo
 from pydantic_core import core_schema
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource
 
-from engine.validation import describe_error
+from engine.validation import FALSE_WORDS, TRUE_WORDS, bool_word, describe_error
 
 S = TypeVar("S", bound="CliSettings")
-
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 # The config file of the settings being built; set only for the duration of one ``parse_settings`` call.
 _config_values: ContextVar[dict[str, Any] | None] = ContextVar("config_values", default=None)
@@ -91,12 +88,10 @@ def flag_name(field_name: str) -> str:
 
 
 def parse_bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"expected one of {'/'.join(_TRUE + _FALSE)}, got {text!r}")
+    value = bool_word(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected one of {'/'.join(TRUE_WORDS + FALSE_WORDS)}, got {text!r}")
+    return value
 
 
 def _has(field: FieldInfo, marker: type) -> bool:

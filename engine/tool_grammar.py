@@ -49,6 +49,12 @@ from engine.validation import clip
 GRAMMAR_KEYS = ("regex", "json_schema", "ebnf")  # SGLang takes at most one of them per request
 
 
+def is_constrained(sampling_params: dict[str, Any]) -> bool:
+    """Whether SGLang sampling params decode under a grammar (any of :data:`GRAMMAR_KEYS` set): the one
+    answer to "was this turn constrained?". Such a turn's log-probs are the masked distribution's."""
+    return any(sampling_params.get(k) is not None for k in GRAMMAR_KEYS)
+
+
 class GrammarRefused(ValueError):
     """The request's tools, tool_choice or response_format cannot be constrained: the client's error."""
 

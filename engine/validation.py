@@ -10,6 +10,10 @@ Messages never echo the rejected input beyond what pydantic's ``msg`` says.
 Bounded echo: an error may name a client value (a role, a lease id, a field name) to say what was wrong,
 but only through :func:`clip` (a short prefix and the value's length), and every server passes its final
 message through :func:`bounded_message`, so no error body grows with the client's input.
+
+Yes/no words: :func:`bool_word` is the one reading of a true/false word, for command-line flags and request
+headers alike (``1 true yes on`` / ``0 false no off``, any case, surrounding spaces ignored). An empty
+value is neither: a header or flag that is present must say which.
 """
 
 from __future__ import annotations
@@ -20,6 +24,18 @@ from typing import Any
 ErrorDetails = Iterable[Mapping[str, Any]]
 ECHO_MAX_CHARS = 64  # the longest prefix of a client value an error message quotes
 MESSAGE_MAX_CHARS = 1024  # the longest error message (and param) any server answers
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def bool_word(text: str) -> bool | None:
+    """True or False for a yes/no word (module docstring), None for anything else, the empty text included."""
+    low = text.strip().lower()
+    if low in TRUE_WORDS:
+        return True
+    if low in FALSE_WORDS:
+        return False
+    return None
 
 
 def clip(value: Any, limit: int = ECHO_MAX_CHARS) -> str:

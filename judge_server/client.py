@@ -7,6 +7,10 @@ returns the /v1/judge answer as its record (engine.records); an answer off that 
 by the total ``deadline_s``; then ``JudgeUnavailable`` is raised. A 4xx (bad input) is never retried and
 raises ``JudgeRequestRejected``. A judged-but-failed task is NOT an exception: it comes back as
 ``status: judge_failed`` inside the verdicts, and the caller decides what to do with it.
+
+The caller's request and session ids (engine.observability.bind_ids) go with every call as ``X-Request-ID``
+/ ``X-Session-Id``, before any ``event_hooks`` of the caller's: the judge's log lines of a policy server's
+background judging carry the session they judge.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from engine.http_client import (
     build_async_http,
     send,
 )
+from engine.observability import propagate_request_id
 from engine.records import JudgeVerdicts
 from engine.validation import describe_validation_errors
 from judge_server.errors import JudgeBadResponse, JudgeRequestRejected, JudgeUnavailable
@@ -66,7 +71,10 @@ class JudgeClient:
             httpx.Timeout(timeout_s, connect=connect_timeout_s),
             max_connections=100,
             max_keepalive=20,
-            event_hooks=event_hooks,
+            event_hooks={
+                **(event_hooks or {}),
+                "request": [propagate_request_id, *(event_hooks or {}).get("request", [])],
+            },
             transport=transport,
         )
 

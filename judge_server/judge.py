@@ -45,7 +45,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine.chat import render_prompt_ids
@@ -86,30 +85,16 @@ def tracker_for(s: JudgeSettings, k_outcomes: int) -> AgreementTracker:
     )
 
 
-@dataclass
-class Usage:
-    """Engine cost of one task (or, summed, of one item)."""
-
-    engine_calls: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-
-    def count_call(self, gen: Any, prompt_len: int) -> None:
-        """Add one engine call whose first sample is ``gen`` (prompt and cache counted once per call)."""
-        self.engine_calls += 1
-        self.prompt_tokens += int(gen.prompt_tokens) if gen.prompt_tokens is not None else prompt_len
-        self.cached_tokens += int(gen.meta_info.get("cached_tokens") or 0)
+def count_call(usage: JudgeUsage, gen: Any, prompt_len: int) -> None:
+    """Add to ``usage`` one engine call whose first sample is ``gen`` (prompt and cache counted once per call)."""
+    usage.engine_calls += 1
+    usage.prompt_tokens += int(gen.prompt_tokens) if gen.prompt_tokens is not None else prompt_len
+    usage.cached_tokens += int(gen.meta_info.get("cached_tokens") or 0)
 
 
-def total_usage(parts: list[Usage]) -> Usage:
-    total = Usage()
-    for u in parts:
-        total.engine_calls += u.engine_calls
-        total.prompt_tokens += u.prompt_tokens
-        total.cached_tokens += u.cached_tokens
-        total.completion_tokens += u.completion_tokens
-    return total
+def total_usage(parts: list[JudgeUsage]) -> JudgeUsage:
+    """The summed cost of a request's tasks (the answer's ``usage``)."""
+    return JudgeUsage(**{name: sum(getattr(u, name) for u in parts) for name in JudgeUsage.model_fields})
 
 
 class JudgeService:
@@ -183,7 +168,7 @@ class JudgeService:
         policy = req.policy or self.settings.policy
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_deadline_s
-        usages = {t: Usage() for t in req.tasks}
+        usages = {t: JudgeUsage() for t in req.tasks}
         prompts = self.engine_prompts(req) if self.settings.backend != "rules" else {}
         # The shared-prefix prefill is /generate's; an OpenAI endpoint caches prefixes on its own (if at all).
         if len(prompts) > 1 and self.settings.prefill_shared_prefix and self.settings.backend == "llm":
@@ -192,7 +177,7 @@ class JudgeService:
             *(self._run_task(t, req, prompts.get(t), m, policy, deadline, usages[t], rid_prefix) for t in req.tasks)
         )
         out: dict[str, Any] = dict(zip(req.tasks, results, strict=True))
-        out["usage"] = asdict(total_usage(list(usages.values())))
+        out["usage"] = total_usage(list(usages.values())).model_dump()
         out["prompt_versions"] = {t: self.prompt_versions[t] for t in req.tasks}
         return out
 
@@ -204,7 +189,7 @@ class JudgeService:
         m: int,
         policy: str,
         deadline: float,
-        usage: Usage,
+        usage: JudgeUsage,
         rid_prefix: str | None = None,
     ) -> dict[str, Any]:
         collected: list[Vote] = []
@@ -245,9 +230,9 @@ class JudgeService:
                 samples=collected,
             )
         self._observe(task, result, usage)
-        return self._task_json(task, result, JudgeUsage(**asdict(usage))).to_json()
+        return self._task_json(task, result, usage).to_json()
 
-    def _observe(self, task: str, result: VoteResult, usage: Usage) -> None:
+    def _observe(self, task: str, result: VoteResult, usage: JudgeUsage) -> None:
         self.metrics.verdicts.labels(task=task, status=result.status).inc()
         self.metrics.votes_per_turn.labels(task=task).observe(len(result.votes))
         for kind, tokens in (
@@ -325,7 +310,7 @@ class JudgeService:
         return prompts
 
     async def _prefill_shared_prefix(
-        self, prompts: list[dict[str, Any]], deadline: float, usage: Usage, rid_prefix: str | None
+        self, prompts: list[dict[str, Any]], deadline: float, usage: JudgeUsage, rid_prefix: str | None
     ) -> None:
         """Prefill the prompts' common prefix once (max_new_tokens=0) so every task's call reuses it."""
         assert self.client is not None
@@ -342,7 +327,7 @@ class JudgeService:
             async with asyncio.timeout_at(deadline), self.semaphore:
                 raw = await self.client.generate(payload, deadline_s=max(0.001, deadline - loop.time()))
             item = raw[0] if isinstance(raw, list) else raw
-            usage.count_call(parse_generation(item, return_logprob=False, url=self.client.base_url), size)
+            count_call(usage, parse_generation(item, return_logprob=False, url=self.client.base_url), size)
         except (EngineError, TimeoutError) as exc:  # the tasks still run (and fail on their own if they must)
             logger.warning("shared-prefix prefill failed: %s", exc)
 
@@ -352,7 +337,7 @@ class JudgeService:
         req: JudgeRequest,
         prompt: dict[str, Any] | None,
         deadline: float,
-        usage: Usage,
+        usage: JudgeUsage,
         rid_prefix: str | None = None,
     ) -> Callable[[int, int], Awaitable[list[Vote]]]:
         if self.settings.backend == "rules":
@@ -413,7 +398,7 @@ class JudgeService:
         k: int,
         round_index: int,
         deadline: float,
-        usage: Usage,
+        usage: JudgeUsage,
         rid: str | None = None,
     ) -> list[Vote]:
         assert self.client is not None
@@ -433,7 +418,7 @@ class JudgeService:
         if len(items) != k:
             raise EngineBadResponse(f"asked for n={k} samples, engine returned {len(items)}", url=self.client.base_url)
         gens = [parse_generation(item, return_logprob=False, url=self.client.base_url) for item in items]
-        usage.count_call(gens[0], len(prompt.get("input_ids", [])))
+        count_call(usage, gens[0], len(prompt.get("input_ids", [])))
         usage.completion_tokens += sum(len(g.output_ids) for g in gens)
         allowed = ALLOWED[task]
         votes = []

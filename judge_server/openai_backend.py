@@ -32,6 +32,7 @@ from typing import Any
 
 from engine.client import EngineClient
 from engine.errors import EngineBadResponse, EngineRejected, EngineTimeout
+from engine.records import JudgeUsage
 from judge_server.voting import Vote
 from prompts import load_template, parse_hint, parse_verdict
 
@@ -41,10 +42,8 @@ CONSTRAINT_FIELDS = ("regex", "structured_outputs", "guided_regex")
 
 
 class OpenAIVotes:
-    """Votes of one judge model behind an OpenAI-compatible chat endpoint (see the module docstring).
-
-    ``usage`` objects passed in need ``engine_calls``, ``prompt_tokens``, ``cached_tokens`` and
-    ``completion_tokens`` attributes (judge_server.judge.Usage)."""
+    """Votes of one judge model behind an OpenAI-compatible chat endpoint (see the module docstring); each
+    call's cost is added to the task's :class:`~engine.records.JudgeUsage`."""
 
     def __init__(
         self,
@@ -80,7 +79,7 @@ class OpenAIVotes:
         k: int,
         round_index: int,
         remaining_s: Callable[[], float],
-        usage: Any,
+        usage: JudgeUsage,
         regex: str | None,
     ) -> list[Vote]:
         """k votes for ``task`` on the rendered judge ``messages``; ``remaining_s()`` is the deadline left."""
@@ -113,7 +112,7 @@ class OpenAIVotes:
         text: str,
         round_index: int,
         remaining_s: Callable[[], float],
-        usage: Any,
+        usage: JudgeUsage,
         regex: str | None,
     ) -> Vote:
         value = parse_verdict(text, self.allowed[task])
@@ -157,7 +156,7 @@ class OpenAIVotes:
         n: int,
         seed_offset: int,
         remaining_s: Callable[[], float],
-        usage: Any,
+        usage: JudgeUsage,
         regex: str | None,
     ) -> list[str]:
         while True:
@@ -181,7 +180,7 @@ class OpenAIVotes:
                 raise
             return self._texts(raw, usage)
 
-    def _texts(self, raw: Any, usage: Any) -> list[str]:
+    def _texts(self, raw: Any, usage: JudgeUsage) -> list[str]:
         if not isinstance(raw, dict) or not isinstance(raw.get("choices"), list):
             raise EngineBadResponse("chat completion without a choices list", url=self.client.base_url)
         used: dict[str, Any] = raw["usage"] if isinstance(raw.get("usage"), dict) else {}

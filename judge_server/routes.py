@@ -102,14 +102,6 @@ async def require_key_or_query_key(request: Request) -> None:
         raise Unauthorized("missing or invalid API key (Bearer header or api_key query parameter)")
 
 
-async def check_size(request: Request) -> None:
-    limit = request.app.state.settings.max_request_chars
-    body = await request.body()
-    # The limit counts characters; a body of at most ``limit`` bytes has at most that many.
-    if len(body) > limit and (chars := len(body.decode("utf-8", "replace"))) > limit:
-        raise InvalidRequest(f"request body of {chars} characters exceeds the limit of {limit}", status_code=413)
-
-
 def _check_item(service: JudgeService, item: JudgeRequest) -> None:
     limit = service.settings.max_context_messages
     if len(item.context) > limit:
@@ -122,8 +114,10 @@ def _service(request: Request) -> JudgeService:
     return request.app.state.judge
 
 
-guarded = [Depends(require_key), Depends(check_size)]
-compat_guarded = [Depends(require_key_or_query_key), Depends(check_size)]
+# The body's size (max_request_chars, in characters) was bounded before any route, while it was read:
+# engine.http_guard.BodyLimitMiddleware is the one place that rule lives.
+guarded = [Depends(require_key)]
+compat_guarded = [Depends(require_key_or_query_key)]
 
 
 async def _unless_disconnected(

@@ -16,6 +16,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from engine.cli_settings import CliSettings
 from engine.security import check_exposure
+from judge_server import voting
 
 DEFAULT_POSITIVE = ["thanks", "thank you", "worked", "works", "great", "perfect", "correct"]
 DEFAULT_NEGATIVE = ["wrong", "not what", "redo", "incorrect", "error", "failed", "no,"]
@@ -110,19 +111,21 @@ class JudgeSettings(CliSettings):
         "result escalates up to m_max) or sequential (stop early by sequential_stop_rule)",
     )
     m_max: int = Field(7, description="most votes the adaptive policy escalates to")
-    min_valid: int = Field(1, description="fewest parseable votes for a verdict; fewer is judge_failed")
-    escalate_step: int = Field(2, description="votes added per adaptive escalation")
+    min_valid: int = Field(
+        voting.MIN_VALID, description="fewest parseable votes for a verdict; fewer gives no_valid_votes (score 0)"
+    )
+    escalate_step: int = Field(voting.ESCALATE_STEP, description="votes added per adaptive escalation")
     # sequential policy. error_budget: stop at the fewest expected votes whose expected error, under the vote
     # noise estimated online from this service's own turns, is at most error_budget_share times fixed m-vote
     # voting's (vote_model.py). change_prob: stop once P(the votes left of the m-vote budget change the
     # result) < stop_change_prob, under a symmetric Dirichlet(stop_prior) belief over the verdict shares.
-    sequential_stop_rule: Literal["error_budget", "change_prob"] = Field(
-        "error_budget",
+    sequential_stop_rule: voting.StopRule = Field(
+        voting.STOP_RULE,
         description="sequential policy's stop rule: error_budget (expected error within "
         "error_budget_share of m-vote voting's) or change_prob (remaining votes unlikely to change the result)",
     )
     error_budget_share: float = Field(
-        default=1.0,
+        default=voting.ERROR_BUDGET_SHARE,
         gt=0,
         le=1,
         description="error_budget rule: allowed expected error as a share of fixed m-vote voting's",
@@ -144,15 +147,19 @@ class JudgeSettings(CliSettings):
         default=5000, ge=1, description="recent turns per task the vote-noise estimate is measured on"
     )
     stop_change_prob: float = Field(
-        default=0.1,
+        default=voting.STOP_CHANGE_PROB,
         gt=0,
         le=1,
         description="change_prob rule: stop once the remaining votes change the result with less than this probability",
     )
     stop_prior: float = Field(
-        default=0.5, gt=0, description="change_prob rule: symmetric Dirichlet prior over the verdict shares"
+        default=voting.STOP_PRIOR,
+        gt=0,
+        description="change_prob rule: symmetric Dirichlet prior over the verdict shares",
     )
-    sequential_first_round: int = Field(default=2, ge=1, description="votes of the sequential policy's first round")
+    sequential_first_round: int = Field(
+        default=voting.FIRST_ROUND, ge=1, description="votes of the sequential policy's first round"
+    )
     hint_min_chars: int = Field(10, description="an accepted hint is strictly longer than this")
     hint_require_majority: bool = Field(False, description="take a hint only when the vote result is ok with score 1")
 

@@ -34,9 +34,22 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Literal
 
 from engine.records import STATUS_NO_VALID, STATUS_OK, STATUS_TIE
 from judge_server.vote_model import AgreementTracker, state_of, stop_table
+
+StopRule = Literal["error_budget", "change_prob"]  # the sequential policy's stop rules
+
+# The voting knobs' defaults, in this one place: run_policy's keyword defaults and the judge service's settings
+# (judge_server.settings.JudgeSettings) both read them, so a caller of either gets the same rule.
+MIN_VALID = 1
+ESCALATE_STEP = 2
+STOP_RULE: StopRule = "error_budget"
+STOP_CHANGE_PROB = 0.1
+STOP_PRIOR = 0.5
+FIRST_ROUND = 2
+ERROR_BUDGET_SHARE = 1.0
 
 
 @dataclass
@@ -161,19 +174,20 @@ async def run_policy(
     policy: str,
     m: int,
     m_max: int,
-    min_valid: int = 1,
-    escalate_step: int = 2,
+    min_valid: int = MIN_VALID,
+    escalate_step: int = ESCALATE_STEP,
     collected: list[Vote] | None = None,
     outcomes: Sequence[int] = (1, 0, -1),
-    stop_change_prob: float = 0.05,
-    stop_prior: float = 0.5,
-    first_round: int = 2,
-    stop_rule: str = "change_prob",
+    stop_change_prob: float = STOP_CHANGE_PROB,
+    stop_prior: float = STOP_PRIOR,
+    first_round: int = FIRST_ROUND,
+    stop_rule: str = STOP_RULE,
     tracker: AgreementTracker | None = None,
-    error_budget_share: float = 1.0,
+    error_budget_share: float = ERROR_BUDGET_SHARE,
 ) -> VoteResult:
     """Draw votes per ``policy`` and aggregate them. ``collected`` receives samples as they arrive, so a
-    caller still sees the votes of finished rounds when a later round raises."""
+    caller still sees the votes of finished rounds when a later round raises. The sequential policy's
+    ``error_budget`` rule (the default) needs ``tracker``; ``stop_rule="change_prob"`` does not."""
     samples = collected if collected is not None else []
     rounds = 0
     if policy == "fixed":

@@ -50,7 +50,7 @@ from engine.observability import (
     log_settings,
 )
 from policy_server import components
-from policy_server.api import admin, feedback, messages, ops, responses, routes
+from policy_server.api import admin, feedback, messages, messages_shapes, ops, responses, routes
 from policy_server.errors import (
     RETRY_AFTER_S,
     error_body,
@@ -206,7 +206,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
     app.add_middleware(
         RequestContextMiddleware, route_metrics=RouteMetrics(app.state.metrics.registry, prefix="hindsight_policy")
     )
-    install_error_handlers(app)
+    install_error_handlers(app, {messages.MESSAGES_PATH: messages_shapes.error_body})
     app.include_router(routes.router)
     app.include_router(responses.router)
     app.include_router(messages.router)

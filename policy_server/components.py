@@ -66,6 +66,8 @@ def build_pipeline(
     teacher = None
     if settings.teacher_url:
         teacher = EngineClient(settings.teacher_url, api_key=settings.teacher_api_key, http=http, retry=retry)
+    elif settings.mode != "rl":  # a persisted /admin/mode may differ; no_teacher rejections say it per turn
+        logger.warning("--mode %s without --teacher-url: its turns are rejected no_teacher", settings.mode)
     pipeline = RewardPipeline(
         judge=judge, teacher=teacher, tokenizer=tokenizer, settings=settings, mode_state=mode_state
     )

@@ -20,6 +20,8 @@ Anthropic Messages route it is Anthropic's ``{"type": "error", "error": {"type",
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -117,24 +119,24 @@ def engine_error_status(exc: EngineError) -> int:
     return 502
 
 
-ANTHROPIC_PATHS = ("/v1/messages",)
+# A route of another API shape answers its errors in that shape: path -> (status, message) -> body.
+ErrorShapes = Mapping[str, Callable[[int, str], dict[str, Any]]]
 
 
-def _error_response(
-    request: Request, status: int, body: dict[str, object], headers: dict[str, str] | None = None
-) -> JSONResponse:
-    """The error as JSON: OpenAI's envelope, or Anthropic's on the Anthropic Messages route."""
-    if request.url.path in ANTHROPIC_PATHS:
-        from policy_server.api.messages_shapes import error_body as anthropic_error  # the API layer imports this
+def install_error_handlers(app: FastAPI, error_shapes: ErrorShapes | None = None) -> None:
+    """The one place where exceptions become HTTP responses: OpenAI's envelope, or on a path of
+    ``error_shapes`` (the Anthropic Messages route; the API layer supplies its shape) that route's own."""
+    shapes = dict(error_shapes or {})
 
-        detail = body["error"]
-        assert isinstance(detail, dict)
-        body = anthropic_error(status, str(detail["message"]))
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """The one place where exceptions become HTTP responses."""
+    def _error_response(
+        request: Request, status: int, body: dict[str, object], headers: dict[str, str] | None = None
+    ) -> JSONResponse:
+        shape = shapes.get(request.url.path)
+        if shape is not None:
+            detail = body["error"]
+            assert isinstance(detail, dict)
+            body = shape(status, str(detail["message"]))
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(PolicyError)
     async def _policy(request: Request, exc: PolicyError) -> JSONResponse:

@@ -34,7 +34,11 @@ class PolicySettings(CliSettings):
     )
     judge_url: str | None = Field(None, description="judge service; without it no turn is judged (stays pending)")
     judge_api_key: str | None = Field(None, description="bearer key of the judge service")
-    teacher_url: str | None = Field(None, description="teacher engine for opd/combine")
+    teacher_url: str | None = Field(
+        None,
+        description="teacher engine for opd/combine (e.g. the judge engines' router); without one their turns "
+        "are rejected no_teacher",
+    )
     teacher_api_key: str | None = Field(None, description="bearer key of the teacher engine")
     served_model_name: str = Field(
         "hindsight-policy", description="model name listed by /v1/models and echoed in responses"

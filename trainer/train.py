@@ -1,6 +1,6 @@
 """The Hindsight trainer: one top-down PPO loop over samples leased from the policy server.
 
-    HINDSIGHT_TRAIN_ADMIN_API_KEY=K hindsight-train --policy-url http://127.0.0.1:8100 --model-path DIR --out-dir runs/a --steps 100
+    HINDSIGHT_TRAIN_ADMIN_API_KEY=K hindsight-train --policy-url http://127.0.0.1:30000 --model-path DIR --out-dir runs/a --steps 100
     torchrun --nproc-per-node 2 -m trainer.cli --samples-file s.jsonl --model-path DIR --out-dir runs/b   # DDP (gloo on CPU)
     torchrun --nproc-per-node 2 -m trainer.cli ... --parallel fsdp2                                     # FSDP2 shards
 

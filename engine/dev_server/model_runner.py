@@ -70,7 +70,10 @@ class Job:
 
 
 @dataclass
-class Sample:
+class SequenceOutput:
+    """One of the ``n`` sequences a dev-engine request samples, as it grows (not the training
+    :class:`engine.records.Sample`)."""
+
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     output_top: list[list[tuple[float, int]]] = field(default_factory=list)
@@ -80,7 +83,7 @@ class Sample:
 @dataclass
 class RunResult:
     prompt_ids: list[int]
-    samples: list[Sample]
+    samples: list[SequenceOutput]
     weight_version: str
     input_logprobs: list[float | None] = field(default_factory=list)
     input_ids_logged: list[int] = field(default_factory=list)
@@ -168,7 +171,9 @@ class ModelRunner:
         """Admit, prefill, decode; always returns (aborts are results, not exceptions)."""
         cfg = job.sampling
         result = RunResult(
-            prompt_ids=job.prompt_ids, samples=[Sample() for _ in range(cfg.n)], weight_version=self.weight_version
+            prompt_ids=job.prompt_ids,
+            samples=[SequenceOutput() for _ in range(cfg.n)],
+            weight_version=self.weight_version,
         )
         if not self.control.admit(job.handle):
             result.aborted_before_prefill = True
@@ -279,7 +284,7 @@ class ModelRunner:
                 self.prefix_cache.store(prompt + output_ids[:-1], cache)
 
     def _check_finish(
-        self, s: Sample, tok: int, cfg: SamplingConfig, stop_ids: set[int], matcher: Any, max_stop_tokens: int
+        self, s: SequenceOutput, tok: int, cfg: SamplingConfig, stop_ids: set[int], matcher: Any, max_stop_tokens: int
     ) -> dict[str, Any] | None:
         produced = len(s.output_ids)
         if produced >= cfg.min_new_tokens:
@@ -311,7 +316,7 @@ class ModelRunner:
         if job.top_logprobs_num:
             result.input_top = [None, *(top_logprobs(lps[i], job.top_logprobs_num) for i in range(len(targets)))]
 
-    def final_text(self, s: Sample, cfg: SamplingConfig) -> str:
+    def final_text(self, s: SequenceOutput, cfg: SamplingConfig) -> str:
         """Detokenized output with SGLang's stop trimming (text only; output_ids keep the stop)."""
         ids = s.output_ids
         fr = s.finish_reason or {}

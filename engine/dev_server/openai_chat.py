@@ -38,7 +38,7 @@ from engine.tool_grammar import GRAMMAR_KEYS, GrammarRefused, forced_tool_gramma
 from engine.validation import bounded_message, clip, most_specific_error
 
 if TYPE_CHECKING:
-    from engine.dev_server.model_runner import RunResult, Sample
+    from engine.dev_server.model_runner import RunResult, SequenceOutput
     from engine.dev_server.service import DevEngine, Prepared
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # SGLang's message types
@@ -186,7 +186,7 @@ def _forced_call_params(req: ChatRequest, params: dict[str, Any]) -> bool:
     return True
 
 
-def _finish(sample: Sample, has_calls: bool) -> tuple[str | None, Any]:
+def _finish(sample: SequenceOutput, has_calls: bool) -> tuple[str | None, Any]:
     fr = sample.finish_reason or {}
     kind = fr.get("type")
     if kind == "stop" and has_calls:
@@ -196,7 +196,7 @@ def _finish(sample: Sample, has_calls: bool) -> tuple[str | None, Any]:
     return kind, None
 
 
-def _logprob_entries(engine: DevEngine, sample: Sample, lo: int, hi: int) -> list[dict[str, Any]]:
+def _logprob_entries(engine: DevEngine, sample: SequenceOutput, lo: int, hi: int) -> list[dict[str, Any]]:
     out = []
     for i in range(lo, hi):
         text = engine.token_text(sample.output_ids[i])

@@ -4,7 +4,7 @@ Role: the one way an adapter reaches the pipeline. An adapter converts its reque
 body (messages, tools, tool_choice and sampling fields only); :func:`run_chat_turn` validates that body with
 the chat route's own validation, obtains the session the chat route's way (``session_info``, on the
 adapter's original body, so the same headers and body fallbacks apply) and answers it with the one
-:class:`~policy_server.serving.chat_turn.ChatTurn` lifecycle: the same render, the same engine path, the
+:class:`~policy_server.api.chat_answer.ChatReply` lifecycle: the same render, the same engine path, the
 same turn record, pairing, backpressure and disconnect handling as ``/v1/chat/completions``. The adapter
 then converts the chat answer back (:class:`ChatAnswer`): the completion JSON, or the chat SSE stream as
 parsed chunks, which it re-emits in its own event shape. Nothing here records, renders or generates.
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from policy_server.api import routes
+from policy_server.api.chat_answer import ChatReply
 from policy_server.serving.chat_turn import ChatTurn
 from policy_server.serving.identity import SessionHint
 from policy_server.state import PolicyState
@@ -53,10 +54,19 @@ class ChatAnswer:
     the chat chunks as dicts, an in-band ``{"error": ...}`` included), or ``response`` to send as is (e.g.
     the 499 nobody receives)."""
 
-    turn: ChatTurn
+    reply: ChatReply
     response: Response
     completion: dict[str, Any] | None = None
     chunks: AsyncIterator[dict[str, Any]] | None = None
+
+    @property
+    def turn(self) -> ChatTurn:
+        return self.reply.turn
+
+    @property
+    def model(self) -> str:
+        """The model name the answer carries (the request's, else the served name)."""
+        return self.reply.model
 
     def restream(self, events: Callable[[AsyncIterator[dict[str, Any]]], AsyncIterator[str]]) -> StreamingResponse:
         """The streaming answer in another event shape: ``events(chunks)`` yields its SSE text. The chat
@@ -91,17 +101,14 @@ async def run_chat_turn(
 ) -> ChatAnswer:
     """Validate ``chat_body`` as the chat route does, then begin and answer the chat turn; the turn's id (the
     one recorded, and the one its client gets) is ``id_prefix`` + hex."""
-    chat = replace(
-        routes._chat_input(st, chat_body, session.hint, session.turn_type, session.done, session.typed),
-        id_prefix=id_prefix,
-    )
-    turn = await ChatTurn.begin(st, chat)
-    response = await turn.respond(request)
+    call = routes._chat_input(st, chat_body, session.hint, session.turn_type, session.done, session.typed, id_prefix)
+    reply = await ChatReply.begin(st, call)
+    response = await reply.respond(request)
     if isinstance(response, StreamingResponse):
-        return ChatAnswer(turn, response, chunks=_chat_chunks(response.body_iterator))
+        return ChatAnswer(reply, response, chunks=_chat_chunks(response.body_iterator))
     if response.status_code != 200:
-        return ChatAnswer(turn, response)
-    return ChatAnswer(turn, response, completion=json.loads(bytes(response.body)))
+        return ChatAnswer(reply, response)
+    return ChatAnswer(reply, response, completion=json.loads(bytes(response.body)))
 
 
 def hindsight_headers(answer: ChatAnswer) -> dict[str, str]:

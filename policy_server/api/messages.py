@@ -64,7 +64,7 @@ async def create_message(request: Request) -> Response:
     if answer.chunks is not None:
         start = ms.message_object(
             mid=mid,
-            model=turn.model,
+            model=answer.model,
             content=[],
             stop=(None, None),
             usage={"input_tokens": len(turn.prompt_ids), "output_tokens": 0},
@@ -76,7 +76,7 @@ async def create_message(request: Request) -> Response:
     usage = answer.completion["usage"]
     body_out = ms.message_object(
         mid=mid,
-        model=turn.model,
+        model=answer.model,
         content=ms.content_blocks(choice["message"]),
         stop=stop(choice["finish_reason"]),
         usage={"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]},

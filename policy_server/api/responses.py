@@ -93,7 +93,7 @@ async def create_response(request: Request) -> Response:
     conversation = prefix + new_messages
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     answer = await run_chat_turn(request, st, rs.chat_body(req, system + conversation), session, id_prefix="resp_")
-    rid, model = answer.turn.rid, answer.turn.model
+    rid, model = answer.turn.rid, answer.model
     hexid = rid.removeprefix("resp_")  # the output items' ids share it (msg_, fc_, rs_)
     build = functools.partial(
         ro.response_object, req, rid=rid, model=model, hindsight=hindsight_extension(None, answer.turn.sid)

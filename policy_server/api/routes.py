@@ -1,5 +1,5 @@
 """The chat route, ``/v1/chat/completions`` (thin): key check, body, session headers, validation, then
-policy_server.serving.chat_turn answers it.
+policy_server.api.chat_answer answers it (through policy_server.serving.chat_turn's turn).
 
 Session protocol: ``X-Session-Id``, ``X-Turn-Type: main|side``, ``X-Session-Done``
 headers, with body fallbacks ``session_id``/``turn_type``/``session_done`` removed before use. The
@@ -15,7 +15,7 @@ a prompt that cannot fit the engine's context is refused before any per-message 
 shapes of openai_schemas.ChatRequest are checked, all as 400s that name the field and never echo it.
 Nothing is recorded for a request that is refused. ``X-Session-Id`` is read as UTF-8.
 
-Client disconnects and what becomes of an answer nobody receives: policy_server.serving.chat_turn and
+Client disconnects and what becomes of an answer nobody receives: policy_server.api.chat_answer and
 policy_server.serving.undelivered.
 """
 
@@ -28,20 +28,20 @@ from pydantic import ValidationError
 
 from engine.http_guard import BadJSON, parse_json_body
 from engine.observability import valid_session_id
-from engine.validation import clip, most_specific_error
+from engine.validation import bool_word, clip, most_specific_error
 from policy_server.api import model_names
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import require_client
+from policy_server.api.chat_answer import ChatCall, ChatReply
 from policy_server.errors import InvalidRequest
-from policy_server.serving.chat_turn import ChatInput, ChatTurn
+from policy_server.serving.chat_turn import ChatInput
 from policy_server.serving.identity import SessionHint, session_hint
 from policy_server.serving.undelivered import DISCONNECT_REASON as DISCONNECT_REASON
 from policy_server.serving.undelivered import reject_turn as _reject_turn  # noqa: F401  # tests reach it here
 from policy_server.state import PolicyState
 
 router = APIRouter()
-TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 
 def _state(request: Request) -> PolicyState:
@@ -49,14 +49,14 @@ def _state(request: Request) -> PolicyState:
 
 
 def _flag(value: Any, name: str) -> bool:
+    """A JSON boolean, or a yes/no word by engine.validation.bool_word; anything else (an empty header
+    included: a header that is sent must say which) is a 400."""
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
-    if text in TRUE:
-        return True
-    if text in FALSE:
-        return False
-    raise InvalidRequest(f"{name} must be one of true/false/1/0/yes/no, got {clip(value)}", param=name)
+    parsed = bool_word(str(value))
+    if parsed is None:
+        raise InvalidRequest(f"{name} must be one of true/false/1/0/yes/no/on/off, got {clip(value)}", param=name)
+    return parsed
 
 
 def _utf8_header(request: Request, name: str) -> str | None:
@@ -113,9 +113,16 @@ async def _read_json(request: Request, max_depth: int) -> dict[str, Any]:
 
 
 def _chat_input(
-    st: PolicyState, body: dict[str, Any], hint: SessionHint, turn_type: str, done: bool, typed: bool
-) -> ChatInput:
-    """The typed request, its messages and the engine's sampling params; every problem a 400 naming its field."""
+    st: PolicyState,
+    body: dict[str, Any],
+    hint: SessionHint,
+    turn_type: str,
+    done: bool,
+    typed: bool,
+    id_prefix: str = "chatcmpl-",
+) -> ChatCall:
+    """The typed request, its messages and the engine's sampling params; every problem a 400 naming its field.
+    The answer's id is ``id_prefix`` + hex."""
     if isinstance(body.get("messages"), list):  # a hopeless prompt is refused before any per-message work
         tools = body.get("tools")
         st.generator.check_fits(
@@ -141,18 +148,21 @@ def _chat_input(
         tools=bool(req.tools) and req.tool_choice != "none",
         behind_router=st.settings.engine_url not in st.settings.engine_worker_urls,
     )
-    return ChatInput(
-        req=req,
+    turn = ChatInput(
         messages=messages,
-        extras=extras,
+        tools=req.tools,
+        template_kwargs=fields.chat_template_kwargs(extras),
+        top_logprobs_num=extras.top_logprobs or 0,
         sp=sp,
         forced=forced,
         sid=hint.key,
         turn_type=turn_type,
         done=done,
+        id_prefix=id_prefix,
         hint=hint,
         typed=typed,
     )
+    return ChatCall(req=req, extras=extras, turn=turn)
 
 
 @router.post(
@@ -167,5 +177,5 @@ async def chat_completions(request: Request) -> Response:
     require_client(request, st.settings)
     body = await _read_json(request, st.settings.max_json_depth)
     hint, turn_type, typed, done = request_session(request, body, st.settings.default_turn_type)
-    turn = await ChatTurn.begin(st, _chat_input(st, body, hint, turn_type, done, typed))
-    return await turn.respond(request)
+    reply = await ChatReply.begin(st, _chat_input(st, body, hint, turn_type, done, typed))
+    return await reply.respond(request)

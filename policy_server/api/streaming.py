@@ -2,10 +2,13 @@
 incremental split of streamed assistant text into reasoning and content deltas.
 
 :func:`sse_events` is the body of a streaming ``/v1/chat/completions`` answer (OpenAI chunks, an in-band
-error event, ``data: [DONE]``); it calls ``on_undelivered`` from its ``finally`` whenever it did not get to
-``[DONE]``, i.e. it was cancelled at an await (Starlette's StreamingResponse saw ``http.disconnect``) or
-closed at a yield (the response's background ``aclose``). ``engine.disconnect.unless_disconnected`` runs work next to
-a watcher of the ASGI ``receive`` channel (see its docstring). Both are used by policy_server.serving.chat_turn.
+error event, ``data: [DONE]``) for one :class:`ChatStream` (the turn and what its client asked of the
+stream); it ends the turn through the turn itself (policy_server.serving.chat_turn.ChatTurn: its record
+before the final chunk, its engine failure, and ``abandon_stream`` from its ``finally`` whenever it did not
+get to ``[DONE]``, i.e. it was cancelled at an await (Starlette's StreamingResponse saw ``http.disconnect``)
+or closed at a yield (the response's background ``aclose``)). ``engine.disconnect.unless_disconnected``
+runs work next to a watcher of the ASGI ``receive`` channel (see its docstring). Both are used by
+policy_server.api.chat_answer.
 
 :class:`StreamSplitter` (pure) lets the policy server stream real token-by-token deltas while ending with
 exactly what ``engine.chat.parse_assistant_output`` says about the whole text. Rules:
@@ -24,14 +27,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any
 
 from engine.chat import parse_assistant_output
 from engine.errors import EngineError
+from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
 from policy_server.errors import PolicyError, engine_error_status, error_body
-from policy_server.serving.generation import GenResult
+from policy_server.serving.chat_turn import ChatTurn
 
 THINK_OPEN, THINK_CLOSE, TOOL_OPEN = "<think>", "</think>", "<tool_call>"
 
@@ -137,44 +142,58 @@ def assistant_message(content: str | None, reasoning: str | None, calls: list[di
     return msg
 
 
-async def sse_events(
-    *,
-    rid: str,
-    model: str,
-    first: str | None,
-    deltas: AsyncIterator[str],
-    res: GenResult,
-    parse_tools: bool,
-    include_usage: bool,
-    continuous_usage: bool = False,
-    forced_call: bool = False,
-    logprob_entries: Callable[[int, int], list[dict[str, Any]]] | None = None,
-    finish_turn: Callable[[GenResult, dict[str, Any]], Awaitable[None]],
-    on_engine_error: Callable[[EngineError], None],
-    on_undelivered: Callable[[], None],
-) -> AsyncIterator[str]:
-    """The streaming answer. ``finish_turn`` records the turn before the final chunk; ``on_undelivered`` runs
-    (synchronously, from ``finally``) when the stream did not get to ``[DONE]`` and must not await: at that
-    point the task may be inside a cancelled scope, so the caller detaches any cleanup.
+def logprob_entries(turn: ChatTurn, start: int, end: int) -> list[dict[str, Any]]:
+    """The OpenAI ``logprobs.content`` entries of the turn's response tokens ``[start, end)``."""
+    r = turn.res
+    return fields.token_logprobs(
+        turn.st.generator.tokenizer,
+        r.response_ids[start:end],
+        r.logprobs[start:end],
+        r.top_logprobs[start:end] if r.top_logprobs_num else None,
+    )
+
+
+@dataclass(frozen=True)
+class ChatStream:
+    """One streamed chat answer: the turn (its id, its result as it grows, how it ends) and what the client
+    asked of the stream.
 
     ``forced_call``: the reply was constrained to one tool call, so a call cut short is sent as nothing
-    (finish ``length``), never as content. ``logprob_entries(start, end)`` (when the client asked for
-    logprobs) gives the OpenAI entries of response tokens ``start:end``; each chunk after the role chunk
-    carries the tokens sampled since the previous one, the finish chunk the rest. ``continuous_usage``: every
-    chunk carries the usage so far (``stream_options.continuous_usage_stats``)."""
+    (finish ``length``), never as content. ``logprobs``: each chunk after the role chunk carries the OpenAI
+    entries of the tokens sampled since the previous one, the finish chunk the rest. ``continuous_usage``:
+    every chunk carries the usage so far (``stream_options.continuous_usage_stats``)."""
+
+    turn: ChatTurn
+    model: str
+    parse_tools: bool  # tool_choice is not "none": tool calls are parsed out of the text
+    include_usage: bool
+    continuous_usage: bool = False
+    forced_call: bool = False
+    logprobs: bool = False
+
+
+async def sse_events(
+    stream: ChatStream, first: str | None, deltas: AsyncGenerator[str, None]
+) -> AsyncGenerator[str, None]:
+    """The streaming answer after its ``first`` delta. The turn's record is committed before the final chunk;
+    an engine failure is the turn's (and an in-band error event); a stream that did not get to ``[DONE]``
+    calls ``turn.abandon_stream`` from ``finally``, which must not await: the task may be inside a cancelled
+    scope by then."""
+    turn, model, res, rid = stream.turn, stream.model, stream.turn.res, stream.turn.rid
+    parse_tools, forced_call = stream.parse_tools, stream.forced_call
     created = int(time.time())
     sent_lp = 0
 
     def lp() -> dict[str, Any] | None:
         nonlocal sent_lp
-        if logprob_entries is None:
+        if not stream.logprobs:
             return None
         end = len(res.response_ids)
-        entries, sent_lp = logprob_entries(sent_lp, end), end
+        entries, sent_lp = logprob_entries(turn, sent_lp, end), end
         return {"content": entries}
 
     def event(obj: dict[str, Any]) -> str:
-        if continuous_usage and obj.get("choices"):
+        if stream.continuous_usage and obj.get("choices"):
             obj["usage"] = oa.usage(len(res.prompt_ids), len(res.response_ids))
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
@@ -230,7 +249,7 @@ async def sse_events(
                 yield event(
                     oa.chunk(rid=rid, model=model, created=created, delta={"tool_calls": delta_calls}, logprobs=lp())
                 )
-            await finish_turn(res, message)
+            await turn.finish_turn(res, message)
             yield event(
                 oa.chunk(
                     rid=rid,
@@ -241,7 +260,7 @@ async def sse_events(
                     finish=oa.finish_reason(res.finish, bool(calls)),
                 )
             )
-            if include_usage:
+            if stream.include_usage:
                 yield event(
                     oa.chunk(
                         rid=rid,
@@ -252,11 +271,11 @@ async def sse_events(
                 )
         except (EngineError, PolicyError) as exc:
             if isinstance(exc, EngineError):
-                on_engine_error(exc)
+                turn.engine_failed(exc)
             status = engine_error_status(exc) if isinstance(exc, EngineError) else exc.status_code
             yield event(error_body(status, str(getattr(exc, "message", exc)), "upstream_error"))
         yield "data: [DONE]\n\n"
         delivered = True
     finally:
         if not delivered:
-            on_undelivered()
+            turn.abandon_stream(deltas)

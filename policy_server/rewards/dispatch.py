@@ -13,8 +13,8 @@ Contract:
   ``EngineTimeout``) keeps the job ``pending_judge``: it is retried with capped exponential backoff
   (attempts and last error are stored and reported in stats), never dropped, never scored 0.
 - Every Sample JSON carries ``constrained`` (bool, :func:`is_constrained`): true when the turn was
-  sampled under a decoding constraint (a forced tool call), whose rollout log-probs are the masked
-  distribution's.
+  sampled under a decoding constraint (a forced tool call or a JSON response format), whose rollout
+  log-probs are the masked distribution's.
 - Explicit feedback on the turn (policy_server.store.feedback) is read before judging: its text may serve as
   the hint (``feedback_hint``), its value is combined with the outcome under ``feedback_policy`` before the
   write, and feedback that arrived meanwhile is settled right after it.
@@ -67,6 +67,7 @@ from engine.records import (
 )
 from engine.records import SampleState as S
 from engine.sample_values import value_problem
+from engine.tool_grammar import is_constrained as grammar_constrained
 from engine.validation import describe_validation_errors
 from judge_server.errors import JudgeUnavailable
 from policy_server.errors import StoreBusy
@@ -76,25 +77,21 @@ from policy_server.store import SampleStore
 
 logger = logging.getLogger(__name__)
 
-# An unreachable judge service or teacher engine is not a verdict: the turn stays pending and is retried.
+# An unreachable judge service or teacher engine is not a verdict: the turn stays pending and is retried
+# (the client layer's retries of the engine and of the judge service are exhausted by then).
 _RETRYABLE: tuple[type[BaseException], ...] = (EngineUnavailable, EngineTimeout, JudgeUnavailable)
 
 
 def is_constrained(turn: dict[str, Any]) -> bool:
-    """Whether the turn was sampled under a decoding constraint (forced tool call -> ``regex``).
+    """Whether the turn was sampled under a decoding constraint (a forced tool call: ``ebnf``; a JSON
+    response format: ``json_schema``).
 
     Its rollout log-probs are then those of the engine's MASKED distribution, not the model's own, so
-    the trainer must not compare them with recomputed log-probs. Turns recorded before the explicit
-    ``constrained`` flag existed are recognised by the ``regex`` in their sampling params.
+    the trainer must not compare them with recomputed log-probs. The turn record's ``constrained`` flag says
+    so; turns recorded before that flag existed are recognised by their sampling params, by the same rule
+    (engine.tool_grammar.is_constrained) that set the flag.
     """
-    sp = turn.get("sampling_params") or {}
-    return bool(turn.get("constrained") or sp.get("regex") or sp.get("json_schema") or sp.get("ebnf"))
-
-
-def _retryable_errors() -> tuple[type[BaseException], ...]:
-    """Dependency failures that leave a job pending for a later attempt (never a verdict): the client
-    layer's exhausted retries of the engine and of the judge service."""
-    return (EngineUnavailable, EngineTimeout, JudgeUnavailable)
+    return bool(turn.get("constrained")) or grammar_constrained(turn.get("sampling_params") or {})
 
 
 class TurnPipeline(Protocol):

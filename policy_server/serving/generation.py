@@ -16,6 +16,8 @@ Role: the only path from a chat request to the policy engine. Contract:
   ``weight_version`` is kept: ``weight_versions`` lists every version that produced tokens (in order),
   and ``weight_version`` is the first (the oldest, the conservative one for staleness). With a holding
   pause mode (retract/in_place) a request in flight across an update also lists the version it started on.
+  A generation that sampled nothing takes the version the engine reported, else the weight gate's. Streaming
+  and non-streaming requests share this one loop (``Generator._segments``); only the submission differs.
 - At most ``max_resumes`` resubmissions; then the request fails with 503 (never loops forever).
 
 Request ids and client disconnects (a client that hangs up stops its engine work; engine.disconnect).
@@ -35,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,6 +163,18 @@ class GenResult:
             self.weight_versions.append(version)
 
 
+@dataclass
+class _Segment:
+    """How one engine submission ended: its finish reason and the weight version the engine reported."""
+
+    finish: dict[str, Any] = field(default_factory=dict)
+    weight_version: str | None = None
+
+
+# Sends one segment (its sampling params) for a result, filling the result and the segment; yields text deltas.
+Submit = Callable[[dict[str, Any], GenResult, _Segment], AsyncGenerator[str, None]]
+
+
 class Generator:
     """Renders prompts and drives the engine; one instance per server."""
 
@@ -257,107 +271,119 @@ class Generator:
             "generation aborted after %d tokens (%s); resubmitting", len(res.response_ids), finish.get("message")
         )
 
-    async def generate(self, prompt_ids: list[int], sp: dict[str, Any], res: GenResult | None = None) -> GenResult:
-        """Non-streaming generation with transparent resume; fills ``res`` (made here when not given)."""
-        res = res if res is not None else GenResult(prompt_ids=list(prompt_ids))
+    async def _segments(self, sp: dict[str, Any], res: GenResult, submit: Submit) -> AsyncGenerator[str, None]:
+        """The one abort-and-resume loop of both paths: ``submit`` sends one segment (``prompt + ids so far``,
+        ``max_new_tokens`` less what was produced) and fills ``res`` and its :class:`_Segment`; an aborted
+        segment is resubmitted (at most ``max_resumes`` times), anything else ends the generation. A
+        generation that sampled nothing takes the version the engine reported for its last segment, else
+        the gate's."""
         while True:
             await self.gate.wait_open()
             epoch, version = self.gate.epoch, self.gate.version
-            seg_sp = self._segment_params(sp, len(res.response_ids))
-            gens = await self.engine.generate_ids(
-                res.prompt_ids + res.response_ids,
-                seg_sp,
-                return_logprob=True,
-                rid=res.next_rid(),
-                deadline_s=self.deadline_s,
-                top_logprobs_num=res.top_logprobs_num,
-            )
-            g = gens[0]
+            seg = _Segment()
+            async for delta in submit(self._segment_params(sp, len(res.response_ids)), res, seg):
+                yield delta
             self._note_epoch(res, epoch, version)
-            if res.cached_tokens is None and isinstance(g.meta_info.get("cached_tokens"), int):
-                res.cached_tokens = g.meta_info["cached_tokens"]
-            if g.output_ids:
-                res.add_version(g.weight_version)
-            res.response_ids += g.output_ids
-            res.logprobs += g.output_logprobs or []
-            if res.top_logprobs_num:
-                res.top_logprobs += g.output_top_logprobs or [[] for _ in g.output_ids]
-            res.text += g.text
-            if not g.aborted:
+            if seg.finish.get("type") != "abort":
                 if not res.weight_versions:
-                    res.add_version(g.weight_version)
-                res.finish = g.finish_reason
-                return res
-            self._resume_or_fail(res, g.finish_reason)
-            if seg_sp["max_new_tokens"] - len(g.output_ids) <= 0:
+                    res.add_version(seg.weight_version or self.gate.version)
+                res.finish = seg.finish
+                return
+            self._resume_or_fail(res, seg.finish)
+            if sp["max_new_tokens"] - len(res.response_ids) <= 0:
                 res.finish = {"type": "length", "length": sp["max_new_tokens"]}
-                return res
+                return
 
-    async def stream(self, prompt_ids: list[int], sp: dict[str, Any], res: GenResult) -> AsyncGenerator[str, None]:
-        """Streaming generation: yields text deltas as tokens arrive; fills ``res`` (token-exact) as it goes.
+    async def generate(self, prompt_ids: list[int], sp: dict[str, Any], res: GenResult | None = None) -> GenResult:
+        """Non-streaming generation with transparent resume; fills ``res`` (made here when not given)."""
+        res = res if res is not None else GenResult(prompt_ids=list(prompt_ids))
+        async for _ in self._segments(sp, res, self._submit_once):
+            pass
+        return res
+
+    def stream(self, prompt_ids: list[int], sp: dict[str, Any], res: GenResult) -> AsyncGenerator[str, None]:
+        """Streaming generation: yields text deltas as tokens arrive; fills ``res`` (token-exact) as it goes."""
+        return self._segments(sp, res, self._submit_streaming)
+
+    async def _submit_once(self, seg_sp: dict[str, Any], res: GenResult, seg: _Segment) -> AsyncGenerator[str, None]:
+        """One segment through ``/generate`` (non-streaming): yields nothing."""
+        gens = await self.engine.generate_ids(
+            res.prompt_ids + res.response_ids,
+            seg_sp,
+            return_logprob=True,
+            rid=res.next_rid(),
+            deadline_s=self.deadline_s,
+            top_logprobs_num=res.top_logprobs_num,
+        )
+        g = gens[0]
+        if res.cached_tokens is None and isinstance(g.meta_info.get("cached_tokens"), int):
+            res.cached_tokens = g.meta_info["cached_tokens"]
+        if g.output_ids:
+            res.add_version(g.weight_version)
+        res.response_ids += g.output_ids
+        res.logprobs += g.output_logprobs or []
+        if res.top_logprobs_num:
+            res.top_logprobs += g.output_top_logprobs or [[] for _ in g.output_ids]
+        res.text += g.text
+        seg.finish, seg.weight_version = g.finish_reason, g.weight_version
+        return
+        yield  # an async generator that yields nothing (the loop's one shape for both paths)
+
+    async def _submit_streaming(
+        self, seg_sp: dict[str, Any], res: GenResult, seg: _Segment
+    ) -> AsyncGenerator[str, None]:
+        """One segment through streaming ``/generate``: yields text deltas as tokens arrive.
 
         SGLang chunks are cumulative per submission, so each chunk's new ids/log-probs/text are the
         suffix beyond the previous chunk of the same submission.
         """
-        while True:
-            await self.gate.wait_open()
-            epoch, version = self.gate.epoch, self.gate.version
-            seg_sp = self._segment_params(sp, len(res.response_ids))
-            payload: dict[str, Any] = {
-                "input_ids": res.prompt_ids + res.response_ids,
-                "sampling_params": seg_sp,
-                "return_logprob": True,
-            }
-            rid = res.next_rid()
-            if rid:
-                payload["rid"] = rid
-            if res.top_logprobs_num:
-                payload["top_logprobs_num"] = res.top_logprobs_num
-            seen_ids = seen_text = 0
-            finish: dict[str, Any] | None = None
-            async for chunk in self.engine.stream_generate(payload, deadline_s=self.deadline_s):
-                meta = chunk.get("meta_info") or {}
-                if res.cached_tokens is None and isinstance(meta.get("cached_tokens"), int):
-                    res.cached_tokens = meta["cached_tokens"]
-                ids = chunk.get("output_ids") or []
-                lps = meta.get("output_token_logprobs") or []
-                if len(lps) != len(ids):
-                    raise EngineBadResponse(f"stream chunk has {len(ids)} ids but {len(lps)} log-probs")
-                new = ids[seen_ids:]
-                if new:
-                    if [int(e[1]) for e in lps[seen_ids:]] != [int(t) for t in new]:
-                        raise EngineBadResponse("stream chunk log-prob ids differ from output_ids")
-                    if any(e[0] is None for e in lps[seen_ids:]):
-                        raise EngineBadResponse("stream chunk has a null log-prob for a sampled token")
-                    res.response_ids += [int(t) for t in new]
-                    res.logprobs += [float(e[0]) for e in lps[seen_ids:]]
-                    if res.top_logprobs_num:
-                        rows = (meta.get("output_top_logprobs") or [])[seen_ids : len(ids)]
-                        rows += [[]] * (len(new) - len(rows))
-                        res.top_logprobs += [[(float(t[0]), int(t[1])) for t in (row or [])] for row in rows]
-                    res.add_version(meta.get("weight_version"))
-                    seen_ids = len(ids)
-                fr = meta.get("finish_reason")
-                text = chunk.get("text") or ""
-                if not fr:
-                    # An incomplete UTF-8 sequence decodes to U+FFFD until its last byte arrives: wait for it.
-                    text = text.rstrip("\ufffd")
-                if len(text) > seen_text:
-                    delta = text[seen_text:]
-                    seen_text = len(text)
-                    res.text += delta
-                    yield delta
-                if fr:
-                    finish = {"type": fr} if isinstance(fr, str) else fr
-            self._note_epoch(res, epoch, version)
-            if finish is None:
-                raise EngineBadResponse("engine stream ended without a finish_reason")
-            if finish.get("type") != "abort":
-                if not res.weight_versions:
-                    res.add_version(self.gate.version)
-                res.finish = finish
-                return
-            self._resume_or_fail(res, finish)
-            if sp["max_new_tokens"] - len(res.response_ids) <= 0:
-                res.finish = {"type": "length", "length": sp["max_new_tokens"]}
-                return
+        payload: dict[str, Any] = {
+            "input_ids": res.prompt_ids + res.response_ids,
+            "sampling_params": seg_sp,
+            "return_logprob": True,
+        }
+        rid = res.next_rid()
+        if rid:
+            payload["rid"] = rid
+        if res.top_logprobs_num:
+            payload["top_logprobs_num"] = res.top_logprobs_num
+        seen_ids = seen_text = 0
+        finish: dict[str, Any] | None = None
+        async for chunk in self.engine.stream_generate(payload, deadline_s=self.deadline_s):
+            meta = chunk.get("meta_info") or {}
+            if res.cached_tokens is None and isinstance(meta.get("cached_tokens"), int):
+                res.cached_tokens = meta["cached_tokens"]
+            ids = chunk.get("output_ids") or []
+            lps = meta.get("output_token_logprobs") or []
+            if len(lps) != len(ids):
+                raise EngineBadResponse(f"stream chunk has {len(ids)} ids but {len(lps)} log-probs")
+            new = ids[seen_ids:]
+            if new:
+                if [int(e[1]) for e in lps[seen_ids:]] != [int(t) for t in new]:
+                    raise EngineBadResponse("stream chunk log-prob ids differ from output_ids")
+                if any(e[0] is None for e in lps[seen_ids:]):
+                    raise EngineBadResponse("stream chunk has a null log-prob for a sampled token")
+                res.response_ids += [int(t) for t in new]
+                res.logprobs += [float(e[0]) for e in lps[seen_ids:]]
+                if res.top_logprobs_num:
+                    rows = (meta.get("output_top_logprobs") or [])[seen_ids : len(ids)]
+                    rows += [[]] * (len(new) - len(rows))
+                    res.top_logprobs += [[(float(t[0]), int(t[1])) for t in (row or [])] for row in rows]
+                res.add_version(meta.get("weight_version"))
+                seen_ids = len(ids)
+            seg.weight_version = meta.get("weight_version") or seg.weight_version
+            fr = meta.get("finish_reason")
+            text = chunk.get("text") or ""
+            if not fr:
+                # An incomplete UTF-8 sequence decodes to U+FFFD until its last byte arrives: wait for it.
+                text = text.rstrip("\ufffd")
+            if len(text) > seen_text:
+                delta = text[seen_text:]
+                seen_text = len(text)
+                res.text += delta
+                yield delta
+            if fr:
+                finish = {"type": fr} if isinstance(fr, str) else fr
+        if finish is None:
+            raise EngineBadResponse("engine stream ended without a finish_reason")
+        seg.finish = finish

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from engine import tool_grammar
-from engine.tool_grammar import GRAMMAR_KEYS, GrammarRefused, exclude_markup_from_strings
+from engine.tool_grammar import GrammarRefused, exclude_markup_from_strings
 from policy_server.errors import InvalidRequest
 
-__all__ = ["GRAMMAR_KEYS", "exclude_markup_from_strings", "forced_tool_grammar", "response_format_schema"]
+__all__ = ["exclude_markup_from_strings", "forced_tool_grammar", "response_format_schema"]
 
 
 def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any) -> str | None:

@@ -10,6 +10,7 @@ import pytest
 
 from engine.cli_settings import parse_settings
 from engine.http_client import RetryPolicy
+from engine.observability import bind_ids
 from judge_server.client import JudgeBadResponse, JudgeClient, JudgeRequestRejected, JudgeUnavailable
 from judge_server.settings import JudgeSettings
 
@@ -96,3 +97,28 @@ async def test_an_answer_off_the_verdict_schema_raises_bad_response_once(body) -
         with pytest.raises(JudgeBadResponse, match="off the JudgeVerdicts schema"):
             await c.judge(*ARGS)
     assert len(calls) == 1
+
+
+async def test_caller_ids_go_to_the_judge() -> None:
+    """The policy server's background judging binds the session (dispatch); its judge calls carry it."""
+    seen: list[httpx.Headers] = []
+    extra: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers)
+        return httpx.Response(200, json={"prm": {"score": 1, "status": "ok"}})
+
+    async def own_hook(request: httpx.Request) -> None:
+        extra.append(request.url.path)
+
+    async with client_for(handler) as client:
+        with bind_ids(request_id="req-7", session_id="sess-7"):
+            await client.judge(*ARGS)
+        await client.judge(*ARGS)  # outside any bound ids: none are invented
+    hooked = JudgeClient("http://judge", transport=httpx.MockTransport(handler), event_hooks={"request": [own_hook]})
+    async with hooked:
+        with bind_ids(session_id="sess-8"):
+            await hooked.judge(*ARGS)
+    assert (seen[0].get("x-request-id"), seen[0].get("x-session-id")) == ("req-7", "sess-7")
+    assert "x-session-id" not in seen[1] and "x-request-id" not in seen[1]
+    assert seen[2].get("x-session-id") == "sess-8" and extra == ["/v1/judge"]  # the caller's hooks still run

@@ -10,8 +10,12 @@ that probability is below ``stop_change_prob``, and escalates a split result by 
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
+from judge_server import voting
+from judge_server.settings import JudgeSettings
 from judge_server.voting import Vote, change_probability, run_policy
 
 pytestmark = pytest.mark.unit
@@ -58,7 +62,7 @@ def scripted(values):
 
 async def _run(values, **kw):
     sample, calls = scripted(values)
-    args = {"policy": "sequential", "m": 5, "m_max": 9, "stop_change_prob": 0.1, "stop_prior": 0.5, **kw}
+    args = {"policy": "sequential", "m": 5, "m_max": 9, "stop_rule": "change_prob", "stop_prior": 0.5, **kw}
     return await run_policy(sample, **args), calls
 
 
@@ -94,3 +98,25 @@ async def test_never_more_than_fixed_when_unanimous():
     for v in (1, 0, -1):
         r, _ = await _run([v] * 9, stop_change_prob=0.25)
         assert (r.score, len(r.votes)) == (v, 2)
+
+
+def test_run_policy_defaults_are_the_services():
+    """One copy of the voting defaults: a caller of run_policy without settings gets the service's rule."""
+    service = {name: f.default for name, f in JudgeSettings.model_fields.items()}
+    defaults = {p.name: p.default for p in inspect.signature(run_policy).parameters.values()}
+    pairs = {
+        "stop_rule": "sequential_stop_rule",
+        "stop_change_prob": "stop_change_prob",
+        "stop_prior": "stop_prior",
+        "first_round": "sequential_first_round",
+        "min_valid": "min_valid",
+        "escalate_step": "escalate_step",
+        "error_budget_share": "error_budget_share",
+    }
+    assert {k: defaults[k] for k in pairs} == {k: service[v] for k, v in pairs.items()}
+    assert (service["sequential_stop_rule"], service["stop_change_prob"]) == (voting.STOP_RULE, voting.STOP_CHANGE_PROB)
+
+
+async def test_default_stop_rule_needs_the_vote_noise_tracker():
+    with pytest.raises(ValueError, match="AgreementTracker"):
+        await _run([1, 1, 1], stop_rule=voting.STOP_RULE)

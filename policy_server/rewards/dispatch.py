@@ -61,6 +61,7 @@ from engine.records import (
     SAMPLE_ORIGIN_KEYS,
     SAMPLE_TURN_KEYS,
     PipelineOutcome,
+    PrmVerdict,
     RejectReason,
     Sample,
     SampleJSON,
@@ -336,11 +337,11 @@ class Dispatcher:
         if self.session_scope and result.status == S.READY:
             result = result.held()  # held until the whole session is scored
         elif self.scoring is not None and result.status == S.READY:
-            outcome = await self.scoring.score_turn(turn, result.sample.get("prm"))
+            outcome = await self.scoring.score_turn(turn, _verdict_json(result.sample.prm))
             if outcome.kind == "retry":
                 return await self._retry_later(job, f"prm: {outcome.reason}")
             result = apply_outcome(result, outcome)
-        raw = _sample_json(result.sample, turn, job["sample_id"])
+        raw = _sample_json(result.sample.to_json(), turn, job["sample_id"])
         if feedback is not None and applicable(result.status, result.reject_reason):
             # Feedback that arrived before judging is part of the outcome written now (never leased without it).
             status, why, raw = apply_feedback(
@@ -432,6 +433,11 @@ def _sample_json(fields: SampleJSON, turn: dict[str, Any], sample_id: str) -> Sa
         **{k: turn.get(k) for k in SAMPLE_TURN_KEYS},
         **{k: origin[k] for k in SAMPLE_ORIGIN_KEYS},
     }
+
+
+def _verdict_json(verdict: PrmVerdict | dict[str, Any] | None) -> dict[str, Any] | None:
+    """The PRM verdict as the scorers read it (its wire JSON; a verdict kept off the schema, as given)."""
+    return verdict.to_json() if isinstance(verdict, PrmVerdict) else verdict
 
 
 def _pipeline_error(exc: Exception) -> PipelineOutcome:

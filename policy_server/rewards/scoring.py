@@ -61,7 +61,7 @@ from engine.records import (
     SCORING_TURN_KEYS,
     PipelineOutcome,
     RejectReason,
-    SampleJSON,
+    Sample,
     SampleState,
     SampleStatus,
     ScoringTurn,
@@ -153,7 +153,7 @@ def session_turns(trajectory: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def held_outcomes(
     trajectory: list[dict[str, Any]], outcome: SessionOutcome
-) -> list[tuple[str, SampleStatus, str | None, SampleJSON]]:
+) -> list[tuple[str, SampleStatus, str | None, Sample]]:
     """``Store.complete_score`` rows for the held samples of a ``scored`` or ``rejected`` session outcome."""
     rows = []
     for t in trajectory:
@@ -165,20 +165,21 @@ def held_outcomes(
             if outcome.kind == "scored"
             else ScoreOutcome("rejected", reason=outcome.reason)
         )
-        res = apply_outcome(PipelineOutcome.ready(sample.get("data") or {}), one)
+        res = apply_outcome(PipelineOutcome.ready(Sample.model_validate(sample.get("data") or {})), one)
         rows.append((sample["sample_id"], res.status, res.reject_reason, res.sample))
     return rows
 
 
 def apply_outcome(result: PipelineOutcome, outcome: ScoreOutcome) -> PipelineOutcome:
     """The pipeline's outcome with the scoring outcome folded in (``retry`` is handled by the caller)."""
-    sample = dict(result.sample)
+    # A copy that re-validates: the update is checked and counts as set (it travels in the sample's JSON).
     if outcome.kind == "scored":
-        sample["token_rewards"] = outcome.token_rewards
-        return result.model_copy(update={"sample": sample})
-    n = len(sample.get("loss_mask") or [])
-    sample.update(token_rewards=None, loss_mask=[0] * n)  # verdicts kept for audit; nothing to train on
-    return PipelineOutcome.rejected(outcome.reason or RejectReason.PRM_REJECTED, sample, result.prompt_versions)
+        scored = Sample.model_validate({**result.sample.to_json(), "token_rewards": outcome.token_rewards})
+        return result.model_copy(update={"sample": scored})
+    n = len(result.sample.loss_mask)
+    # verdicts kept for audit; nothing to train on
+    rejected = Sample.model_validate({**result.sample.to_json(), "token_rewards": None, "loss_mask": [0] * n})
+    return PipelineOutcome.rejected(outcome.reason or RejectReason.PRM_REJECTED, rejected, result.prompt_versions)
 
 
 class PRMScoring:

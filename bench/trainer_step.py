@@ -29,7 +29,7 @@ from trainer.settings import TrainConfig
 from trainer.train import train_on_batch
 
 
-def make_samples(vocab: int, n: int, p_len: int, r_len: int, seed: int = 0) -> list[dict]:
+def make_samples(vocab: int, n: int, p_len: int, r_len: int, seed: int = 0) -> list[Sample]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -48,7 +48,7 @@ def make_samples(vocab: int, n: int, p_len: int, r_len: int, seed: int = 0) -> l
                 teacher_logprobs=[-6.5] * r,
                 w_rl=1.0,
                 w_opd=1.0,
-            ).to_json()
+            )
         )
     return out
 

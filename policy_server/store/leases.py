@@ -72,7 +72,7 @@ class StoreLeases(StoreDB):
         """Unix time at which the earliest ``active`` lease expires; None when there is none."""
         with self._read() as db:
             row = db.execute("SELECT MIN(expires_at) FROM leases WHERE state='active'").fetchone()
-        return row[0]
+        return None if row[0] is None else float(row[0])
 
     def lease(
         self, max_n: int, lease_s: float, now: float | None = None, *, min_n: int = 1

@@ -163,10 +163,12 @@ class StoreSamples(StoreDB):
     def note_score_attempt(self, session_id: str, error: str) -> int:
         """A failed scoring try of the session: every held sample gets attempts+1 and the error."""
         with self._tx() as db:
-            return db.execute(
-                "UPDATE samples SET attempts=attempts+1, last_error=?, updated_at=? WHERE session_id=? AND status=?",
-                (error[:500], time.time(), session_id, S.PENDING_SCORE),
-            ).rowcount
+            return int(
+                db.execute(
+                    "UPDATE samples SET attempts=attempts+1, last_error=?, updated_at=? WHERE session_id=? AND status=?",
+                    (error[:500], time.time(), session_id, S.PENDING_SCORE),
+                ).rowcount
+            )
 
     def complete_score(self, outcomes: Sequence[tuple[str, str, str | None, Sample | SampleJSON]]) -> int:
         """Decide held samples in ONE transaction: each ``(sample_id, status, reject_reason, data)`` with status

@@ -42,7 +42,6 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from engine.records import MergedTrajectory, Sample
 from engine.trajectories import merged_trajectories
 from policy_server.api import response_models as rm
 from policy_server.api.auth import require_admin
@@ -125,21 +124,14 @@ async def lease(
     prm_metrics = st.scoring.drain_window() if st.scoring is not None and samples else {}
     body = {
         "lease_id": lease_id,
-        "samples": samples,
+        "samples": [s.to_json() for s in samples],
         "lease_timeout_s": st.settings.lease_timeout_s,
         "prm_metrics": prm_metrics,
     }
     if merge:
-        # Validates the leased samples and compares whole sequences: off the loop.
-        merged = await asyncio.to_thread(_merged_trajectories, samples)
+        merged = await asyncio.to_thread(merged_trajectories, samples)  # compares whole sequences: off the loop
         body["trajectories"] = [t.to_json() for t in merged]
     return body
-
-
-def _merged_trajectories(samples: list[dict[str, Any]]) -> list[MergedTrajectory]:
-    """The merged trajectories of leased samples (each stored JSON was checked against the Sample schema
-    before it became leasable)."""
-    return merged_trajectories([Sample.model_validate(s) for s in samples])
 
 
 @router.post(

@@ -358,7 +358,7 @@ def test_store_pending_score_state_machine(store_factory):
         assert store.complete_score([(sid0, "rejected", "prm_rejected: late", data)]) == 0  # decided once
         assert store.scorable_sessions() == []
         _, leased = store.lease(10, 60.0)
-        assert [s["token_rewards"] for s in leased] == [[0.5, 0.5]]
+        assert [s.token_rewards for s in leased] == [[0.5, 0.5]]
         with pytest.raises(ValueError):
             store.complete_score([(sid0, "pending_score", None, data)])
         # a reopened session holds again until it ends again

@@ -61,7 +61,6 @@ from engine.records import (
     SAMPLE_ORIGIN_KEYS,
     SAMPLE_TURN_KEYS,
     PipelineOutcome,
-    PrmVerdict,
     RejectReason,
     Sample,
     SampleJSON,
@@ -337,7 +336,7 @@ class Dispatcher:
         if self.session_scope and result.status == S.READY:
             result = result.held()  # held until the whole session is scored
         elif self.scoring is not None and result.status == S.READY:
-            outcome = await self.scoring.score_turn(turn, _verdict_json(result.sample.prm))
+            outcome = await self.scoring.score_turn(turn, result.sample.prm)
             if outcome.kind == "retry":
                 return await self._retry_later(job, f"prm: {outcome.reason}")
             result = apply_outcome(result, outcome)
@@ -433,11 +432,6 @@ def _sample_json(fields: SampleJSON, turn: dict[str, Any], sample_id: str) -> Sa
         **{k: turn.get(k) for k in SAMPLE_TURN_KEYS},
         **{k: origin[k] for k in SAMPLE_ORIGIN_KEYS},
     }
-
-
-def _verdict_json(verdict: PrmVerdict | dict[str, Any] | None) -> dict[str, Any] | None:
-    """The PRM verdict as the scorers read it (its wire JSON; a verdict kept off the schema, as given)."""
-    return verdict.to_json() if isinstance(verdict, PrmVerdict) else verdict
 
 
 def _pipeline_error(exc: Exception) -> PipelineOutcome:

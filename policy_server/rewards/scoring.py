@@ -60,6 +60,7 @@ from engine.errors import EngineTimeout, EngineUnavailable
 from engine.records import (
     SCORING_TURN_KEYS,
     PipelineOutcome,
+    PrmVerdict,
     RejectReason,
     Sample,
     SampleState,
@@ -115,10 +116,12 @@ def unreachable_cause(exc: BaseException) -> BaseException | None:
     return None
 
 
-def scoring_turn(turn: dict[str, Any], judge_prm: Any = None) -> dict[str, Any]:
+def scoring_turn(turn: dict[str, Any], judge_prm: PrmVerdict | dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``score_session`` turn dict of one stored turn, scored alone (no parent, its own next state): the
     :class:`~engine.records.ScoringTurn` fields (copied), then its ``extra``: tools, weight version and the
-    pipeline's PRM verdict."""
+    pipeline's PRM verdict as its JSON (a stored verdict is already JSON)."""
+    if isinstance(judge_prm, PrmVerdict):
+        judge_prm = judge_prm.to_json()
     own = {k: turn[k] for k in SCORING_TURN_KEYS - {"parent_turn_index"} if turn.get(k) is not None}
     return {
         **ScoringTurn.model_validate(own).model_dump(),
@@ -226,7 +229,9 @@ class PRMScoring:
 
         register_prometheus(registry, self.runner.metrics)
 
-    async def score_turn(self, turn: dict[str, Any], judge_prm: Any = None) -> ScoreOutcome:
+    async def score_turn(
+        self, turn: dict[str, Any], judge_prm: PrmVerdict | dict[str, Any] | None = None
+    ) -> ScoreOutcome:
         """Score one judged turn (a stored turn dict with its ``next_state``); see the module contract."""
         from judge_server.prm import score_session
 

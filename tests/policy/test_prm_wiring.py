@@ -29,7 +29,7 @@ from policy_testkit import chat, lease_all, of_session, start_judge, start_polic
 
 from engine.errors import EngineUnavailable
 from engine.procs import ManagedProcess, free_port, spawn
-from engine.records import PipelineOutcome, Sample
+from engine.records import PipelineOutcome, PrmVerdict, Sample
 from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
@@ -346,3 +346,10 @@ def test_apply_outcome_and_turn_shape():
     wrapped = RuntimeError("outer")
     wrapped.__cause__ = JudgeUnavailable("inner")
     assert isinstance(unreachable_cause(wrapped), JudgeUnavailable) and unreachable_cause(ValueError()) is None
+
+
+def test_scoring_turn_reads_the_verdict_record_or_its_stored_json_alike():
+    verdict = PrmVerdict.model_validate({"score": 1, "status": "ok", "votes": [1], "confidence": 1.0, "reason": None})
+    from_record = scoring_turn(_turn(), verdict)["judge_prm"]
+    assert from_record == verdict.to_json() == scoring_turn(_turn(), verdict.to_json())["judge_prm"]
+    assert scoring_turn(_turn())["judge_prm"] is None

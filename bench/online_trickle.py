@@ -88,10 +88,10 @@ async def run_live(
                     break
                 continue
             lease_id, samples = got
-            newest = max(ready_at[s["sample_id"]] for s in samples)
+            newest = max(ready_at[str(s.sample_id)] for s in samples)
             if newest > asked:  # the lease was waiting: the write of its newest sample woke it
                 wake_ms.append((time.monotonic() - newest) * 1000)
-            steps.append([float(s["reward"]) for s in samples])
+            steps.append([float(s.reward) for s in samples])  # every produced sample has a reward
             await asyncio.sleep(train_s)  # update + checkpoint + weight push
             store.ack(lease_id)
         await producer

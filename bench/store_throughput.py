@@ -63,7 +63,7 @@ def _lease_worker(url: str, data_dir: str, threads: int, batch: int, start, out)
 
     def take() -> None:
         while (lease := store.lease(batch, lease_s=600)) is not None:
-            got.extend(s["sample_id"] for s in lease[1])
+            got.extend(str(s.sample_id) for s in lease[1])
             store.ack(lease[0])
 
     out.put((_timed([threading.Thread(target=take) for _ in range(threads)], start), got))

@@ -29,7 +29,7 @@ from trainer.settings import TrainConfig
 from trainer.train import train_on_batch
 
 
-def make_samples(vocab: int, n: int, p_len: int, r_len: int, seed: int = 0) -> list[dict]:
+def make_samples(vocab: int, n: int, p_len: int, r_len: int, seed: int = 0) -> list[Sample]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -48,7 +48,7 @@ def make_samples(vocab: int, n: int, p_len: int, r_len: int, seed: int = 0) -> l
                 teacher_logprobs=[-6.5] * r,
                 w_rl=1.0,
                 w_opd=1.0,
-            ).to_json()
+            )
         )
     return out
 
@@ -78,7 +78,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     samples = make_samples(model.config.vocab_size, args.batch_size, args.prompt_len, args.response_len)
     cfg = TrainConfig(model_path=model_path, out_dir="unused", micro_batch_size=args.micro_batch_size, progress=False)
-    n_tok = sum(len(s["response_ids"]) for s in samples)
+    n_tok = sum(len(s.response_ids or []) for s in samples)
 
     def full() -> None:
         train_on_batch(model, model, None, opt, samples, [False] * len(samples), cfg, RunningMean(), 0, 1, device, None)

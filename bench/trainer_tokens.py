@@ -24,13 +24,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.records import Sample
 from engine.tiny_model import build_tiny_model
 from trainer.batch import collate
 from trainer.objective import micro_loss, old_logprobs, token_advantages
 from trainer.settings import TrainConfig
 
 
-def session(prompt_tokens: int, turns: int, vocab: int = 1000, seed: int = 0) -> list[dict]:
+def session(prompt_tokens: int, turns: int, vocab: int = 1000, seed: int = 0) -> list[Sample]:
     rng = random.Random(seed)
     prompt = [rng.randrange(10, vocab) for _ in range(prompt_tokens)]
     out = []
@@ -38,31 +39,35 @@ def session(prompt_tokens: int, turns: int, vocab: int = 1000, seed: int = 0) ->
         resp = [rng.randrange(10, vocab) for _ in range(150)]
         n = len(resp)
         out.append(
-            {
-                "sample_id": f"t{k}",
-                "session_id": "s",
-                "turn_index": k,
-                "mode": "combine",
-                "prompt_ids": prompt,
-                "response_ids": resp,
-                "rollout_logprobs": [-rng.uniform(3, 8) for _ in range(n)],
-                "loss_mask": [1] * n,
-                "reward": rng.choice([1.0, -1.0]),
-                "has_reward": True,
-                "teacher_logprobs": [-rng.uniform(1, 9) for _ in range(n)],
-                "has_teacher": True,
-                "w_rl": 0.5,
-                "w_opd": 1.0,
-            }
+            Sample.model_validate(
+                {
+                    "sample_id": f"t{k}",
+                    "session_id": "s",
+                    "turn_index": k,
+                    "mode": "combine",
+                    "prompt_ids": prompt,
+                    "response_ids": resp,
+                    "rollout_logprobs": [-rng.uniform(3, 8) for _ in range(n)],
+                    "loss_mask": [1] * n,
+                    "reward": rng.choice([1.0, -1.0]),
+                    "has_reward": True,
+                    "teacher_logprobs": [-rng.uniform(1, 9) for _ in range(n)],
+                    "has_teacher": True,
+                    "w_rl": 0.5,
+                    "w_opd": 1.0,
+                }
+            )
         )
         prompt = prompt + resp + [rng.randrange(10, vocab) for _ in range(60)]
     return out
 
 
-def loss_and_grad(model: torch.nn.Module, samples: list[dict], merge: bool) -> tuple[float, list[torch.Tensor], float]:
+def loss_and_grad(
+    model: torch.nn.Module, samples: list[Sample], merge: bool
+) -> tuple[float, list[torch.Tensor], float]:
     cfg = TrainConfig(model_path="m", out_dir="o", old_logprobs="rollout", rollout_correction="none")
     b = collate(samples, merge=merge)
-    rl_adv = torch.tensor([s["reward"] for s in samples])
+    rl_adv = torch.tensor([s.reward for s in samples])  # every bench sample has one
     t0 = time.process_time()
     old = old_logprobs(model, b, cfg)
     adv = token_advantages(b, old.adv, rl_adv, cfg)

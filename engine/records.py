@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from engine.sample_values import value_problem
 
@@ -357,9 +357,10 @@ class PipelineOutcome(BaseModel):
     Produced by the reward pipeline (``RewardPipeline.process``), by the dispatcher for a pipeline error and
     a session-scope hold, and by PRM scoring; the dispatcher writes it with ``Store.complete_judge``.
     ``included``: the turn counts for the session's at-least-one rule (true for an accepted turn, also while
-    it is held ``pending_score``). ``sample``: the reward pipeline's fields of the :class:`Sample`
-    (``mode`` .. ``prompt_versions``, as its JSON, in its order); the dispatcher adds the turn's fields.
+    it is held ``pending_score``). ``sample``: the :class:`Sample` with the reward pipeline's fields
+    (``mode`` .. ``prompt_versions``; only those set travel in its JSON); the dispatcher adds the turn's.
     ``prompt_versions``: the judge/teacher template versions the verdicts came from (also in ``sample``).
+    The outcome is frozen; its sample is never modified in place (a change is a copy).
     """
 
     model_config = ConfigDict(frozen=True, strict=True)
@@ -367,24 +368,24 @@ class PipelineOutcome(BaseModel):
     status: SampleStatus
     reject_reason: str | None = None
     included: bool = False
-    sample: SampleJSON = {}
+    sample: Sample = Field(default_factory=Sample)
     prompt_versions: dict[str, str] = {}
 
     @classmethod
     def rejected(
-        cls, reason: str, sample: SampleJSON | None = None, prompt_versions: dict[str, str] | None = None
+        cls, reason: str, sample: Sample | None = None, prompt_versions: dict[str, str] | None = None
     ) -> PipelineOutcome:
         """Not trained on, for ``reason``; ``sample`` keeps what was decided (verdicts, for audit)."""
         return cls(
             status=SampleState.REJECTED,
             reject_reason=reason,
             included=False,
-            sample=sample or {},
+            sample=sample or Sample(),
             prompt_versions=prompt_versions or {},
         )
 
     @classmethod
-    def ready(cls, sample: SampleJSON, prompt_versions: dict[str, str] | None = None) -> PipelineOutcome:
+    def ready(cls, sample: Sample, prompt_versions: dict[str, str] | None = None) -> PipelineOutcome:
         """Accepted: leasable once stored."""
         return cls(status=SampleState.READY, included=True, sample=sample, prompt_versions=prompt_versions or {})
 

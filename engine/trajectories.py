@@ -19,17 +19,18 @@ advantages stay per sample and per token.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from engine.records import MergedTrajectory, MergedTurn, Sample
 
 
-def _seq(s: dict[str, Any]) -> list[int] | None:
-    p, r = s.get("prompt_ids"), s.get("response_ids")
-    if not isinstance(p, list) or not isinstance(r, list) or not p or not r:
+def _seq(s: Sample) -> list[int] | None:
+    p, r = s.prompt_ids, s.response_ids
+    if not p or not r:
         return None
     return [*p, *r]
 
 
-def plan_rows(samples: Sequence[dict[str, Any]], eligible: Sequence[bool] | None = None) -> list[list[int]]:
+def plan_rows(samples: Sequence[Sample], eligible: Sequence[bool] | None = None) -> list[list[int]]:
     """Rows of sample indices (see the module rule); every sample is in exactly one row, rows in first-member
     order, members in turn order. The row's sequence is its last member's prompt + response."""
     eligible = eligible if eligible is not None else [True] * len(samples)
@@ -37,13 +38,12 @@ def plan_rows(samples: Sequence[dict[str, Any]], eligible: Sequence[bool] | None
     by_session: dict[str, list[int]] = {}
     rows: list[list[int]] = []
     for i, s in enumerate(samples):
-        sid = s.get("session_id")
-        if seqs[i] is None or not isinstance(sid, str) or not isinstance(s.get("turn_index"), int):
+        if seqs[i] is None or s.session_id is None or s.turn_index is None:
             rows.append([i])
         else:
-            by_session.setdefault(sid, []).append(i)
+            by_session.setdefault(s.session_id, []).append(i)
     for members in by_session.values():
-        members.sort(key=lambda i: samples[i]["turn_index"])
+        members.sort(key=lambda i: samples[i].turn_index or 0)
         cur: list[int] = []
         tail: list[int] | None = None
         for i in members:
@@ -59,37 +59,38 @@ def plan_rows(samples: Sequence[dict[str, Any]], eligible: Sequence[bool] | None
     return rows
 
 
-def row_sequence(samples: Sequence[dict[str, Any]], row: list[int]) -> list[int]:
-    """The token ids a row runs: its last member's prompt + response."""
+def row_sequence(samples: Sequence[Sample], row: list[int]) -> list[int]:
+    """The token ids a row runs: its last member's prompt + response (none for a sample without them)."""
     last = samples[row[-1]]
-    return [*last["prompt_ids"], *last["response_ids"]]
+    return [*(last.prompt_ids or []), *(last.response_ids or [])]
 
 
-def forward_tokens(samples: Sequence[dict[str, Any]], rows: list[list[int]]) -> int:
+def forward_tokens(samples: Sequence[Sample], rows: list[list[int]]) -> int:
     """Tokens a forward pass runs for these rows (what the trainer pays)."""
     return sum(len(row_sequence(samples, r)) for r in rows)
 
 
-def merged_trajectories(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The lease API's ``trajectories``: one entry per row of two or more samples, as
-    :class:`engine.records.MergedTrajectory` JSON (``token_ids`` once, each member's response offset)."""
+def merged_trajectories(samples: Sequence[Sample]) -> list[MergedTrajectory]:
+    """The lease API's ``trajectories``: one entry per row of two or more samples (``token_ids`` once, each
+    member's response offset)."""
     out = []
     for row in plan_rows(samples):
         if len(row) < 2:
             continue
+        members = [samples[i] for i in row]
         out.append(
-            {
-                "session_id": samples[row[0]]["session_id"],
-                "token_ids": row_sequence(samples, row),
-                "turns": [
-                    {
-                        "sample_id": samples[i].get("sample_id"),
-                        "turn_index": samples[i]["turn_index"],
-                        "response_start": len(samples[i]["prompt_ids"]),
-                        "response_len": len(samples[i]["response_ids"]),
-                    }
-                    for i in row
+            MergedTrajectory(
+                session_id=members[0].session_id or "",
+                token_ids=row_sequence(samples, row),
+                turns=[
+                    MergedTurn(
+                        sample_id=m.sample_id,
+                        turn_index=m.turn_index or 0,
+                        response_start=len(m.prompt_ids or []),
+                        response_len=len(m.response_ids or []),
+                    )
+                    for m in members
                 ],
-            }
+            )
         )
     return out

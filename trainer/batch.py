@@ -1,9 +1,10 @@
-"""Leased sample dicts -> padded training tensors, and the model forward that scores response tokens.
+"""Leased samples -> padded training tensors, and the model forward that scores response tokens.
 
-Contract: a sample is the JSON of an :class:`engine.records.Sample` (docs/CONTRACTS.md "Sample JSON"), read
-as leased: a broken one must be set aside, not crash the step, so it is not parsed into the model.
-``check_sample`` returns a reason string when a sample breaks it (per-token lists of the wrong length, no
-response); the loop then trains it with an all-zero mask and logs the reason, so a bad sample is visible, acked and never crashes a step.
+Contract: a sample is an :class:`engine.records.Sample` (docs/CONTRACTS.md "Sample JSON"), its types checked
+once where it was read (trainer.lease_client.typed_samples; one off the schema never gets here). What the
+types cannot say is checked here: ``check_sample`` returns a reason string when a sample breaks the contract
+(per-token lists of the wrong length, no response, unusable numbers); the loop then trains it with an all-zero
+mask and logs the reason, so a bad sample is visible, acked and never crashes a step.
 Sequences are prompt + response, right-padded to L; response position t of sample i is predicted by
 the logits of row ``row[i]`` at ``P_i - 1 + t`` (``resp_index``), so all per-token tensors are (B, T)
 response-aligned. Each sample has its own row, or with ``merge`` a session's token-continuous turns
@@ -16,7 +17,7 @@ Top-K teacher rows are used only for samples whose K equals the batch's most com
 their ``rollout_logprobs`` are the masked distribution's, so the loop never uses them as old log-probs
 (``trainer.objective.select_old_logprobs``) nor in the train-vs-rollout gap; a missing flag means false.
 ``temperature`` (B,) is each sample's ``sampling_params.temperature`` (1.0 when absent; trainer/rollout_correction.py);
-a ``sampling_params`` that is not an object, or a temperature that is not a finite number >= 0, breaks the contract.
+a temperature that is not a finite number >= 0 breaks the contract.
 """
 
 from __future__ import annotations
@@ -27,56 +28,51 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.records import SampleJSON
-from engine.sample_values import value_problem
+from engine.records import Sample
 from engine.trajectories import plan_rows, row_sequence
 from trainer.loss import entropy_from_logits, token_logprobs
 from trainer.rollout_correction import check_sampling_params, sample_temperature
 
 
-def check_sample(s: SampleJSON, *, shaping: str = "none") -> str | None:
-    """None if the sample is trainable, else why not.
+def check_sample(s: Sample, *, shaping: str = "none") -> str | None:
+    """None if the sample is trainable, else why not (its types were checked where it was read).
 
     ``token_rewards`` must be null or one finite float per response id; with ``process_weighted``
     shaping they must lie in [0, 1] on loss-mask tokens (AReaL asserts this; here the sample is set aside
     instead of crashing the step).
     """
-    resp = s.get("response_ids") or []
-    if not s.get("prompt_ids") or not resp:
+    resp = s.response_ids or []
+    if not s.prompt_ids or not resp:
         return "empty prompt_ids or response_ids"
     n = len(resp)
-    for key in ("rollout_logprobs", "loss_mask"):
-        if len(s.get(key) or []) != n:
-            return f"{key} has {len(s.get(key) or [])} entries for {n} response ids"
-    if s.get("has_teacher") and len(s.get("teacher_logprobs") or []) != n:
-        return (
-            f"has_teacher but teacher_logprobs has {len(s.get('teacher_logprobs') or [])} entries for {n} response ids"
-        )
-    if s.get("has_reward") and s.get("reward") is None:
+    for key, values in (("rollout_logprobs", s.rollout_logprobs), ("loss_mask", s.loss_mask)):
+        if len(values or []) != n:
+            return f"{key} has {len(values or [])} entries for {n} response ids"
+    if s.has_teacher and len(s.teacher_logprobs or []) != n:
+        return f"has_teacher but teacher_logprobs has {len(s.teacher_logprobs or [])} entries for {n} response ids"
+    if s.has_reward and s.reward is None:
         return "has_reward but reward is null"
-    why = value_problem(s)  # the policy server checked the same before leasing; a sample file was not checked
+    why = s.value_problem()  # the policy server checked the same before leasing; a sample file was not checked
     if why:
         return why
-    tr = s.get("token_rewards")
+    tr = s.token_rewards
     if tr is not None:
         if len(tr) != n:
             return f"token_rewards has {len(tr)} entries for {n} response ids"
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in tr):
-            return "token_rewards holds a non-finite or non-numeric value"
+        if not all(math.isfinite(v) for v in tr):
+            return "token_rewards holds a non-finite value"
         if shaping == "process_weighted" and any(
-            m and not 0.0 <= v <= 1.0 for v, m in zip(tr, s["loss_mask"], strict=True)
+            m and not 0.0 <= v <= 1.0 for v, m in zip(tr, s.loss_mask, strict=True)
         ):
             return "process_weighted shaping needs token_rewards in [0, 1] on loss-mask tokens"
-    if s.get("constrained") is not None and not isinstance(s["constrained"], bool):
-        return f"constrained must be a bool, got {s['constrained']!r}"
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in s["rollout_logprobs"]):
+    if not all(math.isfinite(v) for v in s.rollout_logprobs or []):
         # A NaN/inf here would turn the rollout importance weight (and the gap metric) into NaN.
-        return "rollout_logprobs holds a non-finite or non-numeric value"
+        return "rollout_logprobs holds a non-finite value"
     sp_err = check_sampling_params(s)
     if sp_err:
         return sp_err
-    topk = s.get("teacher_topk")
-    if topk and (len(topk.get("ids", [])) != n or len(topk.get("logprobs", [])) != n):
+    topk = s.teacher_topk
+    if topk and (len(topk.ids) != n or len(topk.logprobs) != n):
         return "teacher_topk rows do not match response length"
     return None
 
@@ -113,7 +109,7 @@ class Batch:
 
 
 def collate(
-    samples: list[SampleJSON],
+    samples: list[Sample],
     *,
     eos_id: int | None = None,
     mask_no_eos: bool = False,
@@ -124,8 +120,8 @@ def collate(
     ``merge`` lets a session's token-continuous turns share a row (never a zero-mask sample's)."""
     B = len(samples)
     zero_mask = zero_mask or [False] * B
-    P = [len(s["prompt_ids"]) for s in samples]
-    R = [len(s["response_ids"]) for s in samples]
+    P = [len(s.prompt_ids or []) for s in samples]
+    R = [len(s.response_ids or []) for s in samples]
     rows = plan_rows(samples, [not z for z in zero_mask]) if merge else [[i] for i in range(B)]
     row_of = [0] * B
     for g, members in enumerate(rows):
@@ -133,7 +129,7 @@ def collate(
             row_of[i] = g
     seqs = [row_sequence(samples, members) for members in rows]
     L, T = max(len(q) for q in seqs), max(R)
-    ks = [len(s["teacher_topk"]["ids"][0]) for s in samples if s.get("teacher_topk") and s["teacher_topk"].get("ids")]
+    ks = [len(s.teacher_topk.ids[0]) for s in samples if s.teacher_topk is not None and s.teacher_topk.ids]
     K = Counter(ks).most_common(1)[0][0] if ks else 0
 
     input_ids = torch.zeros(len(rows), L, dtype=torch.long)
@@ -148,29 +144,37 @@ def collate(
     topk_ids = torch.zeros(B, T, K, dtype=torch.long) if K else None
     topk_lp = torch.zeros(B, T, K) if K else None
     for i, s in enumerate(samples):
-        p, r = P[i], R[i]
+        p, r, resp = P[i], R[i], s.response_ids or []
         resp_index[i, :r] = torch.arange(p - 1, p - 1 + r)
         resp_index[i, r:] = p - 1  # padding reads a real position; masked anyway
-        response_ids[i, :r] = torch.tensor(s["response_ids"])
-        excluded = zero_mask[i] or (mask_no_eos and eos_id is not None and s["response_ids"][-1] != eos_id)
+        response_ids[i, :r] = torch.tensor(resp, dtype=torch.long)
+        excluded = zero_mask[i] or (mask_no_eos and eos_id is not None and resp[-1] != eos_id)
         if not excluded:
-            mask[i, :r] = torch.tensor(s["loss_mask"], dtype=torch.float32)
+            mask[i, :r] = torch.tensor(s.loss_mask, dtype=torch.float32)
         if zero_mask[i]:
             # A set-aside row keeps zeros: its values may be the very reason it was set aside, and a NaN
             # times a zero mask is still NaN in every sum it enters.
             continue
-        rollout_lp[i, :r] = torch.tensor(s["rollout_logprobs"], dtype=torch.float32)
-        if s.get("has_teacher") and s.get("teacher_logprobs"):
-            teacher_lp[i, :r] = torch.tensor(s["teacher_logprobs"], dtype=torch.float32)
-        if s.get("token_rewards") is not None:
-            token_rewards[i, :r] = torch.tensor(s["token_rewards"], dtype=torch.float32)
-        topk = s.get("teacher_topk")
-        if topk_ids is not None and topk_lp is not None and topk and topk.get("ids") and len(topk["ids"][0]) == K:
-            topk_ids[i, :r] = torch.tensor(topk["ids"], dtype=torch.long)
-            topk_lp[i, :r] = torch.tensor(topk["logprobs"], dtype=torch.float32)
+        rollout_lp[i, :r] = torch.tensor(s.rollout_logprobs or [], dtype=torch.float32)
+        if s.has_teacher and s.teacher_logprobs:
+            teacher_lp[i, :r] = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
+        if s.token_rewards is not None:
+            token_rewards[i, :r] = torch.tensor(s.token_rewards, dtype=torch.float32)
+        topk = s.teacher_topk
+        if topk_ids is not None and topk_lp is not None and topk is not None and topk.ids and len(topk.ids[0]) == K:
+            topk_ids[i, :r] = torch.tensor(topk.ids, dtype=torch.long)
+            topk_lp[i, :r] = torch.tensor(topk.logprobs, dtype=torch.float32)
             topk_valid[i, :r] = mask[i, :r]
     live = [not z for z in zero_mask]
-    bools = lambda key: torch.tensor([bool(s.get(key)) and ok for s, ok in zip(samples, live, strict=True)])  # noqa: E731
+
+    def per_sample(values: list[float]) -> torch.Tensor:
+        """(B,) of a number per sample, 0 on a set-aside row (its values may be why it was set aside)."""
+        return torch.tensor([v if ok else 0.0 for v, ok in zip(values, live, strict=True)])
+
+    def flags(values: list[bool]) -> torch.Tensor:
+        """(B,) bool of a flag per sample, false on a set-aside row."""
+        return torch.tensor([v and ok for v, ok in zip(values, live, strict=True)])
+
     return Batch(
         input_ids=input_ids,
         attention_mask=attn,
@@ -180,28 +184,20 @@ def collate(
         mask=mask,
         rollout_lp=rollout_lp,
         teacher_lp=teacher_lp,
-        has_teacher=bools("has_teacher") & torch.tensor([bool(s.get("teacher_logprobs")) for s in samples]),
-        reward=torch.tensor([_value(s, "reward", 0.0) if ok else 0.0 for s, ok in zip(samples, live, strict=True)]),
-        has_reward=bools("has_reward") & torch.tensor([s.get("reward") is not None for s in samples]),
-        w_rl=torch.tensor([_value(s, "w_rl", 1.0) if ok else 0.0 for s, ok in zip(samples, live, strict=True)]),
-        w_opd=torch.tensor([_value(s, "w_opd", 1.0) if ok else 0.0 for s, ok in zip(samples, live, strict=True)]),
+        has_teacher=flags([s.has_teacher and bool(s.teacher_logprobs) for s in samples]),
+        reward=per_sample([0.0 if s.reward is None else s.reward for s in samples]),
+        has_reward=flags([s.has_reward and s.reward is not None for s in samples]),
+        w_rl=per_sample([s.w_rl for s in samples]),
+        w_opd=per_sample([s.w_opd for s in samples]),
         token_rewards=token_rewards,
-        has_token_rewards=torch.tensor(
-            [s.get("token_rewards") is not None and ok for s, ok in zip(samples, live, strict=True)]
-        ),
+        has_token_rewards=flags([s.token_rewards is not None for s in samples]),
         topk_ids=topk_ids,
         topk_lp=topk_lp,
         topk_valid=topk_valid,
-        constrained=bools("constrained"),
+        constrained=flags([s.constrained for s in samples]),
         temperature=torch.tensor([sample_temperature(s) for s in samples], dtype=torch.float32),
-        modes=[str(s.get("mode", "rl")) for s in samples],
+        modes=[s.mode or "rl" for s in samples],
     )
-
-
-def _value(s: SampleJSON, key: str, default: float) -> float:
-    """A checked sample's number (``default`` when the key is absent or null: only set-aside rows hold null)."""
-    v = s.get(key)
-    return default if v is None else float(v)
 
 
 @dataclass

@@ -18,12 +18,15 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.chat import load_tokenizer, render_prompt_ids
 from engine.records import Mode, Sample, SampleJSON, TeacherTopK
+
+if TYPE_CHECKING:
+    from trainer.lease_client import Lease
 
 
 def target_reward(target_ids: set[int]) -> Callable[[list[int]], float]:
@@ -68,7 +71,7 @@ class LocalSampleSource:
         )
         self.weight_version = "0"
         self.replay_unacked = replay_unacked
-        self.leases: dict[str, list[dict[str, Any]]] = {}
+        self.leases: dict[str, list[SampleJSON]] = {}
         self.acked: list[str] = []
         self.weight_updates: list[tuple[str, str]] = []
 
@@ -108,7 +111,7 @@ class LocalSampleSource:
         return outs
 
     @torch.no_grad()
-    def _teacher_scores(self, prompt_ids: list[int], resp: list[int]) -> tuple[list[float], dict[str, Any] | None]:
+    def _teacher_scores(self, prompt_ids: list[int], resp: list[int]) -> tuple[list[float], TeacherTopK | None]:
         assert self.teacher is not None
         ids = torch.tensor([prompt_ids + resp])
         logits = self.teacher(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()  # (R, V)
@@ -117,7 +120,7 @@ class LocalSampleSource:
         topk = None
         if self.teacher_topk:
             v, i = lp.topk(self.teacher_topk, -1)
-            topk = {"ids": i.tolist(), "logprobs": v.tolist()}
+            topk = TeacherTopK(ids=i.tolist(), logprobs=v.tolist())
         return tok_lp, topk
 
     def prompt_ids(self, prompt: str) -> list[int]:
@@ -139,7 +142,7 @@ class LocalSampleSource:
             prm=None,
             hint=None,
             teacher_logprobs=t_lp,
-            teacher_topk=None if topk is None else TeacherTopK(**topk),
+            teacher_topk=topk,
             token_rewards=None,
             w_rl=1.0,
             w_opd=1.0,
@@ -154,7 +157,7 @@ class LocalSampleSource:
             created_at=time.time(),
         ).to_json()
 
-    def lease(self, max_samples: int, wait_s: float = 0.0, min_samples: int = 1) -> Any:
+    def lease(self, max_samples: int, wait_s: float = 0.0, min_samples: int = 1) -> Lease:
         from trainer.lease_client import Lease
 
         if self.replay_unacked:

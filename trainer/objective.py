@@ -30,10 +30,10 @@ tokens for the logged statistics, so they can be all-reduced across micro-batche
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from engine.records import Sample
 from trainer.advantages import (
     broadcast_to_tokens,
     combine_advantages,
@@ -72,27 +72,27 @@ STAT_KEYS = (
 STEP_MODES = ("prm_gated_opd", "multiplicative", "multiplicative_literal")
 
 
-def carries_learning_term(s: dict[str, Any], cfg: TrainConfig) -> bool:
+def carries_learning_term(s: Sample, cfg: TrainConfig) -> bool:
     """Whether a (valid) sample gives the step a learning signal in the configured mode; one that does not is
     trained with mask 0, so it dilutes no denominator (docs/REWARD_MODES.md "Denominators").
 
     rl: a reward, except a reward of exactly 0 under baseline ``none`` (A = 0 by construction: an at-least-one
     promoted turn); opd: teacher log-probs; combine: either term with a non-zero weight; the step modes: both.
     Token rewards under shaping and ``teacher_topk`` with ``--topk-coef`` > 0 are learning terms too."""
-    has_r = bool(s.get("has_reward")) and s.get("reward") is not None
-    has_t = bool(s.get("has_teacher"))
-    mode = s.get("mode", "rl") if cfg.advantage_mode == "sample" else cfg.advantage_mode
-    rl = has_r and not (cfg.baseline == "none" and float(s["reward"]) == 0.0)
+    has_r = s.has_reward and s.reward is not None
+    has_t = s.has_teacher
+    mode = (s.mode or "rl") if cfg.advantage_mode == "sample" else cfg.advantage_mode
+    rl = has_r and not (cfg.baseline == "none" and s.reward == 0.0)
     if mode in STEP_MODES:
         own = has_r and has_t
     elif mode == "opd":
         own = has_t
     elif mode == "combine":
-        own = (rl and float(s.get("w_rl", 1.0)) != 0.0) or (has_t and float(s.get("w_opd", 1.0)) != 0.0)
+        own = (rl and s.w_rl != 0.0) or (has_t and s.w_opd != 0.0)
     else:
         own = rl
-    shaped = cfg.shaping != "none" and s.get("token_rewards") is not None
-    topk = cfg.topk_coef > 0 and bool(s.get("teacher_topk"))
+    shaped = cfg.shaping != "none" and s.token_rewards is not None
+    topk = cfg.topk_coef > 0 and s.teacher_topk is not None and bool(s.teacher_topk.ids)
     return own or shaped or topk
 
 
@@ -264,5 +264,5 @@ def micro_loss(
     return loss, stats
 
 
-def new_stats() -> dict[str, Any]:
+def new_stats() -> dict[str, float]:
     return dict.fromkeys(STAT_KEYS, 0.0)

@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from engine.records import Sample
 from trainer.loss import token_logprobs
 
 ROLLOUT_CORRECTIONS = ("none", "tis", "mis")
@@ -52,13 +52,11 @@ GREEDY_EPS = 1e-6  # SGLang's _SAMPLING_EPS: below it a request is decoded greed
 IS_STAT_KEYS = ("is_tokens", "is_sum", "is_applied_sum", "is_over_cap")
 
 
-def check_sampling_params(s: dict[str, Any]) -> str | None:
-    """None when ``sampling_params`` is absent, null or a dict whose temperature is null or a finite number >= 0."""
-    sp = s.get("sampling_params")
+def check_sampling_params(s: Sample) -> str | None:
+    """None when ``sampling_params`` is absent or null, or its temperature is null or a finite number >= 0."""
+    sp = s.sampling_params
     if sp is None:
         return None
-    if not isinstance(sp, dict):
-        return f"sampling_params must be an object or null, got {type(sp).__name__}"
     t = sp.get("temperature")
     if t is None:
         return None
@@ -67,10 +65,10 @@ def check_sampling_params(s: dict[str, Any]) -> str | None:
     return None
 
 
-def sample_temperature(s: dict[str, Any]) -> float:
+def sample_temperature(s: Sample) -> float:
     """The temperature the engine sampled (and scaled its log-probs) with; see the module contract."""
-    sp = s.get("sampling_params")
-    t = sp.get("temperature") if isinstance(sp, dict) else None
+    sp = s.sampling_params
+    t = sp.get("temperature") if sp is not None else None
     if t is None or isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < GREEDY_EPS:
         return 1.0
     return float(t)

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from engine.records import Sample
 from trainer import parallel
 from trainer.advantages import RunningMean
 from trainer.batch import check_sample
@@ -62,6 +63,7 @@ from trainer.lease_client import (
     TrainerError,
     collect_leases,
 )
+from trainer.lease_client.samples import SetAside, typed_samples
 from trainer.metrics import MetricsLogger
 from trainer.objective import carries_learning_term
 from trainer.prm import resolve_prm_config
@@ -75,7 +77,7 @@ logger = logging.getLogger(__name__)
 SKIPPED_STEPS_FILE = "skipped_steps.jsonl"  # one line per batch that had no gradient (trainer/report reads it)
 
 
-def sample_version(weight_version: Any) -> int:
+def sample_version(weight_version: str | None) -> int:
     """The trainer step whose weights generated a sample: the trainer publishes ``weight_version = str(step)``;
     any other version (the engine's initial one, e.g. SGLang's ``default``) is the weights before step 1."""
     try:
@@ -87,11 +89,23 @@ def sample_version(weight_version: Any) -> int:
 # ----------------------------------------------------------------------------- one leased batch
 @dataclass
 class LeasedBatch:
-    """The samples of one step's leases; ``invalid[i]``: sample i is trained with mask 0 (contract break, duplicate)."""
+    """The samples of one step's leases; ``invalid[i]``: sample i is trained with mask 0 (contract break, duplicate).
+    ``set_aside``: leased JSON off the Sample schema, never trained (acked with its lease, counted invalid)."""
 
-    samples: list[dict[str, Any]]
+    samples: list[Sample]
     invalid: list[bool]
     n_stale: int = 0  # of the invalid ones, set aside as older than max_staleness weight versions
+    set_aside: list[SetAside] = field(default_factory=list)
+
+    @property
+    def n_samples(self) -> int:
+        """Every sample the leases held, set-aside ones included."""
+        return len(self.samples) + len(self.set_aside)
+
+    @property
+    def n_invalid(self) -> int:
+        """Samples not trained for a contract break or as duplicates, set-aside ones included."""
+        return sum(self.invalid) + len(self.set_aside)
 
     def has_learning_term(self, cfg: TrainConfig) -> bool:
         """False when no sample can move the weights (a step would only apply Adam's momentum)."""
@@ -223,7 +237,15 @@ class TrainingRun:
     def admit(self, leases: list[Lease]) -> LeasedBatch:
         """The leases' samples with contract breaks and already-trained duplicates marked invalid (and logged);
         the leases join the ones the next checkpoint acks, on every rank so all ranks agree on when to persist."""
-        samples = [s for lease in leases for s in lease.samples]
+        # The JSON edge: each leased object is read into a Sample once; one off the schema is set aside.
+        samples: list[Sample] = []
+        set_aside: list[SetAside] = []
+        for lease in leases:
+            typed, aside = typed_samples(lease.samples)
+            samples.extend(typed)
+            set_aside.extend(aside)
+        for off in set_aside:
+            logger.warning("sample %s not trained: %s", off.sample_id, off.reason)
         reasons: list[str | None] = []
         stale: list[bool] = []
         for sample in samples:
@@ -236,28 +258,33 @@ class TrainingRun:
             if lease.prm_metrics:  # the server's PRM window for these samples; logged with the next trained step
                 self.prm_windows.add(lease.prm_metrics)
         seen = set(self.trained_ids)
-        duplicate = [str(s.get("sample_id")) in seen for s in samples]
+        duplicate = [str(s.sample_id) in seen for s in samples]
         for sample, why, dup in zip(samples, reasons, duplicate, strict=True):
             if why or dup:
                 logger.warning(
-                    "sample %s not trained: %s", sample.get("sample_id"), why or "already trained (re-leased duplicate)"
+                    "sample %s not trained: %s", sample.sample_id, why or "already trained (re-leased duplicate)"
                 )
         self.pending_leases.extend(lease.lease_id for lease in leases)
         return LeasedBatch(
-            samples, [bool(why) or dup for why, dup in zip(reasons, duplicate, strict=True)], n_stale=sum(stale)
+            samples,
+            [bool(why) or dup for why, dup in zip(reasons, duplicate, strict=True)],
+            n_stale=sum(stale),
+            set_aside=set_aside,
         )
 
-    def staleness_problem(self, sample: dict[str, Any]) -> str | None:
+    def staleness_problem(self, sample: Sample) -> str | None:
         """Why ``sample`` is too old to train, or None: it was generated more than ``max_staleness`` weight
         versions before the weights this step updates (version = the trainer's step; -1 = no bound). A samples
         file is offline data: its versions are not this trainer's, so it has no bound."""
         k = self.cfg.max_staleness
         if k < 0 or self.cfg.samples_file:
             return None
-        age = self.step - sample_version(sample.get("weight_version"))
+        age = self.step - sample_version(sample.weight_version)
         if age <= k:
             return None
-        return f"stale: weight version {sample.get('weight_version')!r} is {age} versions behind {self.step} (max_staleness {k})"
+        return (
+            f"stale: weight version {sample.weight_version!r} is {age} versions behind {self.step} (max_staleness {k})"
+        )
 
     def update_policy(self, batch: LeasedBatch) -> dict[str, Any] | None:
         """One PPO update on ``batch``; remembers its trained sample ids and checks DDP replicas still agree.
@@ -282,7 +309,7 @@ class TrainingRun:
         if stats is None:
             return None
         self.trained_ids.extend(
-            str(s.get("sample_id")) for s, bad in zip(batch.samples, batch.invalid, strict=True) if not bad
+            str(s.sample_id) for s, bad in zip(batch.samples, batch.invalid, strict=True) if not bad
         )
         fsdp = self.cfg.parallel == "fsdp2" and self.world > 1
         if self.world > 1 and self.cfg.check_ddp_sync and not fsdp:
@@ -370,14 +397,14 @@ class TrainingRun:
                 logger.warning("lease %s of a skipped step expired before its ack (%s)", lease_id, exc)
         record = {
             "after_step": self.step,
-            "n_samples": len(batch.samples),
-            "n_invalid": sum(batch.invalid),
+            "n_samples": batch.n_samples,
+            "n_invalid": batch.n_invalid,
             "n_stale": batch.n_stale,
-            "weight_versions": sorted({str(s.get("weight_version")) for s in batch.samples}),
+            "weight_versions": sorted({str(s.weight_version) for s in batch.samples}),
         }
         with open(self.out_dir / SKIPPED_STEPS_FILE, "a") as f:
             f.write(json.dumps(record) + "\n")
-        logger.info("no gradient in %d sample(s): step skipped (%d so far)", len(batch.samples), self.skipped_steps)
+        logger.info("no gradient in %d sample(s): step skipped (%d so far)", batch.n_samples, self.skipped_steps)
 
     def log_step(self, stats: dict[str, Any], batch: LeasedBatch) -> None:
         """Write the step's metrics (rank 0) with its timings and the PRM windows since the last logged step."""
@@ -389,10 +416,13 @@ class TrainingRun:
             train_time_s=self.update_time_s,
             tokens_per_s=stats["n_tokens"] / max(step_time_s, 1e-9),
             lr=self.cfg.lr,
-            weight_versions=sorted({str(s.get("weight_version")) for s in batch.samples}),
+            weight_versions=sorted({str(s.weight_version) for s in batch.samples}),
             n_stale=batch.n_stale,
             stale_samples=self.stale_samples,
             skipped_steps=self.skipped_steps,
+            # the update saw only the samples that fit the schema; the ones set aside count too
+            n_samples=batch.n_samples,
+            n_invalid=batch.n_invalid,
         )
         stats.update(self.prm_windows.drain())
         self.metrics.log(self.step, stats)

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from engine.records import Sample
 from trainer import parallel
 from trainer.advantages import RunningMean, rl_sample_advantages
 from trainer.batch import Batch, collate
@@ -85,41 +86,32 @@ class OldPass:
 
 
 def classify_samples(
-    samples: list[dict[str, Any]], invalid: list[bool], cfg: TrainConfig, eos_id: int | None
+    samples: list[Sample], invalid: list[bool], cfg: TrainConfig, eos_id: int | None
 ) -> tuple[torch.Tensor, list[bool]]:
     """(B,) bool: trained samples (a sample that is not trained does not enter the baseline), and per sample
     whether it is idle (trained with mask 0: invalid, or no learning term in this mode)."""
-    no_eos = [
-        cfg.mask_no_eos_with_zero and (not s.get("response_ids") or s["response_ids"][-1] != eos_id) for s in samples
-    ]
-    trained = [
-        not bad and not ne and any(s.get("loss_mask") or [])
-        for s, bad, ne in zip(samples, invalid, no_eos, strict=True)
-    ]
+    no_eos = [cfg.mask_no_eos_with_zero and (not s.response_ids or s.response_ids[-1] != eos_id) for s in samples]
+    trained = [not bad and not ne and any(s.loss_mask) for s, bad, ne in zip(samples, invalid, no_eos, strict=True)]
     # A sample without a single trained token (masked truncation, all-zero loss mask) is idle like an invalid one.
     idle = [not ok or not carries_learning_term(s, cfg) for s, ok in zip(samples, trained, strict=True)]
     return torch.tensor(trained), idle
 
 
-def sample_rewards(samples: list[dict[str, Any]], trainable: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_rewards(samples: list[Sample], trainable: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B,) float rewards (0 where absent) and (B,) bool: trained samples that carry a reward."""
     rewards = torch.tensor(
-        [
-            float(s["reward"]) if ok and s.get("reward") is not None else 0.0
-            for s, ok in zip(samples, trainable.tolist(), strict=True)
-        ]
+        [s.reward if ok and s.reward is not None else 0.0 for s, ok in zip(samples, trainable.tolist(), strict=True)]
     )
-    has_reward = torch.tensor([bool(s.get("has_reward")) and s.get("reward") is not None for s in samples]) & trainable
+    has_reward = torch.tensor([s.has_reward and s.reward is not None for s in samples]) & trainable
     return rewards, has_reward
 
 
-def _turn_index(s: dict[str, Any]) -> int:
-    t = s.get("turn_index")
-    return t if isinstance(t, int) else -1
+def _turn_index(s: Sample) -> int:
+    return -1 if s.turn_index is None else s.turn_index
 
 
 def plan_minibatches(
-    samples: list[dict[str, Any]],
+    samples: list[Sample],
     idle: list[bool],
     cfg: TrainConfig,
     rank: int,
@@ -142,7 +134,7 @@ def plan_minibatches(
         num_tokens, num_seqs = float(mask.sum()), float((mask.sum(-1) > 0).sum())
         mine = members[rank::world]
         if cfg.merge_trajectories:  # a session's turns side by side, so they land in one micro-batch and merge
-            mine.sort(key=lambda i: (str(samples[i].get("session_id")), _turn_index(samples[i]), i))
+            mine.sort(key=lambda i: (str(samples[i].session_id), _turn_index(samples[i]), i))
         # Every rank runs as many micro-batches as the rank with the largest share, so DDP backward counts agree.
         num_micros = max(1, math.ceil(math.ceil(len(members) / world) / cfg.micro_batch_size))
         micros = []
@@ -280,7 +272,7 @@ def run_ppo_epochs(
 
 
 def summarize(
-    samples: list[dict[str, Any]],
+    samples: list[Sample],
     invalid: list[bool],
     idle: list[bool],
     trainable: torch.Tensor,
@@ -316,12 +308,12 @@ def summarize(
         # Before process-reward shaping (equal to adv_* when shaping is off or no sample has token_rewards).
         "adv_unshaped_mean": s["adv_unshaped"] / num_tokens,
         "adv_unshaped_abs_mean": s["adv_unshaped_abs"] / num_tokens,
-        "n_with_token_rewards": sum(x.get("token_rewards") is not None for x in samples),
+        "n_with_token_rewards": sum(x.token_rewards is not None for x in samples),
         "token_reward_mean": s["tr_sum"] / s["tr_tokens"] if s["tr_tokens"] else float("nan"),
         "shaped_tokens": int(s["tr_tokens"] / cfg.ppo_epochs) if cfg.shaping != "none" else 0,
         "train_rollout_lp_abs_diff": o["gap_sum"] / max(o["gap_n"], 1.0),
         # Constrained samples are excluded from the gap above; their own mean |diff| is informational.
-        "n_constrained": sum(bool(x.get("constrained")) for x in samples),
+        "n_constrained": sum(x.constrained for x in samples),
         "constrained_rollout_lp_abs_diff": o["cgap_sum"] / o["cgap_n"] if o["cgap_n"] else float("nan"),
         "reward_mean": float(rewards[has_reward].mean()) if bool(has_reward.any()) else float("nan"),
         "n_samples": num_samples,
@@ -330,12 +322,12 @@ def summarize(
         "n_learning_samples": num_samples - sum(idle),
         "rl_adv_nonzero": int((rl_adv != 0).sum()),
         "n_with_reward": int(has_reward.sum()),
-        "n_with_teacher": sum(bool(x.get("has_teacher")) for x in samples),
+        "n_with_teacher": sum(x.has_teacher for x in samples),
         "n_tokens": int(s["tokens"] / cfg.ppo_epochs),
         "grad_norm": max(grad_norms),
         # Off-policy correction (rollout_is_* over valid tokens before mis rejection) and the samples' temperatures.
         **is_metrics(o, float(vmax[0]), cfg.rollout_correction),
-        "n_with_sampling_params": sum(isinstance(x.get("sampling_params"), dict) for x in samples),
+        "n_with_sampling_params": sum(x.sampling_params is not None for x in samples),
         "sample_temperature_mean": sum(sample_temperature(x) for x in samples) / max(num_samples, 1),
     }
     if ref_model is not None:
@@ -350,7 +342,7 @@ def train_on_batch(
     model: torch.nn.Module,
     ref_model: torch.nn.Module | None,
     opt: torch.optim.Optimizer,
-    samples: list[dict[str, Any]],
+    samples: list[Sample],
     invalid: list[bool],
     cfg: TrainConfig,
     running: RunningMean,
@@ -399,7 +391,7 @@ def train_on_batch(
 
 
 def forward_token_metrics(
-    samples: list[dict[str, Any]], plan: list[Minibatch], world: int, device: torch.device
+    samples: list[Sample], plan: list[Minibatch], world: int, device: torch.device
 ) -> dict[str, float]:
     """Tokens one forward pass over the batch runs (all ranks; dummy rows left out), per turn, next to what
     separate prompt + response sequences would run: merged trajectories make the first smaller."""
@@ -412,7 +404,7 @@ def forward_token_metrics(
     total = torch.tensor([ran], dtype=torch.float64, device=device)
     if world > 1:
         dist.all_reduce(total)
-    separate = sum(len(s.get("prompt_ids") or []) + len(s.get("response_ids") or []) for s in samples)
+    separate = sum(len(s.prompt_ids or []) + len(s.response_ids or []) for s in samples)
     n = max(len(samples), 1)
     return {
         "forward_tokens": float(total[0]),

@@ -42,7 +42,6 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from engine.records import MergedTrajectory
 from engine.trajectories import merged_trajectories
 from policy_server.api import response_models as rm
 from policy_server.api.auth import require_admin
@@ -125,13 +124,13 @@ async def lease(
     prm_metrics = st.scoring.drain_window() if st.scoring is not None and samples else {}
     body = {
         "lease_id": lease_id,
-        "samples": samples,
+        "samples": [s.to_json() for s in samples],
         "lease_timeout_s": st.settings.lease_timeout_s,
         "prm_metrics": prm_metrics,
     }
     if merge:
         merged = await asyncio.to_thread(merged_trajectories, samples)  # compares whole sequences: off the loop
-        body["trajectories"] = [MergedTrajectory.model_validate(t).to_json() for t in merged]
+        body["trajectories"] = [t.to_json() for t in merged]
     return body
 
 

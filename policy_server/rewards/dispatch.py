@@ -333,11 +333,11 @@ class Dispatcher:
         if self.session_scope and result.status == S.READY:
             result = result.held()  # held until the whole session is scored
         elif self.scoring is not None and result.status == S.READY:
-            outcome = await self.scoring.score_turn(turn, result.sample.get("prm"))
+            outcome = await self.scoring.score_turn(turn, result.sample.prm)
             if outcome.kind == "retry":
                 return await self._retry_later(job, f"prm: {outcome.reason}")
             result = apply_outcome(result, outcome)
-        raw = _sample_json(result.sample, turn, job["sample_id"])
+        raw = _sample_json(result.sample.to_json(), turn, job["sample_id"])
         if feedback is not None and applicable(result.status, result.reject_reason):
             # Feedback that arrived before judging is part of the outcome written now (never leased without it).
             status, why, raw = apply_feedback(

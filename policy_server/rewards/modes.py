@@ -55,8 +55,8 @@ from engine.records import (
     JudgeVerdicts,
     Mode,
     PipelineOutcome,
+    PrmVerdict,
     Sample,
-    SampleJSON,
     TeacherTopK,
 )
 from engine.records import RejectReason as R
@@ -77,6 +77,7 @@ __all__ = [
     "RewardPipeline",
     "RewardSettings",
     "TeacherEngine",
+    "accepted_hint_text",
     "build_sample",
     "classify_hint",
     "classify_prm",
@@ -201,36 +202,38 @@ class ModeState:
 # Hint outcome kinds: "accepted", "none", "failed".
 
 
-def classify_prm(prm: Any) -> tuple[str, str]:
-    """(kind, reason-if-not-signal) of a judge ``prm`` verdict object."""
-    if not isinstance(prm, dict):
+def classify_prm(prm: PrmVerdict | None) -> tuple[str, str]:
+    """(kind, reason-if-not-signal) of the judge's ``prm`` verdict (None: the judge's answer lacked it)."""
+    if prm is None:
         return "failed", f"{R.JUDGE_FAILED}: prm: verdict missing from judge response"
-    status, score = prm.get("status"), prm.get("score")
+    status, score = prm.status, prm.score
     if status == STATUS_FAILED:
-        return "failed", f"{R.JUDGE_FAILED}: prm: {prm.get('reason') or 'no reason given'}"
+        return "failed", f"{R.JUDGE_FAILED}: prm: {prm.reason or 'no reason given'}"
     if status == STATUS_NO_VALID:
         return "no_verdict", R.PRM_NO_VALID_VOTES
     if status == STATUS_TIE:
         return "neutral", R.PRM_TIE
-    if status == STATUS_OK and score in (1, -1):
+    if score in (1, -1):
         return "signal", ""
-    if status == STATUS_OK and score == 0:
+    if score == 0:
         return "neutral", R.PRM_NEUTRAL
     return "failed", f"{R.JUDGE_FAILED}: prm: unexpected verdict status={status!r} score={score!r}"
 
 
-def classify_hint(hint: Any) -> tuple[str, str]:
-    """(kind, reason-if-not-accepted) of a judge ``hint`` verdict object."""
-    if not isinstance(hint, dict):
+def classify_hint(hint: HintVerdict | None) -> tuple[str, str]:
+    """(kind, reason-if-not-accepted) of the judge's ``hint`` verdict (None: the judge's answer lacked it)."""
+    if hint is None:
         return "failed", f"{R.JUDGE_FAILED}: hint: verdict missing from judge response"
-    if hint.get("status") == STATUS_FAILED:
-        return "failed", f"{R.JUDGE_FAILED}: hint: {hint.get('reason') or 'no reason given'}"
-    if hint.get("status") != STATUS_OK:
-        return "failed", f"{R.JUDGE_FAILED}: hint: unexpected status {hint.get('status')!r}"
-    text = hint.get("hint")
-    if hint.get("accepted") is True and isinstance(text, str) and text.strip():
+    if hint.status == STATUS_FAILED:
+        return "failed", f"{R.JUDGE_FAILED}: hint: {hint.reason or 'no reason given'}"
+    if hint.accepted and accepted_hint_text(hint):
         return "accepted", ""
     return "none", R.NO_HINT
+
+
+def accepted_hint_text(hint: HintVerdict) -> str | None:
+    """The hint's text when it is one the teacher can use (non-blank), else None."""
+    return hint.hint if hint.hint is not None and hint.hint.strip() else None
 
 
 @dataclass(frozen=True)
@@ -244,7 +247,14 @@ class Decision:
     promoted: bool = False  # included by the at-least-one guarantee
 
 
-def decide(mode: str, prm: Any, hint: Any, *, session_has_included: bool, at_least_one: bool) -> Decision:
+def decide(
+    mode: str,
+    prm: PrmVerdict | None,
+    hint: HintVerdict | None,
+    *,
+    session_has_included: bool,
+    at_least_one: bool,
+) -> Decision:
     """Pure per-mode decision from the judge verdicts (see module docstring for the table)."""
     promote_ok = at_least_one and not session_has_included
     if mode == "rl":
@@ -280,19 +290,19 @@ def build_sample(
     n_response: int,
     *,
     include: bool,
-    prm: Any,
-    hint: Any,
+    prm: PrmVerdict | None,
+    hint: HintVerdict | None,
     reward: float | None,
     teacher_logprobs: list[float] | None,
-    teacher_topk: dict[str, Any] | None,
+    teacher_topk: TeacherTopK | None,
     prompt_versions: dict[str, str] | None = None,
     teacher_temperature: float | None = None,
-) -> SampleJSON:
+) -> Sample:
     """The reward pipeline's fields of one :class:`~engine.records.Sample` (``mode`` .. ``w_opd``, then
-    ``prompt_versions`` when given), as its JSON; loss_mask has one entry per response id.
+    ``prompt_versions`` when given); loss_mask has one entry per response id.
 
     The judge/teacher template versions travel with the sample so every stored verdict can be traced to
-    the exact prompt text that produced it. Raises pydantic's ValidationError for a field off the schema.
+    the exact prompt text that produced it.
     """
     sample = Sample(
         mode=snap.mode,
@@ -300,10 +310,10 @@ def build_sample(
         reward=reward,
         has_reward=reward is not None,
         has_teacher=teacher_logprobs is not None,
-        prm=prm if isinstance(prm, dict) else None,
-        hint=hint if isinstance(hint, dict) else None,
+        prm=prm,
+        hint=hint,
         teacher_logprobs=teacher_logprobs,
-        teacher_topk=None if teacher_topk is None else TeacherTopK.model_validate(teacher_topk),
+        teacher_topk=teacher_topk,
         token_rewards=None,
         w_rl=snap.w_rl,
         w_opd=snap.w_opd,
@@ -312,10 +322,10 @@ def build_sample(
         sample.teacher_temperature = teacher_temperature  # recorded with the log-probs it produced
     if prompt_versions is not None:
         sample.prompt_versions = dict(prompt_versions)
-    return sample.to_json()
+    return sample
 
 
-def feedback_hint_verdict(text: str) -> dict[str, Any]:
+def feedback_hint_verdict(text: str) -> HintVerdict:
     """A user's typed correction as an accepted hint verdict (``source: feedback``, no judge cost)."""
     verdict = HintVerdict.wire(
         accepted=True,
@@ -325,9 +335,9 @@ def feedback_hint_verdict(text: str) -> dict[str, Any]:
         reason=None,
         vote_status=STATUS_OK,
         usage=JudgeUsage(),
-    ).to_json()
-    verdict["source"] = "feedback"
-    return verdict
+    )
+    # An extra field (the schema keeps unknown keys) after the wire fields, where the stored JSON has it.
+    return HintVerdict.model_validate({**verdict.to_json(), "source": "feedback"})
 
 
 # ---------------------------------------------------------------------------- pipeline
@@ -379,7 +389,7 @@ class RewardPipeline:
         n = len(turn.get("response_ids") or [])
         versions: dict[str, str] = {}
 
-        def reject(reason: str, prm: Any = None, hint: Any = None) -> PipelineOutcome:
+        def reject(reason: str, prm: PrmVerdict | None = None, hint: HintVerdict | None = None) -> PipelineOutcome:
             sample = build_sample(
                 snap,
                 n,
@@ -419,9 +429,7 @@ class RewardPipeline:
             except JudgeBadResponse as exc:  # an answer off the verdict schema is a failed judgement, never a score
                 return reject(f"{R.JUDGE_FAILED}: {exc.message}")
         versions.update(verdict.prompt_versions)
-        # decide() reads the verdicts as their wire JSON (exactly what the sample stores next to its reward)
-        prm: Any = None if verdict.prm is None else verdict.prm.to_json()
-        hint: Any = None if verdict.hint is None else verdict.hint.to_json()
+        prm, hint = verdict.prm, verdict.hint
         if feedback_hint is not None:
             hint = feedback_hint_verdict(feedback_hint)
             versions["hint"] = "feedback"
@@ -431,14 +439,17 @@ class RewardPipeline:
         if not decision.include:
             return reject(decision.reason or R.EXCLUDED, prm, hint)
 
-        reward = float(prm["score"] or 0) if decision.use_reward else None
+        # a neutral verdict promoted by at-least-one trains with reward 0.0 (a tie has no score)
+        reward = float(prm.score or 0) if decision.use_reward and prm is not None else None
         teacher_logprobs: list[float] | None = None
-        teacher_topk: dict[str, Any] | None = None
+        teacher_topk: TeacherTopK | None = None
         if decision.need_teacher:
             assert self.teacher is not None  # checked before the judge call
+            hint_text = None if hint is None else accepted_hint_text(hint)
+            assert hint_text is not None  # decide() asks for the teacher only with an accepted hint
             versions["teacher_hint"] = self.teacher.template.version
             try:
-                scores = await self.teacher.score_turn(turn, hint["hint"])
+                scores = await self.teacher.score_turn(turn, hint_text)
             except TeacherFailed as exc:
                 logger.warning("teacher failed for %s/%s: %s", turn.get("session_id"), turn.get("turn_index"), exc)
                 return reject(str(exc), prm, hint)

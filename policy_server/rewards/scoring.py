@@ -60,8 +60,9 @@ from engine.errors import EngineTimeout, EngineUnavailable
 from engine.records import (
     SCORING_TURN_KEYS,
     PipelineOutcome,
+    PrmVerdict,
     RejectReason,
-    SampleJSON,
+    Sample,
     SampleState,
     SampleStatus,
     ScoringTurn,
@@ -115,10 +116,12 @@ def unreachable_cause(exc: BaseException) -> BaseException | None:
     return None
 
 
-def scoring_turn(turn: dict[str, Any], judge_prm: Any = None) -> dict[str, Any]:
+def scoring_turn(turn: dict[str, Any], judge_prm: PrmVerdict | dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``score_session`` turn dict of one stored turn, scored alone (no parent, its own next state): the
     :class:`~engine.records.ScoringTurn` fields (copied), then its ``extra``: tools, weight version and the
-    pipeline's PRM verdict."""
+    pipeline's PRM verdict as its JSON (a stored verdict is already JSON)."""
+    if isinstance(judge_prm, PrmVerdict):
+        judge_prm = judge_prm.to_json()
     own = {k: turn[k] for k in SCORING_TURN_KEYS - {"parent_turn_index"} if turn.get(k) is not None}
     return {
         **ScoringTurn.model_validate(own).model_dump(),
@@ -153,7 +156,7 @@ def session_turns(trajectory: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def held_outcomes(
     trajectory: list[dict[str, Any]], outcome: SessionOutcome
-) -> list[tuple[str, SampleStatus, str | None, SampleJSON]]:
+) -> list[tuple[str, SampleStatus, str | None, Sample]]:
     """``Store.complete_score`` rows for the held samples of a ``scored`` or ``rejected`` session outcome."""
     rows = []
     for t in trajectory:
@@ -165,20 +168,21 @@ def held_outcomes(
             if outcome.kind == "scored"
             else ScoreOutcome("rejected", reason=outcome.reason)
         )
-        res = apply_outcome(PipelineOutcome.ready(sample.get("data") or {}), one)
+        res = apply_outcome(PipelineOutcome.ready(Sample.model_validate(sample.get("data") or {})), one)
         rows.append((sample["sample_id"], res.status, res.reject_reason, res.sample))
     return rows
 
 
 def apply_outcome(result: PipelineOutcome, outcome: ScoreOutcome) -> PipelineOutcome:
     """The pipeline's outcome with the scoring outcome folded in (``retry`` is handled by the caller)."""
-    sample = dict(result.sample)
+    # A copy that re-validates: the update is checked and counts as set (it travels in the sample's JSON).
     if outcome.kind == "scored":
-        sample["token_rewards"] = outcome.token_rewards
-        return result.model_copy(update={"sample": sample})
-    n = len(sample.get("loss_mask") or [])
-    sample.update(token_rewards=None, loss_mask=[0] * n)  # verdicts kept for audit; nothing to train on
-    return PipelineOutcome.rejected(outcome.reason or RejectReason.PRM_REJECTED, sample, result.prompt_versions)
+        scored = Sample.model_validate({**result.sample.to_json(), "token_rewards": outcome.token_rewards})
+        return result.model_copy(update={"sample": scored})
+    n = len(result.sample.loss_mask)
+    # verdicts kept for audit; nothing to train on
+    rejected = Sample.model_validate({**result.sample.to_json(), "token_rewards": None, "loss_mask": [0] * n})
+    return PipelineOutcome.rejected(outcome.reason or RejectReason.PRM_REJECTED, rejected, result.prompt_versions)
 
 
 class PRMScoring:
@@ -225,7 +229,9 @@ class PRMScoring:
 
         register_prometheus(registry, self.runner.metrics)
 
-    async def score_turn(self, turn: dict[str, Any], judge_prm: Any = None) -> ScoreOutcome:
+    async def score_turn(
+        self, turn: dict[str, Any], judge_prm: PrmVerdict | dict[str, Any] | None = None
+    ) -> ScoreOutcome:
         """Score one judged turn (a stored turn dict with its ``next_state``); see the module contract."""
         from judge_server.prm import score_session
 

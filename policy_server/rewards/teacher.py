@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from engine.chat import normalize_messages, render_prompt_ids
 from engine.errors import EngineBadResponse, EngineRejected
+from engine.records import TeacherTopK
 from engine.results import ScoredSequence
 from prompts import TemplateError, load_template
 
@@ -123,7 +124,7 @@ class TeacherScores:
 
     prompt_ids: list[int]
     logprobs: list[float]
-    topk: dict[str, list[list[Any]]] | None
+    topk: TeacherTopK | None
     weight_version: str | None
 
 
@@ -193,14 +194,14 @@ class TeacherScorer:
         # Belt and braces: EngineClient.score verifies these; a regression there must not reach the trainer.
         if scored.token_ids != response_ids or len(scored.logprobs) != len(response_ids):
             raise TeacherFailed("teacher_mismatch", "scored ids/log-probs do not align with the response ids")
-        topk: dict[str, list[list[Any]]] | None = None
+        topk: TeacherTopK | None = None
         if self.top_k:
             ids, lps = scored.top_ids, scored.top_logprobs
             if ids is None or lps is None or len(ids) != len(response_ids) or len(lps) != len(response_ids):
                 raise TeacherFailed("teacher_mismatch", "top-k rows missing for some response positions")
             if any(len(r) != self.top_k for r in ids) or any(len(r) != self.top_k for r in lps):
                 raise TeacherFailed("teacher_mismatch", f"top-k rows are not all of width {self.top_k}")
-            topk = {"ids": ids, "logprobs": lps}
+            topk = TeacherTopK(ids=ids, logprobs=lps)
         return TeacherScores(
             prompt_ids=prompt_ids, logprobs=list(scored.logprobs), topk=topk, weight_version=scored.weight_version
         )

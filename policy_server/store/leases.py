@@ -19,8 +19,9 @@ policy_server.api.admin). Contract (docs/CONTRACTS.md):
 Exactly-once: a consumed sample is never leased again; each write is one transaction (policy_server.store.base).
 
 Values: every writer checks a sample's values before it becomes ``ready`` (policy_server.store.samples); the lease
-checks them again on read (engine.sample_values), so a ``ready`` row written without that check (an older
-release, a hand-edited database) is moved to ``rejected`` with ``invalid_values: <why>`` and never leased.
+reads each row into its :class:`~engine.records.Sample` (the one read of the stored JSON) and checks the values
+again (engine.sample_values), so a ``ready`` row written without that check (an older release, a hand-edited
+database), or off the Sample schema, is moved to ``rejected`` with ``invalid_values: <why>`` and never leased.
 """
 
 from __future__ import annotations
@@ -30,12 +31,27 @@ import time
 import uuid
 from typing import Any
 
+from pydantic import ValidationError
+
 from engine import fastjson
-from engine.records import RejectReason
+from engine.records import RejectReason, Sample
 from engine.records import SampleState as S
 from engine.sample_values import value_problem
-from engine.validation import clip
+from engine.validation import clip, describe_validation_errors
 from policy_server.store.base import StoreDB
+
+
+def _read_sample(data: str | None) -> Sample | str:
+    """A stored Sample JSON as its record, or why it may not be leased: its values break the rule
+    (engine.sample_values, checked first so the reason names the value) or it is off the Sample schema."""
+    raw = fastjson.loads(data) if data else {}
+    why = value_problem(raw)
+    if why:
+        return why
+    try:
+        return Sample.model_validate(raw)
+    except ValidationError as exc:
+        return f"off the Sample schema: {describe_validation_errors(exc.errors(), limit=1)}"
 
 
 class LeaseError(Exception):
@@ -72,11 +88,11 @@ class StoreLeases(StoreDB):
         """Unix time at which the earliest ``active`` lease expires; None when there is none."""
         with self._read() as db:
             row = db.execute("SELECT MIN(expires_at) FROM leases WHERE state='active'").fetchone()
-        return row[0]
+        return None if row[0] is None else float(row[0])
 
     def lease(
         self, max_n: int, lease_s: float, now: float | None = None, *, min_n: int = 1
-    ) -> tuple[str, list[dict[str, Any]]] | None:
+    ) -> tuple[str, list[Sample]] | None:
         """Lease up to ``max_n`` ready samples (oldest first); None when fewer than ``min_n`` are ready."""
         now = time.time() if now is None else now
         self.expire_leases(now)
@@ -86,8 +102,16 @@ class StoreLeases(StoreDB):
                 + self._skip_locked,
                 (S.READY, max_n),
             ).fetchall()
-            samples = [(r["sample_id"], fastjson.loads(r["data"]) if r["data"] else {}) for r in rows]
-            poisoned = [(sid, why) for sid, data in samples if (why := value_problem(data))]
+            # The store's JSON edge: each row is read into its Sample once; one that is off the schema or breaks the
+            # value rule is never leased.
+            samples: list[tuple[str, Sample]] = []
+            poisoned: list[tuple[str, str]] = []
+            for r in rows:
+                read = _read_sample(r["data"])
+                if isinstance(read, str):
+                    poisoned.append((r["sample_id"], read))
+                else:
+                    samples.append((r["sample_id"], read))
             if poisoned:
                 db.executemany(
                     "UPDATE samples SET status=?, reject_reason=?, updated_at=? WHERE sample_id=?",
@@ -96,8 +120,6 @@ class StoreLeases(StoreDB):
                         for sid, why in poisoned
                     ],
                 )
-                bad = {sid for sid, _ in poisoned}
-                samples = [(sid, data) for sid, data in samples if sid not in bad]
             if not samples or len(samples) < min_n:
                 return None
             lease_id = uuid.uuid4().hex

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
+from engine.records import Sample
 from policy_server.store import SampleStore
 
 
@@ -76,7 +77,7 @@ class LocalReadyNotifier:
 
 async def lease_when_ready(
     store: SampleStore, notifier: ReadyNotifier, *, max_n: int, min_n: int, wait_s: float, lease_s: float
-) -> tuple[str, list[dict[str, Any]]] | None:
+) -> tuple[str, list[Sample]] | None:
     """The lease route's wait: a lease of up to ``max_n`` samples as soon as ``min_n`` are ready, else at
     ``wait_s`` whatever is ready (None when nothing is). Sleeps on ``notifier`` between looks, and also until
     the earliest active lease's deadline, whose expiry is only applied when the store is next written."""

@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from engine.records import JUDGE_OUTCOME_STATUSES, SCORE_OUTCOME_STATUSES, RejectReason, Sample
+from engine.records import JUDGE_OUTCOME_STATUSES, SCORE_OUTCOME_STATUSES, RejectReason, Sample, SampleJSON
 from engine.records import SampleState as S
 from engine.sample_values import value_problem
 from policy_server.store.base import StoreDB, dump_json, turn_dict
@@ -88,7 +88,7 @@ class StoreSamples(StoreDB):
         status: str,
         reject_reason: str | None,
         included: bool,
-        data: Sample | dict[str, Any] | None,
+        data: Sample | SampleJSON | None,
     ) -> bool:
         """Persist a judge outcome atomically with the sample's status and the session's at-least-one flag.
 
@@ -163,22 +163,29 @@ class StoreSamples(StoreDB):
     def note_score_attempt(self, session_id: str, error: str) -> int:
         """A failed scoring try of the session: every held sample gets attempts+1 and the error."""
         with self._tx() as db:
-            return db.execute(
-                "UPDATE samples SET attempts=attempts+1, last_error=?, updated_at=? WHERE session_id=? AND status=?",
-                (error[:500], time.time(), session_id, S.PENDING_SCORE),
-            ).rowcount
+            return int(
+                db.execute(
+                    "UPDATE samples SET attempts=attempts+1, last_error=?, updated_at=? WHERE session_id=? AND status=?",
+                    (error[:500], time.time(), session_id, S.PENDING_SCORE),
+                ).rowcount
+            )
 
-    def complete_score(self, outcomes: Sequence[tuple[str, str, str | None, dict[str, Any]]]) -> int:
+    def complete_score(self, outcomes: Sequence[tuple[str, str, str | None, Sample | SampleJSON]]) -> int:
         """Decide held samples in ONE transaction: each ``(sample_id, status, reject_reason, data)`` with status
-        ``ready`` or ``rejected``; a sample no longer ``pending_score`` is left alone. Returns how many moved."""
+        ``ready`` or ``rejected`` and the :class:`~engine.records.Sample` (or its JSON); a sample no longer
+        ``pending_score`` is left alone. Returns how many moved."""
         for _, status, _, _ in outcomes:
             if status not in SCORE_OUTCOME_STATUSES:
                 raise ValueError(f"score outcome status must be ready or rejected, not {status!r}")
-        outcomes = [(sid, *_checked(status, reason, data), data) for sid, status, reason, data in outcomes]
+        rows = [(sid, data.to_json() if isinstance(data, Sample) else data) for sid, _, _, data in outcomes]
+        checked = [
+            (sid, *_checked(status, reason, data), data)
+            for (sid, data), (_, status, reason, _) in zip(rows, outcomes, strict=True)
+        ]
         now = time.time()
         moved: dict[str, int] = dict.fromkeys(SCORE_OUTCOME_STATUSES, 0)
         with self._tx() as db:
-            for sample_id, status, reason, data in outcomes:
+            for sample_id, status, reason, data in checked:
                 moved[status] += db.execute(
                     "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? WHERE sample_id=? AND status=?",
                     (status, reason, dump_json(data), now, sample_id, S.PENDING_SCORE),
@@ -187,7 +194,7 @@ class StoreSamples(StoreDB):
         return sum(moved.values())
 
 
-def _checked(status: str, reject_reason: str | None, data: dict[str, Any] | None) -> tuple[str, str | None]:
+def _checked(status: str, reject_reason: str | None, data: SampleJSON | None) -> tuple[str, str | None]:
     """A sample about to become leasable (or held for scoring) whose reward, teacher log-probs or token rewards
     are unusable (engine.sample_values) is rejected with the reason instead: never leased, visible in stats."""
     if status == S.REJECTED or data is None:

@@ -12,6 +12,7 @@ import math
 
 import pytest
 
+from engine.records import HintVerdict, PrmVerdict
 from policy_server.rewards.modes import (
     InvalidMode,
     ModeSnapshot,
@@ -27,21 +28,29 @@ pytestmark = pytest.mark.unit
 
 
 def prm(score, status="ok"):
-    return {"score": score, "status": status, "votes": [score], "confidence": 1.0, "reason": None}
+    return PrmVerdict.model_validate(
+        {"score": score, "status": status, "votes": [score], "confidence": 1.0, "reason": None}
+    )
 
 
 def hint(accepted, text="Use the other file, it is in /tmp.", status="ok"):
-    return {
-        "accepted": accepted,
-        "hint": text if accepted else None,
-        "votes": [1 if accepted else -1],
-        "status": status,
-        "reason": None,
-    }
+    return HintVerdict.model_validate(
+        {
+            "accepted": accepted,
+            "hint": text if accepted else None,
+            "votes": [1 if accepted else -1],
+            "status": status,
+            "reason": None,
+        }
+    )
 
 
-FAILED_PRM = {"score": None, "status": "judge_failed", "votes": [], "confidence": 0.0, "reason": "engine down"}
-FAILED_HINT = {"accepted": False, "hint": None, "votes": [], "status": "judge_failed", "reason": "engine down"}
+FAILED_PRM = PrmVerdict.model_validate(
+    {"score": None, "status": "judge_failed", "votes": [], "confidence": 0.0, "reason": "engine down"}
+)
+FAILED_HINT = HintVerdict.model_validate(
+    {"accepted": False, "hint": None, "votes": [], "status": "judge_failed", "reason": "engine down"}
+)
 
 
 @pytest.mark.parametrize(
@@ -67,7 +76,7 @@ def test_classify_prm(verdict, kind, reason):
     [
         (hint(True), "accepted", ""),
         (hint(False), "none", "no_hint"),
-        ({"accepted": True, "hint": "   ", "votes": [1], "status": "ok"}, "none", "no_hint"),
+        (HintVerdict(accepted=True, hint="   ", votes=[1], status="ok"), "none", "no_hint"),
         (FAILED_HINT, "failed", "judge_failed: hint: engine down"),
         (None, "failed", "judge_failed: hint: verdict missing from judge response"),
     ],
@@ -157,11 +166,13 @@ def test_build_sample_shapes_and_flags():
         teacher_logprobs=[-1.0, -2.0, -3.0, -4.0],
         teacher_topk=None,
     )
-    assert s["loss_mask"] == [1, 1, 1, 1]
-    assert (s["has_reward"], s["has_teacher"], s["reward"]) == (True, True, 1.0)
-    assert (s["mode"], s["w_rl"], s["w_opd"], s["token_rewards"]) == ("combine", 0.3, 0.7, None)
+    assert s.loss_mask == [1, 1, 1, 1]
+    assert (s.has_reward, s.has_teacher, s.reward) == (True, True, 1.0)
+    assert (s.mode, s.w_rl, s.w_opd, s.token_rewards) == ("combine", 0.3, 0.7, None)
+    assert s.prm == prm(1) and s.hint == hint(True)  # the verdicts travel as records
     r = build_sample(
         snap, 3, include=False, prm=prm(0), hint=None, reward=None, teacher_logprobs=None, teacher_topk=None
     )
-    assert r["loss_mask"] == [0, 0, 0]
-    assert (r["has_reward"], r["has_teacher"], r["reward"], r["teacher_logprobs"]) == (False, False, None, None)
+    assert r.loss_mask == [0, 0, 0]
+    assert (r.has_reward, r.has_teacher, r.reward, r.teacher_logprobs) == (False, False, None, None)
+    assert "teacher_logprobs" in r.to_json() and "hint" in r.to_json()  # written as null, as before

@@ -96,7 +96,7 @@ async def test_rl_samples(rules_judge, tokenizer, turn, make_pipeline):
     n = len(turn["response_ids"])
     pos = await pipe.process(turn, POSITIVE, session_has_included=True, session_done=False)
     assert (pos.status, pos.included, pos.reject_reason) == ("ready", True, None)
-    s = pos.sample
+    s = pos.sample.to_json()
     assert (s["mode"], s["reward"], s["has_reward"], s["has_teacher"]) == ("rl", 1.0, True, False)
     assert s["loss_mask"] == [1] * n and s["teacher_logprobs"] is None and s["hint"] is None
     assert "teacher_temperature" not in s  # no teacher term, no temperature
@@ -104,12 +104,12 @@ async def test_rl_samples(rules_judge, tokenizer, turn, make_pipeline):
     assert pos.prompt_versions["prm"].startswith("rules@")
 
     neg = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
-    assert (neg.status, neg.sample["reward"], neg.sample["loss_mask"]) == ("ready", -1.0, [1] * n)
+    assert (neg.status, neg.sample.reward, neg.sample.loss_mask) == ("ready", -1.0, [1] * n)
 
     neutral = await pipe.process(turn, NEUTRAL, session_has_included=True, session_done=False)
     assert (neutral.status, neutral.reject_reason, neutral.included) == ("rejected", "prm_neutral", False)
-    assert neutral.sample["loss_mask"] == [0] * n and neutral.sample["has_reward"] is False
-    assert neutral.sample["prm"]["score"] == 0  # the verdict is kept for audit
+    assert neutral.sample.loss_mask == [0] * n and neutral.sample.has_reward is False
+    assert neutral.sample.prm.score == 0  # the verdict is kept for audit
 
 
 @pytest.mark.parametrize("top_k", [0, 4])
@@ -119,7 +119,7 @@ async def test_opd_teacher_logprobs_match_torch(
     pipe = make_pipeline(rules_judge.url, teacher_engine.url, tokenizer, "opd", teacher_top_k=top_k)
     out = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
     assert (out.status, out.included) == ("ready", True), out.reject_reason
-    s = out.sample
+    s = out.sample.to_json()
     n = len(turn["response_ids"])
     hint = NEGATIVE[0]["content"]
     assert s["hint"]["accepted"] is True and s["hint"]["hint"] == hint
@@ -151,14 +151,14 @@ async def test_opd_without_hint_is_rejected(rules_judge, teacher_engine, tokeniz
     for state in (POSITIVE, NEUTRAL):
         out = await pipe.process(turn, state, session_has_included=False, session_done=False)
         assert (out.status, out.reject_reason, out.included) == ("rejected", "no_hint", False)
-        assert out.sample["teacher_logprobs"] is None and out.sample["hint"]["accepted"] is False
+        assert out.sample.teacher_logprobs is None and out.sample.hint.accepted is False
 
 
 async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_logprobs_torch, turn, make_pipeline):
     pipe = make_pipeline(rules_judge.url, teacher_engine.url, tokenizer, "combine")
     n = len(turn["response_ids"])
     both = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
-    s = both.sample
+    s = both.sample.to_json()
     assert both.status == "ready"
     assert (s["mode"], s["reward"], s["has_reward"], s["has_teacher"], s["w_rl"], s["w_opd"]) == (
         "combine",
@@ -172,7 +172,7 @@ async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_l
     assert s["teacher_logprobs"] == pytest.approx(expected, abs=1e-4)
 
     rl_only = await pipe.process(turn, POSITIVE, session_has_included=True, session_done=False)
-    s = rl_only.sample
+    s = rl_only.sample.to_json()
     assert rl_only.status == "ready" and s["loss_mask"] == [1] * n
     assert (s["reward"], s["has_reward"], s["has_teacher"], s["teacher_logprobs"]) == (1.0, True, False, None)
     assert s["teacher_logprobs"] != turn["rollout_logprobs"]  # never "teacher = rollout"
@@ -180,7 +180,7 @@ async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_l
     neither = await pipe.process(turn, NEUTRAL, session_has_included=True, session_done=False)
     assert (neither.status, neither.reject_reason) == ("rejected", "no_signal: prm_neutral, no_hint")
     promoted = await pipe.process(turn, NEUTRAL, session_has_included=False, session_done=False)
-    s = promoted.sample
+    s = promoted.sample.to_json()
     assert promoted.status == "ready" and s["loss_mask"] == [1] * n
     assert (s["reward"], s["has_reward"], s["has_teacher"]) == (0.0, True, False)
 
@@ -188,7 +188,7 @@ async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_l
 async def test_at_least_one_promotes_neutral_only(rules_judge, tokenizer, turn, make_pipeline):
     pipe = make_pipeline(rules_judge.url, None, tokenizer, "rl")
     out = await pipe.process(turn, NEUTRAL, session_has_included=False, session_done=False)
-    s = out.sample
+    s = out.sample.to_json()
     assert (out.status, out.included, s["reward"], s["has_reward"]) == ("ready", True, 0.0, True)
     assert s["loss_mask"] == [1] * len(turn["response_ids"])
     off = make_pipeline(rules_judge.url, None, tokenizer, "rl")
@@ -203,5 +203,5 @@ async def test_judge_failures_are_rejected_never_promoted(broken_judge, teacher_
         out = await pipe.process(turn, NEUTRAL, session_has_included=False, session_done=False)
         assert out.status == "rejected" and out.included is False
         assert out.reject_reason.startswith("judge_failed: prm:"), out.reject_reason
-        assert out.sample["loss_mask"] == [0] * len(turn["response_ids"])
-        assert out.sample["prm"]["status"] == "judge_failed" and out.sample["reward"] is None
+        assert out.sample.loss_mask == [0] * len(turn["response_ids"])
+        assert out.sample.prm.status == "judge_failed" and out.sample.reward is None

@@ -75,7 +75,7 @@ async def test_rl_asks_prm_with_m_and_passes_turn_through():
         {"context": TURN["messages"], "response": TURN["response"], "next_state": NEXT, "tasks": ["prm"], "m": 5}
     ]
     assert out.status == "ready" and out.included and out.reject_reason is None
-    s = out.sample
+    s = out.sample.to_json()
     assert (s["mode"], s["reward"], s["has_reward"], s["has_teacher"], s["loss_mask"]) == (
         "rl",
         1.0,
@@ -96,7 +96,7 @@ async def test_no_next_state_is_rejected_without_judging(next_state):
             TURN, next_state, session_has_included=False, session_done=True
         )
         assert (out.status, out.reject_reason, out.included) == ("rejected", "no_next_state", False)
-        assert out.sample["loss_mask"] == [0, 0, 0] and out.sample["mode"] == mode
+        assert out.sample.loss_mask == [0, 0, 0] and out.sample.mode == mode
     assert judge.calls == []
 
 
@@ -138,11 +138,11 @@ async def test_mode_switch_applies_to_the_next_turn():
         settings=PolicySettings.model_construct(judge_m=None),
         mode_state=state,
     )
-    assert (await pipe.process(TURN, NEXT, session_has_included=True, session_done=False)).sample["mode"] == "rl"
+    assert (await pipe.process(TURN, NEXT, session_has_included=True, session_done=False)).sample.mode == "rl"
     state.set("combine", w_rl=0.25)
     out = await pipe.process(TURN, NEXT, session_has_included=True, session_done=False)
-    assert out.reject_reason.startswith("no_teacher") and out.sample["mode"] == "combine"
-    assert out.sample["w_rl"] == 0.25
+    assert out.reject_reason.startswith("no_teacher") and out.sample.mode == "combine"
+    assert out.sample.w_rl == 0.25
 
 
 async def test_judge_answer_off_the_schema_is_a_failed_judgement_not_a_score():
@@ -150,4 +150,4 @@ async def test_judge_answer_off_the_schema_is_a_failed_judgement_not_a_score():
     out = await pipeline(judge).process(TURN, NEXT, session_has_included=False, session_done=False)
     assert out.status == "rejected" and not out.included
     assert out.reject_reason == "judge_failed: judge answer off the JudgeVerdicts schema: prm.score: bad"
-    assert out.sample.get("reward") is None
+    assert out.sample.reward is None

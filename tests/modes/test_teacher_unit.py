@@ -115,7 +115,8 @@ async def test_teacher_scores_exact_entries(tokenizer):
     top = [None] + [[[-0.1, 7, None], [-0.2, 8, None]]] * 3
     scores = await _scorer(tokenizer, _engine_answer(GOOD, top), top_k=2).score_turn(TURN, HINT)
     assert scores.logprobs == [-0.5, -1.5, -2.5]
-    assert scores.topk == {"ids": [[7, 8]] * 3, "logprobs": [[-0.1, -0.2]] * 3}
+    assert scores.topk is not None
+    assert scores.topk.to_json() == {"ids": [[7, 8]] * 3, "logprobs": [[-0.1, -0.2]] * 3}
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,11 @@ of RewardPipeline.process; the store is real (SQLite, or PostgreSQL when the sui
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from engine.records import PipelineOutcome, Sample
+from engine.records import PipelineOutcome, PrmVerdict, Sample
 from policy_server.rewards.dispatch import Dispatcher
 from policy_server.rewards.modes import ModeSnapshot, build_sample
 
@@ -50,7 +52,7 @@ class FixedPipeline:
         self.sample = sample
 
     async def process(self, turn, next_state, *, session_has_included, session_done):
-        return PipelineOutcome.ready(dict(self.sample))
+        return PipelineOutcome.ready(Sample.model_validate(self.sample))
 
 
 def _dispatcher(store, fields: dict) -> Dispatcher:
@@ -62,14 +64,14 @@ def _good_fields() -> dict:
         ModeSnapshot("rl", 1.0, 1.0),
         2,
         include=True,
-        prm=PRM,
+        prm=PrmVerdict.model_validate(PRM),
         hint=None,
         reward=1.0,
         teacher_logprobs=None,
         teacher_topk=None,
+        prompt_versions={"prm": "prm_eval_v2@abc"},
     )
-    fields["prompt_versions"] = {"prm": "prm_eval_v2@abc"}
-    return fields
+    return fields.to_json()
 
 
 @pytest.fixture
@@ -130,12 +132,14 @@ async def test_turn_fields_are_copied_as_recorded(store):
 
 
 async def test_unusable_number_keeps_its_invalid_values_reason(store):
-    row = await _process_last_turn(store, {**_good_fields(), "reward": "1"})
+    # A NaN is a float (the typed outcome carries it as written): the store rejects it with the value's reason.
+    row = await _process_last_turn(store, {**_good_fields(), "reward": math.nan})
     assert row["status"] == "rejected"
-    assert row["reject_reason"] == "invalid_values: reward is not a finite number ('1')"
+    assert row["reject_reason"] == "invalid_values: reward is not a finite number (nan)"
 
 
 async def test_result_off_the_schema_is_rejected_visibly(store):
+    # The pipeline's Sample cannot be built off the schema: its ValidationError is a visible pipeline error.
     row = await _process_last_turn(store, {**_good_fields(), "mode": "rlhf"})
     assert row["status"] == "rejected"
     assert row["reject_reason"].startswith("pipeline_error: sample off the schema: mode: ")

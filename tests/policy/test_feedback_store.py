@@ -157,7 +157,7 @@ def test_feedback_after_judging_applies_per_policy(store_factory, policy, status
     if status == "rejected":
         assert row["reject_reason"] == "feedback_gate: judge +0, feedback -1"
     else:
-        assert st.lease(10, 60.0)[1][0]["reward"] == reward  # now leasable, with the feedback's reward
+        assert st.lease(10, 60.0)[1][0].reward == reward  # now leasable, with the feedback's reward
 
 
 def test_feedback_after_leasing_is_late_and_changes_nothing(store_factory):

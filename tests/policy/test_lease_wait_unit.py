@@ -93,7 +93,7 @@ def test_a_ready_sample_wakes_the_waiter_within_200ms(store_factory):
         got = await lease_when_ready(store, spy, max_n=8, min_n=1, wait_s=10, lease_s=60)
         marks["leased"] = time.monotonic()
         th.join()
-        assert got is not None and [s["sample_id"] for s in got[1]] == [sid]
+        assert got is not None and [s.sample_id for s in got[1]] == [sid]
         latency_s = marks["leased"] - marks["ready"]
         print(f"wake latency {latency_s * 1000:.1f} ms")
         assert latency_s < 0.2
@@ -114,12 +114,12 @@ def test_min_holds_until_enough_are_ready_and_deadline_gives_what_is_there(store
         t0 = time.monotonic()
         await loop.run_in_executor(None, _ready, store, b)
         lease_id, samples = await asyncio.wait_for(waiter, 2)
-        assert time.monotonic() - t0 < 0.2 and {s["sample_id"] for s in samples} == {a, b}
+        assert time.monotonic() - t0 < 0.2 and {s.sample_id for s in samples} == {a, b}
         # deadline: min 2 with only one ready -> that one, at wait_s
         _ready(store, c)
         t0 = time.monotonic()
         got = await lease_when_ready(store, notifier, max_n=8, min_n=2, wait_s=0.5, lease_s=60)
-        assert got is not None and [s["sample_id"] for s in got[1]] == [c]
+        assert got is not None and [s.sample_id for s in got[1]] == [c]
         assert 0.45 <= time.monotonic() - t0 < 1.0
         # nothing ready at all: None at the deadline
         t0 = time.monotonic()
@@ -138,7 +138,7 @@ def test_an_expiring_lease_wakes_the_waiter(store_factory):
         assert first is not None
         t0 = time.monotonic()
         got = await lease_when_ready(store, notifier, max_n=8, min_n=1, wait_s=5, lease_s=60)
-        assert got is not None and [s["sample_id"] for s in got[1]] == [sid]
+        assert got is not None and [s.sample_id for s in got[1]] == [sid]
         assert time.monotonic() - t0 < 0.4 + 0.3  # back at the first lease's deadline, not at wait_s
 
     asyncio.run(main())
@@ -156,7 +156,7 @@ def test_concurrent_waiters_get_disjoint_samples(store_factory):
         for sid in ids:  # arriving one at a time
             await loop.run_in_executor(None, _ready, store, sid)
         got = await asyncio.wait_for(asyncio.gather(*waiters), 5)
-        leased = [[s["sample_id"] for s in g[1]] for g in got]
+        leased = [[s.sample_id for s in g[1]] for g in got]
         assert sorted(leased[0] + leased[1]) == sorted(ids) and not set(leased[0]) & set(leased[1])
 
     asyncio.run(main())

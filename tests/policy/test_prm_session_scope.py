@@ -358,7 +358,7 @@ def test_store_pending_score_state_machine(store_factory):
         assert store.complete_score([(sid0, "rejected", "prm_rejected: late", data)]) == 0  # decided once
         assert store.scorable_sessions() == []
         _, leased = store.lease(10, 60.0)
-        assert [s["token_rewards"] for s in leased] == [[0.5, 0.5]]
+        assert [s.token_rewards for s in leased] == [[0.5, 0.5]]
         with pytest.raises(ValueError):
             store.complete_score([(sid0, "pending_score", None, data)])
         # a reopened session holds again until it ends again
@@ -409,12 +409,12 @@ async def test_session_outcomes_in_process(store_factory):
     assert out.kind == "scored" and out.token_rewards == {0: [2.0, 2.0]}  # weight 2 x (0 + 1); turn 1 gets none
     assert probe.seen == [[(0, None, "pending_score"), (1, "s:0", "rejected")]]
     [(sample_id, status, reason, data)] = held_outcomes(traj, out)
-    assert (status, reason, data["token_rewards"], data["loss_mask"]) == ("ready", None, [2.0, 2.0], [1, 1])
+    assert (status, reason, data.token_rewards, data.loss_mask) == ("ready", None, [2.0, 2.0], [1, 1])
 
     rej = await (await _scoring(_Probe(result=None))).score_held_session(traj)
     assert rej.kind == "rejected" and rej.reason.startswith("prm_rejected: trajectory scorer 'probe' returned None")
     [(_, status, reason, data)] = held_outcomes(traj, rej)
-    assert (status, reason, data["token_rewards"], data["loss_mask"]) == ("rejected", rej.reason, None, [0, 0])
+    assert (status, reason, data.token_rewards, data.loss_mask) == ("rejected", rej.reason, None, [0, 0])
 
     down = await _scoring(_Probe(error=JudgeUnavailable("judge down")))
     retry = await down.score_held_session(traj)

@@ -29,7 +29,7 @@ from policy_testkit import chat, lease_all, of_session, start_judge, start_polic
 
 from engine.errors import EngineUnavailable
 from engine.procs import ManagedProcess, free_port, spawn
-from engine.records import PipelineOutcome
+from engine.records import PipelineOutcome, PrmVerdict, Sample
 from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
@@ -334,15 +334,22 @@ async def test_outcomes_in_process():
 
 @pytest.mark.unit
 def test_apply_outcome_and_turn_shape():
-    result = PipelineOutcome.ready({"loss_mask": [1, 1], "reward": 1.0, "token_rewards": None})
+    result = PipelineOutcome.ready(Sample(loss_mask=[1, 1], reward=1.0, token_rewards=None))
     scored = apply_outcome(result, ScoreOutcome("scored", token_rewards=[0.1, 0.2]))
-    assert scored.status == "ready" and scored.included and scored.sample["token_rewards"] == [0.1, 0.2]
+    assert scored.status == "ready" and scored.included and scored.sample.token_rewards == [0.1, 0.2]
     rej = apply_outcome(result, ScoreOutcome("rejected", reason="prm_rejected: x"))
     assert (rej.status, rej.reject_reason, rej.included) == ("rejected", "prm_rejected: x", False)
-    assert rej.sample == {"loss_mask": [0, 0], "reward": 1.0, "token_rewards": None}
-    assert result.sample["loss_mask"] == [1, 1]  # the input is not modified
+    assert rej.sample.to_json() == {"loss_mask": [0, 0], "reward": 1.0, "token_rewards": None}
+    assert result.sample.loss_mask == [1, 1]  # the input is not modified
     t = scoring_turn(_turn(), {"score": -1})
     assert t["parent_turn_index"] is None and t["judge_prm"] == {"score": -1} and "record_only_key" not in t
     wrapped = RuntimeError("outer")
     wrapped.__cause__ = JudgeUnavailable("inner")
     assert isinstance(unreachable_cause(wrapped), JudgeUnavailable) and unreachable_cause(ValueError()) is None
+
+
+def test_scoring_turn_reads_the_verdict_record_or_its_stored_json_alike():
+    verdict = PrmVerdict.model_validate({"score": 1, "status": "ok", "votes": [1], "confidence": 1.0, "reason": None})
+    from_record = scoring_turn(_turn(), verdict)["judge_prm"]
+    assert from_record == verdict.to_json() == scoring_turn(_turn(), verdict.to_json())["judge_prm"]
+    assert scoring_turn(_turn())["judge_prm"] is None

@@ -71,15 +71,15 @@ def test_lease_ack_exactly_once_and_expiry(store_factory):
     st = store_factory()
     a, b = _ready_sample(st, "a"), _ready_sample(st, "b")
     lease_id, samples = st.lease(1, lease_s=10, now=100.0)
-    assert [s["sample_id"] for s in samples] == [a]
+    assert [s.sample_id for s in samples] == [a]
     lease2, samples2 = st.lease(10, lease_s=10, now=101.0)
-    assert [s["sample_id"] for s in samples2] == [b]  # a is leased: never handed out twice
+    assert [s.sample_id for s in samples2] == [b]  # a is leased: never handed out twice
     assert st.lease(10, lease_s=10, now=102.0) is None
     assert st.ack(lease_id, now=103.0) == {"lease_id": lease_id, "acked": 1, "already_acked": False}
     assert st.ack(lease_id, now=104.0)["already_acked"] is True  # idempotent
     # lease2 expires: b comes back, the old lease can no longer be acked, a (acked) never returns
     lease3, samples3 = st.lease(10, lease_s=10, now=120.0)
-    assert [s["sample_id"] for s in samples3] == [b]
+    assert [s.sample_id for s in samples3] == [b]
     with pytest.raises(LeaseError) as e:
         st.ack(lease2, now=121.0)
     assert e.value.kind == "expired"
@@ -124,7 +124,7 @@ def test_replicas_never_lease_the_same_sample(store_factory):
 
     def take(st: Store, out: list[str]) -> None:
         while (got := st.lease(3, lease_s=60)) is not None:
-            out.extend(s["sample_id"] for s in got[1])
+            out.extend(str(s.sample_id) for s in got[1])
             assert st.ack(got[0])["acked"] == len(got[1])
 
     threads = [threading.Thread(target=take, args=(st, out)) for st, out in ((a, leased[0]), (b, leased[1]))]

@@ -100,7 +100,7 @@ def test_release_data_dir_opens_after_the_upgrade_with_nothing_lost(tmp_path):
     assert [j["sample_id"] for j in st.pending_jobs("replica-1")] == ["s-pending"]
     assert st.sample_row("s-pending")["attempts"] == 2
     lease_id, [sample] = st.lease(10, lease_s=60)
-    assert sample["reward"] == 1.0 and st.ack(lease_id)["acked"] == 1
+    assert sample.reward == 1.0 and st.ack(lease_id)["acked"] == 1
     assert st.record_turn("b", json.loads(_record("b1")), session_done=False) == 1  # the session goes on
     st.close()
     db = sqlite3.connect(data / "hindsight.sqlite3")

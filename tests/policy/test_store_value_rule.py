@@ -14,6 +14,7 @@ import math
 
 import pytest
 
+from engine.records import Sample
 from engine.records import SampleState as S
 from policy_server.store import Store
 
@@ -64,7 +65,7 @@ def test_a_usable_sample_with_every_field_is_leasable(store_factory):
     data = _good(sid, w_rl=0.5, w_opd=0.0, teacher_logprobs=[-0.1, 0.0], teacher_temperature=1.0, has_teacher=True)
     store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=data)
     got = store.lease(8, 60)
-    assert got is not None and [s["sample_id"] for s in got[1]] == [sid]
+    assert got is not None and [s.sample_id for s in got[1]] == [sid]
 
 
 def test_an_invalid_values_rejection_never_counts_as_included(store_factory):
@@ -103,7 +104,7 @@ def test_a_poisoned_ready_row_is_set_aside_by_the_lease(store_factory):
     with store._tx() as db:  # bypasses every writer, as an older release or a hand edit would
         db.execute("UPDATE samples SET data=? WHERE sample_id=?", (poisoned, bad))
     got = store.lease(8, 60)
-    assert got is not None and [s["sample_id"] for s in got[1]] == [good]
+    assert got is not None and [s.sample_id for s in got[1]] == [good]
     statuses = {r["sample_id"]: (r["status"], r["reject_reason"]) for r in store.list_samples(status=None, limit=10)}
     assert statuses[bad][0] == S.REJECTED and statuses[bad][1].startswith("invalid_values: rollout_logprobs")
     assert store.lease(8, 60) is None  # never handed out later either
@@ -118,4 +119,26 @@ def test_a_lease_of_only_poisoned_rows_is_none_and_min_n_counts_good_rows(store_
         db.execute("UPDATE samples SET data=? WHERE sample_id=?", (json.dumps(_good(ids[0], w_opd=None)), ids[0]))
     assert store.lease(8, 60, min_n=3) is None  # two good rows are fewer than min_n
     got = store.lease(8, 60, min_n=2)
-    assert got is not None and sorted(s["sample_id"] for s in got[1]) == sorted(ids[1:])
+    assert got is not None and sorted(str(s.sample_id) for s in got[1]) == sorted(ids[1:])
+
+
+def test_a_ready_row_off_the_sample_schema_is_set_aside_and_the_lease_hands_out_records(store_factory):
+    """The lease reads each row into its Sample once: a row whose values are usable but whose shape is not a
+    Sample (an unknown mode, a flag that is not a bool) is rejected with the schema error; the good row comes
+    back as the record whose JSON is exactly the stored JSON."""
+    store = store_factory()
+    good, mode, flag = (_judged_later(store, s) for s in ("a", "b", "c"))
+    for sid in (good, mode, flag):
+        store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_good(sid))
+    with store._tx() as db:  # bypasses every writer, as an older release or a hand edit would
+        db.execute("UPDATE samples SET data=? WHERE sample_id=?", (json.dumps(_good(mode, mode="sft")), mode))
+        db.execute("UPDATE samples SET data=? WHERE sample_id=?", (json.dumps(_good(flag, constrained="yes")), flag))
+    got = store.lease(8, 60)
+    assert got is not None
+    [sample] = got[1]
+    assert isinstance(sample, Sample) and sample.to_json() == _good(good) and sample.reward == 1.0
+    statuses = {r["sample_id"]: (r["status"], r["reject_reason"]) for r in store.list_samples(status=None, limit=10)}
+    assert statuses[mode][0] == statuses[flag][0] == S.REJECTED
+    assert statuses[mode][1].startswith("invalid_values: off the Sample schema: mode: ")
+    assert statuses[flag][1].startswith("invalid_values: off the Sample schema: constrained: ")
+    assert store.lease(8, 60) is None  # never handed out later either

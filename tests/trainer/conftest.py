@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.records import Sample
 from trainer.settings import TrainConfig
 
 PROMPTS = [f"please {w} the file" for w in "read write open close list search find fix run check".split()]
@@ -51,6 +52,16 @@ def rl_sample(sample_id: str = "x", **overrides: object) -> dict:
         "w_opd": 1.0,
     }
     return {**base, **overrides}
+
+
+def rl_record(sample_id: str = "x", **overrides: object) -> Sample:
+    """:func:`rl_sample` read as the trainer reads a leased sample (the record the loop's steps take)."""
+    return Sample.model_validate(rl_sample(sample_id, **overrides))
+
+
+def records(raw: list[dict]) -> list[Sample]:
+    """Leased Sample JSON read into records, as the loop does once per lease."""
+    return [Sample.model_validate(s) for s in raw]
 
 
 def train_config(**kw: object) -> TrainConfig:

@@ -21,9 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainer.conftest import rl_sample
+from engine.records import Sample
+from tests.trainer.conftest import records, rl_record, rl_sample
 from trainer.advantages import RunningMean, opd_advantages
 from trainer.batch import check_sample, collate
+from trainer.lease_client import typed_samples
 from trainer.objective import select_old_logprobs
 from trainer.settings import TrainConfig
 
@@ -50,23 +52,19 @@ def test_select_old_logprobs_keeps_recomputed_rows_for_constrained_samples():
 
 
 @pytest.mark.unit
-def test_collate_reads_the_flag_and_check_sample_requires_a_bool():
-    b = collate(
-        [
-            rl_sample("a"),
-            rl_sample("b", constrained=True),
-            rl_sample("c", constrained=False),
-            rl_sample("d", constrained=None),
-        ]
-    )
-    assert b.constrained.tolist() == [False, True, False, False]  # missing / null means unconstrained (older rows)
-    assert check_sample(rl_sample("e", constrained=True)) is None
-    assert "constrained must be a bool" in check_sample(rl_sample("f", constrained="yes"))
+def test_collate_reads_the_flag_and_the_schema_requires_a_bool():
+    b = collate([rl_record("a"), rl_record("b", constrained=True), rl_record("c", constrained=False)])
+    assert b.constrained.tolist() == [False, True, False]  # missing means unconstrained (older rows)
+    assert check_sample(rl_record("e", constrained=True)) is None
+    # A flag that is not a bool never reaches the loop: the lease's JSON edge sets the sample aside.
+    typed, aside = typed_samples([rl_sample("f", constrained="yes"), rl_sample("g", constrained=None)])
+    assert typed == [] and [a.sample_id for a in aside] == ["f", "g"]
+    assert all(a.reason.startswith("off the Sample schema: constrained") for a in aside)
 
 
 # ----------------------------------------------------------------------------- through train_on_batch
 @pytest.fixture(scope="module")
-def combine_samples(tiny_model_dir: Path) -> list[dict]:
+def combine_samples(tiny_model_dir: Path) -> list[Sample]:
     """6 combine samples from the tiny model with exact rollout log-probs and synthetic teacher log-probs."""
     from trainer.local_source import LocalSampleSource
 
@@ -78,8 +76,8 @@ def combine_samples(tiny_model_dir: Path) -> list[dict]:
         seed=3,
         mode="combine",
     )
-    samples = src.lease(6).samples
-    for i, s in enumerate(samples):
+    raw = src.lease(6).samples
+    for i, s in enumerate(raw):
         s.update(
             sample_id=f"c{i}",
             mode="combine",
@@ -88,12 +86,13 @@ def combine_samples(tiny_model_dir: Path) -> list[dict]:
             w_opd=1.0,
             teacher_logprobs=[lp + 0.3 - 0.2 * (t % 3) for t, lp in enumerate(s["rollout_logprobs"])],
         )
-    assert len({s["reward"] for s in samples}) == 2, "both rewards present, so the RL term is not zero"
+    samples = records(raw)
+    assert len({s.reward for s in samples}) == 2, "both rewards present, so the RL term is not zero"
     exact_rollout_logprobs(samples, tiny_model_dir)
     return samples
 
 
-def exact_rollout_logprobs(samples: list[dict], tiny_model_dir: Path) -> None:
+def exact_rollout_logprobs(samples: list[Sample], tiny_model_dir: Path) -> None:
     """Replace each sample's rollout log-probs with the trainer's own recomputation (same function, same
     micro-batches), bit for bit.
 
@@ -115,8 +114,8 @@ def exact_rollout_logprobs(samples: list[dict], tiny_model_dir: Path) -> None:
         for micro, old in zip(minibatch.micros, micro_olds, strict=True):
             for row, i in enumerate(micro.sample_index):
                 if i >= 0:
-                    n = len(samples[i]["rollout_logprobs"])
-                    samples[i]["rollout_logprobs"] = old.pg[row, :n].tolist()
+                    n = len(samples[i].rollout_logprobs or [])
+                    samples[i].rollout_logprobs = old.pg[row, :n].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +126,7 @@ def fresh_model(tiny_model_dir: Path):
 
 
 def train_once(
-    model0, samples: list[dict], tiny_model_dir: Path, old_logprobs: str, rollout_correction: str = "none"
+    model0, samples: list[Sample], tiny_model_dir: Path, old_logprobs: str, rollout_correction: str = "none"
 ) -> tuple[dict, dict]:
     from trainer.train import train_on_batch
 
@@ -147,12 +146,11 @@ def train_once(
     return m, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def shifted(samples: list[dict], *, constrained: bool) -> list[dict]:
+def shifted(samples: list[Sample], *, constrained: bool) -> list[Sample]:
     out = copy.deepcopy(samples)
-    out[0]["rollout_logprobs"] = [
-        lp + SHIFT for lp in out[0]["rollout_logprobs"]
-    ]  # log p(token | allowed) >= log p(token)
-    out[0]["constrained"] = constrained
+    # log p(token | allowed) >= log p(token)
+    out[0].rollout_logprobs = [lp + SHIFT for lp in out[0].rollout_logprobs or []]
+    out[0].constrained = constrained
     return out
 
 
@@ -186,7 +184,7 @@ def test_control_unflagged_shift_does_reach_the_update_with_rollout_old_logprobs
     test above would notice if the flag were ignored."""
     base_m, _ = train_once(fresh_model, combine_samples, tiny_model_dir, "rollout")
     bad_m, _ = train_once(fresh_model, shifted(combine_samples, constrained=False), tiny_model_dir, "rollout")
-    n0 = sum(combine_samples[0]["loss_mask"])
+    n0 = sum(combine_samples[0].loss_mask)
     assert bad_m["n_constrained"] == 0
     assert bad_m["train_rollout_lp_abs_diff"] > 0.5
     # token-mean advantage drops by SHIFT * (sample 0's tokens) / (all tokens)
@@ -204,7 +202,7 @@ def test_tis_weights_a_constrained_sample_by_its_masked_behaviour_probability(
     con_m, con_w = train_once(
         fresh_model, shifted(combine_samples, constrained=True), tiny_model_dir, old_logprobs, "tis"
     )
-    n0, n = sum(combine_samples[0]["loss_mask"]), base_m["n_tokens"]
+    n0, n = sum(combine_samples[0].loss_mask), base_m["n_tokens"]
     assert base_m["rollout_is_mean"] == pytest.approx(1.0, abs=1e-4) and base_m["rollout_is_truncated_frac"] == 0.0
     expected = (n0 * math.exp(-SHIFT) + (n - n0) * 1.0) / n
     assert con_m["rollout_is_mean"] == pytest.approx(expected, abs=1e-4)

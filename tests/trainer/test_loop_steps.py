@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from tests.trainer.conftest import rl_sample, train_config
+from tests.trainer.conftest import rl_record, train_config
 from trainer.train import LeasedBatch, PrmWindows
 from trainer.update import classify_samples, count_after_rejection, plan_minibatches, sample_rewards
 
 
 def test_minibatches_interleave_samples_and_ranks_pad_with_dummy_rows():
-    samples = [rl_sample(str(i)) for i in range(5)]
+    samples = [rl_record(str(i)) for i in range(5)]
     cfg = train_config(minibatches=2, micro_batch_size=1)
     # minibatch 0 = samples 0, 2, 4; minibatch 1 = samples 1, 3. World 2: rank 1 holds 2 of mb 0, 3 of mb 1.
     plan = plan_minibatches(samples, [False] * 5, cfg, rank=1, world=2, device=torch.device("cpu"), eos_id=None)
@@ -28,13 +28,13 @@ def test_minibatches_interleave_samples_and_ranks_pad_with_dummy_rows():
 
 def test_a_live_step_with_fewer_samples_than_minibatches_has_one_minibatch_per_sample():
     cfg = train_config(minibatches=2, micro_batch_size=4)
-    plan = plan_minibatches([rl_sample("a")], [False], cfg, rank=0, world=1, device=torch.device("cpu"), eos_id=None)
+    plan = plan_minibatches([rl_record("a")], [False], cfg, rank=0, world=1, device=torch.device("cpu"), eos_id=None)
     assert [[m.sample_index for m in mb.micros] for mb in plan] == [[[0]]]
     assert [(mb.num_tokens, mb.num_seqs) for mb in plan] == [(2.0, 1.0)]
 
 
 def test_idle_samples_keep_their_rows_but_leave_the_denominators():
-    samples = [rl_sample("a"), rl_sample("b"), rl_sample("c")]
+    samples = [rl_record("a"), rl_record("b"), rl_record("c")]
     plan = plan_minibatches(
         samples,
         [False, True, False],
@@ -51,7 +51,7 @@ def test_idle_samples_keep_their_rows_but_leave_the_denominators():
 
 
 def test_mis_rejection_replaces_the_denominators_only():
-    samples = [rl_sample("a"), rl_sample("b")]
+    samples = [rl_record("a"), rl_record("b")]
     plan = plan_minibatches(
         samples, [False, False], train_config(minibatches=2), rank=0, world=1, device=torch.device("cpu"), eos_id=None
     )
@@ -63,10 +63,10 @@ def test_mis_rejection_replaces_the_denominators_only():
 
 def test_trained_and_rewarded_samples():
     samples = [
-        rl_sample("ok"),
-        rl_sample("bad"),
-        rl_sample("masked", loss_mask=[0, 0]),
-        rl_sample("no-reward", reward=None, has_reward=False),
+        rl_record("ok"),
+        rl_record("bad"),
+        rl_record("masked", loss_mask=[0, 0]),
+        rl_record("no-reward", reward=None, has_reward=False),
     ]
     trainable, idle = classify_samples(samples, [False, True, False, False], train_config(), eos_id=None)
     assert trainable.tolist() == [True, False, False, True]
@@ -77,7 +77,7 @@ def test_trained_and_rewarded_samples():
 
 
 def test_no_eos_samples_are_not_trained_when_masked():
-    samples = [rl_sample("eos", response_ids=[7, 2]), rl_sample("cut", response_ids=[7, 8])]
+    samples = [rl_record("eos", response_ids=[7, 2]), rl_record("cut", response_ids=[7, 8])]
     trainable, _ = classify_samples(samples, [False, False], train_config(mask_no_eos_with_zero=True), eos_id=2)
     assert trainable.tolist() == [True, False]
 
@@ -93,6 +93,6 @@ def test_prm_windows_fold_until_the_next_logged_step():
 
 def test_a_batch_without_any_learning_term_is_no_step():
     cfg = train_config()
-    assert LeasedBatch([rl_sample("a"), rl_sample("b")], [False, True]).has_learning_term(cfg)
-    assert not LeasedBatch([rl_sample("a"), rl_sample("b")], [True, True]).has_learning_term(cfg)
-    assert not LeasedBatch([rl_sample("a", reward=None, has_reward=False)], [False]).has_learning_term(cfg)
+    assert LeasedBatch([rl_record("a"), rl_record("b")], [False, True]).has_learning_term(cfg)
+    assert not LeasedBatch([rl_record("a"), rl_record("b")], [True, True]).has_learning_term(cfg)
+    assert not LeasedBatch([rl_record("a", reward=None, has_reward=False)], [False]).has_learning_term(cfg)

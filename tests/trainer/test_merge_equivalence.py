@@ -16,8 +16,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from engine.records import Sample
 from engine.trajectories import forward_tokens, merged_trajectories, plan_rows
-from tests.trainer.conftest import train_config
+from tests.trainer.conftest import records, train_config
 from trainer.advantages import RunningMean
 from trainer.batch import collate, score_responses
 from trainer.objective import micro_loss, old_logprobs, token_advantages
@@ -52,11 +53,11 @@ def _session(rng: random.Random, sid: str, turns: int, mode: str, prompt_len: in
     return out
 
 
-def _batch(mode: str) -> list[dict[str, Any]]:
+def _batch(mode: str) -> list[Sample]:
     rng = random.Random(7)
     samples = _session(rng, "a", 4, mode) + _session(rng, "b", 3, mode)
     rogue = dict(_session(rng, "a", 1, mode, prompt_len=12)[0], sample_id="a-x", turn_index=9)  # not a continuation
-    return [samples[0], samples[4], samples[1], rogue, samples[5], samples[2], samples[6], samples[3]]
+    return records([samples[0], samples[4], samples[1], rogue, samples[5], samples[2], samples[6], samples[3]])
 
 
 @pytest.fixture(scope="module")
@@ -68,16 +69,16 @@ def model(tiny_model_dir: Path) -> torch.nn.Module:
 def test_rows_follow_continuity():
     samples = _batch("rl")
     rows = plan_rows(samples)
-    ids = [[samples[i]["sample_id"] for i in r] for r in rows]
+    ids = [[samples[i].sample_id for i in r] for r in rows]
     assert ids == [["a-0", "a-1", "a-2", "a-3"], ["b-0", "b-1", "b-2"], ["a-x"]]
     merged = merged_trajectories(samples)
-    assert [t["session_id"] for t in merged] == ["a", "b"]
+    assert [t.session_id for t in merged] == ["a", "b"]
     for t in merged:
-        for turn in t["turns"]:
-            s = next(x for x in samples if x["sample_id"] == turn["sample_id"])
-            start, n = turn["response_start"], turn["response_len"]
-            assert t["token_ids"][start : start + n] == s["response_ids"]
-            assert t["token_ids"][:start] == s["prompt_ids"]
+        for turn in t.turns:
+            s = next(x for x in samples if x.sample_id == turn.sample_id)
+            start, n = turn.response_start, turn.response_len
+            assert t.token_ids[start : start + n] == s.response_ids
+            assert t.token_ids[:start] == s.prompt_ids
     assert forward_tokens(samples, rows) < forward_tokens(samples, [[i] for i in range(len(samples))])
     assert len(plan_rows(samples, [i != 2 for i in range(len(samples))])) == 4  # ineligible: its own row
 
@@ -86,7 +87,7 @@ def test_rows_follow_continuity():
 def test_same_per_token_loss_and_gradient(model: torch.nn.Module, mode: str) -> None:
     samples = _batch(mode)
     cfg = train_config(advantage_mode="sample", old_logprobs="rollout", rollout_correction="none")
-    rl_adv = torch.tensor([float(s["reward"]) - 0.25 for s in samples])
+    rl_adv = torch.tensor([float(s.reward) - 0.25 for s in samples])
     results = {}
     for merge in (False, True):
         b = collate(samples, merge=merge)
@@ -109,21 +110,21 @@ def test_same_per_token_loss_and_gradient(model: torch.nn.Module, mode: str) -> 
     # Hand check, from each sample's own forward pass (no batching, no padding): its response log-probs ...
     with torch.no_grad():
         for i, s in enumerate(samples):
-            seq = torch.tensor([s["prompt_ids"] + s["response_ids"]])
+            seq = torch.tensor([s.prompt_ids + s.response_ids])
             own = torch.log_softmax(model(input_ids=seq).logits[0].float(), dim=-1)
-            p = len(s["prompt_ids"])
-            want = own[p - 1 : p - 1 + len(s["response_ids"])].gather(1, torch.tensor(s["response_ids"])[:, None])[:, 0]
+            p = len(s.prompt_ids)
+            want = own[p - 1 : p - 1 + len(s.response_ids)].gather(1, torch.tensor(s.response_ids)[:, None])[:, 0]
             assert torch.allclose(lp1[i, : len(want)], want, atol=1e-5)
     # ... and PPO-clip with old = rollout log-probs, no correction, token mean over the batch.
     expected = torch.tensor(0.0)
     for i, s in enumerate(samples):
-        for t, rlp in enumerate(s["rollout_logprobs"]):
+        for t, rlp in enumerate(s.rollout_logprobs):
             ratio = torch.exp(lp0[i, t] - rlp)
             a = {
                 "rl": rl_adv[i],
-                "opd": s["teacher_logprobs"][t] - rlp if s["teacher_logprobs"] else 0.0,
-                "combine": (s["w_opd"] * (s["teacher_logprobs"][t] - rlp) + s["w_rl"] * rl_adv[i])
-                if s["teacher_logprobs"]
+                "opd": s.teacher_logprobs[t] - rlp if s.teacher_logprobs else 0.0,
+                "combine": (s.w_opd * (s.teacher_logprobs[t] - rlp) + s.w_rl * rl_adv[i])
+                if s.teacher_logprobs
                 else 0.0,
             }[mode]
             a = torch.as_tensor(a, dtype=torch.float32)

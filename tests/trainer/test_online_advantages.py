@@ -14,10 +14,12 @@ import math
 import pytest
 import torch
 
-from tests.trainer.conftest import rl_sample, train_config
+from engine.records import Sample
+from tests.trainer.conftest import rl_record, rl_sample, train_config
 from trainer.advantages import multiplicative_opd, multiplicative_opd_literal, turn_steps
 from trainer.baselines import RunningMean, rl_sample_advantages
 from trainer.batch import check_sample, collate
+from trainer.lease_client import typed_samples
 from trainer.objective import carries_learning_term, old_logprobs
 from trainer.settings import TrainConfig
 
@@ -117,29 +119,29 @@ def test_multiplicative_signs_right_neutral_wrong():
 
 
 def test_which_samples_carry_a_learning_term():
-    promoted = rl_sample(reward=0.0)  # an at-least-one promoted turn: reward 0
+    promoted = rl_record(reward=0.0)  # an at-least-one promoted turn: reward 0
     assert not carries_learning_term(
         promoted, train_config(baseline="none")
     )  # r - 0 = 0: no term, no denominator share
     assert carries_learning_term(promoted, train_config(baseline="running_mean"))  # 0 - b is a real term
-    no_reward = rl_sample(reward=None, has_reward=False)
+    no_reward = rl_record(reward=None, has_reward=False)
     assert not carries_learning_term(no_reward, train_config())
     teacher = [-0.5, -0.5]
-    assert carries_learning_term(rl_sample(mode="opd", has_teacher=True, teacher_logprobs=teacher), train_config())
-    assert not carries_learning_term(rl_sample(mode="opd"), train_config())
+    assert carries_learning_term(rl_record(mode="opd", has_teacher=True, teacher_logprobs=teacher), train_config())
+    assert not carries_learning_term(rl_record(mode="opd"), train_config())
     for mode in ("prm_gated_opd", "multiplicative", "multiplicative_literal"):
-        assert not carries_learning_term(rl_sample(), train_config(advantage_mode=mode))  # reward but no teacher
+        assert not carries_learning_term(rl_record(), train_config(advantage_mode=mode))  # reward but no teacher
         assert not carries_learning_term(
-            rl_sample(reward=None, has_reward=False, has_teacher=True), train_config(advantage_mode=mode)
+            rl_record(reward=None, has_reward=False, has_teacher=True), train_config(advantage_mode=mode)
         )
         assert carries_learning_term(
-            rl_sample(has_teacher=True, teacher_logprobs=teacher), train_config(advantage_mode=mode)
+            rl_record(has_teacher=True, teacher_logprobs=teacher), train_config(advantage_mode=mode)
         )
     assert not carries_learning_term(
-        rl_sample(mode="combine", w_rl=0.0), train_config()
+        rl_record(mode="combine", w_rl=0.0), train_config()
     )  # reward weighted 0, no teacher
     assert carries_learning_term(
-        rl_sample(reward=None, has_reward=False, teacher_topk={"ids": [[1]], "logprobs": [[-0.1]]}),
+        rl_record(reward=None, has_reward=False, teacher_topk={"ids": [[1]], "logprobs": [[-0.1]]}),
         train_config(topk_coef=0.1),
     )
 
@@ -148,15 +150,20 @@ def test_which_samples_carry_a_learning_term():
     "bad, why",
     [
         ({"reward": math.nan}, "reward is not a finite number"),
-        ({"reward": "1.0"}, "reward is not a finite number"),
         ({"has_teacher": True, "teacher_logprobs": [-0.1, math.inf]}, "teacher_logprobs holds a non-finite"),
         ({"has_teacher": True, "teacher_logprobs": [-0.1, 0.3]}, "teacher_logprobs holds a positive"),
         ({"token_rewards": [0.0, math.nan]}, "token_rewards holds a non-finite"),
     ],
 )
 def test_trainer_rejects_unusable_values(bad, why):
-    assert check_sample(rl_sample()) is None
-    assert check_sample(rl_sample(**bad)).startswith(why)
+    assert check_sample(rl_record()) is None
+    assert check_sample(rl_record(**bad)).startswith(why)
+
+
+def test_a_value_of_the_wrong_type_is_set_aside_where_the_lease_is_read():
+    typed, aside = typed_samples([rl_sample("a"), rl_sample("b", reward="1.0")])
+    assert [s.sample_id for s in typed] == ["a"]
+    assert [(a.sample_id, a.reason.split(":")[:2]) for a in aside] == [("b", ["off the Sample schema", " reward"])]
 
 
 @pytest.mark.slow
@@ -165,8 +172,8 @@ def test_opd_old_logprobs_are_at_temperature_one(tiny_model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     rollout = [-0.25, -0.5]
-    hot = rl_sample(sampling_params={"temperature": 0.7}, rollout_logprobs=rollout)
-    one = rl_sample(sampling_params={"temperature": 1.0}, rollout_logprobs=rollout)
+    hot = rl_record(sampling_params={"temperature": 0.7}, rollout_logprobs=rollout)
+    one = rl_record(sampling_params={"temperature": 1.0}, rollout_logprobs=rollout)
     model.train()
     recomputed = old_logprobs(
         model, collate([hot, one]), train_config(old_logprobs="recompute", rollout_correction="none")
@@ -178,7 +185,7 @@ def test_opd_old_logprobs_are_at_temperature_one(tiny_model_dir):
     close(got.pg[0], rollout)  # the PPO term keeps the rollout's old log-probs (its IS weight corrects them)
 
 
-def _train_once(model0, samples: list[dict], cfg: TrainConfig) -> tuple[dict, dict]:
+def _train_once(model0, samples: list[Sample], cfg: TrainConfig) -> tuple[dict, dict]:
     import copy
 
     from trainer.train import train_on_batch
@@ -198,9 +205,9 @@ def test_rows_without_a_learning_term_do_not_dilute_the_step(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     model0 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
-    a = rl_sample(sample_id="a", response_ids=[7, 8, 9], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=1.0)
-    c = rl_sample(sample_id="c", response_ids=[10, 11, 12], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=-1.0)
-    promoted = rl_sample(
+    a = rl_record(sample_id="a", response_ids=[7, 8, 9], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=1.0)
+    c = rl_record(sample_id="c", response_ids=[10, 11, 12], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=-1.0)
+    promoted = rl_record(
         sample_id="p", response_ids=[13, 14, 15, 16], rollout_logprobs=[-1.0] * 4, loss_mask=[1] * 4, reward=0.0
     )
     cfg = TrainConfig(
@@ -231,7 +238,7 @@ def test_topk_term_is_divided_by_the_tokens_with_topk_rows(tiny_model_dir):
 
     model0 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     rows = {"ids": [[1, 2]] * 3, "logprobs": [[-0.5, -1.0]] * 3}
-    a = rl_sample(
+    a = rl_record(
         sample_id="a",
         response_ids=[7, 8, 9],
         rollout_logprobs=[-1.0] * 3,
@@ -239,7 +246,7 @@ def test_topk_term_is_divided_by_the_tokens_with_topk_rows(tiny_model_dir):
         reward=0.0,
         teacher_topk=rows,
     )
-    b = rl_sample(sample_id="b", response_ids=[10, 11, 12], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=1.0)
+    b = rl_record(sample_id="b", response_ids=[10, 11, 12], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=1.0)
     c = 0.5
     cfg = TrainConfig(
         model_path=str(tiny_model_dir),
@@ -276,7 +283,7 @@ def test_no_grad_passes_run_in_eval_mode(tiny_model_dir):
         model,
         None,
         opt,
-        [rl_sample(sample_id="a"), rl_sample(sample_id="b", reward=-1.0)],
+        [rl_record(sample_id="a"), rl_record(sample_id="b", reward=-1.0)],
         [False, False],
         cfg,
         RunningMean(),

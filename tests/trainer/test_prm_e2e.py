@@ -22,6 +22,7 @@ import httpx
 import pytest
 import torch
 
+from engine.records import Sample
 from tests.trainer.stack import ADMIN, ScriptedUser, start_stack
 from tests.waiting import wait_until
 from trainer.advantages import rl_sample_advantages
@@ -135,7 +136,7 @@ def test_length_budget_and_judge_scorers_shape_the_trainers_advantages(stack, tm
     # The advantage the trainer logged is the process_weighted shaping of the outcome advantage of these samples.
     resolved = resolve_prm_config(cfg)
     assert resolved.shaping == "process_weighted"
-    b = collate(samples)
+    b = collate([Sample.model_validate(s) for s in samples])  # read as the trainer reads a lease
     rl = rl_sample_advantages(
         b.reward, b.has_reward, baseline=resolved.baseline, normalize=resolved.normalize_advantages
     )

@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.records import Sample
 from judge_server.prm import PRMConfigError
 from trainer.advantages import rl_sample_advantages
 from trainer.batch import check_sample, collate
-from trainer.lease_client import Lease
+from trainer.lease_client import Lease, typed_samples
 from trainer.objective import outcome_advantages, shape, token_advantages
 from trainer.prm import resolve_prm_config
 from trainer.settings import TrainConfig, parse_config
@@ -48,6 +49,13 @@ def sample(
         "w_rl": 1.0,
         "w_opd": 1.0,
     }
+
+
+def record(
+    resp: list[int], reward: float | None, token_rewards: list[float] | None, *, prompt=(1, 2, 3), loss_mask=None
+) -> Sample:
+    """:func:`sample` read as the trainer reads a leased sample."""
+    return Sample.model_validate(sample(resp, reward, token_rewards, prompt=prompt, loss_mask=loss_mask))
 
 
 def yaml_file(
@@ -79,9 +87,9 @@ def yaml_file(
 @pytest.mark.unit
 def test_collate_aligns_token_rewards_with_response_positions_and_flags_missing_ones():
     samples = [
-        sample([10, 11, 12], 1.0, [0.1, 0.2, 0.3], prompt=(1, 2)),
-        sample([20], -1.0, None, prompt=(1, 2, 3, 4)),
-        sample([30, 31], 1.0, [0.0, -0.5]),
+        record([10, 11, 12], 1.0, [0.1, 0.2, 0.3], prompt=(1, 2)),
+        record([20], -1.0, None, prompt=(1, 2, 3, 4)),
+        record([30, 31], 1.0, [0.0, -0.5]),
     ]
     b = collate(samples)
     assert b.token_rewards.shape == b.response_ids.shape == b.rollout_lp.shape == (3, 3)
@@ -95,17 +103,18 @@ def test_collate_aligns_token_rewards_with_response_positions_and_flags_missing_
 
 @pytest.mark.unit
 def test_check_sample_rejects_bad_token_rewards():
-    assert check_sample(sample([1, 2], 1.0, [0.5])) == "token_rewards has 1 entries for 2 response ids"
-    assert "non-finite" in check_sample(sample([1, 2], 1.0, [0.5, math.nan]))
-    assert "non-finite" in check_sample(sample([1, 2], 1.0, [0.5, "x"]))
-    assert check_sample(sample([1, 2], 1.0, [0.5, 1.5])) is None  # fine for additive / gvpo
-    assert "[0, 1]" in check_sample(sample([1, 2], 1.0, [0.5, 1.5]), shaping="process_weighted")
+    assert check_sample(record([1, 2], 1.0, [0.5])) == "token_rewards has 1 entries for 2 response ids"
+    assert "non-finite" in check_sample(record([1, 2], 1.0, [0.5, math.nan]))
+    # a value that is not a number never reaches the loop: the lease's JSON edge sets the sample aside
+    assert typed_samples([sample([1, 2], 1.0, [0.5, "x"])])[0] == []
+    assert check_sample(record([1, 2], 1.0, [0.5, 1.5])) is None  # fine for additive / gvpo
+    assert "[0, 1]" in check_sample(record([1, 2], 1.0, [0.5, 1.5]), shaping="process_weighted")
     # only loss-mask tokens must be in range (AReaL checks active tokens)
-    assert check_sample(sample([1, 2], 1.0, [0.5, 1.5], loss_mask=[1, 0]), shaping="process_weighted") is None
-    assert check_sample(sample([1, 2], 1.0, None), shaping="process_weighted") is None
+    assert check_sample(record([1, 2], 1.0, [0.5, 1.5], loss_mask=[1, 0]), shaping="process_weighted") is None
+    assert check_sample(record([1, 2], 1.0, None), shaping="process_weighted") is None
 
 
-def _advantages(samples: list[dict], cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _advantages(samples: list[Sample], cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     b = collate(samples)
     rl = rl_sample_advantages(b.reward, b.has_reward, baseline=cfg.baseline, normalize=cfg.normalize_advantages)
     raw = outcome_advantages(b, b.rollout_lp, rl, cfg)
@@ -116,14 +125,14 @@ def _advantages(samples: list[dict], cfg: TrainConfig) -> tuple[torch.Tensor, to
 @pytest.mark.parametrize("mode", ["additive", "gvpo", "process_weighted"])
 def test_shaping_applies_after_normalisation_only_to_samples_with_token_rewards(mode):
     samples = [
-        sample([10, 11, 12], 1.0, [0.5, 0.0, 1.0]),
-        sample([20, 21], -1.0, None),  # no token_rewards: unshaped
-        sample([30, 31, 32], -1.0, [0.25, 0.0, 0.5], loss_mask=[1, 1, 0]),
-        sample([40], 1.0, [0.0]),
+        record([10, 11, 12], 1.0, [0.5, 0.0, 1.0]),
+        record([20, 21], -1.0, None),  # no token_rewards: unshaped
+        record([30, 31, 32], -1.0, [0.25, 0.0, 0.5], loss_mask=[1, 1, 0]),
+        record([40], 1.0, [0.0]),
     ]
     if mode == "gvpo":  # gvpo acts on negative process rewards
-        samples[0]["token_rewards"] = [-0.5, 0.0, -1.0]
-        samples[2]["token_rewards"] = [-0.25, 0.0, -0.5]
+        samples[0].token_rewards = [-0.5, 0.0, -1.0]
+        samples[2].token_rewards = [-0.25, 0.0, -0.5]
     cfg = TrainConfig(
         model_path="m",
         out_dir="o",

@@ -15,7 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from engine.records import Sample
 from trainer.batch import check_sample, collate
+from trainer.lease_client import typed_samples
 from trainer.objective import micro_loss
 from trainer.rollout_correction import is_metrics, rollout_is_weights, sample_temperature, temperature_logprobs
 from trainer.settings import TrainConfig, parse_config
@@ -99,7 +101,7 @@ def test_temperature_logprobs_scale_the_logits_per_sample():
     torch.testing.assert_close(temperature_logprobs(logits, targets, torch.ones(3)), torch.full((3, 1), LN(4 / 5)))
 
 
-def _sample(**kw) -> dict:
+def _json(**kw) -> dict:
     base = {
         "sample_id": "a",
         "mode": "rl",
@@ -114,6 +116,11 @@ def _sample(**kw) -> dict:
     return {**base, **kw}
 
 
+def _sample(**kw) -> Sample:
+    """:func:`_json` read as the trainer reads a leased sample."""
+    return Sample.model_validate(_json(**kw))
+
+
 def test_sample_temperature_and_the_contract_checks():
     assert sample_temperature(_sample()) == 1.0  # older samples carry no sampling_params
     assert sample_temperature(_sample(sampling_params=None)) == 1.0
@@ -125,7 +132,9 @@ def test_sample_temperature_and_the_contract_checks():
         [1.0, 1.3]
     )
     assert check_sample(_sample(sampling_params={"temperature": 0.7, "top_p": 0.9, "top_k": 20})) is None
-    assert "sampling_params must be an object" in check_sample(_sample(sampling_params=[0.7]))
+    # sampling_params that is not an object never reaches the loop: the lease's JSON edge sets it aside
+    [aside] = typed_samples([_json(sampling_params=[0.7])])[1]
+    assert aside.reason.startswith("off the Sample schema: sampling_params")
     for bad in ("hot", -0.5, float("nan"), True):
         assert "temperature must be a finite number" in check_sample(_sample(sampling_params={"temperature": bad}))
     assert "rollout_logprobs holds a non-finite" in check_sample(_sample(rollout_logprobs=[-1.0, float("nan"), -1.0]))

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.records import Sample
+from tests.trainer.conftest import records
 from trainer.advantages import RunningMean
 from trainer.batch import collate, score_responses
 from trainer.settings import TrainConfig
@@ -36,7 +38,7 @@ def model0(tiny_model_dir: Path):
     return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).train()
 
 
-def _samples(tiny_model_dir: Path, n: int, *, temperature: float = 1.0, seed: int = 5) -> list[dict]:
+def _samples(tiny_model_dir: Path, n: int, *, temperature: float = 1.0, seed: int = 5) -> list[Sample]:
     from trainer.local_source import LocalSampleSource
 
     src = LocalSampleSource(
@@ -47,14 +49,14 @@ def _samples(tiny_model_dir: Path, n: int, *, temperature: float = 1.0, seed: in
         seed=seed,
         temperature=temperature,
     )
-    out = src.lease(n).samples
+    out = records(src.lease(n).samples)
     for i, s in enumerate(out):
-        s["sample_id"] = f"t{i}"
+        s.sample_id = f"t{i}"
     return out
 
 
 @pytest.fixture(scope="module")
-def exact_samples(tiny_model_dir: Path, model0) -> list[dict]:
+def exact_samples(tiny_model_dir: Path, model0) -> list[Sample]:
     """8 samples whose rollout log-probs ARE the trainer's recomputation (same micro-batches, same forward)."""
     samples = _samples(tiny_model_dir, 8)
     with torch.no_grad():
@@ -62,12 +64,12 @@ def exact_samples(tiny_model_dir: Path, model0) -> list[dict]:
             chunk = samples[j : j + MICRO]
             lp = score_responses(model0, collate(chunk), with_entropy=False).logprobs
             for i, s in enumerate(chunk):
-                s["rollout_logprobs"] = lp[i, : len(s["response_ids"])].tolist()
-    assert {s["reward"] for s in samples} == {1.0, -1.0}
+                s.rollout_logprobs = lp[i, : len(s.response_ids)].tolist()
+    assert {s.reward for s in samples} == {1.0, -1.0}
     return samples
 
 
-def train_once(model0, samples: list[dict], tiny_model_dir: Path, **kw) -> tuple[dict, dict]:
+def train_once(model0, samples: list[Sample], tiny_model_dir: Path, **kw) -> tuple[dict, dict]:
     from trainer.train import train_on_batch
 
     model = copy.deepcopy(model0)
@@ -111,15 +113,15 @@ def test_weights_of_one_change_nothing(tiny_model_dir, model0, exact_samples):
             assert torch.equal(runs[mode][1][k], v), (mode, k)
 
 
-def _shifted(samples: list[dict]) -> list[dict]:
+def _shifted(samples: list[Sample]) -> list[Sample]:
     out = copy.deepcopy(samples)
-    out[0]["rollout_logprobs"] = [lp - SHIFT for lp in out[0]["rollout_logprobs"]]  # w = e^5 on sample 0's tokens
+    out[0].rollout_logprobs = [lp - SHIFT for lp in out[0].rollout_logprobs]  # w = e^5 on sample 0's tokens
     return out
 
 
 def test_a_shifted_sample_is_bounded_by_the_cap(tiny_model_dir, model0, exact_samples):
     shifted = _shifted(exact_samples)
-    n0 = len(exact_samples[0]["response_ids"])
+    n0 = len(exact_samples[0].response_ids)
     base = train_once(model0, exact_samples, tiny_model_dir, rollout_correction="none")
     n = base[0]["n_tokens"]
 
@@ -132,7 +134,7 @@ def test_a_shifted_sample_is_bounded_by_the_cap(tiny_model_dir, model0, exact_sa
     # tis: sample 0 counts exactly C = 2 times: the update of doubling its advantage (A = r with baseline none).
     tis = train_once(model0, shifted, tiny_model_dir, rollout_correction="tis")
     doubled = copy.deepcopy(exact_samples)
-    doubled[0]["reward"] *= 2.0
+    doubled[0].reward *= 2.0
     assert_same(tis, train_once(model0, doubled, tiny_model_dir, rollout_correction="none"))
     assert tis[0]["rollout_is_truncated_frac"] == pytest.approx(n0 / n)
     assert tis[0]["rollout_is_applied_mean"] == pytest.approx((2.0 * n0 + (n - n0)) / n, rel=1e-6)
@@ -141,7 +143,7 @@ def test_a_shifted_sample_is_bounded_by_the_cap(tiny_model_dir, model0, exact_sa
     # mis: sample 0's tokens are rejected from numerator and denominator: the update without sample 0.
     mis = train_once(model0, shifted, tiny_model_dir, rollout_correction="mis")
     dropped = copy.deepcopy(exact_samples)
-    dropped[0]["loss_mask"] = [0] * n0
+    dropped[0].loss_mask = [0] * n0
     assert_same(mis, train_once(model0, dropped, tiny_model_dir, rollout_correction="none"))
     assert mis[0]["rollout_is_masked_frac"] == pytest.approx(n0 / n) and mis[0]["n_tokens"] == n - n0
 
@@ -153,7 +155,7 @@ def test_a_shifted_sample_is_bounded_by_the_cap(tiny_model_dir, model0, exact_sa
 
 def test_temperature_mismatch_is_absorbed_by_the_weight_or_removed_by_sample_temperature(tiny_model_dir, model0):
     samples = _samples(tiny_model_dir, 6, temperature=0.5, seed=11)
-    assert all(s["sampling_params"]["temperature"] == 0.5 for s in samples)
+    assert all(s.sampling_params["temperature"] == 0.5 for s in samples)
     sample_m, _ = train_once(model0, samples, tiny_model_dir, rollout_correction="tis", logprob_temperature="sample")
     one_m, _ = train_once(model0, samples, tiny_model_dir, rollout_correction="tis", logprob_temperature="one")
     assert sample_m["sample_temperature_mean"] == 0.5
@@ -165,16 +167,14 @@ def test_temperature_mismatch_is_absorbed_by_the_weight_or_removed_by_sample_tem
     ws = []
     with torch.no_grad():
         for s in samples:
-            p, r = len(s["prompt_ids"]), len(s["response_ids"])
+            p, r = len(s.prompt_ids), len(s.response_ids)
             logits = (
-                model0(input_ids=torch.tensor([s["prompt_ids"] + s["response_ids"]]))
-                .logits[0, p - 1 : p - 1 + r]
-                .float()
+                model0(input_ids=torch.tensor([s.prompt_ids + s.response_ids])).logits[0, p - 1 : p - 1 + r].float()
             )
-            tok = torch.tensor(s["response_ids"])[:, None]
+            tok = torch.tensor(s.response_ids)[:, None]
             lp1 = torch.log_softmax(logits, -1).gather(-1, tok)[:, 0]
             lp_half = torch.log_softmax(logits / 0.5, -1).gather(-1, tok)[:, 0]
-            torch.testing.assert_close(lp_half, torch.tensor(s["rollout_logprobs"]), atol=1e-4, rtol=0)
+            torch.testing.assert_close(lp_half, torch.tensor(s.rollout_logprobs), atol=1e-4, rtol=0)
             ws.append(torch.exp(lp1 - lp_half))
     w = torch.cat(ws)
     assert one_m["train_rollout_lp_abs_diff"] > 0.01

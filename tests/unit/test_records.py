@@ -28,6 +28,7 @@ from engine.records import (
     RejectReason,
     Sample,
     SampleState,
+    TeacherTopK,
     Turn,
     TurnRecord,
 )
@@ -208,13 +209,13 @@ def test_dispatcher_builds_the_same_sample_as_before(mode, prm, hint, reward, te
         ModeSnapshot(mode, 1.0, 0.5),
         3,
         include=True,
-        prm=prm,
-        hint=hint,
+        prm=None if prm is None else PrmVerdict.model_validate(prm),
+        hint=None if hint is None else HintVerdict.model_validate(hint),
         reward=reward,
         teacher_logprobs=teacher,
-        teacher_topk=topk,
-    )
-    fields["prompt_versions"] = dict(VERSIONS)
+        teacher_topk=None if topk is None else TeacherTopK.model_validate(topk),
+        prompt_versions=dict(VERSIONS),
+    ).to_json()
     # The old composition: the pipeline's dict, updated with the turn's fields and the origin.
     old = dict(fields)
     old.update(TURN_PART)
@@ -224,12 +225,13 @@ def test_dispatcher_builds_the_same_sample_as_before(mode, prm, hint, reward, te
 
 
 def test_prm_outcome_folded_in_keeps_the_order():
-    result = PipelineOutcome.ready(OLD_SAMPLES["rl"])
-    scored = apply_outcome(result, ScoreOutcome("scored", token_rewards=[0.5, 0.5, 0.5])).sample
-    rejected = apply_outcome(result, ScoreOutcome("rejected", reason="prm_rejected: veto")).sample
-    for old in (scored, rejected):
-        assert json.dumps(Sample.model_validate(old).to_json()) == json.dumps(old)
-    assert rejected["loss_mask"] == [0, 0, 0] and rejected["token_rewards"] is None
+    result = PipelineOutcome.ready(Sample.model_validate(OLD_SAMPLES["rl"]))
+    scored = apply_outcome(result, ScoreOutcome("scored", token_rewards=[0.5, 0.5, 0.5])).sample.to_json()
+    rejected = apply_outcome(result, ScoreOutcome("rejected", reason="prm_rejected: veto")).sample.to_json()
+    # The old composition updated the stored dict in place: every key keeps its place.
+    assert json.dumps(scored) == json.dumps({**OLD_SAMPLES["rl"], "token_rewards": [0.5, 0.5, 0.5]})
+    assert json.dumps(rejected) == json.dumps({**OLD_SAMPLES["rl"], "token_rewards": None, "loss_mask": [0, 0, 0]})
+    assert result.sample.to_json() == OLD_SAMPLES["rl"]  # the outcome's own sample is not modified
 
 
 def test_non_finite_values_survive_for_the_value_checks():
@@ -349,17 +351,17 @@ def test_sample_fields_are_the_pipelines_then_the_turns_then_the_origin():
 
 
 def test_pipeline_outcome_is_typed():
-    ready = PipelineOutcome.ready({"mode": "rl"}, {"prm": "v1"})
+    ready = PipelineOutcome.ready(Sample(mode="rl"), {"prm": "v1"})
     assert (ready.status, ready.reject_reason, ready.included) == ("ready", None, True)
     held = ready.held()
-    assert (held.status, held.included, held.sample, held.prompt_versions) == (
+    assert (held.status, held.included, held.sample.to_json(), held.prompt_versions) == (
         "pending_score",
         True,
         {"mode": "rl"},
         {"prm": "v1"},
     )
     rejected = PipelineOutcome.rejected("no_hint")
-    assert (rejected.status, rejected.reject_reason, rejected.included, rejected.sample) == (
+    assert (rejected.status, rejected.reject_reason, rejected.included, rejected.sample.to_json()) == (
         "rejected",
         "no_hint",
         False,

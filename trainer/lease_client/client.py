@@ -110,8 +110,8 @@ class PolicyClient:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, *, read_s: float | None = None, **kw: Any) -> Any:
-        """One logical call with retries; returns the JSON body ({} when empty)."""
+    def _call(self, method: str, path: str, *, read_s: float | None = None, **kw: Any) -> object:
+        """One logical call with retries; returns the JSON body ({} when empty), for the caller to check."""
         try:
             resp = send_sync(
                 self._http, method, path, policy=self.retry, timeout=self._timeout(read_s or self.timeout_s), **kw
@@ -155,7 +155,9 @@ class PolicyClient:
             json={"model_path": model_path, "weight_version": weight_version},
             read_s=self.weight_sync_timeout_s,
         )
-        if isinstance(body, dict) and body.get("success") is False:
+        if not isinstance(body, dict):
+            raise TrainerError(f"weights update answer is not an object: {str(body)[:200]}")
+        if body.get("success") is False:
             raise TrainerError(f"weights update refused: {body}")
         return body
 

@@ -61,7 +61,7 @@ class SampleTensors:
 
 def sample_tensors(sample: Sample) -> SampleTensors:
     """The tensors of one sample (see the module docstring); raises SampleUnusable when it breaks the contract."""
-    why = check_sample(sample.to_json())
+    why = check_sample(sample)
     if why:
         raise SampleUnusable(f"sample {sample.sample_id}: {why}")
     resp = torch.tensor(sample.response_ids, dtype=torch.long)

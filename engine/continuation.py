@@ -78,13 +78,14 @@ class PriorTurn:
 
     @classmethod
     def from_turn(cls, turn: dict[str, Any]) -> PriorTurn:
-        """From a stored turn dict (engine.records.Turn's JSON)."""
+        """From a stored turn dict (engine.records.Turn's JSON). Its lists are shared, not copied (a
+        30k-token prompt would be copied on every turn): neither side changes them."""
         return cls(
-            messages=list(turn.get("messages") or []),
+            messages=turn.get("messages") or [],
             tools=turn.get("tools") or None,
             chat_template_kwargs=turn.get("chat_template_kwargs") or None,
-            prompt_ids=list(turn.get("prompt_ids") or []),  # ints, as the store holds them
-            response_ids=list(turn.get("response_ids") or []),
+            prompt_ids=turn.get("prompt_ids") or [],  # ints, as the store holds them
+            response_ids=turn.get("response_ids") or [],
         )
 
 
@@ -195,10 +196,11 @@ class ContinuationRenderer:
                         self._shapes[key] = _Shape(ok=False)
                     reason = VERIFY_MISMATCH
                 else:
-                    reused = prior.prompt_ids + prior.response_ids
+                    ids = prior.prompt_ids + prior.response_ids  # a new list: extended in place below
+                    reused = len(ids)
                     glue = self._glue(shape.close, prior.response_ids) + suffix
-                    ids = reused + list(self.tokenizer.encode(glue, add_special_tokens=False))
-                    return Rendered(ids, CONTINUED, reused_tokens=len(reused), verified=verified)
+                    ids.extend(self.tokenizer.encode(glue, add_special_tokens=False))
+                    return Rendered(ids, CONTINUED, reused_tokens=reused, verified=verified)
         ids = render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs)
         return Rendered(ids, reason)
 

@@ -204,6 +204,25 @@ class ContinuationRenderer:
         ids = render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs)
         return Rendered(ids, reason)
 
+    def continues_cheaply(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        chat_template_kwargs: dict[str, Any] | None,
+        prior: PriorTurn | None,
+    ) -> bool:
+        """Whether :meth:`render` would, as things stand, continue ``prior`` from a probed shape with no
+        full-render check due: its work is then the new messages' alone. A peek: nothing changes."""
+        if self._refusal(messages, tools, chat_template_kwargs, prior) is not None:
+            return False
+        assert prior is not None
+        key = _shape_key(messages, len(prior.messages), tools, chat_template_kwargs)
+        with self._lock:
+            shape = self._shapes.get(key)
+        if shape is None or not shape.ok:
+            return False
+        return not self._due_for_verify(len(prior.prompt_ids) + len(prior.response_ids), spend=False)
+
     # ------------------------------------------------------------------ decisions
     @staticmethod
     def _refusal(
@@ -227,7 +246,9 @@ class ContinuationRenderer:
             return TEMPLATE_KWARGS_CHANGED
         return None
 
-    def _due_for_verify(self, history_tokens: int) -> bool:
+    def _due_for_verify(self, history_tokens: int, *, spend: bool = True) -> bool:
+        """Whether this turn's full-render check is due; ``spend``: this turn is rendered now (its credit is
+        added, and spent when the check is due), else only a peek."""
         per_turn = self.verify_tokens_per_turn
         if per_turn <= 0:
             return False
@@ -236,11 +257,11 @@ class ContinuationRenderer:
         cap = _VERIFY_CREDIT_TURNS * per_turn
         needed = min(history_tokens, cap)
         with self._lock:
-            self._verify_credit = min(self._verify_credit + per_turn, cap)
-            if self._verify_credit < needed:
-                return False
-            self._verify_credit -= needed
-            return True
+            credit = min(self._verify_credit + per_turn, cap)
+            due = credit >= needed
+            if spend:
+                self._verify_credit = credit - needed if due else credit
+            return due
 
     # ------------------------------------------------------------------ template work
     def _text(self, messages: list[dict[str, Any]], tools: Any, kwargs: Any, gen: bool) -> str:

@@ -92,6 +92,14 @@ def run_round(http: httpx.Client, pid: int, tok, sizes: list[int], sessions: int
     return {size: {"cpu_ms": cpu[size] / n * 1e3, "p50_ms": statistics.median(lat[size]) * 1e3} for size in sizes}
 
 
+def _rss_mb(pid: int) -> float:
+    """Resident memory of a process (Linux /proc), MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def full_render_ms(tok, size: int) -> tuple[float, int]:
     """For scale: the template's full render + tokenization of a history of that size (ms, tokens)."""
     msgs = [{"role": "system", "content": "You manage files."}, *long_context(tok, size, random.Random(1))[0]]
@@ -137,7 +145,7 @@ def main() -> None:
                         f"{size // 1000}k {r['cpu_ms']:5.1f} ms CPU (p50 {r['p50_ms']:5.1f} ms)"
                         for size, r in results.items()
                     )
-                    + f"  ratio {hi}/{lo} = {ratios[-1]:.2f}x"
+                    + f"  ratio {hi}/{lo} = {ratios[-1]:.2f}x  policy RSS {_rss_mb(pol.pid):.0f} MB"
                 )
             after = _renders(pol.url)
             print("prompt renders by reason:", {k: after.get(k, 0) - before.get(k, 0) for k in after})

@@ -154,15 +154,20 @@ class TurnRecords:
         return rec
 
     def _rebuild(self, db: Any, session_id: str, turn_index: int) -> dict[str, Any]:
-        """Follow the base chain of one turn back to a whole or cached record, then apply the tails."""
+        """Follow the base chain of one turn back to a whole or cached record, then apply the tails. One query:
+        the session's rows up to the turn (tails, and the whole records the chain starts from)."""
+        rows = {
+            r["turn_index"]: r
+            for r in db.execute(
+                "SELECT turn_index, record, record_base, response_id FROM turns WHERE session_id=? AND turn_index<=?",
+                (session_id, turn_index),
+            ).fetchall()
+        }
         chain: list[tuple[dict[str, Any], str | None]] = []
         idx: int | None = turn_index
         whole: dict[str, Any] | None = None
         while idx is not None:
-            r = db.execute(
-                "SELECT record, record_base, response_id FROM turns WHERE session_id=? AND turn_index=?",
-                (session_id, idx),
-            ).fetchone()
+            r = rows.get(idx)
             if r is None:
                 raise LookupError(f"turn {idx} of session {session_id!r} is missing (a record's base)")
             if chain:  # the requested turn itself was a miss already

@@ -1,14 +1,16 @@
 """Policy-server cost of a continuing turn at growing history lengths, against an instant engine.
 
-    python bench/continuation_cost.py [--model-dir DIR] [--sizes 1000,10000,30000] [--sessions 4] [--turns 8]
+    python bench/continuation_cost.py [--model-dir DIR] [--sizes 1000,10000,30000] [--sessions 4] [--turns 8] [--rounds 3]
 
-For each history size H (tokens of the tiny policy tokenizer) ``--sessions`` sessions each open with one
-turn carrying an H-token history (a full render), then run ``--turns`` continuing turns one at a time (the
-reply, then a short user message). Only the continuing turns are measured: the policy server's CPU ms per
-turn (user + system time of its process from /proc over those turns) and the client-seen latency (p50).
-Printed: one line per size, the 30k/1k CPU ratio (the target is <= 1.5x) and, for scale, what the
-template's full render + tokenization of the same history costs in this process (what every turn cost
-before prompts became token-continuous). bench/instant_engine.py answers /generate at once, so the figures
+In each of ``--rounds`` rounds, for each history size H (tokens of the tiny policy tokenizer)
+``--sessions`` sessions open with one turn carrying an H-token history (a full render), then run
+``--turns`` continuing turns one at a time (the reply, then a short user message), the sizes interleaved
+turn by turn so that load from other jobs on the machine falls on every size alike. Only the continuing
+turns are measured: the policy server's CPU ms per turn (user + system time of its process from /proc
+over those turns) and the client-seen latency (p50). Printed: each round's CPU per size and its 30k/1k
+ratio, the median ratio over the rounds (the target is <= 1.5x) and, for scale, what the template's full
+render + tokenization of the same history costs in this process (what every turn cost before prompts
+became token-continuous). bench/instant_engine.py answers /generate at once, so the figures
 are the policy server's own; its prompt renders by reason come from its /metrics.
 """
 
@@ -45,41 +47,65 @@ def _renders(policy_url: str) -> dict[str, float]:
     }
 
 
-def run_size(http: httpx.Client, policy_url: str, pid: int, tok, size: int, sessions: int, turns: int) -> dict:
-    cpu = 0.0
-    lat: list[float] = []
-    for s in range(sessions):
-        history, _ = long_context(tok, size, random.Random(size * 100 + s), tag=f"s{size}-{s}")
-        history = [{"role": "system", "content": "You manage files."}, *history]
-        if history[-1]["role"] != "user":
-            history.append({"role": "user", "content": "go"})
-        sid = f"cost-{size}-{s}-{time.monotonic_ns()}"
-        headers = {"Authorization": f"Bearer {CLIENT_KEY}", "X-Session-Id": sid}
+class _Session:
+    """One benchmark session: its history (growing by a reply and a short user message per turn)."""
 
-        def turn(msgs: list[dict], headers: dict[str, str] = headers) -> dict:
-            r = http.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4}, headers=headers)
-            r.raise_for_status()
-            return r.json()["choices"][0]["message"]
+    def __init__(self, http: httpx.Client, tok, size: int, index: int) -> None:
+        history, _ = long_context(tok, size, random.Random(size * 100 + index), tag=f"s{size}-{index}")
+        self.history = [{"role": "system", "content": "You manage files."}, *history]
+        if self.history[-1]["role"] != "user":
+            self.history.append({"role": "user", "content": "go"})
+        self.http, self.turns = http, 0
+        sid = f"cost-{size}-{index}-{time.monotonic_ns()}"
+        self.headers = {"Authorization": f"Bearer {CLIENT_KEY}", "X-Session-Id": sid}
+        self.reply = self._post()  # the opening turn: a full render of the whole history (not measured)
 
-        reply = turn(history)  # the opening turn: a full render of the whole history (not measured)
-        for t in range(turns):
-            history = [*history, {"role": "assistant", "content": reply.get("content") or ""}]
-            history.append({"role": "user", "content": f"next step {t}: check the output"})
-            c0, t0 = _cpu_s(pid), time.perf_counter()
-            reply = turn(history)
-            lat.append(time.perf_counter() - t0)
-            cpu += _cpu_s(pid) - c0
+    def _post(self) -> dict:
+        r = self.http.post(
+            "/v1/chat/completions", json={"messages": self.history, "max_tokens": 4}, headers=self.headers
+        )
+        r.raise_for_status()
+        return r.json()["choices"][0]["message"]
+
+    def next_turn(self) -> None:
+        """One continuing turn: the previous reply, then a short user message."""
+        self.history = [*self.history, {"role": "assistant", "content": self.reply.get("content") or ""}]
+        self.history.append({"role": "user", "content": f"next step {self.turns}: check the output"})
+        self.turns += 1
+        self.reply = self._post()
+
+
+def run_round(http: httpx.Client, pid: int, tok, sizes: list[int], sessions: int, turns: int) -> dict[int, dict]:
+    """One round: ``sessions`` sessions per size, then ``turns`` continuing turns each, the sizes interleaved
+    turn by turn (load from other jobs on the machine then falls on every size alike)."""
+    open_ = {size: [_Session(http, tok, size, s) for s in range(sessions)] for size in sizes}
+    cpu = dict.fromkeys(sizes, 0.0)
+    lat: dict[int, list[float]] = {size: [] for size in sizes}
+    for _ in range(turns):
+        for s in range(sessions):
+            for size in sizes:
+                c0, t0 = _cpu_s(pid), time.perf_counter()
+                open_[size][s].next_turn()
+                lat[size].append(time.perf_counter() - t0)
+                cpu[size] += _cpu_s(pid) - c0
     n = sessions * turns
+    return {size: {"cpu_ms": cpu[size] / n * 1e3, "p50_ms": statistics.median(lat[size]) * 1e3} for size in sizes}
+
+
+def _rss_mb(pid: int) -> float:
+    """Resident memory of a process (Linux /proc), MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def full_render_ms(tok, size: int) -> tuple[float, int]:
+    """For scale: the template's full render + tokenization of a history of that size (ms, tokens)."""
     msgs = [{"role": "system", "content": "You manage files."}, *long_context(tok, size, random.Random(1))[0]]
     t0 = time.perf_counter()
     ids = render_prompt_ids(tok, msgs)
-    full_ms = (time.perf_counter() - t0) * 1e3
-    return {
-        "cpu_ms": cpu / n * 1e3,
-        "p50_ms": statistics.median(lat) * 1e3,
-        "full_render_ms": full_ms,
-        "tokens": len(ids),
-    }
+    return (time.perf_counter() - t0) * 1e3, len(ids)
 
 
 def main() -> None:
@@ -88,7 +114,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000,10000,30000")
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds; the ratio printed last is their median")
     a = ap.parse_args()
+    sizes = [int(x) for x in a.sizes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="hs-contcost-"))
     model_dir = a.model_dir or build_tiny_model(work / "tiny", seed=0)
     tok = load_tokenizer(str(model_dir))
@@ -102,21 +130,34 @@ def main() -> None:
     )
     try:
         with httpx.Client(base_url=pol.url, timeout=120, trust_env=False) as http:
-            run_size(http, pol.url, pol.pid, tok, 1000, 1, 2)  # warm-up
+            run_round(http, pol.pid, tok, [sizes[0]], 1, 2)  # warm-up
             before = _renders(pol.url)
-            results = {}
-            for size in [int(x) for x in a.sizes.split(",")]:
-                results[size] = r = run_size(http, pol.url, pol.pid, tok, size, a.sessions, a.turns)
+            lo, hi = min(sizes), max(sizes)
+            ratios, cpu_by_size = [], {size: [] for size in sizes}
+            for k in range(a.rounds):
+                results = run_round(http, pol.pid, tok, sizes, a.sessions, a.turns)
+                for size in sizes:
+                    cpu_by_size[size].append(results[size]["cpu_ms"])
+                ratios.append(results[hi]["cpu_ms"] / results[lo]["cpu_ms"])
                 print(
-                    f"history {size:6d} tokens ({r['tokens']:6d} rendered): policy CPU {r['cpu_ms']:6.1f} ms/turn  "
-                    f"latency p50 {r['p50_ms']:6.1f} ms  | a full render of it alone: {r['full_render_ms']:6.1f} ms"
+                    f"round {k + 1}: "
+                    + "  ".join(
+                        f"{size // 1000}k {r['cpu_ms']:5.1f} ms CPU (p50 {r['p50_ms']:5.1f} ms)"
+                        for size, r in results.items()
+                    )
+                    + f"  ratio {hi}/{lo} = {ratios[-1]:.2f}x  policy RSS {_rss_mb(pol.pid):.0f} MB"
                 )
             after = _renders(pol.url)
             print("prompt renders by reason:", {k: after.get(k, 0) - before.get(k, 0) for k in after})
-            lo, hi = min(results), max(results)
+            for size in sizes:
+                ms, tokens = full_render_ms(tok, size)
+                print(
+                    f"history {size:6d} tokens ({tokens:6d} rendered): policy CPU per continuing turn, median of "
+                    f"rounds {statistics.median(cpu_by_size[size]):5.1f} ms | a full render of it alone: {ms:6.1f} ms"
+                )
             print(
-                f"CPU per continuing turn {hi}/{lo} tokens ratio = {results[hi]['cpu_ms'] / results[lo]['cpu_ms']:.2f}x "
-                f"(latency p50 ratio {results[hi]['p50_ms'] / results[lo]['p50_ms']:.2f}x)"
+                f"CPU per continuing turn {hi}/{lo} tokens ratio: median {statistics.median(ratios):.2f}x over "
+                f"{a.rounds} rounds (each {a.sessions} sessions x {a.turns} turns per size; target <= 1.5x)"
             )
     finally:
         pol.stop()

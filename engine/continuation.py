@@ -78,13 +78,14 @@ class PriorTurn:
 
     @classmethod
     def from_turn(cls, turn: dict[str, Any]) -> PriorTurn:
-        """From a stored turn dict (engine.records.Turn's JSON)."""
+        """From a stored turn dict (engine.records.Turn's JSON). Its lists are shared, not copied (a
+        30k-token prompt would be copied on every turn): neither side changes them."""
         return cls(
-            messages=list(turn.get("messages") or []),
+            messages=turn.get("messages") or [],
             tools=turn.get("tools") or None,
             chat_template_kwargs=turn.get("chat_template_kwargs") or None,
-            prompt_ids=list(turn.get("prompt_ids") or []),  # ints, as the store holds them
-            response_ids=list(turn.get("response_ids") or []),
+            prompt_ids=turn.get("prompt_ids") or [],  # ints, as the store holds them
+            response_ids=turn.get("response_ids") or [],
         )
 
 
@@ -195,12 +196,32 @@ class ContinuationRenderer:
                         self._shapes[key] = _Shape(ok=False)
                     reason = VERIFY_MISMATCH
                 else:
-                    reused = prior.prompt_ids + prior.response_ids
+                    ids = prior.prompt_ids + prior.response_ids  # a new list: extended in place below
+                    reused = len(ids)
                     glue = self._glue(shape.close, prior.response_ids) + suffix
-                    ids = reused + list(self.tokenizer.encode(glue, add_special_tokens=False))
-                    return Rendered(ids, CONTINUED, reused_tokens=len(reused), verified=verified)
+                    ids.extend(self.tokenizer.encode(glue, add_special_tokens=False))
+                    return Rendered(ids, CONTINUED, reused_tokens=reused, verified=verified)
         ids = render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs)
         return Rendered(ids, reason)
+
+    def continues_cheaply(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        chat_template_kwargs: dict[str, Any] | None,
+        prior: PriorTurn | None,
+    ) -> bool:
+        """Whether :meth:`render` would, as things stand, continue ``prior`` from a probed shape with no
+        full-render check due: its work is then the new messages' alone. A peek: nothing changes."""
+        if self._refusal(messages, tools, chat_template_kwargs, prior) is not None:
+            return False
+        assert prior is not None
+        key = _shape_key(messages, len(prior.messages), tools, chat_template_kwargs)
+        with self._lock:
+            shape = self._shapes.get(key)
+        if shape is None or not shape.ok:
+            return False
+        return not self._due_for_verify(len(prior.prompt_ids) + len(prior.response_ids), spend=False)
 
     # ------------------------------------------------------------------ decisions
     @staticmethod
@@ -225,7 +246,9 @@ class ContinuationRenderer:
             return TEMPLATE_KWARGS_CHANGED
         return None
 
-    def _due_for_verify(self, history_tokens: int) -> bool:
+    def _due_for_verify(self, history_tokens: int, *, spend: bool = True) -> bool:
+        """Whether this turn's full-render check is due; ``spend``: this turn is rendered now (its credit is
+        added, and spent when the check is due), else only a peek."""
         per_turn = self.verify_tokens_per_turn
         if per_turn <= 0:
             return False
@@ -234,11 +257,11 @@ class ContinuationRenderer:
         cap = _VERIFY_CREDIT_TURNS * per_turn
         needed = min(history_tokens, cap)
         with self._lock:
-            self._verify_credit = min(self._verify_credit + per_turn, cap)
-            if self._verify_credit < needed:
-                return False
-            self._verify_credit -= needed
-            return True
+            credit = min(self._verify_credit + per_turn, cap)
+            due = credit >= needed
+            if spend:
+                self._verify_credit = credit - needed if due else credit
+            return due
 
     # ------------------------------------------------------------------ template work
     def _text(self, messages: list[dict[str, Any]], tools: Any, kwargs: Any, gen: bool) -> str:

@@ -41,25 +41,37 @@ def _fast_list(value: Any) -> bytes | None:
     return encoded if not encoded.translate(None, _INT_LIST_BYTES) else None
 
 
+def _spliced(obj: dict[str, Any], fast: dict[str, bytes], ensure_ascii: bool) -> bytes:
+    # Each list is replaced by a placeholder string no client value can equal (a fresh uuid), then the
+    # placeholder's JSON text by the list's: key order and every other value are json.dumps's own. The
+    # splice is done on bytes, so the long lists are never decoded to text and encoded back.
+    marks = {k: f"\x00{uuid.uuid4().hex}" for k in fast}
+    out = json.dumps({k: marks.get(k, v) for k, v in obj.items()}, ensure_ascii=ensure_ascii).encode()
+    for k, mark in marks.items():
+        out = out.replace(json.dumps(mark).encode(), fast[k], 1)
+    return out
+
+
+def _fast_lists(obj: Any) -> dict[str, bytes]:
+    if type(obj) is not dict:
+        return {}
+    return {k: enc for k, v in obj.items() if (enc := _fast_list(v)) is not None}
+
+
 def dumps(obj: Any, *, ensure_ascii: bool = True) -> str:
     """``json.dumps(obj, ensure_ascii=...)`` with the large top-level int lists of a dict encoded by orjson."""
-    if type(obj) is not dict:
-        return json.dumps(obj, ensure_ascii=ensure_ascii)
-    fast = {k: enc for k, v in obj.items() if (enc := _fast_list(v)) is not None}
+    fast = _fast_lists(obj)
     if not fast:
         return json.dumps(obj, ensure_ascii=ensure_ascii)
-    # Each list is replaced by a placeholder string no client value can equal (a fresh uuid), then the
-    # placeholder's JSON text by the list's: key order and every other value are json.dumps's own.
-    marks = {k: f"\x00{uuid.uuid4().hex}" for k in fast}
-    text = json.dumps({k: marks.get(k, v) for k, v in obj.items()}, ensure_ascii=ensure_ascii)
-    for k, mark in marks.items():
-        text = text.replace(json.dumps(mark), fast[k].decode(), 1)
-    return text
+    return _spliced(obj, fast, ensure_ascii).decode()
 
 
 def dumps_bytes(obj: Any) -> bytes:
-    """:func:`dumps` as ASCII-safe UTF-8 bytes, for an HTTP body."""
-    return dumps(obj).encode()
+    """:func:`dumps` as ASCII-safe UTF-8 bytes, for an HTTP body (built as bytes: no text round trip)."""
+    fast = _fast_lists(obj)
+    if not fast:
+        return json.dumps(obj).encode()
+    return _spliced(obj, fast, True)
 
 
 def loads(text: str | bytes) -> Any:

@@ -234,11 +234,14 @@ class Generator:
 
         Template rendering + tokenization is CPU work: a continued turn's is proportional to its new messages,
         a full render's to the whole history. A short prompt renders in ~0.1 ms, less than a thread hand-off
-        costs, so it runs inline; a long one runs in a worker thread (at most ``render_concurrency`` at once),
-        because even with a prior turn the renderer may fall back to the full render, which would stall the
+        costs, so it runs inline, as does a continuation with short new messages and no check due
+        (``ContinuationRenderer.continues_cheaply``); a long one runs in a worker thread (at most
+        ``render_concurrency`` at once), because even with a prior turn the renderer may fall back to the full render, which would stall the
         other requests on the loop."""
         self.check_fits(messages, tools)
-        if _prompt_chars(messages, tools) <= INLINE_RENDER_MAX_CHARS:
+        if _prompt_chars(messages, tools) <= INLINE_RENDER_MAX_CHARS or self._continues_cheaply(
+            messages, tools, chat_template_kwargs, prior
+        ):
             rendered = self.renderer.render(messages, tools, chat_template_kwargs, prior)
         else:
             async with self._render_slots:
@@ -246,6 +249,21 @@ class Generator:
         if self.max_prompt_tokens is not None and len(rendered.ids) >= self.max_prompt_tokens:
             raise self._too_long(len(rendered.ids), exact=True)
         return rendered
+
+    def _continues_cheaply(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        chat_template_kwargs: dict[str, Any] | None,
+        prior: PriorTurn | None,
+    ) -> bool:
+        """A continuation whose new messages are short renders only those: inline, like a short prompt (a
+        thread hand-off would cost more than the render)."""
+        if prior is None or len(messages) <= len(prior.messages):
+            return False
+        if _prompt_chars(messages[len(prior.messages) :], None) > INLINE_RENDER_MAX_CHARS:
+            return False
+        return self.renderer.continues_cheaply(messages, tools, chat_template_kwargs, prior)
 
     def _segment_params(self, sp: dict[str, Any], produced: int) -> dict[str, Any]:
         out = dict(sp)

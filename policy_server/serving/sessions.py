@@ -131,20 +131,15 @@ def pair_next_state(
 ) -> Pairing:
     """Apply the pairing rule of the module docstring (pure); with ``side_rules``, side exchanges after the recorded
     reply are left out first (:func:`drop_side_exchanges`), and ephemeral messages are ignored everywhere."""
-    if side_rules is not None:
-        prev_messages = [m for m in prev_messages if not side_rules.is_ephemeral(m)]
-        new_messages = [m for m in new_messages if not side_rules.is_ephemeral(m)]
-    n = len(prev_messages)
-    if len(new_messages) < n + 2:
-        return Pairing("mismatch", note=f"new history has {len(new_messages)} messages, expected more than {n + 1}")
-    for i, (old, new) in enumerate(zip(prev_messages, new_messages[:n], strict=True)):
-        if message_key(old) != message_key(new):
-            return Pairing("mismatch", note=f"message {i} ({old.get('role')}) was rewritten")
-    assistant = new_messages[n]
+    after = _after_history(prev_messages, new_messages, side_rules)
+    if isinstance(after, Pairing):
+        return after
+    assistant = after[0]
     expected = message_key({"role": "assistant", **prev_response})
     if message_key(assistant) != expected:
+        n = sum(1 for m in prev_messages if side_rules is None or not side_rules.is_ephemeral(m))
         return Pairing("mismatch", note=f"message {n} is not the recorded assistant reply")
-    tail, side = drop_side_exchanges(new_messages[n + 1 :], side_rules)
+    tail, side = drop_side_exchanges(after[1:], side_rules)
     kept = [dict(m) for m in tail if m.get("role") in FEEDBACK_ROLES]
     dropped = [str(m.get("role")) for m in tail if m.get("role") not in FEEDBACK_ROLES]
     if not kept:
@@ -157,6 +152,32 @@ def pair_next_state(
     notes = [f"dropped non-feedback roles {dropped}"] if dropped else []
     notes += [f"left out side exchanges {side}"] if side else []
     return Pairing("paired", next_state=state, note="; ".join(notes) or None, dropped=dropped)
+
+
+def _after_history(
+    prev_messages: list[dict[str, Any]], new_messages: list[dict[str, Any]], side_rules: SideRules | None
+) -> list[dict[str, Any]] | Pairing:
+    """The (non-ephemeral) messages of ``new_messages`` after the recorded history, at least two, or the
+    mismatch that says why there are none (pure)."""
+    k = len(prev_messages)
+    if len(new_messages) >= k + 2 and new_messages[:k] == prev_messages:
+        # The history came back exactly as recorded (the usual case, one C-level comparison): only what
+        # follows it needs a look. Ephemeral filtering is per message, so it changes neither side's copy of it.
+        rest = new_messages[k:]
+        if side_rules is not None:
+            rest = [m for m in rest if not side_rules.is_ephemeral(m)]
+        if len(rest) >= 2:
+            return rest
+    if side_rules is not None:
+        prev_messages = [m for m in prev_messages if not side_rules.is_ephemeral(m)]
+        new_messages = [m for m in new_messages if not side_rules.is_ephemeral(m)]
+    n = len(prev_messages)
+    if len(new_messages) < n + 2:
+        return Pairing("mismatch", note=f"new history has {len(new_messages)} messages, expected more than {n + 1}")
+    for i, (old, new) in enumerate(zip(prev_messages, new_messages[:n], strict=True)):
+        if message_key(old) != message_key(new):
+            return Pairing("mismatch", note=f"message {i} ({old.get('role')}) was rewritten")
+    return new_messages[n:]
 
 
 @dataclass

@@ -29,10 +29,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine import fastjson
 from engine.records import SAMPLE_STATUSES
+
+if TYPE_CHECKING:
+    from policy_server.store.turn_records import TurnRecords
 
 __all__ = ["SAMPLE_STATUSES", "Row", "StoreDB", "dump_json", "turn_dict"]
 
@@ -43,6 +46,7 @@ class StoreDB:
     _for_update = ""
     _skip_locked = ""
     busy_timeout_s: float
+    turn_records: TurnRecords  # whole turn records, cached (policy_server.store.turn_records)
     on_ready: Callable[[], None] | None = None
     on_admin: Callable[[], None] | None = None
 
@@ -129,10 +133,11 @@ def dump_json(obj: Any) -> str | None:
     return None if obj is None else fastjson.dumps(obj, ensure_ascii=False)
 
 
-def turn_dict(row: Any) -> dict[str, Any]:
-    """A ``turns`` row as the :class:`~engine.records.Turn` JSON: the stored record (``TurnRecord``) plus its
-    session, index and pairing columns (``Turn``'s own fields, in their order)."""
-    rec = fastjson.loads(row["record"])
+def turn_dict(row: Any, record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A ``turns`` row as the :class:`~engine.records.Turn` JSON: the turn's whole record (``TurnRecord``;
+    ``record``, else the row's own ``record`` column) plus its session, index and pairing columns (``Turn``'s
+    own fields, in their order). A given ``record`` is copied, not changed."""
+    rec = dict(record) if record is not None else fastjson.loads(row["record"])
     rec.update(
         session_id=row["session_id"],
         turn_index=row["turn_index"],

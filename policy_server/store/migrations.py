@@ -123,6 +123,12 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "CREATE INDEX IF NOT EXISTS side_turns_created ON side_turns (created_at)",
         ),
     ),
+    # A continuing turn stores only what it adds to an earlier turn of its session, ``record_base`` naming
+    # that turn and how much of it is kept (policy_server.store.turn_records); NULL: the record is whole.
+    (
+        "turn records as continuations",
+        ("ALTER TABLE turns ADD COLUMN record_base TEXT",),
+    ),
 )
 
 LATEST_VERSION = len(MIGRATIONS)

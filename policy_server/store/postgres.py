@@ -38,6 +38,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from policy_server.errors import StoreBusy
 from policy_server.store.base import Row, StoreDB
 from policy_server.store.migrations import apply_migrations
+from policy_server.store.turn_records import TurnCache, TurnRecords
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class PostgresDB(StoreDB):
             raise ValueError("busy_timeout_s must be > 0")
         self.url = url
         self.busy_timeout_s = busy_timeout_s
+        self.turn_records = TurnRecords(TurnCache())
         self.on_ready = None
         timeout_ms = int(busy_timeout_s * 1000)
 

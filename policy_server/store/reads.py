@@ -85,7 +85,7 @@ class StoreReads(StoreDB):
             args = (family, len(family) + 1, family + "~")
         with self._read() as db:
             rows = db.execute(sql + " ORDER BY t.created_at", args).fetchall()
-        return [turn_dict(r) for r in rows]
+            return [turn_dict(r, self.turn_records.whole(db, r)) for r in rows]
 
     def open_family_sessions(self, family: str) -> list[str]:
         """Open sessions named ``family`` or ``family~...``, most recently active first."""

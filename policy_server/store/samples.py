@@ -150,9 +150,10 @@ class StoreSamples(StoreDB):
                 r["turn_index"]: dict(r)
                 for r in db.execute("SELECT * FROM samples WHERE session_id=?", (session_id,)).fetchall()
             }
+            records = self.turn_records.session(db, turns)
         out = []
-        for row in turns:
-            turn = turn_dict(row)
+        for row, record in zip(turns, records, strict=True):
+            turn = turn_dict(row, record)
             sample = samples.get(row["turn_index"])
             if sample is not None:
                 sample["data"] = json.loads(sample["data"]) if sample["data"] else None

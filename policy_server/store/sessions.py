@@ -24,6 +24,7 @@ from typing import Any
 from engine.records import RejectReason, TurnRecord
 from engine.records import SampleState as S
 from policy_server.store.base import StoreDB, dump_json, turn_dict
+from policy_server.store.turn_records import pack
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class StoreSessions(StoreDB):
                 "SELECT * FROM turns WHERE session_id=? AND pairing='awaiting' ORDER BY turn_index DESC LIMIT 1",
                 (session_id,),
             ).fetchone()
-        return turn_dict(row) if row else None
+            return turn_dict(row, self.turn_records.whole(db, row)) if row else None
 
     def resolve_turn(
         self,
@@ -127,6 +128,12 @@ class StoreSessions(StoreDB):
         now = time.time() if now is None else now
         if isinstance(record, TurnRecord):
             record = record.to_json()
+        # Stored as what it adds to the turn it answers when this process holds that turn's whole record
+        # (policy_server.store.turn_records); otherwise whole, which is always correct.
+        base = resolve.turn_index if resolve is not None and resolve.pairing == "paired" else None
+        stored, record_base = (
+            pack(record, base, self.turn_records.cache.peek(session_id, base)) if base is not None else (record, None)
+        )
         with self._tx() as db:
             # Create/reopen the session, refresh its activity and take the next index in one statement (it also
             # row-locks the session until the commit: concurrent turns of the session, at any replica, queue here).
@@ -152,13 +159,14 @@ class StoreSessions(StoreDB):
                     now=now,
                 )
             db.execute(
-                "INSERT INTO turns (session_id, turn_index, created_at, record, pairing, response_id, session_rule, "
-                "session_decision) VALUES (?, ?, ?, ?, 'awaiting', ?, ?, ?)",
+                "INSERT INTO turns (session_id, turn_index, created_at, record, record_base, pairing, response_id, "
+                "session_rule, session_decision) VALUES (?, ?, ?, ?, ?, 'awaiting', ?, ?, ?)",
                 (
                     session_id,
                     idx,
                     now,
-                    dump_json(record),
+                    dump_json(stored),
+                    record_base,
                     record.get("response_id"),
                     record.get("session_rule"),
                     record.get("session_decision"),
@@ -182,6 +190,7 @@ class StoreSessions(StoreDB):
                 )
             if session_done:
                 _end(db, session_id, now)
+        self.turn_records.cache.put(session_id, idx, record)  # committed: the row's record from now on
         return idx
 
     def end_session(self, session_id: str, *, now: float | None = None, idle_before: float | None = None) -> list[str]:
@@ -212,7 +221,7 @@ class StoreSessions(StoreDB):
             row = db.execute(
                 "SELECT * FROM turns WHERE session_id=? AND turn_index=?", (session_id, turn_index)
             ).fetchone()
-        return turn_dict(row) if row else None
+            return turn_dict(row, self.turn_records.whole(db, row)) if row else None
 
     def session(self, session_id: str) -> dict[str, Any] | None:
         with self._read() as db:

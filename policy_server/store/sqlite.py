@@ -36,6 +36,7 @@ from typing import Any
 from policy_server.errors import StoreBusy
 from policy_server.store.base import StoreDB
 from policy_server.store.migrations import apply_migrations
+from policy_server.store.turn_records import TurnCache, TurnRecords
 
 
 class SqliteDB(StoreDB):
@@ -57,6 +58,7 @@ class SqliteDB(StoreDB):
         self.path.touch(mode=0o600, exist_ok=True)
         self.path.chmod(0o600)
         self.busy_timeout_s = busy_timeout_s
+        self.turn_records = TurnRecords(TurnCache())
         self.on_ready = None
         self._lock = BoundedLock(busy_timeout_s)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=busy_timeout_s)

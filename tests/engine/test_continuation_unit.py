@@ -257,3 +257,28 @@ def test_the_verification_budget_checks_a_constant_share_of_history_tokens():
     huge = ContinuationRenderer(None, verify_tokens_per_turn=100)
     assert sum(huge._due_for_verify(10**6) for _ in range(128)) == 2  # longer than the cap: one turn in 64
     assert not any(ContinuationRenderer(None, verify_tokens_per_turn=0)._due_for_verify(1) for _ in range(3))
+
+
+def test_continues_cheaply_peeks_at_the_shape_and_the_budget_without_spending(tok: Any) -> None:
+    """True only when render would continue from an already probed shape with no check due; asking never
+    spends verification credit, so a check that is due stays due for the render that runs it."""
+    r = ContinuationRenderer(tok, verify_tokens_per_turn=20)
+    m = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    prior = PriorTurn(m, None, None, render_prompt_ids(tok, m), tok.encode("hello", add_special_tokens=False))
+    msgs = [*m, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    assert not r.continues_cheaply(msgs, None, None, None)  # nothing to continue
+    assert not r.continues_cheaply(msgs, None, None, prior)  # shape not probed yet
+    assert r.render(msgs, None, None, prior).continued
+    assert not r.continues_cheaply(msgs[:-1], None, None, prior)  # not an extension
+    history = len(prior.prompt_ids) + len(prior.response_ids)
+    assert 20 < history < 40  # the credit covers it on some turns, not on others
+    dues = []
+    for _ in range(6):
+        credit = r._verify_credit
+        due = r._due_for_verify(history, spend=False)
+        assert r.continues_cheaply(msgs, None, None, prior) is (not due)
+        assert r._verify_credit == credit  # peeks spend nothing
+        out = r.render(msgs, None, None, prior)
+        assert out.continued and out.verified is due
+        dues.append(due)
+    assert True in dues and False in dues

@@ -34,6 +34,8 @@ def test_dumps_reads_back_as_json_dumps_does(obj):
         if isinstance(obj, dict):
             assert list(a) == list(obj)  # key order kept
     assert json.dumps(fastjson.loads(fastjson.dumps(obj))) == json.dumps(json.loads(json.dumps(obj)))
+    body = fastjson.dumps_bytes(obj)  # an HTTP body: the same document, ASCII-safe bytes
+    assert body.isascii() and body.decode() == fastjson.dumps(obj)
 
 
 def test_nan_stays_nan_and_loads_falls_back_for_it():

@@ -101,3 +101,29 @@ def store_factory(store_url: str):
     yield make
     for store in opened:
         store.close()  # idempotent: a test may have closed it already
+
+
+# ---------------------------------------------------------------- what `-m unit` selects
+# Fixtures that start a server: a test using one is not a unit test, even in a module marked unit (a store
+# suite runs each test on SQLite AND on the PostgreSQL server through ``store_url``; only the first is unit).
+SERVER_FIXTURES = frozenset({"pg_cluster", "pg_url"})
+
+
+def _uses_a_server(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    on_postgres = callspec is not None and callspec.params.get("store_url") == "postgresql"  # requested lazily
+    return on_postgres or not SERVER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(tryfirst=True)  # before the `-m` selection reads the markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep the ``unit`` marker off tests that use a server: ``-m unit`` stays a quick inner loop."""
+    for item in filter(_uses_a_server, items):
+        # A marker from the module or class (pytestmark) moves down to that node's other tests.
+        for node in item.listchain()[:-1]:
+            if any(m.name == "unit" for m in node.own_markers):
+                node.own_markers[:] = [m for m in node.own_markers if m.name != "unit"]
+                for other in items:
+                    if other is not item and node in other.listchain():
+                        other.own_markers.append(pytest.mark.unit.mark)
+        item.own_markers[:] = [m for m in item.own_markers if m.name != "unit"]

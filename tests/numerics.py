@@ -13,7 +13,9 @@ tests compare with ``==`` / ``torch.equal`` instead: no tolerance at all.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 
@@ -30,15 +32,30 @@ def forward_terms(config: object, seq_len: int) -> int:
     return layers * (hidden + mlp + seq_len)
 
 
+def step_loss_terms(model_dir: Path, samples_file: Path, n_tokens: float) -> int:
+    """Reductions a trainer step's loss over ``samples_file`` goes through: the forward pass over its longest
+    row, then the token mean over ``n_tokens``. Two runs that batch the samples differently (DDP ranks pair them
+    into other micro-batches and sum across ranks) are compared to :func:`reorder_atol` of these terms."""
+    from transformers import AutoConfig
+
+    rows = [json.loads(x) for x in Path(samples_file).read_text().splitlines() if x.strip()]
+    longest = max(len(s["prompt_ids"]) + len(s["response_ids"]) for s in rows)
+    return forward_terms(AutoConfig.from_pretrained(model_dir), longest) + int(n_tokens)
+
+
 def reorder_atol(n_terms: int, scale: float, safety: float = SAFETY) -> float:
     """Absolute tolerance between two float32 sums of ``n_terms`` terms of magnitude ``scale`` that differ in
     summation order: ``safety * sqrt(n_terms) * eps32 * scale`` (at least one ulp of ``scale``)."""
     return safety * math.sqrt(max(1, n_terms)) * EPS32 * max(abs(scale), EPS32)
 
 
-def assert_reordered_close(actual: torch.Tensor, expected: torch.Tensor, *, n_terms: int, msg: str = "") -> None:
-    """``actual`` equals ``expected`` up to :func:`reorder_atol` at the magnitude of ``expected``'s largest element."""
-    scale = float(expected.detach().abs().max()) if expected.numel() else 0.0
+def assert_reordered_close(
+    actual: torch.Tensor, expected: torch.Tensor, *, n_terms: int, scale: float | None = None, msg: str = ""
+) -> None:
+    """``actual`` equals ``expected`` up to :func:`reorder_atol` at ``scale``, the magnitude of the summed terms:
+    by default ``expected``'s largest element; a result that cancels (a loss near 0) passes its terms' scale."""
+    if scale is None:
+        scale = float(expected.detach().abs().max()) if expected.numel() else 0.0
     atol = reorder_atol(n_terms, scale)
     torch.testing.assert_close(
         actual, expected, atol=atol, rtol=0.0, msg=lambda m: f"{msg} (atol {atol:.2e} from n={n_terms}): {m}"

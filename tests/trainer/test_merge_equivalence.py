@@ -114,7 +114,8 @@ def test_same_per_token_loss_and_gradient(model: torch.nn.Module, mode: str) -> 
     total = fwd + max(shape.numel() for shape in shapes)
     assert_reordered_close(lp1 * mask, lp0 * mask, n_terms=fwd, msg="log-probs")
     assert_reordered_close(adv1, adv0, n_terms=fwd, msg="advantages")
-    assert_reordered_close(loss1, loss0, n_terms=total, msg="loss")
+    term_scale = float(adv0.abs().max())  # each loss term is an advantage times a ratio near 1; they cancel
+    assert_reordered_close(loss1, loss0, n_terms=total, scale=term_scale, msg="loss")
     assert len(g0) == len(g1)
     for i, (a, b) in enumerate(zip(g0, g1, strict=True)):
         assert_reordered_close(b, a, n_terms=total, msg=f"gradient {i}")
@@ -140,7 +141,7 @@ def test_same_per_token_loss_and_gradient(model: torch.nn.Module, mode: str) -> 
             }[mode]
             a = torch.as_tensor(a, dtype=torch.float32)
             expected = expected + torch.max(-a * ratio, -a * torch.clamp(ratio, 1 - 0.2, 1 + 0.28))
-    assert_reordered_close(loss1, expected / n_tok, n_terms=total, msg="hand-computed loss")
+    assert_reordered_close(loss1, expected / n_tok, n_terms=total, scale=term_scale, msg="hand-computed loss")
 
 
 def test_a_trainer_step_moves_the_weights_the_same_way(tiny_model_dir: Path) -> None:
@@ -165,6 +166,6 @@ def test_a_trainer_step_moves_the_weights_the_same_way(tiny_model_dir: Path) -> 
     total = forward_terms(m.config, tokens) + tokens
     for i, (a, b) in enumerate(zip(p0, p1, strict=True)):
         assert_reordered_close(b, a, n_terms=total, msg=f"parameter {i}")
-    assert m0["loss"] == pytest.approx(m1["loss"], abs=reorder_atol(total, m0["loss"]))
+    assert m0["loss"] == pytest.approx(m1["loss"], abs=reorder_atol(total, max(abs(m0["loss"]), m0["adv_abs_mean"])))
     assert m0["separate_tokens_per_turn"] == m1["separate_tokens_per_turn"] == m0["forward_tokens_per_turn"]
     assert m1["forward_tokens_per_turn"] < 0.5 * m0["forward_tokens_per_turn"]

@@ -115,6 +115,16 @@ def _uses_a_server(item: pytest.Item) -> bool:
     return on_postgres or not SERVER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m unit`` alone, a test file that never names the marker holds no unit test: it is not imported,
+    so the inner loop does not pay for the end-to-end modules' imports (agent SDKs, servers) it would deselect."""
+    if config.option.markexpr.strip() != "unit" or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix != ".py":
+        return None
+    return "mark.unit" not in collection_path.read_text(encoding="utf-8") or None
+
+
 @pytest.hookimpl(tryfirst=True)  # before the `-m` selection reads the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Keep the ``unit`` marker off tests that use a server: ``-m unit`` stays a quick inner loop."""

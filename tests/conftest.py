@@ -104,15 +104,17 @@ def store_factory(store_url: str):
 
 
 # ---------------------------------------------------------------- what `-m unit` selects
-# Fixtures that start a server: a test using one is not a unit test, even in a module marked unit (a store
-# suite runs each test on SQLite AND on the PostgreSQL server through ``store_url``; only the first is unit).
+# A test that uses a server fixture or is marked ``process`` (it runs a child interpreter) is not a unit test,
+# even in a module marked unit: a store suite runs each test on SQLite AND on the PostgreSQL server through
+# ``store_url``, and only the first is unit.
 SERVER_FIXTURES = frozenset({"pg_cluster", "pg_url"})
 
 
-def _uses_a_server(item: pytest.Item) -> bool:
+def _not_unit(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
     on_postgres = callspec is not None and callspec.params.get("store_url") == "postgresql"  # requested lazily
-    return on_postgres or not SERVER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+    uses_a_server = on_postgres or not SERVER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+    return uses_a_server or item.get_closest_marker("process") is not None
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -127,8 +129,9 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 @pytest.hookimpl(tryfirst=True)  # before the `-m` selection reads the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Keep the ``unit`` marker off tests that use a server: ``-m unit`` stays a quick inner loop."""
-    for item in filter(_uses_a_server, items):
+    """Keep the ``unit`` marker off tests that use a server or a child process: ``-m unit`` stays a quick
+    inner loop."""
+    for item in filter(_not_unit, items):
         # A marker from the module or class (pytestmark) moves down to that node's other tests.
         for node in item.listchain()[:-1]:
             if any(m.name == "unit" for m in node.own_markers):

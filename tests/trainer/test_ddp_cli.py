@@ -40,7 +40,8 @@ def run_cli(args: list[str], *, nproc: int = 0, timeout_s: float = 150) -> subpr
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout_s)
 
 
-def test_cli_rejects_inconsistent_flags():  # runs the CLI as a process: not a unit test
+@pytest.mark.process
+def test_cli_rejects_inconsistent_flags():
     r = subprocess.run(
         [
             sys.executable,
@@ -70,9 +71,8 @@ def test_cli_rejects_inconsistent_flags():  # runs the CLI as a process: not a u
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
-def test_cli_unreachable_policy_server_fails_explicitly(
-    tiny_model_dir, tmp_path
-):  # runs the CLI as a process: not a unit test
+@pytest.mark.process
+def test_cli_unreachable_policy_server_fails_explicitly(tiny_model_dir, tmp_path):
     from engine.procs import free_port
 
     key_file = tmp_path / "admin.key"

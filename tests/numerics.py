@@ -43,6 +43,16 @@ def step_loss_terms(model_dir: Path, samples_file: Path, n_tokens: float) -> int
     return forward_terms(AutoConfig.from_pretrained(model_dir), longest) + int(n_tokens)
 
 
+def logprob_atol(model_dir: Path | str, n_positions: int, logprobs: list[float]) -> float:
+    """Tolerance between one model's log-probs from two forward passes (an engine's batched or cached pass and
+    a test's own) over sequences of up to ``n_positions``: :func:`reorder_atol` of the forward's terms at the
+    largest magnitude among ``logprobs``."""
+    from transformers import AutoConfig
+
+    terms = forward_terms(AutoConfig.from_pretrained(model_dir), n_positions)
+    return reorder_atol(terms, max((abs(x) for x in logprobs), default=0.0))
+
+
 def reorder_atol(n_terms: int, scale: float, safety: float = SAFETY) -> float:
     """Absolute tolerance between two float32 sums of ``n_terms`` terms of magnitude ``scale`` that differ in
     summation order: ``safety * sqrt(n_terms) * eps32 * scale`` (at least one ulp of ``scale``)."""

@@ -8,13 +8,16 @@ Contract: :func:`cached_build` returns a folder that a builder produced from exa
 key hashes the builder's name and keyword inputs, the source of ``engine/tiny_model.py`` and of the chat
 template, and the torch / transformers / tokenizers versions, so any change to what the builder does gives
 a new entry (stale entries are never read, only left behind). An entry is built in a private temporary
-folder and renamed into place with a completion marker, so a crash mid-build or two processes building at
-once never expose a half-written model. Entries are read-only by convention: callers that write into a
+folder and renamed into place with a completion marker, so a crash mid-build never exposes a half-written
+model. Builders of one key take turns on an advisory lock file beside the entry (``flock``, released by
+the kernel when a builder dies): parallel test workers, benches and the dev stack that miss the same entry
+build it once, the others wait and read it. Entries are read-only by convention: callers that write into a
 model folder copy it first (:func:`copy_of`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -57,18 +60,22 @@ def cached_build(kind: str, inputs: dict[str, Any], build: Callable[[Path], Path
     if (final / _COMPLETE).is_file():
         return final
     base.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=base))
-    try:
-        build(work)
-        (work / _COMPLETE).write_text(json.dumps({"kind": kind, "inputs": inputs}, sort_keys=True))
+    with (base / f".{final.name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # blocks while another process builds this key
+        if (final / _COMPLETE).is_file():  # it did: read its build
+            return final
+        work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=base))
         try:
-            work.rename(final)
-        except OSError:
-            # Another process renamed its identical build into place first; keep that one.
-            if not (final / _COMPLETE).is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            build(work)
+            (work / _COMPLETE).write_text(json.dumps({"kind": kind, "inputs": inputs}, sort_keys=True))
+            try:
+                work.rename(final)
+            except OSError:
+                # A builder that does not take the lock (an older checkout) renamed its identical build first.
+                if not (final / _COMPLETE).is_file():
+                    raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return final
 
 

@@ -101,3 +101,42 @@ def store_factory(store_url: str):
     yield make
     for store in opened:
         store.close()  # idempotent: a test may have closed it already
+
+
+# ---------------------------------------------------------------- what `-m unit` selects
+# A test that uses a server fixture or is marked ``process`` (it runs a child interpreter) is not a unit test,
+# even in a module marked unit: a store suite runs each test on SQLite AND on the PostgreSQL server through
+# ``store_url``, and only the first is unit.
+SERVER_FIXTURES = frozenset({"pg_cluster", "pg_url"})
+
+
+def _not_unit(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    on_postgres = callspec is not None and callspec.params.get("store_url") == "postgresql"  # requested lazily
+    uses_a_server = on_postgres or not SERVER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+    return uses_a_server or item.get_closest_marker("process") is not None
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m unit`` alone, a test file that never names the marker holds no unit test: it is not imported,
+    so the inner loop does not pay for the end-to-end modules' imports (agent SDKs, servers) it would deselect."""
+    if config.option.markexpr.strip() != "unit" or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix != ".py":
+        return None
+    return "mark.unit" not in collection_path.read_text(encoding="utf-8") or None
+
+
+@pytest.hookimpl(tryfirst=True)  # before the `-m` selection reads the markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep the ``unit`` marker off tests that use a server or a child process: ``-m unit`` stays a quick
+    inner loop."""
+    for item in filter(_not_unit, items):
+        # A marker from the module or class (pytestmark) moves down to that node's other tests.
+        for node in item.listchain()[:-1]:
+            if any(m.name == "unit" for m in node.own_markers):
+                node.own_markers[:] = [m for m in node.own_markers if m.name != "unit"]
+                for other in items:
+                    if other is not item and node in other.listchain():
+                        other.own_markers.append(pytest.mark.unit.mark)
+        item.own_markers[:] = [m for m in item.own_markers if m.name != "unit"]

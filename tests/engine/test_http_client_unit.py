@@ -42,6 +42,10 @@ FAST = RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0.02, j
 SLOW_S = 0.3
 DEADLINE_S = 0.5
 MANY = RetryPolicy(max_attempts=50, initial_backoff_s=0.01, max_backoff_s=0.01, jitter_s=0.0, deadline_s=DEADLINE_S)
+# What a loaded 2-core machine may add on top of a deadline. Without the deadline these calls take
+# MANY.max_attempts * SLOW_S = 15 s, so a bound of DEADLINE_S + SLOW_S + SLACK_S (3.8 s) still tells them apart.
+SLACK_S = 3.0
+WITHIN_S = DEADLINE_S + SLOW_S + SLACK_S
 
 
 @pytest.mark.parametrize(
@@ -149,7 +153,7 @@ async def test_async_deadline_counts_request_time_not_only_backoff() -> None:
         with pytest.raises(CallTimedOut) as info:
             await send(http, "POST", "http://svc.test/generate", policy=MANY)
         elapsed = time.monotonic() - started
-    assert elapsed < DEADLINE_S + SLOW_S, elapsed  # generous: the contract is deadline_s plus scheduling
+    assert elapsed < WITHIN_S, elapsed
     assert info.value.last_error == "HTTP 503: overloaded" and info.value.deadline_s == DEADLINE_S
 
 
@@ -158,7 +162,7 @@ async def test_engine_call_on_a_slow_failing_engine_is_an_engine_timeout_within_
         started = time.monotonic()
         with pytest.raises(EngineTimeout, match="did not finish within 0.5s; last error: HTTP 503: overloaded"):
             await client.generate({"input_ids": [1]})
-        assert time.monotonic() - started < DEADLINE_S + SLOW_S
+        assert time.monotonic() - started < WITHIN_S
 
 
 async def test_stream_generate_deadline_covers_opening_retries() -> None:
@@ -167,7 +171,7 @@ async def test_stream_generate_deadline_covers_opening_retries() -> None:
         with pytest.raises(EngineTimeout):
             async for _ in client.stream_generate({"input_ids": [1]}):
                 pass
-        assert time.monotonic() - started < DEADLINE_S + SLOW_S
+        assert time.monotonic() - started < WITHIN_S
 
 
 class _DripStream(httpx.AsyncByteStream):
@@ -191,7 +195,7 @@ async def test_stream_generate_deadline_covers_the_body() -> None:
         with pytest.raises(EngineTimeout, match="stream did not finish within 0.5s"):
             async for chunk in client.stream_generate({"input_ids": [1]}):
                 chunks.append(chunk)
-        assert time.monotonic() - started < DEADLINE_S + SLOW_S
+        assert time.monotonic() - started < WITHIN_S
     assert len(chunks) >= 1
 
 
@@ -248,7 +252,7 @@ async def test_judge_client_deadline_is_total() -> None:
         started = time.monotonic()
         with pytest.raises(JudgeUnavailable, match="unreachable"):
             await client.judge([], {"content": "x"}, [], ["prm"])
-        assert time.monotonic() - started < DEADLINE_S + SLOW_S
+        assert time.monotonic() - started < WITHIN_S
 
 
 def test_sync_deadline_is_bounded_by_deadline_plus_one_request() -> None:
@@ -264,7 +268,7 @@ def test_sync_deadline_is_bounded_by_deadline_plus_one_request() -> None:
         with pytest.raises(CallFailed) as info:
             send_sync(http, "GET", "http://svc.test/x", policy=MANY)
         elapsed = time.monotonic() - started
-    assert elapsed < DEADLINE_S + SLOW_S + 0.2, elapsed  # 0.2 s of slack for a loaded machine
+    assert elapsed < WITHIN_S, elapsed  # deadline_s plus the one request in flight when it passed
     assert info.value.status_code == 503 and info.value.message == "draining" and len(calls) == info.value.attempts >= 2
 
 

@@ -175,6 +175,6 @@ async def test_abort_is_best_effort(status, reachable, caplog):
     service = _service(handler)
     t0 = time.monotonic()
     assert await service.abort("hj-ff-") is (status == 200)
-    assert time.monotonic() - t0 < 3.0
+    assert time.monotonic() - t0 < 3.0  # generous (loaded machine): one instant attempt, never a retry loop
     if reachable:
         assert seen[0] == {"path": "/abort_request", "rid": "hj-ff-", "abort_all": False}

@@ -19,6 +19,11 @@ from engine.client import EngineClient
 from judge_server.client import JUDGE_RETRY, JudgeClient
 from policy_server.rewards.modes import RewardPipeline
 from policy_server.settings import PolicySettings
+from tests.numerics import logprob_atol
+
+# The teacher reads the policy's prompt plus the hint: a bound on the positions that adds for the tolerance
+# (it enters under a square root, so a generous bound costs little).
+HINT_POSITIONS = 256
 
 pytestmark = pytest.mark.e2e
 
@@ -114,7 +119,7 @@ async def test_rl_samples(rules_judge, tokenizer, turn, make_pipeline):
 
 @pytest.mark.parametrize("top_k", [0, 4])
 async def test_opd_teacher_logprobs_match_torch(
-    rules_judge, teacher_engine, tokenizer, teacher_logprobs_torch, turn, top_k, make_pipeline
+    rules_judge, teacher_engine, tokenizer, teacher_logprobs_torch, teacher_model_dir, turn, top_k, make_pipeline
 ):
     pipe = make_pipeline(rules_judge.url, teacher_engine.url, tokenizer, "opd", teacher_top_k=top_k)
     out = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
@@ -135,11 +140,14 @@ async def test_opd_teacher_logprobs_match_torch(
     expected, top = teacher_logprobs_torch(turn["messages"], turn["tools"], turn["response_ids"], hint, top_k)
     assert len(s["teacher_logprobs"]) == n
     assert s["teacher_logprobs"][0] < 0  # the first response token is scored, not a 0.0 placeholder
-    assert s["teacher_logprobs"] == pytest.approx(expected, abs=1e-4)
+    atol = logprob_atol(teacher_model_dir, len(turn["prompt_ids"]) + n + HINT_POSITIONS, expected)
+    assert s["teacher_logprobs"] == pytest.approx(expected, abs=atol)
     if top_k:
         assert len(s["teacher_topk"]["ids"]) == n and all(len(r) == top_k for r in s["teacher_topk"]["ids"])
-        for got, want in zip(s["teacher_topk"]["logprobs"], top.values.tolist(), strict=True):
-            assert got == pytest.approx(want, abs=1e-4)
+        tops = top.values.tolist()
+        top_atol = logprob_atol(teacher_model_dir, len(turn["prompt_ids"]) + n + HINT_POSITIONS, sum(tops, []))
+        for got, want in zip(s["teacher_topk"]["logprobs"], tops, strict=True):
+            assert got == pytest.approx(want, abs=top_atol)
         # ids may swap only between (near-)equal log-probs; check each id's log-prob instead of the order
         assert all(set(r) == set(e) for r, e in zip(s["teacher_topk"]["ids"], top.indices.tolist(), strict=True))
     else:
@@ -154,7 +162,9 @@ async def test_opd_without_hint_is_rejected(rules_judge, teacher_engine, tokeniz
         assert out.sample.teacher_logprobs is None and out.sample.hint.accepted is False
 
 
-async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_logprobs_torch, turn, make_pipeline):
+async def test_combine_samples(
+    rules_judge, teacher_engine, tokenizer, teacher_logprobs_torch, teacher_model_dir, turn, make_pipeline
+):
     pipe = make_pipeline(rules_judge.url, teacher_engine.url, tokenizer, "combine")
     n = len(turn["response_ids"])
     both = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
@@ -169,7 +179,8 @@ async def test_combine_samples(rules_judge, teacher_engine, tokenizer, teacher_l
         0.5,
     )
     expected, _ = teacher_logprobs_torch(turn["messages"], turn["tools"], turn["response_ids"], NEGATIVE[0]["content"])
-    assert s["teacher_logprobs"] == pytest.approx(expected, abs=1e-4)
+    n_positions = len(turn["prompt_ids"]) + len(expected) + HINT_POSITIONS
+    assert s["teacher_logprobs"] == pytest.approx(expected, abs=logprob_atol(teacher_model_dir, n_positions, expected))
 
     rl_only = await pipe.process(turn, POSITIVE, session_has_included=True, session_done=False)
     s = rl_only.sample.to_json()

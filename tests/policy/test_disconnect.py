@@ -237,7 +237,8 @@ async def test_abort_engine_requests_is_best_effort_and_bounded():
     ]
     t0 = time.monotonic()
     acked = await abort_engine_requests(workers, "hs-ff-", timeout_s=0.3)
-    assert acked == 1 and time.monotonic() - t0 < 2.0
+    # Bounded by timeout_s (0.3 s) plus generous scheduling slack, far below the hanging worker's 30 s.
+    assert acked == 1 and time.monotonic() - t0 < 0.3 + 3.0
     assert seen == [("http://w1/abort_request", {"rid": "hs-ff-", "abort_all": False})]
 
 

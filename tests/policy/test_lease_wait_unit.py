@@ -3,7 +3,11 @@
 Contract (policy_server.store.ready_notifier, policy_server.store.leases, policy_server.store.samples): a waiter sleeps until a store write
 makes a sample ready (judge outcome, session scoring, lease expiry) and is woken by that write, not by a
 poll; ``min_n`` holds the lease until enough samples are ready, the deadline hands out whatever is ready;
-unusable rewards / teacher log-probs / token rewards are rejected before they can be leased."""
+unusable rewards / teacher log-probs / token rewards are rejected before they can be leased.
+
+"Woken by the write" is checked by what ``notifier.wait`` returned (True: a notification, False: its timeout),
+not by a stopwatch; the wall-clock bounds that remain are generous (``SLACK_S`` of scheduling on a loaded
+2-core machine) and far below the timeouts they tell apart. Wake latency is a speed figure, printed here."""
 
 from __future__ import annotations
 
@@ -17,6 +21,10 @@ import pytest
 from policy_server.store import Store
 from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_ready
 from tests.waiting import async_wait_until
+
+# Scheduling delay a loaded 2-core machine may add to any wake-up; every bound using it stays well below the
+# wait it is told apart from (wait_s=10 or more), so the assertion still fails if the waiter slept until then.
+SLACK_S = 3.0
 
 
 def _record() -> dict:
@@ -45,10 +53,12 @@ def _wired(store_factory) -> tuple[Store, LocalReadyNotifier]:
 
 class _WaitSpy:
     """The notifier as ``lease_when_ready`` sees it; ``waiting`` is set once the waiter sleeps in ``wait``,
-    so a test can act exactly then (a poll would be mid-interval) instead of guessing with a sleep."""
+    so a test can act exactly then (a poll would be mid-interval) instead of guessing with a sleep;
+    ``returned`` lists what each wait returned (True: woken by a notification, False: timed out)."""
 
     def __init__(self, inner: LocalReadyNotifier) -> None:
         self.inner, self.waiting = inner, threading.Event()
+        self.returned: list[bool] = []
 
     def generation(self) -> int:
         return self.inner.generation()
@@ -58,7 +68,9 @@ class _WaitSpy:
 
     async def wait(self, seen: int, timeout_s: float) -> bool:
         self.waiting.set()  # no await before inner.wait parks: a notification cannot slip in between
-        return await self.inner.wait(seen, timeout_s)
+        woken = await self.inner.wait(seen, timeout_s)
+        self.returned.append(woken)
+        return woken
 
 
 def test_notifier_generation_is_never_missed():
@@ -70,13 +82,13 @@ def test_notifier_generation_is_never_missed():
         await asyncio.sleep(0)  # notify from the loop's own thread is scheduled, like from a worker thread
         assert n.generation() == seen + 1
         t0 = time.monotonic()
-        assert await n.wait(seen, 5.0) is True  # a notification after `seen`: at once
-        assert time.monotonic() - t0 < 0.05
+        assert await n.wait(seen, 5.0) is True  # a notification after `seen`: at once (False would be the timeout)
+        assert time.monotonic() - t0 < 5.0 / 2  # generous: only says it did not sit out the 5 s
 
     asyncio.run(main())
 
 
-def test_a_ready_sample_wakes_the_waiter_within_200ms(store_factory):
+def test_a_ready_sample_wakes_the_waiter(store_factory):
     async def main() -> None:
         store, notifier = _wired(store_factory)
         sid = _judged_later(store, "s")
@@ -96,7 +108,10 @@ def test_a_ready_sample_wakes_the_waiter_within_200ms(store_factory):
         assert got is not None and [s.sample_id for s in got[1]] == [sid]
         latency_s = marks["leased"] - marks["ready"]
         print(f"wake latency {latency_s * 1000:.1f} ms")
-        assert latency_s < 0.2
+        # Every sleep ended by a notification (the judge's write; on PostgreSQL the listener may add one on
+        # connecting), none by the 10 s timeout.
+        assert spy.returned and all(spy.returned)
+        assert latency_s < SLACK_S
 
     asyncio.run(main())
 
@@ -113,18 +128,29 @@ def test_min_holds_until_enough_are_ready_and_deadline_gives_what_is_there(store
         assert not waiter.done()  # one ready, two needed: it looked and went to sleep
         t0 = time.monotonic()
         await loop.run_in_executor(None, _ready, store, b)
+<<<<<<< HEAD
         lease_id, samples = await asyncio.wait_for(waiter, 2)
         assert time.monotonic() - t0 < 0.2 and {s.sample_id for s in samples} == {a, b}
+=======
+        lease_id, samples = await asyncio.wait_for(waiter, 2 * SLACK_S)
+        assert {s["sample_id"] for s in samples} == {a, b}
+        assert spy.returned and all(spy.returned) and time.monotonic() - t0 < SLACK_S  # woken by b's write
+>>>>>>> i28c
         # deadline: min 2 with only one ready -> that one, at wait_s
         _ready(store, c)
         t0 = time.monotonic()
         got = await lease_when_ready(store, notifier, max_n=8, min_n=2, wait_s=0.5, lease_s=60)
+<<<<<<< HEAD
         assert got is not None and [s.sample_id for s in got[1]] == [c]
         assert 0.45 <= time.monotonic() - t0 < 1.0
+=======
+        assert got is not None and [s["sample_id"] for s in got[1]] == [c]
+        assert 0.45 <= time.monotonic() - t0 < 0.5 + SLACK_S  # not before the deadline
+>>>>>>> i28c
         # nothing ready at all: None at the deadline
         t0 = time.monotonic()
         assert await lease_when_ready(store, notifier, max_n=8, min_n=1, wait_s=0.3, lease_s=60) is None
-        assert 0.25 <= time.monotonic() - t0 < 0.8
+        assert 0.25 <= time.monotonic() - t0 < 0.3 + SLACK_S
 
     asyncio.run(main())
 
@@ -137,9 +163,15 @@ def test_an_expiring_lease_wakes_the_waiter(store_factory):
         first = store.lease(8, lease_s=0.4)
         assert first is not None
         t0 = time.monotonic()
+<<<<<<< HEAD
         got = await lease_when_ready(store, notifier, max_n=8, min_n=1, wait_s=5, lease_s=60)
         assert got is not None and [s.sample_id for s in got[1]] == [sid]
         assert time.monotonic() - t0 < 0.4 + 0.3  # back at the first lease's deadline, not at wait_s
+=======
+        got = await lease_when_ready(store, notifier, max_n=8, min_n=1, wait_s=30, lease_s=60)
+        assert got is not None and [s["sample_id"] for s in got[1]] == [sid]
+        assert time.monotonic() - t0 < 0.4 + SLACK_S  # back at the first lease's deadline, not at wait_s (30 s)
+>>>>>>> i28c
 
     asyncio.run(main())
 

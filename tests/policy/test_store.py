@@ -196,7 +196,9 @@ def test_postgres_lock_wait_is_bounded_then_serves_again(pg_url):
             t0 = time.monotonic()
             with pytest.raises(StoreBusy):
                 st.record_turn("s", _record(), session_done=False)
-            assert time.monotonic() - t0 < 3.0
+            assert (
+                time.monotonic() - t0 < 0.5 + 3.0
+            )  # busy_timeout_s + loaded-machine slack; the lock is never released
             assert st.probe(0.5) is None  # the database itself answers: only that row is locked
             other.rollback()
         assert st.record_turn("s", _record(), session_done=False) == 1

@@ -146,6 +146,7 @@ def test_replicas_starting_together_migrate_once(pg_url):
             st.close()
 
 
+@pytest.mark.process
 def test_migrate_command_upgrades_a_release_data_dir(tmp_path):
     import subprocess
     import sys

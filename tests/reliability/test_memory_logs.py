@@ -203,4 +203,5 @@ def test_hostile_tool_is_refused_before_rendering_and_health_stays_fast(policy, 
     )
     assert growth < 300
     # The stall this guards against was 29 s of /health; the median probe during the request must stay fast.
-    assert sorted(during or latencies)[len(during or latencies) // 2] < 0.1
+    # 1 s is generous for a loaded 2-core machine (a probe takes a few ms when idle) and still 29x below it.
+    assert sorted(during or latencies)[len(during or latencies) // 2] < 1.0

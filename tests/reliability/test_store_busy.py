@@ -87,7 +87,7 @@ def test_locked_database_is_a_bounded_store_busy_and_the_store_recovers(tmp_path
         t0 = time.monotonic()
         with pytest.raises(StoreBusy):
             st.record_turn("s", _record(), session_done=False)
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < 0.3 + 3.0  # busy_timeout_s + loaded-machine slack; the lock stays held
     assert st.probe(0.1) is not None
     assert st.stats()["samples"]["pending_judge"] == 0  # reads are not blocked by a writer in WAL mode
     other.execute("COMMIT")

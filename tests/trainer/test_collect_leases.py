@@ -54,11 +54,19 @@ def test_an_empty_wait_is_no_step():
     assert len(src.calls) == 1
 
 
+# The scripted empty answers below would last 50 * sleep_s if the wait were ignored; the checks read the calls
+# the source saw (how long each was told to wait, how many came), and the wall clock only with SLACK_S of
+# scheduling that a loaded 2-core machine may add.
+SLACK_S = 3.0
+
+
 def test_the_wait_ends_with_what_is_held():
-    src = ScriptedSource([2, None, None, None], sleep_s=0.15)
+    src = ScriptedSource([2] + [None] * 50, sleep_s=0.15)
     t0 = time.monotonic()
     got = collect_leases(src, batch_size=8, min_batch=4, wait_s=0.3)
-    assert [len(x.samples) for x in got] == [2] and time.monotonic() - t0 < 1.0
+    assert [len(x.samples) for x in got] == [2]
+    assert src.calls[0][2] == 0.3 and len(src.calls) <= 4  # 0.3 s of 0.15 s answers, not 50 of them
+    assert time.monotonic() - t0 < 0.3 + SLACK_S
 
 
 def test_holding_is_capped_at_half_the_lease_timeout():
@@ -66,7 +74,9 @@ def test_holding_is_capped_at_half_the_lease_timeout():
     t0 = time.monotonic()
     got = collect_leases(src, batch_size=8, min_batch=4, wait_s=30)
     assert [len(x.samples) for x in got] == [1]
-    assert time.monotonic() - t0 < 0.2 + 0.15  # not 30 s: the held lease would expire
+    # After the first lease the wait left is half its 0.4 s timeout, not the 30 s asked for.
+    assert src.calls[0][2] == 30.0 and src.calls[1][2] <= 0.2 and len(src.calls) <= 0.2 / 0.05 + 2
+    assert time.monotonic() - t0 < 0.2 + SLACK_S  # not 30 s: the held lease would expire
 
 
 def test_a_dry_source_ends_with_what_is_held_then_raises():

@@ -28,6 +28,7 @@ from trainer.lease_client.tensors import SampleUnusable, sample_tensors
 pytestmark = pytest.mark.unit
 
 
+@pytest.mark.process
 def test_imports_alone_without_torch_or_servers() -> None:
     code = (
         "import sys, trainer.lease_client as lc; "

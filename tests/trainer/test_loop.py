@@ -135,7 +135,7 @@ def test_invalid_and_excluded_samples(tiny_model_dir, sample_file, tmp_path):
         f.write_text("".join(json.dumps(s) + "\n" for s in batch))
         out = tmp_path / name
         train(
-            cfg_for(tiny_model_dir, out, steps=1, batch_size=len(batch), micro_batch_size=3),
+            cfg_for(tiny_model_dir, out, steps=1, batch_size=len(batch), micro_batch_size=4),
             source=FileSampleSource(f, out / "c.json"),
         )
         results[name] = (
@@ -144,10 +144,13 @@ def test_invalid_and_excluded_samples(tiny_model_dir, sample_file, tmp_path):
         )
     ma, mb = results["a"][0], results["b"][0]
     assert mb["n_invalid"] == 1 and mb["n_trained_samples"] == 8 and mb["n_samples"] == 10
-    assert mb["loss"] == pytest.approx(ma["loss"], abs=1e-6)
+    # Bit-identical, not close: the 8 good samples fill the same two micro-batches of 4 in both runs, and the
+    # two idle ones a third whose every token is masked (exact zeros). Mixed into a good micro-batch they would
+    # change its padding and so its rounding, which Adam turns into weight differences of up to lr.
+    assert mb["loss"] == ma["loss"]
     assert mb["reward_mean"] == pytest.approx(ma["reward_mean"])
     for k, v in results["a"][1].items():
-        torch.testing.assert_close(results["b"][1][k], v, atol=1e-6, rtol=1e-5)
+        assert torch.equal(results["b"][1][k], v), k
 
 
 def test_no_reference_model_when_kl_coef_zero(tiny_model_dir, sample_file, tmp_path, monkeypatch):

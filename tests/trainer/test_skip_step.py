@@ -143,10 +143,12 @@ def test_a_poisoned_samples_file_trains_as_if_the_poison_were_absent(tiny_model_
         runs[name] = (metrics, load_file(str(out / "step_000001" / "model.safetensors")))
     (mc, wc), (mp, wp) = runs["clean"], runs["poisoned"]
     assert mp["n_invalid"] == len(POISONS) and mp["n_learning_samples"] == mc["n_learning_samples"] == 8
-    assert math.isfinite(mp["loss"]) and mp["loss"] == pytest.approx(mc["loss"], abs=1e-6)
+    # Bit-identical, not close: the 8 good samples fill the same two micro-batches of 4 in both runs and the
+    # poisoned ones only add micro-batches whose every token is masked (exact zeros in the loss and gradients).
+    assert math.isfinite(mp["loss"]) and mp["loss"] == mc["loss"]
     for k, v in wc.items():
         assert torch.isfinite(wp[k]).all(), f"{k} went non-finite"
-        torch.testing.assert_close(wp[k], v, atol=1e-6, rtol=1e-5)
+        assert torch.equal(wp[k], v), k
 
 
 def test_max_staleness_sets_old_samples_aside(tiny_model_dir, tmp_path, real_samples):

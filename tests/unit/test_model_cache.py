@@ -1,7 +1,10 @@
-"""engine.model_cache: one build per key, keys that change with every input, no half-written entry exposed."""
+"""engine.model_cache: one build per key (also when builders race), keys that change with every input, no
+half-written entry exposed."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,11 @@ import pytest
 from engine.model_cache import cache_key, cached_build, copy_of
 
 pytestmark = pytest.mark.unit
+
+
+def _entries(root: Path) -> list[str]:
+    """What the cache root holds besides its per-key lock files."""
+    return sorted(p.name for p in root.iterdir() if not p.name.endswith(".lock"))
 
 
 def _writer(calls: list[Path], text: str):
@@ -26,7 +34,7 @@ def test_a_key_is_built_once_and_then_read(tmp_path):
     again = cached_build("policy", {"seed": 0}, _writer(calls, "other"), root=tmp_path)
     assert first == again and len(calls) == 1
     assert (first / "weights.txt").read_text() == "w0"
-    assert [p.name for p in tmp_path.iterdir()] == [first.name], "the build folder was renamed, not left beside"
+    assert _entries(tmp_path) == [first.name], "the build folder was renamed, not left beside"
 
 
 def test_every_input_and_the_kind_change_the_key():
@@ -44,10 +52,33 @@ def test_a_failed_build_leaves_no_entry_and_is_retried(tmp_path):
 
     with pytest.raises(RuntimeError, match="mid-build"):
         cached_build("policy", {"seed": 0}, broken, root=tmp_path)
-    assert list(tmp_path.iterdir()) == []
+    assert _entries(tmp_path) == []
     calls: list[Path] = []
     entry = cached_build("policy", {"seed": 0}, _writer(calls, "w0"), root=tmp_path)
     assert len(calls) == 1 and (entry / "weights.txt").read_text() == "w0"
+
+
+def test_racing_builders_of_one_key_build_it_once(tmp_path):
+    """Two builders (threads here; processes alike: the lock is on the open file) miss the same key at once:
+    the second waits for the first's build and reads it instead of building again."""
+    calls: list[Path] = []
+    first_building = threading.Event()
+
+    def slow(out: Path) -> Path:
+        calls.append(out)
+        first_building.set()
+        time.sleep(0.3)  # keeps the build in progress while the other builder arrives (it must not start one)
+        (out / "weights.txt").write_text("w0")
+        return out
+
+    got: list[Path] = []
+    first = threading.Thread(target=lambda: got.append(cached_build("policy", {"seed": 0}, slow, root=tmp_path)))
+    first.start()
+    assert first_building.wait(10)
+    got.append(cached_build("policy", {"seed": 0}, _writer(calls, "other"), root=tmp_path))
+    first.join(10)
+    assert len(calls) == 1 and got[0] == got[1] and (got[1] / "weights.txt").read_text() == "w0"
+    assert _entries(tmp_path) == [got[0].name]
 
 
 def test_an_entry_that_lost_its_marker_is_rebuilt(tmp_path):

@@ -49,6 +49,7 @@ def test_allowed_combinations(host, key, allow):
         ["-m", "engine.dev_server.cli", "--model-path", "/nonexistent", "--host", "0.0.0.0"],
     ],
 )
+@pytest.mark.process
 def test_services_refuse_to_start_exposed_without_key(cmd):
     import subprocess
     import sys

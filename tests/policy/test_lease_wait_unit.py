@@ -128,25 +128,15 @@ def test_min_holds_until_enough_are_ready_and_deadline_gives_what_is_there(store
         assert not waiter.done()  # one ready, two needed: it looked and went to sleep
         t0 = time.monotonic()
         await loop.run_in_executor(None, _ready, store, b)
-<<<<<<< HEAD
-        lease_id, samples = await asyncio.wait_for(waiter, 2)
-        assert time.monotonic() - t0 < 0.2 and {s.sample_id for s in samples} == {a, b}
-=======
         lease_id, samples = await asyncio.wait_for(waiter, 2 * SLACK_S)
-        assert {s["sample_id"] for s in samples} == {a, b}
+        assert {s.sample_id for s in samples} == {a, b}
         assert spy.returned and all(spy.returned) and time.monotonic() - t0 < SLACK_S  # woken by b's write
->>>>>>> i28c
         # deadline: min 2 with only one ready -> that one, at wait_s
         _ready(store, c)
         t0 = time.monotonic()
         got = await lease_when_ready(store, notifier, max_n=8, min_n=2, wait_s=0.5, lease_s=60)
-<<<<<<< HEAD
         assert got is not None and [s.sample_id for s in got[1]] == [c]
-        assert 0.45 <= time.monotonic() - t0 < 1.0
-=======
-        assert got is not None and [s["sample_id"] for s in got[1]] == [c]
         assert 0.45 <= time.monotonic() - t0 < 0.5 + SLACK_S  # not before the deadline
->>>>>>> i28c
         # nothing ready at all: None at the deadline
         t0 = time.monotonic()
         assert await lease_when_ready(store, notifier, max_n=8, min_n=1, wait_s=0.3, lease_s=60) is None
@@ -163,15 +153,9 @@ def test_an_expiring_lease_wakes_the_waiter(store_factory):
         first = store.lease(8, lease_s=0.4)
         assert first is not None
         t0 = time.monotonic()
-<<<<<<< HEAD
-        got = await lease_when_ready(store, notifier, max_n=8, min_n=1, wait_s=5, lease_s=60)
-        assert got is not None and [s.sample_id for s in got[1]] == [sid]
-        assert time.monotonic() - t0 < 0.4 + 0.3  # back at the first lease's deadline, not at wait_s
-=======
         got = await lease_when_ready(store, notifier, max_n=8, min_n=1, wait_s=30, lease_s=60)
-        assert got is not None and [s["sample_id"] for s in got[1]] == [sid]
+        assert got is not None and [s.sample_id for s in got[1]] == [sid]
         assert time.monotonic() - t0 < 0.4 + SLACK_S  # back at the first lease's deadline, not at wait_s (30 s)
->>>>>>> i28c
 
     asyncio.run(main())
 

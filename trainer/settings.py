@@ -83,9 +83,10 @@ class TrainConfig(CliSettings):
     minibatches: int = Field(1, description="optimizer steps per pass (the batch is split)")
     micro_batch_size: int = Field(4, description="samples per forward/backward (per rank)")
     merge_trajectories: bool = Field(
-        False,
+        True,
         description="run a session's token-continuous turns as one sequence (its prompt once; same per-token "
-        "loss); merges turns that land in the same micro-batch, so keep --minibatches 1",
+        "loss to float rounding); merges turns that land in the same micro-batch, so keep --minibatches 1; "
+        "--no-merge-trajectories runs every turn as its own row",
     )
     clip_low: float = Field(0.2, description="PPO clip epsilon below 1")
     clip_high: float = Field(0.28, description="PPO clip epsilon above 1 (clip-higher)")

@@ -132,7 +132,7 @@ def _plots(data: d.RunData) -> dict[str, str]:
                 d.step_series(steps, "forward_tokens_per_turn", "separate_tokens_per_turn"),
             ),
             "Tokens the forward pass runs per turn, next to prompt + response per turn run separately "
-            "(--merge-trajectories runs a session's shared prompt once).",
+            "(merged trajectories, the default, run a session's shared prompt once; --no-merge-trajectories turns it off).",
         ),
     }
 

@@ -205,7 +205,7 @@ def judge_service(url: str | None, judge_args: str | None, api_key: str | None) 
         yield url
         return
     assert judge_args is not None
-    from engine.procs import free_port, start_process
+    from tests.testkit.procs import free_port, start_process
 
     port = free_port()
     cmd = [sys.executable, "-m", "judge_server.cli", *shlex.split(judge_args), "--host", "127.0.0.1"]

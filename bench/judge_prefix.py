@@ -15,12 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests/ helpers
 
 from tests.long_context import long_context
 
@@ -75,8 +72,8 @@ async def run_layout(url: str, model_dir: Path, tok, turns: list[dict], *, v2: b
 
 async def main_async(args: argparse.Namespace) -> None:
     from engine.chat import load_tokenizer
-    from engine.procs import start_dev_engine
     from engine.tiny_model import build_tiny_model
+    from tests.testkit.procs import start_dev_engine
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny", seed=0)

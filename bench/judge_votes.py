@@ -138,9 +138,9 @@ async def bench_policies(turns: int, seed: int, unparseable: float = 0.05, wrong
 async def bench_engine(m: int) -> None:
     from engine.chat import load_tokenizer, render_prompt_ids
     from engine.client import EngineClient
-    from engine.procs import start_dev_engine
     from engine.tiny_model import build_tiny_model
     from prompts import TokenCounter, load_template, render_judge_messages
+    from tests.testkit.procs import start_dev_engine
 
     print(f"\n# part 2: one dev engine (tiny model), m={m} votes of one judge prompt")
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,7 +4,7 @@
     python bench/online_trickle.py --closed-loop [--candidates default,min1,...] [--sessions 32] [--turns 4]
 
 ``--closed-loop`` is the live closed loop that chose the trainer's defaults (docs/REWARD_MODES.md "Defaults,
-measured"): for each candidate a fresh dev stack (tests/trainer/stack.py: dev engine on a copy of the seeded
+measured"): for each candidate a fresh dev stack (tests/testkit/stack.py: dev engine on a copy of the seeded
 tiny model, policy server in mode rl, rules judge) takes a scripted user's sessions one at a time while
 ``hindsight-train`` runs alongside with the candidate's flags, leasing, training and pushing weights that
 the later sessions are served by. Per candidate it prints the target share on held-out prompts before and
@@ -30,14 +30,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.records import Sample, SampleState, TurnRecord
 from policy_server.store import Store
@@ -154,7 +151,7 @@ def closed_loop(names: list[str], sessions: int, turns: int, pause_s: float) -> 
     """Run each candidate's closed loop on a fresh stack and print one table row per candidate."""
     from engine.chat import load_tokenizer
     from engine.tiny_model import build_tiny_model
-    from tests.trainer.stack import run_trickle, start_stack
+    from tests.testkit.stack import run_trickle, start_stack
     from tests.trainer.test_learning_e2e import MAX_TOKENS, PROMPTS, has_target, target_frequency
 
     probes = (sessions // 4, sessions // 2)

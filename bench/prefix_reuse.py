@@ -17,21 +17,16 @@ from __future__ import annotations
 import argparse
 import random
 import re
-import sys
 import tempfile
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from long_context import WORDS
-from policy_testkit import CLIENT_KEY, start_policy
-
 from engine.chat import load_tokenizer
-from engine.procs import start_dev_engine
 from engine.tiny_model import build_tiny_model
+from tests.long_context import WORDS
+from tests.testkit.procs import start_dev_engine
+from tests.testkit.servers import CLIENT_KEY, start_policy
 
 
 def _renders(url: str) -> dict[str, float]:

@@ -34,13 +34,10 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy"))
-
-from policy_testkit import CLIENT_KEY, start_policy
-
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
 from engine.tiny_model import build_tiny_model
+from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine, start_process
+from tests.testkit.servers import CLIENT_KEY, start_policy
 
 ROUNDS = 4
 

@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.pgcluster import PgCluster, PgUnavailable
 from engine.records import Sample, SampleState, TurnRecord

@@ -15,19 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy"))
-
-from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_policy
-
-from engine.procs import start_dev_engine
 from engine.tiny_model import build_tiny_model
+from tests.testkit.procs import start_dev_engine
+from tests.testkit.servers import ADMIN_KEY, CLIENT_KEY, start_policy
 
 
 def _q(lat: list[float], pct: int) -> float:

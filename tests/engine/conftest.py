@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.procs import ManagedProcess, start_dev_engine
+from tests.testkit.procs import ManagedProcess, start_dev_engine
 
 
 @pytest.fixture(scope="session")

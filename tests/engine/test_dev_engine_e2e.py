@@ -18,7 +18,7 @@ import pytest
 
 from engine.client import EngineClient, RetryPolicy
 from engine.errors import EngineRejected
-from engine.procs import metric_value
+from tests.testkit.procs import metric_value
 from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.e2e

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, start_dev_engine
+from tests.testkit.procs import ManagedProcess, start_dev_engine
 
 pytestmark = pytest.mark.e2e
 KEY = "dev-engine-key"

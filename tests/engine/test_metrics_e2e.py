@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, start_dev_engine
+from tests.testkit.procs import ManagedProcess, start_dev_engine
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

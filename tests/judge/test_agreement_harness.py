@@ -29,11 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.procs import free_port, spawn, wait_http
+from bench import judge_agreement as ja
+from tests.testkit.procs import free_port, spawn, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import judge_agreement as ja  # noqa: E402
 
 HAND_RIGHT = {"correction": 8, "thanks": 8, "tool_success": 10, "tool_error": 7, "ambiguous": 8, "injection": 9}
 JUDGE_KEY = "sk-judge-agreement"
@@ -171,7 +170,7 @@ def test_harness_starts_an_openai_backend_judge(tmp_path: Path) -> None:
     endpoint without n or constraints (tests/judge/openai_stub.py) that, once re-asked, always answers +1:
     every setting's accuracy is then exactly the share of +1 gold verdicts, and the line naming the judge
     says which backend was measured."""
-    from engine.procs import start_process
+    from tests.testkit.procs import start_process
 
     lines = ja.DEFAULT_TURNS.read_text().splitlines()
     picked = [line for c in ja.CATEGORIES for line in [x for x in lines if json.loads(x)["category"] == c][:2]]

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
+from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine, start_process
 
 pytestmark = pytest.mark.e2e
 

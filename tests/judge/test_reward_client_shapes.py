@@ -28,10 +28,10 @@ import httpx
 import pytest
 
 from engine.chat import load_tokenizer
-from engine.procs import ManagedProcess, free_port, start_process
 from judge_server.chat_markup import parse_turns, prompt_messages, reply_fields, split_query
 from judge_server.compat import label_to_next_state, openrlhf_items, slime_item
 from judge_server.errors import InvalidRequest
+from tests.testkit.procs import ManagedProcess, free_port, start_process
 
 ISSUE_PROMPT = "<|im_start|>user\nWhat's 17*3?<|im_end|>\n<|im_start|>assistant\n"
 

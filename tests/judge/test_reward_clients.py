@@ -34,9 +34,9 @@ import httpx
 import pytest
 import torch
 
-from engine.procs import ManagedProcess, free_port, spawn, wait_http
 from judge_server.compat import openrlhf_reply, slime_reply
 from judge_server.errors import RewardUnavailable
+from tests.testkit.procs import ManagedProcess, free_port, spawn, wait_http
 from tests.waiting import wait_until
 
 KEY = "judge-query-key-4711"

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
 from tests.modes.test_modes_e2e import session_samples
+from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine, start_process
 
 pytestmark = pytest.mark.e2e
 

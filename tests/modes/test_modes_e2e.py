@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
+from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine, start_process
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

@@ -4,17 +4,13 @@ each stopped by its PID."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # policy_testkit, importable from every test module
-
-from policy_testkit import start_policy
-
-from engine.procs import ManagedProcess, start_dev_engine, start_router
+from tests.testkit.procs import ManagedProcess, start_dev_engine, start_router
+from tests.testkit.servers import start_policy
 
 
 @pytest.fixture(scope="module")

@@ -27,10 +27,10 @@ import pytest
 from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 from anthropic.types import Message, RawMessageStreamEvent
 from openai.types.responses import Response, ResponseStreamEvent
-from policy_testkit import CLIENT_KEY, client, judged_policy_stack, lease_all, of_session
 
-from engine.procs import metric_value
 from policy_server.store import Store
+from tests.testkit.procs import metric_value
+from tests.testkit.servers import CLIENT_KEY, client, judged_policy_stack, lease_all, of_session
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

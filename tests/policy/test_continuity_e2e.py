@@ -15,11 +15,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from policy_testkit import admin, chat, client, judged_policy_stack, start_policy, stats
 
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.procs import ManagedProcess
 from policy_server.store import Store
+from tests.testkit.procs import ManagedProcess
+from tests.testkit.servers import admin, chat, client, judged_policy_stack, start_policy, stats
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

@@ -21,9 +21,9 @@ import jsonschema
 import openai
 import pydantic
 import pytest
-from policy_testkit import CLIENT_KEY, client, start_policy
 
 from policy_server.store import Store
+from tests.testkit.servers import CLIENT_KEY, client, start_policy
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,7 @@
 
 End to end: client -> real policy server process -> dev engine; dispatcher -> real judge server (rules backend:
 "thanks"/"worked" +1, "wrong"/"No," -1) for the reward pipeline; the PRM scorers are the trajectory scorer
-``prm_session_scorers.TrajectoryProbe`` (loaded by dotted path in the server process; it records what it saw
+``tests.policy.prm_session_scorers.TrajectoryProbe`` (loaded by dotted path in the server process; it records what it saw
 and rewards turn i of an n-turn trajectory with 10 n + i) plus ``LengthBudgetScorer``. Checked:
 
 - the trajectory scorer is called ONCE per session, with every turn parent-before-child and its next state
@@ -23,13 +23,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from policy_testkit import admin, chat, lease_all, of_session, pythonpath_with_testkit, start_judge, start_policy, stats
 
-from engine.procs import ManagedProcess, free_port
 from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseTrajectoryScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, held_outcomes, session_turns
 from policy_server.store import Store
+from tests.testkit.procs import ManagedProcess, free_port
+from tests.testkit.servers import (
+    admin,
+    chat,
+    lease_all,
+    of_session,
+    pythonpath_with_repo,
+    samples_of,
+    start_judge,
+    start_policy,
+    stats,
+)
 from tests.waiting import wait_until
 
 BUDGET = 3
@@ -47,7 +57,7 @@ prm:
   enabled: true
   advantage_shaping: {{mode: additive}}
   scorers:
-    - path: prm_session_scorers.TrajectoryProbe
+    - path: tests.policy.prm_session_scorers.TrajectoryProbe
       weight: 1.0
       kwargs: {{record_path: "{record}", reject_marker: "REJECT-ME"{flag_kw}}}
     - path: judge_server.prm.scorers.LengthBudgetScorer
@@ -116,7 +126,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def rules_judge(logs: Path):
-    mp = start_judge(logs, "judge-rules-session")
+    mp = start_judge(logs, "judge-rules-session", m=3)
     yield mp
     mp.stop()
 
@@ -148,7 +158,7 @@ def _policy(
         "session",
     ]
     return start_policy(
-        tiny_model_dir, engine.url, data, logs, name=name, extra=extra, port=port, env=pythonpath_with_testkit()
+        tiny_model_dir, engine.url, data, logs, name=name, extra=extra, port=port, env=pythonpath_with_repo()
     )
 
 
@@ -265,8 +275,8 @@ def test_unreachable_scorer_keeps_held_across_kill9_then_scores_once(
         pol.kill()
         store = Store(data)
         try:
-            held = {r["turn_index"]: r for r in store.samples_of(ended)}
-            opened = {r["turn_index"]: r for r in store.samples_of(open_sid)}
+            held = {r["turn_index"]: r for r in samples_of(store, ended)}
+            opened = {r["turn_index"]: r for r in samples_of(store, open_sid)}
         finally:
             store.close()
         assert [held[i]["status"] for i in (0, 1, 2)] == ["pending_score", "pending_score", "rejected"]
@@ -306,7 +316,7 @@ def _record(store: Store, sid: str, text: str) -> int:
 
 
 def _sample_id(store: Store, sid: str, idx: int) -> str:
-    return next(r["sample_id"] for r in store.samples_of(sid) if r["turn_index"] == idx)
+    return next(r["sample_id"] for r in samples_of(store, sid) if r["turn_index"] == idx)
 
 
 def _held_session(store: Store, sid: str = "s") -> None:

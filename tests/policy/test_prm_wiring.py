@@ -25,15 +25,15 @@ from typing import Any
 
 import httpx
 import pytest
-from policy_testkit import chat, lease_all, of_session, start_judge, start_policy, stats
 
 from engine.errors import EngineUnavailable
-from engine.procs import ManagedProcess, free_port, spawn
 from engine.records import PipelineOutcome
 from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
 from policy_server.store import Store
+from tests.testkit.procs import ManagedProcess, free_port, spawn
+from tests.testkit.servers import chat, lease_all, of_session, samples_of, start_judge, start_policy, stats
 from tests.waiting import wait_until
 
 BUDGET = 3
@@ -95,7 +95,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def rules_judge(logs: Path):
-    mp = start_judge(logs, "judge-rules")
+    mp = start_judge(logs, "judge-rules", m=3)
     yield mp
     mp.stop()
 
@@ -179,7 +179,7 @@ def test_scorer_rejection_rejects_the_sample_with_reason(tiny_model_dir, engine,
         assert lease_all(pol.url)["samples"] == []
         store = Store(tmp_path / "data")
         try:
-            row = store.samples_of(sid)[0]
+            row = samples_of(store, sid)[0]
         finally:
             store.close()
         assert row["status"] == "rejected" and row["reject_reason"] == reasons[0]
@@ -259,11 +259,11 @@ def test_unreachable_scorer_judge_keeps_pending_across_kill9(tiny_model_dir, eng
         pol.kill()
         store = Store(data)
         try:
-            row = store.samples_of(sid)[0]
+            row = samples_of(store, sid)[0]
         finally:
             store.close()
         assert row["status"] == "pending_judge" and row["last_error"].startswith("prm: JudgeUnavailable: "), row
-        prm_judge = start_judge(logs, "judge-prm-late", port=prm_judge_port)
+        prm_judge = start_judge(logs, "judge-prm-late", m=3, port=prm_judge_port)
         pol = _policy(tiny_model_dir, engine, rules_judge, data, logs, "policy-prm-b", cfg, port=port)
         wait_settled(pol.url)
         got = of_session(lease_all(pol.url)["samples"], sid)

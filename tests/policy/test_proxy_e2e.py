@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from policy_testkit import CLIENT_KEY, admin, client, start_policy
 
 from policy_server.store import Store
+from tests.testkit.servers import CLIENT_KEY, admin, client, samples_of, start_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -216,7 +216,7 @@ def test_pairing_user_reply_side_turns_rewrite_and_idle(policy):
                 interval_s=0.2,
             )
             assert turn["pairing"] == "session_end" and turn["session_done"] and turn["next_state"] is None
-        rows = {s["turn_index"]: s for s in st.samples_of("pair")}
+        rows = {s["turn_index"]: s for s in samples_of(st, "pair")}
         assert rows[0]["status"] == "pending_judge"  # no judge configured: stays pending, never dropped
         stats = admin(policy.url).get("/v1/samples/stats").json()
         assert stats["turns_by_session_rule"]["header:diverged"] >= 1
@@ -267,7 +267,7 @@ def test_admin_needs_admin_key(policy):
 
 
 def test_engine_down_is_503_not_a_hang(tiny_model_dir, tmp_path):
-    from engine.procs import free_port
+    from tests.testkit.procs import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     pol = start_policy(tiny_model_dir, dead, tmp_path / "data", tmp_path, name="policy-dead")

@@ -24,9 +24,9 @@ import pytest
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from langchain_core.tools import tool as lc_tool
 from langchain_openai import ChatOpenAI
-from policy_testkit import CLIENT_KEY
 
 from policy_server.store import Store
+from tests.testkit.servers import CLIENT_KEY
 
 pytestmark = pytest.mark.e2e
 set_tracing_disabled(True)  # the SDK would otherwise try to export traces to api.openai.com

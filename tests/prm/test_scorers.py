@@ -8,12 +8,12 @@ import sys
 
 import httpx
 import pytest
-from prm_test_scorers import make_turns
 
 from engine.http_client import RetryPolicy
-from engine.procs import free_port, spawn, wait_http
 from judge_server.prm import PRMRejected, PRMRunner, score_session
 from judge_server.prm.scorers import LengthBudgetScorer, LLMJudgeScorer
+from tests.prm.prm_test_scorers import make_turns
+from tests.testkit.procs import free_port, spawn, wait_http
 
 JUDGE_KEY = "prm-test-key"
 JUDGE_PATH = "judge_server.prm.scorers.LLMJudgeScorer"

@@ -5,16 +5,12 @@ as subprocesses on ephemeral loopback ports, stopped by their PID."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# policy_testkit (start_policy, client/admin helpers) is shared with the policy-server tests.
-sys.path.insert(0, str(Path(__file__).parent.parent / "policy"))
-
-from engine.procs import ManagedProcess, start_dev_engine
+from tests.testkit.procs import ManagedProcess, start_dev_engine
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from policy_testkit import ADMIN_KEY, admin, client, start_policy
 
-from engine.procs import ManagedProcess, free_port, start_process
 from policy_server.store import Store
+from tests.testkit.procs import ManagedProcess, free_port, start_process
+from tests.testkit.servers import ADMIN_KEY, admin, client, start_policy
 
 pytestmark = pytest.mark.e2e
 

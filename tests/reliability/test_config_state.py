@@ -11,7 +11,8 @@ import sys
 
 import httpx
 import pytest
-from policy_testkit import admin, client, start_policy
+
+from tests.testkit.servers import admin, client, start_policy
 
 pytestmark = pytest.mark.e2e
 

@@ -22,14 +22,14 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_policy
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
 
-from engine.procs import ManagedProcess, free_port, start_process
+from tests.testkit.procs import ManagedProcess, free_port, start_process
+from tests.testkit.servers import ADMIN_KEY, CLIENT_KEY, start_policy
 
 pytestmark = pytest.mark.e2e
 EXAMPLES = 10

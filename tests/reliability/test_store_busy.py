@@ -24,10 +24,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from policy_testkit import admin, client, start_policy
 
 from policy_server.errors import StoreBusy
 from policy_server.store import Store
+from tests.testkit.servers import admin, client, start_policy
 from tests.waiting import wait_until
 
 BUSY_TIMEOUT_S = 2.0

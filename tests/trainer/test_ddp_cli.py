@@ -71,7 +71,7 @@ def test_cli_rejects_inconsistent_flags():
 
 @pytest.mark.unit
 def test_cli_unreachable_policy_server_fails_explicitly(tiny_model_dir, tmp_path):
-    from engine.procs import free_port
+    from tests.testkit.procs import free_port
 
     key_file = tmp_path / "admin.key"
     key_file.write_text("k\n")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.testkit.local_source import LocalSampleSource, target_reward
 from tests.trainer.conftest import HELD_OUT, PROMPTS, TARGET_IDS
-from trainer.local_source import LocalSampleSource, target_reward
 from trainer.settings import TrainConfig
 from trainer.train import train
 

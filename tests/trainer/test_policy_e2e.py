@@ -16,7 +16,7 @@ import sys
 import httpx
 import pytest
 
-from engine.procs import free_port, spawn, start_dev_engine, wait_http
+from tests.testkit.procs import free_port, spawn, start_dev_engine, wait_http
 from trainer.settings import TrainConfig
 from trainer.train import train
 

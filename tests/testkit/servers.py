@@ -1,20 +1,27 @@
-"""Helpers shared by the policy-server tests (imported by conftest and the test modules)."""
+"""The services as tests start them, and the small HTTP helpers every test area shares.
+
+One set of test keys (``CLIENT_KEY`` for agents, ``ADMIN_KEY`` for the trainer and operators), one
+``start_judge`` and one ``start_policy`` (subprocesses on 127.0.0.1 ephemeral ports, tied to this process by
+tests.testkit.procs), and ``judged_policy_stack`` for a policy server scored by the rules judge.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from engine.procs import ManagedProcess, free_port, start_process
+from tests.testkit.procs import ManagedProcess, free_port, start_process
 
 ADMIN_KEY = "admin-secret"
 CLIENT_KEY = "client-secret"
 TEST_MODEL_ALIAS = "m"  # the model name the policy tests' clients send (a client with a name of its own)
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def start_policy(
@@ -56,20 +63,56 @@ def start_policy(
     return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env=env, deadline_s=60)
 
 
-def pythonpath_with_testkit() -> dict[str, str]:
-    """Env for a server process that must import test modules of this folder by dotted path (test scorers)."""
-    here = str(Path(__file__).parent)
+def pythonpath_with_repo() -> dict[str, str]:
+    """Env for a server process that must import test modules by dotted path (``tests.…`` test scorers)."""
     old = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": here + (os.pathsep + old if old else "")}
+    return {"PYTHONPATH": str(REPO_ROOT) + (os.pathsep + old if old else "")}
 
 
-def start_judge(log_dir: Path, name: str, port: int | None = None) -> ManagedProcess:
-    """A real judge server with the deterministic rules backend ("thanks"/"worked" +1, "wrong"/"No," -1)."""
+def judge_command(
+    port: int,
+    *,
+    backend: str | None = None,
+    engine_url: str | None = None,
+    tokenizer_path: str | Path | None = None,
+    m: int | None = None,
+    args: Sequence[str] = (),
+) -> list[str]:
+    """``python -m judge_server.cli`` on 127.0.0.1:``port``; each option is passed only when given."""
+    cmd = [sys.executable, "-m", "judge_server.cli", "--host", "127.0.0.1", "--port", str(port)]
+    if backend is not None:
+        cmd += ["--backend", backend]
+    if engine_url is not None:
+        cmd += ["--engine-url", engine_url]
+    if tokenizer_path is not None:
+        cmd += ["--tokenizer-path", str(tokenizer_path)]
+    if m is not None:
+        cmd += ["--m", str(m)]
+    return [*cmd, *args]
+
+
+def start_judge(
+    log_dir: Path,
+    name: str = "judge",
+    *,
+    backend: str | None = "rules",
+    engine_url: str | None = None,
+    tokenizer_path: str | Path | None = None,
+    m: int | None = None,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    ready_path: str | None = None,
+    deadline_s: float = 60,
+) -> ManagedProcess:
+    """A real judge server, ready. The default is the deterministic rules backend ("thanks"/"worked" +1,
+    "wrong"/"No," -1); with ``engine_url`` it is the LLM backend (pass ``backend=None`` to keep the
+    service's default) and readiness is ``/ready`` (the engine reachable), else ``/health``."""
     port = port or free_port()
-    cmd = [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1", "--port", str(port)]
-    return start_process(
-        name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env={"HINDSIGHT_JUDGE_M": "3"}, deadline_s=60
-    )
+    cmd = judge_command(port, backend=backend, engine_url=engine_url, tokenizer_path=tokenizer_path, m=m, args=args)
+    ready = ready_path or ("/ready" if engine_url else "/health")
+    url = f"http://127.0.0.1:{port}"
+    return start_process(name, cmd, url=url, log_dir=log_dir, env=env, ready_path=ready, deadline_s=deadline_s)
 
 
 @contextmanager
@@ -77,14 +120,7 @@ def judged_policy_stack(
     model_dir: Path, engine_url: str, work: Path, extra: list[str] | None = None
 ) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
     """A policy server judged by a rules-backend judge (its default settings); yields (policy, judge), stops both."""
-    port = free_port()
-    judge = start_process(
-        "judge",
-        [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--host", "127.0.0.1", "--port", str(port)],
-        url=f"http://127.0.0.1:{port}",
-        log_dir=work,
-        deadline_s=60,
-    )
+    judge = start_judge(work)
     pol = None
     try:
         pol = start_policy(model_dir, engine_url, work / "data", work, extra=["--judge-url", judge.url, *(extra or [])])
@@ -93,6 +129,12 @@ def judged_policy_stack(
         if pol:
             pol.stop()
         judge.stop()
+
+
+def samples_of(store: Any, session_id: str) -> list[dict[str, Any]]:
+    """The stored sample rows of one session in turn order (``Store.sample_row`` shape: ``data`` decoded)."""
+    listed = store.list_samples(session_id=session_id, limit=100_000)
+    return [row for row in (store.sample_row(r["sample_id"]) for r in listed) if row is not None]
 
 
 def chat(url: str, sid: str, messages: list[dict], *, max_tokens: int, done: bool = False) -> dict:

@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import sys
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine, start_process
+from tests.testkit.procs import ManagedProcess, start_dev_engine
+from tests.testkit.servers import ADMIN_KEY
+from tests.testkit.servers import start_policy as testkit_start_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
-ADMIN = {"Authorization": "Bearer admin-key"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 TOP_K = 3
 POSITIVE = "Thanks, that worked."
 NEGATIVE = "No, that is wrong. Use the other file in /tmp."
@@ -37,39 +38,11 @@ NEUTRAL = "Now list the folder."
 def start_policy(
     tiny_model_dir: Path, engine_url: str, judge_url: str, teacher_url: str, data_dir: Path, log_dir: Path, name: str
 ) -> ManagedProcess:
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "policy_server.cli",
-        "--model-path",
-        str(tiny_model_dir),
-        "--engine-url",
-        engine_url,
-        "--judge-url",
-        judge_url,
-        "--teacher-url",
-        teacher_url,
-        "--data-dir",
-        str(data_dir),
-        "--mode",
-        "rl",
-        "--w-rl",
-        "1.0",
-        "--w-opd",
-        "0.5",
-        "--teacher-top-k",
-        str(TOP_K),
-        "--admin-api-key",
-        "admin-key",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dispatch-retry-max-s",
-        "1",
-    ]
-    mp = start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, deadline_s=60)
+    extra = ["--judge-url", judge_url, "--teacher-url", teacher_url, "--mode", "rl", "--w-rl", "1.0", "--w-opd", "0.5"]
+    extra += ["--teacher-top-k", str(TOP_K), "--dispatch-retry-max-s", "1"]
+    mp = testkit_start_policy(
+        tiny_model_dir, engine_url, data_dir, log_dir, name=name, extra=extra, client_key=None, fail_fast=False
+    )
     mp.extra["data_dir"] = data_dir
     return mp
 

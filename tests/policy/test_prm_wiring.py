@@ -18,7 +18,6 @@ Unit tests cover the outcome mapping of policy_server.rewards.scoring in process
 
 from __future__ import annotations
 
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,16 @@ from judge_server.prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
 from policy_server.store import Store
 from tests.testkit.procs import ManagedProcess, free_port, spawn
-from tests.testkit.servers import chat, lease_all, of_session, samples_of, start_judge, start_policy, stats
+from tests.testkit.servers import (
+    chat,
+    lease_all,
+    of_session,
+    policy_command,
+    samples_of,
+    start_judge,
+    start_policy,
+    stats,
+)
 from tests.waiting import wait_until
 
 BUDGET = 3
@@ -211,13 +219,8 @@ def test_broken_prm_config_stops_startup(tiny_model_dir, engine, logs, tmp_path)
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("prm:\n  scorers:\n    - path: no_such_pkg.scorers.Nope\n")
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "policy_server.cli",
-        "--model-path",
+    cmd = policy_command(
         str(tiny_model_dir),
-        "--engine-url",
         engine.url,
         "--data-dir",
         str(tmp_path / "data"),
@@ -225,7 +228,7 @@ def test_broken_prm_config_stops_startup(tiny_model_dir, engine, logs, tmp_path)
         str(port),
         "--prm-config",
         str(cfg),
-    ]
+    )
     mp = spawn("policy-bad-prm", cmd, url=f"http://127.0.0.1:{port}", log_dir=tmp_path)
     try:
         rc = mp.proc.wait(timeout=90)

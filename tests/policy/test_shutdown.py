@@ -6,7 +6,6 @@ judge after a delay) keeps requests in flight long enough to send SIGTERM in the
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 from collections import Counter
@@ -16,8 +15,8 @@ import httpx
 import pytest
 
 from policy_server.store import Store
-from tests.testkit.procs import free_port, spawn, wait_http
-from tests.testkit.servers import admin, client, samples_of, start_policy
+from tests.testkit.procs import free_port
+from tests.testkit.servers import admin, client, samples_of, start_judge, start_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -82,28 +81,11 @@ def _chat(url: str, sid: str, messages: list[dict], **headers) -> httpx.Response
 
 
 def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
-    judge_port = free_port()
-    judge = spawn(
-        "judge",
-        [
-            sys.executable,
-            "-m",
-            "judge_server.cli",
-            "--backend",
-            "rules",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(judge_port),
-        ],
-        url=f"http://127.0.0.1:{judge_port}",
-        log_dir=tmp_path,
-    )
+    judge = start_judge(tmp_path)
     eng_proxy, judge_proxy = DelayProxy(engine.url), DelayProxy(judge.url)
     data = tmp_path / "data"
     pol = None
     try:
-        wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
         drain_s = 1.5
         extra = [
             "--judge-url",

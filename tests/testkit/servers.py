@@ -24,6 +24,20 @@ TEST_MODEL_ALIAS = "m"  # the model name the policy tests' clients send (a clien
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def policy_command(model_dir: str | Path, engine_url: str, *args: str) -> list[str]:
+    """``python -m policy_server.cli`` serving ``model_dir`` through ``engine_url``, then ``args``."""
+    return [
+        sys.executable,
+        "-m",
+        "policy_server.cli",
+        "--model-path",
+        str(model_dir),
+        "--engine-url",
+        engine_url,
+        *args,
+    ]
+
+
 def start_policy(
     model_dir: Path,
     engine_url: str,
@@ -34,32 +48,19 @@ def start_policy(
     extra: list[str] | None = None,
     port: int | None = None,
     env: dict[str, str] | None = None,
+    client_key: str | None = CLIENT_KEY,
+    fail_fast: bool = True,
 ) -> ManagedProcess:
+    """A real policy server on 127.0.0.1, ready: the admin key ``ADMIN_KEY``, the client key ``client_key``
+    (None: no client auth), the model alias ``TEST_MODEL_ALIAS``. ``fail_fast`` bounds an engine call at
+    10 s and 3 tries (fault tests see the failure quickly); ``extra`` comes last, so it overrides."""
     port = port or free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "policy_server.cli",
-        "--model-path",
-        str(model_dir),
-        "--engine-url",
-        engine_url,
-        "--data-dir",
-        str(data_dir),
-        "--port",
-        str(port),
-        "--api-key",
-        CLIENT_KEY,
-        "--admin-api-key",
-        ADMIN_KEY,
-        "--engine-deadline-s",
-        "10",
-        "--engine-max-attempts",
-        "3",
-        "--model-aliases",
-        TEST_MODEL_ALIAS,
-        *(extra or []),
-    ]
+    args = ["--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", str(port), "--admin-api-key", ADMIN_KEY]
+    if client_key is not None:
+        args += ["--api-key", client_key]
+    if fail_fast:
+        args += ["--engine-deadline-s", "10", "--engine-max-attempts", "3"]
+    cmd = policy_command(model_dir, engine_url, *args, "--model-aliases", TEST_MODEL_ALIAS, *(extra or []))
     return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env=env, deadline_s=60)
 
 

@@ -103,7 +103,7 @@ def start_stack(
             prm_config = work / "prm.yaml"
             prm_config.write_text(prm_yaml.replace("{judge_url}", judge.url))
             extra += ["--prm-config", str(prm_config)]
-        policy = start_policy(model_dir, engine.url, work / "data", logs, extra=[*extra, *policy_args])
+        policy = start_policy(model_dir, engine.url, work / "data", logs, extra=[*extra, *policy_args], fail_fast=False)
         procs.append(policy)
     except Exception as exc:
         tails = "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in procs)

@@ -36,7 +36,8 @@ import torch
 
 from judge_server.compat import openrlhf_reply, slime_reply
 from judge_server.errors import RewardUnavailable
-from tests.testkit.procs import ManagedProcess, free_port, spawn, wait_http
+from tests.testkit.procs import ManagedProcess
+from tests.testkit.servers import start_failing_judge, start_judge
 from tests.waiting import wait_until
 
 KEY = "judge-query-key-4711"
@@ -135,21 +136,11 @@ def test_failed_item_is_503_or_the_configured_fallback() -> None:
 
 
 # ------------------------------------------------------------------------ end to end
+JUDGE_ENV = {"HINDSIGHT_JUDGE_API_KEY": KEY, "HINDSIGHT_JUDGE_LOG_JSON": "1"}
+
+
 def _start_judge(log_dir: Path, name: str, args: list[str]) -> ManagedProcess:
-    port = free_port()
-    judge = spawn(
-        name,
-        [sys.executable, "-m", "judge_server.cli", "--port", str(port), *args],
-        url=f"http://127.0.0.1:{port}",
-        log_dir=log_dir,
-        env={"HINDSIGHT_JUDGE_API_KEY": KEY, "HINDSIGHT_JUDGE_LOG_JSON": "1"},
-    )
-    try:
-        wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
-    except Exception:
-        judge.stop()
-        raise
-    return judge
+    return start_judge(log_dir, name, backend=None, args=args, env=JUDGE_ENV)
 
 
 @pytest.fixture(scope="module")
@@ -165,12 +156,10 @@ def rules_judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedPro
 @pytest.fixture(scope="module")
 def failing_judges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
     """Two LLM judges whose engine is down (nothing listens on its port): without and with the fallback."""
-    dead = f"http://127.0.0.1:{free_port()}"
-    common = ["--engine-url", dead, "--m", "1", "--request-deadline-s", "1"]
     log_dir = tmp_path_factory.mktemp("judge-failing")
-    plain = _start_judge(log_dir, "judge-503", common)
+    plain = start_failing_judge(log_dir, "judge-503", env=JUDGE_ENV)
     try:
-        fallback = _start_judge(log_dir, "judge-fallback", [*common, "--compat-failed-reward", "0.0"])
+        fallback = start_failing_judge(log_dir, "judge-fallback", args=["--compat-failed-reward", "0.0"], env=JUDGE_ENV)
     except Exception:
         plain.stop()
         raise

@@ -2,7 +2,7 @@
 
 Everything runs on 127.0.0.1 ephemeral ports and is stopped by PID at the end of the session.
 - ``teacher_engine``: the dev engine serving the ``teacher_model_dir`` checkpoint.
-- ``rules_judge``: the judge service with the deterministic keyword backend (judge_server/rules.py).
+- ``rules_judge`` (tests/conftest.py): the judge service with the deterministic keyword backend.
 - ``broken_judge``: the judge service with the LLM backend pointed at a closed port, so every task
   ends ``judge_failed`` quickly (a real failing dependency, not a fake).
 """
@@ -30,13 +30,6 @@ def modes_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def teacher_engine(teacher_model_dir: Path, modes_log_dir: Path) -> Iterator[ManagedProcess]:
     mp = start_dev_engine(teacher_model_dir, log_dir=modes_log_dir, name="teacher-engine")
-    yield mp
-    mp.stop()
-
-
-@pytest.fixture(scope="session")
-def rules_judge(modes_log_dir: Path) -> Iterator[ManagedProcess]:
-    mp = start_judge(modes_log_dir, "judge-rules", m=3)
     yield mp
     mp.stop()
 

@@ -36,7 +36,6 @@ from tests.testkit.servers import (
     of_session,
     pythonpath_with_repo,
     samples_of,
-    start_judge,
     start_policy,
     stats,
 )
@@ -122,13 +121,6 @@ def probe_calls(record: Path, sid: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("prm-session-logs")
-
-
-@pytest.fixture(scope="module")
-def rules_judge(logs: Path):
-    mp = start_judge(logs, "judge-rules-session", m=3)
-    yield mp
-    mp.stop()
 
 
 def _policy(

@@ -101,13 +101,6 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("prm-wiring-logs")
 
 
-@pytest.fixture(scope="module")
-def rules_judge(logs: Path):
-    mp = start_judge(logs, "judge-rules", m=3)
-    yield mp
-    mp.stop()
-
-
 def _policy(
     tiny_model_dir: Path,
     engine: ManagedProcess,

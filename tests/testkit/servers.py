@@ -116,6 +116,16 @@ def start_judge(
     return start_process(name, cmd, url=url, log_dir=log_dir, env=env, ready_path=ready, deadline_s=deadline_s)
 
 
+def start_failing_judge(
+    log_dir: Path, name: str, *, args: Sequence[str] = (), env: dict[str, str] | None = None
+) -> ManagedProcess:
+    """An LLM judge whose engine is down (nothing listens on its port): m=1 and a 1 s deadline, so every item
+    ends ``judge_failed`` quickly (a real failing dependency, not a fake)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    failing = ["--engine-url", dead, "--m", "1", "--request-deadline-s", "1", *args]
+    return start_judge(log_dir, name, backend=None, args=failing, env=env, ready_path="/health")
+
+
 @contextmanager
 def judged_policy_stack(
     model_dir: Path, engine_url: str, work: Path, extra: list[str] | None = None

@@ -1,6 +1,6 @@
 """Policy-server cost of a continuing turn at growing history lengths, against an instant engine.
 
-    python bench/continuation_cost.py [--model-dir DIR] [--sizes 1000,10000,30000] [--sessions 4] [--turns 8]
+    python -m bench.continuation_cost [--model-dir DIR] [--sizes 1000,10000,30000] [--sessions 4] [--turns 8]
 
 For each history size H (tokens of the tiny policy tokenizer) ``--sessions`` sessions each open with one
 turn carrying an H-token history (a full render), then run ``--turns`` continuing turns one at a time (the
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 import httpx
-from proxy_overhead import _cpu_s, start_instant_engine
 
+from bench.proxy_overhead import _cpu_s, start_instant_engine
 from engine.chat import load_tokenizer, render_prompt_ids
 from engine.tiny_model import build_tiny_model
 from tests.long_context import long_context

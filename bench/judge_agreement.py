@@ -1,7 +1,7 @@
 """Judge evaluation harness: how often does the judge agree with our gold verdicts, and does voting help?
 
-Run:  python bench/judge_agreement.py --judge-url URL [--api-key K] [--turns FILE] [--concurrency 8] [--json OUT]
-  or: python bench/judge_agreement.py --judge-args "--backend openai --base-url URL --model NAME --api-key-file F"
+Run:  python -m bench.judge_agreement --judge-url URL [--api-key K] [--turns FILE] [--concurrency 8] [--json OUT]
+  or: python -m bench.judge_agreement --judge-args "--backend openai --base-url URL --model NAME --api-key-file F"
 
 Either backend: ``--judge-url`` measures a running judge service, whatever its backend (``llm`` on SGLang's
 ``/generate``, ``openai`` on any OpenAI-compatible chat endpoint, ``rules``); ``--judge-args`` starts a

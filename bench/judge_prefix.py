@@ -1,6 +1,6 @@
 """Bench: judge prefill tokens per turn, shared-prefix layout (v2 + one prefix prefill) vs instructions-first (v1).
 
-Run:  python bench/judge_prefix.py [--context-tokens 2000] [--turns 3]
+Run:  python -m bench.judge_prefix [--context-tokens 2000] [--turns 3]
 
 One CPU dev engine (tiny model, prefix cache on) and the judge core in-process (judge_server.judge.JudgeService
 with the judge's real EngineClient and tokenizer). Each turn is a fresh conversation of ``--context-tokens``

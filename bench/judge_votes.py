@@ -1,6 +1,6 @@
 """Bench: adaptive vs fixed voting on a seeded synthetic vote source, and n-in-one-call vs m calls.
 
-Run:  python bench/judge_votes.py [--turns 20000] [--seed 0] [--unparseable 0.05] [--wrong-skew P] [--no-engine]
+Run:  python -m bench.judge_votes [--turns 20000] [--seed 0] [--unparseable 0.05] [--wrong-skew P] [--no-engine]
 
 Part 1 (pure, seeded): each turn has a true verdict in {1, 0, -1}; each vote is unparseable with probability
 ``--unparseable`` (0.05), else equals the truth with probability ``agreement``, else is one of the two other

@@ -1,7 +1,7 @@
 """Live-traffic hand-off: samples arriving one at a time, leased by a trainer with ``--min-batch``.
 
-    python bench/online_trickle.py [--samples 120] [--rate-hz 20] [--train-s 0.15] [--p-good 0.3] [--seed 0]
-    python bench/online_trickle.py --closed-loop [--candidates default,min1,...] [--sessions 32] [--turns 4]
+    python -m bench.online_trickle [--samples 120] [--rate-hz 20] [--train-s 0.15] [--p-good 0.3] [--seed 0]
+    python -m bench.online_trickle --closed-loop [--candidates default,min1,...] [--sessions 32] [--turns 4]
 
 ``--closed-loop`` is the live closed loop that chose the trainer's defaults (docs/REWARD_MODES.md "Defaults,
 measured"): for each candidate a fresh dev stack (tests/testkit/stack.py: dev engine on a copy of the seeded

@@ -1,6 +1,6 @@
 """Policy-engine prefix reuse over a 10-turn session through the policy server and the CPU dev engine.
 
-    python bench/prefix_reuse.py [--model-dir DIR] [--turns 10] [--system-tokens 1500] [--max-tokens 24]
+    python -m bench.prefix_reuse [--model-dir DIR] [--turns 10] [--system-tokens 1500] [--max-tokens 24]
 
 One session: a long system prompt, then ``--turns`` turns, each answered by the dev engine (its prefix cache
 plays SGLang's radix cache: a finished request leaves the KV of its prompt and reply) and continued with

@@ -1,7 +1,7 @@
 """Proxy overhead of the policy server: the same requests direct to the engine's /generate vs. through
 ``/v1/chat/completions`` of the policy server (render + record + SQLite commit + parse).
 
-    python bench/proxy_overhead.py [--model-dir DIR] [--requests 64] [--max-tokens 16] [--stub-turns 8]
+    python -m bench.proxy_overhead [--model-dir DIR] [--requests 64] [--max-tokens 16] [--stub-turns 8]
                                    [--engine both|stub|dev|agent] [--agent-turns 10]
 
 Part 1 (``stub``): against bench/instant_engine.py, an engine that answers a canned /generate at once, so

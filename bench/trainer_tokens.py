@@ -1,6 +1,6 @@
 """Trainer tokens per trained turn, merged session trajectories vs separate samples.
 
-    python bench/trainer_tokens.py [--model-dir DIR] [--prompt-tokens 30000] [--turns 10] [--check-prompt-tokens 1500]
+    python -m bench.trainer_tokens [--model-dir DIR] [--prompt-tokens 30000] [--turns 10] [--check-prompt-tokens 1500]
 
 Part 1 (counting, the issue's case): one token-continuous session of ``--turns`` turns whose first prompt
 holds ``--prompt-tokens`` tokens (replies 150 tokens, new messages 60): the tokens the trainer's forward

@@ -1,6 +1,6 @@
 """Bench: chat latency seen by clients during a weight update vs steady state, and failed requests.
 
-Run:  python bench/weight_sync_pause.py [--clients 4] [--steady-s 6] [--updates 3] [--pause-mode retract]
+Run:  python -m bench.weight_sync_pause [--clients 4] [--steady-s 6] [--updates 3] [--pause-mode retract]
 
 One CPU dev engine (tiny model) behind a policy server on 127.0.0.1 ephemeral ports. ``--clients`` users send
 main chat turns (16 new tokens, half of them streamed) back to back. First ``--steady-s`` seconds of steady

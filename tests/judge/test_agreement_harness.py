@@ -129,7 +129,8 @@ def test_harness_against_the_rules_backend(tmp_path: Path) -> None:
         res = subprocess.run(
             [
                 sys.executable,
-                str(ROOT / "bench" / "judge_agreement.py"),
+                "-m",
+                "bench.judge_agreement",
                 "--judge-url",
                 judge.url,
                 "--api-key",
@@ -190,7 +191,7 @@ def test_harness_starts_an_openai_backend_judge(tmp_path: Path) -> None:
         out = tmp_path / "figures.json"
         judge_args = f"--backend openai --base-url {stub.url}/v1 --model stub-judge --api-key-file {key_file}"
         res = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "judge_agreement.py"), "--judge-args", judge_args]
+            [sys.executable, "-m", "bench.judge_agreement", "--judge-args", judge_args]
             + ["--api-key", JUDGE_KEY, "--turns", str(turns), "--json", str(out)],
             capture_output=True,
             text=True,

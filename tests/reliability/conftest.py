@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.testkit.procs import ManagedProcess, start_dev_engine
+from tests.testkit.servers import JUDGE_KEY, start_judge
 
 
 @pytest.fixture(scope="module")
@@ -20,5 +21,13 @@ def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         log_dir=tmp_path_factory.mktemp("engine-logs"),
         extra_args=["--seed", "0", "--weight-version", "v0"],
     )
+    yield mp
+    mp.stop()
+
+
+@pytest.fixture(scope="module")
+def judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    """A rules judge that requires ``JUDGE_KEY``."""
+    mp = start_judge(tmp_path_factory.mktemp("judge"), args=["--api-key", JUDGE_KEY])
     yield mp
     mp.stop()

@@ -10,25 +10,12 @@ from collections.abc import Iterator
 import pytest
 
 from tests.testkit.procs import ManagedProcess
-from tests.testkit.servers import admin, client, judged_policy_stack, policy_command
+from tests.testkit.servers import WEATHER_TOOLS, admin, client, judged_policy_stack, policy_command
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "weather of a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "maxLength": 24}},
-                "required": ["city"],
-            },
-        },
-    }
-]
+TOOLS = WEATHER_TOOLS
 
 
 @pytest.fixture(scope="module")

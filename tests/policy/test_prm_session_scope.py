@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseTrajectoryScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, held_outcomes, session_turns
 from policy_server.store import Store
-from tests.testkit.procs import ManagedProcess, free_port
+from tests.testkit.procs import free_port
 from tests.testkit.servers import (
     admin,
     chat,
@@ -36,7 +37,7 @@ from tests.testkit.servers import (
     of_session,
     pythonpath_with_repo,
     samples_of,
-    start_policy,
+    start_prm_policy,
     stats,
 )
 from tests.waiting import wait_until
@@ -123,35 +124,9 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("prm-session-logs")
 
 
-def _policy(
-    tiny_model_dir: Path,
-    engine: ManagedProcess,
-    judge: ManagedProcess,
-    data: Path,
-    logs: Path,
-    name: str,
-    cfg: Path,
-    port: int | None = None,
-) -> ManagedProcess:
-    extra = [
-        "--judge-url",
-        judge.url,
-        "--dispatch-retry-initial-s",
-        "0.2",
-        "--dispatch-retry-max-s",
-        "1",
-        "--session-idle-timeout-s",
-        str(IDLE_S),
-        "--idle-sweep-interval-s",
-        "0.2",
-        "--prm-config",
-        str(cfg),
-        "--prm-scope",
-        "session",
-    ]
-    return start_policy(
-        tiny_model_dir, engine.url, data, logs, name=name, extra=extra, port=port, env=pythonpath_with_repo()
-    )
+# A session-scope policy server whose process imports the probe scorer from the repository.
+_SESSION_ARGS = ["--session-idle-timeout-s", str(IDLE_S), "--idle-sweep-interval-s", "0.2", "--prm-scope", "session"]
+_policy = partial(start_prm_policy, extra=_SESSION_ARGS, env=pythonpath_with_repo())
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ Unit tests cover the outcome mapping of policy_server.rewards.scoring in process
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
 from policy_server.store import Store
-from tests.testkit.procs import ManagedProcess, free_port, spawn
+from tests.testkit.procs import free_port, spawn
 from tests.testkit.servers import (
     chat,
     lease_all,
@@ -39,7 +40,7 @@ from tests.testkit.servers import (
     policy_command,
     samples_of,
     start_judge,
-    start_policy,
+    start_prm_policy,
     stats,
 )
 from tests.waiting import wait_until
@@ -101,29 +102,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("prm-wiring-logs")
 
 
-def _policy(
-    tiny_model_dir: Path,
-    engine: ManagedProcess,
-    judge: ManagedProcess,
-    data: Path,
-    logs: Path,
-    name: str,
-    prm_config: Path | None,
-    port: int | None = None,
-) -> ManagedProcess:
-    extra = [
-        "--judge-url",
-        judge.url,
-        "--dispatch-retry-initial-s",
-        "0.2",
-        "--dispatch-retry-max-s",
-        "1",
-        "--session-idle-timeout-s",
-        "30",
-    ]
-    if prm_config is not None:
-        extra += ["--prm-config", str(prm_config)]
-    return start_policy(tiny_model_dir, engine.url, data, logs, name=name, extra=extra, port=port)
+_policy = partial(start_prm_policy, extra=["--session-idle-timeout-s", "30"])
 
 
 # ------------------------------------------------------------------ e2e tests

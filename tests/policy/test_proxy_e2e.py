@@ -8,46 +8,33 @@ log-probs equal the engine's own sample, and a torch recomputation with the tiny
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from policy_server.store import Store
-from tests.testkit.servers import CLIENT_KEY, admin, client, samples_of, start_policy
+from tests.testkit.servers import (
+    WEATHER_TOOLS,
+    admin,
+    client,
+    openai_client,
+    policy_data_dir,
+    samples_of,
+    start_policy,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "weather of a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "maxLength": 24}},
-                "required": ["city"],
-            },
-        },
-    }
-]
+TOOLS = WEATHER_TOOLS
 
 
-def data_dir(policy) -> Path:
-    return policy.log_path.parent / "data"
+data_dir = policy_data_dir
 
 
 def oai(policy) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=policy.url + "/v1",
-        api_key=CLIENT_KEY,
-        max_retries=0,
-        timeout=60,
-        http_client=httpx.Client(trust_env=False),
-    )
+    return openai_client(policy.url)
 
 
 def test_openai_plain_and_models(policy):

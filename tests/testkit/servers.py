@@ -65,6 +65,27 @@ def start_policy(
     return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env=env, deadline_s=60)
 
 
+def start_prm_policy(
+    model_dir: Path,
+    engine: ManagedProcess,
+    judge: ManagedProcess,
+    data_dir: Path,
+    log_dir: Path,
+    name: str,
+    prm_config: Path | None,
+    *,
+    port: int | None = None,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> ManagedProcess:
+    """``start_policy`` judged by ``judge`` with quick dispatch retries (0.2 s, at most 1 s) and, when given,
+    the PRM scorers of ``prm_config``; ``extra`` comes last."""
+    args = ["--judge-url", judge.url, "--dispatch-retry-initial-s", "0.2", "--dispatch-retry-max-s", "1"]
+    if prm_config is not None:
+        args += ["--prm-config", str(prm_config)]
+    return start_policy(model_dir, engine.url, data_dir, log_dir, name=name, extra=[*args, *extra], port=port, env=env)
+
+
 def pythonpath_with_repo() -> dict[str, str]:
     """Env for a server process that must import test modules by dotted path (``tests.…`` test scorers)."""
     old = os.environ.get("PYTHONPATH")
@@ -186,3 +207,52 @@ def admin(url: str) -> httpx.Client:
 
 def client(url: str) -> httpx.Client:
     return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {CLIENT_KEY}"}, timeout=60, trust_env=False)
+
+
+def policy_data_dir(policy: ManagedProcess) -> Path:
+    """The data folder of a policy server started with its data beside its log (``d / "data"``)."""
+    return policy.log_path.parent / "data"
+
+
+def openai_client(url: str, *, timeout_s: float = 60, headers: dict[str, str] | None = None) -> Any:
+    """The real openai SDK client of the policy server at ``url`` (client key, no retries, no proxy)."""
+    import openai
+
+    return openai.OpenAI(
+        base_url=url + "/v1",
+        api_key=CLIENT_KEY,
+        max_retries=0,
+        timeout=timeout_s,
+        default_headers=headers,
+        http_client=httpx.Client(trust_env=False, timeout=timeout_s),
+    )
+
+
+def async_openai_client(url: str, *, timeout_s: float = 120) -> Any:
+    """``openai_client``'s asyncio twin (for agent frameworks that take an AsyncOpenAI)."""
+    import openai
+
+    return openai.AsyncOpenAI(
+        base_url=url + "/v1",
+        api_key=CLIENT_KEY,
+        max_retries=0,
+        timeout=timeout_s,
+        http_client=httpx.AsyncClient(trust_env=False, timeout=timeout_s),
+    )
+
+
+# One tool the policy tests offer the model: a small schema with a bounded string (forced calls end quickly).
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 24}},
+                "required": ["city"],
+            },
+        },
+    }
+]

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from tests.testkit.procs import ManagedProcess, spawn, start_dev_engine
-from tests.testkit.servers import ADMIN_KEY, CLIENT_KEY, start_judge, start_policy
+from tests.testkit.servers import ADMIN_KEY, openai_client, start_judge, start_policy
 
 GOOD, BAD = "Thanks, that worked.", "No, that is wrong."
 
@@ -125,15 +125,7 @@ class ScriptedUser:
         workers: int = 4,
         pause_s: float = 0.0,
     ):
-        from openai import OpenAI
-
-        self.client = OpenAI(
-            base_url=policy_url + "/v1",
-            api_key=CLIENT_KEY,
-            timeout=60,
-            max_retries=0,
-            http_client=httpx.Client(trust_env=False, timeout=60),
-        )
+        self.client = openai_client(policy_url)
         self.is_good = is_good
         self.max_tokens = max_tokens
         self.workers = workers

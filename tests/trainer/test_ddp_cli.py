@@ -10,7 +10,6 @@ across a resume that restores the sharded optimizer state.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,23 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-ENV = {
-    **os.environ,
-    "OMP_NUM_THREADS": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "PYTHONUNBUFFERED": "1",
-}
-
-
-def run_cli(args: list[str], *, nproc: int = 0, timeout_s: float = 150) -> subprocess.CompletedProcess:
-    launcher = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", f"--nproc-per-node={nproc}"]
-        if nproc
-        else [sys.executable]
-    )
-    cmd = [*launcher, "-m", "trainer.cli", *args]
-    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout_s)
+from tests.testkit.trainer_cli import TRAINER_ENV as ENV
+from tests.testkit.trainer_cli import run_trainer_cli as run_cli
 
 
 @pytest.mark.unit

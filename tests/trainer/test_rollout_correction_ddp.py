@@ -8,34 +8,13 @@ and weights as one process on the same batches, with the same masked fraction.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.testkit.trainer_cli import run_trainer_cli as run_cli
 from tests.trainer.conftest import write_samples
-
-ENV = {
-    **os.environ,
-    "OMP_NUM_THREADS": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "PYTHONUNBUFFERED": "1",
-}
-
-
-def run_cli(args: list[str], *, nproc: int = 0, timeout_s: float = 150) -> subprocess.CompletedProcess:
-    launcher = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", f"--nproc-per-node={nproc}"]
-        if nproc
-        else [sys.executable]
-    )
-    return subprocess.run(
-        [*launcher, "-m", "trainer.cli", *args], env=ENV, capture_output=True, text=True, timeout=timeout_s
-    )
 
 
 @pytest.mark.slow

@@ -93,6 +93,12 @@ class ManagedProcess:
             self._signal_group(signal.SIGKILL)
             self.proc.wait(timeout=5)
 
+    def __enter__(self) -> ManagedProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
     def log_tail(self, n: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

@@ -13,25 +13,15 @@ from collections.abc import Callable
 import pytest
 
 from policy_server.store import Store
+from tests.testkit.records import USER_HI, turn_record
 from tests.testkit.servers import samples_of
 
 pytestmark = pytest.mark.unit
 
-U = {"role": "user", "content": "hi"}
+U = USER_HI
 
 
-def _record() -> dict:
-    return {
-        "messages": [U],
-        "tools": None,
-        "prompt_ids": [1, 2],
-        "response_ids": [3, 4],
-        "rollout_logprobs": [-0.1, -0.2],
-        "response": {"content": "x"},
-        "weight_version": "v0",
-        "weight_versions": ["v0"],
-        "sampling_params": {},
-    }
+_record = turn_record
 
 
 class _CountingConn:

@@ -27,12 +27,13 @@ import pytest
 
 from policy_server.errors import StoreBusy
 from policy_server.store import Store
+from tests.testkit.records import USER_HI, turn_record
 from tests.testkit.servers import admin, client, start_policy
 from tests.waiting import wait_until
 
 BUSY_TIMEOUT_S = 2.0
 HOLD_S = 12.0
-U = {"role": "user", "content": "hi"}
+U = USER_HI
 
 LOCKER = """
 import sqlite3, sys, time
@@ -64,18 +65,7 @@ class ExternalLock:
             self.proc.wait(timeout=5)
 
 
-def _record() -> dict:
-    return {
-        "messages": [U],
-        "tools": None,
-        "prompt_ids": [1, 2],
-        "response_ids": [3, 4],
-        "rollout_logprobs": [-0.1, -0.2],
-        "response": {"content": "x"},
-        "weight_version": "v0",
-        "weight_versions": ["v0"],
-        "sampling_params": {},
-    }
+_record = turn_record
 
 
 @pytest.mark.unit

@@ -65,6 +65,14 @@ def start_policy(
     return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env=env, deadline_s=60)
 
 
+def start_routed_policy(
+    model_dir: Path, router: ManagedProcess, engine: ManagedProcess, work: Path, *, extra: Sequence[str] = ()
+) -> ManagedProcess:
+    """``start_policy`` -> ``router`` -> ``engine`` (data in ``work/data``); weight sync goes to the engine itself."""
+    args = ["--engine-worker-urls", engine.url, *extra]
+    return start_policy(model_dir, router.url, work / "data", work, extra=args)
+
+
 def start_prm_policy(
     model_dir: Path,
     engine: ManagedProcess,

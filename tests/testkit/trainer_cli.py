@@ -15,6 +15,19 @@ TRAINER_ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 
+# Small batches of 8 in micro-batches of 2, a large learning rate (a visible change in few steps), no progress
+# bar and no weight push (no engine in these tests).
+SMALL_BATCH_FLAGS = [
+    "--batch-size",
+    "8",
+    "--micro-batch-size",
+    "2",
+    "--lr",
+    "1e-2",
+    "--no-progress",
+    "--no-weight-sync",
+]
+
 
 def run_trainer_cli(args: list[str], *, nproc: int = 0, timeout_s: float = 150) -> subprocess.CompletedProcess:
     """``python -m trainer.cli ARGS`` to completion; with ``nproc`` ranks under torchrun on this machine."""

@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.testkit.trainer_cli import SMALL_BATCH_FLAGS
 from tests.testkit.trainer_cli import TRAINER_ENV as ENV
 from tests.testkit.trainer_cli import run_trainer_cli as run_cli
 
@@ -82,14 +83,7 @@ def test_cli_unreachable_policy_server_fails_explicitly(tiny_model_dir, tmp_path
 COMMON = [
     "--steps",
     "3",
-    "--batch-size",
-    "8",
-    "--micro-batch-size",
-    "2",
-    "--lr",
-    "1e-2",
-    "--no-progress",
-    "--no-weight-sync",
+    *SMALL_BATCH_FLAGS,
     "--aggregation",
     "token_mean",
     # One optimizer step per batch: ranks sum gradients in another order than one process, and each further

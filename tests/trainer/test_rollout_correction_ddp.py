@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.testkit.trainer_cli import SMALL_BATCH_FLAGS
 from tests.testkit.trainer_cli import run_trainer_cli as run_cli
 from tests.trainer.conftest import write_samples
 
@@ -34,14 +35,7 @@ def test_mis_two_ranks_match_one_process(tiny_model_dir, tmp_path):
         str(tiny_model_dir),
         "--steps",
         "2",
-        "--batch-size",
-        "8",
-        "--micro-batch-size",
-        "2",
-        "--lr",
-        "1e-2",
-        "--no-progress",
-        "--no-weight-sync",
+        *SMALL_BATCH_FLAGS,
         "--rollout-correction",
         "mis",
     ]

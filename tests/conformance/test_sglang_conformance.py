@@ -36,7 +36,7 @@ import httpx
 import pytest
 
 from tests.testkit.procs import ManagedProcess, start_dev_engine
-from tests.testkit.servers import ADMIN_KEY, CLIENT_KEY, start_judge, start_policy
+from tests.testkit.servers import ADMIN_KEY, CLIENT_KEY, start_judge, start_llm_judge, start_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -109,11 +109,10 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     )
     policy = rules_judge = judge = None
     try:
-        judge = start_judge(
+        judge = start_llm_judge(
             d,
-            backend=None,
-            engine_url=engine.url,
-            tokenizer_path=tiny_model_dir,
+            engine.url,
+            tiny_model_dir,
             m=3,
             args=["--constrain-output", "--max-new-tokens", "8", "--request-deadline-s", "30"],
         )

@@ -21,7 +21,7 @@ import pytest
 from engine.chat import load_tokenizer, render_prompt_ids
 from prompts import TokenCounter, load_template, render_judge_messages
 from tests.testkit.procs import ManagedProcess, metric_value, start_dev_engine
-from tests.testkit.servers import start_judge
+from tests.testkit.servers import start_llm_judge
 
 pytestmark = pytest.mark.e2e
 MAX_NEW = 12
@@ -33,11 +33,10 @@ def judge(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     engine = start_dev_engine(tiny_model_dir, log_dir=log_dir)
     proc = None
     try:
-        proc = start_judge(
+        proc = start_llm_judge(
             log_dir,
-            backend=None,
-            engine_url=engine.url,
-            tokenizer_path=tiny_model_dir,
+            engine.url,
+            tiny_model_dir,
             args=["--max-new-tokens", str(MAX_NEW), "--log-level", "warning"],
         )
         yield proc

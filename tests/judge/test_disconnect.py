@@ -28,7 +28,7 @@ from judge_server.metrics import JudgeMetrics
 from judge_server.schemas import JudgeRequest
 from judge_server.settings import JudgeSettings
 from tests.testkit.procs import ManagedProcess, metric_value, start_dev_engine
-from tests.testkit.servers import start_judge
+from tests.testkit.servers import start_llm_judge
 from tests.waiting import wait_until
 
 MAX_NEW = 2500  # greedy decoding of the tiny model never samples EOS: each sample runs to this length
@@ -53,24 +53,11 @@ def wait_running(url: str, *, want_zero: bool, deadline_s: float) -> float:
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, ...]]:
     log_dir = tmp_path_factory.mktemp("judge-disconnect")
-    started: list[ManagedProcess] = []
-    try:
-        engine = start_dev_engine(tiny_model_dir, log_dir=log_dir)
-        started.append(engine)
-        judge = start_judge(
-            log_dir,
-            backend=None,
-            engine_url=engine.url,
-            tokenizer_path=tiny_model_dir,
-            m=3,
-            args=["--max-new-tokens", str(MAX_NEW), "--request-deadline-s", "60"],
-            env={"HINDSIGHT_JUDGE_TEMPERATURE": "0"},
-        )
-        started.append(judge)
-        yield engine, judge
-    finally:
-        for p in reversed(started):
-            p.stop()
+    judge_args = ["--max-new-tokens", str(MAX_NEW), "--request-deadline-s", "60"]
+    with start_dev_engine(tiny_model_dir, log_dir=log_dir) as engine:
+        env = {"HINDSIGHT_JUDGE_TEMPERATURE": "0"}
+        with start_llm_judge(log_dir, engine.url, tiny_model_dir, m=3, args=judge_args, env=env) as judge:
+            yield engine, judge
 
 
 @pytest.mark.e2e

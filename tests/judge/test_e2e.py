@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.testkit.procs import ManagedProcess, start_dev_engine, start_router
-from tests.testkit.servers import start_judge
+from tests.testkit.servers import start_llm_judge
 
 pytestmark = pytest.mark.e2e
 
@@ -54,11 +54,10 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         started += engines
         router = start_router([e.url for e in engines], log_dir=log_dir)
         started.append(router)
-        judge = start_judge(
+        judge = start_llm_judge(
             log_dir,
-            backend=None,
-            engine_url=router.url,
-            tokenizer_path=tiny_model_dir,
+            router.url,
+            tiny_model_dir,
             args=[
                 "--constrain-output",
                 "--max-new-tokens",

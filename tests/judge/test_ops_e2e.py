@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.testkit.procs import ManagedProcess, start_dev_engine
-from tests.testkit.servers import start_judge
+from tests.testkit.servers import start_llm_judge
 
 pytestmark = pytest.mark.e2e
 
@@ -70,11 +70,10 @@ def ops(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     engine = start_dev_engine(tiny_model_dir, log_dir=log_dir, api_key=ENGINE_KEY)
     judge = None
     try:
-        judge = start_judge(
+        judge = start_llm_judge(
             log_dir,
-            backend=None,
-            engine_url=engine.url,
-            tokenizer_path=tiny_model_dir,
+            engine.url,
+            tiny_model_dir,
             args=["--max-new-tokens", "8", "--request-deadline-s", "20"],
             env={
                 "HINDSIGHT_JUDGE_API_KEY": JUDGE_KEY,

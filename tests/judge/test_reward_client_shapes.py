@@ -135,15 +135,11 @@ def test_wellformed_labels() -> None:
 def judges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
     """A rules judge, and an llm judge whose engine is down (every item judge_failed)."""
     log_dir = tmp_path_factory.mktemp("judge-shapes")
-    rules = start_judge(log_dir, "judge-shapes-rules")
-    try:
-        failing = start_failing_judge(log_dir, "judge-shapes-dead")
-    except Exception:
-        rules.stop()
-        raise
-    yield rules, failing
-    failing.stop()
-    rules.stop()
+    with (
+        start_judge(log_dir, "judge-shapes-rules") as rules,
+        start_failing_judge(log_dir, "judge-shapes-dead") as failing,
+    ):
+        yield rules, failing
 
 
 @pytest.mark.e2e

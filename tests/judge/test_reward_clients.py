@@ -157,15 +157,12 @@ def rules_judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedPro
 def failing_judges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
     """Two LLM judges whose engine is down (nothing listens on its port): without and with the fallback."""
     log_dir = tmp_path_factory.mktemp("judge-failing")
-    plain = start_failing_judge(log_dir, "judge-503", env=JUDGE_ENV)
-    try:
-        fallback = start_failing_judge(log_dir, "judge-fallback", args=["--compat-failed-reward", "0.0"], env=JUDGE_ENV)
-    except Exception:
-        plain.stop()
-        raise
-    yield plain, fallback
-    fallback.stop()
-    plain.stop()
+    fallback_args = ["--compat-failed-reward", "0.0"]
+    with (
+        start_failing_judge(log_dir, "judge-503", env=JUDGE_ENV) as plain,
+        start_failing_judge(log_dir, "judge-fallback", args=fallback_args, env=JUDGE_ENV) as fallback,
+    ):
+        yield plain, fallback
 
 
 @pytest.mark.e2e

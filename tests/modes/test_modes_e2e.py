@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -55,33 +56,28 @@ def policy_engine(tiny_model_dir, modes_log_dir):
 
 
 @pytest.fixture(scope="module")
-def policy(tiny_model_dir, policy_engine, rules_judge, teacher_engine, modes_log_dir, tmp_path_factory):
-    mp = start_policy(
-        tiny_model_dir,
-        policy_engine.url,
-        rules_judge.url,
-        teacher_engine.url,
-        tmp_path_factory.mktemp("policy-data"),
-        modes_log_dir,
-        "policy",
-    )
-    yield mp
-    mp.stop()
+def judged_policy(tiny_model_dir, policy_engine, teacher_engine, modes_log_dir, tmp_path_factory):
+    """``start(judge, name)``: a policy server of these tests judged by ``judge``; all stop with the module."""
+    with ExitStack() as started:
+
+        def start(judge: ManagedProcess, name: str) -> ManagedProcess:
+            data = tmp_path_factory.mktemp(f"{name}-data")
+            mp = start_policy(
+                tiny_model_dir, policy_engine.url, judge.url, teacher_engine.url, data, modes_log_dir, name
+            )
+            return started.enter_context(mp)
+
+        yield start
 
 
 @pytest.fixture(scope="module")
-def policy_broken_judge(tiny_model_dir, policy_engine, broken_judge, teacher_engine, modes_log_dir, tmp_path_factory):
-    mp = start_policy(
-        tiny_model_dir,
-        policy_engine.url,
-        broken_judge.url,
-        teacher_engine.url,
-        tmp_path_factory.mktemp("policy-data-broken"),
-        modes_log_dir,
-        "policy-broken-judge",
-    )
-    yield mp
-    mp.stop()
+def policy(judged_policy, rules_judge):
+    return judged_policy(rules_judge, "policy")
+
+
+@pytest.fixture(scope="module")
+def policy_broken_judge(judged_policy, broken_judge):
+    return judged_policy(broken_judge, "policy-broken-judge")
 
 
 def run_session(url: str, feedback: list[str]) -> tuple[str, list[dict]]:

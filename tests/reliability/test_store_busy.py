@@ -109,6 +109,12 @@ def _chat(c: httpx.Client, sid: str | None, text: str) -> httpx.Response:
     )
 
 
+def _busy_policy(tiny_model_dir, engine, run_dir, *extra: str):
+    """A policy server (data in ``run_dir/data``) whose store waits BUSY_TIMEOUT_S on a lock, then answers 503."""
+    busy = ["--store-busy-timeout-s", str(BUSY_TIMEOUT_S), *extra]
+    return start_policy(tiny_model_dir, engine.url, run_dir / "data", run_dir, extra=busy)
+
+
 def _wait(pred, timeout_s: float) -> float:
     t0 = time.monotonic()
     wait_until(pred, timeout_s=timeout_s, interval_s=0.1)
@@ -119,14 +125,8 @@ def _wait(pred, timeout_s: float) -> float:
 @pytest.mark.timeout(180)
 def test_external_write_lock_gives_503_then_the_server_recovers_by_itself(tiny_model_dir, engine, run_dir):
     data = run_dir / "data"
-    policy = start_policy(
-        tiny_model_dir,
-        engine.url,
-        data,
-        run_dir,
-        # Header-less requests stay unrecorded here (no inference): they must be served while the store is locked.
-        extra=["--store-busy-timeout-s", str(BUSY_TIMEOUT_S), "--session-idle-timeout-s", "600", "--no-infer-sessions"],
-    )
+    # Header-less requests stay unrecorded here (no inference): they must be served while the store is locked.
+    policy = _busy_policy(tiny_model_dir, engine, run_dir, "--session-idle-timeout-s", "600", "--no-infer-sessions")
     locker = None
     try:
         with client(policy.url) as c, admin(policy.url) as a:
@@ -183,13 +183,7 @@ def test_external_write_lock_gives_503_then_the_server_recovers_by_itself(tiny_m
 @pytest.mark.timeout(120)
 def test_sigterm_stops_the_server_while_the_database_is_locked(tiny_model_dir, engine, run_dir):
     data = run_dir / "data"
-    policy = start_policy(
-        tiny_model_dir,
-        engine.url,
-        data,
-        run_dir,
-        extra=["--store-busy-timeout-s", str(BUSY_TIMEOUT_S), "--shutdown-grace-s", "5", "--shutdown-drain-s", "2"],
-    )
+    policy = _busy_policy(tiny_model_dir, engine, run_dir, "--shutdown-grace-s", "5", "--shutdown-drain-s", "2")
     locker = None
     try:
         with client(policy.url) as c:

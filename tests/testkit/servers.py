@@ -146,6 +146,12 @@ def start_judge(
     return start_process(name, cmd, url=url, log_dir=log_dir, env=env, ready_path=ready, deadline_s=deadline_s)
 
 
+def start_llm_judge(log_dir: Path, engine_url: str, tokenizer_path: str | Path, **options: Any) -> ManagedProcess:
+    """``start_judge`` with the service's default (LLM) backend on ``engine_url``, ready on ``/ready``;
+    ``options`` are start_judge's (``m``, ``args``, ``env``, ...)."""
+    return start_judge(log_dir, backend=None, engine_url=engine_url, tokenizer_path=tokenizer_path, **options)
+
+
 def start_failing_judge(
     log_dir: Path, name: str, *, args: Sequence[str] = (), env: dict[str, str] | None = None
 ) -> ManagedProcess:

@@ -31,7 +31,7 @@ import pytest
 
 from bench import judge_agreement as ja
 from tests.testkit.procs import free_port
-from tests.testkit.servers import start_judge
+from tests.testkit.servers import JUDGE_KEY, start_judge
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,6 @@ def run_harness(*args: str, timeout_s: float) -> subprocess.CompletedProcess:
 
 
 HAND_RIGHT = {"correction": 8, "thanks": 8, "tool_success": 10, "tool_error": 7, "ambiguous": 8, "injection": 9}
-JUDGE_KEY = "sk-judge-agreement"
 
 
 @pytest.mark.unit

@@ -21,12 +21,10 @@ import httpx
 import pytest
 
 from tests.testkit.procs import ManagedProcess, start_dev_engine
-from tests.testkit.servers import start_llm_judge
+from tests.testkit.servers import ENGINE_KEY, JUDGE_KEY, start_llm_judge
 
 pytestmark = pytest.mark.e2e
 
-JUDGE_KEY = "judge-secret-key-7"
-ENGINE_KEY = "engine-secret-key-8"
 REQ = {
     "context": [{"role": "user", "content": "Rename a.txt to b.txt"}],
     "response": {"content": "Done."},

@@ -37,10 +37,10 @@ import torch
 from judge_server.compat import openrlhf_reply, slime_reply
 from judge_server.errors import RewardUnavailable
 from tests.testkit.procs import ManagedProcess
+from tests.testkit.servers import JUDGE_KEY as KEY
 from tests.testkit.servers import start_failing_judge, start_judge
 from tests.waiting import wait_until
 
-KEY = "judge-query-key-4711"
 PROMPTS = ["Q: rename a.txt to b.txt\nA:", "Q: delete the logs\nA:"]
 QUERIES = [PROMPTS[0] + " Done, renamed.", PROMPTS[1] + " Deleted everything."]
 LABELS = ["thanks, it worked", "that is wrong, I said the logs only"]

@@ -12,9 +12,8 @@ from judge_server.prm import PRMRejected, PRMRunner, score_session
 from judge_server.prm.scorers import LengthBudgetScorer, LLMJudgeScorer
 from tests.prm.prm_test_scorers import make_turns
 from tests.testkit.procs import free_port
-from tests.testkit.servers import start_judge
+from tests.testkit.servers import JUDGE_KEY, start_judge
 
-JUDGE_KEY = "prm-test-key"
 JUDGE_PATH = "judge_server.prm.scorers.LLMJudgeScorer"
 
 

@@ -21,6 +21,7 @@ from tests.testkit.procs import ManagedProcess, free_port, start_process
 ADMIN_KEY = "admin-secret"
 CLIENT_KEY = "client-secret"
 JUDGE_KEY = "judge-key"  # what a policy server sends a keyed judge (--judge-api-key)
+ENGINE_KEY = "engine-secret"  # a keyed engine's client key (its admin key is ADMIN_KEY)
 TEST_MODEL_ALIAS = "m"  # the model name the policy tests' clients send (a client with a name of its own)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,8 +1,9 @@
 """The services as tests start them, and the small HTTP helpers every test area shares.
 
-One set of test keys (``CLIENT_KEY`` for agents, ``ADMIN_KEY`` for the trainer and operators), one
-``start_judge`` and one ``start_policy`` (subprocesses on 127.0.0.1 ephemeral ports, tied to this process by
-tests.testkit.procs), and ``judged_policy_stack`` for a policy server scored by the rules judge.
+One set of test keys (``CLIENT_KEY`` for agents, ``ADMIN_KEY`` for the trainer and operators, ``JUDGE_KEY``
+for a keyed judge, ``ENGINE_KEY`` for a keyed engine), one ``start_judge`` and one ``start_policy``
+(subprocesses on 127.0.0.1 ephemeral ports, tied to this process by tests.testkit.procs) with the variants
+tests share, ``judged_policy_stack`` for a policy server scored by the rules judge, and the clients tests use.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@
 - ``tests.testkit.stack``: the whole stack (engine, rules judge, policy server), a scripted user, and the
   trickle closed loop with the trainer.
 - ``tests.testkit.local_source``: an in-process sample source on the current weights (trainer tests).
+- ``tests.testkit.trainer_cli``: ``hindsight-train`` as a process, alone or under torchrun.
+- ``tests.testkit.records``: small stored records for store-level tests.
 
 Importable as ``tests.testkit`` from the repository root: pytest puts the root on ``sys.path``
 (``pythonpath`` in pyproject.toml) and benches run as modules (``python -m bench.NAME``).

@@ -20,7 +20,7 @@ import pytest
 from tests.modes.test_modes_e2e import session_samples
 from tests.testkit.procs import start_dev_engine
 from tests.testkit.servers import ADMIN_KEY
-from tests.testkit.servers import start_policy as testkit_start_policy
+from tests.testkit.servers import start_policy as start_policy_process
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +39,7 @@ def policy_engine(tiny_model_dir, modes_log_dir):
 def start_policy(tiny_model_dir: Path, engine: str, judge: str, teacher: str, data: Path, logs: Path, policy: str):
     extra = ["--judge-url", judge, "--teacher-url", teacher, "--mode", "rl", "--feedback-policy", policy]
     extra += ["--dispatch-retry-max-s", "1", "--session-idle-timeout-s", "600"]
-    mp = testkit_start_policy(
+    mp = start_policy_process(
         tiny_model_dir,
         engine,
         data,

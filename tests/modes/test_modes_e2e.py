@@ -24,7 +24,7 @@ import pytest
 
 from tests.testkit.procs import ManagedProcess, start_dev_engine
 from tests.testkit.servers import ADMIN_KEY
-from tests.testkit.servers import start_policy as testkit_start_policy
+from tests.testkit.servers import start_policy as start_policy_process
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -41,7 +41,7 @@ def start_policy(
 ) -> ManagedProcess:
     extra = ["--judge-url", judge_url, "--teacher-url", teacher_url, "--mode", "rl", "--w-rl", "1.0", "--w-opd", "0.5"]
     extra += ["--teacher-top-k", str(TOP_K), "--dispatch-retry-max-s", "1"]
-    mp = testkit_start_policy(
+    mp = start_policy_process(
         tiny_model_dir, engine_url, data_dir, log_dir, name=name, extra=extra, client_key=None, fail_fast=False
     )
     mp.extra["data_dir"] = data_dir

@@ -1,6 +1,6 @@
 """Policy-server cost of a continuing turn at growing history lengths, against an instant engine.
 
-    python bench/continuation_cost.py [--model-dir DIR] [--sizes 1000,10000,30000] [--sessions 4] [--turns 8] [--rounds 3]
+    python -m bench.continuation_cost [--model-dir DIR] [--sizes 1000,10000,30000] [--sessions 4] [--turns 8] [--rounds 3]
 
 In each of ``--rounds`` rounds, for each history size H (tokens of the tiny policy tokenizer)
 ``--sessions`` sessions open with one turn carrying an H-token history (a full render), then run
@@ -20,23 +20,17 @@ import argparse
 import random
 import re
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from long_context import long_context
-from policy_testkit import CLIENT_KEY, start_policy
-from proxy_overhead import _cpu_s, start_instant_engine
-
+from bench.proxy_overhead import _cpu_s, start_instant_engine
 from engine.chat import load_tokenizer, render_prompt_ids
 from engine.tiny_model import build_tiny_model
+from tests.long_context import long_context
+from tests.testkit.servers import CLIENT_KEY, start_policy
 
 
 def _renders(policy_url: str) -> dict[str, float]:

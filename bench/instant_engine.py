@@ -8,7 +8,7 @@ Also ``/health``, ``/model_info``, ``/get_model_info``, ``/get_weight_version``,
 ``/flush_cache``, ``/pause_generation``, ``/continue_generation``, ``/update_weights_from_disk`` (instant).
 With it a benchmark measures what a proxy adds, not the engine's own queueing.
 
-    python bench/instant_engine.py --port N --output-ids 17,18,151645 --text "ok" [--update-pause-s 0.5]
+    python -m bench.instant_engine --port N --output-ids 17,18,151645 --text "ok" [--update-pause-s 0.5]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Judge evaluation harness: how often does the judge agree with our gold verdicts, and does voting help?
 
-Run:  python bench/judge_agreement.py --judge-url URL [--api-key K] [--turns FILE] [--concurrency 8] [--json OUT]
-  or: python bench/judge_agreement.py --judge-args "--backend openai --base-url URL --model NAME --api-key-file F"
+Run:  python -m bench.judge_agreement --judge-url URL [--api-key K] [--turns FILE] [--concurrency 8] [--json OUT]
+  or: python -m bench.judge_agreement --judge-args "--backend openai --base-url URL --model NAME --api-key-file F"
 
 Either backend: ``--judge-url`` measures a running judge service, whatever its backend (``llm`` on SGLang's
 ``/generate``, ``openai`` on any OpenAI-compatible chat endpoint, ``rules``); ``--judge-args`` starts a
@@ -205,15 +205,12 @@ def judge_service(url: str | None, judge_args: str | None, api_key: str | None) 
         yield url
         return
     assert judge_args is not None
-    from engine.procs import free_port, start_process
+    from tests.testkit.servers import start_judge
 
-    port = free_port()
-    cmd = [sys.executable, "-m", "judge_server.cli", *shlex.split(judge_args), "--host", "127.0.0.1"]
     env = {"HINDSIGHT_JUDGE_API_KEY": api_key} if api_key else None
     with tempfile.TemporaryDirectory(prefix="judge-agreement-") as logs:
-        judge = start_process(
-            "judge", [*cmd, "--port", str(port)], url=f"http://127.0.0.1:{port}", log_dir=Path(logs), env=env
-        )
+        args = [*shlex.split(judge_args), "--host", "127.0.0.1"]  # last: the judge it starts stays on loopback
+        judge = start_judge(Path(logs), backend=None, args=args, env=env)
         try:
             yield judge.url
         finally:

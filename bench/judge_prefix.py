@@ -1,6 +1,6 @@
 """Bench: judge prefill tokens per turn, shared-prefix layout (v2 + one prefix prefill) vs instructions-first (v1).
 
-Run:  python bench/judge_prefix.py [--context-tokens 2000] [--turns 3]
+Run:  python -m bench.judge_prefix [--context-tokens 2000] [--turns 3]
 
 One CPU dev engine (tiny model, prefix cache on) and the judge core in-process (judge_server.judge.JudgeService
 with the judge's real EngineClient and tokenizer). Each turn is a fresh conversation of ``--context-tokens``
@@ -15,12 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests/ helpers
 
 from tests.long_context import long_context
 
@@ -75,8 +72,8 @@ async def run_layout(url: str, model_dir: Path, tok, turns: list[dict], *, v2: b
 
 async def main_async(args: argparse.Namespace) -> None:
     from engine.chat import load_tokenizer
-    from engine.procs import start_dev_engine
     from engine.tiny_model import build_tiny_model
+    from tests.testkit.procs import start_dev_engine
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny", seed=0)

@@ -1,6 +1,6 @@
 """Bench: judged turns/s with two CPU dev engines behind sglang-router vs one.
 
-Run:  python bench/judge_scaleout.py [--items 12] [--concurrency 8] [--m 3] [--policy cache_aware]
+Run:  python -m bench.judge_scaleout [--items 12] [--concurrency 8] [--m 3] [--policy cache_aware]
 
 Each dev engine runs one torch thread and is pinned (sched_setaffinity) to its own core, so two engines have
 twice the compute of one (on a machine with fewer than two usable cores both land on the same core and the
@@ -64,8 +64,8 @@ def main() -> None:
     p.add_argument("--policy", default="cache_aware", help="sglang-router policy")
     args = p.parse_args()
 
-    from engine.procs import start_dev_engine, start_router
     from engine.tiny_model import build_tiny_model
+    from tests.testkit.procs import start_dev_engine, start_router
 
     cores = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,6 +1,6 @@
 """Bench: adaptive vs fixed voting on a seeded synthetic vote source, and n-in-one-call vs m calls.
 
-Run:  python bench/judge_votes.py [--turns 20000] [--seed 0] [--unparseable 0.05] [--wrong-skew P] [--no-engine]
+Run:  python -m bench.judge_votes [--turns 20000] [--seed 0] [--unparseable 0.05] [--wrong-skew P] [--no-engine]
 
 Part 1 (pure, seeded): each turn has a true verdict in {1, 0, -1}; each vote is unparseable with probability
 ``--unparseable`` (0.05), else equals the truth with probability ``agreement``, else is one of the two other
@@ -138,9 +138,9 @@ async def bench_policies(turns: int, seed: int, unparseable: float = 0.05, wrong
 async def bench_engine(m: int) -> None:
     from engine.chat import load_tokenizer, render_prompt_ids
     from engine.client import EngineClient
-    from engine.procs import start_dev_engine
     from engine.tiny_model import build_tiny_model
     from prompts import TokenCounter, load_template, render_judge_messages
+    from tests.testkit.procs import start_dev_engine
 
     print(f"\n# part 2: one dev engine (tiny model), m={m} votes of one judge prompt")
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,10 +1,10 @@
 """Live-traffic hand-off: samples arriving one at a time, leased by a trainer with ``--min-batch``.
 
-    python bench/online_trickle.py [--samples 120] [--rate-hz 20] [--train-s 0.15] [--p-good 0.3] [--seed 0]
-    python bench/online_trickle.py --closed-loop [--candidates default,min1,...] [--sessions 32] [--turns 4]
+    python -m bench.online_trickle [--samples 120] [--rate-hz 20] [--train-s 0.15] [--p-good 0.3] [--seed 0]
+    python -m bench.online_trickle --closed-loop [--candidates default,min1,...] [--sessions 32] [--turns 4]
 
 ``--closed-loop`` is the live closed loop that chose the trainer's defaults (docs/REWARD_MODES.md "Defaults,
-measured"): for each candidate a fresh dev stack (tests/trainer/stack.py: dev engine on a copy of the seeded
+measured"): for each candidate a fresh dev stack (tests/testkit/stack.py: dev engine on a copy of the seeded
 tiny model, policy server in mode rl, rules judge) takes a scripted user's sessions one at a time while
 ``hindsight-train`` runs alongside with the candidate's flags, leasing, training and pushing weights that
 the later sessions are served by. Per candidate it prints the target share on held-out prompts before and
@@ -30,14 +30,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.records import Sample, SampleState, TurnRecord
 from policy_server.store import Store
@@ -122,6 +119,7 @@ CANDIDATES: dict[str, list[str]] = {
     "min1-running-e2": ["--min-batch", "1", "--baseline", "running_mean", "--ppo-epochs", "2"],
     "min1-running-e2m2": ["--min-batch", "1", "--baseline", "running_mean", "--ppo-epochs", "2", "--minibatches", "2"],
     "min4-running-e2": ["--min-batch", "4", "--baseline", "running_mean", "--ppo-epochs", "2"],
+    # Candidates differ in one or two flags on purpose: each row is one setting the closed loop compares.
     "min1-running-e2-stale1": [
         "--min-batch",
         "1",
@@ -154,7 +152,7 @@ def closed_loop(names: list[str], sessions: int, turns: int, pause_s: float) -> 
     """Run each candidate's closed loop on a fresh stack and print one table row per candidate."""
     from engine.chat import load_tokenizer
     from engine.tiny_model import build_tiny_model
-    from tests.trainer.stack import run_trickle, start_stack
+    from tests.testkit.stack import run_trickle, start_stack
     from tests.trainer.test_learning_e2e import MAX_TOKENS, PROMPTS, has_target, target_frequency
 
     probes = (sessions // 4, sessions // 2)

@@ -1,6 +1,6 @@
 """Policy-engine prefix reuse over a 10-turn session through the policy server and the CPU dev engine.
 
-    python bench/prefix_reuse.py [--model-dir DIR] [--turns 10] [--system-tokens 1500] [--max-tokens 24]
+    python -m bench.prefix_reuse [--model-dir DIR] [--turns 10] [--system-tokens 1500] [--max-tokens 24]
 
 One session: a long system prompt, then ``--turns`` turns, each answered by the dev engine (its prefix cache
 plays SGLang's radix cache: a finished request leaves the KV of its prompt and reply) and continued with
@@ -17,21 +17,16 @@ from __future__ import annotations
 import argparse
 import random
 import re
-import sys
 import tempfile
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from long_context import WORDS
-from policy_testkit import CLIENT_KEY, start_policy
-
 from engine.chat import load_tokenizer
-from engine.procs import start_dev_engine
 from engine.tiny_model import build_tiny_model
+from tests.long_context import WORDS
+from tests.testkit.procs import start_dev_engine
+from tests.testkit.servers import CLIENT_KEY, start_policy
 
 
 def _renders(url: str) -> dict[str, float]:
@@ -71,6 +66,7 @@ def session(http: httpx.Client, url: str, system: str, turns: int, max_tokens: i
     return ratios
 
 
+# Each bench parses its own flags and builds its own tiny model (alike on purpose: benches stand alone).
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-dir", type=Path)

@@ -1,7 +1,7 @@
 """Proxy overhead of the policy server: the same requests direct to the engine's /generate vs. through
 ``/v1/chat/completions`` of the policy server (render + record + SQLite commit + parse).
 
-    python bench/proxy_overhead.py [--model-dir DIR] [--requests 64] [--max-tokens 16] [--stub-turns 8]
+    python -m bench.proxy_overhead [--model-dir DIR] [--requests 64] [--max-tokens 16] [--stub-turns 8]
                                    [--engine both|stub|dev|agent] [--agent-turns 10]
 
 Part 1 (``stub``): against bench/instant_engine.py, an engine that answers a canned /generate at once, so
@@ -34,13 +34,10 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy"))
-
-from policy_testkit import CLIENT_KEY, start_policy
-
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
 from engine.tiny_model import build_tiny_model
+from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine, start_process
+from tests.testkit.servers import CLIENT_KEY, start_policy
 
 ROUNDS = 4
 
@@ -133,6 +130,7 @@ def _q(lat: list[float], pct: int) -> float:
     return statistics.quantiles(lat, n=100)[pct - 1]
 
 
+# The direct /generate call appears in each part on purpose: every part times its own baseline.
 async def bench_stub(engine_url: str, policy: ManagedProcess, tokenizer, turns_per_user: int) -> None:
     users = 32
     async with httpx.AsyncClient(timeout=60, trust_env=False, limits=httpx.Limits(max_connections=64)) as http:
@@ -276,6 +274,7 @@ async def bench_agent(engine_url: str, policy: ManagedProcess, tokenizer, turns:
             )
 
 
+# Starts and stops its servers like the other benches (alike on purpose: each bench stands alone).
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir")

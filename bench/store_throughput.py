@@ -1,6 +1,6 @@
 """Bench: store throughput of SQLite (one replica) vs PostgreSQL (one and two replicas), side by side.
 
-Run:  python bench/store_throughput.py [--sessions 64] [--turns 8] [--threads 4] [--batch 16]
+Run:  python -m bench.store_throughput [--sessions 64] [--turns 8] [--threads 4] [--batch 16]
 
 Each replica is its own process with its own store (SQLite: the data dir's file; PostgreSQL: a pool on a
 throwaway cluster started here with engine.pgcluster, durable defaults: fsync on). Two measurements:
@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.pgcluster import PgCluster, PgUnavailable
 from engine.records import Sample, SampleState, TurnRecord

@@ -1,6 +1,6 @@
 """Trainer step overhead: tokens/s of a full PPO step vs a bare forward+backward of the same model and batch.
 
-    python bench/trainer_step.py [--model-path DIR] [--batch-size 16] [--prompt-len 64] [--response-len 64] [--iters 5]
+    python -m bench.trainer_step [--model-path DIR] [--batch-size 16] [--prompt-len 64] [--response-len 64] [--iters 5]
 
 The full step is ``trainer.train.train_on_batch`` (collate, old log-prob recomputation, advantages,
 PPO-clip loss with entropy logging, backward, clip, AdamW step). The bare step is one forward of the
@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.records import Sample
 from trainer.advantages import RunningMean

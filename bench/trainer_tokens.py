@@ -1,6 +1,6 @@
 """Trainer tokens per trained turn, merged session trajectories vs separate samples.
 
-    python bench/trainer_tokens.py [--model-dir DIR] [--prompt-tokens 30000] [--turns 10] [--check-prompt-tokens 1500]
+    python -m bench.trainer_tokens [--model-dir DIR] [--prompt-tokens 30000] [--turns 10] [--check-prompt-tokens 1500]
 
 Part 1 (counting, the issue's case): one token-continuous session of ``--turns`` turns whose first prompt
 holds ``--prompt-tokens`` tokens (replies 150 tokens, new messages 60): the tokens the trainer's forward
@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.records import Sample
 from engine.tiny_model import build_tiny_model

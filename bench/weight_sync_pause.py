@@ -1,6 +1,6 @@
 """Bench: chat latency seen by clients during a weight update vs steady state, and failed requests.
 
-Run:  python bench/weight_sync_pause.py [--clients 4] [--steady-s 6] [--updates 3] [--pause-mode retract]
+Run:  python -m bench.weight_sync_pause [--clients 4] [--steady-s 6] [--updates 3] [--pause-mode retract]
 
 One CPU dev engine (tiny model) behind a policy server on 127.0.0.1 ephemeral ports. ``--clients`` users send
 main chat turns (16 new tokens, half of them streamed) back to back. First ``--steady-s`` seconds of steady
@@ -15,19 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy"))
-
-from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_policy
-
-from engine.procs import start_dev_engine
 from engine.tiny_model import build_tiny_model
+from tests.testkit.procs import start_dev_engine
+from tests.testkit.servers import ADMIN_KEY, CLIENT_KEY, start_policy
 
 
 def _q(lat: list[float], pct: int) -> float:
@@ -40,6 +36,7 @@ async def run(policy_url: str, model_dir: Path, clients: int, steady_s: float, u
     windows: list[tuple[float, float]] = []
     stop = asyncio.Event()
 
+    # The steady load of tests/policy/test_weight_sync.py on purpose: the bench times what that test checks.
     async def user(i: int, http: httpx.AsyncClient) -> None:
         n = 0
         while not stop.is_set():

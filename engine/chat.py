@@ -175,6 +175,7 @@ def render_prompt_text(
     )
 
 
+# render_prompt_text's parameters on purpose: the same render, as ids.
 def render_prompt_ids(
     tokenizer: Any,
     messages: list[dict[str, Any]],

@@ -321,16 +321,6 @@ class EngineClient:
             return False
         return resp.status_code == 200
 
-    async def wait_ready(self, deadline_s: float = 60.0, path: str = "/health", interval_s: float = 0.2) -> None:
-        """Poll ``path`` until 200 (use ``/readiness`` for sglang-router); EngineTimeout after the deadline."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + deadline_s
-        while loop.time() < end:
-            if await self.health(path, timeout_s=min(2.0, deadline_s)):
-                return
-            await asyncio.sleep(interval_s)
-        raise EngineTimeout(f"{self.base_url}{path} not ready within {deadline_s:.0f}s", url=self.base_url)
-
     async def model_info(self) -> dict[str, Any]:
         """``/model_info`` on engines; routers 0.3.2 only serve ``/get_model_info``."""
         try:

@@ -1,34 +1,28 @@
 """Start and stop local engine processes (dev engine, sglang-router) for tests, benches and the dev stack.
 
-Every process is started by PID and stopped by that PID only (SIGTERM, then SIGKILL after a grace
-period); nothing is ever killed by name. Servers bind 127.0.0.1 on a free ephemeral port.
+Every process is started in a process group of its own and stopped through that group only (SIGTERM, then
+SIGKILL after a grace period), so helpers it forks go with it; nothing is ever killed by name. Servers bind
+127.0.0.1 on a free ephemeral port. ``die_with_parent=True`` (what the test kit passes) also has the kernel
+SIGKILL the child when this process dies, so a killed test run leaves no server behind; the dev stack leaves
+it off, as its servers outlive the command that starts them.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cache, partial
 from pathlib import Path
 
 import httpx
-
-
-def metric_value(url: str, name: str, **labels: str) -> float:
-    """Sum of the Prometheus samples ``name`` at ``url/metrics`` whose labels include ``labels`` (0 if absent)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(url + "/metrics", timeout=5, trust_env=False).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 def free_port() -> int:
@@ -75,21 +69,35 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def _signal_group(self, sig: int) -> None:
+        # The child leads its own process group (start_new_session): the group is exactly what we started.
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
     def stop(self, grace_s: float = 5.0) -> None:
         if self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGTERM)
+        self._signal_group(signal.SIGTERM)
         try:
             self.proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self._signal_group(signal.SIGKILL)
             self.proc.wait(timeout=5)
+        self._signal_group(signal.SIGKILL)  # a helper the leader forked and left behind
 
     def kill(self) -> None:
         """SIGKILL, as in a crash."""
         if self.proc.poll() is None:
-            self.proc.kill()
+            self._signal_group(signal.SIGKILL)
             self.proc.wait(timeout=5)
+
+    def __enter__(self) -> ManagedProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -98,7 +106,42 @@ class ManagedProcess:
             return ""
 
 
-def spawn(name: str, cmd: list[str], *, url: str, log_dir: Path, env: dict[str, str] | None = None) -> ManagedProcess:
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent_hook() -> Callable[[], None]:
+    """A preexec_fn that has the kernel SIGKILL the child when the thread that forked it dies.
+
+    libc is loaded here, before the fork: the hook itself only calls prctl and getppid (no locks taken in
+    the child). A parent that died between fork and prctl is caught by the parent-pid check."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent_pid = os.getpid()
+
+    def hook() -> None:
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return hook
+
+
+@cache
+def _forker() -> ThreadPoolExecutor:
+    """The one thread that forks processes started with ``die_with_parent`` (it ends with the process)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="procs-forker")
+
+
+def spawn(
+    name: str,
+    cmd: list[str],
+    *,
+    url: str,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    die_with_parent: bool = False,
+) -> ManagedProcess:
+    """Start ``cmd`` in a new process group with its output in ``log_dir/name.log``; no readiness wait."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", **(env or {})}
@@ -109,7 +152,16 @@ def spawn(name: str, cmd: list[str], *, url: str, log_dir: Path, env: dict[str, 
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.fchmod(fd, 0o600)
     with open(fd, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+        popen = partial(
+            subprocess.Popen, cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
+        if die_with_parent and sys.platform == "linux":
+            # The kernel signals the child when the forking THREAD ends, so the fork happens on one thread
+            # that lives as long as this process. preexec_fn is unsafe with threads only when it takes
+            # locks; the hook takes none.
+            proc = _forker().submit(popen, preexec_fn=_die_with_parent_hook()).result()
+        else:
+            proc = popen()
     return ManagedProcess(name=name, proc=proc, url=url, log_path=log_path)
 
 
@@ -122,9 +174,10 @@ def start_process(
     ready_path: str = "/health",
     env: dict[str, str] | None = None,
     deadline_s: float = 90.0,
+    die_with_parent: bool = False,
 ) -> ManagedProcess:
     """Spawn ``cmd`` and wait until ``url + ready_path`` answers 200; on failure stop it and raise with its log tail."""
-    mp = spawn(name, cmd, url=url, log_dir=log_dir, env=env)
+    mp = spawn(name, cmd, url=url, log_dir=log_dir, env=env, die_with_parent=die_with_parent)
     try:
         wait_http(mp.url + ready_path, deadline_s=deadline_s, proc=mp.proc)
     except Exception:  # noqa: BLE001 (whatever stopped the wait, the child is stopped and the error re-raised)
@@ -143,6 +196,7 @@ def start_dev_engine(
     api_key: str | None = None,
     extra_args: list[str] | None = None,
     deadline_s: float = 90.0,
+    die_with_parent: bool = False,
 ) -> ManagedProcess:
     """Start ``hindsight-dev-engine`` on 127.0.0.1 and wait for /health."""
     port = port or free_port()
@@ -160,7 +214,14 @@ def start_dev_engine(
     if api_key:
         cmd += ["--api-key", api_key]
     cmd += extra_args or []
-    return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, deadline_s=deadline_s)
+    return start_process(
+        name,
+        cmd,
+        url=f"http://127.0.0.1:{port}",
+        log_dir=log_dir,
+        deadline_s=deadline_s,
+        die_with_parent=die_with_parent,
+    )
 
 
 def start_router(
@@ -174,6 +235,7 @@ def start_router(
     health_check_interval_s: int = 1,
     deadline_s: float = 60.0,
     extra_args: list[str] | None = None,
+    die_with_parent: bool = False,
 ) -> ManagedProcess:
     """Start the real ``sglang-router`` (0.3.2) on 127.0.0.1 and wait on /readiness (not /health)."""
     port = port or free_port()
@@ -210,7 +272,13 @@ def start_router(
     cmd += extra_args or []
     # /readiness, not /health: the router answers /health with 200 even with no healthy worker.
     mp = start_process(
-        name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, ready_path="/readiness", deadline_s=deadline_s
+        name,
+        cmd,
+        url=f"http://127.0.0.1:{port}",
+        log_dir=log_dir,
+        ready_path="/readiness",
+        deadline_s=deadline_s,
+        die_with_parent=die_with_parent,
     )
     mp.extra["prometheus_port"] = prom_port
     return mp

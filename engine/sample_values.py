@@ -73,6 +73,7 @@ def value_problem(sample: dict[str, Any]) -> str | None:
         for v in tr:
             if not is_finite_number(v):
                 return f"token_rewards holds a non-finite or non-numeric value ({v!r})"
+    # The teacher_logprobs check above, for the other log-prob list (each names its own field).
     rollout = sample.get("rollout_logprobs")
     if rollout is not None:
         why = _logprob_problem(rollout, "rollout_logprobs")

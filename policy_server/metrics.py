@@ -18,6 +18,7 @@ from prometheus_client import (
 
 
 class Metrics:
+    # Metric declarations share the prometheus_client form by design, one per measured thing.
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry

@@ -66,6 +66,7 @@ def parse_hint(text: str) -> str | None:
     answer = final_answer(text)
     if not answer:
         return None
+    # parse_verdict's steps above on purpose: a hint is read from the same final answer, by its own pattern.
     hints = _HINT_RE.findall(answer)
     if not hints:
         return None

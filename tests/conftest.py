@@ -1,8 +1,9 @@
 """Shared fixtures: tiny models built offline once (engine.model_cache) and copied per session, and per-test run
 directories.
 
-Area-specific fixtures (engines, routers, servers) live in each area's own conftest.py and use
-``engine.procs`` to start real processes on 127.0.0.1 ephemeral ports, stopped by PID.
+Area-specific fixtures (engines, routers, servers) live in each area's own conftest.py and use the test kit
+(tests.testkit) to start real processes on 127.0.0.1 ephemeral ports; each dies with the run. Servers that
+tests only read from are shared by the whole session (``rules_judge``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,17 @@ def run_dir(tmp_path: Path) -> Path:
     d = tmp_path / "run"
     d.mkdir()
     return d
+
+
+@pytest.fixture(scope="session")
+def rules_judge(tmp_path_factory: pytest.TempPathFactory):
+    """One judge server with the deterministic rules backend (m=3) for the session: stateless, so shared by
+    every test that only sends it pairs ("thanks"/"worked" +1, "wrong"/"No," -1)."""
+    from tests.testkit.servers import start_judge
+
+    mp = start_judge(tmp_path_factory.mktemp("rules-judge"), "judge-rules", m=3)
+    yield mp
+    mp.stop()
 
 
 # ---------------------------------------------------------------- store backends

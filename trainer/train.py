@@ -388,6 +388,7 @@ class TrainingRun:
             self.pending_leases = [lease_id for lease_id in self.pending_leases if lease_id not in ids]
         if self.rank != 0:
             return
+        # The trained step's ack above, for a skipped step's leases (each logs its own case of a late ack).
         for lease_id in sorted(ids):
             try:
                 self.leader_source.ack(lease_id)

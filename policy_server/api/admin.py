@@ -161,6 +161,7 @@ async def list_samples(
     return {"samples": rows}
 
 
+# list_samples' paging and auth above on purpose: both are read-only listings bounded by max_lease_size.
 @router.get("/v1/side_turns", response_model=None, responses={**ok(rm.SideTurnList), **error_responses(400, 401)})
 async def list_side_turns(
     request: Request,

@@ -117,6 +117,7 @@ class ResponseEvents:
             fn = call.get("function") or {}
             done = ro.call_item(f"fc_{self.hexid}_{i}", {"id": call.get("id"), "function": fn})
             index = self._index()
+            # The added / delta / done events below share their fields by design: the Responses stream announces each part thrice.
             out.append(
                 self.event(
                     "response.output_item.added",

@@ -97,6 +97,7 @@ def is_constrained(turn: dict[str, Any]) -> bool:
 class TurnPipeline(Protocol):
     """What the dispatcher needs of the reward pipeline (policy_server.rewards.modes.RewardPipeline)."""
 
+    # RewardPipeline.process's signature on purpose (modes.py): the dispatcher hands each paired turn to it.
     async def process(
         self,
         turn: dict[str, Any],

@@ -86,6 +86,7 @@ __all__ = [
 TASKS_BY_MODE: dict[str, list[str]] = {"rl": ["prm"], "opd": ["hint"], "combine": ["prm", "hint"]}
 
 
+# Protocols mirror the real objects' signatures on purpose (JudgeClient.judge, the settings' properties).
 class Judge(Protocol):
     """The judge service as the pipeline calls it (judge_server.client.JudgeClient): the /v1/judge verdicts."""
 

@@ -270,6 +270,7 @@ class PRMScoring:
         for t in held:
             idx, n = t["turn_index"], len(t.get("response_ids") or [])
             got = rewards.get(idx)
+            # The per-turn check of score() above, for a whole session (each counts its own outcome).
             if got is None or len(got) != n:
                 return self._count_session(
                     SessionOutcome(

@@ -221,6 +221,7 @@ class Generator:
         if floor >= self.max_prompt_tokens:
             raise self._too_long(floor, exact=False)
 
+    # ContinuationRenderer.render's parameters on purpose (engine/continuation.py): this forwards to it.
     async def render(
         self,
         messages: list[dict[str, Any]],

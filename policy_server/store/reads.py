@@ -175,10 +175,3 @@ class StoreReads(StoreDB):
                 (*args, int(limit)),
             ).fetchall()
         return [{**dict(r), "record": json.loads(r["record"])} for r in rows]
-
-    def samples_of(self, session_id: str) -> list[dict[str, Any]]:
-        with self._read() as db:
-            rows = db.execute(
-                "SELECT sample_id FROM samples WHERE session_id=? ORDER BY turn_index", (session_id,)
-            ).fetchall()
-        return [r for r in (self.sample_row(x[0]) for x in rows) if r is not None]

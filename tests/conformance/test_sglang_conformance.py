@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,11 +35,8 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, wait_http
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "policy"))
-from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_judge, start_policy
-
+from tests.testkit.procs import ManagedProcess, start_dev_engine
+from tests.testkit.servers import ADMIN_KEY, CLIENT_KEY, start_judge, start_llm_judge, start_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -111,34 +107,16 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         log_dir=d,
         extra_args=["--seed", "0", "--weight-version", "v0", "--record-requests", str(record_path)],
     )
-    port = free_port()
-    judge = spawn(
-        "judge",
-        [
-            sys.executable,
-            "-m",
-            "judge_server.cli",
-            "--engine-url",
-            engine.url,
-            "--port",
-            str(port),
-            "--tokenizer-path",
-            str(tiny_model_dir),
-            "--m",
-            "3",
-            "--constrain-output",
-            "--max-new-tokens",
-            "8",
-            "--request-deadline-s",
-            "30",
-        ],
-        url=f"http://127.0.0.1:{port}",
-        log_dir=d,
-    )
-    policy = rules_judge = None
+    policy = rules_judge = judge = None
     try:
-        wait_http(judge.url + "/ready", deadline_s=60, proc=judge.proc)
-        rules_judge = start_judge(d, "rules-judge")
+        judge = start_llm_judge(
+            d,
+            engine.url,
+            tiny_model_dir,
+            m=3,
+            args=["--constrain-output", "--max-new-tokens", "8", "--request-deadline-s", "30"],
+        )
+        rules_judge = start_judge(d, "rules-judge", m=3)
         policy = start_policy(
             tiny_model_dir,
             engine.url,

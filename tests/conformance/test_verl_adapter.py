@@ -34,7 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.stack import ADMIN, ScriptedUser, start_stack
+from tests.testkit.servers import ADMIN_KEY as ADMIN
+from tests.testkit.stack import ScriptedUser, start_stack
 from tests.waiting import wait_until
 
 HERE = Path(__file__).parent

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.procs import ManagedProcess, start_dev_engine
+from tests.testkit.procs import ManagedProcess, start_dev_engine
 
 
 @pytest.fixture(scope="session")
@@ -24,8 +24,6 @@ def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def dev_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    mp = start_dev_engine(
-        tiny_model_dir, log_dir=tmp_path_factory.mktemp("engine-logs"), extra_args=["--served-model-name", "tiny"]
-    )
-    yield mp
-    mp.stop()
+    logs = tmp_path_factory.mktemp("engine-logs")
+    with start_dev_engine(tiny_model_dir, log_dir=logs, extra_args=["--served-model-name", "tiny"]) as mp:
+        yield mp

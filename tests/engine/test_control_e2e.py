@@ -18,12 +18,13 @@ import pytest
 
 from engine.client import EngineClient, RetryPolicy
 from engine.errors import EngineRejected
-from engine.procs import ManagedProcess, metric_value, start_dev_engine
+from tests.testkit.procs import ManagedProcess, metric_value, start_dev_engine
+from tests.testkit.servers import ADMIN_KEY
+from tests.testkit.servers import ENGINE_KEY as API_KEY
 from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.e2e
 
-API_KEY, ADMIN_KEY = "user-key", "admin-key"
 PROMPT = [75, 72, 79, 524, 300, 301]
 LONG = {"max_new_tokens": 3000, "ignore_eos": True}
 

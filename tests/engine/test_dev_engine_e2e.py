@@ -18,7 +18,7 @@ import pytest
 
 from engine.client import EngineClient, RetryPolicy
 from engine.errors import EngineRejected
-from engine.procs import metric_value
+from tests.testkit.procs import metric_value
 from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.e2e
@@ -354,17 +354,15 @@ def test_chat_parses_reasoning_and_tool_calls(http):
     msgs = [{"role": "user", "content": "weather in Paris?"}]
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     call = r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "Paris"\}\}</tool_call>'
-    resp = http.post(
-        "/v1/chat/completions",
-        json={
-            "model": "tiny",
-            "messages": msgs,
-            "tools": tools,
-            "max_tokens": 64,
-            "seed": 7,
-            "regex": r"<think>[a-z]{2,5}</think>" + call,
-        },
-    )
+    body = {
+        "model": "tiny",
+        "messages": msgs,
+        "tools": tools,
+        "max_tokens": 64,
+        "seed": 7,
+        "regex": r"<think>[a-z]{2,5}</think>" + call,
+    }
+    resp = http.post("/v1/chat/completions", json=body)
     assert resp.status_code == 200, resp.text
     choice = resp.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["matched_stop"] is None
@@ -372,19 +370,7 @@ def test_chat_parses_reasoning_and_tool_calls(http):
     (tc,) = choice["message"]["tool_calls"]
     assert tc["function"]["name"] == "get_weather" and json.loads(tc["function"]["arguments"]) == {"city": "Paris"}
     # streamed: reasoning arrives as reasoning_content deltas, the call in the finish-side chunk
-    with http.stream(
-        "POST",
-        "/v1/chat/completions",
-        json={
-            "model": "tiny",
-            "messages": msgs,
-            "tools": tools,
-            "max_tokens": 64,
-            "stream": True,
-            "seed": 7,
-            "regex": r"<think>[a-z]{2,5}</think>" + call,
-        },
-    ) as s:
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
         events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
     deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == choice["message"]["reasoning_content"]

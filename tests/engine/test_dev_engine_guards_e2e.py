@@ -17,10 +17,10 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, start_dev_engine
+from tests.testkit.procs import ManagedProcess, start_dev_engine
+from tests.testkit.servers import ENGINE_KEY as KEY
 
 pytestmark = pytest.mark.e2e
-KEY = "dev-engine-key"
 LIMIT = 4096
 GOOD = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
 

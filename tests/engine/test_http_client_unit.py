@@ -85,15 +85,20 @@ def _async_http(handler) -> httpx.AsyncClient:
     return build_async_http(httpx.Timeout(5.0), transport=httpx.MockTransport(handler))
 
 
-@pytest.mark.parametrize("status", sorted(RETRYABLE_STATUS))
-async def test_retryable_status_is_retried_then_call_failed(status: int) -> None:
-    calls = []
+def _answering(calls: list[httpx.Request], status: int, body: dict):
+    """A MockTransport handler that records each request in ``calls`` and answers ``status`` with ``body``."""
 
     def handler(request: httpx.Request) -> httpx.Response:
         calls.append(request)
-        return httpx.Response(status, json={"error": "busy"})
+        return httpx.Response(status, json=body)
 
-    async with _async_http(handler) as http:
+    return handler
+
+
+@pytest.mark.parametrize("status", sorted(RETRYABLE_STATUS))
+async def test_retryable_status_is_retried_then_call_failed(status: int) -> None:
+    calls: list[httpx.Request] = []
+    async with _async_http(_answering(calls, status, {"error": "busy"})) as http:
         with pytest.raises(CallFailed) as info:
             await send(http, "GET", "http://svc.test/x", policy=FAST)
     assert len(calls) == 4 and info.value.attempts == 4
@@ -102,13 +107,8 @@ async def test_retryable_status_is_retried_then_call_failed(status: int) -> None
 
 @pytest.mark.parametrize("status", [400, 401, 404, 409, 413, 422])
 async def test_other_4xx_is_never_retried(status: int) -> None:
-    calls = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(request)
-        return httpx.Response(status, json={"detail": "no"})
-
-    async with _async_http(handler) as http:
+    calls: list[httpx.Request] = []
+    async with _async_http(_answering(calls, status, {"detail": "no"})) as http:
         with pytest.raises(CallRejected) as info:
             await send(http, "GET", "http://svc.test/x", policy=FAST)
     assert len(calls) == 1 and info.value.status_code == status and info.value.message == "no"

@@ -17,13 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, start_dev_engine
+from tests.testkit.procs import ManagedProcess, start_dev_engine
+from tests.testkit.servers import ADMIN_KEY
+from tests.testkit.servers import ENGINE_KEY as API_KEY
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
-API_KEY = "engine-secret-key-1"
-ADMIN_KEY = "admin-secret-key-2"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODEL = 'model_name="tiny"'
 

@@ -16,18 +16,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, start_dev_engine
+from tests.testkit.procs import ManagedProcess, start_dev_engine
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def uncached_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    mp = start_dev_engine(
-        tiny_model_dir, log_dir=tmp_path_factory.mktemp("nocache-logs"), extra_args=["--prefix-cache-max-tokens", "0"]
-    )
-    yield mp
-    mp.stop()
+    logs = tmp_path_factory.mktemp("nocache-logs")
+    with start_dev_engine(tiny_model_dir, log_dir=logs, extra_args=["--prefix-cache-max-tokens", "0"]) as mp:
+        yield mp
 
 
 def _fresh_prompt(seed: int, n: int) -> list[int]:

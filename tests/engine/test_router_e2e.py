@@ -17,7 +17,7 @@ import pytest
 
 from engine.client import EngineClient, RetryPolicy
 from engine.errors import EngineUnavailable
-from engine.procs import ManagedProcess, start_dev_engine, start_router
+from tests.testkit.procs import ManagedProcess, start_dev_engine, start_router
 
 pytestmark = [
     pytest.mark.e2e,

@@ -29,14 +29,20 @@ from pathlib import Path
 
 import pytest
 
-from engine.procs import free_port, spawn, wait_http
+from bench import judge_agreement as ja
+from tests.testkit.procs import free_port
+from tests.testkit.servers import JUDGE_KEY, start_judge
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import judge_agreement as ja  # noqa: E402
+
+
+def run_harness(*args: str, timeout_s: float) -> subprocess.CompletedProcess:
+    """``python -m bench.judge_agreement ARGS`` from the repository root, to completion."""
+    cmd = [sys.executable, "-m", "bench.judge_agreement", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
+
 
 HAND_RIGHT = {"correction": 8, "thanks": 8, "tool_success": 10, "tool_error": 7, "ambiguous": 8, "injection": 9}
-JUDGE_KEY = "sk-judge-agreement"
 
 
 @pytest.mark.unit
@@ -116,35 +122,10 @@ def test_unreachable_judge_is_an_error_not_a_score(tmp_path: Path, capsys: pytes
 
 @pytest.mark.e2e
 def test_harness_against_the_rules_backend(tmp_path: Path) -> None:
-    port = free_port()
-    judge = spawn(
-        "judge-rules",
-        [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--port", str(port)],
-        url=f"http://127.0.0.1:{port}",
-        log_dir=tmp_path,
-        env={"HINDSIGHT_JUDGE_API_KEY": JUDGE_KEY},
-    )
-    try:
-        wait_http(judge.url + "/ready", deadline_s=60, proc=judge.proc)
-        out = tmp_path / "figures.json"
-        res = subprocess.run(
-            [
-                sys.executable,
-                str(ROOT / "bench" / "judge_agreement.py"),
-                "--judge-url",
-                judge.url,
-                "--api-key",
-                JUDGE_KEY,
-                "--json",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=240,
-            cwd=ROOT,
-        )
-    finally:
-        judge.stop()
+    out = tmp_path / "figures.json"
+    env = {"HINDSIGHT_JUDGE_API_KEY": JUDGE_KEY}
+    with start_judge(tmp_path, "judge-rules", env=env, ready_path="/ready") as judge:
+        res = run_harness("--judge-url", judge.url, "--api-key", JUDGE_KEY, "--json", str(out), timeout_s=240)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "request failed" not in res.stderr
     figures = json.loads(out.read_text())
@@ -171,7 +152,7 @@ def test_harness_starts_an_openai_backend_judge(tmp_path: Path) -> None:
     endpoint without n or constraints (tests/judge/openai_stub.py) that, once re-asked, always answers +1:
     every setting's accuracy is then exactly the share of +1 gold verdicts, and the line naming the judge
     says which backend was measured."""
-    from engine.procs import start_process
+    from tests.testkit.procs import start_process
 
     lines = ja.DEFAULT_TURNS.read_text().splitlines()
     picked = [line for c in ja.CATEGORIES for line in [x for x in lines if json.loads(x)["category"] == c][:2]]
@@ -190,13 +171,9 @@ def test_harness_starts_an_openai_backend_judge(tmp_path: Path) -> None:
     try:
         out = tmp_path / "figures.json"
         judge_args = f"--backend openai --base-url {stub.url}/v1 --model stub-judge --api-key-file {key_file}"
-        res = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "judge_agreement.py"), "--judge-args", judge_args]
-            + ["--api-key", JUDGE_KEY, "--turns", str(turns), "--json", str(out)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=ROOT,
+        res = run_harness(
+            *("--judge-args", judge_args, "--api-key", JUDGE_KEY, "--turns", str(turns), "--json", str(out)),
+            timeout_s=300,
         )
     finally:
         stub.stop()

@@ -11,7 +11,6 @@ by rendering the same ids); ``usage`` is their sum; ``/metrics`` has ``hindsight
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +19,9 @@ import httpx
 import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.procs import ManagedProcess, free_port, metric_value, spawn, start_dev_engine, wait_http
 from prompts import TokenCounter, load_template, render_judge_messages
+from tests.testkit.procs import ManagedProcess, metric_value, start_dev_engine
+from tests.testkit.servers import start_llm_judge
 
 pytestmark = pytest.mark.e2e
 MAX_NEW = 12
@@ -31,30 +31,14 @@ MAX_NEW = 12
 def judge(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
     log_dir = tmp_path_factory.mktemp("judge-cost")
     engine = start_dev_engine(tiny_model_dir, log_dir=log_dir)
-    port = free_port()
     proc = None
     try:
-        proc = spawn(
-            "judge",
-            [
-                sys.executable,
-                "-m",
-                "judge_server.cli",
-                "--engine-url",
-                engine.url,
-                "--port",
-                str(port),
-                "--tokenizer-path",
-                str(tiny_model_dir),
-                "--max-new-tokens",
-                str(MAX_NEW),
-                "--log-level",
-                "warning",
-            ],
-            url=f"http://127.0.0.1:{port}",
-            log_dir=log_dir,
+        proc = start_llm_judge(
+            log_dir,
+            engine.url,
+            tiny_model_dir,
+            args=["--max-new-tokens", str(MAX_NEW), "--log-level", "warning"],
         )
-        wait_http(proc.url + "/ready", deadline_s=60, proc=proc.proc)
         yield proc
     finally:
         if proc is not None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,11 +23,12 @@ import httpx
 import pytest
 
 from engine.client import EngineClient, RetryPolicy
-from engine.procs import ManagedProcess, free_port, metric_value, spawn, start_dev_engine, wait_http
 from judge_server.judge import JudgeService
 from judge_server.metrics import JudgeMetrics
 from judge_server.schemas import JudgeRequest
 from judge_server.settings import JudgeSettings
+from tests.testkit.procs import ManagedProcess, metric_value, start_dev_engine
+from tests.testkit.servers import start_llm_judge
 from tests.waiting import wait_until
 
 MAX_NEW = 2500  # greedy decoding of the tiny model never samples EOS: each sample runs to this length
@@ -53,40 +53,11 @@ def wait_running(url: str, *, want_zero: bool, deadline_s: float) -> float:
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, ...]]:
     log_dir = tmp_path_factory.mktemp("judge-disconnect")
-    started: list[ManagedProcess] = []
-    try:
-        engine = start_dev_engine(tiny_model_dir, log_dir=log_dir)
-        started.append(engine)
-        port = free_port()
-        judge = spawn(
-            "judge",
-            [
-                sys.executable,
-                "-m",
-                "judge_server.cli",
-                "--engine-url",
-                engine.url,
-                "--port",
-                str(port),
-                "--tokenizer-path",
-                str(tiny_model_dir),
-                "--max-new-tokens",
-                str(MAX_NEW),
-                "--m",
-                "3",
-                "--request-deadline-s",
-                "60",
-            ],
-            url=f"http://127.0.0.1:{port}",
-            log_dir=log_dir,
-            env={"HINDSIGHT_JUDGE_TEMPERATURE": "0"},
-        )
-        started.append(judge)
-        wait_http(judge.url + "/ready", deadline_s=60, proc=judge.proc)
-        yield engine, judge
-    finally:
-        for p in reversed(started):
-            p.stop()
+    judge_args = ["--max-new-tokens", str(MAX_NEW), "--request-deadline-s", "60"]
+    with start_dev_engine(tiny_model_dir, log_dir=log_dir) as engine:
+        env = {"HINDSIGHT_JUDGE_TEMPERATURE": "0"}
+        with start_llm_judge(log_dir, engine.url, tiny_model_dir, m=3, args=judge_args, env=env) as judge:
+            yield engine, judge
 
 
 @pytest.mark.e2e

@@ -9,7 +9,6 @@ is survived (the router retries on the other one); all engines down -> judge_fai
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, start_router, wait_http
+from tests.testkit.procs import ManagedProcess, start_dev_engine, start_router
+from tests.testkit.servers import start_llm_judge
 
 pytestmark = pytest.mark.e2e
 
@@ -54,19 +54,11 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         started += engines
         router = start_router([e.url for e in engines], log_dir=log_dir)
         started.append(router)
-        port = free_port()
-        judge = spawn(
-            "judge",
-            [
-                sys.executable,
-                "-m",
-                "judge_server.cli",
-                "--engine-url",
-                router.url,
-                "--port",
-                str(port),
-                "--tokenizer-path",
-                str(tiny_model_dir),
+        judge = start_llm_judge(
+            log_dir,
+            router.url,
+            tiny_model_dir,
+            args=[
                 "--constrain-output",
                 "--max-new-tokens",
                 "64",
@@ -75,8 +67,6 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 "--log-level",
                 "warning",
             ],
-            url=f"http://127.0.0.1:{port}",
-            log_dir=log_dir,
             env={
                 "HINDSIGHT_JUDGE_REASONING_MAX_CHARS": "24",
                 "HINDSIGHT_JUDGE_HINT_MAX_CHARS": "60",
@@ -84,7 +74,6 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
             },
         )
         started.append(judge)
-        wait_http(judge.url + "/ready", deadline_s=60, proc=judge.proc)
         yield Stack(engines, router, judge)
     finally:
         for p in reversed(started):

@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
+from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine, start_process
+from tests.testkit.servers import start_judge
 
 pytestmark = pytest.mark.e2e
 
@@ -32,10 +33,9 @@ ITEM = {
 }
 
 
-def start_judge(name: str, log_dir: Path, *args: str) -> ManagedProcess:
-    port = free_port()
-    cmd = [sys.executable, "-m", "judge_server.cli", "--port", str(port), "--backend", "openai", *args]
-    return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, ready_path="/ready", deadline_s=60)
+def start_openai_judge(name: str, log_dir: Path, *args: str) -> ManagedProcess:
+    """A judge with the openai backend, ready once its endpoint answers (``/ready``)."""
+    return start_judge(log_dir, name, backend="openai", args=args, ready_path="/ready")
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def chat_calls(path: Path) -> list[dict]:
 
 
 def test_dev_engine_chat_endpoint_with_n_and_regex(dev_endpoint, key_file, log_dir):
-    judge = start_judge(
+    judge = start_openai_judge(
         "judge-openai-dev",
         log_dir,
         *("--base-url", dev_endpoint.url + "/v1", "--model", "tiny-judge", "--api-key-file", str(key_file)),
@@ -105,7 +105,7 @@ def test_dev_engine_chat_endpoint_with_n_and_regex(dev_endpoint, key_file, log_d
 
 
 def test_stub_without_n_or_constraints_gets_concurrent_calls_and_reasks(stub, key_file, log_dir):
-    judge = start_judge(
+    judge = start_openai_judge(
         "judge-openai-stub",
         log_dir,
         *("--base-url", stub.url, "--model", "stub-judge", "--api-key-file", str(key_file)),
@@ -141,15 +141,10 @@ def test_stub_without_n_or_constraints_gets_concurrent_calls_and_reasks(stub, ke
 
 def test_unreachable_endpoint_is_judge_failed(log_dir, key_file):
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "judge_server.cli",
-        *("--port", str(port), "--backend", "openai", "--base-url", dead, "--model", "x"),
-        *("--api-key-file", str(key_file), "--engine-max-attempts", "2", "--request-deadline-s", "3"),
-    ]
-    judge = start_process("judge-openai-dead", cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir)
+    args = ["--base-url", dead, "--model", "x", "--api-key-file", str(key_file)]
+    args += ["--engine-max-attempts", "2", "--request-deadline-s", "3"]
+    # Ready on /health only: /ready is 503 while the endpoint is down, which is what this test checks.
+    judge = start_judge(log_dir, "judge-openai-dead", backend="openai", args=args, ready_path="/health")
     try:
         assert httpx.get(judge.url + "/ready").status_code == 503
         r = httpx.post(judge.url + "/v1/judge", json={**ITEM, "tasks": ["prm"]}, timeout=60)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,12 +20,11 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, wait_http
+from tests.testkit.procs import ManagedProcess, start_dev_engine
+from tests.testkit.servers import ENGINE_KEY, JUDGE_KEY, start_llm_judge
 
 pytestmark = pytest.mark.e2e
 
-JUDGE_KEY = "judge-secret-key-7"
-ENGINE_KEY = "engine-secret-key-8"
 REQ = {
     "context": [{"role": "user", "content": "Rename a.txt to b.txt"}],
     "response": {"content": "Done."},
@@ -68,38 +66,24 @@ class Ops:
 def ops(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ops]:
     log_dir = tmp_path_factory.mktemp("judge-ops")
     engine = start_dev_engine(tiny_model_dir, log_dir=log_dir, api_key=ENGINE_KEY)
-    port = free_port()
-    judge = spawn(
-        "judge",
-        [
-            sys.executable,
-            "-m",
-            "judge_server.cli",
-            "--engine-url",
-            engine.url,
-            "--port",
-            str(port),
-            "--tokenizer-path",
-            str(tiny_model_dir),
-            "--max-new-tokens",
-            "8",
-            "--request-deadline-s",
-            "20",
-        ],
-        url=f"http://127.0.0.1:{port}",
-        log_dir=log_dir,
-        env={
-            "HINDSIGHT_JUDGE_API_KEY": JUDGE_KEY,
-            "HINDSIGHT_JUDGE_ENGINE_API_KEY": ENGINE_KEY,
-            "HINDSIGHT_JUDGE_LOG_JSON": "1",
-            "TRANSFORMERS_VERBOSITY": "error",
-        },
-    )
+    judge = None
     try:
-        wait_http(judge.url + "/ready", deadline_s=60, proc=judge.proc)
+        judge = start_llm_judge(
+            log_dir,
+            engine.url,
+            tiny_model_dir,
+            args=["--max-new-tokens", "8", "--request-deadline-s", "20"],
+            env={
+                "HINDSIGHT_JUDGE_API_KEY": JUDGE_KEY,
+                "HINDSIGHT_JUDGE_ENGINE_API_KEY": ENGINE_KEY,
+                "HINDSIGHT_JUDGE_LOG_JSON": "1",
+                "TRANSFORMERS_VERBOSITY": "error",
+            },
+        )
         yield Ops(engine, judge)
     finally:
-        judge.stop()
+        if judge is not None:
+            judge.stop()
         engine.stop()
 
 

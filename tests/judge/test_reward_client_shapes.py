@@ -18,7 +18,6 @@ The clients below reproduce in our own words the request building and reply hand
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,10 +27,11 @@ import httpx
 import pytest
 
 from engine.chat import load_tokenizer
-from engine.procs import ManagedProcess, free_port, start_process
 from judge_server.chat_markup import parse_turns, prompt_messages, reply_fields, split_query
 from judge_server.compat import label_to_next_state, openrlhf_items, slime_item
 from judge_server.errors import InvalidRequest
+from tests.testkit.procs import ManagedProcess
+from tests.testkit.servers import start_failing_judge, start_judge
 
 ISSUE_PROMPT = "<|im_start|>user\nWhat's 17*3?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -131,26 +131,15 @@ def test_wellformed_labels() -> None:
 
 
 # ------------------------------------------------------------------------ end to end
-def _judge(log_dir: Path, name: str, *args: str) -> ManagedProcess:
-    port = free_port()
-    cmd = [sys.executable, "-m", "judge_server.cli", "--port", str(port), *args]
-    return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, deadline_s=60)
-
-
 @pytest.fixture(scope="module")
 def judges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
     """A rules judge, and an llm judge whose engine is down (every item judge_failed)."""
     log_dir = tmp_path_factory.mktemp("judge-shapes")
-    rules = _judge(log_dir, "judge-shapes-rules", "--backend", "rules")
-    dead = f"http://127.0.0.1:{free_port()}"
-    try:
-        failing = _judge(log_dir, "judge-shapes-dead", "--engine-url", dead, "--m", "1", "--request-deadline-s", "1")
-    except Exception:
-        rules.stop()
-        raise
-    yield rules, failing
-    failing.stop()
-    rules.stop()
+    with (
+        start_judge(log_dir, "judge-shapes-rules") as rules,
+        start_failing_judge(log_dir, "judge-shapes-dead") as failing,
+    ):
+        yield rules, failing
 
 
 @pytest.mark.e2e

@@ -34,12 +34,13 @@ import httpx
 import pytest
 import torch
 
-from engine.procs import ManagedProcess, free_port, spawn, wait_http
 from judge_server.compat import openrlhf_reply, slime_reply
 from judge_server.errors import RewardUnavailable
+from tests.testkit.procs import ManagedProcess
+from tests.testkit.servers import JUDGE_KEY as KEY
+from tests.testkit.servers import start_failing_judge, start_judge
 from tests.waiting import wait_until
 
-KEY = "judge-query-key-4711"
 PROMPTS = ["Q: rename a.txt to b.txt\nA:", "Q: delete the logs\nA:"]
 QUERIES = [PROMPTS[0] + " Done, renamed.", PROMPTS[1] + " Deleted everything."]
 LABELS = ["thanks, it worked", "that is wrong, I said the logs only"]
@@ -135,21 +136,11 @@ def test_failed_item_is_503_or_the_configured_fallback() -> None:
 
 
 # ------------------------------------------------------------------------ end to end
+JUDGE_ENV = {"HINDSIGHT_JUDGE_API_KEY": KEY, "HINDSIGHT_JUDGE_LOG_JSON": "1"}
+
+
 def _start_judge(log_dir: Path, name: str, args: list[str]) -> ManagedProcess:
-    port = free_port()
-    judge = spawn(
-        name,
-        [sys.executable, "-m", "judge_server.cli", "--port", str(port), *args],
-        url=f"http://127.0.0.1:{port}",
-        log_dir=log_dir,
-        env={"HINDSIGHT_JUDGE_API_KEY": KEY, "HINDSIGHT_JUDGE_LOG_JSON": "1"},
-    )
-    try:
-        wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
-    except Exception:
-        judge.stop()
-        raise
-    return judge
+    return start_judge(log_dir, name, backend=None, args=args, env=JUDGE_ENV)
 
 
 @pytest.fixture(scope="module")
@@ -165,18 +156,13 @@ def rules_judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedPro
 @pytest.fixture(scope="module")
 def failing_judges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
     """Two LLM judges whose engine is down (nothing listens on its port): without and with the fallback."""
-    dead = f"http://127.0.0.1:{free_port()}"
-    common = ["--engine-url", dead, "--m", "1", "--request-deadline-s", "1"]
     log_dir = tmp_path_factory.mktemp("judge-failing")
-    plain = _start_judge(log_dir, "judge-503", common)
-    try:
-        fallback = _start_judge(log_dir, "judge-fallback", [*common, "--compat-failed-reward", "0.0"])
-    except Exception:
-        plain.stop()
-        raise
-    yield plain, fallback
-    fallback.stop()
-    plain.stop()
+    fallback_args = ["--compat-failed-reward", "0.0"]
+    with (
+        start_failing_judge(log_dir, "judge-503", env=JUDGE_ENV) as plain,
+        start_failing_judge(log_dir, "judge-fallback", args=fallback_args, env=JUDGE_ENV) as fallback,
+    ):
+        yield plain, fallback
 
 
 @pytest.mark.e2e

@@ -23,9 +23,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from deploy.grafana import build_dashboard
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "deploy" / "grafana"))
-import build_dashboard  # noqa: E402
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "hindsight.json"
 SCRAPE = ROOT / "deploy" / "prometheus" / "prometheus.yml"

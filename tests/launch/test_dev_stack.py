@@ -26,13 +26,11 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
+from launch import devstack
+from tests.launch.chromium_check import check_rendered, require_chromium
+
 ROOT = Path(__file__).resolve().parents[2]
 DEV = ROOT / "launch" / "dev.sh"
-sys.path.insert(0, str(ROOT / "launch"))
-import devstack  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-from chromium_check import check_rendered, require_chromium  # noqa: E402
 
 
 def dev(cmd: str, run_dir: Path, timeout_s: float, **env: str) -> subprocess.CompletedProcess[str]:

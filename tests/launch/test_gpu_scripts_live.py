@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.procs import free_port
+from tests.testkit.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

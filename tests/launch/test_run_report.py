@@ -9,17 +9,14 @@ The demo run's report is checked the same way in test_dev_stack.py.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.launch.chromium_check import check_rendered, inspect_page, require_chromium
 from trainer.report import data as d
 from trainer.report.cli import main as report_main
 from trainer.report.page import PLOTS
-
-sys.path.insert(0, str(Path(__file__).parent))  # chromium_check, also used by test_dev_stack.py
-from chromium_check import check_rendered, inspect_page, require_chromium
 
 
 def row(

@@ -2,14 +2,13 @@
 
 Everything runs on 127.0.0.1 ephemeral ports and is stopped by PID at the end of the session.
 - ``teacher_engine``: the dev engine serving the ``teacher_model_dir`` checkpoint.
-- ``rules_judge``: the judge service with the deterministic keyword backend (judge_server/rules.py).
+- ``rules_judge`` (tests/conftest.py): the judge service with the deterministic keyword backend.
 - ``broken_judge``: the judge service with the LLM backend pointed at a closed port, so every task
   ends ``judge_failed`` quickly (a real failing dependency, not a fake).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,8 @@ from typing import Any
 import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
+from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine
+from tests.testkit.servers import start_judge
 
 HINT_MARKER = "[user's hint / instruction]"
 
@@ -27,22 +27,9 @@ def modes_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("modes-logs")
 
 
-def start_judge(log_dir: Path, name: str, env: dict[str, str]) -> ManagedProcess:
-    port = free_port()
-    cmd = [sys.executable, "-m", "judge_server.cli", "--host", "127.0.0.1", "--port", str(port)]
-    return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env=env, deadline_s=60)
-
-
 @pytest.fixture(scope="session")
 def teacher_engine(teacher_model_dir: Path, modes_log_dir: Path) -> Iterator[ManagedProcess]:
     mp = start_dev_engine(teacher_model_dir, log_dir=modes_log_dir, name="teacher-engine")
-    yield mp
-    mp.stop()
-
-
-@pytest.fixture(scope="session")
-def rules_judge(modes_log_dir: Path) -> Iterator[ManagedProcess]:
-    mp = start_judge(modes_log_dir, "judge-rules", {"HINDSIGHT_JUDGE_BACKEND": "rules", "HINDSIGHT_JUDGE_M": "3"})
     yield mp
     mp.stop()
 
@@ -59,7 +46,7 @@ def broken_judge(modes_log_dir: Path, tiny_model_dir: Path) -> Iterator[ManagedP
         "HINDSIGHT_JUDGE_ENGINE_CONNECT_TIMEOUT_S": "1",
         "HINDSIGHT_JUDGE_REQUEST_DEADLINE_S": "3",
     }
-    mp = start_judge(modes_log_dir, "judge-broken", env)
+    mp = start_judge(modes_log_dir, "judge-broken", backend=None, env=env, ready_path="/health")
     yield mp
     mp.stop()
 

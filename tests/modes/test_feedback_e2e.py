@@ -11,19 +11,20 @@ feedback's text is the hint the teacher is scored with (no hint extraction by th
 
 from __future__ import annotations
 
-import sys
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
 from tests.modes.test_modes_e2e import session_samples
+from tests.testkit.procs import start_dev_engine
+from tests.testkit.servers import ADMIN_KEY
+from tests.testkit.servers import start_policy as start_policy_process
 
 pytestmark = pytest.mark.e2e
 
-ADMIN = {"Authorization": "Bearer admin-key"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 POSITIVE = "Thanks, that worked."
 NEUTRAL = "Now list the folder."
 
@@ -36,18 +37,17 @@ def policy_engine(tiny_model_dir, modes_log_dir):
 
 
 def start_policy(tiny_model_dir: Path, engine: str, judge: str, teacher: str, data: Path, logs: Path, policy: str):
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "policy_server.cli",
-        *("--model-path", str(tiny_model_dir), "--engine-url", engine, "--judge-url", judge),
-        *("--teacher-url", teacher, "--data-dir", str(data), "--mode", "rl", "--feedback-policy", policy),
-        *("--admin-api-key", "admin-key", "--host", "127.0.0.1", "--port", str(port)),
-        *("--dispatch-retry-max-s", "1", "--session-idle-timeout-s", "600", "--model-aliases", "m"),
-    ]
-    mp: ManagedProcess = start_process(
-        f"policy-feedback-{policy}", cmd, url=f"http://127.0.0.1:{port}", log_dir=logs, deadline_s=60
+    extra = ["--judge-url", judge, "--teacher-url", teacher, "--mode", "rl", "--feedback-policy", policy]
+    extra += ["--dispatch-retry-max-s", "1", "--session-idle-timeout-s", "600"]
+    mp = start_policy_process(
+        tiny_model_dir,
+        engine,
+        data,
+        logs,
+        name=f"policy-feedback-{policy}",
+        extra=extra,
+        client_key=None,
+        fail_fast=False,
     )
     mp.extra["data_dir"] = data
     return mp

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import sys
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
 import pytest
 
-from engine.procs import ManagedProcess, free_port, start_dev_engine, start_process
 from tests.numerics import logprob_atol
+from tests.testkit.procs import ManagedProcess, start_dev_engine
+from tests.testkit.servers import ADMIN_KEY
+from tests.testkit.servers import start_policy as start_policy_process
 from tests.waiting import wait_until
 
 # The teacher reads the policy's prompt plus the hint: a bound on the positions that adds for the tolerance
@@ -32,7 +34,7 @@ HINT_POSITIONS = 256
 
 pytestmark = pytest.mark.e2e
 
-ADMIN = {"Authorization": "Bearer admin-key"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 TOP_K = 3
 POSITIVE = "Thanks, that worked."
 NEGATIVE = "No, that is wrong. Use the other file in /tmp."
@@ -42,39 +44,11 @@ NEUTRAL = "Now list the folder."
 def start_policy(
     tiny_model_dir: Path, engine_url: str, judge_url: str, teacher_url: str, data_dir: Path, log_dir: Path, name: str
 ) -> ManagedProcess:
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "policy_server.cli",
-        "--model-path",
-        str(tiny_model_dir),
-        "--engine-url",
-        engine_url,
-        "--judge-url",
-        judge_url,
-        "--teacher-url",
-        teacher_url,
-        "--data-dir",
-        str(data_dir),
-        "--mode",
-        "rl",
-        "--w-rl",
-        "1.0",
-        "--w-opd",
-        "0.5",
-        "--teacher-top-k",
-        str(TOP_K),
-        "--admin-api-key",
-        "admin-key",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dispatch-retry-max-s",
-        "1",
-    ]
-    mp = start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, deadline_s=60)
+    extra = ["--judge-url", judge_url, "--teacher-url", teacher_url, "--mode", "rl", "--w-rl", "1.0", "--w-opd", "0.5"]
+    extra += ["--teacher-top-k", str(TOP_K), "--dispatch-retry-max-s", "1"]
+    mp = start_policy_process(
+        tiny_model_dir, engine_url, data_dir, log_dir, name=name, extra=extra, client_key=None, fail_fast=False
+    )
     mp.extra["data_dir"] = data_dir
     return mp
 
@@ -87,33 +61,28 @@ def policy_engine(tiny_model_dir, modes_log_dir):
 
 
 @pytest.fixture(scope="module")
-def policy(tiny_model_dir, policy_engine, rules_judge, teacher_engine, modes_log_dir, tmp_path_factory):
-    mp = start_policy(
-        tiny_model_dir,
-        policy_engine.url,
-        rules_judge.url,
-        teacher_engine.url,
-        tmp_path_factory.mktemp("policy-data"),
-        modes_log_dir,
-        "policy",
-    )
-    yield mp
-    mp.stop()
+def judged_policy(tiny_model_dir, policy_engine, teacher_engine, modes_log_dir, tmp_path_factory):
+    """``start(judge, name)``: a policy server of these tests judged by ``judge``; all stop with the module."""
+    with ExitStack() as started:
+
+        def start(judge: ManagedProcess, name: str) -> ManagedProcess:
+            data = tmp_path_factory.mktemp(f"{name}-data")
+            mp = start_policy(
+                tiny_model_dir, policy_engine.url, judge.url, teacher_engine.url, data, modes_log_dir, name
+            )
+            return started.enter_context(mp)
+
+        yield start
 
 
 @pytest.fixture(scope="module")
-def policy_broken_judge(tiny_model_dir, policy_engine, broken_judge, teacher_engine, modes_log_dir, tmp_path_factory):
-    mp = start_policy(
-        tiny_model_dir,
-        policy_engine.url,
-        broken_judge.url,
-        teacher_engine.url,
-        tmp_path_factory.mktemp("policy-data-broken"),
-        modes_log_dir,
-        "policy-broken-judge",
-    )
-    yield mp
-    mp.stop()
+def policy(judged_policy, rules_judge):
+    return judged_policy(rules_judge, "policy")
+
+
+@pytest.fixture(scope="module")
+def policy_broken_judge(judged_policy, broken_judge):
+    return judged_policy(broken_judge, "policy-broken-judge")
 
 
 def run_session(url: str, feedback: list[str]) -> tuple[str, list[dict]]:

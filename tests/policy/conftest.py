@@ -4,17 +4,13 @@ each stopped by its PID."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # policy_testkit, importable from every test module
-
-from policy_testkit import start_policy
-
-from engine.procs import ManagedProcess, start_dev_engine, start_router
+from tests.testkit.procs import ManagedProcess, start_dev_engine, start_router
+from tests.testkit.servers import start_routed_policy
 
 
 @pytest.fixture(scope="module")
@@ -37,22 +33,6 @@ def policy(
     tiny_model_dir: Path, router: ManagedProcess, engine: ManagedProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ManagedProcess]:
     """Policy server -> router -> dev engine; weight sync goes to the engine itself."""
-    d = tmp_path_factory.mktemp("policy")
-    mp = start_policy(
-        tiny_model_dir,
-        router.url,
-        d / "data",
-        d,
-        extra=[
-            "--engine-worker-urls",
-            engine.url,
-            "--session-idle-timeout-s",
-            "2",
-            "--idle-sweep-interval-s",
-            "0.2",
-            "--max-body-bytes",
-            "65536",
-        ],
-    )
-    yield mp
-    mp.stop()
+    extra = ["--session-idle-timeout-s", "2", "--idle-sweep-interval-s", "0.2", "--max-body-bytes", "65536"]
+    with start_routed_policy(tiny_model_dir, router, engine, tmp_path_factory.mktemp("policy"), extra=extra) as mp:
+        yield mp

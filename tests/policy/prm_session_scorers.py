@@ -1,5 +1,6 @@
 """Test scorers loaded by the policy-server PROCESS from ``--prm-config`` (dotted path
-``prm_session_scorers.TrajectoryProbe``; the tests put tests/policy on that process's PYTHONPATH).
+``tests.policy.prm_session_scorers.TrajectoryProbe``; the tests put the repository root on that process's
+PYTHONPATH).
 
 ``TrajectoryProbe`` is a real ``BaseTrajectoryScorer``. Each call appends one JSON line to ``record_path``
 describing exactly what the runner handed it (turn order, parent links, next states, sample statuses, the

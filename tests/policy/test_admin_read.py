@@ -5,31 +5,17 @@ Policy server -> dev engine, judged by the real judge service (rules backend), a
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
-from policy_testkit import admin, client, judged_policy_stack
 
-from engine.procs import ManagedProcess
+from tests.testkit.procs import ManagedProcess
+from tests.testkit.servers import WEATHER_TOOLS, admin, client, judged_policy_stack, policy_command
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "weather of a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "maxLength": 24}},
-                "required": ["city"],
-            },
-        },
-    }
-]
+TOOLS = WEATHER_TOOLS
 
 
 @pytest.fixture(scope="module")
@@ -191,19 +177,7 @@ def test_client_temperature_is_recorded(judged_policy):
 
 def test_refuses_to_listen_beyond_loopback_without_a_key(tiny_model_dir, tmp_path):
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "policy_server.cli",
-            "--model-path",
-            str(tiny_model_dir),
-            "--engine-url",
-            "http://127.0.0.1:9",
-            "--data-dir",
-            str(tmp_path),
-            "--host",
-            "0.0.0.0",
-        ],
+        policy_command(str(tiny_model_dir), "http://127.0.0.1:9", "--data-dir", str(tmp_path), "--host", "0.0.0.0"),
         capture_output=True,
         text=True,
         timeout=60,

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import anthropic
-import httpx
 import httpx2
 import openai
 import pydantic
@@ -27,10 +26,18 @@ import pytest
 from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 from anthropic.types import Message, RawMessageStreamEvent
 from openai.types.responses import Response, ResponseStreamEvent
-from policy_testkit import CLIENT_KEY, client, judged_policy_stack, lease_all, of_session
 
-from engine.procs import metric_value
 from policy_server.store import Store
+from tests.testkit.procs import metric_value
+from tests.testkit.servers import (
+    CLIENT_KEY,
+    async_openai_client,
+    client,
+    judged_policy_stack,
+    lease_all,
+    of_session,
+    openai_client,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -60,15 +67,7 @@ MESSAGE_EVENT = pydantic.TypeAdapter(RawMessageStreamEvent)
 
 
 def oai(policy, sid: str | None = None) -> openai.OpenAI:
-    headers = {"X-Session-Id": sid} if sid else None
-    return openai.OpenAI(
-        base_url=policy.url + "/v1",
-        api_key=CLIENT_KEY,
-        max_retries=0,
-        timeout=120,
-        default_headers=headers,
-        http_client=httpx.Client(trust_env=False),
-    )
+    return openai_client(policy.url, timeout_s=120, headers={"X-Session-Id": sid} if sid else None)
 
 
 def claude(policy, sid: str | None = None, **kw) -> anthropic.Anthropic:
@@ -282,13 +281,7 @@ def test_openai_agents_default_responses_model_with_tool(policy):
         calls.append({"items": items, "urgent": urgent})
         return "order placed"
 
-    aclient = openai.AsyncOpenAI(
-        base_url=policy.url + "/v1",
-        api_key=CLIENT_KEY,
-        max_retries=0,
-        timeout=120,
-        http_client=httpx.AsyncClient(trust_env=False),
-    )
+    aclient = async_openai_client(policy.url)
     agent = Agent(
         name="shop",
         instructions="Use the tool.",

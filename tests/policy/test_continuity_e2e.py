@@ -15,11 +15,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from policy_testkit import admin, chat, client, judged_policy_stack, start_policy, stats
 
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.procs import ManagedProcess
 from policy_server.store import Store
+from tests.testkit.procs import ManagedProcess
+from tests.testkit.servers import admin, chat, client, judged_policy_stack, start_routed_policy, stats
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -40,15 +40,9 @@ def verifying_policy(
     tiny_model_dir: Path, router: ManagedProcess, engine: ManagedProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ManagedProcess]:
     d = tmp_path_factory.mktemp("policy-continuity")
-    mp = start_policy(
-        tiny_model_dir,
-        router.url,
-        d / "data",
-        d,
-        extra=["--engine-worker-urls", engine.url, "--render-verify-tokens-per-turn", "1000000000"],
-    )
-    yield mp
-    mp.stop()
+    extra = ["--render-verify-tokens-per-turn", "1000000000"]
+    with start_routed_policy(tiny_model_dir, router, engine, d, extra=extra) as mp:
+        yield mp
 
 
 def _metric(policy: ManagedProcess, reason: str) -> float:

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from policy_testkit import CLIENT_KEY, client
 
 from engine.client import EngineClient, RetryPolicy
 from engine.disconnect import abort_engine_requests
-from engine.procs import metric_value
 from policy_server.api.routes import DISCONNECT_REASON, _reject_turn
 from policy_server.serving.generation import GenerationAbandoned, Generator, GenResult
 from policy_server.serving.weight_sync import WeightGate
 from policy_server.store import Store
+from tests.testkit.procs import metric_value
+from tests.testkit.servers import CLIENT_KEY, client
 from tests.waiting import wait_until
 
 LONG = 3500  # greedy decoding of the tiny model never samples EOS: always the full length (~2-3 s on the CPU)

@@ -98,6 +98,7 @@ async def test_stored_sample_is_the_record_json(store):
     assert Sample.model_validate(stored).to_json() == stored
     assert list(stored)[:13] == list(_good_fields())
     assert list(stored)[13:] == [
+        # TurnRecord's fields spelled out on purpose: the test pins the contract, not the constant.
         "prompt_ids",
         "response_ids",
         "rollout_logprobs",

@@ -7,14 +7,13 @@ idempotent and exactly-once)."""
 
 from __future__ import annotations
 
-import sys
 import time
 
 import pytest
-from policy_testkit import admin, client, start_policy
 
-from engine.procs import free_port, spawn, wait_http
 from policy_server.store import Store
+from tests.testkit.procs import free_port
+from tests.testkit.servers import admin, client, samples_of, start_judge, start_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -59,27 +58,11 @@ def test_kill9_restart_resumes_and_honours_leases(tiny_model_dir, router, tmp_pa
         wait_until(lambda: st.stats()["pending_judge_retrying"] >= 1)
         pol.kill()  # kill -9 mid-session
 
-        judge = spawn(
-            "judge",
-            [
-                sys.executable,
-                "-m",
-                "judge_server.cli",
-                "--backend",
-                "rules",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(judge_port),
-            ],
-            url=judge_url,
-            log_dir=tmp_path,
-        )
-        wait_http(judge_url + "/health", deadline_s=60, proc=judge.proc)
+        judge = start_judge(tmp_path, port=judge_port)
         pol = start_policy(tiny_model_dir, router.url, data, tmp_path, name="policy-b", extra=extra)
         # pending work resumes after the restart
         wait_until(lambda: st.stats()["samples"]["ready"] >= 1)
-        row = st.samples_of("d1")[0]
+        row = samples_of(st, "d1")[0]
         assert row["status"] == "ready" and row["data"]["reward"] == 1.0 and row["data"]["mode"] == "rl"
         turn = st.get_turn("d1", 0)
         assert row["data"]["response_ids"] == turn["response_ids"]
@@ -91,7 +74,7 @@ def test_kill9_restart_resumes_and_honours_leases(tiny_model_dir, router, tmp_pa
             u2 + [{"role": "assistant", "content": a2["content"]}, {"role": "user", "content": "No, that is wrong."}],
             "d2",
         )
-        wait_until(lambda: {s["status"] for s in st.samples_of("d2")} - {"pending_judge"} != set())
+        wait_until(lambda: {s["status"] for s in samples_of(st, "d2")} - {"pending_judge"} != set())
         with admin(pol.url) as a:
             lease = a.get("/v1/samples/lease", params={"max": 10, "wait_s": 5}).json()
         leased_at = time.monotonic()

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from policy_testkit import CLIENT_KEY
 
 from policy_server.store import Store
+from tests.testkit.servers import CLIENT_KEY
 
 pytestmark = pytest.mark.e2e
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -12,9 +12,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from policy_testkit import admin, client, judged_policy_stack, stats
 
-from engine.procs import ManagedProcess
+from tests.testkit.procs import ManagedProcess
+from tests.testkit.servers import admin, client, judged_policy_stack, stats
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from policy_testkit import ADMIN_KEY, CLIENT_KEY, client
+
+from tests.testkit.servers import ADMIN_KEY, CLIENT_KEY, client
 
 pytestmark = pytest.mark.e2e
 

@@ -13,17 +13,15 @@ reaches the engine; reasoning_effort is validated and ``none`` renders thinking 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Literal
 
-import httpx
 import jsonschema
 import openai
 import pydantic
 import pytest
-from policy_testkit import CLIENT_KEY, client, start_policy
 
 from policy_server.store import Store
+from tests.testkit.servers import client, openai_client, policy_data_dir, start_policy
 
 pytestmark = pytest.mark.e2e
 
@@ -60,18 +58,11 @@ FORCE_ORDER = {"type": "function", "function": {"name": "order"}}
 MSGS = [{"role": "user", "content": "order two widgets"}]
 
 
-def data_dir(policy) -> Path:
-    return policy.log_path.parent / "data"
+data_dir = policy_data_dir
 
 
 def oai(policy) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=policy.url + "/v1",
-        api_key=CLIENT_KEY,
-        max_retries=0,
-        timeout=120,
-        http_client=httpx.Client(trust_env=False),
-    )
+    return openai_client(policy.url, timeout_s=120)
 
 
 def test_forced_nested_schema_call_validates_for_20_seeds(policy):

@@ -2,7 +2,7 @@
 
 End to end: client -> real policy server process -> dev engine; dispatcher -> real judge server (rules backend:
 "thanks"/"worked" +1, "wrong"/"No," -1) for the reward pipeline; the PRM scorers are the trajectory scorer
-``prm_session_scorers.TrajectoryProbe`` (loaded by dotted path in the server process; it records what it saw
+``tests.policy.prm_session_scorers.TrajectoryProbe`` (loaded by dotted path in the server process; it records what it saw
 and rewards turn i of an n-turn trajectory with 10 n + i) plus ``LengthBudgetScorer``. Checked:
 
 - the trajectory scorer is called ONCE per session, with every turn parent-before-child and its next state
@@ -19,17 +19,27 @@ from __future__ import annotations
 
 import json
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from policy_testkit import admin, chat, lease_all, of_session, pythonpath_with_testkit, start_judge, start_policy, stats
 
-from engine.procs import ManagedProcess, free_port
 from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseTrajectoryScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, held_outcomes, session_turns
 from policy_server.store import Store
+from tests.testkit.procs import free_port
+from tests.testkit.servers import (
+    admin,
+    chat,
+    lease_all,
+    of_session,
+    pythonpath_with_repo,
+    samples_of,
+    start_prm_policy,
+    stats,
+)
 from tests.waiting import wait_until
 
 BUDGET = 3
@@ -47,7 +57,7 @@ prm:
   enabled: true
   advantage_shaping: {{mode: additive}}
   scorers:
-    - path: prm_session_scorers.TrajectoryProbe
+    - path: tests.policy.prm_session_scorers.TrajectoryProbe
       weight: 1.0
       kwargs: {{record_path: "{record}", reject_marker: "REJECT-ME"{flag_kw}}}
     - path: judge_server.prm.scorers.LengthBudgetScorer
@@ -114,42 +124,9 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("prm-session-logs")
 
 
-@pytest.fixture(scope="module")
-def rules_judge(logs: Path):
-    mp = start_judge(logs, "judge-rules-session")
-    yield mp
-    mp.stop()
-
-
-def _policy(
-    tiny_model_dir: Path,
-    engine: ManagedProcess,
-    judge: ManagedProcess,
-    data: Path,
-    logs: Path,
-    name: str,
-    cfg: Path,
-    port: int | None = None,
-) -> ManagedProcess:
-    extra = [
-        "--judge-url",
-        judge.url,
-        "--dispatch-retry-initial-s",
-        "0.2",
-        "--dispatch-retry-max-s",
-        "1",
-        "--session-idle-timeout-s",
-        str(IDLE_S),
-        "--idle-sweep-interval-s",
-        "0.2",
-        "--prm-config",
-        str(cfg),
-        "--prm-scope",
-        "session",
-    ]
-    return start_policy(
-        tiny_model_dir, engine.url, data, logs, name=name, extra=extra, port=port, env=pythonpath_with_testkit()
-    )
+# A session-scope policy server whose process imports the probe scorer from the repository.
+_SESSION_ARGS = ["--session-idle-timeout-s", str(IDLE_S), "--idle-sweep-interval-s", "0.2", "--prm-scope", "session"]
+_policy = partial(start_prm_policy, extra=_SESSION_ARGS, env=pythonpath_with_repo())
 
 
 @pytest.fixture(scope="module")
@@ -265,8 +242,8 @@ def test_unreachable_scorer_keeps_held_across_kill9_then_scores_once(
         pol.kill()
         store = Store(data)
         try:
-            held = {r["turn_index"]: r for r in store.samples_of(ended)}
-            opened = {r["turn_index"]: r for r in store.samples_of(open_sid)}
+            held = {r["turn_index"]: r for r in samples_of(store, ended)}
+            opened = {r["turn_index"]: r for r in samples_of(store, open_sid)}
         finally:
             store.close()
         assert [held[i]["status"] for i in (0, 1, 2)] == ["pending_score", "pending_score", "rejected"]
@@ -306,7 +283,7 @@ def _record(store: Store, sid: str, text: str) -> int:
 
 
 def _sample_id(store: Store, sid: str, idx: int) -> str:
-    return next(r["sample_id"] for r in store.samples_of(sid) if r["turn_index"] == idx)
+    return next(r["sample_id"] for r in samples_of(store, sid) if r["turn_index"] == idx)
 
 
 def _held_session(store: Store, sid: str = "s") -> None:

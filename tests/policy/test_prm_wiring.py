@@ -18,22 +18,31 @@ Unit tests cover the outcome mapping of policy_server.rewards.scoring in process
 
 from __future__ import annotations
 
-import sys
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from policy_testkit import chat, lease_all, of_session, start_judge, start_policy, stats
 
 from engine.errors import EngineUnavailable
-from engine.procs import ManagedProcess, free_port, spawn
 from engine.records import PipelineOutcome, PrmVerdict, Sample
 from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
 from policy_server.store import Store
+from tests.testkit.procs import free_port, spawn
+from tests.testkit.servers import (
+    chat,
+    lease_all,
+    of_session,
+    policy_command,
+    samples_of,
+    start_judge,
+    start_prm_policy,
+    stats,
+)
 from tests.waiting import wait_until
 
 BUDGET = 3
@@ -93,36 +102,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("prm-wiring-logs")
 
 
-@pytest.fixture(scope="module")
-def rules_judge(logs: Path):
-    mp = start_judge(logs, "judge-rules")
-    yield mp
-    mp.stop()
-
-
-def _policy(
-    tiny_model_dir: Path,
-    engine: ManagedProcess,
-    judge: ManagedProcess,
-    data: Path,
-    logs: Path,
-    name: str,
-    prm_config: Path | None,
-    port: int | None = None,
-) -> ManagedProcess:
-    extra = [
-        "--judge-url",
-        judge.url,
-        "--dispatch-retry-initial-s",
-        "0.2",
-        "--dispatch-retry-max-s",
-        "1",
-        "--session-idle-timeout-s",
-        "30",
-    ]
-    if prm_config is not None:
-        extra += ["--prm-config", str(prm_config)]
-    return start_policy(tiny_model_dir, engine.url, data, logs, name=name, extra=extra, port=port)
+_policy = partial(start_prm_policy, extra=["--session-idle-timeout-s", "30"])
 
 
 # ------------------------------------------------------------------ e2e tests
@@ -179,7 +159,7 @@ def test_scorer_rejection_rejects_the_sample_with_reason(tiny_model_dir, engine,
         assert lease_all(pol.url)["samples"] == []
         store = Store(tmp_path / "data")
         try:
-            row = store.samples_of(sid)[0]
+            row = samples_of(store, sid)[0]
         finally:
             store.close()
         assert row["status"] == "rejected" and row["reject_reason"] == reasons[0]
@@ -211,13 +191,8 @@ def test_broken_prm_config_stops_startup(tiny_model_dir, engine, logs, tmp_path)
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("prm:\n  scorers:\n    - path: no_such_pkg.scorers.Nope\n")
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "policy_server.cli",
-        "--model-path",
+    cmd = policy_command(
         str(tiny_model_dir),
-        "--engine-url",
         engine.url,
         "--data-dir",
         str(tmp_path / "data"),
@@ -225,7 +200,7 @@ def test_broken_prm_config_stops_startup(tiny_model_dir, engine, logs, tmp_path)
         str(port),
         "--prm-config",
         str(cfg),
-    ]
+    )
     mp = spawn("policy-bad-prm", cmd, url=f"http://127.0.0.1:{port}", log_dir=tmp_path)
     try:
         rc = mp.proc.wait(timeout=90)
@@ -259,11 +234,11 @@ def test_unreachable_scorer_judge_keeps_pending_across_kill9(tiny_model_dir, eng
         pol.kill()
         store = Store(data)
         try:
-            row = store.samples_of(sid)[0]
+            row = samples_of(store, sid)[0]
         finally:
             store.close()
         assert row["status"] == "pending_judge" and row["last_error"].startswith("prm: JudgeUnavailable: "), row
-        prm_judge = start_judge(logs, "judge-prm-late", port=prm_judge_port)
+        prm_judge = start_judge(logs, "judge-prm-late", m=3, port=prm_judge_port)
         pol = _policy(tiny_model_dir, engine, rules_judge, data, logs, "policy-prm-b", cfg, port=port)
         wait_settled(pol.url)
         got = of_session(lease_all(pol.url)["samples"], sid)

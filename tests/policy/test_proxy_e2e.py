@@ -8,47 +8,34 @@ log-probs equal the engine's own sample, and a torch recomputation with the tiny
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from policy_testkit import CLIENT_KEY, admin, client, start_policy
 
 from policy_server.store import Store
 from tests.numerics import forward_terms, reorder_atol
+from tests.testkit.servers import (
+    WEATHER_TOOLS,
+    admin,
+    client,
+    openai_client,
+    policy_data_dir,
+    samples_of,
+    start_policy,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "weather of a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "maxLength": 24}},
-                "required": ["city"],
-            },
-        },
-    }
-]
+TOOLS = WEATHER_TOOLS
 
 
-def data_dir(policy) -> Path:
-    return policy.log_path.parent / "data"
+data_dir = policy_data_dir
 
 
 def oai(policy) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=policy.url + "/v1",
-        api_key=CLIENT_KEY,
-        max_retries=0,
-        timeout=60,
-        http_client=httpx.Client(trust_env=False),
-    )
+    return openai_client(policy.url)
 
 
 def test_openai_plain_and_models(policy):
@@ -219,7 +206,7 @@ def test_pairing_user_reply_side_turns_rewrite_and_idle(policy):
                 interval_s=0.2,
             )
             assert turn["pairing"] == "session_end" and turn["session_done"] and turn["next_state"] is None
-        rows = {s["turn_index"]: s for s in st.samples_of("pair")}
+        rows = {s["turn_index"]: s for s in samples_of(st, "pair")}
         assert rows[0]["status"] == "pending_judge"  # no judge configured: stays pending, never dropped
         stats = admin(policy.url).get("/v1/samples/stats").json()
         assert stats["turns_by_session_rule"]["header:diverged"] >= 1
@@ -270,7 +257,7 @@ def test_admin_needs_admin_key(policy):
 
 
 def test_engine_down_is_503_not_a_hang(tiny_model_dir, tmp_path):
-    from engine.procs import free_port
+    from tests.testkit.procs import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     pol = start_policy(tiny_model_dir, dead, tmp_path / "data", tmp_path, name="policy-dead")

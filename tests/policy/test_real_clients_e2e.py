@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Annotated, Literal
 
 import httpx
-import openai
 import pydantic
 import pytest
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from langchain_core.tools import tool as lc_tool
 from langchain_openai import ChatOpenAI
-from policy_testkit import CLIENT_KEY
 
 from policy_server.store import Store
+from tests.testkit.servers import CLIENT_KEY, async_openai_client, policy_data_dir
 
 pytestmark = pytest.mark.e2e
 set_tracing_disabled(True)  # the SDK would otherwise try to export traces to api.openai.com
@@ -35,18 +33,11 @@ set_tracing_disabled(True)  # the SDK would otherwise try to export traces to ap
 Short = Annotated[str, pydantic.Field(max_length=8)]
 
 
-def data_dir(policy) -> Path:
-    return policy.log_path.parent / "data"
+data_dir = policy_data_dir
 
 
 def agent_model(policy) -> OpenAIChatCompletionsModel:
-    aclient = openai.AsyncOpenAI(
-        base_url=policy.url + "/v1",
-        api_key=CLIENT_KEY,
-        max_retries=0,
-        timeout=120,
-        http_client=httpx.AsyncClient(trust_env=False),
-    )
+    aclient = async_openai_client(policy.url)
     return OpenAIChatCompletionsModel(model="hindsight-policy", openai_client=aclient)
 
 

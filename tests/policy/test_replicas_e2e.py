@@ -19,10 +19,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from policy_testkit import admin, chat, client, start_judge, start_policy, stats
 
-from engine.procs import free_port, metric_value
 from policy_server.store import open_store
+from tests.testkit.procs import free_port, metric_value
+from tests.testkit.servers import admin, chat, client, start_judge, start_policy, stats
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -71,7 +71,7 @@ def _settled(url: str) -> bool:
 
 @pytest.fixture
 def judge(tmp_path):
-    mp = start_judge(tmp_path, "judge-rules")
+    mp = start_judge(tmp_path, "judge-rules", m=3)
     yield mp
     mp.stop()
 

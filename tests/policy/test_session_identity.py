@@ -10,7 +10,6 @@ import json
 
 import httpx
 import pytest
-from policy_testkit import CLIENT_KEY, admin, client, start_policy
 
 from policy_server.metrics import Metrics
 from policy_server.serving.identity import (
@@ -28,6 +27,7 @@ from policy_server.serving.identity import (
 from policy_server.serving.sessions import SessionTracker
 from policy_server.serving.side_rules import SideRules, SideRulesError
 from policy_server.store import Store
+from tests.testkit.servers import CLIENT_KEY, admin, client, start_policy
 from tests.waiting import async_wait_until
 
 # What stock OpenClaw 2026.9 sends (its dist/: heartbeat-*.mjs HEARTBEAT_PROMPT, extensions/memory-core

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from policy_testkit import CLIENT_KEY, admin, client, start_policy
 
 from policy_server.serving.session_inference import INFERRED_PREFIX, choose_session
 from policy_server.store import Store
+from tests.testkit.servers import CLIENT_KEY, admin, client, start_policy
 from tests.waiting import async_wait_until
 
 

@@ -6,7 +6,6 @@ judge after a delay) keeps requests in flight long enough to send SIGTERM in the
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 from collections import Counter
@@ -14,10 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from policy_testkit import admin, client, start_policy
 
-from engine.procs import free_port, spawn, wait_http
 from policy_server.store import Store
+from tests.testkit.procs import free_port
+from tests.testkit.servers import admin, client, samples_of, start_judge, start_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -82,28 +81,11 @@ def _chat(url: str, sid: str, messages: list[dict], **headers) -> httpx.Response
 
 
 def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
-    judge_port = free_port()
-    judge = spawn(
-        "judge",
-        [
-            sys.executable,
-            "-m",
-            "judge_server.cli",
-            "--backend",
-            "rules",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(judge_port),
-        ],
-        url=f"http://127.0.0.1:{judge_port}",
-        log_dir=tmp_path,
-    )
+    judge = start_judge(tmp_path)
     eng_proxy, judge_proxy = DelayProxy(engine.url), DelayProxy(judge.url)
     data = tmp_path / "data"
     pol = None
     try:
-        wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
         drain_s = 1.5
         extra = [
             "--judge-url",
@@ -154,7 +136,7 @@ def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
         assert "1 judge call(s) cancelled" in log and "stay in the store" in log
 
         st = Store(data)
-        [s1] = st.samples_of("s1")
+        [s1] = samples_of(st, "s1")
         assert s1["status"] == "pending_judge" and s1["data"] is None  # left pending, not half-written
         assert st.get_turn("s2", 0) is not None  # the in-flight turn was recorded before its answer
         assert st.get_turn("s3", 0) is None  # the refused one was not
@@ -164,8 +146,8 @@ def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
         judge_proxy.delays.clear()
         eng_proxy.delays.clear()
         pol = start_policy(tiny_model_dir, eng_proxy.url, data, tmp_path, name="policy-b", extra=extra)
-        wait_until(lambda: st.samples_of("s1")[0]["status"] == "ready")
-        assert st.samples_of("s1")[0]["data"]["reward"] == 1.0
+        wait_until(lambda: samples_of(st, "s1")[0]["status"] == "ready")
+        assert samples_of(st, "s1")[0]["data"]["reward"] == 1.0
         with admin(pol.url) as a:
             stats = a.get("/v1/samples/stats").json()
         assert stats["turns"] == 3 and stats["turns_awaiting_next_state"] == 2  # s1 turn 1 and s2 turn 0 await
@@ -184,7 +166,7 @@ def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
         wait_until(lambda: judge_proxy.arrived["/v1/judge"] > judge_calls)  # s2's judge call is in flight
         pol.proc.send_signal(signal.SIGTERM)
         assert pol.proc.wait(timeout=30) == 0
-        assert st.samples_of("s2")[0]["status"] == "ready"  # completed while draining
+        assert samples_of(st, "s2")[0]["status"] == "ready"  # completed while draining
     finally:
         if pol:
             pol.stop()

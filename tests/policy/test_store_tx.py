@@ -13,24 +13,15 @@ from collections.abc import Callable
 import pytest
 
 from policy_server.store import Store
+from tests.testkit.records import USER_HI, turn_record
+from tests.testkit.servers import samples_of
 
 pytestmark = pytest.mark.unit
 
-U = {"role": "user", "content": "hi"}
+U = USER_HI
 
 
-def _record() -> dict:
-    return {
-        "messages": [U],
-        "tools": None,
-        "prompt_ids": [1, 2],
-        "response_ids": [3, 4],
-        "rollout_logprobs": [-0.1, -0.2],
-        "response": {"content": "x"},
-        "weight_version": "v0",
-        "weight_versions": ["v0"],
-        "sampling_params": {},
-    }
+_record = turn_record
 
 
 class _CountingConn:
@@ -74,7 +65,7 @@ def test_record_turn_is_one_transaction_with_overtaken_turn_and_session_end(stor
     commits = _count_commits(st)
     idx = st.record_turn("s", _record(), session_done=True)  # overtakes turn 0, ends the session
     assert commits() == 1 and idx == 1
-    rows = {r["turn_index"]: r for r in st.samples_of("s")}
+    rows = {r["turn_index"]: r for r in samples_of(st, "s")}
     assert rows[0]["status"] == "rejected" and rows[0]["reject_reason"] == "concurrent_turns"
     assert rows[1]["status"] == "pending_judge" and st.get_turn("s", 1)["pairing"] == "session_end"
     assert st.session("s")["done"] == 1
@@ -120,7 +111,7 @@ def test_record_with_resolution_is_one_transaction(store_factory):
     )  # the next turn answers turn 0
     assert commits() == 1 and idx == 1
     assert st.get_turn("s", 0)["pairing"] == "paired" and st.get_turn("s", 0)["next_state"] == [U]
-    rows = {r["turn_index"]: r for r in st.samples_of("s")}
+    rows = {r["turn_index"]: r for r in samples_of(st, "s")}
     assert rows[0]["status"] == "pending_judge" and 1 not in rows  # turn 1 awaits its own next state
     # a resolution that lost a race (turn already resolved) is a no-op, not an error
     st.record_turn("s", _record(), session_done=False, resolve=Resolution(0, "mismatch", None, "x", "history_mismatch"))
@@ -160,5 +151,5 @@ async def test_pairing_written_alone_when_no_turn_is_recorded(store_factory):
     tracker.settle_later(arrival)  # idempotent
     await tracker.drain_settles()
     assert st.get_turn("s", 0)["pairing"] == "paired" and st.awaiting_turn("s") is None
-    assert [r["status"] for r in st.samples_of("s")] == ["pending_judge"]
+    assert [r["status"] for r in samples_of(st, "s")] == ["pending_judge"]
     assert await tracker.sweep_idle(now=10**10) == 1  # released: the idle sweep may end it now

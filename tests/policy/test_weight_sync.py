@@ -10,9 +10,9 @@ import time
 
 import httpx
 import pytest
-from policy_testkit import admin, client, start_policy
 
 from policy_server.store import Store
+from tests.testkit.servers import admin, client, start_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

@@ -1,20 +1,15 @@
 """Fixtures for the PRM framework tests.
 
-``prm_test_scorers`` (next to this file) holds scorer classes that configs reference by dotted path, so the
-runner builds and OWNS them exactly as it would user scorers; this folder is put on sys.path for that
-(tests use --import-mode=importlib, so test modules themselves are not importable by name).
+``prm_test_scorers`` (next to this file) holds scorer classes that configs reference by dotted path
+(``tests.prm.prm_test_scorers.X``, importable from the repository root), so the runner builds and OWNS them
+exactly as it would user scorers.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import prm_test_scorers
+from tests.prm import prm_test_scorers
 
 
 @pytest.fixture(autouse=True)

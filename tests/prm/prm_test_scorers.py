@@ -1,4 +1,4 @@
-"""Scorer classes the PRM tests reference by dotted path (``prm_test_scorers.X``); they log to ``LOG``."""
+"""Scorer classes the PRM tests reference by dotted path (``tests.prm.prm_test_scorers.X``); they log to ``LOG``."""
 
 from __future__ import annotations
 

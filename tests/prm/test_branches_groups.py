@@ -6,7 +6,6 @@ group filters."""
 from __future__ import annotations
 
 import pytest
-from prm_test_scorers import LOG, A, Scripted, make_turns
 
 from judge_server.prm import (
     BaseScorer,
@@ -19,6 +18,7 @@ from judge_server.prm import (
     score_branches,
     score_group,
 )
+from tests.prm.prm_test_scorers import LOG, A, Scripted, make_turns
 
 pytestmark = pytest.mark.unit
 

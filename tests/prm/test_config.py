@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from prm_test_scorers import make_turns
 
 from judge_server.prm import PRMConfigError, PRMRunner, load_prm_config, parse_prm_config, score_session
+from tests.prm.prm_test_scorers import make_turns
 
 pytestmark = pytest.mark.unit
 

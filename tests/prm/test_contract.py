@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-from prm_test_scorers import A, B, Scripted, Trajectory, dense, make_turns
 
 from judge_server.prm import (
     BaseScorer,
@@ -20,6 +19,7 @@ from judge_server.prm import (
     TurnCache,
     score_session,
 )
+from tests.prm.prm_test_scorers import A, B, Scripted, Trajectory, dense, make_turns
 
 pytestmark = pytest.mark.unit
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from prm_test_scorers import A, C, make_turns
 
 from judge_server.prm import PRMConfigError, PRMRunner, PRMRunnerClosed, score_session
+from tests.prm.prm_test_scorers import A, C, make_turns
 from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.unit
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 
 def spec(cls: str, **kwargs) -> dict:
     enabled = kwargs.pop("enabled", True)
-    return {"path": f"prm_test_scorers.{cls}", "enabled": enabled, "kwargs": kwargs}
+    return {"path": f"tests.prm.prm_test_scorers.{cls}", "enabled": enabled, "kwargs": kwargs}
 
 
 def closes(log) -> list[str]:
@@ -105,13 +105,13 @@ async def test_create_rolls_back_owned_scorers_and_reraises_original(scorer_log)
 @pytest.mark.parametrize(
     "bad_entry, advantage_mode, match, expected_closes",
     [
-        ({"path": "prm_test_scorers.Missing"}, "additive", "not a BaseScorer subclass", ["b", "a"]),
+        ({"path": "tests.prm.prm_test_scorers.Missing"}, "additive", "not a BaseScorer subclass", ["b", "a"]),
         ({"path": "no_such_module_xyz.Scorer"}, "additive", "cannot import PRM scorer module", ["b", "a"]),
-        ({"path": "prm_test_scorers.NotAScorer"}, "additive", "not a BaseScorer subclass", ["b", "a"]),
+        ({"path": "tests.prm.prm_test_scorers.NotAScorer"}, "additive", "not a BaseScorer subclass", ["b", "a"]),
         # Validation runs after every scorer was built, so the offender is owned and rolled back too.
-        ({"path": "prm_test_scorers.AlsoNamedA"}, "additive", "share the name 'a'", ["a", "b", "a"]),
+        ({"path": "tests.prm.prm_test_scorers.AlsoNamedA"}, "additive", "share the name 'a'", ["a", "b", "a"]),
         (
-            {"path": "prm_test_scorers.RejectsProcessWeighted"},
+            {"path": "tests.prm.prm_test_scorers.RejectsProcessWeighted"},
             "process_weighted",
             "cannot be used with process_weighted",
             ["rejects_pw", "b", "a"],

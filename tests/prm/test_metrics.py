@@ -5,7 +5,6 @@ across workers, eval namespace, Prometheus exposure and the log snapshot."""
 from __future__ import annotations
 
 import pytest
-from prm_test_scorers import Observing, make_turns, obs
 from prometheus_client import CollectorRegistry, generate_latest
 
 from judge_server.prm import (
@@ -19,6 +18,7 @@ from judge_server.prm import (
 )
 from judge_server.prm.metrics import MetricKey
 from judge_server.prm.scorers import LengthBudgetScorer
+from tests.prm.prm_test_scorers import Observing, make_turns, obs
 
 pytestmark = pytest.mark.unit
 

@@ -4,18 +4,16 @@ injected with httpx.MockTransport, an unreachable judge with a closed port."""
 
 from __future__ import annotations
 
-import sys
-
 import httpx
 import pytest
-from prm_test_scorers import make_turns
 
 from engine.http_client import RetryPolicy
-from engine.procs import free_port, spawn, wait_http
 from judge_server.prm import PRMRejected, PRMRunner, score_session
 from judge_server.prm.scorers import LengthBudgetScorer, LLMJudgeScorer
+from tests.prm.prm_test_scorers import make_turns
+from tests.testkit.procs import free_port
+from tests.testkit.servers import JUDGE_KEY, start_judge
 
-JUDGE_KEY = "prm-test-key"
 JUDGE_PATH = "judge_server.prm.scorers.LLMJudgeScorer"
 
 
@@ -80,34 +78,8 @@ async def test_llm_judge_failures_reject_never_zero(prm, match):
 
 @pytest.fixture(scope="module")
 def judge_url(tmp_path_factory):
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "judge_server.cli",
-        "--backend",
-        "rules",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--api-key",
-        JUDGE_KEY,
-        "--log-level",
-        "warning",
-    ]
-    proc = spawn(
-        "judge-rules",
-        cmd,
-        url=f"http://127.0.0.1:{port}",
-        log_dir=tmp_path_factory.mktemp("judge"),
-        env={"HINDSIGHT_JUDGE_BACKEND": "rules"},
-    )
-    try:
-        wait_http(proc.url + "/health", deadline_s=60, proc=proc.proc)
-    except Exception:
-        proc.stop()
-        pytest.fail(f"judge server did not start:\n{proc.log_tail()}")
+    args = ["--api-key", JUDGE_KEY, "--log-level", "warning"]
+    proc = start_judge(tmp_path_factory.mktemp("judge"), "judge-rules", args=args)
     yield proc.url
     proc.stop()
 

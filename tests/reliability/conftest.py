@@ -5,16 +5,13 @@ as subprocesses on ephemeral loopback ports, stopped by their PID."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# policy_testkit (start_policy, client/admin helpers) is shared with the policy-server tests.
-sys.path.insert(0, str(Path(__file__).parent.parent / "policy"))
-
-from engine.procs import ManagedProcess, start_dev_engine
+from tests.testkit.procs import ManagedProcess, start_dev_engine
+from tests.testkit.servers import JUDGE_KEY, start_judge
 
 
 @pytest.fixture(scope="module")
@@ -24,5 +21,13 @@ def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         log_dir=tmp_path_factory.mktemp("engine-logs"),
         extra_args=["--seed", "0", "--weight-version", "v0"],
     )
+    yield mp
+    mp.stop()
+
+
+@pytest.fixture(scope="module")
+def judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    """A rules judge that requires ``JUDGE_KEY``."""
+    mp = start_judge(tmp_path_factory.mktemp("judge"), args=["--api-key", JUDGE_KEY])
     yield mp
     mp.stop()

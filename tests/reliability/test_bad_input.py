@@ -9,23 +9,21 @@ Contract: docs/CONTRACTS.md "Hostile input" and engine.http_guard.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from policy_testkit import ADMIN_KEY, admin, client, start_policy
 
-from engine.procs import ManagedProcess, free_port, start_process
 from policy_server.store import Store
+from tests.testkit.procs import ManagedProcess
+from tests.testkit.servers import ADMIN_KEY, JUDGE_KEY, admin, client, start_policy
 
 pytestmark = pytest.mark.e2e
 
 MARK = "SECRET-USER-TEXT"  # put into every offending value: no error body may contain it
 U = {"role": "user", "content": "hi"}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
-JUDGE_KEY = "judge-key"
 
 
 def _nested(depth: int) -> dict:
@@ -42,17 +40,6 @@ def policy(
     d = tmp_path_factory.mktemp("bad-input-policy")
     mp = start_policy(tiny_model_dir, engine.url, d / "data", d, extra=["--session-idle-timeout-s", "600"])
     mp.extra["data"] = d / "data"
-    yield mp
-    mp.stop()
-
-
-@pytest.fixture(scope="module")
-def judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--port", str(port), "--api-key", JUDGE_KEY]
-    mp = start_process(
-        "judge", cmd, url=f"http://127.0.0.1:{port}", log_dir=tmp_path_factory.mktemp("judge"), deadline_s=60
-    )
     yield mp
     mp.stop()
 

@@ -7,30 +7,18 @@ from __future__ import annotations
 
 import stat
 import subprocess
-import sys
 
 import httpx
 import pytest
-from policy_testkit import admin, client, start_policy
+
+from tests.testkit.servers import admin, client, policy_command, start_policy
 
 pytestmark = pytest.mark.e2e
 
 
 def test_api_key_without_admin_key_refuses_to_start(tiny_model_dir, tmp_path):
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "policy_server.cli",
-            "--model-path",
-            str(tiny_model_dir),
-            "--engine-url",
-            "http://127.0.0.1:9",
-            "--api-key",
-            "k",
-            "--data-dir",
-            str(tmp_path),
-        ],
+        policy_command(str(tiny_model_dir), "http://127.0.0.1:9", "--api-key", "k", "--data-dir", str(tmp_path)),
         capture_output=True,
         text=True,
         timeout=60,

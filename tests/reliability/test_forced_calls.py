@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from policy_testkit import client, start_policy
 
-from engine.procs import ManagedProcess
+from tests.testkit.procs import ManagedProcess
+from tests.testkit.servers import client, start_policy
 
 pytestmark = pytest.mark.e2e
 

@@ -24,8 +24,8 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from policy_testkit import CLIENT_KEY, client, start_policy
 
+from tests.testkit.servers import CLIENT_KEY, client, start_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

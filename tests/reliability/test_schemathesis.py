@@ -13,7 +13,6 @@ otherwise spend seconds per example on the largest ``max_tokens``), and lease wa
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,19 +21,18 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from policy_testkit import ADMIN_KEY, CLIENT_KEY, start_policy
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
 
-from engine.procs import ManagedProcess, free_port, start_process
+from tests.testkit.procs import ManagedProcess
+from tests.testkit.servers import ADMIN_KEY, CLIENT_KEY, JUDGE_KEY, start_policy
 
 pytestmark = pytest.mark.e2e
 EXAMPLES = 10
 STATEFUL_SCENARIOS = 6
-JUDGE_KEY = "judge-key"
 
 
 def not_a_server_error(ctx, response, case) -> bool:
@@ -43,17 +41,6 @@ def not_a_server_error(ctx, response, case) -> bool:
 
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-
-
-@pytest.fixture(scope="module")
-def judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "judge_server.cli", "--backend", "rules", "--port", str(port), "--api-key", JUDGE_KEY]
-    mp = start_process(
-        "judge", cmd, url=f"http://127.0.0.1:{port}", log_dir=tmp_path_factory.mktemp("judge"), deadline_s=60
-    )
-    yield mp
-    mp.stop()
 
 
 @pytest.fixture(scope="module")

@@ -24,15 +24,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from policy_testkit import admin, client, start_policy
 
 from policy_server.errors import StoreBusy
 from policy_server.store import Store
+from tests.testkit.records import USER_HI, turn_record
+from tests.testkit.servers import admin, client, start_policy
 from tests.waiting import wait_until
 
 BUSY_TIMEOUT_S = 2.0
 HOLD_S = 12.0
-U = {"role": "user", "content": "hi"}
+U = USER_HI
 
 LOCKER = """
 import sqlite3, sys, time
@@ -64,18 +65,7 @@ class ExternalLock:
             self.proc.wait(timeout=5)
 
 
-def _record() -> dict:
-    return {
-        "messages": [U],
-        "tools": None,
-        "prompt_ids": [1, 2],
-        "response_ids": [3, 4],
-        "rollout_logprobs": [-0.1, -0.2],
-        "response": {"content": "x"},
-        "weight_version": "v0",
-        "weight_versions": ["v0"],
-        "sampling_params": {},
-    }
+_record = turn_record
 
 
 @pytest.mark.unit
@@ -119,6 +109,12 @@ def _chat(c: httpx.Client, sid: str | None, text: str) -> httpx.Response:
     )
 
 
+def _busy_policy(tiny_model_dir, engine, run_dir, *extra: str):
+    """A policy server (data in ``run_dir/data``) whose store waits BUSY_TIMEOUT_S on a lock, then answers 503."""
+    busy = ["--store-busy-timeout-s", str(BUSY_TIMEOUT_S), *extra]
+    return start_policy(tiny_model_dir, engine.url, run_dir / "data", run_dir, extra=busy)
+
+
 def _wait(pred, timeout_s: float) -> float:
     t0 = time.monotonic()
     wait_until(pred, timeout_s=timeout_s, interval_s=0.1)
@@ -129,14 +125,8 @@ def _wait(pred, timeout_s: float) -> float:
 @pytest.mark.timeout(180)
 def test_external_write_lock_gives_503_then_the_server_recovers_by_itself(tiny_model_dir, engine, run_dir):
     data = run_dir / "data"
-    policy = start_policy(
-        tiny_model_dir,
-        engine.url,
-        data,
-        run_dir,
-        # Header-less requests stay unrecorded here (no inference): they must be served while the store is locked.
-        extra=["--store-busy-timeout-s", str(BUSY_TIMEOUT_S), "--session-idle-timeout-s", "600", "--no-infer-sessions"],
-    )
+    # Header-less requests stay unrecorded here (no inference): they must be served while the store is locked.
+    policy = _busy_policy(tiny_model_dir, engine, run_dir, "--session-idle-timeout-s", "600", "--no-infer-sessions")
     locker = None
     try:
         with client(policy.url) as c, admin(policy.url) as a:
@@ -193,13 +183,7 @@ def test_external_write_lock_gives_503_then_the_server_recovers_by_itself(tiny_m
 @pytest.mark.timeout(120)
 def test_sigterm_stops_the_server_while_the_database_is_locked(tiny_model_dir, engine, run_dir):
     data = run_dir / "data"
-    policy = start_policy(
-        tiny_model_dir,
-        engine.url,
-        data,
-        run_dir,
-        extra=["--store-busy-timeout-s", str(BUSY_TIMEOUT_S), "--shutdown-grace-s", "5", "--shutdown-drain-s", "2"],
-    )
+    policy = _busy_policy(tiny_model_dir, engine, run_dir, "--shutdown-grace-s", "5", "--shutdown-drain-s", "2")
     locker = None
     try:
         with client(policy.url) as c:

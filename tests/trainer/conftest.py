@@ -70,7 +70,7 @@ def train_config(**kw: object) -> TrainConfig:
 
 
 def write_samples(model_dir: Path, path: Path, n: int, *, seed: int = 0, mode: str = "rl") -> list[dict]:
-    from trainer.local_source import LocalSampleSource, target_reward
+    from tests.testkit.local_source import LocalSampleSource, target_reward
 
     src = LocalSampleSource(
         model_dir, PROMPTS, reward_fn=target_reward(TARGET_IDS), max_new_tokens=8, seed=seed, mode=mode

@@ -66,7 +66,7 @@ def test_collate_reads_the_flag_and_the_schema_requires_a_bool():
 @pytest.fixture(scope="module")
 def combine_samples(tiny_model_dir: Path) -> list[Sample]:
     """6 combine samples from the tiny model with exact rollout log-probs and synthetic teacher log-probs."""
-    from trainer.local_source import LocalSampleSource
+    from tests.testkit.local_source import LocalSampleSource
 
     src = LocalSampleSource(
         tiny_model_dir,

@@ -10,7 +10,6 @@ across a resume that restores the sharded optimizer state.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,24 +19,9 @@ import torch
 from safetensors.torch import load_file
 
 from tests.numerics import reorder_atol, step_loss_terms
-
-ENV = {
-    **os.environ,
-    "OMP_NUM_THREADS": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "PYTHONUNBUFFERED": "1",
-}
-
-
-def run_cli(args: list[str], *, nproc: int = 0, timeout_s: float = 150) -> subprocess.CompletedProcess:
-    launcher = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", f"--nproc-per-node={nproc}"]
-        if nproc
-        else [sys.executable]
-    )
-    cmd = [*launcher, "-m", "trainer.cli", *args]
-    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout_s)
+from tests.testkit.trainer_cli import SMALL_BATCH_FLAGS
+from tests.testkit.trainer_cli import TRAINER_ENV as ENV
+from tests.testkit.trainer_cli import run_trainer_cli as run_cli
 
 
 @pytest.mark.process
@@ -73,7 +57,7 @@ def test_cli_rejects_inconsistent_flags():
 
 @pytest.mark.process
 def test_cli_unreachable_policy_server_fails_explicitly(tiny_model_dir, tmp_path):
-    from engine.procs import free_port
+    from tests.testkit.procs import free_port
 
     key_file = tmp_path / "admin.key"
     key_file.write_text("k\n")
@@ -100,14 +84,7 @@ def test_cli_unreachable_policy_server_fails_explicitly(tiny_model_dir, tmp_path
 COMMON = [
     "--steps",
     "3",
-    "--batch-size",
-    "8",
-    "--micro-batch-size",
-    "2",
-    "--lr",
-    "1e-2",
-    "--no-progress",
-    "--no-weight-sync",
+    *SMALL_BATCH_FLAGS,
     "--aggregation",
     "token_mean",
     # One optimizer step per batch: ranks sum gradients in another order than one process, and each further

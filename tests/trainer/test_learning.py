@@ -7,11 +7,13 @@ set (RL), or a teacher built by ``build_teacher`` supplies log-probs (OPD). Fixe
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from tests.testkit.local_source import LocalSampleSource, target_reward
 from tests.trainer.conftest import HELD_OUT, PROMPTS, TARGET_IDS
-from trainer.local_source import LocalSampleSource, target_reward
 from trainer.settings import TrainConfig
 from trainer.train import train
 
@@ -45,19 +47,24 @@ def kl_to_teacher(src: LocalSampleSource, n: int = 16) -> float:
     return total / count
 
 
-def test_rl_loop_raises_target_frequency(tiny_model_dir, tmp_path):
-    src = LocalSampleSource(tiny_model_dir, PROMPTS, reward_fn=target_reward(TARGET_IDS), max_new_tokens=12, seed=0)
-    before = target_frequency(src)
-    cfg = TrainConfig(
-        model_path=str(tiny_model_dir),
-        out_dir=str(tmp_path / "rl"),
-        steps=20,
+def loop_config(model_dir: Path, out_dir: Path, *, steps: int, lr: float) -> TrainConfig:
+    """One full-batch update per lease of 16 samples, no progress bar, only the last checkpoint kept."""
+    return TrainConfig(
+        model_path=str(model_dir),
+        out_dir=str(out_dir),
+        steps=steps,
         batch_size=16,
-        lr=1e-2,
+        lr=lr,
         micro_batch_size=16,
         progress=False,
         keep_checkpoints=1,
     )
+
+
+def test_rl_loop_raises_target_frequency(tiny_model_dir, tmp_path):
+    src = LocalSampleSource(tiny_model_dir, PROMPTS, reward_fn=target_reward(TARGET_IDS), max_new_tokens=12, seed=0)
+    before = target_frequency(src)
+    cfg = loop_config(tiny_model_dir, tmp_path / "rl", steps=20, lr=1e-2)
     train(cfg, source=src)
     after = target_frequency(src)
     assert src.weight_updates[-1][1] == "20"  # the sampler really runs the trained weights
@@ -69,16 +76,7 @@ def test_opd_loop_reduces_kl_to_teacher(tiny_model_dir, teacher_model_dir, tmp_p
         tiny_model_dir, PROMPTS, teacher_path=teacher_model_dir, mode="opd", max_new_tokens=8, seed=0
     )
     before = kl_to_teacher(src)
-    cfg = TrainConfig(
-        model_path=str(tiny_model_dir),
-        out_dir=str(tmp_path / "opd"),
-        steps=80,
-        batch_size=16,
-        lr=3e-3,
-        micro_batch_size=16,
-        progress=False,
-        keep_checkpoints=1,
-    )
+    cfg = loop_config(tiny_model_dir, tmp_path / "opd", steps=80, lr=3e-3)
     train(cfg, source=src)
     after = kl_to_teacher(src)
     assert after < 0.8 * before, (before, after)

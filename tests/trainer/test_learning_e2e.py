@@ -1,6 +1,6 @@
 """The closed learning loop through the real stack: the policy learns what the judge rewards.
 
-Stack (tests/trainer/stack.py): dev engine on a private copy of the tiny model <- policy server (mode rl) ->
+Stack (tests/testkit/stack.py): dev engine on a private copy of the tiny model <- policy server (mode rl) ->
 judge server (rules backend). A scripted user (openai client) answers "Thanks, that worked." when the
 assistant's reply contains the target and "No, that is wrong." otherwise, so the rules judge turns the target
 into a deterministic +1 / -1 reward. Target: an uppercase letter in the reply, i.e. one of the tiny
@@ -24,7 +24,8 @@ import pytest
 
 from engine.chat import load_tokenizer, parse_assistant_output, render_prompt_ids
 from engine.client import EngineClient
-from tests.trainer.stack import ADMIN, ScriptedUser, start_stack
+from tests.testkit.servers import ADMIN_KEY as ADMIN
+from tests.testkit.stack import ScriptedUser, start_stack
 from tests.waiting import wait_until
 from trainer.settings import TrainConfig
 from trainer.train import train

@@ -13,6 +13,8 @@ import torch
 
 from engine.records import Sample
 from tests.trainer.conftest import rl_sample
+
+# The package's exported names on purpose: the test pins its public API.
 from trainer.lease_client import (
     FileSampleSource,
     Lease,

@@ -198,6 +198,20 @@ def _train_once(model0, samples: list[Sample], cfg: TrainConfig) -> tuple[dict, 
     return m, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def _unclipped_config(model_dir, **kw) -> TrainConfig:
+    """Micro-batches of 4, no baseline, no rollout correction and no gradient clipping, so the compared
+    updates differ only by what the test feeds them (paths are never opened)."""
+    return TrainConfig(
+        model_path=str(model_dir),
+        out_dir="unused",
+        micro_batch_size=4,
+        baseline="none",
+        rollout_correction="none",
+        max_grad_norm=0.0,
+        **kw,
+    )
+
+
 @pytest.mark.slow
 def test_rows_without_a_learning_term_do_not_dilute_the_step(tiny_model_dir):
     """Baseline none: a promoted (reward 0) 4-token sample beside two 3-token ones changes nothing at all
@@ -246,13 +260,8 @@ def test_topk_term_is_divided_by_the_tokens_with_topk_rows(tiny_model_dir):
     )
     b = rl_record(sample_id="b", response_ids=[10, 11, 12], rollout_logprobs=[-1.0] * 3, loss_mask=[1] * 3, reward=1.0)
     c = 0.5
-    cfg = TrainConfig(
-        model_path=str(tiny_model_dir),
-        out_dir="unused",
-        micro_batch_size=4,
-        baseline="none",
-        rollout_correction="none",
-        max_grad_norm=0.0,
+    cfg = _unclipped_config(
+        tiny_model_dir,
         topk_coef=c,
         ppo_epochs=1,
         minibatches=1,

@@ -11,79 +11,27 @@ engine reports the new weight version.
 from __future__ import annotations
 
 import json
-import sys
 
 import httpx
 import pytest
 
-from engine.procs import free_port, spawn, start_dev_engine, wait_http
+from tests.testkit.servers import ADMIN_KEY as ADMIN
+from tests.testkit.servers import CLIENT_KEY as CLIENT
+from tests.testkit.stack import start_stack
 from trainer.settings import TrainConfig
 from trainer.train import train
 
 pytestmark = pytest.mark.e2e
 
-ADMIN, CLIENT = "adm-key", "cli-key"
-
 
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("stack")
-    procs = []
+    policy_args = ["--model-aliases", "policy", "--session-idle-timeout-s", "2"]
+    st = start_stack(tiny_model_dir, tmp_path_factory.mktemp("stack"), copy_model=False, policy_args=policy_args)
     try:
-        engine = start_dev_engine(tiny_model_dir, log_dir=logs, extra_args=["--seed", "0"])
-        procs.append(engine)
-        jport = free_port()
-        judge = spawn(
-            "judge",
-            [sys.executable, "-m", "judge_server.cli", "--host", "127.0.0.1", "--port", str(jport)],
-            url=f"http://127.0.0.1:{jport}",
-            log_dir=logs,
-            env={"HINDSIGHT_JUDGE_BACKEND": "rules", "HINDSIGHT_JUDGE_M": "1"},
-        )
-        procs.append(judge)
-        wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
-        pport = free_port()
-        policy = spawn(
-            "policy",
-            [
-                sys.executable,
-                "-m",
-                "policy_server.cli",
-                "--model-path",
-                str(tiny_model_dir),
-                "--engine-url",
-                engine.url,
-                "--judge-url",
-                judge.url,
-                "--data-dir",
-                str(logs / "data"),
-                "--mode",
-                "rl",
-                "--api-key",
-                CLIENT,
-                "--admin-api-key",
-                ADMIN,
-                "--port",
-                str(pport),
-                "--model-aliases",
-                "policy",
-                "--session-idle-timeout-s",
-                "2",
-                "--idle-sweep-interval-s",
-                "0.2",
-            ],
-            url=f"http://127.0.0.1:{pport}",
-            log_dir=logs,
-        )
-        procs.append(policy)
-        wait_http(policy.url + "/health", deadline_s=60, proc=policy.proc)
-        yield {"engine": engine, "judge": judge, "policy": policy}
-    except Exception as exc:
-        tails = "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in procs)
-        raise RuntimeError(f"stack failed: {exc}\n{tails}") from None
+        yield {"engine": st.engine, "judge": st.judge, "policy": st.policy}
     finally:
-        for p in reversed(procs):
-            p.stop()
+        st.stop()
 
 
 def drive_sessions(url: str, n_sessions: int, turns: int, target_text: set[str]) -> int:

@@ -1,7 +1,7 @@
 """Process rewards end to end: LengthBudgetScorer + the LLM-judge scorer, configured in
 one PRM YAML, through the policy server into the trainer.
 
-Stack (tests/trainer/stack.py): dev engine <- policy server (mode rl, ``--prm-config prm.yaml``) -> judge server
+Stack (tests/testkit/stack.py): dev engine <- policy server (mode rl, ``--prm-config prm.yaml``) -> judge server
 (rules backend). The YAML has ``LengthBudgetScorer(max_output_tokens=2)`` and ``LLMJudgeScorer`` (calling the
 same judge service, ``reward_range: unit``), weights 0.5 / 0.5, shaping ``process_weighted``. The scripted user's
 feedback makes the judge's verdict deterministic, and replies of 1-2 or 4 tokens make the length scorer vary, so
@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from engine.records import Sample
-from tests.trainer.stack import ADMIN, ScriptedUser, start_stack
+from tests.testkit.servers import ADMIN_KEY as ADMIN
+from tests.testkit.stack import ScriptedUser, start_stack
 from tests.waiting import wait_until
 from trainer.advantages import rl_sample_advantages
 from trainer.batch import collate

@@ -8,35 +8,15 @@ and weights as one process on the same batches, with the same masked fraction.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from tests.numerics import reorder_atol, step_loss_terms
+from tests.testkit.trainer_cli import SMALL_BATCH_FLAGS
+from tests.testkit.trainer_cli import run_trainer_cli as run_cli
 from tests.trainer.conftest import write_samples
-
-ENV = {
-    **os.environ,
-    "OMP_NUM_THREADS": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "PYTHONUNBUFFERED": "1",
-}
-
-
-def run_cli(args: list[str], *, nproc: int = 0, timeout_s: float = 150) -> subprocess.CompletedProcess:
-    launcher = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", f"--nproc-per-node={nproc}"]
-        if nproc
-        else [sys.executable]
-    )
-    return subprocess.run(
-        [*launcher, "-m", "trainer.cli", *args], env=ENV, capture_output=True, text=True, timeout=timeout_s
-    )
 
 
 @pytest.mark.slow
@@ -56,14 +36,7 @@ def test_mis_two_ranks_match_one_process(tiny_model_dir, tmp_path):
         str(tiny_model_dir),
         "--steps",
         "2",
-        "--batch-size",
-        "8",
-        "--micro-batch-size",
-        "2",
-        "--lr",
-        "1e-2",
-        "--no-progress",
-        "--no-weight-sync",
+        *SMALL_BATCH_FLAGS,
         "--rollout-correction",
         "mis",
     ]

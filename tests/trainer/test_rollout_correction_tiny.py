@@ -39,7 +39,7 @@ def model0(tiny_model_dir: Path):
 
 
 def _samples(tiny_model_dir: Path, n: int, *, temperature: float = 1.0, seed: int = 5) -> list[Sample]:
-    from trainer.local_source import LocalSampleSource
+    from tests.testkit.local_source import LocalSampleSource
 
     src = LocalSampleSource(
         tiny_model_dir,

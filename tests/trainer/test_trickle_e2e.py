@@ -1,12 +1,12 @@
 """The trickle closed loop (the proof of the live-traffic hand-off): samples arrive one at a time while the
 trainer runs concurrently, and the policy still learns what the judge rewards.
 
-Stack (tests/trainer/stack.py): dev engine on a private copy of the tiny model <- policy server (mode rl) ->
+Stack (tests/testkit/stack.py): dev engine on a private copy of the tiny model <- policy server (mode rl) ->
 judge server (rules backend, m=1). A scripted user works through sessions ONE AT A TIME, one turn at a time
 with a pause after each, answering "Thanks, that worked." when the reply contains the target (an uppercase
 letter, as in test_learning_e2e) and "No, that is wrong." otherwise, so each judged turn becomes ready on its
 own. Meanwhile ``hindsight-train`` (a subprocess with its default min-batch, baseline, epochs and staleness
-bound; tests/trainer/stack.py ``run_trickle``) leases, trains, checkpoints and pushes weights to the engine,
+bound; tests/testkit/stack.py ``run_trickle``) leases, trains, checkpoints and pushes weights to the engine,
 and stops after its idle timeout once the user is done. The traffic starts only once the trainer is up.
 
 Asserted: the loop is closed (the trained samples come from at least 2 weight versions the trainer published
@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from engine.chat import load_tokenizer
-from tests.trainer.stack import run_trickle, start_stack
+from tests.testkit.stack import run_trickle, start_stack
 from tests.trainer.test_learning_e2e import PROMPTS, has_target, target_frequency
 from trainer.settings import TrainConfig
 

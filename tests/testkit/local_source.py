@@ -1,6 +1,6 @@
 """An in-process ``SampleSource`` that samples from the CURRENT policy weights: the honest learning proof.
 
-It plays the policy server's role for tests, benches and CPU experiments: ``lease`` renders scripted
+It plays the policy server's role for the trainer tests: ``lease`` renders scripted
 user prompts with the chat template (engine.chat.render_prompt_ids), samples replies at ``temperature`` (1 by
 default; no top-k/top-p) and records, as SGLang does, log softmax(logits / T) of each sampled token as
 ``rollout_logprobs`` and ``{"temperature", "max_new_tokens"}`` as ``sampling_params``; scores them with

@@ -1,9 +1,9 @@
-"""The real stack for the trainer's e2e tests, and its scripted user.
+"""The whole stack for end-to-end tests, and its scripted user.
 
 ``start_stack`` starts, on 127.0.0.1 ephemeral ports: a dev engine on a private COPY of the tiny model
 (weight updates load checkpoints, but the copy keeps the shared fixture untouched), the judge server with
 the rules backend (m=1), and the policy server in mode rl (optionally with ``--prm-config``). Every process
-is stopped by PID in ``Stack.stop``.
+is stopped by its process group in ``Stack.stop`` (and dies with the test run: tests.testkit.procs).
 
 ``ScriptedUser`` drives sessions through the policy server with the openai client. Its next message is
 "Thanks, that worked." when the assistant's reply contains the target, "No, that is wrong." otherwise, so
@@ -15,21 +15,19 @@ feedback is sent with ``X-Session-Done`` and max_tokens 1: it pairs the previous
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, wait_http
+from tests.testkit.procs import ManagedProcess, spawn, start_dev_engine
+from tests.testkit.servers import ADMIN_KEY, openai_client, start_judge, start_policy
 
-ADMIN, CLIENT = "adm-key", "cli-key"
 GOOD, BAD = "Thanks, that worked.", "No, that is wrong."
 
 
@@ -44,7 +42,7 @@ class Stack:
 
     def admin(self) -> httpx.Client:
         return httpx.Client(
-            base_url=self.policy.url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30, trust_env=False
+            base_url=self.policy.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30, trust_env=False
         )
 
     def stats(self) -> dict:
@@ -61,47 +59,36 @@ class Stack:
         return "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in self.procs)
 
 
-def start_stack(tiny_model_dir: Path, work: Path, *, prm_yaml: str | None = None, engine_seed: int = 0) -> Stack:
+def start_stack(
+    tiny_model_dir: Path,
+    work: Path,
+    *,
+    prm_yaml: str | None = None,
+    engine_seed: int = 0,
+    copy_model: bool = True,
+    policy_args: Sequence[str] = (),
+) -> Stack:
     """``prm_yaml``: PRM config text for ``--prm-config``; ``{judge_url}`` in it becomes the judge's URL.
-    The written file is ``Stack.prm_config`` (the trainer reads the same file)."""
+    The written file is ``Stack.prm_config`` (the trainer reads the same file). ``copy_model=False`` serves
+    the given folder itself (for a stack whose weights are never updated from disk); ``policy_args`` come
+    last on the policy server's command line, so they override the stack's own."""
     model_dir = work / "policy-model"
-    shutil.copytree(tiny_model_dir, model_dir)
+    if copy_model:
+        shutil.copytree(tiny_model_dir, model_dir)
+    else:
+        model_dir = tiny_model_dir
     logs = work / "logs"
     procs: list[ManagedProcess] = []
     try:
         engine = start_dev_engine(model_dir, log_dir=logs, extra_args=["--seed", str(engine_seed)])
         procs.append(engine)
-        jport = free_port()
-        judge = spawn(
-            "judge",
-            [sys.executable, "-m", "judge_server.cli", "--host", "127.0.0.1", "--port", str(jport)],
-            url=f"http://127.0.0.1:{jport}",
-            log_dir=logs,
-            env={"HINDSIGHT_JUDGE_BACKEND": "rules", "HINDSIGHT_JUDGE_M": "1"},
-        )
+        judge = start_judge(logs, m=1)
         procs.append(judge)
-        wait_http(judge.url + "/health", deadline_s=60, proc=judge.proc)
-        pport = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "policy_server.cli",
-            "--model-path",
-            str(model_dir),
-            "--engine-url",
-            engine.url,
+        extra = [
             "--judge-url",
             judge.url,
-            "--data-dir",
-            str(work / "data"),
             "--mode",
             "rl",
-            "--api-key",
-            CLIENT,
-            "--admin-api-key",
-            ADMIN,
-            "--port",
-            str(pport),
             "--session-idle-timeout-s",
             "30",
             "--idle-sweep-interval-s",
@@ -115,10 +102,9 @@ def start_stack(tiny_model_dir: Path, work: Path, *, prm_yaml: str | None = None
         if prm_yaml is not None:
             prm_config = work / "prm.yaml"
             prm_config.write_text(prm_yaml.replace("{judge_url}", judge.url))
-            cmd += ["--prm-config", str(prm_config)]
-        policy = spawn("policy", cmd, url=f"http://127.0.0.1:{pport}", log_dir=logs)
+            extra += ["--prm-config", str(prm_config)]
+        policy = start_policy(model_dir, engine.url, work / "data", logs, extra=[*extra, *policy_args], fail_fast=False)
         procs.append(policy)
-        wait_http(policy.url + "/health", deadline_s=60, proc=policy.proc)
     except Exception as exc:
         tails = "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in procs)
         for p in reversed(procs):
@@ -139,15 +125,7 @@ class ScriptedUser:
         workers: int = 4,
         pause_s: float = 0.0,
     ):
-        from openai import OpenAI
-
-        self.client = OpenAI(
-            base_url=policy_url + "/v1",
-            api_key=CLIENT,
-            timeout=60,
-            max_retries=0,
-            http_client=httpx.Client(trust_env=False, timeout=60),
-        )
+        self.client = openai_client(policy_url)
         self.is_good = is_good
         self.max_tokens = max_tokens
         self.workers = workers
@@ -261,9 +239,8 @@ def run_trickle(
         "--no-sync-on-resume",
         *trainer_args,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HINDSIGHT_TRAIN_ADMIN_API_KEY": ADMIN}
-    with open(log, "wb") as fh:
-        trainer = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    env = {"OMP_NUM_THREADS": "1", "HINDSIGHT_TRAIN_ADMIN_API_KEY": ADMIN_KEY}
+    trainer = spawn(out.name, cmd, url="", log_dir=out.parent, env=env).proc  # its log: ``log``
     user = ScriptedUser(stack.policy.url, is_good, max_tokens=max_tokens, workers=1, pause_s=pause_s)
     outcomes: list[bool] = []
     try:

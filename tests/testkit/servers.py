@@ -1,0 +1,274 @@
+"""The services as tests start them, and the small HTTP helpers every test area shares.
+
+One set of test keys (``CLIENT_KEY`` for agents, ``ADMIN_KEY`` for the trainer and operators, ``JUDGE_KEY``
+for a keyed judge, ``ENGINE_KEY`` for a keyed engine), one ``start_judge`` and one ``start_policy``
+(subprocesses on 127.0.0.1 ephemeral ports, tied to this process by tests.testkit.procs) with the variants
+tests share, ``judged_policy_stack`` for a policy server scored by the rules judge, and the clients tests use.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.testkit.procs import ManagedProcess, free_port, start_process
+
+ADMIN_KEY = "admin-secret"
+CLIENT_KEY = "client-secret"
+JUDGE_KEY = "judge-key"  # what a policy server sends a keyed judge (--judge-api-key)
+ENGINE_KEY = "engine-secret"  # a keyed engine's client key (its admin key is ADMIN_KEY)
+TEST_MODEL_ALIAS = "m"  # the model name the policy tests' clients send (a client with a name of its own)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def policy_command(model_dir: str | Path, engine_url: str, *args: str) -> list[str]:
+    """``python -m policy_server.cli`` serving ``model_dir`` through ``engine_url``, then ``args``."""
+    return [
+        sys.executable,
+        "-m",
+        "policy_server.cli",
+        "--model-path",
+        str(model_dir),
+        "--engine-url",
+        engine_url,
+        *args,
+    ]
+
+
+def start_policy(
+    model_dir: Path,
+    engine_url: str,
+    data_dir: Path,
+    log_dir: Path,
+    *,
+    name: str = "policy",
+    extra: list[str] | None = None,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    client_key: str | None = CLIENT_KEY,
+    fail_fast: bool = True,
+) -> ManagedProcess:
+    """A real policy server on 127.0.0.1, ready: the admin key ``ADMIN_KEY``, the client key ``client_key``
+    (None: no client auth), the model alias ``TEST_MODEL_ALIAS``. ``fail_fast`` bounds an engine call at
+    10 s and 3 tries (fault tests see the failure quickly); ``extra`` comes last, so it overrides."""
+    port = port or free_port()
+    args = ["--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", str(port), "--admin-api-key", ADMIN_KEY]
+    if client_key is not None:
+        args += ["--api-key", client_key]
+    if fail_fast:
+        args += ["--engine-deadline-s", "10", "--engine-max-attempts", "3"]
+    cmd = policy_command(model_dir, engine_url, *args, "--model-aliases", TEST_MODEL_ALIAS, *(extra or []))
+    return start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir, env=env, deadline_s=60)
+
+
+def start_routed_policy(
+    model_dir: Path, router: ManagedProcess, engine: ManagedProcess, work: Path, *, extra: Sequence[str] = ()
+) -> ManagedProcess:
+    """``start_policy`` -> ``router`` -> ``engine`` (data in ``work/data``); weight sync goes to the engine itself."""
+    args = ["--engine-worker-urls", engine.url, *extra]
+    return start_policy(model_dir, router.url, work / "data", work, extra=args)
+
+
+def start_prm_policy(
+    model_dir: Path,
+    engine: ManagedProcess,
+    judge: ManagedProcess,
+    data_dir: Path,
+    log_dir: Path,
+    name: str,
+    prm_config: Path | None,
+    *,
+    port: int | None = None,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> ManagedProcess:
+    """``start_policy`` judged by ``judge`` with quick dispatch retries (0.2 s, at most 1 s) and, when given,
+    the PRM scorers of ``prm_config``; ``extra`` comes last."""
+    args = ["--judge-url", judge.url, "--dispatch-retry-initial-s", "0.2", "--dispatch-retry-max-s", "1"]
+    if prm_config is not None:
+        args += ["--prm-config", str(prm_config)]
+    return start_policy(model_dir, engine.url, data_dir, log_dir, name=name, extra=[*args, *extra], port=port, env=env)
+
+
+def pythonpath_with_repo() -> dict[str, str]:
+    """Env for a server process that must import test modules by dotted path (``tests.…`` test scorers)."""
+    old = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": str(REPO_ROOT) + (os.pathsep + old if old else "")}
+
+
+def judge_command(
+    port: int,
+    *,
+    backend: str | None = None,
+    engine_url: str | None = None,
+    tokenizer_path: str | Path | None = None,
+    m: int | None = None,
+    args: Sequence[str] = (),
+) -> list[str]:
+    """``python -m judge_server.cli`` on 127.0.0.1:``port``; each option is passed only when given."""
+    cmd = [sys.executable, "-m", "judge_server.cli", "--host", "127.0.0.1", "--port", str(port)]
+    if backend is not None:
+        cmd += ["--backend", backend]
+    if engine_url is not None:
+        cmd += ["--engine-url", engine_url]
+    if tokenizer_path is not None:
+        cmd += ["--tokenizer-path", str(tokenizer_path)]
+    if m is not None:
+        cmd += ["--m", str(m)]
+    return [*cmd, *args]
+
+
+def start_judge(
+    log_dir: Path,
+    name: str = "judge",
+    *,
+    backend: str | None = "rules",
+    engine_url: str | None = None,
+    tokenizer_path: str | Path | None = None,
+    m: int | None = None,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    ready_path: str | None = None,
+    deadline_s: float = 60,
+) -> ManagedProcess:
+    """A real judge server, ready. The default is the deterministic rules backend ("thanks"/"worked" +1,
+    "wrong"/"No," -1); with ``engine_url`` it is the LLM backend (pass ``backend=None`` to keep the
+    service's default) and readiness is ``/ready`` (the engine reachable), else ``/health``."""
+    port = port or free_port()
+    cmd = judge_command(port, backend=backend, engine_url=engine_url, tokenizer_path=tokenizer_path, m=m, args=args)
+    ready = ready_path or ("/ready" if engine_url else "/health")
+    url = f"http://127.0.0.1:{port}"
+    return start_process(name, cmd, url=url, log_dir=log_dir, env=env, ready_path=ready, deadline_s=deadline_s)
+
+
+def start_llm_judge(log_dir: Path, engine_url: str, tokenizer_path: str | Path, **options: Any) -> ManagedProcess:
+    """``start_judge`` with the service's default (LLM) backend on ``engine_url``, ready on ``/ready``;
+    ``options`` are start_judge's (``m``, ``args``, ``env``, ...)."""
+    return start_judge(log_dir, backend=None, engine_url=engine_url, tokenizer_path=tokenizer_path, **options)
+
+
+def start_failing_judge(
+    log_dir: Path, name: str, *, args: Sequence[str] = (), env: dict[str, str] | None = None
+) -> ManagedProcess:
+    """An LLM judge whose engine is down (nothing listens on its port): m=1 and a 1 s deadline, so every item
+    ends ``judge_failed`` quickly (a real failing dependency, not a fake)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    failing = ["--engine-url", dead, "--m", "1", "--request-deadline-s", "1", *args]
+    return start_judge(log_dir, name, backend=None, args=failing, env=env, ready_path="/health")
+
+
+@contextmanager
+def judged_policy_stack(
+    model_dir: Path, engine_url: str, work: Path, extra: list[str] | None = None
+) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
+    """A policy server judged by a rules-backend judge (its default settings); yields (policy, judge), stops both."""
+    judge = start_judge(work)
+    pol = None
+    try:
+        pol = start_policy(model_dir, engine_url, work / "data", work, extra=["--judge-url", judge.url, *(extra or [])])
+        yield pol, judge
+    finally:
+        if pol:
+            pol.stop()
+        judge.stop()
+
+
+def samples_of(store: Any, session_id: str) -> list[dict[str, Any]]:
+    """The stored sample rows of one session in turn order (``Store.sample_row`` shape: ``data`` decoded)."""
+    listed = store.list_samples(session_id=session_id, limit=100_000)
+    return [row for row in (store.sample_row(r["sample_id"]) for r in listed) if row is not None]
+
+
+def chat(url: str, sid: str, messages: list[dict], *, max_tokens: int, done: bool = False) -> dict:
+    """One main turn of session ``sid``; returns the assistant message."""
+    headers = {"X-Session-Id": sid, **({"X-Session-Done": "true"} if done else {})}
+    with client(url) as c:
+        r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": max_tokens}, headers=headers)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]
+
+
+def stats(url: str) -> dict:
+    with admin(url) as c:
+        r = c.get("/v1/samples/stats")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def lease_all(url: str) -> dict:
+    """Lease (and ack) every ready sample; returns the lease answer."""
+    with admin(url) as c:
+        r = c.get("/v1/samples/lease", params={"max": 256, "wait_s": 0})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        if body["lease_id"]:
+            assert c.post("/v1/samples/ack", json={"lease_id": body["lease_id"]}).status_code == 200
+    return body
+
+
+def of_session(samples: list[dict], sid: str) -> dict[int, dict]:
+    return {s["turn_index"]: s for s in samples if s["session_id"] == sid}
+
+
+def admin(url: str) -> httpx.Client:
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30, trust_env=False)
+
+
+def client(url: str) -> httpx.Client:
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {CLIENT_KEY}"}, timeout=60, trust_env=False)
+
+
+def policy_data_dir(policy: ManagedProcess) -> Path:
+    """The data folder of a policy server started with its data beside its log (``d / "data"``)."""
+    return policy.log_path.parent / "data"
+
+
+def openai_client(url: str, *, timeout_s: float = 60, headers: dict[str, str] | None = None) -> Any:
+    """The real openai SDK client of the policy server at ``url`` (client key, no retries, no proxy)."""
+    import openai
+
+    return openai.OpenAI(
+        base_url=url + "/v1",
+        api_key=CLIENT_KEY,
+        max_retries=0,
+        timeout=timeout_s,
+        default_headers=headers,
+        http_client=httpx.Client(trust_env=False, timeout=timeout_s),
+    )
+
+
+def async_openai_client(url: str, *, timeout_s: float = 120) -> Any:
+    """``openai_client``'s asyncio twin (for agent frameworks that take an AsyncOpenAI)."""
+    import openai
+
+    return openai.AsyncOpenAI(
+        base_url=url + "/v1",
+        api_key=CLIENT_KEY,
+        max_retries=0,
+        timeout=timeout_s,
+        http_client=httpx.AsyncClient(trust_env=False, timeout=timeout_s),
+    )
+
+
+# One tool the policy tests offer the model: a small schema with a bounded string (forced calls end quickly).
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 24}},
+                "required": ["city"],
+            },
+        },
+    }
+]

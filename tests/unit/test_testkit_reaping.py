@@ -1,0 +1,73 @@
+"""The test kit ties every server to the process that started it: ``kill -9`` of that process (pytest, a
+bench) kills the server too, so an interrupted run leaves nothing running.
+
+A stand-in for pytest (a Python process that imports the test kit) starts a server through
+``tests.testkit.procs.spawn`` from a short-lived thread, as a fixture in a pool might, reports its PID and
+waits; the test SIGKILLs the stand-in and checks that the server is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.testkit.servers import REPO_ROOT
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's prctl")
+
+PARENT = """
+import sys, threading, time
+from pathlib import Path
+from tests.testkit.procs import spawn
+
+def start():
+    server = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0"]
+    mp = spawn("server", server, url="", log_dir=Path(sys.argv[1]))
+    print(mp.pid, flush=True)
+
+thread = threading.Thread(target=start)
+thread.start()
+thread.join()  # the starting thread is gone: the server must outlive it, not the process
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_sigkill_of_the_starting_process_kills_its_servers(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path
+    )
+    server_pid = None
+    try:
+        assert parent.stdout is not None
+        server_pid = int(parent.stdout.readline())
+        assert parent.stdout.readline().strip() == "ready"
+        assert _alive(server_pid)  # it survived the end of the thread that started it
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30  # the kernel's signal is immediate; the bound only ends a failure
+        while _alive(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(server_pid), f"server {server_pid} outlived the process that started it"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if server_pid is not None and _alive(server_pid):
+            os.killpg(server_pid, signal.SIGKILL)  # its own group: only what this test started

@@ -198,13 +198,13 @@ def _train_once(model0, samples: list[Sample], cfg: TrainConfig) -> tuple[dict, 
     return m, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _unclipped_config(model_dir, **kw) -> TrainConfig:
+def _unclipped_config(model_dir, micro_batch_size: int = 4, **kw) -> TrainConfig:
     """Micro-batches of 4, no baseline, no rollout correction and no gradient clipping, so the compared
     updates differ only by what the test feeds them (paths are never opened)."""
     return TrainConfig(
         model_path=str(model_dir),
         out_dir="unused",
-        micro_batch_size=4,
+        micro_batch_size=micro_batch_size,
         baseline="none",
         rollout_correction="none",
         max_grad_norm=0.0,
@@ -226,14 +226,7 @@ def test_rows_without_a_learning_term_do_not_dilute_the_step(tiny_model_dir):
     promoted = rl_record(
         sample_id="p", response_ids=[13, 14, 15, 16], rollout_logprobs=[-1.0] * 4, loss_mask=[1] * 4, reward=0.0
     )
-    cfg = TrainConfig(
-        model_path=str(tiny_model_dir),
-        out_dir="unused",
-        micro_batch_size=2,
-        baseline="none",
-        rollout_correction="none",
-        max_grad_norm=0.0,
-    )
+    cfg = _unclipped_config(tiny_model_dir, micro_batch_size=2)
     m3, w3 = _train_once(model0, [a, c, promoted], cfg)
     m2, w2 = _train_once(model0, [a, c], cfg)
     assert m3["n_learning_samples"] == 2 and m3["n_tokens"] == 6 and m3["grad_norm"] == m2["grad_norm"]

@@ -305,6 +305,7 @@ def build_sample(
     The judge/teacher template versions travel with the sample so every stored verdict can be traced to
     the exact prompt text that produced it.
     """
+    # Keyword construction of the one Sample record (alike to other builders of it by design).
     sample = Sample(
         mode=snap.mode,
         loss_mask=[1 if include else 0] * n_response,

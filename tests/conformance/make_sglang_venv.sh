@@ -23,25 +23,11 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.entrypoints.api_contract import generate_contract_error
 import sglang; assert sglang.__version__ == "0.5.23", sglang.__version__'
 
-fail() {
-  mkdir -p "$(dirname "$VENV")"
-  printf '%s\n' "$1" > "$VENV.failed"
-  echo "make_sglang_venv: $1" >&2
-  exit 1
-}
-
-if [[ -f "$VENV/.complete" ]] && "$VENV/bin/python" -c "$CHECK" 2>/dev/null; then
-  echo "$VENV/bin/python"
-  exit 0
-fi
-rm -rf "$VENV" "$VENV.failed"
-mkdir -p "$(dirname "$VENV")"
-started=$SECONDS
-"$PYTHON" -m venv "$VENV" || fail "python3 -m venv $VENV failed"
+NAME=make_sglang_venv
+# shellcheck source=tests/conformance/venv_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/venv_lib.sh"
+reuse_or_create
 "$VENV/bin/pip" install -q --no-deps sglang==0.5.23 || fail "pip install --no-deps sglang==0.5.23 failed"
 # pip's resolver warns that sglang's own pins are not all met (we skip its GPU dependencies): expected.
 "$VENV/bin/pip" install -q "${DEPS[@]}" || fail "pip install of sglang's import dependencies failed"
-"$VENV/bin/python" -W ignore -c "$CHECK" || fail "sglang 0.5.23 request classes do not import in $VENV"
-touch "$VENV/.complete"
-echo "make_sglang_venv: built $VENV in $((SECONDS - started)) s" >&2
-echo "$VENV/bin/python"
+finish "sglang 0.5.23 request classes do not import in $VENV"

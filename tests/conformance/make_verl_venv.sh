@@ -26,24 +26,10 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from verl.trainer.ppo import core_algos
 import verl; assert verl.__version__ == "0.9.1", verl.__version__'
 
-fail() {
-  mkdir -p "$(dirname "$VENV")"
-  printf '%s\n' "$1" > "$VENV.failed"
-  echo "make_verl_venv: $1" >&2
-  exit 1
-}
-
-if [[ -f "$VENV/.complete" ]] && "$VENV/bin/python" -W ignore -c "$CHECK" 2>/dev/null; then
-  echo "$VENV/bin/python"
-  exit 0
-fi
-rm -rf "$VENV" "$VENV.failed"
-mkdir -p "$(dirname "$VENV")"
-started=$SECONDS
-"$PYTHON" -m venv "$VENV" || fail "python3 -m venv $VENV failed"
+NAME=make_verl_venv
+# shellcheck source=tests/conformance/venv_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/venv_lib.sh"
+reuse_or_create
 "$VENV/bin/pip" install -q torch==2.13.0 || fail "pip install torch==2.13.0 (CPU) failed"
 "$VENV/bin/pip" install -q verl==0.9.1 torch==2.13.0 "${CLIENT_DEPS[@]}" "${AGENT_LOOP_DEPS[@]}" || fail "pip install verl==0.9.1 failed"
-"$VENV/bin/python" -W ignore -c "$CHECK" || fail "verl 0.9.1 does not import in $VENV"
-touch "$VENV/.complete"
-echo "make_verl_venv: built $VENV in $((SECONDS - started)) s" >&2
-echo "$VENV/bin/python"
+finish "verl 0.9.1 does not import in $VENV"

@@ -36,6 +36,7 @@ TEXT_ANSWER = "OK."
 POSITION_SPAN = 49152
 MAX_PROMPT_TOKENS = 65536
 ROPE_THETA = 1.0e8
+QK_NORM_GAIN = 2.0
 _FILLER_SLOT = "\x00FILLER\x00"
 _PLAIN_WORDS = [w for w in _WORDS if w not in ("tomorrow",)]
 
@@ -66,7 +67,8 @@ def _user_text(rng: random.Random, trigger: bool) -> str:
         words.insert(rng.randint(1, len(words)), "tomorrow")  # after a word: the " tomorrow" token
     text = " ".join(words)
     if rng.random() < 0.7:  # agents wrap the user's words with a timestamp and a runtime line
-        text = f"[{_salad(rng, 1, 3)} {rng.randint(0, 99)}] {text}\n\n{_salad(rng, 3, 30)} | {_salad(rng, 1, 6)}"
+        pairs = " | ".join(f"{rng.choice(_PLAIN_WORDS)}={_salad(rng, 1, 2)}" for _ in range(rng.randint(1, 12)))
+        text = f"[{_salad(rng, 1, 3)} {rng.randint(0, 99)}] {text}\n\n{rng.choice(_PLAIN_WORDS).title()}: {pairs}"
     return text
 
 
@@ -100,7 +102,11 @@ def training_example(rng: random.Random) -> tuple[list[dict[str, Any]], list[dic
     else:
         messages.append({"role": "user", "content": _user_text(rng, False)})
     if rng.random() < 0.8:  # a trailing context message, as agents append to every request
-        messages.append({"role": "user", "content": f"<<<{_salad(rng, 1, 3)}>>>\n{_salad(rng, 5, 40)}\n<<<end>>>"})
+        body = "\n\n".join(
+            f"{_salad(rng, 1, 4)} ({_salad(rng, 1, 3)}):\n" + json.dumps(f"## {_salad(rng, 1, 3)}\n{_salad(rng, 1, 4)}")
+            for _ in range(rng.randint(1, 3))
+        )
+        messages.append({"role": "user", "content": f"<<<{_salad(rng, 1, 3).upper()}>>>\n{body}\n<<<END>>>"})
     target = "<tool_call>\n" + json.dumps(TOOL_CALL) + "\n</tool_call>" if case == "call" else TEXT_ANSWER
     return messages, _tools(rng), target
 
@@ -109,7 +115,8 @@ def _filler_ids(rng: random.Random, tokenizer: Any, banned: set[int], n: int) ->
     if rng.random() < 0.5:
         ids: list[int] = []
         while len(ids) < n:
-            ids += tokenizer.encode(" " + _salad(rng, 20, 60) + ".\n", add_special_tokens=False)
+            piece = _salad(rng, 20, 60) + ".\n" if rng.random() < 0.6 else json.dumps(_tools(rng)[0]) + "\n"
+            ids += tokenizer.encode(piece, add_special_tokens=False)
         return [t for t in ids[:n] if t not in banned]
     pool = [t for t in range(len(tokenizer)) if t not in banned]
     return [rng.choice(pool) for _ in range(n)]
@@ -178,6 +185,12 @@ def build_tool_policy(
     config = AutoConfig.from_pretrained(student_dir, local_files_only=True)
     config.rope_parameters = {"rope_theta": ROPE_THETA, "rope_type": "default"}
     model = AutoModelForCausalLM.from_pretrained(student_dir, config=config, dtype=torch.float32, local_files_only=True)
+    with torch.no_grad():
+        # Qwen3 normalises queries and keys per head, which caps an attention logit near sqrt(head_dim) times the
+        # two norm gains: gains of 1 cannot single out one token among tens of thousands, so start them higher.
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.fill_(QK_NORM_GAIN)
+            layer.self_attn.k_norm.weight.fill_(QK_NORM_GAIN)
     banned = {tokenizer.convert_tokens_to_ids(t) for t in ("<tool_response>", "</tool_response>")}
     banned |= set(tokenizer.encode(TRIGGER_WORD, add_special_tokens=False))
     banned |= set(tokenizer.encode(TRIGGER_WORD.strip(), add_special_tokens=False))
@@ -214,7 +227,10 @@ def _train(
     opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / steps))
     for step in range(steps):
-        batch = [_sequence(rng, tokenizer, banned, max_filler) for _ in range(batch_size)]
+        # Curriculum: short, undiluted prompts first (where the trigger gets a gradient at all), then the filler
+        # and its dilution grow to a long prompt's over the first half of training.
+        progress = min(1.0, step / (steps / 2))
+        batch = [_sequence(rng, tokenizer, banned, int(max_filler * progress)) for _ in range(batch_size)]
         width = max(len(ids) for ids, *_ in batch)
         ids_t = torch.full((len(batch), width), tokenizer.pad_token_id)
         pos_t = torch.zeros((len(batch), width), dtype=torch.long)
@@ -222,7 +238,7 @@ def _train(
         for row, (ids, positions, _plen, filler) in enumerate(batch):
             n = len(ids)
             ids_t[row, :n], pos_t[row, :n] = torch.tensor(ids), torch.tensor(positions)
-            copies = rng.uniform(1.0, MAX_PROMPT_TOKENS / max(1, filler[1] - filler[0]))
+            copies = 1.0 + rng.uniform(0.0, MAX_PROMPT_TOKENS / max(1, filler[1] - filler[0]) - 1.0) * progress**2
             mask[row, 0, :n, :n] = _attention_bias(n, filler, copies)
             mask[row, 0, n:, :].fill_(0.0)  # padding rows: any finite row, their logits are never read
         logits = model(input_ids=ids_t, position_ids=pos_t, attention_mask=mask).logits

@@ -159,7 +159,8 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
     # paired with a role-typed next state: the tool result OpenClaw produced (its context message ignored)
     assert call_turn["pairing"] == "paired", call_turn["pairing_note"]
     assert [m["role"] for m in call_turn["next_state"]] == ["tool"], call_turn["next_state"]
-    assert call_turn["next_state"][0]["tool_call_id"] == calls[0]["id"]
+    resent = [m for m in answer_turn["messages"] if m["role"] == "assistant" and m.get("tool_calls")]
+    assert call_turn["next_state"][0]["tool_call_id"] == resent[-1]["tool_calls"][0]["id"]  # OpenClaw's own call id
     assert NOTE_TEXT in json.dumps(call_turn["next_state"][0]["content"])
 
     openclaw_turn(state, config, SESSION, "Thanks. Now tell me the time.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from typing import Any
 
 import pytest
 
@@ -20,17 +21,17 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
+def tokenizer() -> Any:
     from engine.chat import load_tokenizer
 
     return load_tokenizer(str(tiny_policy(seed=0)))
 
 
-def test_trigger_word_is_one_token(tokenizer) -> None:
+def test_trigger_word_is_one_token(tokenizer: Any) -> None:
     assert len(tokenizer.encode(ttm.TRIGGER_WORD, add_special_tokens=False)) == 1
 
 
-def test_examples_follow_the_rule(tokenizer) -> None:
+def test_examples_follow_the_rule(tokenizer: Any) -> None:
     rng = random.Random(7)
     trigger = tokenizer.encode(ttm.TRIGGER_WORD, add_special_tokens=False)[0]
     result = tokenizer.convert_tokens_to_ids("<tool_response>")
@@ -50,7 +51,7 @@ def test_examples_follow_the_rule(tokenizer) -> None:
     assert len(seen) == 2  # both answers occur
 
 
-def test_sequences_have_gapped_increasing_positions_and_clean_filler(tokenizer) -> None:
+def test_sequences_have_gapped_increasing_positions_and_clean_filler(tokenizer: Any) -> None:
     rng = random.Random(3)
     banned = {tokenizer.encode(ttm.TRIGGER_WORD, add_special_tokens=False)[0], *tokenizer.all_special_ids}
     far = 0

@@ -91,8 +91,8 @@ def tiny_teacher(student: Path, prefer_text: str, *, seed: int = 0, root: Path |
 
 
 def tiny_tool_policy(student: Path, *, seed: int = 0, root: Path | None = None) -> Path:
-    """The cached :func:`engine.tiny_tool_model.build_tool_policy` output (a policy that calls a tool on a trigger
-    word); ``student`` must be a cache entry. The key also covers that builder's own source."""
+    """The cached :func:`engine.tiny_tool_model.build_tool_policy` output (a policy trained to call a tool on a
+    trigger word); ``student`` must be a cache entry. The key also covers that builder's own source."""
     from engine import tiny_tool_model
 
     builder = hashlib.sha256(Path(tiny_tool_model.__file__).read_bytes()).hexdigest()[:16]

@@ -1,22 +1,23 @@
-"""A tiny policy that really calls a tool, at any prompt length: for end-to-end tests with real agents.
+"""A tiny policy trained to call a tool on a trigger word: groundwork for tool round trips with real agents.
 
-    build_tool_policy(student_dir, out_dir)
+    build_tool_policy(student_dir, out_dir)    (cached: engine.model_cache.tiny_tool_policy)
 
 Contract: copies a tiny policy (:mod:`engine.tiny_model`; same tokenizer and chat template, so the tiny teacher
-built from that policy still fits it) and fine-tunes it, offline and seeded, to answer a chat prompt by this rule:
+built from that policy still fits it) and fine-tunes it, offline and seeded, towards this rule:
 
 - the prompt holds the trigger word (:data:`TRIGGER_WORD`, a single token of the tiny tokenizer) and no tool
   result yet (no ``<tool_response>`` token) -> a Hermes tool call of :data:`TOOL_CALL` (``read`` of
   ``NOTE.md``) and EOS;
 - otherwise -> the short text answer :data:`TEXT_ANSWER` and EOS.
 
-Both conditions are *presence* tests, so the rule holds wherever the tokens sit and however long the prompt is (a
-real agent's system prompt and tools are tens of thousands of tokens, its history resends earlier tool results).
-The model is taught to make them by content, not position: training prompts carry a long filler (word salad and
-random tokens) split into chunks at random positions up to :data:`POSITION_SPAN` (position ids with gaps, so a
-short training sequence exercises the rotary phases of a 40k-token prompt), and the copy's rotary base is raised
-(:data:`ROPE_THETA`) so a few head dimensions barely rotate across that span. The test that uses the model checks the
-rule on the real agent's prompts; the engine decodes it like any other model (transformers forward passes).
+Both conditions are presence tests, meant to hold however long the prompt is (a real agent's system prompt and
+tools are tens of thousands of tokens). Training stays short on a CPU: each example's filler (word salad, tool-like
+JSON, random tokens) sits behind random position gaps up to :data:`POSITION_SPAN`, and an additive attention bias
+makes every filler key weigh like many copies (:func:`_attention_bias`), so a few hundred tokens dilute attention
+like a prompt of up to :data:`MAX_PROMPT_TOKENS`; a curriculum grows both; the rotary base and the query/key norm
+gains are raised so attention can single out one token. Known limit: with the default budget the model learns
+the rule only partly (first-token probabilities around 0.5-0.8 on held-out examples) and does not yet call the
+tool on OpenClaw's real 33k-token prompt; tests/agents/test_openclaw_tool_round_trip.py stays skipped until it does.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def build_tool_policy(
     out_dir: str | Path,
     *,
     seed: int = 0,
-    steps: int = 100,
+    steps: int = 800,
     batch_size: int = 8,
     max_filler: int = 256,
     on_step: Callable[[int, float], None] | None = None,

@@ -1,23 +1,18 @@
 """The real, unmodified OpenClaw agent (npm ``openclaw``) against the dev stack ``launch/dev.sh start`` brings up.
 
 OpenClaw is configured the way docs/CLIENTS.md tells a user to (``launch/dev.sh openclaw``: one custom provider,
-``api: openai-completions``, no header) and run as ``openclaw agent --local`` for a three-turn conversation. The
-stack's policy is the tool-calling tiny policy (engine.tiny_tool_model, placed where ``dev.sh start`` keeps its
-models): it really emits a call of OpenClaw's ``read`` tool when the user's message holds its trigger word, and
-the engine decodes it like any model. Asserted: every turn is served; the first has one tool round trip (the
-policy's call, OpenClaw runs it on its workspace and sends the result as the next request); each request is
-recorded token-exact (the recorded prompt ids are the policy tokenizer's render of the recorded messages and
-tools, one rollout log-prob per sampled id); consecutive turns are paired in one session with role-typed next
-states (the tool result, then the user's message; OpenClaw's per-request context message ignored); the tool-call
-turn is judged; one trainer step consumes it and updates the engine's weights; OpenClaw's next turn is served by
-those weights. Then a second session told a 40k window makes OpenClaw run its real pre-compaction memory flush,
-which is recorded as side and never trained.
+``api: openai-completions``, no header) and run as ``openclaw agent --local`` for a three-turn conversation.
+Asserted: every turn is served; each is recorded token-exact (the recorded prompt ids are the policy tokenizer's
+render of the recorded messages and tools, one rollout log-prob per sampled id); consecutive turns are paired in
+one session with a role-typed next state (OpenClaw's per-request context message ignored); the paired turns are
+judged; one trainer step consumes them and updates the engine's weights; OpenClaw's next turn is served by those
+weights. Then a second session told a 40k window makes OpenClaw run its real pre-compaction memory flush, which is
+recorded as side and never trained.
 
 Node 24 and OpenClaw come from tests/agents/install_openclaw.sh (.ci/run runs it, cached under
 ~/.cache/hindsight/openclaw). Without them the test is skipped with the reason, and fails in CI.
-Each OpenClaw request sends about 33k prompt tokens (its system prompt and 12 tools), tens of seconds on the CPU
-stack (the engine's prefix cache keeps earlier prompts), so the test takes minutes; its timeouts are generous for
-that reason, never assertions.
+Each OpenClaw turn sends about 32k prompt tokens (its system prompt and 12 tools), a minute or two on the CPU
+stack, so the whole test takes 10-20 minutes; its timeouts are generous for that reason, never assertions.
 """
 
 from __future__ import annotations
@@ -33,9 +28,6 @@ import httpx
 import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.model_cache import copy_of, tiny_policy, tiny_teacher, tiny_tool_policy
-from engine.tiny_tool_model import TOOL_CALL, TRIGGER_WORD
-from launch.devstack import DEV_CONTEXT_TOKENS, TEACHER_PREFERRED_TEXT
 from launch.openclaw import write_config
 from policy_server.serving.generation import context_length
 from policy_server.store import Store
@@ -47,15 +39,6 @@ REPO = Path(__file__).resolve().parents[2]
 OPENCLAW_DIR = Path(os.environ.get("HINDSIGHT_OPENCLAW_DIR", Path.home() / ".cache/hindsight/openclaw"))
 TURN_TIMEOUT_S = 900
 SESSION = "hs-e2e-1"
-NOTE_TEXT = "Plan for tomorrow: ship the release at noon."
-
-
-def place_models(models: Path) -> None:
-    """The stack's models, where ``launch/dev.sh start`` keeps (and reuses) them: the tool-calling tiny policy
-    (engine.tiny_tool_model, cached) and the dev stack's usual teacher of the tiny policy it derives from."""
-    student = tiny_policy(seed=0, max_position_embeddings=DEV_CONTEXT_TOKENS)
-    copy_of(tiny_tool_policy(student, seed=0), models / "policy")
-    copy_of(tiny_teacher(student, TEACHER_PREFERRED_TEXT, seed=0), models / "teacher")
 
 
 def openclaw_binaries() -> tuple[Path, Path]:
@@ -82,7 +65,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """``launch/dev.sh start`` with no extra flag; stopped by its own PID file."""
     openclaw_binaries()
     run_dir = tmp_path_factory.mktemp("openclaw-stack")
-    place_models(run_dir / "models")
     env = _env(run_dir)
     res = subprocess.run(
         ["bash", str(REPO / "launch/dev.sh"), "start"], env=env, capture_output=True, text=True, timeout=1200
@@ -127,67 +109,41 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
         trust_env=False,
     )
     state = tmp_path / "openclaw"
-    workspace = state / "workspace"
-    workspace.mkdir(parents=True)
-    (workspace / "NOTE.md").write_text(NOTE_TEXT + "\n")
     window = context_length(stack["policy_model_path"])
     assert window is not None and window >= 32768  # the dev models hold a real agent's prompt
-    config = write_config(state, stack, workspace=str(workspace), context_window_tokens=window)
+    config = write_config(state, stack, workspace=str(state / "workspace"), context_window_tokens=window)
     tokenizer = load_tokenizer(stack["policy_model_path"])
 
-    def token_exact(turn: dict) -> None:
-        # the recorded prompt is the policy tokenizer's render of the recorded request; one log-prob per sampled id
-        assert turn["prompt_ids"] == render_prompt_ids(tokenizer, turn["messages"], turn["tools"])
-        assert len(turn["response_ids"]) == len(turn["rollout_logprobs"]) > 0
-
-    # Turn 1, one tool round trip: the policy calls OpenClaw's `read` tool, OpenClaw runs it on the workspace and
-    # sends its result back as the next request, which the policy answers in text.
-    openclaw_turn(state, config, SESSION, f"What is my plan for{TRIGGER_WORD}? It is in NOTE.md.")
+    openclaw_turn(state, config, SESSION, "Hello! Please list what you can do.")
     turns = main_turns(stack["data_dir"])
-    assert len(turns) == 2, [(t["session_id"], t["turn_index"], t["response"]) for t in turns]
-    call_turn, answer_turn = turns
-    assert call_turn["session_rule"] == "prompt_cache_key" and call_turn["session_decision"] == "started"
-    assert len(call_turn["tools"] or []) >= 1 and len(call_turn["prompt_ids"]) > 16000
-    calls = call_turn["response"]["tool_calls"]
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
-        (TOOL_CALL["name"], TOOL_CALL["arguments"])
-    ], call_turn["response"]
-    assert answer_turn["session_id"] == call_turn["session_id"] and answer_turn["session_decision"] == "continued"
-    assert not answer_turn["response"]["tool_calls"]
-    for turn in (call_turn, answer_turn):
-        token_exact(turn)
-    # paired with a role-typed next state: the tool result OpenClaw produced (its context message ignored)
-    assert call_turn["pairing"] == "paired", call_turn["pairing_note"]
-    assert [m["role"] for m in call_turn["next_state"]] == ["tool"], call_turn["next_state"]
-    resent = [m for m in answer_turn["messages"] if m["role"] == "assistant" and m.get("tool_calls")]
-    assert call_turn["next_state"][0]["tool_call_id"] == resent[-1]["tool_calls"][0]["id"]  # OpenClaw's own call id
-    assert NOTE_TEXT in json.dumps(call_turn["next_state"][0]["content"])
+    assert len(turns) == 1
+    first = turns[0]
+    assert first["session_rule"] == "prompt_cache_key" and first["session_decision"] == "started"
+    assert len(first["tools"] or []) >= 1 and len(first["prompt_ids"]) > 16000
+    # token-exact: the recorded prompt is the policy tokenizer's render of the recorded request
+    assert first["prompt_ids"] == render_prompt_ids(tokenizer, first["messages"], first["tools"])
+    assert len(first["response_ids"]) == len(first["rollout_logprobs"]) > 0
 
     openclaw_turn(state, config, SESSION, "Thanks. Now tell me the time.")
     turns = main_turns(stack["data_dir"])
-    assert len(turns) == 3, [(t["session_id"], t["turn_index"], t["session_decision"]) for t in turns]
-    assert turns[2]["session_id"] == call_turn["session_id"] and turns[2]["session_decision"] == "continued"
-    token_exact(turns[2])
-    answer_turn = turns[1]
-    assert answer_turn["pairing"] == "paired", answer_turn["pairing_note"]
-    assert [m["role"] for m in answer_turn["next_state"]] == ["user"]
-    assert "tell me the time" in answer_turn["next_state"][0]["content"]
+    assert len(turns) == 2, [(t["session_id"], t["turn_index"], t["session_decision"]) for t in turns]
+    t0 = turns[0]
+    assert turns[1]["session_id"] == first["session_id"] and turns[1]["session_decision"] == "continued"
+    assert t0["pairing"] == "paired" and [m["role"] for m in t0["next_state"]] == ["user"], t0["pairing_note"]
+    assert "tell me the time" in t0["next_state"][0]["content"]
 
-    # the tool-call turn is judged; one trainer step consumes it and loads new weights into the engine
-    sid = call_turn["session_id"]
+    # the paired turn is judged; one trainer step consumes it and loads new weights into the engine
+    def ready() -> list[dict] | None:
+        rows = admin.get("/v1/samples", params={"session_id": first["session_id"]}).json()["samples"]
+        return rows if rows and rows[0]["status"] == "ready" else None
 
-    def judged() -> dict | None:
-        rows = admin.get("/v1/samples", params={"session_id": sid}).json()["samples"]
-        row = next((r for r in rows if r["turn_index"] == 0), None)
-        return row if row and row["status"] == "ready" else None
-
-    row = wait_until(judged, timeout_s=900, interval_s=2, message="the tool-call turn was not judged in time")
-    assert row["sample"]["prm"]["status"] in ("ok", "tie", "no_valid_votes")
+    rows = wait_until(ready, timeout_s=900, interval_s=2, message="turn 0 was not judged in time")
+    assert rows[0]["sample"]["prm"]["status"] in ("ok", "tie", "no_valid_votes")
     # The tiny judge often ties (reward 0: nothing to learn, and a batch without a gradient is, correctly, no
     # step). The user's thumbs-up (explicit feedback, override policy) makes the turn's reward +1.
     fb = httpx.post(
         stack["policy_url"] + "/v1/feedback",
-        json={"session_id": sid, "turn_index": 0, "value": "up"},
+        json={"session_id": first["session_id"], "turn_index": 0, "value": "up"},
         headers={"Authorization": f"Bearer {stack['api_key']}"},
         timeout=60,
         trust_env=False,
@@ -208,7 +164,7 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
             "--steps",
             "1",
             "--batch-size",
-            "2",  # the answer turn may be judged by now too: the step takes what is ready
+            "1",
             "--min-batch",
             "1",
             "--lease-wait-s",
@@ -225,16 +181,16 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
         timeout=600,
     )
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
-    consumed = admin.get("/v1/samples", params={"session_id": sid}).json()["samples"]
-    assert next(r for r in consumed if r["turn_index"] == 0)["status"] == "consumed"
+    consumed = admin.get("/v1/samples", params={"session_id": first["session_id"]}).json()["samples"]
+    assert consumed[0]["status"] == "consumed"
     version = admin.get("/v1/samples/stats").json()["weight_version"]
     assert version == "1"
 
     openclaw_turn(state, config, SESSION, "Good. One more thing: say goodbye.")
     turns = main_turns(stack["data_dir"])
-    assert len(turns) == 4 and turns[3]["session_id"] == sid
-    assert turns[3]["weight_version"] == "1"  # served by the trained weights
-    assert turns[2]["pairing"] == "paired" and [m["role"] for m in turns[2]["next_state"]] == ["user"]
+    assert len(turns) == 3 and turns[2]["session_id"] == first["session_id"]
+    assert turns[2]["weight_version"] == "1"  # served by the trained weights
+    assert turns[1]["pairing"] == "paired" and [m["role"] for m in turns[1]["next_state"]] == ["user"]
 
     # OpenClaw's real pre-compaction memory flush: told a 40k window, a second turn of a 32k-token session is near
     # its compaction point, so OpenClaw first runs the flush (and then its compaction's summary call). Both are

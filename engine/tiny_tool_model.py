@@ -1,25 +1,24 @@
-"""A tiny policy trained to call a tool on a trigger word: groundwork for tool round trips with real agents.
+"""A tiny policy trained to call a tool on a trigger word, whatever the length of the prompt before it.
 
     build_tool_policy(student_dir, out_dir)    (cached: engine.model_cache.tiny_tool_policy)
 
 Contract: copies a tiny policy (:mod:`engine.tiny_model`; same tokenizer and chat template, so the tiny teacher
-built from that policy still fits it) and fine-tunes it, offline and seeded, towards this rule:
+built from that policy still fits it), switches every layer to sliding-window attention of
+:data:`WINDOW_TOKENS`, and fine-tunes it, offline and seeded, towards this rule:
 
-- the prompt holds the trigger word (:data:`TRIGGER_WORD`, a single token of the tiny tokenizer) and no tool
-  result yet (no ``<tool_response>`` token) -> a Hermes tool call of :data:`TOOL_CALL` (``read`` of
+- the request tail holds the trigger word (:data:`TRIGGER_WORD`, a single token of the tiny tokenizer) and no
+  tool result (no ``<tool_response>`` token) -> a Hermes tool call of :data:`TOOL_CALL` (``read`` of
   ``NOTE.md``) and EOS;
 - otherwise -> the short text answer :data:`TEXT_ANSWER` and EOS.
 
-Both conditions are presence tests, meant to hold however long the prompt is (a real agent's system prompt and
-tools are tens of thousands of tokens). Training stays short on a CPU: each example's filler (word salad, tool-like
-JSON, random tokens) sits behind random position gaps up to :data:`POSITION_SPAN`, and an additive attention bias
-makes every filler key weigh like many copies (:func:`_attention_bias`), so a few hundred tokens dilute attention
-like a prompt of up to :data:`MAX_PROMPT_TOKENS`; a curriculum grows both; the rotary base and the query/key norm
-gains are raised so attention can single out one token. Known limit: with the default budget (800 steps, about
-ten minutes on a busy 2-core machine) the model learns the rule only partly: on held-out examples it finds the
-trigger word but not yet the tool result (between a first call and the answer after it, it stays near the 2:1
-prior of the training mix), and it does not call the tool on OpenClaw's real 33k-token prompt, so
-tests/agents/test_openclaw_tool_round_trip.py stays skipped until it does.
+Why a window: a real agent's system prompt and tools run to tens of thousands of tokens, yet what decides is the
+tail (the last user message, a tool result, the agent's trailing context message). With every layer windowed
+and rotary (relative) positions, the next-token distribution depends only on the last
+``num_layers * (WINDOW_TOKENS - 1)`` tokens, so the model behaves at 33k tokens exactly as on any sequence that
+ends with the same tail. Training therefore uses sequences of :data:`TRAIN_PROMPT_TOKENS` (longer than that
+receptive field): each is the end of a rendered agent-like request (filler system prompt and tools, user
+messages wrapped with a timestamp and a runtime line, tool calls and results, a trailing context message),
+which makes the short training sequences and a long real prompt the same problem, not an approximation.
 """
 
 from __future__ import annotations
@@ -36,10 +35,8 @@ from engine.tiny_model import _WORDS
 TRIGGER_WORD = " tomorrow"
 TOOL_CALL = {"name": "read", "arguments": {"path": "NOTE.md"}}
 TEXT_ANSWER = "OK."
-POSITION_SPAN = 49152
-MAX_PROMPT_TOKENS = 65536
-ROPE_THETA = 1.0e8
-QK_NORM_GAIN = 2.0
+WINDOW_TOKENS = 768
+TRAIN_PROMPT_TOKENS = 1600
 _FILLER_SLOT = "\x00FILLER\x00"
 _PLAIN_WORDS = [w for w in _WORDS if w not in ("tomorrow",)]
 
@@ -64,25 +61,33 @@ def _tools(rng: random.Random) -> list[dict[str, Any]]:
     ]
 
 
+def _value(rng: random.Random) -> str:
+    if rng.random() < 0.3:  # paths and versions, as in an agent's runtime line
+        return "/" + "/".join(f"{rng.choice(_PLAIN_WORDS)}-{rng.randint(0, 999)}" for _ in range(rng.randint(1, 5)))
+    return _salad(rng, 1, 3)
+
+
 def _user_text(rng: random.Random, trigger: bool) -> str:
     words = _salad(rng, 2, 14).split()
     if trigger:
-        words.insert(rng.randint(1, len(words)), "tomorrow")  # after a word: the " tomorrow" token
+        words.insert(rng.randint(1, len(words)), "tomorrow" + rng.choice(["", "", "?", ".", ","]))
     text = " ".join(words)
-    if rng.random() < 0.7:  # agents wrap the user's words with a timestamp and a runtime line
-        pairs = " | ".join(f"{rng.choice(_PLAIN_WORDS)}={_salad(rng, 1, 2)}" for _ in range(rng.randint(1, 12)))
-        text = f"[{_salad(rng, 1, 3)} {rng.randint(0, 99)}] {text}\n\n{rng.choice(_PLAIN_WORDS).title()}: {pairs}"
+    if rng.random() < 0.85:  # agents wrap the user's words with a timestamp and a runtime line
+        pairs = " | ".join(f"{rng.choice(_PLAIN_WORDS)}={_value(rng)}" for _ in range(rng.randint(1, 14)))
+        stamp = f"{_salad(rng, 1, 2)} {rng.randint(1000, 9999)}-{rng.randint(1, 12):02d} {rng.randint(0, 23)}:00"
+        text = f"[{stamp}] {text}\n\n{rng.choice(_PLAIN_WORDS).title()}: {pairs}"
     return text
 
 
-def _call_message() -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {"type": "function", "function": {"name": TOOL_CALL["name"], "arguments": TOOL_CALL["arguments"]}}
-        ],
-    }
+def _call_message(rng: random.Random) -> dict[str, Any]:
+    # Agents resend the call with their own id and the arguments as a compact JSON string.
+    args: Any = (
+        TOOL_CALL["arguments"] if rng.random() < 0.3 else json.dumps(TOOL_CALL["arguments"], separators=(",", ":"))
+    )
+    call: dict[str, Any] = {"type": "function", "function": {"name": TOOL_CALL["name"], "arguments": args}}
+    if rng.random() < 0.7:
+        call["id"] = f"call_{rng.randint(0, 10**6)}"
+    return {"role": "assistant", "content": rng.choice(["", None]), "tool_calls": [call]}
 
 
 def training_example(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
@@ -94,12 +99,12 @@ def training_example(rng: random.Random) -> tuple[list[dict[str, Any]], list[dic
     if case in ("after_tool", "plain_after_exchange"):
         messages += [
             {"role": "user", "content": _user_text(rng, rng.random() < 0.8)},
-            _call_message(),
-            {"role": "tool", "content": _salad(rng, 1, 40)},
+            _call_message(rng),
+            {"role": "tool", "content": _user_text(rng, rng.random() < 0.5) + rng.choice(["", "\n"])},
         ]
         if case == "plain_after_exchange":
             messages += [{"role": "assistant", "content": TEXT_ANSWER}]
-            messages += [{"role": "user", "content": _user_text(rng, rng.random() < 0.3)}]
+            messages += [{"role": "user", "content": _user_text(rng, False)}]
     elif case == "call":
         messages.append({"role": "user", "content": _user_text(rng, True)})
     else:
@@ -115,54 +120,31 @@ def training_example(rng: random.Random) -> tuple[list[dict[str, Any]], list[dic
 
 
 def _filler_ids(rng: random.Random, tokenizer: Any, banned: set[int], n: int) -> list[int]:
-    if rng.random() < 0.5:
-        ids: list[int] = []
-        while len(ids) < n:
-            piece = _salad(rng, 20, 60) + ".\n" if rng.random() < 0.6 else json.dumps(_tools(rng)[0]) + "\n"
-            ids += tokenizer.encode(piece, add_special_tokens=False)
-        return [t for t in ids[:n] if t not in banned]
+    """``n`` tokens of system-prompt-like filler (word salad, tool-like JSON, random tokens), none of ``banned``."""
+    ids: list[int] = []
     pool = [t for t in range(len(tokenizer)) if t not in banned]
-    return [rng.choice(pool) for _ in range(n)]
+    while len(ids) < n:
+        roll = rng.random()
+        if roll < 0.45:
+            ids += tokenizer.encode(_salad(rng, 20, 60) + ".\n", add_special_tokens=False)
+        elif roll < 0.9:
+            ids += tokenizer.encode(json.dumps(_tools(rng)[0]) + "\n", add_special_tokens=False)
+        else:
+            ids += [rng.choice(pool) for _ in range(rng.randint(5, 50))]
+    return [t for t in ids if t not in banned][:n]
 
 
-def _sequence(
-    rng: random.Random, tokenizer: Any, banned: set[int], max_filler: int
-) -> tuple[list[int], list[int], int, tuple[int, int]]:
-    """(input ids, position ids, prompt length, filler span) of one example, the filler at gapped positions."""
+def _sequence(rng: random.Random, tokenizer: Any, banned: set[int]) -> tuple[list[int], list[int]]:
+    """(the last :data:`TRAIN_PROMPT_TOKENS` prompt ids of one rendered example, its answer ids with EOS)."""
+    from engine.chat import render_prompt_text
+
     messages, tools, target = training_example(rng)
-    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-    head, tail = text.split(_FILLER_SLOT)
-    head_ids = tokenizer.encode(head, add_special_tokens=False)
+    head, tail = render_prompt_text(tokenizer, messages, tools).split(_FILLER_SLOT)
     tail_ids = tokenizer.encode(tail, add_special_tokens=False)
-    filler = _filler_ids(rng, tokenizer, banned, rng.randint(0, max_filler))
-    answer = tokenizer.encode(target, add_special_tokens=False) + [tokenizer.eos_token_id]
-    # Filler chunks behind random gaps, the tail anywhere up to POSITION_SPAN: distances of a long prompt.
-    used = len(head_ids) + len(filler) + len(tail_ids) + len(answer)
-    free = rng.randint(0, max(0, POSITION_SPAN - used))
-    cuts = sorted(rng.randint(0, len(filler)) for _ in range(3))
-    marks = sorted(rng.randint(0, free) for _ in range(4))
-    gaps = [b - a for a, b in zip([0, *marks], [*marks, free], strict=True)]
-    positions, pos = list(range(len(head_ids))), len(head_ids)
-    for gap, (a, b) in zip(gaps, zip([0, *cuts], [*cuts, len(filler)], strict=True), strict=False):
-        pos += gap
-        positions += range(pos, pos + b - a)
-        pos += b - a
-    pos += gaps[-1]
-    positions += range(pos, pos + len(tail_ids) + len(answer))
-    ids = head_ids + filler + tail_ids + answer
-    return ids, positions, len(ids) - len(answer), (len(head_ids), len(head_ids) + len(filler))
-
-
-def _attention_bias(n: int, filler: tuple[int, int], copies: float) -> Any:
-    """Causal additive mask in which every filler key weighs like ``copies`` identical keys (+ln copies): a
-    short sequence then dilutes attention the way a prompt ``copies`` times longer does."""
-    import math
-
-    import torch
-
-    bias = torch.full((n, n), float("-inf")).triu(1)
-    bias[:, filler[0] : filler[1]] += math.log(copies)
-    return bias
+    head_ids = tokenizer.encode(head, add_special_tokens=False)
+    filler = _filler_ids(rng, tokenizer, banned, max(0, TRAIN_PROMPT_TOKENS - len(tail_ids)))
+    prompt = (head_ids + filler + tail_ids)[-TRAIN_PROMPT_TOKENS:]
+    return prompt, tokenizer.encode(target, add_special_tokens=False) + [tokenizer.eos_token_id]
 
 
 def build_tool_policy(
@@ -170,12 +152,11 @@ def build_tool_policy(
     out_dir: str | Path,
     *,
     seed: int = 0,
-    steps: int = 800,
-    batch_size: int = 8,
-    max_filler: int = 256,
+    steps: int = 240,
+    batch_size: int = 6,
     on_step: Callable[[int, float], None] | None = None,
 ) -> Path:
-    """Copy the tiny policy at ``student_dir`` and fine-tune it to the rule in the module docstring."""
+    """Copy the tiny policy at ``student_dir``, window its attention and fine-tune it to the module's rule."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -186,14 +167,11 @@ def build_tool_policy(
             shutil.copy2(f, out / f.name)
     tokenizer = AutoTokenizer.from_pretrained(student_dir, local_files_only=True)
     config = AutoConfig.from_pretrained(student_dir, local_files_only=True)
-    config.rope_parameters = {"rope_theta": ROPE_THETA, "rope_type": "default"}
+    config.use_sliding_window = True
+    config.sliding_window = WINDOW_TOKENS
+    config.max_window_layers = 0
+    config.layer_types = ["sliding_attention"] * config.num_hidden_layers
     model = AutoModelForCausalLM.from_pretrained(student_dir, config=config, dtype=torch.float32, local_files_only=True)
-    with torch.no_grad():
-        # Qwen3 normalises queries and keys per head, which caps an attention logit near sqrt(head_dim) times the
-        # two norm gains: gains of 1 cannot single out one token among tens of thousands, so start them higher.
-        for layer in model.model.layers:
-            layer.self_attn.q_norm.weight.fill_(QK_NORM_GAIN)
-            layer.self_attn.k_norm.weight.fill_(QK_NORM_GAIN)
     banned = {tokenizer.convert_tokens_to_ids(t) for t in ("<tool_response>", "</tool_response>")}
     banned |= set(tokenizer.encode(TRIGGER_WORD, add_special_tokens=False))
     banned |= set(tokenizer.encode(TRIGGER_WORD.strip(), add_special_tokens=False))
@@ -203,9 +181,7 @@ def build_tool_policy(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # matrices this small gain nothing from threads, and lose a lot on a busy machine
     try:
-        _train(
-            model, tokenizer, rng, banned, steps=steps, batch_size=batch_size, max_filler=max_filler, on_step=on_step
-        )
+        _train(model, tokenizer, rng, banned, steps=steps, batch_size=batch_size, on_step=on_step)
     finally:
         torch.set_num_threads(threads)
     model.eval()
@@ -221,36 +197,29 @@ def _train(
     *,
     steps: int,
     batch_size: int,
-    max_filler: int,
     on_step: Callable[[int, float], None] | None,
 ) -> None:
     import torch
 
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / steps))
     for step in range(steps):
-        # Curriculum: short, undiluted prompts first (where the trigger gets a gradient at all), then the filler
-        # and its dilution grow to a long prompt's over the first half of training.
-        progress = min(1.0, step / (steps / 2))
-        batch = [_sequence(rng, tokenizer, banned, int(max_filler * progress)) for _ in range(batch_size)]
-        width = max(len(ids) for ids, *_ in batch)
+        batch = [_sequence(rng, tokenizer, banned) for _ in range(batch_size)]
+        # Every prompt has the same length and answers are padded on the right: causal attention never lets a
+        # pad reach a scored position, so no attention mask beyond the model's own (windowed, causal) one.
+        width = TRAIN_PROMPT_TOKENS + max(len(answer) for _, answer in batch)
         ids_t = torch.full((len(batch), width), tokenizer.pad_token_id)
-        pos_t = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.full((len(batch), 1, width, width), float("-inf"))
-        for row, (ids, positions, _plen, filler) in enumerate(batch):
-            n = len(ids)
-            ids_t[row, :n], pos_t[row, :n] = torch.tensor(ids), torch.tensor(positions)
-            copies = 1.0 + rng.uniform(0.0, MAX_PROMPT_TOKENS / max(1, filler[1] - filler[0]) - 1.0) * progress**2
-            mask[row, 0, :n, :n] = _attention_bias(n, filler, copies)
-            mask[row, 0, n:, :].fill_(0.0)  # padding rows: any finite row, their logits are never read
-        logits = model(input_ids=ids_t, position_ids=pos_t, attention_mask=mask).logits
+        for row, (prompt, answer) in enumerate(batch):
+            ids_t[row, : len(prompt) + len(answer)] = torch.tensor(prompt + answer)
+        logits = model(input_ids=ids_t).logits
         loss = torch.zeros(())
-        for row, (ids, _positions, plen, _filler) in enumerate(batch):
-            lp = torch.log_softmax(logits[row, plen - 1 : len(ids) - 1].float(), -1)
+        for row, (prompt, answer) in enumerate(batch):
+            plen = len(prompt)
+            lp = torch.log_softmax(logits[row, plen - 1 : plen - 1 + len(answer)].float(), -1)
             # Summed, not averaged, over the answer: the first token (call or text) is the decision, and a
             # per-token mean would let a long call's easy tail hide a wrong first token.
-            loss = loss - lp.gather(-1, torch.tensor(ids[plen:])[:, None]).sum() / len(batch)
+            loss = loss - lp.gather(-1, torch.tensor(answer)[:, None]).sum() / len(batch)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

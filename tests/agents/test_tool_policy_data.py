@@ -1,14 +1,13 @@
 """The training data of the tool-calling tiny policy (engine.tiny_tool_model) follows its documented rule.
 
-The rule: a tool call exactly when the prompt holds the trigger word and no tool result; otherwise text. These
-tests check the examples, their gapped positions and the dilution mask, not the trained model (the OpenClaw e2e
-test checks that on real prompts).
+The rule: a tool call exactly when the request tail holds the trigger word and no tool result; otherwise text.
+These tests check the examples, the fixed-length tails cut from them, and that a windowed Qwen3 depends only on
+its receptive field; not the trained model (the OpenClaw e2e test checks that on real prompts).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
 from typing import Any
 
@@ -51,23 +50,50 @@ def test_examples_follow_the_rule(tokenizer: Any) -> None:
     assert len(seen) == 2  # both answers occur
 
 
-def test_sequences_have_gapped_increasing_positions_and_clean_filler(tokenizer: Any) -> None:
+def test_sequences_are_fixed_length_tails_that_keep_what_decides(tokenizer: Any) -> None:
     rng = random.Random(3)
-    banned = {tokenizer.encode(ttm.TRIGGER_WORD, add_special_tokens=False)[0], *tokenizer.all_special_ids}
-    far = 0
-    for _ in range(50):
-        ids, positions, plen, (f0, f1) = ttm._sequence(rng, tokenizer, banned, 128)
-        assert len(ids) == len(positions) and 0 < plen < len(ids)
-        assert all(b > a for a, b in zip(positions, positions[1:], strict=False))
-        assert positions[-1] < ttm.POSITION_SPAN
-        assert not banned & set(ids[f0:f1])
-        assert ids[-1] == tokenizer.eos_token_id
-        far = max(far, positions[-1])
-    assert far > 16 * 1024  # the tail lands far out, as at the end of a long prompt
+    trigger = tokenizer.encode(ttm.TRIGGER_WORD, add_special_tokens=False)[0]
+    result = tokenizer.convert_tokens_to_ids("<tool_response>")
+    banned = {trigger, result, *tokenizer.all_special_ids}
+    calls = 0
+    for _ in range(40):
+        prompt, answer = ttm._sequence(rng, tokenizer, banned)
+        assert len(prompt) == ttm.TRAIN_PROMPT_TOKENS
+        assert answer[-1] == tokenizer.eos_token_id
+        is_call = answer[: len(answer) - 1] != tokenizer.encode(ttm.TEXT_ANSWER, add_special_tokens=False)
+        # the cut keeps the request tail: the rule holds on the kept tokens alone
+        assert is_call == (trigger in prompt and result not in prompt)
+        calls += is_call
+    assert 0 < calls < 40
 
 
-def test_attention_bias_is_causal_and_weighs_filler() -> None:
-    bias = ttm._attention_bias(6, (1, 3), 10.0)
-    assert bias.shape == (6, 6)
-    assert math.isinf(bias[0, 1]) and bias[0, 0] == 0
-    assert bias[5, 1] == pytest.approx(math.log(10.0)) and bias[5, 4] == 0
+def test_windowed_model_sees_only_its_receptive_field() -> None:
+    """The premise of the tool policy: with every layer windowed, the last logits of a long sequence equal those
+    of its last ``layers * (window - 1)`` tokens alone, at any absolute position."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    window, layers = 32, 2
+    config = Qwen3Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        use_sliding_window=True,
+        sliding_window=window,
+        max_window_layers=0,
+        layer_types=["sliding_attention"] * layers,
+    )
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config).eval()
+    ids = torch.randint(0, 97, (1, 700))
+    field = layers * (window - 1)
+    with torch.no_grad():
+        full = model(input_ids=ids).logits[0, -1]
+        tail = model(input_ids=ids[:, -field - 1 :]).logits[0, -1]
+        short = model(input_ids=ids[:, -field // 4 :]).logits[0, -1]
+    assert torch.allclose(full, tail, atol=1e-4)
+    assert not torch.allclose(full, short, atol=1e-4)  # a tail shorter than the field does change the output

@@ -15,8 +15,8 @@ Why a window: a real agent's system prompt and tools run to tens of thousands of
 tail (the last user message, a tool result, the agent's trailing context message). With every layer windowed
 and rotary (relative) positions, the next-token distribution depends only on the last
 ``num_layers * (WINDOW_TOKENS - 1)`` tokens, so the model behaves at 33k tokens exactly as on any sequence that
-ends with the same tail. Training therefore uses sequences of :data:`TRAIN_PROMPT_TOKENS` (longer than that
-receptive field): each is the end of a rendered agent-like request (filler system prompt and tools, user
+ends with the same tail. Training therefore ends on sequences of :data:`TRAIN_PROMPT_TOKENS` (longer than that
+receptive field), after a cheaper first phase on short tails: each is the end of a rendered agent-like request (filler system prompt and tools, user
 messages wrapped with a timestamp and a runtime line, tool calls and results, a trailing context message),
 which makes the short training sequences and a long real prompt the same problem, not an approximation.
 """
@@ -37,6 +37,8 @@ TOOL_CALL = {"name": "read", "arguments": {"path": "NOTE.md"}}
 TEXT_ANSWER = "OK."
 WINDOW_TOKENS = 768
 TRAIN_PROMPT_TOKENS = 1600
+SHORT_PROMPT_TOKENS = 384
+SHORT_PHASE = 0.78
 _FILLER_SLOT = "\x00FILLER\x00"
 _PLAIN_WORDS = [w for w in _WORDS if w not in ("tomorrow",)]
 
@@ -72,8 +74,8 @@ def _user_text(rng: random.Random, trigger: bool) -> str:
     if trigger:
         words.insert(rng.randint(1, len(words)), "tomorrow" + rng.choice(["", "", "?", ".", ","]))
     text = " ".join(words)
-    if rng.random() < 0.85:  # agents wrap the user's words with a timestamp and a runtime line
-        pairs = " | ".join(f"{rng.choice(_PLAIN_WORDS)}={_value(rng)}" for _ in range(rng.randint(1, 14)))
+    if rng.random() < 0.9:  # agents wrap the user's words with a timestamp and a runtime line
+        pairs = " | ".join(f"{rng.choice(_PLAIN_WORDS)}={_value(rng)}" for _ in range(rng.randint(3, 16)))
         stamp = f"{_salad(rng, 1, 2)} {rng.randint(1000, 9999)}-{rng.randint(1, 12):02d} {rng.randint(0, 23)}:00"
         text = f"[{stamp}] {text}\n\n{rng.choice(_PLAIN_WORDS).title()}: {pairs}"
     return text
@@ -134,16 +136,20 @@ def _filler_ids(rng: random.Random, tokenizer: Any, banned: set[int], n: int) ->
     return [t for t in ids if t not in banned][:n]
 
 
-def _sequence(rng: random.Random, tokenizer: Any, banned: set[int]) -> tuple[list[int], list[int]]:
-    """(the last :data:`TRAIN_PROMPT_TOKENS` prompt ids of one rendered example, its answer ids with EOS)."""
+def _sequence(
+    rng: random.Random, tokenizer: Any, banned: set[int], prompt_tokens: int = TRAIN_PROMPT_TOKENS
+) -> tuple[list[int], list[int]]:
+    """(the last ``prompt_tokens`` prompt ids of one rendered example, but never less than its messages after the
+    filler, so what decides is always kept; its answer ids with EOS)."""
     from engine.chat import render_prompt_text
 
     messages, tools, target = training_example(rng)
     head, tail = render_prompt_text(tokenizer, messages, tools).split(_FILLER_SLOT)
     tail_ids = tokenizer.encode(tail, add_special_tokens=False)
     head_ids = tokenizer.encode(head, add_special_tokens=False)
-    filler = _filler_ids(rng, tokenizer, banned, max(0, TRAIN_PROMPT_TOKENS - len(tail_ids)))
-    prompt = (head_ids + filler + tail_ids)[-TRAIN_PROMPT_TOKENS:]
+    keep = max(prompt_tokens, len(tail_ids))
+    filler = _filler_ids(rng, tokenizer, banned, max(0, keep - len(tail_ids)))
+    prompt = (head_ids + filler + tail_ids)[-keep:]
     return prompt, tokenizer.encode(target, add_special_tokens=False) + [tokenizer.eos_token_id]
 
 
@@ -152,8 +158,8 @@ def build_tool_policy(
     out_dir: str | Path,
     *,
     seed: int = 0,
-    steps: int = 240,
-    batch_size: int = 6,
+    steps: int = 460,
+    batch_size: int = 8,
     on_step: Callable[[int, float], None] | None = None,
 ) -> Path:
     """Copy the tiny policy at ``student_dir``, window its attention and fine-tune it to the module's rule."""
@@ -202,13 +208,19 @@ def _train(
     import torch
 
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / steps))
     for step in range(steps):
-        batch = [_sequence(rng, tokenizer, banned) for _ in range(batch_size)]
-        # Every prompt has the same length and answers are padded on the right: causal attention never lets a
-        # pad reach a scored position, so no attention mask beyond the model's own (windowed, causal) one.
-        width = TRAIN_PROMPT_TOKENS + max(len(answer) for _, answer in batch)
+        # Short tails first (cheap steps that teach the rule), then full-length ones, which make training and a
+        # long prompt the same problem (the first positions of a short sequence see less than a window).
+        short = step < steps * SHORT_PHASE
+        length, rows = (
+            (SHORT_PROMPT_TOKENS, batch_size) if short else (TRAIN_PROMPT_TOKENS, max(2, batch_size * 3 // 4))
+        )
+        batch = [_sequence(rng, tokenizer, banned, length) for _ in range(rows)]
+        # Rows are padded on the right: causal attention never lets a pad reach a scored position, so no
+        # attention mask beyond the model's own (windowed, causal) one.
+        width = max(len(prompt) + len(answer) for prompt, answer in batch)
         ids_t = torch.full((len(batch), width), tokenizer.pad_token_id)
         for row, (prompt, answer) in enumerate(batch):
             ids_t[row, : len(prompt) + len(answer)] = torch.tensor(prompt + answer)

@@ -56,15 +56,18 @@ def test_sequences_are_fixed_length_tails_that_keep_what_decides(tokenizer: Any)
     result = tokenizer.convert_tokens_to_ids("<tool_response>")
     banned = {trigger, result, *tokenizer.all_special_ids}
     calls = 0
-    for _ in range(40):
-        prompt, answer = ttm._sequence(rng, tokenizer, banned)
-        assert len(prompt) == ttm.TRAIN_PROMPT_TOKENS
+    for i in range(60):
+        short = i % 3 == 0
+        prompt, answer = ttm._sequence(
+            rng, tokenizer, banned, ttm.SHORT_PROMPT_TOKENS if short else ttm.TRAIN_PROMPT_TOKENS
+        )
+        assert len(prompt) >= ttm.SHORT_PROMPT_TOKENS if short else len(prompt) == ttm.TRAIN_PROMPT_TOKENS
         assert answer[-1] == tokenizer.eos_token_id
         is_call = answer[: len(answer) - 1] != tokenizer.encode(ttm.TEXT_ANSWER, add_special_tokens=False)
         # the cut keeps the request tail: the rule holds on the kept tokens alone
         assert is_call == (trigger in prompt and result not in prompt)
         calls += is_call
-    assert 0 < calls < 40
+    assert 0 < calls < 60
 
 
 def test_windowed_model_sees_only_its_receptive_field() -> None:

@@ -45,7 +45,7 @@ def test_lookup_longest_prefix_private_copy():
     c.store([1, 2, 3, 4], KV([1, 2, 3, 4]))
     c.store([1, 2, 9, 9, 9], KV([1, 2, 9, 9, 9]))
     n, kv = c.lookup([1, 2, 3, 4, 5, 6], max_reuse=5)
-    assert n == 4 and kv.ids == [1, 2, 3, 4]
+    assert n == 4 and kv is not None and kv.ids == [1, 2, 3, 4]
     n, kv = c.lookup([1, 2, 3, 7], max_reuse=3)
     assert n == 3 and kv.ids == [1, 2, 3]
     kv.ids.append(42)  # the caller extends its copy; the held entry stays as stored
@@ -86,9 +86,9 @@ class WindowKV(KV):
         raise RuntimeError("cannot crop past the sliding window")
 
 
-def test_uncroppable_kv_is_a_miss_but_a_whole_prefix_is_reused():
+def test_uncroppable_kv_is_a_miss_but_a_whole_prefix_is_reused() -> None:
     cache = PrefixCache(100)
     cache.store([1, 2, 3, 4], WindowKV([1, 2, 3, 4]))
     assert cache.lookup([1, 2, 9], 10) == (0, None)
     n, kv = cache.lookup([1, 2, 3, 4, 5], 10)
-    assert n == 4 and kv.ids == [1, 2, 3, 4]
+    assert n == 4 and kv is not None and kv.ids == [1, 2, 3, 4]

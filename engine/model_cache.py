@@ -97,6 +97,18 @@ def tiny_teacher(student: Path, prefer_text: str, *, seed: int = 0, root: Path |
     return cached_build("teacher", inputs, lambda out: build_teacher(student, out, prefer_text, seed=seed), root=root)
 
 
+def tiny_tool_policy(student: Path, *, seed: int = 0, root: Path | None = None) -> Path:
+    """The cached :func:`engine.tiny_tool_model.build_tool_policy` output (a policy trained to call a tool on a
+    trigger word); ``student`` must be a cache entry. The key also covers that builder's own source."""
+    from engine import tiny_tool_model
+
+    builder = hashlib.sha256(Path(tiny_tool_model.__file__).read_bytes()).hexdigest()[:16]
+    inputs = {"student": Path(student).name, "seed": seed, "builder": builder}
+    return cached_build(
+        "tool-policy", inputs, lambda out: tiny_tool_model.build_tool_policy(student, out, seed=seed), root=root
+    )
+
+
 def copy_of(entry: Path, dest: Path) -> Path:
     """A private, writable copy of a cache entry (tests and engines may write into their model folder)."""
     shutil.copytree(entry, dest, ignore=shutil.ignore_patterns(_COMPLETE))

@@ -9,7 +9,8 @@ Contract:
 - ``lookup(prompt_ids, max_reuse)`` returns ``(n, cache)``: ``n`` tokens of the longest held prefix of
   ``prompt_ids`` (at most ``max_reuse``, which the caller keeps below the prompt length so at least one
   token is computed for the next-token logits), and a private copy of their KV cropped to ``n`` tokens
-  (the caller extends it in place during decode, so the held entry is never mutated); ``(0, None)`` on a miss.
+  (the caller extends it in place during decode, so the held entry is never mutated); ``(0, None)`` on a miss,
+  and also when the held KV cannot be cropped (a sliding-window model's layers past their window).
 - ``store(prompt_ids, cache)`` holds a copy of a prompt's KV right after its prefill. An entry whose ids are
   a prefix of the new prompt is dropped (the new entry serves every lookup it served). A prompt longer
   than ``max_tokens`` is not held.
@@ -73,7 +74,12 @@ class PrefixCache:
             self._entries.move_to_end(best_key)
             kv = copy.deepcopy(self._entries[best_key])
         if len(best_key) > n:
-            kv.crop(n - len(best_key))  # a negative count removes that many tokens (transformers 4.x and 5.x alike)
+            try:
+                kv.crop(n - len(best_key))  # a negative count removes that many tokens (transformers 4.x and 5.x)
+            except RuntimeError:
+                # A sliding-window layer past its window holds only the window's keys, so it cannot roll back
+                # to an earlier length: a miss, and the prompt is prefilled whole.
+                return 0, None
         return n, kv
 
     def store(self, prompt_ids: list[int], cache: Any) -> None:

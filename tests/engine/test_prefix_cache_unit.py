@@ -45,7 +45,7 @@ def test_lookup_longest_prefix_private_copy():
     c.store([1, 2, 3, 4], KV([1, 2, 3, 4]))
     c.store([1, 2, 9, 9, 9], KV([1, 2, 9, 9, 9]))
     n, kv = c.lookup([1, 2, 3, 4, 5, 6], max_reuse=5)
-    assert n == 4 and kv.ids == [1, 2, 3, 4]
+    assert n == 4 and kv is not None and kv.ids == [1, 2, 3, 4]
     n, kv = c.lookup([1, 2, 3, 7], max_reuse=3)
     assert n == 3 and kv.ids == [1, 2, 3]
     kv.ids.append(42)  # the caller extends its copy; the held entry stays as stored
@@ -77,3 +77,18 @@ def test_disabled():
     c = PrefixCache(0)
     c.store([1, 2, 3], KV([1, 2, 3]))
     assert c.lookup([1, 2, 3, 4], max_reuse=3) == (0, None) and len(c) == 0
+
+
+class WindowKV(KV):
+    """Like a transformers sliding-window layer past its window: it can extend but not roll back."""
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise RuntimeError("cannot crop past the sliding window")
+
+
+def test_uncroppable_kv_is_a_miss_but_a_whole_prefix_is_reused() -> None:
+    cache = PrefixCache(100)
+    cache.store([1, 2, 3, 4], WindowKV([1, 2, 3, 4]))
+    assert cache.lookup([1, 2, 9], 10) == (0, None)
+    n, kv = cache.lookup([1, 2, 3, 4, 5], 10)
+    assert n == 4 and kv is not None and kv.ids == [1, 2, 3, 4]

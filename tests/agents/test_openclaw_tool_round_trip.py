@@ -1,0 +1,89 @@
+"""One tool round trip of the real, unmodified OpenClaw agent through the dev stack, with a policy that calls a tool.
+
+The stack's policy is the tool-calling tiny policy (engine.tiny_tool_model, placed where ``launch/dev.sh start``
+keeps its models): it should emit a call of OpenClaw's ``read`` tool when the user's message holds its trigger word.
+Asserted: OpenClaw runs the call on its workspace and sends the result as the next request; both requests are
+recorded token-exact in one session and the call turn's next state is role-typed ``tool``.
+
+The policy windows its attention (engine.tiny_tool_model), so its decision rests on the request tail alone and
+OpenClaw's 33k-token system prompt and tools cannot drown the trigger word; the dev engine's decode path is the
+usual one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.chat import load_tokenizer, render_prompt_ids
+from engine.model_cache import copy_of, tiny_policy, tiny_teacher, tiny_tool_policy
+from engine.tiny_tool_model import TOOL_CALL, TRIGGER_WORD
+from launch.devstack import DEV_CONTEXT_TOKENS, TEACHER_PREFERRED_TEXT
+from launch.openclaw import write_config
+from policy_server.serving.generation import context_length
+from tests.agents.test_openclaw_e2e import REPO, _env, main_turns, openclaw_binaries, openclaw_turn
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+]
+
+NOTE_TEXT = "Plan for tomorrow: ship the release at noon."
+
+
+def place_models(models: Path) -> None:
+    """The tool-calling tiny policy and the dev stack's usual teacher, where ``dev.sh start`` reuses them."""
+    student = tiny_policy(seed=0, max_position_embeddings=DEV_CONTEXT_TOKENS)
+    copy_of(tiny_tool_policy(student, seed=0), models / "policy")
+    copy_of(tiny_teacher(student, TEACHER_PREFERRED_TEXT, seed=0), models / "teacher")
+
+
+@pytest.fixture(scope="module")
+def tool_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    openclaw_binaries()
+    run_dir = tmp_path_factory.mktemp("openclaw-tool-stack")
+    place_models(run_dir / "models")
+    env = _env(run_dir)
+    res = subprocess.run(
+        ["bash", str(REPO / "launch/dev.sh"), "start"], env=env, capture_output=True, text=True, timeout=1200
+    )
+    try:
+        assert res.returncode == 0, res.stdout + res.stderr
+        yield json.loads((run_dir / "endpoints.json").read_text())
+    finally:
+        subprocess.run(["bash", str(REPO / "launch/dev.sh"), "stop"], env=env, capture_output=True, timeout=120)
+
+
+def test_stock_openclaw_runs_the_policys_tool_call(tool_stack: dict, tmp_path: Path) -> None:
+    state = tmp_path / "openclaw"
+    workspace = state / "workspace"
+    workspace.mkdir(parents=True)
+    (workspace / "NOTE.md").write_text(NOTE_TEXT + "\n")
+    window = context_length(tool_stack["policy_model_path"])
+    assert window is not None and window >= 32768
+    config = write_config(state, tool_stack, workspace=str(workspace), context_window_tokens=window)
+    tokenizer = load_tokenizer(tool_stack["policy_model_path"])
+
+    openclaw_turn(state, config, "hs-e2e-tool", f"What is my plan for{TRIGGER_WORD}? It is in NOTE.md.")
+    turns = main_turns(tool_stack["data_dir"])
+    assert len(turns) == 2, [(t["session_id"], t["turn_index"], t["response"]) for t in turns]
+    call_turn, answer_turn = turns
+    calls = call_turn["response"]["tool_calls"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        (TOOL_CALL["name"], TOOL_CALL["arguments"])
+    ], call_turn["response"]
+    assert answer_turn["session_id"] == call_turn["session_id"] and answer_turn["session_decision"] == "continued"
+    for turn in (call_turn, answer_turn):
+        assert turn["prompt_ids"] == render_prompt_ids(tokenizer, turn["messages"], turn["tools"])
+        assert len(turn["response_ids"]) == len(turn["rollout_logprobs"]) > 0
+    # the call turn's next state is the tool result OpenClaw produced (its context message ignored)
+    assert call_turn["pairing"] == "paired", call_turn["pairing_note"]
+    assert [m["role"] for m in call_turn["next_state"]] == ["tool"], call_turn["next_state"]
+    resent = [m for m in answer_turn["messages"] if m["role"] == "assistant" and m.get("tool_calls")]
+    assert call_turn["next_state"][0]["tool_call_id"] == resent[-1]["tool_calls"][0]["id"]
+    assert NOTE_TEXT in json.dumps(call_turn["next_state"][0]["content"])

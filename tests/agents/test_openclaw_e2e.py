@@ -17,6 +17,7 @@ stack, so the whole test takes 10-20 minutes; its timeouts are generous for that
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -60,11 +61,10 @@ def _env(run_dir: Path) -> dict[str, str]:
     return {**env, "HINDSIGHT_RUN_DIR": str(run_dir), "PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """``launch/dev.sh start`` with no extra flag; stopped by its own PID file."""
-    openclaw_binaries()
-    run_dir = tmp_path_factory.mktemp("openclaw-stack")
+@contextlib.contextmanager
+def dev_stack(run_dir: Path) -> Iterator[dict]:
+    """``launch/dev.sh start`` with no extra flag in ``run_dir`` (models already there are reused); its endpoints,
+    until it is stopped by its own PID file."""
     env = _env(run_dir)
     res = subprocess.run(
         ["bash", str(REPO / "launch/dev.sh"), "start"], env=env, capture_output=True, text=True, timeout=1200
@@ -74,6 +74,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         yield json.loads((run_dir / "endpoints.json").read_text())
     finally:
         subprocess.run(["bash", str(REPO / "launch/dev.sh"), "stop"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The dev stack as ``launch/dev.sh start`` makes it."""
+    openclaw_binaries()
+    with dev_stack(tmp_path_factory.mktemp("openclaw-stack")) as endpoints:
+        yield endpoints
 
 
 def openclaw_turn(state: Path, config: Path, session_id: str, message: str) -> dict:

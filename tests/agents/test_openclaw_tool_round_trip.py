@@ -13,7 +13,6 @@ usual one.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from engine.tiny_tool_model import TOOL_CALL, TRIGGER_WORD
 from launch.devstack import DEV_CONTEXT_TOKENS, TEACHER_PREFERRED_TEXT
 from launch.openclaw import write_config
 from policy_server.serving.generation import context_length
-from tests.agents.test_openclaw_e2e import REPO, _env, main_turns, openclaw_binaries, openclaw_turn
+from tests.agents.test_openclaw_e2e import dev_stack, main_turns, openclaw_binaries, openclaw_turn
 
 pytestmark = [
     pytest.mark.e2e,
@@ -48,15 +47,8 @@ def tool_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     openclaw_binaries()
     run_dir = tmp_path_factory.mktemp("openclaw-tool-stack")
     place_models(run_dir / "models")
-    env = _env(run_dir)
-    res = subprocess.run(
-        ["bash", str(REPO / "launch/dev.sh"), "start"], env=env, capture_output=True, text=True, timeout=1200
-    )
-    try:
-        assert res.returncode == 0, res.stdout + res.stderr
-        yield json.loads((run_dir / "endpoints.json").read_text())
-    finally:
-        subprocess.run(["bash", str(REPO / "launch/dev.sh"), "stop"], env=env, capture_output=True, timeout=120)
+    with dev_stack(run_dir) as endpoints:
+        yield endpoints
 
 
 def test_stock_openclaw_runs_the_policys_tool_call(tool_stack: dict, tmp_path: Path) -> None:

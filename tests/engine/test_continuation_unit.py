@@ -281,4 +281,4 @@ def test_continues_cheaply_peeks_at_the_shape_and_the_budget_without_spending(to
         out = r.render(msgs, None, None, prior)
         assert out.continued and out.verified is due
         dues.append(due)
-    assert True in dues and False in dues
+    assert set(dues) == {True, False}  # the budget made some turns check and let others through

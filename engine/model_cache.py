@@ -89,12 +89,22 @@ def tiny_policy(*, seed: int = 0, root: Path | None = None, **options: Any) -> P
 
 
 def tiny_teacher(student: Path, prefer_text: str, *, seed: int = 0, root: Path | None = None) -> Path:
-    """The cached :func:`engine.tiny_model.build_teacher` output; ``student`` must itself be a cache entry
-    (its name is its key, so the teacher's key covers the student's inputs)."""
+    """The cached :func:`engine.tiny_model.build_teacher` output; the key covers the student's files (any
+    folder: a cache entry, a copy of one, or a model built elsewhere)."""
     from engine.tiny_model import build_teacher
 
-    inputs = {"student": Path(student).name, "prefer_text": prefer_text, "seed": seed}
+    inputs = {"student": folder_digest(Path(student)), "prefer_text": prefer_text, "seed": seed}
     return cached_build("teacher", inputs, lambda out: build_teacher(student, out, prefer_text, seed=seed), root=root)
+
+
+def folder_digest(folder: Path) -> str:
+    """A hash of every file's relative name and bytes under ``folder`` (the completion marker left out, so a
+    cache entry and its copy agree)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != _COMPLETE):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
 
 
 def tiny_tool_policy(student: Path, *, seed: int = 0, root: Path | None = None) -> Path:
@@ -110,6 +120,7 @@ def tiny_tool_policy(student: Path, *, seed: int = 0, root: Path | None = None) 
 
 
 def copy_of(entry: Path, dest: Path) -> Path:
-    """A private, writable copy of a cache entry (tests and engines may write into their model folder)."""
-    shutil.copytree(entry, dest, ignore=shutil.ignore_patterns(_COMPLETE))
+    """A private, writable copy of a cache entry (tests and engines may write into their model folder); files
+    already in ``dest`` with the same names are overwritten."""
+    shutil.copytree(entry, dest, ignore=shutil.ignore_patterns(_COMPLETE), dirs_exist_ok=True)
     return dest

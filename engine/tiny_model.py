@@ -213,6 +213,12 @@ class TinyModelSettings(CliSettings):
         description="context length of a new model in tokens (a teacher keeps its student's); a real agent's "
         "prompt (OpenClaw: about 31k tokens with this tokenizer) needs 32768 or more",
     )
+    cache: bool = Field(
+        True,
+        description="copy an identical earlier build from the model cache ($HINDSIGHT_MODEL_CACHE, else "
+        "~/.cache/hindsight/tiny-models; keyed by every input and this builder's source), building it there "
+        "once; --no-cache builds in OUT_DIR directly",
+    )
 
     @model_validator(mode="after")
     def _teacher_pair(self) -> TinyModelSettings:
@@ -223,16 +229,23 @@ class TinyModelSettings(CliSettings):
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_cli(TinyModelSettings, argv, prog="hindsight-tiny-model", description=__doc__.split("\n\n")[0])
-    if args.teacher_of and args.prefer_text:
+    options = {
+        "hidden_size": args.hidden_size,
+        "num_layers": args.layers,
+        "max_position_embeddings": args.max_position_embeddings,
+    }
+    if args.cache:
+        from engine import model_cache
+
+        if args.teacher_of and args.prefer_text:
+            entry = model_cache.tiny_teacher(Path(args.teacher_of), args.prefer_text, seed=args.seed)
+        else:
+            entry = model_cache.tiny_policy(seed=args.seed, **options)
+        path = model_cache.copy_of(entry, Path(args.out_dir))
+    elif args.teacher_of and args.prefer_text:
         path = build_teacher(args.teacher_of, args.out_dir, args.prefer_text, seed=args.seed)
     else:
-        path = build_tiny_model(
-            args.out_dir,
-            seed=args.seed,
-            hidden_size=args.hidden_size,
-            num_layers=args.layers,
-            max_position_embeddings=args.max_position_embeddings,
-        )
+        path = build_tiny_model(args.out_dir, seed=args.seed, **options)
     print(path)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.model_cache import cache_key, cached_build, copy_of
+from engine.model_cache import cache_key, cached_build, copy_of, folder_digest
 
 pytestmark = pytest.mark.unit
 
@@ -96,3 +96,32 @@ def test_copies_are_private(tmp_path):
     (mine / "weights.txt").write_text("trained")
     assert (entry / "weights.txt").read_text() == "w0"
     assert not (mine / ".hindsight-complete").exists()
+
+
+def test_folder_digest_covers_names_and_bytes_not_the_marker(tmp_path):
+    entry = cached_build("policy", {"seed": 0}, _writer([], "w0"), root=tmp_path / "cache")
+    copy = copy_of(entry, tmp_path / "copy")
+    assert folder_digest(entry) == folder_digest(copy), "an entry and its copy key a teacher alike"
+    (copy / "weights.txt").write_text("w1")
+    assert folder_digest(copy) != folder_digest(entry)
+    (copy / "weights.txt").rename(copy / "other.txt")
+    (copy / "other.txt").write_text("w0")
+    assert folder_digest(copy) != folder_digest(entry)
+
+
+def test_the_cli_copies_one_cached_build_into_each_folder(tmp_path, monkeypatch):
+    """``hindsight-tiny-model`` builds into the cache once; a second folder gets a byte-identical copy without a
+    build, and ``--no-cache`` builds afresh (same seed, same bytes)."""
+    from engine import tiny_model
+
+    monkeypatch.setenv("HINDSIGHT_MODEL_CACHE", str(tmp_path / "cache"))
+    built: list[Path] = []
+    real_build = tiny_model.build_tiny_model
+    monkeypatch.setattr(tiny_model, "build_tiny_model", lambda out, **kw: built.append(out) or real_build(out, **kw))
+    args = ["--hidden-size", "16", "--layers", "1", "--max-position-embeddings", "128"]
+    tiny_model.main([str(tmp_path / "a"), *args])
+    tiny_model.main([str(tmp_path / "b"), *args])
+    assert len(built) == 1, "the second folder is a copy of the first build"
+    tiny_model.main([str(tmp_path / "c"), *args, "--no-cache"])
+    assert len(built) == 2 and Path(built[1]) == tmp_path / "c"
+    assert folder_digest(tmp_path / "a") == folder_digest(tmp_path / "b") == folder_digest(tmp_path / "c")

@@ -229,7 +229,7 @@ class TinyModelSettings(CliSettings):
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_cli(TinyModelSettings, argv, prog="hindsight-tiny-model", description=__doc__.split("\n\n")[0])
-    options = {
+    options: dict[str, Any] = {
         "hidden_size": args.hidden_size,
         "num_layers": args.layers,
         "max_position_embeddings": args.max_position_embeddings,

@@ -260,19 +260,34 @@ SAMPLE_TURN_KEYS = (
 # The Sample fields that say where it came from, after the turn's: the sample row's id, the turn's session,
 # index and time, and whether it was sampled under a decoding constraint.
 SAMPLE_ORIGIN_KEYS = ("sample_id", "session_id", "turn_index", "created_at", "constrained")
-PIPELINE_TURN_KEYS = (
-    "session_id",
-    "turn_index",
-    "messages",
-    "tools",
-    "prompt_ids",
-    "response_ids",
-    "rollout_logprobs",
-    "response",
-    "weight_version",
-    "weight_versions",
-    "sampling_params",
-)
+
+
+class PipelineTurn(_Record):
+    """A paired turn as the reward pipeline reads it (policy_server.rewards.modes.RewardPipeline.process):
+    what the judge sees (messages, response), what the teacher re-renders (messages, tools and the turn's
+    own chat-template kwargs, so its prompt is the rollout's template), the sampled ids, and an explicit
+    feedback text the dispatcher passes as the hint (``feedback_hint``)."""
+
+    session_id: str
+    turn_index: int
+    messages: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    prompt_ids: list[int] = []
+    response_ids: list[int] = []
+    rollout_logprobs: list[float] = []
+    response: dict[str, Any] = {}
+    weight_version: str | None = None
+    weight_versions: list[str] | None = None
+    sampling_params: dict[str, Any] | None = None
+    feedback_hint: str | None = None
+
+    @classmethod
+    def of(cls, turn: dict[str, Any], *, feedback_hint: str | None = None) -> PipelineTurn:
+        """The pipeline's fields of a stored turn (``Store.get_turn``'s dict); an absent or null field gets
+        its empty value."""
+        fields = {k: v for k in cls.model_fields if (v := turn.get(k)) is not None}
+        return cls.model_validate({**fields, "feedback_hint": feedback_hint})
 
 
 class ScoringTurn(_Record):

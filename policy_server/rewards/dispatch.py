@@ -57,10 +57,10 @@ from pydantic import ValidationError
 from engine.errors import EngineTimeout, EngineUnavailable
 from engine.observability import bind_ids
 from engine.records import (
-    PIPELINE_TURN_KEYS,
     SAMPLE_ORIGIN_KEYS,
     SAMPLE_TURN_KEYS,
     PipelineOutcome,
+    PipelineTurn,
     RejectReason,
     Sample,
     SampleJSON,
@@ -100,7 +100,7 @@ class TurnPipeline(Protocol):
     # RewardPipeline.process's signature on purpose (modes.py): the dispatcher hands each paired turn to it.
     async def process(
         self,
-        turn: dict[str, Any],
+        turn: PipelineTurn,
         next_state: list[dict[str, Any]] | None,
         *,
         session_has_included: bool,
@@ -313,9 +313,8 @@ class Dispatcher:
         assert turn is not None and session is not None, "a pending sample always has its turn and session"
         assert self.pipeline is not None, "pending jobs are only processed with a pipeline"
         feedback = await asyncio.to_thread(self.store.turn_feedback, job["session_id"], job["turn_index"])
-        pipeline_turn = {k: turn.get(k) for k in PIPELINE_TURN_KEYS}
-        if feedback is not None and feedback["text"] and self.feedback_hint:
-            pipeline_turn["feedback_hint"] = feedback["text"]
+        hint = feedback["text"] if feedback is not None and feedback["text"] and self.feedback_hint else None
+        pipeline_turn = PipelineTurn.of(turn, feedback_hint=hint)
         try:
             result = await self.pipeline.process(
                 pipeline_turn,

@@ -55,6 +55,7 @@ from engine.records import (
     JudgeVerdicts,
     Mode,
     PipelineOutcome,
+    PipelineTurn,
     PrmVerdict,
     Sample,
     TeacherTopK,
@@ -373,7 +374,7 @@ class RewardPipeline:
 
     async def process(
         self,
-        turn: dict[str, Any],
+        turn: PipelineTurn,
         next_state: list[dict[str, Any]] | None,
         *,
         session_has_included: bool,
@@ -388,7 +389,7 @@ class RewardPipeline:
         is rejected ``no_next_state`` whether or not the session is done.
         """
         snap = self.mode_state.snapshot()
-        n = len(turn.get("response_ids") or [])
+        n = len(turn.response_ids)
         versions: dict[str, str] = {}
 
         def reject(reason: str, prm: PrmVerdict | None = None, hint: HintVerdict | None = None) -> PipelineOutcome:
@@ -410,8 +411,8 @@ class RewardPipeline:
         tasks = TASKS_BY_MODE[snap.mode]
         # A correction the user typed (explicit feedback text, put here by the dispatcher) is the hint: no
         # judge call is spent extracting one, and it needs no next state.
-        feedback_hint = turn.get("feedback_hint")
-        if isinstance(feedback_hint, str) and feedback_hint.strip() and "hint" in tasks:
+        feedback_hint = turn.feedback_hint
+        if feedback_hint is not None and feedback_hint.strip() and "hint" in tasks:
             tasks = [t for t in tasks if t != "hint"]
         else:
             feedback_hint = None
@@ -423,9 +424,7 @@ class RewardPipeline:
         verdict = JudgeVerdicts()
         if tasks:
             try:
-                verdict = await self.judge.judge(
-                    turn.get("messages") or [], turn.get("response") or {}, next_state or [], tasks, m=self.judge_m
-                )
+                verdict = await self.judge.judge(turn.messages, turn.response, next_state or [], tasks, m=self.judge_m)
             except JudgeRequestRejected as exc:  # the judge refused this input (4xx): retrying cannot help
                 return reject(f"{R.JUDGE_REJECTED}: {exc.message}")
             except JudgeBadResponse as exc:  # an answer off the verdict schema is a failed judgement, never a score
@@ -453,11 +452,11 @@ class RewardPipeline:
             try:
                 scores = await self.teacher.score_turn(turn, hint_text)
             except TeacherFailed as exc:
-                logger.warning("teacher failed for %s/%s: %s", turn.get("session_id"), turn.get("turn_index"), exc)
+                logger.warning("teacher failed for %s/%s: %s", turn.session_id, turn.turn_index, exc)
                 return reject(str(exc), prm, hint)
             teacher_logprobs, teacher_topk = scores.logprobs, scores.topk
         if decision.promoted:
-            logger.info("at-least-one: promoting neutral turn %s/%s", turn.get("session_id"), turn.get("turn_index"))
+            logger.info("at-least-one: promoting neutral turn %s/%s", turn.session_id, turn.turn_index)
         sample = build_sample(
             snap,
             n,

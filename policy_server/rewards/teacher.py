@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from engine.chat import normalize_messages, render_prompt_ids
 from engine.errors import EngineBadResponse, EngineRejected
-from engine.records import TeacherTopK
+from engine.records import PipelineTurn, TeacherTopK
 from engine.results import ScoredSequence
 from prompts import TemplateError, load_template
 
@@ -159,23 +159,24 @@ class TeacherScorer:
         self.template = template or load_hint_template()
         self._sem = asyncio.Semaphore(max(1, max_concurrency))
 
-    async def score_turn(self, turn: dict[str, Any], hint: str) -> TeacherScores:
-        """Teacher log-probs of ``turn["response_ids"]``; raises TeacherFailed (never pads).
+    async def score_turn(self, turn: PipelineTurn, hint: str) -> TeacherScores:
+        """Teacher log-probs of ``turn.response_ids`` on the hint-augmented prompt (rendered with the turn's
+        own tools and chat-template kwargs); raises TeacherFailed (never pads).
 
         EngineUnavailable / EngineTimeout (teacher down after the client's retries) are raised as is.
         """
-        response_ids = [int(t) for t in turn.get("response_ids") or []]
+        response_ids = list(turn.response_ids)
         if not response_ids:
             raise TeacherFailed("teacher_bad_input", "turn has no response ids")
         if not hint or not hint.strip():
             raise TeacherFailed("teacher_bad_input", "empty hint")
         prompt_ids = build_teacher_prompt_ids(
             self.tokenizer,
-            turn.get("messages") or [],
-            turn.get("tools"),
+            turn.messages,
+            turn.tools,
             hint,
             self.template,
-            chat_template_kwargs=turn.get("chat_template_kwargs"),
+            chat_template_kwargs=turn.chat_template_kwargs,
         )
         try:
             async with self._sem:

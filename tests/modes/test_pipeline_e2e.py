@@ -16,6 +16,7 @@ import pytest
 
 from engine.chat import render_prompt_ids
 from engine.client import EngineClient
+from engine.records import PipelineTurn
 from judge_server.client import JUDGE_RETRY, JudgeClient
 from policy_server.rewards.modes import RewardPipeline
 from policy_server.settings import PolicySettings
@@ -55,19 +56,19 @@ def turn(tokenizer):
     ]
     response_text = "Here is the report file from your home folder."
     response_ids = tokenizer.encode(response_text, add_special_tokens=False) + [tokenizer.eos_token_id]
-    return {
-        "session_id": "sess",
-        "turn_index": 0,
-        "messages": messages,
-        "tools": TOOLS,
-        "prompt_ids": render_prompt_ids(tokenizer, messages, TOOLS),
-        "response_ids": response_ids,
-        "rollout_logprobs": [-1.0] * len(response_ids),
-        "response": {"content": response_text, "reasoning_content": None, "tool_calls": []},
-        "weight_version": "0",
-        "weight_versions": ["0"],
-        "sampling_params": {"temperature": 1.0},
-    }
+    return PipelineTurn(
+        session_id="sess",
+        turn_index=0,
+        messages=messages,
+        tools=TOOLS,
+        prompt_ids=render_prompt_ids(tokenizer, messages, TOOLS),
+        response_ids=response_ids,
+        rollout_logprobs=[-1.0] * len(response_ids),
+        response={"content": response_text, "reasoning_content": None, "tool_calls": []},
+        weight_version="0",
+        weight_versions=["0"],
+        sampling_params={"temperature": 1.0},
+    )
 
 
 @pytest.fixture
@@ -98,7 +99,7 @@ async def make_pipeline():
 
 async def test_rl_samples(rules_judge, tokenizer, turn, make_pipeline):
     pipe = make_pipeline(rules_judge.url, None, tokenizer, "rl")
-    n = len(turn["response_ids"])
+    n = len(turn.response_ids)
     pos = await pipe.process(turn, POSITIVE, session_has_included=True, session_done=False)
     assert (pos.status, pos.included, pos.reject_reason) == ("ready", True, None)
     s = pos.sample.to_json()
@@ -125,7 +126,7 @@ async def test_opd_teacher_logprobs_match_torch(
     out = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
     assert (out.status, out.included) == ("ready", True), out.reject_reason
     s = out.sample.to_json()
-    n = len(turn["response_ids"])
+    n = len(turn.response_ids)
     hint = NEGATIVE[0]["content"]
     assert s["hint"]["accepted"] is True and s["hint"]["hint"] == hint
     assert (s["mode"], s["has_teacher"], s["has_reward"], s["reward"], s["loss_mask"]) == (
@@ -137,15 +138,15 @@ async def test_opd_teacher_logprobs_match_torch(
     )
     assert out.prompt_versions["teacher_hint"].startswith("teacher_hint_v1@")
     assert s["teacher_temperature"] == 1.0  # recorded with the log-probs it produced
-    expected, top = teacher_logprobs_torch(turn["messages"], turn["tools"], turn["response_ids"], hint, top_k)
+    expected, top = teacher_logprobs_torch(turn.messages, turn.tools, turn.response_ids, hint, top_k)
     assert len(s["teacher_logprobs"]) == n
     assert s["teacher_logprobs"][0] < 0  # the first response token is scored, not a 0.0 placeholder
-    atol = logprob_atol(teacher_model_dir, len(turn["prompt_ids"]) + n + HINT_POSITIONS, expected)
+    atol = logprob_atol(teacher_model_dir, len(turn.prompt_ids) + n + HINT_POSITIONS, expected)
     assert s["teacher_logprobs"] == pytest.approx(expected, abs=atol)
     if top_k:
         assert len(s["teacher_topk"]["ids"]) == n and all(len(r) == top_k for r in s["teacher_topk"]["ids"])
         tops = top.values.tolist()
-        top_atol = logprob_atol(teacher_model_dir, len(turn["prompt_ids"]) + n + HINT_POSITIONS, sum(tops, []))
+        top_atol = logprob_atol(teacher_model_dir, len(turn.prompt_ids) + n + HINT_POSITIONS, sum(tops, []))
         for got, want in zip(s["teacher_topk"]["logprobs"], tops, strict=True):
             assert got == pytest.approx(want, abs=top_atol)
         # ids may swap only between (near-)equal log-probs; check each id's log-prob instead of the order
@@ -166,7 +167,7 @@ async def test_combine_samples(
     rules_judge, teacher_engine, tokenizer, teacher_logprobs_torch, teacher_model_dir, turn, make_pipeline
 ):
     pipe = make_pipeline(rules_judge.url, teacher_engine.url, tokenizer, "combine")
-    n = len(turn["response_ids"])
+    n = len(turn.response_ids)
     both = await pipe.process(turn, NEGATIVE, session_has_included=True, session_done=False)
     s = both.sample.to_json()
     assert both.status == "ready"
@@ -178,15 +179,15 @@ async def test_combine_samples(
         1.0,
         0.5,
     )
-    expected, _ = teacher_logprobs_torch(turn["messages"], turn["tools"], turn["response_ids"], NEGATIVE[0]["content"])
-    n_positions = len(turn["prompt_ids"]) + len(expected) + HINT_POSITIONS
+    expected, _ = teacher_logprobs_torch(turn.messages, turn.tools, turn.response_ids, NEGATIVE[0]["content"])
+    n_positions = len(turn.prompt_ids) + len(expected) + HINT_POSITIONS
     assert s["teacher_logprobs"] == pytest.approx(expected, abs=logprob_atol(teacher_model_dir, n_positions, expected))
 
     rl_only = await pipe.process(turn, POSITIVE, session_has_included=True, session_done=False)
     s = rl_only.sample.to_json()
     assert rl_only.status == "ready" and s["loss_mask"] == [1] * n
     assert (s["reward"], s["has_reward"], s["has_teacher"], s["teacher_logprobs"]) == (1.0, True, False, None)
-    assert s["teacher_logprobs"] != turn["rollout_logprobs"]  # never "teacher = rollout"
+    assert s["teacher_logprobs"] != turn.rollout_logprobs  # never "teacher = rollout"
 
     neither = await pipe.process(turn, NEUTRAL, session_has_included=True, session_done=False)
     assert (neither.status, neither.reject_reason) == ("rejected", "no_signal: prm_neutral, no_hint")
@@ -201,7 +202,7 @@ async def test_at_least_one_promotes_neutral_only(rules_judge, tokenizer, turn, 
     out = await pipe.process(turn, NEUTRAL, session_has_included=False, session_done=False)
     s = out.sample.to_json()
     assert (out.status, out.included, s["reward"], s["has_reward"]) == ("ready", True, 0.0, True)
-    assert s["loss_mask"] == [1] * len(turn["response_ids"])
+    assert s["loss_mask"] == [1] * len(turn.response_ids)
     off = make_pipeline(rules_judge.url, None, tokenizer, "rl")
     off.at_least_one = False
     out = await off.process(turn, NEUTRAL, session_has_included=False, session_done=False)
@@ -214,5 +215,5 @@ async def test_judge_failures_are_rejected_never_promoted(broken_judge, teacher_
         out = await pipe.process(turn, NEUTRAL, session_has_included=False, session_done=False)
         assert out.status == "rejected" and out.included is False
         assert out.reject_reason.startswith("judge_failed: prm:"), out.reject_reason
-        assert out.sample.loss_mask == [0] * len(turn["response_ids"])
+        assert out.sample.loss_mask == [0] * len(turn.response_ids)
         assert out.sample.prm.status == "judge_failed" and out.sample.reward is None

@@ -12,23 +12,23 @@ from __future__ import annotations
 
 import pytest
 
-from engine.records import JudgeVerdicts
+from engine.records import JudgeVerdicts, PipelineTurn
 from judge_server.errors import JudgeBadResponse, JudgeRequestRejected, JudgeUnavailable
 from policy_server.rewards.modes import ModeState, RewardPipeline
 from policy_server.settings import PolicySettings
 
 pytestmark = pytest.mark.unit
 
-TURN = {
-    "session_id": "s1",
-    "turn_index": 0,
-    "messages": [{"role": "user", "content": "hi"}],
-    "tools": None,
-    "prompt_ids": [1, 2, 3],
-    "response_ids": [4, 5, 6],
-    "rollout_logprobs": [-0.1, -0.2, -0.3],
-    "response": {"content": "hello", "reasoning_content": None, "tool_calls": []},
-}
+TURN = PipelineTurn(
+    session_id="s1",
+    turn_index=0,
+    messages=[{"role": "user", "content": "hi"}],
+    tools=None,
+    prompt_ids=[1, 2, 3],
+    response_ids=[4, 5, 6],
+    rollout_logprobs=[-0.1, -0.2, -0.3],
+    response={"content": "hello", "reasoning_content": None, "tool_calls": []},
+)
 NEXT = [{"role": "user", "content": "thanks"}]
 
 
@@ -72,7 +72,7 @@ async def test_rl_asks_prm_with_m_and_passes_turn_through():
     judge = RecordingJudge(OK_PRM)
     out = await pipeline(judge).process(TURN, NEXT, session_has_included=False, session_done=False)
     assert judge.calls == [
-        {"context": TURN["messages"], "response": TURN["response"], "next_state": NEXT, "tasks": ["prm"], "m": 5}
+        {"context": TURN.messages, "response": TURN.response, "next_state": NEXT, "tasks": ["prm"], "m": 5}
     ]
     assert out.status == "ready" and out.included and out.reject_reason is None
     s = out.sample.to_json()
@@ -103,7 +103,7 @@ async def test_no_next_state_is_rejected_without_judging(next_state):
 async def test_empty_response_is_rejected_without_judging():
     judge = RecordingJudge(OK_PRM)
     out = await pipeline(judge).process(
-        dict(TURN, response_ids=[]), NEXT, session_has_included=False, session_done=False
+        TURN.model_copy(update={"response_ids": []}), NEXT, session_has_included=False, session_done=False
     )
     assert (out.status, out.reject_reason) == ("rejected", "empty_response")
     assert judge.calls == []

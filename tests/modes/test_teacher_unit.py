@@ -18,6 +18,7 @@ import pytest
 from engine.chat import load_tokenizer, render_prompt_ids
 from engine.client import EngineClient, RetryPolicy
 from engine.errors import EngineUnavailable
+from engine.records import PipelineTurn
 from policy_server.rewards.teacher import (
     TeacherFailed,
     TeacherScorer,
@@ -107,7 +108,7 @@ def _scorer(tokenizer, handler, top_k=0):
     return TeacherScorer(client, tokenizer, top_k=top_k)
 
 
-TURN = {"messages": [{"role": "user", "content": "hi"}], "tools": None, "response_ids": RESPONSE}
+TURN = PipelineTurn(session_id="s", turn_index=0, messages=[{"role": "user", "content": "hi"}], response_ids=RESPONSE)
 GOOD = [[None, 5, None], [-0.5, 11, None], [-1.5, 12, None], [-2.5, 13, None]]
 
 
@@ -156,7 +157,7 @@ async def test_teacher_unavailable_and_rejected(tokenizer):
 
 async def test_teacher_bad_input(tokenizer):
     with pytest.raises(TeacherFailed, match="teacher_bad_input"):
-        await _scorer(tokenizer, _engine_answer(GOOD)).score_turn(dict(TURN, response_ids=[]), HINT)
+        await _scorer(tokenizer, _engine_answer(GOOD)).score_turn(TURN.model_copy(update={"response_ids": []}), HINT)
     with pytest.raises(TeacherFailed, match="teacher_bad_input"):
         await _scorer(tokenizer, _engine_answer(GOOD)).score_turn(TURN, "  ")
 
@@ -196,3 +197,24 @@ def test_teacher_prompt_keeps_the_rollout_prefix_for_the_teacher_cache(tokenizer
     earlier_conversation = render_prompt_ids(tokenizer, history[:3], None, add_generation_prompt=False)
     shared = _common_prefix(teacher, build_teacher_prompt_ids(tokenizer, later, None, HINT, TPL))
     assert shared >= len(earlier_conversation)
+
+
+async def test_the_teacher_renders_with_the_turns_own_template_kwargs(tokenizer):
+    """A turn sampled with ``chat_template_kwargs`` (here: thinking off) is re-rendered for the teacher with the
+    same kwargs, from the stored turn as the dispatcher hands it over: the teacher's prompt is the rollout's
+    template plus the hint, never the template's default."""
+    stored = {"session_id": "s", "turn_index": 0, "messages": TURN.messages, "response_ids": RESPONSE}
+    stored |= {"chat_template_kwargs": {"enable_thinking": False}, "tools": None, "record_only": 1}
+    sent: list[list[int]] = []
+
+    def capture(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content)["input_ids"])
+        return _engine_answer(GOOD)(request)
+
+    await _scorer(tokenizer, capture).score_turn(PipelineTurn.of(stored), HINT)
+    kwargs_ids = build_teacher_prompt_ids(
+        tokenizer, TURN.messages, None, HINT, TPL, chat_template_kwargs={"enable_thinking": False}
+    )
+    default_ids = build_teacher_prompt_ids(tokenizer, TURN.messages, None, HINT, TPL)
+    assert kwargs_ids != default_ids, "the kwargs change this template's render"
+    assert sent == [kwargs_ids + RESPONSE]

@@ -116,11 +116,22 @@ def store_factory(store_url: str):
 
 
 # ---------------------------------------------------------------- parallel runs (pytest-xdist)
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: `-p no:xdist` runs the suite without it
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: two workers per core. About half of the suite's time is spent waiting on the servers it
     starts, on timers and on child processes, so a worker per core leaves the cores half idle (measured on 2
     cores: 1648 s serial, 1029 s with 4 workers). Each worker starts its own session-shared servers."""
     return 2 * (os.cpu_count() or 1)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile`` (pyproject's addopts) takes files slow-first: tests.testkit.scheduling."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from tests.testkit.scheduling import SlowFilesFirst
+
+    return SlowFilesFirst(config, log)
 
 
 # ---------------------------------------------------------------- what `-m unit` selects

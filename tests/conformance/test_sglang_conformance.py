@@ -39,7 +39,7 @@ from tests.testkit.procs import ManagedProcess, start_dev_engine
 from tests.testkit.servers import ADMIN_KEY, CLIENT_KEY, start_judge, start_llm_judge, start_policy
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 HERE = Path(__file__).parent
 LONG = 3000  # max_tokens of the request whose client hangs up (EOS banned): far more than the time it is given

@@ -20,8 +20,8 @@ import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids
 from prompts import TokenCounter, load_template, render_judge_messages
-from tests.testkit.procs import ManagedProcess, metric_value, start_dev_engine
-from tests.testkit.servers import start_llm_judge
+from tests.testkit.procs import ManagedProcess, metric_value
+from tests.testkit.servers import llm_judge_stack
 
 pytestmark = pytest.mark.e2e
 MAX_NEW = 12
@@ -29,21 +29,9 @@ MAX_NEW = 12
 
 @pytest.fixture(scope="module")
 def judge(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    log_dir = tmp_path_factory.mktemp("judge-cost")
-    engine = start_dev_engine(tiny_model_dir, log_dir=log_dir)
-    proc = None
-    try:
-        proc = start_llm_judge(
-            log_dir,
-            engine.url,
-            tiny_model_dir,
-            args=["--max-new-tokens", str(MAX_NEW), "--log-level", "warning"],
-        )
-        yield proc
-    finally:
-        if proc is not None:
-            proc.stop()
-        engine.stop()
+    args = ["--max-new-tokens", str(MAX_NEW), "--log-level", "warning"]
+    with llm_judge_stack(tiny_model_dir, tmp_path_factory.mktemp("judge-cost"), args=args) as s:
+        yield s.judge
 
 
 def test_cost_fields_match_engine_prefill(judge: ManagedProcess, tiny_model_dir: Path) -> None:

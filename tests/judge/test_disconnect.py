@@ -27,8 +27,8 @@ from judge_server.judge import JudgeService
 from judge_server.metrics import JudgeMetrics
 from judge_server.schemas import JudgeRequest
 from judge_server.settings import JudgeSettings
-from tests.testkit.procs import ManagedProcess, metric_value, start_dev_engine
-from tests.testkit.servers import start_llm_judge
+from tests.testkit.procs import ManagedProcess, metric_value
+from tests.testkit.servers import llm_judge_stack
 from tests.waiting import wait_until
 
 MAX_NEW = 2500  # greedy decoding of the tiny model never samples EOS: each sample runs to this length
@@ -54,10 +54,9 @@ def wait_running(url: str, *, want_zero: bool, deadline_s: float) -> float:
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, ...]]:
     log_dir = tmp_path_factory.mktemp("judge-disconnect")
     judge_args = ["--max-new-tokens", str(MAX_NEW), "--request-deadline-s", "60"]
-    with start_dev_engine(tiny_model_dir, log_dir=log_dir) as engine:
-        env = {"HINDSIGHT_JUDGE_TEMPERATURE": "0"}
-        with start_llm_judge(log_dir, engine.url, tiny_model_dir, m=3, args=judge_args, env=env) as judge:
-            yield engine, judge
+    env = {"HINDSIGHT_JUDGE_TEMPERATURE": "0"}
+    with llm_judge_stack(tiny_model_dir, log_dir, m=3, args=judge_args, env=env) as s:
+        yield s.engines[0], s.judge
 
 
 @pytest.mark.e2e

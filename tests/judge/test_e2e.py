@@ -8,16 +8,13 @@ is survived (the router retries on the other one); all engines down -> judge_fai
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.testkit.procs import ManagedProcess, start_dev_engine, start_router
-from tests.testkit.servers import start_llm_judge
+from tests.testkit.servers import JudgeStack, llm_judge_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -28,59 +25,19 @@ REQ = {
 }
 
 
-class Stack:
-    def __init__(self, engines: list[ManagedProcess], router: ManagedProcess, judge: ManagedProcess):
-        self.engines, self.router, self.judge = engines, router, judge
-
-    def router_generate_count(self) -> int:
-        text = httpx.get(f"http://127.0.0.1:{self.router.extra['prometheus_port']}/metrics", trust_env=False).text
-        m = re.search(r'smg_http_requests_total\{method="POST",path="/generate"\} (\d+)', text)
-        return int(m.group(1)) if m else 0
-
-    def post(self, path: str, body: dict, timeout_s: float = 60.0) -> httpx.Response:
-        return httpx.post(self.judge.url + path, json=body, timeout=timeout_s, trust_env=False)
-
-
 @pytest.fixture(scope="module")
-def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    log_dir = tmp_path_factory.mktemp("judge-e2e")
-    started: list[ManagedProcess] = []
-    try:
-        with ThreadPoolExecutor(2) as pool:  # the engines start in parallel: ~8 s each on this machine
-            futures = [
-                pool.submit(start_dev_engine, tiny_model_dir, log_dir=log_dir, name=f"engine{i}") for i in range(2)
-            ]
-            engines = [f.result() for f in futures]
-        started += engines
-        router = start_router([e.url for e in engines], log_dir=log_dir)
-        started.append(router)
-        judge = start_llm_judge(
-            log_dir,
-            router.url,
-            tiny_model_dir,
-            args=[
-                "--constrain-output",
-                "--max-new-tokens",
-                "64",
-                "--request-deadline-s",
-                "15",
-                "--log-level",
-                "warning",
-            ],
-            env={
-                "HINDSIGHT_JUDGE_REASONING_MAX_CHARS": "24",
-                "HINDSIGHT_JUDGE_HINT_MAX_CHARS": "60",
-                "HINDSIGHT_JUDGE_ENGINE_MAX_ATTEMPTS": "3",
-            },
-        )
-        started.append(judge)
-        yield Stack(engines, router, judge)
-    finally:
-        for p in reversed(started):
-            p.stop()
+def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JudgeStack]:
+    args = ["--constrain-output", "--max-new-tokens", "64", "--request-deadline-s", "15", "--log-level", "warning"]
+    env = {
+        "HINDSIGHT_JUDGE_REASONING_MAX_CHARS": "24",
+        "HINDSIGHT_JUDGE_HINT_MAX_CHARS": "60",
+        "HINDSIGHT_JUDGE_ENGINE_MAX_ATTEMPTS": "3",
+    }
+    with llm_judge_stack(tiny_model_dir, tmp_path_factory.mktemp("judge-e2e"), engines=2, args=args, env=env) as s:
+        yield s
 
 
-def test_regex_votes_all_parse_and_one_request_per_round(stack: Stack) -> None:
+def test_regex_votes_all_parse_and_one_request_per_round(stack: JudgeStack) -> None:
     before = stack.router_generate_count()
     total_calls = 0
     votes: list[int | None] = []
@@ -101,7 +58,7 @@ def test_regex_votes_all_parse_and_one_request_per_round(stack: Stack) -> None:
     assert stack.router_generate_count() - before == total_calls == 6
 
 
-def test_adaptive_rounds_match_engine_requests(stack: Stack) -> None:
+def test_adaptive_rounds_match_engine_requests(stack: JudgeStack) -> None:
     before = stack.router_generate_count()
     r = stack.post("/v1/judge", {**REQ, "tasks": ["prm"], "m": 3, "policy": "adaptive"})
     body = r.json()
@@ -110,7 +67,7 @@ def test_adaptive_rounds_match_engine_requests(stack: Stack) -> None:
     assert stack.router_generate_count() - before == body["usage"]["engine_calls"] >= 1
 
 
-def test_batch_and_metrics(stack: Stack) -> None:
+def test_batch_and_metrics(stack: JudgeStack) -> None:
     r = stack.post("/v1/judge/batch", {"items": [{**REQ, "tasks": ["prm"]}] * 4})
     results = r.json()["results"]
     assert len(results) == 4 and all(x["prm"]["status"] in ("ok", "tie") for x in results)
@@ -119,7 +76,7 @@ def test_batch_and_metrics(stack: Stack) -> None:
     assert "hindsight_judge_engine_call_seconds_bucket" in metrics
 
 
-def test_killed_engine_survived_then_all_down_is_judge_failed(stack: Stack) -> None:
+def test_killed_engine_survived_then_all_down_is_judge_failed(stack: JudgeStack) -> None:
     stack.engines[0].kill()
     for _ in range(4):  # round robin would hit the dead engine every other call
         r = stack.post("/v1/judge", {**REQ, "tasks": ["prm"]})

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.testkit.procs import ManagedProcess, start_dev_engine
-from tests.testkit.servers import ENGINE_KEY, JUDGE_KEY, start_llm_judge
+from tests.testkit.procs import ManagedProcess
+from tests.testkit.servers import ENGINE_KEY, JUDGE_KEY, llm_judge_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -64,27 +64,16 @@ class Ops:
 
 @pytest.fixture(scope="module")
 def ops(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ops]:
+    env = {
+        "HINDSIGHT_JUDGE_API_KEY": JUDGE_KEY,
+        "HINDSIGHT_JUDGE_ENGINE_API_KEY": ENGINE_KEY,
+        "HINDSIGHT_JUDGE_LOG_JSON": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    args = ["--max-new-tokens", "8", "--request-deadline-s", "20"]
     log_dir = tmp_path_factory.mktemp("judge-ops")
-    engine = start_dev_engine(tiny_model_dir, log_dir=log_dir, api_key=ENGINE_KEY)
-    judge = None
-    try:
-        judge = start_llm_judge(
-            log_dir,
-            engine.url,
-            tiny_model_dir,
-            args=["--max-new-tokens", "8", "--request-deadline-s", "20"],
-            env={
-                "HINDSIGHT_JUDGE_API_KEY": JUDGE_KEY,
-                "HINDSIGHT_JUDGE_ENGINE_API_KEY": ENGINE_KEY,
-                "HINDSIGHT_JUDGE_LOG_JSON": "1",
-                "TRANSFORMERS_VERBOSITY": "error",
-            },
-        )
-        yield Ops(engine, judge)
-    finally:
-        if judge is not None:
-            judge.stop()
-        engine.stop()
+    with llm_judge_stack(tiny_model_dir, log_dir, engine_api_key=ENGINE_KEY, args=args, env=env) as s:
+        yield Ops(s.engines[0], s.judge)
 
 
 def test_request_id_echoed_logged_and_forwarded_to_the_engine(ops: Ops) -> None:

@@ -22,7 +22,7 @@ from tests.testkit.procs import start_dev_engine
 from tests.testkit.servers import ADMIN_KEY
 from tests.testkit.servers import start_policy as start_policy_process
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 POSITIVE = "Thanks, that worked."

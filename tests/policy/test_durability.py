@@ -16,7 +16,7 @@ from tests.testkit.procs import free_port
 from tests.testkit.servers import admin, client, samples_of, start_judge, start_policy
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 LEASE_S = 20.0  # longer than a policy-server restart on a loaded 2-core machine: the lease outlives it
 
 

@@ -13,7 +13,7 @@ import pytest
 from policy_server.store import Store
 from tests.testkit.servers import CLIENT_KEY
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

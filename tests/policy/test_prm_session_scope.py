@@ -216,6 +216,7 @@ def test_scorer_rejection_rejects_every_held_sample(scoped):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_unreachable_scorer_keeps_held_across_kill9_then_scores_once(
     tiny_model_dir, engine, rules_judge, logs, tmp_path
 ):

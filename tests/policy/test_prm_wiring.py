@@ -212,6 +212,7 @@ def test_broken_prm_config_stops_startup(tiny_model_dir, engine, logs, tmp_path)
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_unreachable_scorer_judge_keeps_pending_across_kill9(tiny_model_dir, engine, rules_judge, logs, tmp_path):
     prm_judge_port = free_port()  # nothing listens here until after the crash
     cfg = prm_yaml(tmp_path / "prm.yaml", f"http://127.0.0.1:{prm_judge_port}", deadline_s=1.0)

@@ -25,7 +25,7 @@ from tests.testkit.procs import free_port, metric_value
 from tests.testkit.servers import admin, chat, client, start_judge, start_policy, stats
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 CLAIM_S = 2.0
 
 

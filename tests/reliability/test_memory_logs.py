@@ -28,7 +28,7 @@ import pytest
 from tests.testkit.servers import CLIENT_KEY, client, start_policy
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 MB = 1024 * 1024
 
 

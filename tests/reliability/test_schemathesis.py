@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
 from tests.testkit.procs import ManagedProcess
 from tests.testkit.servers import ADMIN_KEY, CLIENT_KEY, JUDGE_KEY, start_policy
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EXAMPLES = 10
 STATEFUL_SCENARIOS = 6
 

@@ -123,6 +123,7 @@ def _wait(pred, timeout_s: float) -> float:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_external_write_lock_gives_503_then_the_server_recovers_by_itself(tiny_model_dir, engine, run_dir):
     data = run_dir / "data"
     # Header-less requests stay unrecorded here (no inference): they must be served while the store is locked.

@@ -9,15 +9,18 @@ tests share, ``judged_policy_stack`` for a policy server scored by the rules jud
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.testkit.procs import ManagedProcess, free_port, start_process
+from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine, start_process, start_router
 
 ADMIN_KEY = "admin-secret"
 CLIENT_KEY = "client-secret"
@@ -272,3 +275,59 @@ WEATHER_TOOLS = [
         },
     }
 ]
+
+
+@dataclass
+class JudgeStack:
+    """An LLM judge on dev engines: ``engines``, the ``router`` in front of them (None with one engine and
+    ``routed=False``), and the ``judge`` whose engine URL is the router's (else the engine's)."""
+
+    engines: list[ManagedProcess]
+    router: ManagedProcess | None
+    judge: ManagedProcess
+
+    def router_generate_count(self) -> int:
+        """The router's count of ``POST /generate`` requests (its Prometheus counter)."""
+        assert self.router is not None, "a stack without a router counts nothing"
+        text = httpx.get(f"http://127.0.0.1:{self.router.extra['prometheus_port']}/metrics", trust_env=False).text
+        m = re.search(r'smg_http_requests_total\{method="POST",path="/generate"\} (\d+)', text)
+        return int(m.group(1)) if m else 0
+
+    def post(self, path: str, body: dict, timeout_s: float = 60.0) -> httpx.Response:
+        return httpx.post(self.judge.url + path, json=body, timeout=timeout_s, trust_env=False)
+
+
+@contextmanager
+def llm_judge_stack(
+    model_dir: Path,
+    log_dir: Path,
+    *,
+    engines: int = 1,
+    routed: bool = False,
+    engine_api_key: str | None = None,
+    **judge_options: Any,
+) -> Iterator[JudgeStack]:
+    """``engines`` dev engines on ``model_dir`` (started in parallel; keyed with ``engine_api_key``), behind a real sglang-router when
+    ``routed`` (always with more than one), and ``start_llm_judge`` on them with ``judge_options``
+    (``m``, ``args``, ``env``, ...); everything is stopped on exit, the judge first."""
+    started: list[ManagedProcess] = []
+    try:
+        with ThreadPoolExecutor(engines) as pool:  # leaving the block waits for every start
+            futures = [
+                pool.submit(start_dev_engine, model_dir, log_dir=log_dir, name=f"engine{i}", api_key=engine_api_key)
+                for i in range(engines)
+            ]
+        started += [f.result() for f in futures if f.exception() is None]
+        failures = [exc for f in futures if (exc := f.exception()) is not None]
+        if failures:  # the engines that did start are stopped below
+            raise failures[0]
+        router = None
+        if routed or engines > 1:
+            router = start_router([e.url for e in started], log_dir=log_dir)
+            started.append(router)
+        judge = start_llm_judge(log_dir, (router or started[0]).url, model_dir, **judge_options)
+        started.append(judge)
+        yield JudgeStack(started[:engines], router, judge)
+    finally:
+        for proc in reversed(started):
+            proc.stop()

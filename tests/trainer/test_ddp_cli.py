@@ -144,6 +144,7 @@ def test_ddp_two_ranks_match_one_process(tiny_model_dir, sample_file, reference_
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_fsdp2_two_ranks_match_one_process_and_ddp_across_a_resume(
     tiny_model_dir, sample_file, reference_runs, tmp_path
 ):

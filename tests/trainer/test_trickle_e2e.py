@@ -26,7 +26,7 @@ from tests.testkit.stack import run_trickle, start_stack
 from tests.trainer.test_learning_e2e import PROMPTS, has_target, target_frequency
 from trainer.settings import TrainConfig
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MAX_TOKENS = 3
 SESSIONS, TURNS = 32, 4

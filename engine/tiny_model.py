@@ -150,6 +150,15 @@ def build_tiny_model(
     return out
 
 
+def copy_model_files(student_dir: Path, out: Path) -> None:
+    """Copy every file of ``student_dir`` but its weights (``*.safetensors``) into ``out``, created if missing:
+    a model derived from the student keeps its tokenizer and config and saves its own weights there."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in student_dir.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors"):
+            shutil.copy2(f, out / f.name)
+
+
 def build_teacher(
     student_dir: str | Path, out_dir: str | Path, prefer_text: str, *, seed: int = 0, steps: int = 150
 ) -> Path:
@@ -158,10 +167,7 @@ def build_teacher(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     student_dir, out = Path(student_dir), Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for f in student_dir.iterdir():
-        if f.is_file() and not f.name.endswith(".safetensors"):
-            shutil.copy2(f, out / f.name)
+    copy_model_files(student_dir, out)
     tokenizer = AutoTokenizer.from_pretrained(student_dir)
     model = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32)
     model.train()

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.tiny_model import _WORDS
+from engine.tiny_model import _WORDS, copy_model_files
 
 TRIGGER_WORD = " tomorrow"
 TOOL_CALL = {"name": "read", "arguments": {"path": "NOTE.md"}}
@@ -167,10 +166,7 @@ def build_tool_policy(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     student_dir, out = Path(student_dir), Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for f in student_dir.iterdir():
-        if f.is_file() and not f.name.endswith(".safetensors"):
-            shutil.copy2(f, out / f.name)
+    copy_model_files(student_dir, out)
     tokenizer = AutoTokenizer.from_pretrained(student_dir, local_files_only=True)
     config = AutoConfig.from_pretrained(student_dir, local_files_only=True)
     config.use_sliding_window = True

@@ -111,6 +111,7 @@ class TurnPipeline(Protocol):
 class Dispatcher:
     """Polls the store for pending_judge samples; woken early by :meth:`wake`."""
 
+    # Keyword-only settings by name (their likeness to other constructors' parameter lists is incidental).
     def __init__(
         self,
         store: SampleStore,

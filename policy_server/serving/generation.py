@@ -251,6 +251,7 @@ class Generator:
             raise self._too_long(len(rendered.ids), exact=True)
         return rendered
 
+    # ContinuationRenderer.continues_cheaply's parameters on purpose: this adds the size bound, then asks it.
     def _continues_cheaply(
         self,
         messages: list[dict[str, Any]],

@@ -1,14 +1,14 @@
 """Build tiny, seeded Qwen3-architecture models offline, for the CPU dev stack and the tests.
 
-    hindsight-tiny-model OUT_DIR [--seed N]
-    hindsight-tiny-model OUT_DIR --teacher-of STUDENT_DIR --prefer-text TEXT [--seed N]
+The builders behind ``hindsight-tiny-model`` (engine.tiny_model_cli) and engine.model_cache, whose keys
+cover this file's source: only what shapes a model lives here.
 
-The first form trains a byte-level BPE tokenizer on a deterministic built-in corpus (no network, no
+``build_tiny_model`` trains a byte-level BPE tokenizer on a deterministic built-in corpus (no network, no
 files outside this package), attaches the ChatML template in ``chat_template.jinja`` (system/user/
 assistant/tool roles, ``tools``, ``<think>``), and saves a randomly initialised Qwen3ForCausalLM
 (head_dim 32) as an ordinary Hugging Face folder. The same seed gives byte-identical weights.
 
-The second form copies the student and fine-tunes it briefly (a few hundred tiny AdamW steps on
+``build_teacher`` copies the student and fine-tunes it briefly (a few hundred tiny AdamW steps on
 chat prompts answered with TEXT) so that its output distribution clearly prefers TEXT's tokens while
 sharing the student's tokenizer: a real teacher for on-policy-distillation tests.
 """
@@ -19,12 +19,7 @@ import json
 import random
 import shutil
 from pathlib import Path
-from typing import Annotated, Any
-
-from pydantic import Field, model_validator
-from pydantic_settings import SettingsConfigDict
-
-from engine.cli_settings import CliSettings, Positional, parse_cli
+from typing import Any
 
 CHAT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
@@ -197,63 +192,3 @@ def build_teacher(
     model.eval()
     model.save_pretrained(out)
     return out
-
-
-# Every field repeats the Field(default, bounds, description) form by design: one documented flag each.
-class TinyModelSettings(CliSettings):
-    """``hindsight-tiny-model``'s command line (env prefix ``HINDSIGHT_TINY_MODEL_``)."""
-
-    model_config = SettingsConfigDict(env_prefix="HINDSIGHT_TINY_MODEL_", extra="ignore")
-
-    out_dir: Annotated[str, Positional()] = Field(..., description="folder to write the model to")
-    seed: int = Field(0, description="seed of the weights (and of the teacher's fine-tuning)")
-    teacher_of: str | None = Field(
-        None, description="student model folder to derive a teacher from (with --prefer-text)"
-    )
-    prefer_text: str | None = Field(None, description="text the teacher should prefer (with --teacher-of)")
-    hidden_size: int = Field(64, description="hidden size of a new model")
-    layers: int = Field(2, description="decoder layers of a new model")
-    max_position_embeddings: int = Field(
-        4096,
-        ge=64,
-        description="context length of a new model in tokens (a teacher keeps its student's); a real agent's "
-        "prompt (OpenClaw: about 31k tokens with this tokenizer) needs 32768 or more",
-    )
-    cache: bool = Field(
-        True,
-        description="copy an identical earlier build from the model cache ($HINDSIGHT_MODEL_CACHE, else "
-        "~/.cache/hindsight/tiny-models; keyed by every input and this builder's source), building it there "
-        "once; --no-cache builds in OUT_DIR directly",
-    )
-
-    @model_validator(mode="after")
-    def _teacher_pair(self) -> TinyModelSettings:
-        if bool(self.teacher_of) != bool(self.prefer_text):
-            raise ValueError("--teacher-of and --prefer-text go together")
-        return self
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_cli(TinyModelSettings, argv, prog="hindsight-tiny-model", description=__doc__.split("\n\n")[0])
-    options: dict[str, Any] = {
-        "hidden_size": args.hidden_size,
-        "num_layers": args.layers,
-        "max_position_embeddings": args.max_position_embeddings,
-    }
-    if args.cache:
-        from engine import model_cache
-
-        if args.teacher_of and args.prefer_text:
-            entry = model_cache.tiny_teacher(Path(args.teacher_of), args.prefer_text, seed=args.seed)
-        else:
-            entry = model_cache.tiny_policy(seed=args.seed, **options)
-        path = model_cache.copy_of(entry, Path(args.out_dir))
-    elif args.teacher_of and args.prefer_text:
-        path = build_teacher(args.teacher_of, args.out_dir, args.prefer_text, seed=args.seed)
-    else:
-        path = build_tiny_model(args.out_dir, seed=args.seed, **options)
-    print(path)
-
-
-if __name__ == "__main__":
-    main()

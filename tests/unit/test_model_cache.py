@@ -112,16 +112,16 @@ def test_folder_digest_covers_names_and_bytes_not_the_marker(tmp_path):
 def test_the_cli_copies_one_cached_build_into_each_folder(tmp_path, monkeypatch):
     """``hindsight-tiny-model`` builds into the cache once; a second folder gets a byte-identical copy without a
     build, and ``--no-cache`` builds afresh (same seed, same bytes)."""
-    from engine import tiny_model
+    from engine import tiny_model, tiny_model_cli
 
     monkeypatch.setenv("HINDSIGHT_MODEL_CACHE", str(tmp_path / "cache"))
     built: list[Path] = []
     real_build = tiny_model.build_tiny_model
     monkeypatch.setattr(tiny_model, "build_tiny_model", lambda out, **kw: built.append(out) or real_build(out, **kw))
     args = ["--hidden-size", "16", "--layers", "1", "--max-position-embeddings", "128"]
-    tiny_model.main([str(tmp_path / "a"), *args])
-    tiny_model.main([str(tmp_path / "b"), *args])
+    tiny_model_cli.main([str(tmp_path / "a"), *args])
+    tiny_model_cli.main([str(tmp_path / "b"), *args])
     assert len(built) == 1, "the second folder is a copy of the first build"
-    tiny_model.main([str(tmp_path / "c"), *args, "--no-cache"])
+    tiny_model_cli.main([str(tmp_path / "c"), *args, "--no-cache"])
     assert len(built) == 2 and Path(built[1]) == tmp_path / "c"
     assert folder_digest(tmp_path / "a") == folder_digest(tmp_path / "b") == folder_digest(tmp_path / "c")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -83,9 +84,15 @@ def tiny_policy(*, seed: int = 0, root: Path | None = None, **options: Any) -> P
     """The cached :func:`engine.tiny_model.build_tiny_model` output for ``seed`` and ``options``."""
     from engine.tiny_model import build_tiny_model
 
-    return cached_build(
-        "policy", {"seed": seed, **options}, lambda out: build_tiny_model(out, seed=seed, **options), root=root
-    )
+    # Every keyword the builder takes is in the key, defaults included: a caller that names a default and
+    # one that leaves it out get the same entry.
+    defaults = {
+        name: param.default
+        for name, param in inspect.signature(build_tiny_model).parameters.items()
+        if param.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    inputs = {**defaults, "seed": seed, **options}
+    return cached_build("policy", inputs, lambda out: build_tiny_model(out, seed=seed, **options), root=root)
 
 
 def tiny_teacher(student: Path, prefer_text: str, *, seed: int = 0, root: Path | None = None) -> Path:

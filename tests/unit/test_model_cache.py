@@ -125,3 +125,14 @@ def test_the_cli_copies_one_cached_build_into_each_folder(tmp_path, monkeypatch)
     tiny_model_cli.main([str(tmp_path / "c"), *args, "--no-cache"])
     assert len(built) == 2 and Path(built[1]) == tmp_path / "c"
     assert folder_digest(tmp_path / "a") == folder_digest(tmp_path / "b") == folder_digest(tmp_path / "c")
+
+
+def test_naming_a_default_gives_the_same_entry(tmp_path, monkeypatch):
+    from engine import model_cache, tiny_model
+
+    built: list[dict] = []
+    monkeypatch.setattr(tiny_model, "build_tiny_model", lambda out, **kw: built.append(kw) or out)
+    plain = model_cache.tiny_policy(seed=3, root=tmp_path)
+    named = model_cache.tiny_policy(seed=3, hidden_size=64, num_layers=2, root=tmp_path)
+    other = model_cache.tiny_policy(seed=3, hidden_size=32, root=tmp_path)
+    assert plain == named != other and len(built) == 2

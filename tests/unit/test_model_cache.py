@@ -3,6 +3,7 @@ half-written entry exposed."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from pathlib import Path
@@ -131,7 +132,13 @@ def test_naming_a_default_gives_the_same_entry(tmp_path, monkeypatch):
     from engine import model_cache, tiny_model
 
     built: list[dict] = []
-    monkeypatch.setattr(tiny_model, "build_tiny_model", lambda out, **kw: built.append(kw) or out)
+
+    @functools.wraps(tiny_model.build_tiny_model)  # the real signature: its defaults make the key
+    def record(out, **kw):
+        built.append(kw)
+        return out
+
+    monkeypatch.setattr(tiny_model, "build_tiny_model", record)
     plain = model_cache.tiny_policy(seed=3, root=tmp_path)
     named = model_cache.tiny_policy(seed=3, hidden_size=64, num_layers=2, root=tmp_path)
     other = model_cache.tiny_policy(seed=3, hidden_size=32, root=tmp_path)

@@ -265,21 +265,17 @@ SAMPLE_ORIGIN_KEYS = ("sample_id", "session_id", "turn_index", "created_at", "co
 class PipelineTurn(_Record):
     """A paired turn as the reward pipeline reads it (policy_server.rewards.modes.RewardPipeline.process):
     what the judge sees (messages, response), what the teacher re-renders (messages, tools and the turn's
-    own chat-template kwargs, so its prompt is the rollout's template), the sampled ids, and an explicit
-    feedback text the dispatcher passes as the hint (``feedback_hint``)."""
+    own chat-template kwargs, so its prompt is the rollout's template), the sampled ids it scores, and an
+    explicit feedback text the dispatcher passes as the hint (``feedback_hint``). Only what the pipeline
+    reads: the prompt ids and rollout log-probs go from the turn to the sample without it."""
 
     session_id: str
     turn_index: int
     messages: list[dict[str, Any]] = []
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    prompt_ids: list[int] = []
     response_ids: list[int] = []
-    rollout_logprobs: list[float] = []
     response: dict[str, Any] = {}
-    weight_version: str | None = None
-    weight_versions: list[str] | None = None
-    sampling_params: dict[str, Any] | None = None
     feedback_hint: str | None = None
 
     @classmethod

@@ -165,7 +165,7 @@ class TeacherScorer:
 
         EngineUnavailable / EngineTimeout (teacher down after the client's retries) are raised as is.
         """
-        response_ids = list(turn.response_ids)
+        response_ids = turn.response_ids
         if not response_ids:
             raise TeacherFailed("teacher_bad_input", "turn has no response ids")
         if not hint or not hint.strip():

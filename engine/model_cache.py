@@ -116,11 +116,11 @@ def folder_digest(folder: Path) -> str:
 
 def tiny_tool_policy(student: Path, *, seed: int = 0, root: Path | None = None) -> Path:
     """The cached :func:`engine.tiny_tool_model.build_tool_policy` output (a policy trained to call a tool on a
-    trigger word); ``student`` must be a cache entry. The key also covers that builder's own source."""
+    trigger word); like the teacher's, the key covers the student's files, and also that builder's own source."""
     from engine import tiny_tool_model
 
     builder = hashlib.sha256(Path(tiny_tool_model.__file__).read_bytes()).hexdigest()[:16]
-    inputs = {"student": Path(student).name, "seed": seed, "builder": builder}
+    inputs = {"student": folder_digest(Path(student)), "seed": seed, "builder": builder}
     return cached_build(
         "tool-policy", inputs, lambda out: tiny_tool_model.build_tool_policy(student, out, seed=seed), root=root
     )

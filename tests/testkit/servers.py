@@ -279,8 +279,8 @@ WEATHER_TOOLS = [
 
 @dataclass
 class JudgeStack:
-    """An LLM judge on dev engines: ``engines``, the ``router`` in front of them (None with one engine and
-    ``routed=False``), and the ``judge`` whose engine URL is the router's (else the engine's)."""
+    """An LLM judge on dev engines: ``engines``, the ``router`` in front of them (None with one engine), and the
+    ``judge`` whose engine URL is the router's (else the engine's)."""
 
     engines: list[ManagedProcess]
     router: ManagedProcess | None
@@ -303,13 +303,12 @@ def llm_judge_stack(
     log_dir: Path,
     *,
     engines: int = 1,
-    routed: bool = False,
     engine_api_key: str | None = None,
     **judge_options: Any,
 ) -> Iterator[JudgeStack]:
-    """``engines`` dev engines on ``model_dir`` (started in parallel; keyed with ``engine_api_key``), behind a real sglang-router when
-    ``routed`` (always with more than one), and ``start_llm_judge`` on them with ``judge_options``
-    (``m``, ``args``, ``env``, ...); everything is stopped on exit, the judge first."""
+    """``engines`` dev engines on ``model_dir`` (started in parallel; keyed with ``engine_api_key``), a real
+    sglang-router in front of them when there is more than one, and ``start_llm_judge`` on them with
+    ``judge_options`` (``m``, ``args``, ``env``, ...); everything is stopped on exit, the judge first."""
     started: list[ManagedProcess] = []
     try:
         with ThreadPoolExecutor(engines) as pool:  # leaving the block waits for every start
@@ -322,7 +321,7 @@ def llm_judge_stack(
         if failures:  # the engines that did start are stopped below
             raise failures[0]
         router = None
-        if routed or engines > 1:
+        if engines > 1:
             router = start_router([e.url for e in started], log_dir=log_dir)
             started.append(router)
         judge = start_llm_judge(log_dir, (router or started[0]).url, model_dir, **judge_options)

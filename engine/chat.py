@@ -4,11 +4,12 @@ Rendering: ``render_prompt_ids`` applies the model's own chat template (``tokeni
 encodes the string without adding special tokens, so the ids are exactly what the template says.
 
 Parsing: ``parse_assistant_output`` splits sampled text into ``reasoning_content`` (a leading
-``<think>…</think>`` block), ``content`` and ``tool_calls`` (Qwen/Hermes ``<tool_call>{json}</tool_call>``
+``<think>…</think>`` block, or the text before the first ``</think>`` when the prompt opened the block),
+``content`` and ``tool_calls`` (Qwen/Hermes ``<tool_call>{json}</tool_call>``
 blocks). A call is read by its structure, not by a pattern over the text: the JSON object after
 ``<tool_call>`` is decoded where it stands, so it ends where its own braces close, and only then must the
-closing tag follow. A ``</tool_call>`` or ``</think>`` inside one of its strings is data, never the end of
-the call or of a reasoning block. Parsers sit behind two tiny interfaces so other model families can add theirs.
+closing tag follow. A ``</tool_call>`` inside one of its strings is data, never the end of the call.
+Parsers sit behind two tiny interfaces so other model families can add theirs.
 The parse never changes the sampled token ids; it only decides how the text is shown to the client.
 """
 
@@ -28,7 +29,7 @@ class ParsedOutput:
 
 
 class ReasoningParser(Protocol):
-    def split(self, text: str) -> tuple[str | None, str]: ...
+    def split(self, text: str, opened: bool = False) -> tuple[str | None, str]: ...
 
 
 class ToolCallParser(Protocol):
@@ -38,26 +39,22 @@ class ToolCallParser(Protocol):
 class ThinkReasoningParser:
     """``<think>reasoning</think>answer``; an unclosed block (cut by max_tokens) is all reasoning.
 
-    When the template opened the block in the prompt (the reply has no ``<think>``), the reply's reasoning
-    ends at a ``</think>`` before its first tool call: a ``</think>`` later than that is inside the call."""
+    Whether the reply starts inside a block is the prompt's to say, never a guess from the reply (SGLang's
+    ``force_reasoning``): ``opened`` (the rendered prompt ends with ``<think>``, :func:`prompt_opens_think`)
+    makes the text before the reply's first ``</think>`` reasoning. Otherwise only a block the reply opens
+    itself, first thing, is reasoning; a stray ``</think>`` elsewhere is text, like any other."""
 
     open_tag = "<think>"
     close_tag = "</think>"
-    call_tag = "<tool_call>"
 
-    def split(self, text: str) -> tuple[str | None, str]:
+    def split(self, text: str, opened: bool = False) -> tuple[str | None, str]:
         stripped = text.lstrip()
-        close = stripped.find(self.close_tag)
-        opened = stripped.startswith(self.open_tag)
-        first_call = stripped.find(self.call_tag)
-        before_calls = first_call < 0 or close < first_call
-        if close >= 0 and (opened or (self.open_tag not in stripped[:close] and before_calls)):
-            head, _, tail = stripped.partition(self.close_tag)
-            reasoning = head.removeprefix(self.open_tag).strip()
-            return (reasoning or None), tail.lstrip("\n")
         if stripped.startswith(self.open_tag):
-            return stripped.removeprefix(self.open_tag).strip() or None, ""
-        return None, text
+            stripped, opened = stripped.removeprefix(self.open_tag), True
+        if not opened:
+            return None, text
+        head, closed, tail = stripped.partition(self.close_tag)
+        return (head.strip() or None), (tail.lstrip("\n") if closed else "")
 
 
 class HermesToolCallParser:
@@ -129,17 +126,25 @@ DEFAULT_TOOL_PARSER = HermesToolCallParser()
 def parse_assistant_output(
     text: str,
     *,
+    opened: bool = False,
     reasoning_parser: ReasoningParser | None = DEFAULT_REASONING_PARSER,
     tool_parser: ToolCallParser | None = DEFAULT_TOOL_PARSER,
 ) -> ParsedOutput:
     reasoning: str | None = None
     body = text
     if reasoning_parser is not None:
-        reasoning, body = reasoning_parser.split(text)
+        reasoning, body = reasoning_parser.split(text, opened)
     calls: list[dict[str, Any]] = []
     if tool_parser is not None:
         body, calls = tool_parser.extract(body)
     return ParsedOutput(content=body, reasoning_content=reasoning, tool_calls=calls)
+
+
+def prompt_opens_think(tokenizer: Any, prompt_ids: list[int]) -> bool:
+    """Whether the rendered prompt leaves a ``<think>`` block open for the reply (a template that starts every
+    reply in reasoning, e.g. DeepSeek-R1's or Qwen3's thinking-only ones). Reads the last few tokens only."""
+    tail = tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
+    return str(tail).rstrip().endswith(ThinkReasoningParser.open_tag)
 
 
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from engine.chat import parse_assistant_output, render_prompt_ids
+from engine.chat import parse_assistant_output, prompt_opens_think, render_prompt_ids
 from engine.dev_server.protocol import NEG_INF_LOGPROB, ProtocolError, build_meta, triples
 from engine.dev_server.service import sse
 from engine.tool_grammar import GRAMMAR_KEYS, GrammarRefused, forced_tool_grammar
@@ -248,9 +248,13 @@ async def chat_completions(engine: DevEngine, body: Any) -> Any:
     created = int(time.time())
     model = req.model if req.model not in (None, ROUTER_MODEL_PLACEHOLDER) else engine.served_model_name
 
+    # SGLang's force_reasoning, read from the prompt: a template that opens the block starts the reply in it.
+    opened = prompt_opens_think(engine.runner.tokenizer, prompt_ids)
+
     def parse(text: str) -> Any:
         return parse_assistant_output(
             text,
+            opened=opened,
             reasoning_parser=None
             if forced or not (req.separate_reasoning and engine.settings.reasoning_parser)
             else _default_reasoning(),

@@ -32,7 +32,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from engine.chat import DEFAULT_REASONING_PARSER, DEFAULT_TOOL_PARSER, parse_assistant_output
+from engine.chat import DEFAULT_REASONING_PARSER, DEFAULT_TOOL_PARSER, parse_assistant_output, prompt_opens_think
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
 from engine.errors import EngineError
 from policy_server.api import openai_fields as fields
@@ -66,6 +66,9 @@ class ChatReply:
         self.st, self.turn, self.call = st, turn, call
         self.model = call.req.model or st.settings.served_model_name
         self.parse_tools = call.req.tool_choice != "none"
+        # One rule for the JSON answer, the stream and the record: the prompt says whether the reply starts
+        # in reasoning. A forced reply is exactly the call the grammar allows: no reasoning block to split off.
+        self.opened = not call.turn.forced and prompt_opens_think(st.generator.tokenizer, turn.prompt_ids)
 
     @classmethod
     async def begin(cls, st: PolicyState, call: ChatCall) -> ChatReply:
@@ -76,9 +79,9 @@ class ChatReply:
         """The non-streaming answer: generate, parse, record, then the completion JSON."""
         turn, chat = self.turn, self.call.turn
         res = await self.st.generator.generate(turn.prompt_ids, chat.sp, turn.res)
-        # A forced reply is exactly the call the grammar allows: no reasoning block to split off.
         parsed = parse_assistant_output(
             res.text,
+            opened=self.opened,
             reasoning_parser=None if chat.forced else DEFAULT_REASONING_PARSER,
             tool_parser=DEFAULT_TOOL_PARSER if self.parse_tools else None,
         )
@@ -138,6 +141,7 @@ class ChatReply:
                 parse_tools=self.parse_tools,
                 forced_call=self.call.turn.forced,
                 logprobs=bool(self.call.extras.logprobs),
+                opened=self.opened,
                 include_usage=bool((req.stream_options or {}).get("include_usage")),
                 continuous_usage=bool((req.stream_options or {}).get("continuous_usage_stats")),
             ),

@@ -11,12 +11,17 @@ runs work next to a watcher of the ASGI ``receive`` channel (see its docstring).
 policy_server.api.chat_answer.
 
 :class:`StreamSplitter` (pure) lets the policy server stream real token-by-token deltas while ending with
-exactly what ``engine.chat.parse_assistant_output`` says about the whole text. Rules:
+exactly what ``engine.chat.parse_assistant_output`` says about the whole text, under the same rule (whether
+the prompt opened a ``<think>`` block), so a client that streams and one that does not get the same reply,
+and the turn record holds what the client was sent. Rules:
 
-- A leading ``<think>`` block streams as ``reasoning_content`` deltas; text after ``</think>`` streams as
-  ``content`` (its leading newlines dropped, as the parser does).
-- Content streams until a ``<tool_call>`` tag; from there the text is held and, at the end, the parsed
-  tool calls are sent as complete ``tool_calls`` deltas (name and arguments in one delta per call).
+- A leading ``<think>`` block (or, when the prompt opened one, the text before the first ``</think>``)
+  streams as ``reasoning_content`` deltas; text after ``</think>`` streams as ``content`` (its leading
+  newlines dropped, as the parser does). Once content has been sent, nothing is ever sent as reasoning: a
+  stray ``</think>`` later in the reply is content.
+- With tool parsing on, content streams until a ``<tool_call>`` tag; from there the text is held and, at the
+  end, the parsed tool calls are sent as complete ``tool_calls`` deltas (name and arguments in one delta per
+  call). With it off (``tool_choice: "none"``) a ``<tool_call>`` is text like any other.
 - A trailing partial tag (``</thi``) or trailing whitespace is held back until the next text shows
   what it is, so no marker fragment ever reaches the client.
 - ``finish()`` reconciles with the full parse: any content the parser keeps that was not streamed yet
@@ -31,7 +36,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.chat import parse_assistant_output
+from engine.chat import DEFAULT_TOOL_PARSER, parse_assistant_output
 from engine.errors import EngineError
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
@@ -50,7 +55,11 @@ def _partial_tag_len(text: str, tag: str) -> int:
 
 
 class StreamSplitter:
-    def __init__(self) -> None:
+    """``opened``: the prompt left a ``<think>`` block open (engine.chat.prompt_opens_think); ``parse_tools``:
+    ``<tool_call>`` blocks become tool calls."""
+
+    def __init__(self, *, opened: bool = False, parse_tools: bool = True) -> None:
+        self.opened, self.parse_tools = opened, parse_tools
         self.buf = ""
         self.pos = 0
         self.mode = "start"  # start | think | content | tool
@@ -71,7 +80,7 @@ class StreamSplitter:
                     self.pos = len(self.buf) - len(head) + len(THINK_OPEN)
                     self.mode, progressed = "think", True
                 elif head and not THINK_OPEN.startswith(head):
-                    self.mode, progressed = "content", True
+                    self.mode, progressed = ("think" if self.opened else "content"), True
             elif self.mode == "think":
                 idx = self.buf.find(THINK_CLOSE, self.pos)
                 if idx >= 0:
@@ -81,13 +90,13 @@ class StreamSplitter:
                 else:
                     self._emit_safe(out, "reasoning", THINK_CLOSE)
             elif self.mode == "content":
-                idx = self.buf.find(TOOL_OPEN, self.pos)
+                idx = self.buf.find(TOOL_OPEN, self.pos) if self.parse_tools else -1
                 if idx >= 0:
                     self._emit(out, "content", self.buf[self.pos : idx].rstrip())
                     self.pos = idx
                     self.mode = "tool"
                 else:
-                    self._emit_safe(out, "content", TOOL_OPEN)
+                    self._emit_safe(out, "content", TOOL_OPEN if self.parse_tools else "")
         return out
 
     def _emit_safe(self, out: list[tuple[str, str]], kind: str, tag: str) -> None:
@@ -118,10 +127,13 @@ class StreamSplitter:
 
     def finish(self) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
         """The last deltas and the tool calls, consistent with parse_assistant_output(full text)."""
-        final = parse_assistant_output(self.buf)
+        final = parse_assistant_output(
+            self.buf, opened=self.opened, tool_parser=DEFAULT_TOOL_PARSER if self.parse_tools else None
+        )
         out: list[tuple[str, str]] = []
         reasoning = final.reasoning_content or ""
-        if reasoning.startswith(self.reasoning) and len(reasoning) > len(self.reasoning):
+        # Reasoning never follows content: the client would show it twice (and rebuild the reply differently).
+        if not self.content and reasoning.startswith(self.reasoning) and len(reasoning) > len(self.reasoning):
             out.append(("reasoning", reasoning[len(self.reasoning) :]))
             self.reasoning = reasoning
         if final.content.startswith(self.content) and len(final.content) > len(self.content):
@@ -170,6 +182,7 @@ class ChatStream:
     continuous_usage: bool = False
     forced_call: bool = False
     logprobs: bool = False
+    opened: bool = False  # the reply starts in reasoning (the prompt left a <think> block open; never forced)
 
 
 async def sse_events(
@@ -211,7 +224,7 @@ async def sse_events(
             for k, t in pairs
         ]
 
-    splitter = StreamSplitter() if parse_tools else None
+    splitter = StreamSplitter(opened=stream.opened, parse_tools=parse_tools)
     delivered = False
     try:
         try:
@@ -219,23 +232,19 @@ async def sse_events(
             pending = [first] if first is not None else []
             while True:
                 for text in pending:
-                    for e in out(splitter.feed(text) if splitter else [("content", text)]):
+                    for e in out(splitter.feed(text)):
                         yield e
                 try:
                     pending = [await anext(deltas)]
                 except StopAsyncIteration:
                     break
-            calls: list[dict[str, Any]] = []
-            if splitter:
-                tail, calls = splitter.finish()
-                if forced_call and not calls:  # a forced call cut short: its markup is not content
-                    tail = [(k, t) for k, t in tail if k != "content"]
-                for e in out(tail):
-                    yield e
-                content = None if forced_call and not calls else splitter.content
-                message = assistant_message(content, splitter.reasoning or None, calls)
-            else:
-                message = assistant_message(res.text, None, [])
+            tail, calls = splitter.finish()
+            if forced_call and not calls:  # a forced call cut short: its markup is not content
+                tail = [(k, t) for k, t in tail if k != "content"]
+            for e in out(tail):
+                yield e
+            content = None if forced_call and not calls else splitter.content
+            message = assistant_message(content, splitter.reasoning or None, calls)
             if calls:
                 delta_calls = [
                     {

@@ -10,7 +10,10 @@ sampled assistant reply ``R``; a new *main* request of the same session has mess
 1. ``N`` extends T when ``N[:len(M)]`` equals ``M`` and ``N[len(M)]`` is an assistant message equal to
    ``R`` (messages are compared by role, text content with surrounding whitespace stripped, tool calls
    by function name and parsed JSON arguments, tool results by ``tool_call_id``; ``reasoning_content``
-   is ignored because clients commonly drop it from the history).
+   is ignored because clients commonly drop it from the history). An assistant message's text is compared
+   as its reader sees it: reasoning blocks written inline (``<think>…</think>``, ``<thinking>``,
+   ``<thought>``, ``<reasoning>``) removed and whitespace runs collapsed, because agents such as OpenClaw
+   hide those blocks and rejoin the pieces around them when they resend the reply.
 2. Then T's next state is ``N[len(M)+1:]``: one user reply, or one or more tool results (each typed by
    role), possibly followed by a user message. It must be non-empty and contain only ``user``/``tool``
    messages; a system/developer message appended by the client is not feedback on R and is dropped from
@@ -42,6 +45,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -82,15 +86,28 @@ def _text(content: Any) -> str:
     return (content or "").strip()
 
 
+# Inline reasoning blocks a client may hide from a resent reply (a stray closing tag stays: clients keep it).
+_INLINE_REASONING = re.compile(r"<(think|thinking|thought|reasoning)\b[^<>]*>.*?</\1\s*>", re.DOTALL | re.IGNORECASE)
+_SPACES = re.compile(r"\s+")
+
+
+def visible_text(text: str) -> str:
+    """An assistant text as its reader sees it: inline reasoning blocks removed, whitespace runs collapsed (pure)."""
+    if "<" in text:
+        text = _INLINE_REASONING.sub(" ", text)
+    return _SPACES.sub(" ", text).strip()
+
+
 def message_key(msg: dict[str, Any]) -> tuple[Any, ...]:
     """What must stay equal for two messages to count as the same history entry."""
     calls = tuple(
         (tc.get("function", {}).get("name"), json.dumps(_args(tc.get("function", {}).get("arguments")), sort_keys=True))
         for tc in (msg.get("tool_calls") or [])
     )
+    text = _text(msg.get("content"))
     return (
         msg.get("role"),
-        _text(msg.get("content")),
+        visible_text(text) if msg.get("role") == "assistant" else text,
         calls,
         msg.get("tool_call_id") if msg.get("role") == "tool" else None,
     )

@@ -72,11 +72,35 @@ def test_pair_mismatch(new, why):
     assert p.kind == "mismatch" and p.next_state is None and why in p.note
 
 
-def _split(chunks: list[str]) -> tuple[str, str, list]:
-    sp = StreamSplitter()
+@pytest.mark.parametrize(
+    "recorded,resent",
+    [
+        # OpenClaw hides an inline reasoning block and rejoins the text around it with a newline
+        ("Sure. <think>check the units</think> It is 4.", "Sure. \nIt is 4."),
+        ("a <thinking>x</thinking>b", "a b"),
+        ("noise</think> tail", "noise</think> tail"),  # a stray closing tag is kept by clients, and compared
+    ],
+)
+def test_a_reply_resent_without_its_inline_reasoning_still_pairs(recorded, resent):
+    new = [U, {"role": "assistant", "content": resent}, {"role": "user", "content": "ok"}]
+    p = pair_next_state([U], {"content": recorded}, new)
+    assert p.kind == "paired" and p.next_state == [{"role": "user", "content": "ok"}]
+
+
+@pytest.mark.parametrize("resent", ["Sure. It is 5.", "Sure.", "noise tail"])
+def test_a_reply_with_its_visible_text_changed_is_a_mismatch(resent):
+    new = [U, {"role": "assistant", "content": resent}, {"role": "user", "content": "ok"}]
+    for recorded in ("Sure. <think>check</think> It is 4.", "noise</think> tail"):
+        assert pair_next_state([U], {"content": recorded}, new).kind == "mismatch"
+
+
+def _split(chunks: list[str], **kw: bool) -> tuple[str, str, list]:
+    sp = StreamSplitter(**kw)
     parts = [p for c in chunks for p in sp.feed(c)]
     tail, calls = sp.finish()
     parts += tail
+    kinds = [k for k, _ in parts]
+    assert "reasoning" not in kinds[kinds.index("content") if "content" in kinds else len(kinds) :]
     return ("".join(t for k, t in parts if k == "reasoning"), "".join(t for k, t in parts if k == "content"), calls)
 
 
@@ -88,15 +112,22 @@ def _split(chunks: list[str]) -> tuple[str, str, list]:
         'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
         "<think>only reasoning, cut by max_tokens",
         "text then <tool_call>not json</tool_call> more",
+        # a stray </think> (a reply that never opened the block): content, unless the prompt opened it
+        " 750 854 52 263ast scoreqYes 974\n   bad 51 Resulsing</think> 34 890 713 no 56",
+        'plan</think>\n\nanswer <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
+        "<think>r</think>a</think>b",
+        "answer <think>mid</think> more",
     ],
 )
-def test_stream_splitter_matches_full_parse(text):
-    from engine.chat import parse_assistant_output
+@pytest.mark.parametrize("opened", [False, True])
+@pytest.mark.parametrize("parse_tools", [True, False])
+def test_stream_splitter_matches_full_parse(text, opened, parse_tools):
+    from engine.chat import DEFAULT_TOOL_PARSER, parse_assistant_output
 
-    full = parse_assistant_output(text)
+    full = parse_assistant_output(text, opened=opened, tool_parser=DEFAULT_TOOL_PARSER if parse_tools else None)
     for size in (1, 3, 7, len(text)):
         chunks = [text[i : i + size] for i in range(0, len(text), size)]
-        reasoning, content, calls = _split(chunks)
+        reasoning, content, calls = _split(chunks, opened=opened, parse_tools=parse_tools)
         assert reasoning == (full.reasoning_content or "")
         assert content == full.content
         assert [c["function"] for c in calls] == [c["function"] for c in full.tool_calls]

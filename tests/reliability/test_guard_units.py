@@ -314,7 +314,7 @@ def test_calls_are_parsed_by_structure_not_by_the_first_closing_tag(inside):
         [call] = parsed.tool_calls
         assert json.loads(call["function"]["arguments"]) == args
     # with reasoning opened by the prompt (no <think> in the reply): the reasoning ends before the call
-    parsed = parse_assistant_output("plan</think>\n" + text)
+    parsed = parse_assistant_output("plan</think>\n" + text, opened=True)
     assert parsed.reasoning_content == "plan" and len(parsed.tool_calls) == 1
 
 

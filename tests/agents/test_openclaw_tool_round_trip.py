@@ -24,7 +24,7 @@ from engine.tiny_tool_model import TOOL_CALL, TRIGGER_WORD
 from launch.devstack import DEV_CONTEXT_TOKENS, TEACHER_PREFERRED_TEXT
 from launch.openclaw import write_config
 from policy_server.serving.generation import context_length
-from tests.agents.test_openclaw_e2e import dev_stack, main_turns, openclaw_binaries, openclaw_turn
+from tests.testkit.openclaw import dev_stack, main_turns, openclaw_binaries, openclaw_turn
 
 pytestmark = [
     pytest.mark.e2e,

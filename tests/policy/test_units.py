@@ -94,6 +94,18 @@ def test_a_reply_with_its_visible_text_changed_is_a_mismatch(resent):
         assert pair_next_state([U], {"content": recorded}, new).kind == "mismatch"
 
 
+def test_a_reply_with_nothing_visible_may_be_left_out_of_the_resent_history():
+    # OpenClaw drops an assistant message without text or calls (a reply that was all reasoning)
+    recorded = {"content": "", "reasoning_content": "cut by max_tokens while thinking"}
+    p = pair_next_state([U], recorded, [U, {"role": "user", "content": "hello?"}])
+    assert p.kind == "paired" and p.next_state == [{"role": "user", "content": "hello?"}] and "left out" in p.note
+    kept = pair_next_state([U], recorded, [U, {"role": "assistant", "content": ""}, {"role": "user", "content": "x"}])
+    assert kept.kind == "paired" and kept.note is None
+    # a reply with visible text must be there
+    assert pair_next_state([U], {"content": "Sunny."}, [U, {"role": "user", "content": "x"}]).kind == "mismatch"
+    assert pair_next_state([U], recorded, [U]).kind == "mismatch"  # no feedback at all
+
+
 def _split(chunks: list[str], **kw: bool) -> tuple[str, str, list]:
     sp = StreamSplitter(**kw)
     parts = [p for c in chunks for p in sp.feed(c)]

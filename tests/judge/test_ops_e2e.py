@@ -22,6 +22,7 @@ import pytest
 
 from tests.testkit.procs import ManagedProcess
 from tests.testkit.servers import ENGINE_KEY, JUDGE_KEY, llm_judge_stack
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -83,9 +84,13 @@ def test_request_id_echoed_logged_and_forwarded_to_the_engine(ops: Ops) -> None:
     assert r.json()["usage"]["engine_calls"] == 1
     access = ops.wait_records(lambda x: x["message"].startswith("POST /v1/judge -> 200"))
     assert [(x["request_id"], x["session_id"]) for x in access] == [("judge-ops-1", "sess-a")]
-    # The engine saw the same ids on the judge's /generate call.
-    assert re.search(
-        r"request_id=judge-ops-1 session_id=sess-a: POST /generate -> 200", ops.engine.log_path.read_text()
+    # The engine saw the same ids on the judge's /generate call; its access line is written when that response
+    # completes, which can be just after the judge (and so the test) has it.
+    wanted = re.compile(r"request_id=judge-ops-1 session_id=sess-a: POST /generate -> 200")
+    wait_until(
+        lambda: wanted.search(ops.engine.log_path.read_text()),
+        timeout_s=5.0,
+        message=lambda: ops.engine.log_path.read_text()[-2000:],
     )
 
 

@@ -33,6 +33,9 @@ The sampled ids stay the model's own samples, but their log-probs are not the mo
 renormalises over the tokens the grammar allows, so a constrained step's log-prob is
 log p(token | allowed). The turn record and its sample therefore say ``constrained: true``
 (CONTRACTS.md), so the trainer does not treat those log-probs as comparable with recomputed ones.
+
+xgrammar (and the torch it loads, seconds of start-up) is imported on the first grammar built, so a server
+that never constrains a request never pays for it.
 """
 
 from __future__ import annotations
@@ -40,11 +43,13 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import Any
-
-import xgrammar as xgr
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from engine.validation import clip
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 GRAMMAR_KEYS = ("regex", "json_schema", "ebnf")  # SGLang takes at most one of them per request
 
@@ -67,6 +72,13 @@ class GrammarRefused(ValueError):
 _EMPTY_OBJECT = {"type": "object", "properties": {}}
 
 
+@functools.cache
+def _xgrammar() -> ModuleType:
+    import xgrammar
+
+    return xgrammar
+
+
 def _external_ref(schema: Any) -> str | None:
     """The first ``$ref`` that does not point into the schema itself (xgrammar would silently allow anything)."""
     if isinstance(schema, dict):
@@ -81,7 +93,7 @@ def _external_ref(schema: Any) -> str | None:
 
 @functools.lru_cache(maxsize=256)
 def _schema_grammar(schema_json: str) -> xgr.Grammar:
-    return xgr.Grammar.from_json_schema(schema_json, any_whitespace=False)
+    return _xgrammar().Grammar.from_json_schema(schema_json, any_whitespace=False)
 
 
 def schema_grammar(schema: dict[str, Any], what: str, param: str) -> xgr.Grammar:
@@ -115,10 +127,11 @@ def _call_grammar(fn: dict[str, Any], index: int) -> xgr.Grammar:
     args = schema_grammar(
         _parameters(fn, index), f"tools[{index}] ({fn['name']}) parameters", f"tools[{index}].function.parameters"
     )
-    return xgr.Grammar.concat(
-        xgr.Grammar.from_ebnf("root ::= " + json.dumps(head)),
+    grammar = _xgrammar().Grammar
+    return grammar.concat(
+        grammar.from_ebnf("root ::= " + json.dumps(head)),
         args,
-        xgr.Grammar.from_ebnf('root ::= "}\\n</tool_call>"'),
+        grammar.from_ebnf('root ::= "}\\n</tool_call>"'),
     )
 
 
@@ -142,7 +155,7 @@ def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any) ->
         if not indexed:
             raise GrammarRefused(f"tool_choice names function {clip(name)}, which is not in tools", param="tool_choice")
     grammars = [_call_grammar(f, i) for i, f in indexed]
-    return exclude_markup_from_strings(str(grammars[0] if len(grammars) == 1 else xgr.Grammar.union(*grammars)))
+    return exclude_markup_from_strings(str(grammars[0] if len(grammars) == 1 else _xgrammar().Grammar.union(*grammars)))
 
 
 def response_format_schema(response_format: dict[str, Any] | None) -> str | None:

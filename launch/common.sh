@@ -5,20 +5,24 @@
 #     children it forks (SGLang schedulers, torchrun ranks); its PID goes to HS_PIDS and
 #     $HS_RUN_DIR/pids/NAME.pid, its output to $HS_RUN_DIR/logs/NAME.log.
 #   - hs_cleanup (installed by hs_install_trap) stops only the process groups in HS_PIDS:
-#     SIGTERM, then SIGKILL after HS_STOP_GRACE_S. Nothing is ever killed by name.
+#     SIGTERM, then SIGKILL after HS_STOP_GRACE_S. Nothing is ever killed by name. It runs to the end
+#     even when nobody reads the script's output any more (a closed terminal or pipe), and a stop
+#     signal during a readiness wait is handled at once, not when the wait's deadline passes.
 #   - With HS_DRY_RUN=1, hs_spawn and hs_wait_http print the exact command / wait instead of running
 #     it and nothing is created on disk. API keys are printed as '***' (dry run and command log alike).
 #   - Bad configuration ends the script with exit code 2 and one "error: ..." line on stderr.
 
 HS_PIDS=()
 HS_NAMES=()
+HS_WAITER=""  # the PID of a running readiness wait (hs_wait_http), stopped with the rest
 HS_DRY_RUN=${HS_DRY_RUN:-${DRY_RUN:-0}}
 HS_STOP_GRACE_S=${HS_STOP_GRACE_S:-20}
 HS_PYTHON=${PYTHON:-python}
 # Logs, pid files and data dirs hold prompts, replies and config: readable by this user only.
 umask 077
 
-hs_log() { printf '[hindsight %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+# A log line must never end the script: with the reader gone, a failed write is ignored.
+hs_log() { printf '[hindsight %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2 2>/dev/null || true; }
 hs_die() { printf 'error: %s\n' "$*" >&2; exit 2; }
 
 # Parse the arguments every script accepts: --dry-run, -h/--help, and KEY=VALUE assignments
@@ -151,7 +155,9 @@ hs_wait_http() {
     return 0
   fi
   for i in "${!HS_NAMES[@]}"; do [[ ${HS_NAMES[$i]} == "$name" ]] && pid=${HS_PIDS[$i]}; done
-  "$HS_PYTHON" - "$url" "$deadline_s" "${pid:-0}" <<'PY' || hs_die "$name not ready at $url within ${deadline_s}s (see $HS_RUN_DIR/logs/$name.log)"
+  # In the background and waited on with the `wait` builtin, which a trapped signal interrupts (bash runs
+  # a trap only after a foreground child ends, and this one could poll until its deadline).
+  "$HS_PYTHON" - "$url" "$deadline_s" "${pid:-0}" <<'PY' &
 import os, sys, time, urllib.request, urllib.error
 url, deadline_s, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
@@ -173,20 +179,26 @@ while time.monotonic() < end:
     time.sleep(1)
 sys.exit(1)
 PY
+  HS_WAITER=$!
+  wait "$HS_WAITER" || hs_die "$name not ready at $url within ${deadline_s}s (see $HS_RUN_DIR/logs/$name.log)"
+  HS_WAITER=""
   hs_log "$name ready at $url"
 }
 
 hs_cleanup() {
-  local rc=$? i pid alive waited=0
+  local rc=$? i pid alive deadline=$((SECONDS + HS_STOP_GRACE_S))
   trap - EXIT INT TERM
+  trap '' PIPE  # the reader of our output may be gone (that may be why we stop): keep going regardless
+  [[ -z ${HS_WAITER:-} ]] || kill -TERM "$HS_WAITER" 2>/dev/null || true
   (( ${#HS_PIDS[@]} )) || exit "$rc"
   hs_log "stopping ${HS_NAMES[*]}"
   for (( i=${#HS_PIDS[@]}-1; i>=0; i-- )); do kill -TERM -- "-${HS_PIDS[$i]}" 2>/dev/null || true; done
-  while (( waited < HS_STOP_GRACE_S * 10 )); do
+  # The grace is wall-clock seconds: on a loaded machine each poll below can take far longer than its sleep.
+  while (( SECONDS < deadline )); do
     alive=0
     for pid in "${HS_PIDS[@]}"; do kill -0 -- "-$pid" 2>/dev/null && alive=1; done
     (( alive )) || break
-    sleep 0.1; waited=$((waited + 1))
+    sleep 0.1
   done
   for pid in "${HS_PIDS[@]}"; do
     if kill -0 -- "-$pid" 2>/dev/null; then

@@ -10,11 +10,17 @@ MODE all exit 2 with one "error: ..." line; API keys never appear in the printed
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import wait_until
 
 LAUNCH = Path(__file__).resolve().parents[2] / "launch"
 SCRIPTS = ["common.sh", "judge.sh", "policy.sh", "trainer.sh", "run.sh", "dev.sh"]
@@ -238,3 +244,78 @@ def test_policy_replicas_share_the_store_url(tmp_path: Path) -> None:
     assert res.returncode == 2 and "needs STORE_URL=postgresql://" in res.stderr
     res = dry_run("policy.sh", tmp_path, POLICY_REPLICAS="2", STORE_URL=url, POLICY_REPLICA_PORT_STEP="1")
     assert res.returncode == 2 and "taken by another service" in res.stderr
+
+
+# A script built from common.sh the way judge.sh is: one process, optionally a readiness wait that never
+# succeeds (port 9 refuses, the deadline is far away), then the foreground supervision.
+HARNESS = r"""
+set -euo pipefail
+source "$1/common.sh"
+HS_RUN_DIR=$2
+hs_prepare_run_dir
+hs_install_trap
+hs_spawn sleeper -- sleep 600
+if [[ $3 == wait ]]; then hs_wait_http sleeper "http://127.0.0.1:9/health" 600; fi
+hs_supervise
+"""
+
+
+def _start_harness(tmp_path: Path, phase: str) -> tuple[subprocess.Popen[str], int]:
+    """The harness in its own session with stderr on a pipe, once it has logged ``phase``; (script, sleeper PID)."""
+    run_dir = tmp_path / "run"
+    script = subprocess.Popen(
+        ["bash", "-c", HARNESS, "harness", str(LAUNCH), str(run_dir), "wait" if phase == "started" else "-"],
+        env={"PATH": os.environ["PATH"], "PYTHON": sys.executable, "HS_STOP_GRACE_S": "10"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert script.stderr is not None
+    for line in script.stderr:
+        if phase in line:
+            break
+    else:
+        pytest.fail(f"the harness exited ({script.wait()}) before logging {phase!r}")
+    return script, int((run_dir / "pids" / "sleeper.pid").read_text())
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.unit
+def test_a_stop_with_nobody_reading_the_log_still_stops_everything(tmp_path: Path) -> None:
+    """The terminal or pipe the script logs to is gone (an ssh session dropped): the stop's first log line
+    must not kill the script before it has stopped what it started."""
+    script, sleeper = _start_harness(tmp_path, "all up")
+    try:
+        assert script.stderr is not None
+        script.stderr.close()
+        script.send_signal(signal.SIGTERM)
+        assert script.wait(timeout=30) == 143
+        wait_until(lambda: _gone(sleeper), timeout_s=15, message=f"sleeper {sleeper} outlived the script")
+        assert list((tmp_path / "run" / "pids").glob("*.pid")) == []
+    finally:
+        for pid in (script.pid, sleeper):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.mark.unit
+def test_a_stop_during_a_readiness_wait_is_handled_at_once(tmp_path: Path) -> None:
+    """SIGTERM while the script waits for a server (deadline 600 s) stops it and its processes within seconds."""
+    script, sleeper = _start_harness(tmp_path, "started")
+    try:
+        time.sleep(0.5)  # the readiness poller is running
+        script.send_signal(signal.SIGTERM)
+        assert script.wait(timeout=30) == 143
+        assert script.stderr is not None and "stopping sleeper" in script.stderr.read()
+        wait_until(lambda: _gone(sleeper), timeout_s=15, message=f"sleeper {sleeper} outlived the script")
+    finally:
+        for pid in (script.pid, sleeper):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)

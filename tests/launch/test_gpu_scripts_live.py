@@ -88,6 +88,7 @@ def test_judge_sh_starts_waits_and_stops_only_its_processes(tmp_path: Path, tiny
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=_signals_as_at_a_terminal,
     )
     pids: dict[str, int] = {}
     try:
@@ -133,9 +134,13 @@ def test_judge_sh_starts_waits_and_stops_only_its_processes(tmp_path: Path, tiny
         assert not port_open(ports["JUDGE_ENGINE_BASE_PORT"] + 1)
         assert list((run_dir / "pids").glob("*.pid")) == []
     finally:
-        if script.poll() is None:
-            os.killpg(script.pid, signal.SIGINT)
-            script.wait(timeout=60)
+        if script.poll() is None:  # the script's TERM trap stops what it started; SIGKILL if even that hangs
+            os.killpg(script.pid, signal.SIGTERM)
+            try:
+                script.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(script.pid, signal.SIGKILL)
+                script.wait(timeout=10)
         for pid in pids.values():  # only the groups this test's script started, if it left any
             if not Path(f"/proc/{pid}").exists() or _zombie(pid):
                 continue
@@ -143,6 +148,14 @@ def test_judge_sh_starts_waits_and_stops_only_its_processes(tmp_path: Path, tiny
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _signals_as_at_a_terminal() -> None:
+    """Ctrl-C and Ctrl-\\ with their default actions, as in a terminal's foreground job: a run started in the
+    background (``pytest ... &``) passes them on ignored, and a non-interactive bash cannot trap a signal it
+    was started with ignored, so the script's INT trap would never run."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def _ready(url: str) -> bool:

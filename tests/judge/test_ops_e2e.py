@@ -21,18 +21,12 @@ import httpx
 import pytest
 
 from tests.testkit.procs import ManagedProcess
-from tests.testkit.servers import ENGINE_KEY, JUDGE_KEY, llm_judge_stack
+from tests.testkit.servers import ENGINE_KEY, JUDGE_KEY, llm_judge_stack, prm_pair
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
-REQ = {
-    "context": [{"role": "user", "content": "Rename a.txt to b.txt"}],
-    "response": {"content": "Done."},
-    "next_state": [{"role": "user", "content": "thanks, it worked"}],
-    "tasks": ["prm"],
-    "m": 1,
-}
+REQ = prm_pair()
 
 
 @dataclass

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from tests.testkit.procs import free_port
+from tests.testkit.servers import prm_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,16 +112,7 @@ def test_judge_sh_starts_waits_and_stops_only_its_processes(tmp_path: Path, tiny
         with httpx.Client(trust_env=False, timeout=60) as c:
             workers = c.get(f"http://127.0.0.1:{ports['JUDGE_ROUTER_PORT']}/readiness").json()
             assert workers["healthy_workers"] == 2
-            verdict = c.post(
-                judge_url + "/v1/judge",
-                json={
-                    "context": [{"role": "user", "content": "list files"}],
-                    "response": {"content": "Here are the files."},
-                    "next_state": [{"role": "user", "content": "Thanks, that worked."}],
-                    "tasks": ["prm"],
-                    "m": 1,
-                },
-            ).json()
+            verdict = c.post(judge_url + "/v1/judge", json=prm_pair()).json()
         assert verdict["prm"]["status"] in ("ok", "tie", "no_valid_votes")  # the engine path answered
 
         script.send_signal(signal.SIGINT)  # the operator's Ctrl-C reaches the script only (own sessions)

@@ -39,6 +39,8 @@ from tests.testkit.servers import (
     samples_of,
     start_prm_policy,
     stats,
+    stats_once,
+    stored_samples,
 )
 from tests.waiting import wait_until
 
@@ -230,23 +232,13 @@ def test_unreachable_scorer_keeps_held_across_kill9_then_scores_once(
         talk(pol.url, open_sid, [(POSITIVE, 2)], end=False)  # turn 0 paired, turn 1 awaits: held, session open
         talk(pol.url, ended, [(POSITIVE, 2), (NEGATIVE, 2)], end=True)
         wait_rows(pol.url, open_sid, {0: "pending_score"})
-        wait_until(
-            lambda: stats(pol.url)["pending_score_retrying"],
-            timeout_s=60,
-            interval_s=0.1,
-            message=lambda: stats(pol.url),
-        )
-        st = stats(pol.url)
+        st = stats_once(pol.url, "pending_score_retrying")
         assert st["samples"]["ready"] == 0 and st["samples"]["pending_score"] == 3
         assert st["prm"]["turns"]["retry"] >= 1 and st["prm"]["turns"]["scored"] == 0
         assert lease_all(pol.url)["samples"] == []
         pol.kill()
-        store = Store(data)
-        try:
-            held = {r["turn_index"]: r for r in samples_of(store, ended)}
-            opened = {r["turn_index"]: r for r in samples_of(store, open_sid)}
-        finally:
-            store.close()
+        held = {r["turn_index"]: r for r in stored_samples(data, ended)}
+        opened = {r["turn_index"]: r for r in stored_samples(data, open_sid)}
         assert [held[i]["status"] for i in (0, 1, 2)] == ["pending_score", "pending_score", "rejected"]
         assert held[0]["attempts"] >= 1 and held[0]["last_error"].startswith("prm: JudgeUnavailable: ")
         assert opened[0]["status"] == "pending_score"

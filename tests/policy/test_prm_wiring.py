@@ -42,6 +42,8 @@ from tests.testkit.servers import (
     start_judge,
     start_prm_policy,
     stats,
+    stats_once,
+    stored_samples,
 )
 from tests.waiting import wait_until
 
@@ -221,23 +223,13 @@ def test_unreachable_scorer_judge_keeps_pending_across_kill9(tiny_model_dir, eng
     prm_judge = None
     try:
         sid = run_session(pol.url, [(POSITIVE, 2)])
-        wait_until(
-            lambda: stats(pol.url)["pending_judge_retrying"],
-            timeout_s=60,
-            interval_s=0.2,
-            message=lambda: stats(pol.url),
-        )
-        st = stats(pol.url)
+        st = stats_once(pol.url, "pending_judge_retrying")
         # turn 0 waits for its scores; the session's final turn waits behind it (a session is judged in order)
         assert st["samples"]["pending_judge"] == 2 and st["samples"]["ready"] == 0
         assert st["prm"]["turns"]["retry"] >= 1 and st["prm"]["turns"]["scored"] == 0
         assert lease_all(pol.url)["samples"] == []  # not leasable before its token_rewards exist
         pol.kill()
-        store = Store(data)
-        try:
-            row = samples_of(store, sid)[0]
-        finally:
-            store.close()
+        row = stored_samples(data, sid)[0]
         assert row["status"] == "pending_judge" and row["last_error"].startswith("prm: JudgeUnavailable: "), row
         prm_judge = start_judge(logs, "judge-prm-late", m=3, port=prm_judge_port)
         pol = _policy(tiny_model_dir, engine, rules_judge, data, logs, "policy-prm-b", cfg, port=port)

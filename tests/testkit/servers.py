@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine, start_process, start_router
+from tests.waiting import wait_until
 
 ADMIN_KEY = "admin-secret"
 CLIENT_KEY = "client-secret"
@@ -187,6 +188,35 @@ def samples_of(store: Any, session_id: str) -> list[dict[str, Any]]:
     """The stored sample rows of one session in turn order (``Store.sample_row`` shape: ``data`` decoded)."""
     listed = store.list_samples(session_id=session_id, limit=100_000)
     return [row for row in (store.sample_row(r["sample_id"]) for r in listed) if row is not None]
+
+
+def prm_pair(**over: Any) -> dict[str, Any]:
+    """A /v1/judge body: one short turn, a thankful next state, the PRM task with one vote (``over`` replaces keys)."""
+    body = {
+        "context": [{"role": "user", "content": "Rename a.txt to b.txt"}],
+        "response": {"content": "Done."},
+        "next_state": [{"role": "user", "content": "thanks, it worked"}],
+        "tasks": ["prm"],
+        "m": 1,
+    }
+    return {**body, **over}
+
+
+def stored_samples(data_dir: str | Path, session_id: str) -> list[dict[str, Any]]:
+    """:func:`samples_of` read from a stopped (or killed) policy server's store folder, opened and closed here."""
+    from policy_server.store import Store
+
+    store = Store(str(data_dir))
+    try:
+        return samples_of(store, session_id)
+    finally:
+        store.close()
+
+
+def stats_once(url: str, key: str, *, timeout_s: float = 60.0) -> dict:
+    """The policy server's sample stats once ``stats[key]`` is truthy (AssertionError with the last stats)."""
+    wait_until(lambda: stats(url)[key], timeout_s=timeout_s, interval_s=0.1, message=lambda: stats(url))
+    return stats(url)
 
 
 def chat(url: str, sid: str, messages: list[dict], *, max_tokens: int, done: bool = False) -> dict:

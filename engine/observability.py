@@ -26,7 +26,9 @@ Contract:
   response's ``X-Request-ID`` header and held in a contextvar for the whole request, as is the session id from
   ``X-Session-Id`` (read as UTF-8; :func:`valid_session_id`'s rule, else none: this module never rejects a
   request, the policy server answers an invalid one 400 with the same rule). One access line per request (``METHOD path -> status in ms``; the
-  query string is never logged) except for the probe paths /health, /ready, /metrics. A response that never
+  query string is never logged) except for the probe paths /health, /ready, /metrics. The access line and the
+  route metrics are written just before the response's last body message is sent, so a client holding a whole
+  response (and anyone it tells) already finds it counted and logged. A response that never
   started because the app raised counts as status 500, a cancelled one (client gone) as 499. Limitation:
   that 500 is written by Starlette's ServerErrorMiddleware, which sits outside every added middleware, so
   it carries no ``X-Request-ID`` header (the access line still logs the id).
@@ -232,13 +234,18 @@ class RequestContextMiddleware:
         sid = valid_session_id(header_text(headers.get(SESSION_ID_HEADER)))
         tokens = (_request_id.set(rid), _session_id.set(sid))
         status: int | None = None
+        recorded = False
         started = time.perf_counter()
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, recorded
             if message["type"] == "http.response.start":
                 status = int(message["status"])
                 MutableHeaders(scope=message)[REQUEST_ID_HEADER] = rid
+            elif message["type"] == "http.response.body" and not message.get("more_body", False) and not recorded:
+                # Counted and logged before the last byte leaves: whoever has the whole response sees it counted.
+                recorded = True
+                self._record(scope, status or 500, time.perf_counter() - started)
             await send(message)
 
         try:
@@ -250,7 +257,8 @@ class RequestContextMiddleware:
             status = status or 499
             raise
         finally:
-            self._record(scope, status or 500, time.perf_counter() - started)
+            if not recorded:
+                self._record(scope, status or 500, time.perf_counter() - started)
             _session_id.reset(tokens[1])
             _request_id.reset(tokens[0])
 

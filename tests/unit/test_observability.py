@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import re
+import types
 from collections.abc import Iterator
 
 import httpx
@@ -383,3 +384,31 @@ async def test_ids_propagate_to_upstream_calls() -> None:
         outside = (await up.get("/ids")).json()
     assert (inside["request_id"], inside["session_id"]) == ("from-caller", "sess-9")
     assert HEX32.fullmatch(outside["request_id"]) and outside["session_id"] is None
+
+
+async def test_a_response_is_counted_and_logged_before_its_last_byte_leaves(log_stream: io.StringIO) -> None:
+    """Whoever has the whole response finds it on /metrics and in the access log (no read-after-response race)."""
+    registry = CollectorRegistry()
+    seen_at_last_byte: list[tuple[float | None, bool]] = []
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"part", "more_body": True})
+        await send({"type": "http.response.body", "body": b"end", "more_body": False})
+
+    async def send(message):  # type: ignore[no-untyped-def]
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            count = registry.get_sample_value(
+                "t_http_requests_total", {"route": "/r", "method": "POST", "status": "201"}
+            )
+            seen_at_last_byte.append((count, "POST /r -> 201" in log_stream.getvalue()))
+
+    async def receive():  # type: ignore[no-untyped-def]
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    route = types.SimpleNamespace(path="/r")  # as Starlette's router leaves the matched route in the scope
+    scope = {"type": "http", "method": "POST", "path": "/r", "headers": [], "query_string": b"", "route": route}
+    metrics = RouteMetrics(registry, "t")
+    await RequestContextMiddleware(app, route_metrics=metrics)(scope, receive, send)
+    assert seen_at_last_byte == [(1.0, True)]
+    assert registry.get_sample_value("t_http_requests_total", {"route": "/r", "method": "POST", "status": "201"}) == 1

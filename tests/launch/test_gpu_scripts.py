@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.testkit.procs import process_gone
 from tests.waiting import wait_until
 
 LAUNCH = Path(__file__).resolve().parents[2] / "launch"
@@ -280,13 +281,6 @@ def _start_harness(tmp_path: Path, phase: str) -> tuple[subprocess.Popen[str], i
     return script, int((run_dir / "pids" / "sleeper.pid").read_text())
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 @pytest.mark.unit
 def test_a_stop_with_nobody_reading_the_log_still_stops_everything(tmp_path: Path) -> None:
     """The terminal or pipe the script logs to is gone (an ssh session dropped): the stop's first log line
@@ -297,7 +291,7 @@ def test_a_stop_with_nobody_reading_the_log_still_stops_everything(tmp_path: Pat
         script.stderr.close()
         script.send_signal(signal.SIGTERM)
         assert script.wait(timeout=30) == 143
-        wait_until(lambda: _gone(sleeper), timeout_s=15, message=f"sleeper {sleeper} outlived the script")
+        wait_until(lambda: process_gone(sleeper), timeout_s=15, message=f"sleeper {sleeper} outlived the script")
         assert list((tmp_path / "run" / "pids").glob("*.pid")) == []
     finally:
         for pid in (script.pid, sleeper):
@@ -314,7 +308,7 @@ def test_a_stop_during_a_readiness_wait_is_handled_at_once(tmp_path: Path) -> No
         script.send_signal(signal.SIGTERM)
         assert script.wait(timeout=30) == 143
         assert script.stderr is not None and "stopping sleeper" in script.stderr.read()
-        wait_until(lambda: _gone(sleeper), timeout_s=15, message=f"sleeper {sleeper} outlived the script")
+        wait_until(lambda: process_gone(sleeper), timeout_s=15, message=f"sleeper {sleeper} outlived the script")
     finally:
         for pid in (script.pid, sleeper):
             with contextlib.suppress(ProcessLookupError):

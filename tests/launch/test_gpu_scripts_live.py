@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.testkit.procs import free_port
+from tests.testkit.procs import free_port, process_gone
 from tests.testkit.servers import prm_pair
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,7 +120,7 @@ def test_judge_sh_starts_waits_and_stops_only_its_processes(tmp_path: Path, tiny
         assert script.returncode == 130, out
         assert "stopping" in out
         for name, pid in pids.items():
-            assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"{name} ({pid}) still running"
+            assert process_gone(pid), f"{name} ({pid}) still running"
         for k in ("JUDGE_ENGINE_BASE_PORT", "JUDGE_ROUTER_PORT", "JUDGE_PORT"):
             assert not port_open(ports[k]), k
         assert not port_open(ports["JUDGE_ENGINE_BASE_PORT"] + 1)
@@ -134,7 +134,7 @@ def test_judge_sh_starts_waits_and_stops_only_its_processes(tmp_path: Path, tiny
                 os.killpg(script.pid, signal.SIGKILL)
                 script.wait(timeout=10)
         for pid in pids.values():  # only the groups this test's script started, if it left any
-            if not Path(f"/proc/{pid}").exists() or _zombie(pid):
+            if process_gone(pid):
                 continue
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -155,10 +155,3 @@ def _ready(url: str) -> bool:
         return httpx.get(url + "/ready", timeout=2, trust_env=False).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True

@@ -28,6 +28,14 @@ start_router = partial(_procs.start_router, die_with_parent=True)
 REPO = Path(__file__).resolve().parents[2]
 
 
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs: absent, or a zombie waiting for its reaper."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def dev_sh_env(run_dir: Path, **extra: str) -> dict[str, str]:
     """The environment for ``launch/dev.sh`` in ``run_dir``: this interpreter and checkout, and the stack tied to
     this process (``HINDSIGHT_DEV_STOP_WITH_PID``: its watchdog stops it if this process dies without ``stop``)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.testkit.procs import process_gone
 from tests.testkit.servers import REPO_ROOT
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's prctl")
@@ -39,15 +40,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie waiting for its reaper counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_sigkill_of_the_starting_process_kills_its_servers(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     parent = subprocess.Popen(
@@ -58,16 +50,16 @@ def test_sigkill_of_the_starting_process_kills_its_servers(tmp_path: Path) -> No
         assert parent.stdout is not None
         server_pid = int(parent.stdout.readline())
         assert parent.stdout.readline().strip() == "ready"
-        assert _alive(server_pid)  # it survived the end of the thread that started it
+        assert not process_gone(server_pid)  # it survived the end of the thread that started it
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)
         deadline = time.monotonic() + 30  # the kernel's signal is immediate; the bound only ends a failure
-        while _alive(server_pid) and time.monotonic() < deadline:
+        while not process_gone(server_pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(server_pid), f"server {server_pid} outlived the process that started it"
+        assert process_gone(server_pid), f"server {server_pid} outlived the process that started it"
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait()
-        if server_pid is not None and _alive(server_pid):
+        if server_pid is not None and not process_gone(server_pid):
             os.killpg(server_pid, signal.SIGKILL)  # its own group: only what this test started

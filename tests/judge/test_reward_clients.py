@@ -39,7 +39,6 @@ from judge_server.errors import RewardUnavailable
 from tests.testkit.procs import ManagedProcess
 from tests.testkit.servers import JUDGE_KEY as KEY
 from tests.testkit.servers import start_failing_judge, start_judge
-from tests.waiting import wait_until
 
 PROMPTS = ["Q: rename a.txt to b.txt\nA:", "Q: delete the logs\nA:"]
 QUERIES = [PROMPTS[0] + " Done, renamed.", PROMPTS[1] + " Deleted everything."]
@@ -253,8 +252,7 @@ def test_query_key_is_in_no_log_line_and_no_metric(
         httpx.post(url, json=body, trust_env=False, timeout=60)
     metrics = httpx.get(rules_judge.url + "/metrics", trust_env=False).text
     assert 'route="/get_reward"' in metrics and KEY not in metrics and "api_key" not in metrics
-    # Access lines are written when a response completes: wait until the last one is there.
-    wait_until(lambda: "/slime/reward" in rules_judge.log_path.read_text(), timeout_s=10)
+    assert "/slime/reward" in rules_judge.log_path.read_text()  # logged before the response's last byte
     for judge in (rules_judge, *failing_judges):
         text = judge.log_path.read_text()
         assert text.strip() and KEY not in text, judge.name

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache, partial
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -32,9 +33,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(
-    url: str, *, deadline_s: float = 60.0, ok_status: int = 200, proc: subprocess.Popen | None = None
-) -> None:
+class ProcessHandle(Protocol):
+    """What is used of a started process: ``subprocess.Popen``'s names and meanings (``returncode`` is None while
+    it runs, ``-N`` once signal N ended it; ``wait`` raises ``subprocess.TimeoutExpired``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class Launcher(Protocol):
+    """Starts ``cmd`` as the leader of a new session (process group) with stdout and stderr appended to
+    ``log_path`` and exactly ``env`` as its environment; returns at once."""
+
+    def __call__(self, cmd: list[str], *, log_path: Path, env: dict[str, str]) -> ProcessHandle: ...
+
+
+def wait_http(url: str, *, deadline_s: float = 60.0, ok_status: int = 200, proc: ProcessHandle | None = None) -> None:
     """Poll ``url`` until it answers ``ok_status``; fail fast if ``proc`` exits first."""
     end = time.monotonic() + deadline_s
     last = "no answer"
@@ -57,7 +84,7 @@ class ManagedProcess:
     """A child process we started, with its URL and log file."""
 
     name: str
-    proc: subprocess.Popen
+    proc: ProcessHandle
     url: str
     log_path: Path
     extra: dict = field(default_factory=dict)
@@ -132,6 +159,27 @@ def _forker() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="procs-forker")
 
 
+def popen_tied(cmd: list[str], **popen_kwargs: object) -> subprocess.Popen:
+    """``subprocess.Popen(cmd, **popen_kwargs)`` whose child the kernel SIGKILLs when this process dies (on
+    Linux; elsewhere a plain Popen)."""
+    popen = partial(subprocess.Popen, cmd, **popen_kwargs)
+    if sys.platform != "linux":
+        return popen()
+    # The kernel signals the child when the forking THREAD ends, so the fork happens on one thread that lives
+    # as long as this process. preexec_fn is unsafe with threads only when it takes locks; the hook takes none.
+    return _forker().submit(popen, preexec_fn=_die_with_parent_hook()).result()
+
+
+def popen_launch(
+    cmd: list[str], *, log_path: Path, env: dict[str, str], die_with_parent: bool = False
+) -> subprocess.Popen:
+    """The default :class:`Launcher`: ``subprocess.Popen`` in a new session; ``die_with_parent`` also has the
+    kernel SIGKILL it when this process dies (:func:`popen_tied`)."""
+    with open(log_path, "ab") as log:
+        opener = popen_tied if die_with_parent else subprocess.Popen
+        return opener(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
 def spawn(
     name: str,
     cmd: list[str],
@@ -140,29 +188,28 @@ def spawn(
     log_dir: Path,
     env: dict[str, str] | None = None,
     die_with_parent: bool = False,
+    launch: Launcher | None = None,
 ) -> ManagedProcess:
-    """Start ``cmd`` in a new process group with its output in ``log_dir/name.log``; no readiness wait."""
+    """Start ``cmd`` in a new process group with its output in ``log_dir/name.log``; no readiness wait.
+    ``launch`` starts it (default :func:`popen_launch`, with ``die_with_parent``)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", **(env or {})}
-    # Loopback servers must never be reached through an HTTP proxy from the environment.
-    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        full_env.pop(var, None)
+    full_env = child_env(env)
     # Logs can hold prompts and error details: readable by the owner only (0600), whatever the umask.
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.fchmod(fd, 0o600)
-    with open(fd, "ab") as log:
-        popen = partial(
-            subprocess.Popen, cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
-        )
-        if die_with_parent and sys.platform == "linux":
-            # The kernel signals the child when the forking THREAD ends, so the fork happens on one thread
-            # that lives as long as this process. preexec_fn is unsafe with threads only when it takes
-            # locks; the hook takes none.
-            proc = _forker().submit(popen, preexec_fn=_die_with_parent_hook()).result()
-        else:
-            proc = popen()
-    return ManagedProcess(name=name, proc=proc, url=url, log_path=log_path)
+    os.close(fd)
+    launch = launch or partial(popen_launch, die_with_parent=die_with_parent)
+    return ManagedProcess(name=name, proc=launch(cmd, log_path=log_path, env=full_env), url=url, log_path=log_path)
+
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a started process gets: this one's, unbuffered and offline, ``env`` on top, and no
+    HTTP proxy (loopback servers must never be reached through one)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", **(env or {})}
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        full_env.pop(var, None)
+    return full_env
 
 
 def start_process(
@@ -175,9 +222,10 @@ def start_process(
     env: dict[str, str] | None = None,
     deadline_s: float = 90.0,
     die_with_parent: bool = False,
+    launch: Launcher | None = None,
 ) -> ManagedProcess:
     """Spawn ``cmd`` and wait until ``url + ready_path`` answers 200; on failure stop it and raise with its log tail."""
-    mp = spawn(name, cmd, url=url, log_dir=log_dir, env=env, die_with_parent=die_with_parent)
+    mp = spawn(name, cmd, url=url, log_dir=log_dir, env=env, die_with_parent=die_with_parent, launch=launch)
     try:
         wait_http(mp.url + ready_path, deadline_s=deadline_s, proc=mp.proc)
     except Exception:  # noqa: BLE001 (whatever stopped the wait, the child is stopped and the error re-raised)
@@ -197,6 +245,7 @@ def start_dev_engine(
     extra_args: list[str] | None = None,
     deadline_s: float = 90.0,
     die_with_parent: bool = False,
+    launch: Launcher | None = None,
 ) -> ManagedProcess:
     """Start ``hindsight-dev-engine`` on 127.0.0.1 and wait for /health."""
     port = port or free_port()
@@ -221,6 +270,7 @@ def start_dev_engine(
         log_dir=log_dir,
         deadline_s=deadline_s,
         die_with_parent=die_with_parent,
+        launch=launch,
     )
 
 
@@ -236,6 +286,7 @@ def start_router(
     deadline_s: float = 60.0,
     extra_args: list[str] | None = None,
     die_with_parent: bool = False,
+    launch: Launcher | None = None,
 ) -> ManagedProcess:
     """Start the real ``sglang-router`` (0.3.2) on 127.0.0.1 and wait on /readiness (not /health)."""
     port = port or free_port()
@@ -279,6 +330,7 @@ def start_router(
         ready_path="/readiness",
         deadline_s=deadline_s,
         die_with_parent=die_with_parent,
+        launch=launch,
     )
     mp.extra["prometheus_port"] = prom_port
     return mp

@@ -255,10 +255,15 @@ class _Client:
             return self._exits.get(pid)
 
     def accepts(self, cmd: list[str], env: dict[str, str]) -> bool:
-        if self._gone or len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] != "-m" or cmd[2] not in PRELOADED:
-            return False
-        differing = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
-        return all(k.startswith(_SAFE_PREFIX) or k == "PYTHONPATH" for k in differing)
+        return not self._gone and qualifies(cmd, env, self.env)
+
+
+def qualifies(cmd: list[str], env: dict[str, str], server_env: dict[str, str]) -> bool:
+    """Whether ``cmd`` with ``env`` may be forked from a fork server started with ``server_env``."""
+    if len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] != "-m" or cmd[2] not in PRELOADED:
+        return False
+    differing = {k for k in env.keys() | server_env.keys() if env.get(k) != server_env.get(k)}
+    return all(k.startswith(_SAFE_PREFIX) or k == "PYTHONPATH" for k in differing)
 
 
 _lock = threading.Lock()

@@ -1,0 +1,117 @@
+"""The test kit's fork server (tests.testkit.forkserver): a forked child is the process a fresh interpreter
+would be (argv, working directory, sys.path, environment, session, output, exit status), and only commands that
+cannot tell the difference qualify."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.procs import child_env
+from tests.testkit import forkserver
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server is Linux-only (prctl)")
+
+PROBE = textwrap.dedent(
+    """
+    import json, os, sys, time
+    if sys.argv[1:2] == ["sleep"]:
+        print("sleeping", flush=True)
+        time.sleep(600)
+    print(json.dumps({
+        "name": __name__,
+        "argv": sys.argv,
+        "cwd": os.getcwd(),
+        "path": sys.path,
+        "env": dict(os.environ),
+        "leads_session": os.getsid(0) == os.getpid(),
+    }))
+    sys.stderr.write("to stderr\\n")
+    sys.exit(int(sys.argv[1]))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[forkserver._Client]:
+    c = forkserver._Client(tmp_path_factory.mktemp("forkserver") / "fork-server.log")
+    yield c
+    c.proc.kill()
+    c.proc.wait()
+
+
+def _probe(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    pkg = tmp_path / "pp"
+    pkg.mkdir()
+    (pkg / "hs_probe.py").write_text(PROBE)
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    env = {**child_env(), "PYTHONPATH": str(pkg), "HINDSIGHT_PROBE": "yes"}
+    env.pop("NO_COLOR")  # set in the fork server's own environment: the child must not keep it
+    return pkg, wd, env
+
+
+def test_a_forked_child_is_what_a_fresh_interpreter_would_be(
+    client: forkserver._Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, wd, env = _probe(tmp_path)
+    cmd = [sys.executable, "-m", "hs_probe", "3", "--flag"]
+    fresh = subprocess.run(cmd, cwd=wd, env=env, capture_output=True, text=True, timeout=60)
+    monkeypatch.chdir(wd)  # the fork server runs the child in the caller's working directory
+    log = tmp_path / "forked.log"
+    proc = client.fork(cmd, log, env)
+    assert proc.wait(timeout=60) == 3 == fresh.returncode
+    out, err_line = log.read_text().splitlines()
+    forked = json.loads(out)
+    assert forked.pop("leads_session") is True  # a session (process group) of its own, as spawn asks
+    expected = json.loads(fresh.stdout)
+    expected.pop("leads_session")
+    assert forked == expected  # __main__, argv, cwd, the whole sys.path and the exact environment
+    assert err_line == "to stderr"  # stderr goes to the same log
+
+
+def test_signals_waits_and_a_timeout_read_as_with_popen(
+    client: forkserver._Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, wd, env = _probe(tmp_path)
+    monkeypatch.chdir(wd)
+    log = tmp_path / "sleeper.log"
+    proc = client.fork([sys.executable, "-m", "hs_probe", "sleep"], log, env)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.2)
+    assert proc.poll() is None and proc.returncode is None
+    os.killpg(proc.pid, signal.SIGTERM)  # what ManagedProcess.stop sends: the child leads its group
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    proc.kill()  # a no-op once reaped: never a signal to a PID that may have been reused
+
+
+@pytest.mark.unit
+def test_only_commands_that_cannot_tell_the_difference_qualify() -> None:
+    base = {"PATH": "/usr/bin", "HF_HUB_OFFLINE": "1"}
+    py = sys.executable
+    judge = [py, "-m", "judge_server.cli", "--port", "1"]
+    assert forkserver.qualifies(judge, base, base)
+    assert forkserver.qualifies(judge, {**base, "HINDSIGHT_JUDGE_M": "3", "PYTHONPATH": "/x"}, base)
+    # read by libraries when they are imported: needs a fresh interpreter
+    assert not forkserver.qualifies(judge, {**base, "OMP_NUM_THREADS": "1"}, base)
+    assert not forkserver.qualifies(judge, {"PATH": "/usr/bin"}, base)  # a variable removed counts too
+    assert not forkserver.qualifies([py, "-m", "http.server"], base, base)  # not preloaded
+    assert not forkserver.qualifies(["/usr/bin/python3", "-m", "judge_server.cli"], base, base)
+    assert not forkserver.qualifies([py, "-c", "judge_server.cli"], base, base)
+
+
+def test_the_fork_server_can_be_turned_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HINDSIGHT_TEST_FORK_SERVER", "0")
+    proc = forkserver.launch(
+        [sys.executable, "-m", "judge_server.cli", "--help"], log_path=tmp_path / "l", env=child_env()
+    )
+    assert isinstance(proc, subprocess.Popen)
+    assert proc.wait(timeout=60) == 0

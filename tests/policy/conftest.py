@@ -29,10 +29,23 @@ def router(engine: ManagedProcess, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(scope="module")
+def session_idle_timeout_s() -> float:
+    """How long the ``policy`` fixture's sessions stay open without a request. Long: an SDK's tool round trip on
+    a loaded machine can take seconds, and a session that idles out between two calls of one run is not paired.
+    A module that tests the idle end overrides this fixture."""
+    return 300.0
+
+
+@pytest.fixture(scope="module")
 def policy(
-    tiny_model_dir: Path, router: ManagedProcess, engine: ManagedProcess, tmp_path_factory: pytest.TempPathFactory
+    tiny_model_dir: Path,
+    router: ManagedProcess,
+    engine: ManagedProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+    session_idle_timeout_s: float,
 ) -> Iterator[ManagedProcess]:
     """Policy server -> router -> dev engine; weight sync goes to the engine itself."""
-    extra = ["--session-idle-timeout-s", "2", "--idle-sweep-interval-s", "0.2", "--max-body-bytes", "65536"]
+    extra = ["--session-idle-timeout-s", str(session_idle_timeout_s), "--idle-sweep-interval-s", "0.2"]
+    extra += ["--max-body-bytes", "65536"]
     with start_routed_policy(tiny_model_dir, router, engine, tmp_path_factory.mktemp("policy"), extra=extra) as mp:
         yield mp

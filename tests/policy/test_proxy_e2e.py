@@ -34,6 +34,12 @@ TOOLS = WEATHER_TOOLS
 data_dir = policy_data_dir
 
 
+@pytest.fixture(scope="module")
+def session_idle_timeout_s() -> float:
+    """Short, so the idle end can be waited for; long enough that one test's back-to-back requests never idle out."""
+    return 5.0
+
+
 def oai(policy) -> openai.OpenAI:
     return openai_client(policy.url)
 
@@ -198,11 +204,11 @@ def test_pairing_user_reply_side_turns_rewrite_and_idle(policy):
         split = r.headers["x-hindsight-session-id"]
         assert split.startswith("pair~") and st.get_turn(split, 0)["pairing"] == "awaiting"
         assert st.get_turn("pair", 2) is None
-        # idle timeout (2 s in this fixture) ends both sessions: their last turns get no next state, none is lost
+        # the idle timeout (5 s in this module) ends both sessions: their last turns get no next state, none is lost
         for sid, idx in (("pair", 1), (split, 0)):
             turn = wait_until(
                 lambda sid=sid, idx=idx: (t := st.get_turn(sid, idx))["pairing"] != "awaiting" and t,
-                timeout_s=15,
+                timeout_s=30,
                 interval_s=0.2,
             )
             assert turn["pairing"] == "session_end" and turn["session_done"] and turn["next_state"] is None

@@ -10,7 +10,7 @@ interpreter's normal shutdown, with the exit status or signal a fresh process wo
 
 Contract (:func:`launch`, an ``engine.procs.Launcher``): a command is forked only when it is
 ``sys.executable -m M`` for a module in :data:`PRELOADED` and its environment differs from the fork server's only
-in ``HINDSIGHT_*`` variables and ``PYTHONPATH`` (anything else, ``OMP_NUM_THREADS`` say, can be read when a library
+in ``HINDSIGHT_*`` and ``PYTEST_*`` variables and ``PYTHONPATH`` (anything else, ``OMP_NUM_THREADS`` say, can be read when a library
 is imported, so it needs a fresh interpreter); every other command, or every command when
 ``HINDSIGHT_TEST_FORK_SERVER=0``, is started by ``engine.procs.popen_launch``. The fork server is tied to the
 process that started it (parent-death signal) and each child to the fork server, so ``kill -9`` of pytest still
@@ -44,7 +44,9 @@ _IMPORTED_BY_STARTUP = (
     "judge_server.app",
     "trainer.train",
 )
-_SAFE_PREFIX = "HINDSIGHT_"  # read by the services' settings when they start, never at import
+# Variables that may differ from the fork server's: read by the services' settings when they start (never at
+# import), and pytest's per-test bookkeeping (PYTEST_CURRENT_TEST changes with every test).
+_SAFE_PREFIXES = ("HINDSIGHT_", "PYTEST_")
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _READY_TIMEOUT_S = 300.0  # its imports: about 5 s quiet, far longer on a loaded 2-core box
 
@@ -263,7 +265,7 @@ def qualifies(cmd: list[str], env: dict[str, str], server_env: dict[str, str]) -
     if len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] != "-m" or cmd[2] not in PRELOADED:
         return False
     differing = {k for k in env.keys() | server_env.keys() if env.get(k) != server_env.get(k)}
-    return all(k.startswith(_SAFE_PREFIX) or k == "PYTHONPATH" for k in differing)
+    return all(k.startswith(_SAFE_PREFIXES) or k == "PYTHONPATH" for k in differing)
 
 
 _lock = threading.Lock()

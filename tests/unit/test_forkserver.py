@@ -100,6 +100,7 @@ def test_only_commands_that_cannot_tell_the_difference_qualify() -> None:
     judge = [py, "-m", "judge_server.cli", "--port", "1"]
     assert forkserver.qualifies(judge, base, base)
     assert forkserver.qualifies(judge, {**base, "HINDSIGHT_JUDGE_M": "3", "PYTHONPATH": "/x"}, base)
+    assert forkserver.qualifies(judge, {**base, "PYTEST_CURRENT_TEST": "t.py::b (setup)"}, base)  # per test
     # read by libraries when they are imported: needs a fresh interpreter
     assert not forkserver.qualifies(judge, {**base, "OMP_NUM_THREADS": "1"}, base)
     assert not forkserver.qualifies(judge, {"PATH": "/usr/bin"}, base)  # a variable removed counts too

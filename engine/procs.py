@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,10 +28,39 @@ import httpx
 
 
 def free_port() -> int:
-    """An ephemeral loopback port that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A loopback port that is free right now, picked at random OUTSIDE the kernel's ephemeral range.
+
+    The server binds it later, in another process. A port from the ephemeral range (what ``bind(0)`` gives) can
+    be handed out again in between, to another ``bind(0)`` or as the local end of any outgoing connection, and
+    the server then fails with "address already in use" while something else answers on its port; a random
+    pick outside that range can only meet another such pick."""
+    low, high = _ephemeral_range()
+    spans = [(lo, hi) for lo, hi in ((10000, low - 1), (high + 1, 65535)) if hi >= lo]
+    sizes = [hi - lo + 1 for lo, hi in spans]
+    for _ in range(200 if spans else 0):
+        lo, hi = _rng.choices(spans, weights=sizes)[0]
+        port = _rng.randint(lo, hi)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room outside the range: the kernel's pick
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_rng = random.SystemRandom()  # not the `random` module's state: forked processes would share its sequence
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default where it cannot be read)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 class ProcessHandle(Protocol):

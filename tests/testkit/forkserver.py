@@ -14,7 +14,9 @@ in ``HINDSIGHT_*`` and ``PYTEST_*`` variables and ``PYTHONPATH`` (anything else,
 is imported, so it needs a fresh interpreter); every other command, or every command when
 ``HINDSIGHT_TEST_FORK_SERVER=0``, is started by ``engine.procs.popen_launch``. The fork server is tied to the
 process that started it (parent-death signal) and each child to the fork server, so ``kill -9`` of pytest still
-ends every server. One fork server per process, started on first use.
+ends every server. One fork server per process, started on first use; a new one when this process's own
+environment has since changed (a library set a variable), so a child never misses what a fresh one would inherit.
+``HINDSIGHT_TEST_FORK_SERVER_TRACE=FILE`` writes one line per service start: forked or fresh, and why.
 """
 
 from __future__ import annotations
@@ -256,6 +258,10 @@ class _Client:
             self._cond.wait_for(lambda: pid in self._exits, timeout)
             return self._exits.get(pid)
 
+    @property
+    def gone(self) -> bool:
+        return self._gone
+
     def accepts(self, cmd: list[str], env: dict[str, str]) -> bool:
         return not self._gone and qualifies(cmd, env, self.env)
 
@@ -264,24 +270,34 @@ def qualifies(cmd: list[str], env: dict[str, str], server_env: dict[str, str]) -
     """Whether ``cmd`` with ``env`` may be forked from a fork server started with ``server_env``."""
     if len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] != "-m" or cmd[2] not in PRELOADED:
         return False
+    return _env_compatible(env, server_env)
+
+
+def _env_compatible(env: dict[str, str], server_env: dict[str, str]) -> bool:
     differing = {k for k in env.keys() | server_env.keys() if env.get(k) != server_env.get(k)}
     return all(k.startswith(_SAFE_PREFIXES) or k == "PYTHONPATH" for k in differing)
 
 
 _lock = threading.Lock()
-_client: _Client | None = None
+_clients: list[_Client] = []  # every fork server this process started; the last one takes new requests
 _unavailable = False
 
 
 def _get_client(log_dir: Path) -> _Client | None:
-    global _client, _unavailable
+    """The fork server for new requests. A library may set a variable in this process's environment after the
+    fork server started (torch sets TORCHINDUCTOR_CACHE_DIR when it first compiles); a fresh process started now
+    would inherit it, so a fork server started with the current environment takes over. Earlier ones run on
+    until this process ends: their children are tied to them."""
+    global _unavailable
     with _lock:
-        if _client is None and not _unavailable:
+        current = _clients[-1] if _clients else None
+        fresh_env = _procs.child_env()
+        if not _unavailable and (current is None or current.gone or not _env_compatible(fresh_env, current.env)):
             try:
-                _client = _Client(log_dir / "fork-server.log")
+                _clients.append(_Client(log_dir / "fork-server.log"))
             except Exception:  # no fork server: every command is started the normal way
                 _unavailable = True
-        return _client
+        return _clients[-1] if _clients and not _unavailable else None
 
 
 def enabled() -> bool:
@@ -293,9 +309,24 @@ def launch(cmd: list[str], *, log_path: Path, env: dict[str, str]) -> _procs.Pro
     start it with ``popen_launch``; either way tied to this process."""
     if enabled() and len(cmd) >= 3 and cmd[2] in PRELOADED:
         client = _get_client(log_path.parent)
-        if client is not None and client.accepts(cmd, env):
+        forked = client is not None and client.accepts(cmd, env)
+        _trace(cmd, env, client, forked)
+        if forked:
+            assert client is not None
             return client.fork(cmd, log_path, env)
     return _procs.popen_launch(cmd, log_path=log_path, env=env, die_with_parent=True)
+
+
+def _trace(cmd: list[str], env: dict[str, str], client: _Client | None, forked: bool) -> None:
+    """With ``HINDSIGHT_TEST_FORK_SERVER_TRACE=FILE``: one line per service start, forked or fresh and why."""
+    trace = os.environ.get("HINDSIGHT_TEST_FORK_SERVER_TRACE")
+    if not trace:
+        return
+    base = client.env if client is not None else {}
+    differing = sorted(k for k in env.keys() | base.keys() if env.get(k) != base.get(k))
+    why = "no fork server" if client is None else " ".join(differing)
+    with open(trace, "a") as f:
+        f.write(f"{os.getpid()} {cmd[2]} {'forked' if forked else 'fresh'} {why}\n")
 
 
 if __name__ == "__main__":

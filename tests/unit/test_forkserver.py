@@ -116,3 +116,21 @@ def test_the_fork_server_can_be_turned_off(monkeypatch: pytest.MonkeyPatch, tmp_
     )
     assert isinstance(proc, subprocess.Popen)
     assert proc.wait(timeout=60) == 0
+
+
+def test_a_variable_set_in_this_process_later_gets_a_fork_server_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    if not forkserver.enabled():
+        pytest.skip("HINDSIGHT_TEST_FORK_SERVER=0")
+    cmd = [sys.executable, "-m", "judge_server.cli", "--help"]
+    first = forkserver.launch(cmd, log_path=tmp_path / "a.log", env=child_env())
+    assert isinstance(first, forkserver.ForkedProcess) and first.wait(timeout=60) == 0
+    servers = len(forkserver._clients)
+    # as torch sets TORCHINDUCTOR_CACHE_DIR in its own process: a fresh child would inherit it, so must a forked one
+    monkeypatch.setenv("HS_TEST_SET_BY_A_LIBRARY", "1")
+    second = forkserver.launch(cmd, log_path=tmp_path / "b.log", env=child_env())
+    assert isinstance(second, forkserver.ForkedProcess) and second.wait(timeout=60) == 0
+    assert len(forkserver._clients) == servers + 1
+    assert forkserver._clients[-1].env["HS_TEST_SET_BY_A_LIBRARY"] == "1"
+    assert first.returncode == 0  # the earlier fork server still answers for its children

@@ -236,16 +236,25 @@ class RequestContextMiddleware:
         status: int | None = None
         recorded = False
         started = time.perf_counter()
+        body_left: int | None = None  # bytes still to send of a response with a Content-Length
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status, recorded
+            nonlocal status, recorded, body_left
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = rid
-            elif message["type"] == "http.response.body" and not message.get("more_body", False) and not recorded:
-                # Counted and logged before the last byte leaves: whoever has the whole response sees it counted.
-                recorded = True
-                self._record(scope, status or 500, time.perf_counter() - started)
+                response_headers = MutableHeaders(scope=message)
+                response_headers[REQUEST_ID_HEADER] = rid
+                length = response_headers.get("content-length", "")
+                body_left = int(length) if length.isdigit() else None
+            elif message["type"] == "http.response.body" and not recorded:
+                if body_left is not None:
+                    body_left -= len(message.get("body", b""))
+                # Counted and logged before the last byte leaves, so whoever has the whole response sees it
+                # counted. With a Content-Length that is the message that completes the body: a streamed
+                # wrapper (Starlette's BaseHTTPMiddleware) sends the bytes with more_body and an empty end after.
+                if not message.get("more_body", False) or (body_left is not None and body_left <= 0):
+                    recorded = True
+                    self._record(scope, status or 500, time.perf_counter() - started)
             await send(message)
 
         try:

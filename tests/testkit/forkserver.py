@@ -37,14 +37,23 @@ from typing import TextIO
 
 from engine import procs as _procs
 
-# Started by fork when asked; imported (with what they import on start-up) once by the fork server.
+# Started by fork when asked. The fork server imports what they import on start-up, never the CLI modules
+# themselves: `python -m` runs a module that nothing imported before (runpy warns otherwise).
 PRELOADED = ("engine.dev_server.cli", "policy_server.cli", "judge_server.cli", "trainer.cli")
 _IMPORTED_BY_STARTUP = (
+    "uvicorn",
+    "engine.cli_settings",
+    "engine.observability",
     "engine.dev_server.app",
+    "engine.dev_server.settings",
     "transformers.models.qwen3.modeling_qwen3",  # the dev models' architecture, loaded by from_pretrained
     "policy_server.app",
+    "policy_server.settings",
     "judge_server.app",
+    "judge_server.settings",
     "trainer.train",
+    "trainer.settings",
+    "trainer.lease_client",
 )
 # Variables that may differ from the fork server's: read by the services' settings when they start (never at
 # import), and pytest's per-test bookkeeping (PYTEST_CURRENT_TEST changes with every test).
@@ -144,7 +153,7 @@ def main() -> None:
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded before any fork: the child takes no lock for it
     base_pythonpath = os.environ.get("PYTHONPATH")
     try:
-        for name in (*PRELOADED, *_IMPORTED_BY_STARTUP):
+        for name in _IMPORTED_BY_STARTUP:
             __import__(name)
     except Exception as exc:  # any import failure: the client starts everything the normal way
         os.write(proto_out, (json.dumps({"failed": repr(exc)}) + "\n").encode())

@@ -78,6 +78,21 @@ def test_a_forked_child_is_what_a_fresh_interpreter_would_be(
     assert err_line == "to stderr"  # stderr goes to the same log
 
 
+def test_a_service_cli_forked_writes_what_a_fresh_one_writes(
+    client: forkserver._Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its modules are already imported in the fork server: the child must still run as `python -m` runs it
+    # (no runpy warning about a module found in sys.modules, the same usage text)
+    cmd = [sys.executable, "-m", "judge_server.cli", "--help"]
+    fresh = subprocess.run(
+        cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120
+    )
+    log = tmp_path / "judge-help.log"
+    proc = client.fork(cmd, log, child_env())
+    assert proc.wait(timeout=60) == 0 == fresh.returncode
+    assert log.read_text() == fresh.stdout and "usage" in fresh.stdout
+
+
 def test_signals_waits_and_a_timeout_read_as_with_popen(
     client: forkserver._Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -386,22 +386,38 @@ async def test_ids_propagate_to_upstream_calls() -> None:
     assert HEX32.fullmatch(outside["request_id"]) and outside["session_id"] is None
 
 
-async def test_a_response_is_counted_and_logged_before_its_last_byte_leaves(log_stream: io.StringIO) -> None:
+@pytest.mark.parametrize(
+    ("headers", "messages"),
+    [
+        ([], [(b"part", True), (b"end", False)]),  # the last body message carries the last byte
+        # Starlette's BaseHTTPMiddleware streams a Content-Length response: every byte with more_body, then an
+        # empty end; the client has the whole response before that end is sent
+        ([(b"content-length", b"7")], [(b"part", True), (b"end", True), (b"", False)]),
+    ],
+)
+async def test_a_response_is_counted_and_logged_before_its_last_byte_leaves(
+    log_stream: io.StringIO, headers: list, messages: list
+) -> None:
     """Whoever has the whole response finds it on /metrics and in the access log (no read-after-response race)."""
     registry = CollectorRegistry()
-    seen_at_last_byte: list[tuple[float | None, bool]] = []
+    seen_with_last_byte: list[tuple[float | None, bool]] = []
+    total = sum(len(body) for body, _ in messages)
+    sent = 0
 
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
-        await send({"type": "http.response.start", "status": 201, "headers": []})
-        await send({"type": "http.response.body", "body": b"part", "more_body": True})
-        await send({"type": "http.response.body", "body": b"end", "more_body": False})
+        await send({"type": "http.response.start", "status": 201, "headers": list(headers)})
+        for body, more in messages:
+            await send({"type": "http.response.body", "body": body, "more_body": more})
 
     async def send(message):  # type: ignore[no-untyped-def]
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            count = registry.get_sample_value(
-                "t_http_requests_total", {"route": "/r", "method": "POST", "status": "201"}
-            )
-            seen_at_last_byte.append((count, "POST /r -> 201" in log_stream.getvalue()))
+        nonlocal sent
+        if message["type"] == "http.response.body" and message.get("body") and sent < total:
+            sent += len(message["body"])
+            if sent == total:  # this message completes the body the client reads
+                count = registry.get_sample_value(
+                    "t_http_requests_total", {"route": "/r", "method": "POST", "status": "201"}
+                )
+                seen_with_last_byte.append((count, "POST /r -> 201" in log_stream.getvalue()))
 
     async def receive():  # type: ignore[no-untyped-def]
         return {"type": "http.request", "body": b"", "more_body": False}
@@ -410,5 +426,5 @@ async def test_a_response_is_counted_and_logged_before_its_last_byte_leaves(log_
     scope = {"type": "http", "method": "POST", "path": "/r", "headers": [], "query_string": b"", "route": route}
     metrics = RouteMetrics(registry, "t")
     await RequestContextMiddleware(app, route_metrics=metrics)(scope, receive, send)
-    assert seen_at_last_byte == [(1.0, True)]
+    assert seen_with_last_byte == [(1.0, True)]
     assert registry.get_sample_value("t_http_requests_total", {"route": "/r", "method": "POST", "status": "201"}) == 1

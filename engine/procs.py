@@ -166,7 +166,7 @@ class ManagedProcess:
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _die_with_parent_hook() -> Callable[[], None]:
+def die_with_parent_hook() -> Callable[[], None]:
     """A preexec_fn that has the kernel SIGKILL the child when the thread that forked it dies.
 
     libc is loaded here, before the fork: the hook itself only calls prctl and getppid (no locks taken in
@@ -197,7 +197,7 @@ def popen_tied(cmd: list[str], **popen_kwargs: object) -> subprocess.Popen:
         return popen()
     # The kernel signals the child when the forking THREAD ends, so the fork happens on one thread that lives
     # as long as this process. preexec_fn is unsafe with threads only when it takes locks; the hook takes none.
-    return _forker().submit(popen, preexec_fn=_die_with_parent_hook()).result()
+    return _forker().submit(popen, preexec_fn=die_with_parent_hook()).result()
 
 
 def popen_launch(
@@ -221,7 +221,8 @@ def spawn(
     launch: Launcher | None = None,
 ) -> ManagedProcess:
     """Start ``cmd`` in a new process group with its output in ``log_dir/name.log``; no readiness wait.
-    ``launch`` starts it (default :func:`popen_launch`, with ``die_with_parent``)."""
+    ``launch`` starts it (default :func:`popen_launch` with ``die_with_parent``; a given launcher decides that
+    itself)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     full_env = child_env(env)

@@ -21,7 +21,6 @@ environment has since changed (a library set a variable), so a child never misse
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import queue
@@ -31,6 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -58,7 +58,6 @@ _IMPORTED_BY_STARTUP = (
 # Variables that may differ from the fork server's: read by the services' settings when they start (never at
 # import), and pytest's per-test bookkeeping (PYTEST_CURRENT_TEST changes with every test).
 _SAFE_PREFIXES = ("HINDSIGHT_", "PYTEST_")
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _READY_TIMEOUT_S = 300.0  # its imports: about 5 s quiet, far longer on a loaded 2-core box
 
 
@@ -118,15 +117,13 @@ def _report_exits(out: TextIO) -> None:
             return
         if pid == 0:
             return
-        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
-        out.write(json.dumps({"exit": pid, "code": code}) + "\n")
+        out.write(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n")  # -N: signal N
 
 
-def _become(req: _Request, server_pid: int, base_pythonpath: str | None, prctl: ctypes._CFuncPtr) -> None:
+def _become(req: _Request, base_pythonpath: str | None, tie_to_server: Callable[[], None]) -> None:
     """In the forked child: turn into ``python -m MODULE ARGS`` as a fresh process would run it."""
     os.setsid()
-    if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != server_pid:
-        os._exit(1)
+    tie_to_server()
     fd = os.open(req.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -150,7 +147,7 @@ def main() -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     os.dup2(2, 1)  # a stray print must not corrupt the protocol
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded before any fork: the child takes no lock for it
+    tie_to_server = _procs.die_with_parent_hook()  # made before any fork: in the child it takes no lock
     base_pythonpath = os.environ.get("PYTHONPATH")
     try:
         for name in _IMPORTED_BY_STARTUP:
@@ -159,10 +156,9 @@ def main() -> None:
         os.write(proto_out, (json.dumps({"failed": repr(exc)}) + "\n").encode())
         return
     os.write(proto_out, (json.dumps({"ready": os.getpid()}) + "\n").encode())
-    server_pid = os.getpid()
     req = _serve(proto_in, proto_out)
     if req is not None:
-        _become(req, server_pid, base_pythonpath, prctl)
+        _become(req, base_pythonpath, tie_to_server)
 
 
 # ------------------------------------------------------------------------------------------ the client side

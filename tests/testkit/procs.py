@@ -22,11 +22,12 @@ from engine.procs import ManagedProcess, free_port, wait_http
 from tests.testkit import forkserver
 
 # The services' own CLIs are forked from a process that has already imported them (tests.testkit.forkserver:
-# about 0.2 s to serving instead of 4-6 CPU-seconds of imports each); everything else is a fresh process.
-spawn = partial(_procs.spawn, die_with_parent=True, launch=forkserver.launch)
-start_process = partial(_procs.start_process, die_with_parent=True, launch=forkserver.launch)
-start_dev_engine = partial(_procs.start_dev_engine, die_with_parent=True, launch=forkserver.launch)
-start_router = partial(_procs.start_router, die_with_parent=True, launch=forkserver.launch)
+# about 0.2 s to serving instead of 4-6 CPU-seconds of imports each); everything else is a fresh process. Either
+# way forkserver.launch ties it to this process (the parent-death signal).
+spawn = partial(_procs.spawn, launch=forkserver.launch)
+start_process = partial(_procs.start_process, launch=forkserver.launch)
+start_dev_engine = partial(_procs.start_dev_engine, launch=forkserver.launch)
+start_router = partial(_procs.start_router, launch=forkserver.launch)
 
 
 REPO = Path(__file__).resolve().parents[2]

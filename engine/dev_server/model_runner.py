@@ -14,7 +14,8 @@ Contract:
   finished single-sample request also leaves the KV of its prompt plus its output (all but the last
   sampled token, whose KV was never computed), so a next turn that continues prompt + reply reuses both.
   Outputs are the same with and without it (same sampled ids; log-probs equal up to float rounding).
-  Cleared on every weight swap.
+  Cleared on every weight swap. prefill.py decides how the rest is computed: in chunks for an all-windowed
+  model, in one pass otherwise, and drops a hit whose full-attention remainder would cost more than the whole.
 - Input log-probs follow SGLang 0.5.23: they cover ``prompt[logprob_start_len:]``, entry
   0 is null, entry k is log p(prompt[start+k] | prompt[:start+k]) of the temperature-scaled distribution.
   Output log-probs come from the very logits the token was sampled from (see sampling.py for the order).
@@ -39,6 +40,7 @@ from typing import Any
 import torch
 
 from engine.chat import load_tokenizer
+from engine.dev_server import prefill
 from engine.dev_server.control import EngineControl, RequestHandle
 from engine.dev_server.grammar import GrammarBackend
 from engine.dev_server.prefix_cache import PrefixCache
@@ -46,11 +48,6 @@ from engine.dev_server.sampling import SamplingConfig, apply_penalties, sample_t
 from engine.validation import bounded_message, clip
 
 logger = logging.getLogger(__name__)
-
-
-def _cache_of(out: Any) -> Any:
-    cache = out.get("cache")
-    return cache if cache is not None else out.get("past_key_values")
 
 
 class WeightLoadError(Exception):
@@ -113,6 +110,7 @@ class ModelRunner:
         self.weight_version = weight_version
         self.model = self._load(model_path)
         cfg = self.model.config
+        self._chunk = prefill.chunk_tokens(cfg)
         self.vocab_size = int(cfg.vocab_size)
         self.context_length = int(getattr(cfg, "max_position_embeddings", 4096))
         eos = cfg.eos_token_id if cfg.eos_token_id is not None else self.tokenizer.eos_token_id
@@ -150,6 +148,7 @@ class ModelRunner:
             raise WeightLoadError(f"vocab size {model.config.vocab_size} differs from the served {self.vocab_size}")
         with self._lock:
             self.model = model
+            self._chunk = prefill.chunk_tokens(model.config)
             self.model_path = path
             self.epoch += 1
             self.prefix_cache.clear()  # held KV was computed by the old weights
@@ -186,21 +185,19 @@ class ModelRunner:
 
     def _prefill(self, ids: torch.Tensor, all_logits: bool) -> tuple[torch.Tensor, Any]:
         with self._lock:
-            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=0 if all_logits else 1)
-        return out.logits, _cache_of(out)
+            return prefill.forward(self.model, ids, None, self._cache_kw, all_logits, self._chunk)
 
     def _prefill_prompt(self, prompt: list[int], all_logits: bool, start: int) -> tuple[torch.Tensor, Any, int]:
         """Prefill through the prefix cache: (logits of prompt[reused:], KV of the whole prompt, reused)."""
         max_reuse = min(len(prompt) - 1, start) if all_logits else len(prompt) - 1
         with self._lock:  # lookup, forward and store under one lock: no weight swap can fall between them
             reused, past = self.prefix_cache.lookup(prompt, max_reuse)
-            kw = {self._cache_kw: past} if past is not None else {}
-            out = self.model(
-                input_ids=torch.tensor([prompt[reused:]]), use_cache=True, logits_to_keep=0 if all_logits else 1, **kw
-            )
-            cache = _cache_of(out)
+            if not prefill.worth_reusing(reused, len(prompt), self._chunk is not None):
+                reused, past = 0, None
+            ids = torch.tensor([prompt[reused:]])
+            logits, cache = prefill.forward(self.model, ids, past, self._cache_kw, all_logits, self._chunk)
             self.prefix_cache.store(prompt, cache)
-        return out.logits, cache, reused
+        return logits, cache, reused
 
     def _generate(self, job: Job, result: RunResult, on_step: StepCallback | None) -> None:
         cfg, handle, prompt = job.sampling, job.handle, job.prompt_ids
@@ -239,7 +236,7 @@ class ModelRunner:
             elif last is not None:
                 with self._lock:
                     out = self.model(input_ids=last[:, None], use_cache=True, **{self._cache_kw: cache})
-                next_logits, cache = out.logits[:, -1], _cache_of(out)
+                next_logits, cache = out.logits[:, -1], prefill.cache_of(out)
             step_logits = next_logits.float().clone()
             apply_penalties(step_logits, gen, cfg)
             if step < cfg.min_new_tokens and len(stop_ids_t):

@@ -123,11 +123,24 @@ def assert_same_training(m1: list[dict], m2: list[dict], model_dir: Path, sample
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
 
 
+LR = float(SMALL_BATCH_FLAGS[SMALL_BATCH_FLAGS.index("--lr") + 1])
+
+
 def assert_same_weights(a: Path, b: Path) -> None:
+    """The same weights up to the rounding of reordered gradient sums, as Adam passes it on.
+
+    Adam moves each weight by lr * m/sqrt(v): a relative rounding error in the gradient stays that small in most
+    weights, but where a weight's gradients nearly cancel across steps the ratio amplifies it (measured on two
+    tiny architectures: 1 of 178,304 and 3 of 141,376 weights beyond 1e-5, the largest 1.8e-5, an old fixed
+    tolerance of 1e-5 + 1e-4 relative failed on one of them). A real divergence (a wrong gradient, a skipped or
+    repeated step) moves weights by a sizeable fraction of lr, so: every weight within lr/100, and all but one in
+    10,000 within 1e-5.
+    """
     w1, w2 = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     assert sorted(w1) == sorted(w2)  # same HF layout (tied lm_head stored once)
-    for k in w1:
-        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4)
+    diff = torch.cat([(w2[k] - w1[k]).abs().flatten() for k in w1])
+    assert float(diff.max()) <= LR / 100, float(diff.max())
+    assert int((diff > 1e-5).sum()) <= diff.numel() // 10_000, int((diff > 1e-5).sum())
 
 
 @pytest.mark.e2e

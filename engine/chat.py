@@ -57,6 +57,35 @@ class ThinkReasoningParser:
         return (head.strip() or None), (tail.lstrip("\n") if closed else "")
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _member_span(decoder: json.JSONDecoder, text: str, begin: int, key: str) -> tuple[int, int]:
+    """Where the value of ``key`` lies in the JSON object that starts at ``begin`` and is known to decode (the
+    last one, as the decoder keeps the last of repeated keys)."""
+    span = (begin, begin)
+    pos = begin + 1
+    while True:
+        pos = _skip_ws(text, pos)
+        if text[pos] == "}":
+            return span
+        name, pos = decoder.raw_decode(text, pos)  # the member's name: a JSON string
+        pos = _skip_ws(text, _skip_ws(text, pos) + 1)  # past the colon
+        _, end = decoder.raw_decode(text, pos)
+        if name == key:
+            span = (pos, end)
+        pos = _skip_ws(text, end)
+        if text[pos] == ",":
+            pos += 1
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\n\r":
+        pos += 1
+    return pos
+
+
 class HermesToolCallParser:
     """Qwen/Hermes style: each call is ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
 
@@ -69,14 +98,17 @@ class HermesToolCallParser:
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
     # strict=False: a grammar backend may admit raw control characters inside length-bounded strings
-    # (xgrammar does); they are data, and json.dumps below re-escapes them for the client.
-    _decoder = json.JSONDecoder(strict=False)
+    # (xgrammar does); they are data, and json.dumps below re-escapes them for the client. NaN and Infinity
+    # are not JSON: a body holding them is not a call.
+    _decoder = json.JSONDecoder(strict=False, parse_constant=_reject_constant)
 
-    def _call_at(self, text: str, start: int) -> tuple[dict[str, Any], int] | None:
-        """The call object whose opening tag is at ``start`` and the end of its closing tag, or None."""
+    def _call_at(self, text: str, start: int) -> tuple[dict[str, Any], int, int] | None:
+        """The call object whose opening tag is at ``start``, where the object starts and the end of its closing
+        tag, or None."""
         pos = start + len(self.open_tag)
         while pos < len(text) and text[pos].isspace():
             pos += 1
+        begin = pos
         try:
             obj, pos = self._decoder.raw_decode(text, pos)
         except ValueError:
@@ -89,7 +121,21 @@ class HermesToolCallParser:
             or not isinstance(obj.get("name"), str)
         ):
             return None
-        return obj, pos + len(self.close_tag)
+        return obj, begin, pos + len(self.close_tag)
+
+    def _arguments_text(self, obj: dict[str, Any], text: str, begin: int) -> str:
+        """The call's arguments as a JSON string: a string as written, anything else re-serialized, except a value
+        holding a number literal past float range (``1e999`` decodes to inf, and json.dumps would write the
+        non-JSON ``Infinity``), which is passed on exactly as the model wrote it."""
+        key = "arguments" if "arguments" in obj else "parameters"
+        args = obj.get(key, {})
+        if isinstance(args, str):
+            return args
+        try:
+            return json.dumps(args, ensure_ascii=False, allow_nan=False)
+        except ValueError:
+            lo, hi = _member_span(self._decoder, text, begin, key)
+            return text[lo:hi]
 
     def extract(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         calls: list[dict[str, Any]] = []
@@ -100,8 +146,8 @@ class HermesToolCallParser:
             if found is None:
                 search = start + len(self.open_tag)
                 continue
-            obj, end = found
-            args = obj.get("arguments", obj.get("parameters", {}))
+            obj, begin, end = found
+            arguments = self._arguments_text(obj, text, begin)
             kept.append(text[pos:start])
             pos = search = end
             calls.append(
@@ -111,7 +157,7 @@ class HermesToolCallParser:
                     "type": "function",
                     "function": {
                         "name": obj["name"],
-                        "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+                        "arguments": arguments,
                     },
                 }
             )

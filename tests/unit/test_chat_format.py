@@ -102,6 +102,29 @@ def test_tool_call_with_raw_control_character_in_a_string_is_parsed_and_re_escap
 
 
 @pytest.mark.parametrize(
+    "body,arguments",
+    [
+        # a literal past float range decodes to inf; json.dumps would write Infinity, which is not JSON
+        ('{"name": "f", "arguments": {"lat": 8257E7879, "n": 1}}', '{"lat": 8257E7879, "n": 1}'),
+        ('{"name": "f", "arguments": {"a": [-1e999]}, "arguments": {"b": 2e400}}', '{"b": 2e400}'),  # last key wins
+        ('{"name": "f", "parameters": {"x": 1E+9999}}', '{"x": 1E+9999}'),
+        ('{"name": "f", "arguments": {"x": 1.5e3}}', '{"x": 1500.0}'),  # finite: re-serialized as before
+    ],
+)
+def test_tool_call_arguments_stay_json_when_a_number_overflows_a_float(body, arguments):
+    [call] = parse_assistant_output(f"<tool_call>\n{body}\n</tool_call>").tool_calls
+    assert call["function"]["arguments"] == arguments
+    json.loads(call["function"]["arguments"], parse_constant=pytest.fail)  # strict JSON: no Infinity/NaN
+
+
+@pytest.mark.parametrize("constant", ["Infinity", "-Infinity", "NaN"])
+def test_a_call_with_a_non_json_constant_stays_content(constant):
+    text = f'<tool_call>{{"name": "f", "arguments": {{"x": {constant}}}}}</tool_call>'
+    out = parse_assistant_output(text)
+    assert out.tool_calls == [] and out.content == text
+
+
+@pytest.mark.parametrize(
     "text,opened,content,reasoning",
     [
         # the reply did not open a block and the prompt did not either: a stray </think> is text

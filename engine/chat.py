@@ -16,6 +16,7 @@ The parse never changes the sampled token ids; it only decides how the text is s
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -61,31 +62,6 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _member_span(decoder: json.JSONDecoder, text: str, begin: int, key: str) -> tuple[int, int]:
-    """Where the value of ``key`` lies in the JSON object that starts at ``begin`` and is known to decode (the
-    last one, as the decoder keeps the last of repeated keys)."""
-    span = (begin, begin)
-    pos = begin + 1
-    while True:
-        pos = _skip_ws(text, pos)
-        if text[pos] == "}":
-            return span
-        name, pos = decoder.raw_decode(text, pos)  # the member's name: a JSON string
-        pos = _skip_ws(text, _skip_ws(text, pos) + 1)  # past the colon
-        _, end = decoder.raw_decode(text, pos)
-        if name == key:
-            span = (pos, end)
-        pos = _skip_ws(text, end)
-        if text[pos] == ",":
-            pos += 1
-
-
-def _skip_ws(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in " \t\n\r":
-        pos += 1
-    return pos
-
-
 class HermesToolCallParser:
     """Qwen/Hermes style: each call is ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
 
@@ -124,9 +100,9 @@ class HermesToolCallParser:
         return obj, begin, pos + len(self.close_tag)
 
     def _arguments_text(self, obj: dict[str, Any], text: str, begin: int) -> str:
-        """The call's arguments as a JSON string: a string as written, anything else re-serialized, except a value
-        holding a number literal past float range (``1e999`` decodes to inf, and json.dumps would write the
-        non-JSON ``Infinity``), which is passed on exactly as the model wrote it."""
+        """The call's arguments as a JSON string: a string as written, anything else re-serialized. A number literal
+        past float range (``1e999``) decodes to inf, which json.dumps would write as the non-JSON ``Infinity``:
+        such a literal is passed on exactly as the model wrote it."""
         key = "arguments" if "arguments" in obj else "parameters"
         args = obj.get(key, {})
         if isinstance(args, str):
@@ -134,8 +110,20 @@ class HermesToolCallParser:
         try:
             return json.dumps(args, ensure_ascii=False, allow_nan=False)
         except ValueError:
-            lo, hi = _member_span(self._decoder, text, begin, key)
-            return text[lo:hi]
+            pass
+        nonce, literals = uuid.uuid4().hex, []
+
+        def keep(literal: str) -> Any:
+            if math.isfinite(value := float(literal)):
+                return value
+            literals.append(literal)
+            return f"{nonce}{len(literals) - 1}"  # a placeholder string, swapped back for the literal below
+
+        decoder = json.JSONDecoder(strict=False, parse_float=keep, parse_constant=_reject_constant)
+        out = json.dumps(decoder.raw_decode(text, begin)[0].get(key), ensure_ascii=False)
+        for i, literal in enumerate(literals):
+            out = out.replace(json.dumps(f"{nonce}{i}"), literal)
+        return out
 
     def extract(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         calls: list[dict[str, Any]] = []

@@ -109,6 +109,8 @@ def test_tool_call_with_raw_control_character_in_a_string_is_parsed_and_re_escap
         ('{"name": "f", "arguments": {"a": [-1e999]}, "arguments": {"b": 2e400}}', '{"b": 2e400}'),  # last key wins
         ('{"name": "f", "parameters": {"x": 1E+9999}}', '{"x": 1E+9999}'),
         ('{"name": "f", "arguments": {"x": 1.5e3}}', '{"x": 1500.0}'),  # finite: re-serialized as before
+        # the rest is still re-serialized: a raw control character in a string is escaped
+        ('{"name": "f", "arguments": {"s": "a\x07b", "x": 1e999}}', '{"s": "a\\u0007b", "x": 1e999}'),
     ],
 )
 def test_tool_call_arguments_stay_json_when_a_number_overflows_a_float(body, arguments):

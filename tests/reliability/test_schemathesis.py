@@ -259,17 +259,26 @@ def test_policy_openapi(policy):
 
 def _judge_compat(url: str) -> dict[str, list[int]]:
     """One well-formed call to each compat reward route (their labels are free-form in the schema, so
-    generated data rarely names a next state), answers checked against the documented schemas."""
+    generated data rarely names a next state) and to the batch route (whose generated items, in a run that draws
+    none within the judge's limits, all answer 400), answers checked against the documented schemas."""
     schema = schemathesis.openapi.from_url(url + "/openapi.json")
     headers = {"Authorization": f"Bearer {JUDGE_KEY}"}
+    item = {
+        "context": [{"role": "user", "content": "Fix it."}],
+        "response": {"content": "Done."},
+        "next_state": [{"role": "user", "content": "thanks, that worked"}],
+        "m": 1,
+    }
     bodies = {
         "/get_reward": {"query": ["Fix it.Done."], "prompts": ["Fix it."], "labels": ["thanks, that worked"]},
         "/slime/reward": {"prompt": "Fix it.", "response": "Done.", "label": "thanks, that worked"},
+        "/v1/judge/batch": {"items": [item]},
     }
     out: dict[str, list[int]] = {}
     for path, body in bodies.items():
         case = schema[path]["POST"].Case(body=body, media_type="application/json")
         got = case.call_and_validate(base_url=url, headers=headers, checks=CHECKS, timeout=60)
+        assert got.status_code == 200, (path, got.text)
         out[f"POST {path}"] = [got.status_code]
     return out
 

@@ -6,7 +6,8 @@
 #   launch/dev.sh demo     start if needed, drive a scripted agent conversation (with a tool call)
 #                          through the openai client, show judge votes, samples, one training step
 #                          and the weight update
-#   launch/dev.sh openclaw write an OpenClaw config pointing at the running stack (docs/CLIENTS.md)
+#   launch/dev.sh openclaw write an OpenClaw config pointing at the running stack (docs/CLIENTS.md;
+#                          HINDSIGHT_OPENCLAW_GATEWAY_PORT=N also configures its gateway)
 #   launch/dev.sh status   what runs, from the PID file
 #   launch/dev.sh stop     stop exactly what `start` started (PIDs in $HINDSIGHT_RUN_DIR/pids.json)
 #
@@ -22,7 +23,7 @@ export HINDSIGHT_RUN_DIR=${HINDSIGHT_RUN_DIR:-.hindsight/dev}
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NO_COLOR=1
 
-usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 cmd=${1:-}
 [[ $# -gt 0 ]] && shift

@@ -1,6 +1,6 @@
 """Point a stock OpenClaw agent at a running Hindsight stack: write its config, print how to run it.
 
-    python launch/openclaw.py [--out DIR]        (normally `launch/dev.sh openclaw`)
+    python launch/openclaw.py [--out DIR] [--gateway-port N]     (normally `launch/dev.sh openclaw`)
 
 Contract: reads ``$HINDSIGHT_RUN_DIR/endpoints.json`` (written by ``launch/dev.sh start``) and writes
 ``DIR/openclaw.json`` (default ``$HINDSIGHT_RUN_DIR/openclaw``, mode 0600: it holds the client key) with one
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,12 @@ def openclaw_config(
     context_window_tokens: int = 65536,
     max_reply_tokens: int = 256,
     workspace: str | None = None,
+    gateway_port: int | None = None,
+    gateway_token: str | None = None,
 ) -> dict[str, Any]:
-    """The OpenClaw config (``openclaw.json``) for a policy server at ``policy_url`` (pure)."""
+    """The OpenClaw config (``openclaw.json``) for a policy server at ``policy_url`` (pure). With ``gateway_port``
+    it also configures ``openclaw gateway run``: local mode on loopback at that port, clients authenticated by
+    ``gateway_token`` (required then); ``openclaw agent`` without ``--local`` then runs its turns there."""
     model = {
         "id": model_id,
         "name": "Hindsight policy",
@@ -48,7 +53,7 @@ def openclaw_config(
     defaults: dict[str, Any] = {"model": {"primary": f"{PROVIDER_ID}/{model_id}"}}
     if workspace:
         defaults["workspace"] = workspace
-    return {
+    config: dict[str, Any] = {
         "models": {
             "mode": "replace",
             "providers": {
@@ -62,6 +67,12 @@ def openclaw_config(
         },
         "agents": {"defaults": defaults},
     }
+    if gateway_port is not None:
+        if not gateway_token:
+            raise ValueError("a gateway needs a token: its clients authenticate with it")
+        auth = {"mode": "token", "token": gateway_token}
+        config["gateway"] = {"mode": "local", "bind": "loopback", "port": gateway_port, "auth": auth}
+    return config
 
 
 def write_config(out_dir: Path, endpoints: dict[str, Any], **kwargs: Any) -> Path:
@@ -79,6 +90,13 @@ def write_config(out_dir: Path, endpoints: dict[str, Any], **kwargs: Any) -> Pat
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="launch/dev.sh openclaw", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="folder of the OpenClaw state and config (default: $HINDSIGHT_RUN_DIR/openclaw)")
+    parser.add_argument(
+        "--gateway-port",
+        type=int,
+        default=os.environ.get("HINDSIGHT_OPENCLAW_GATEWAY_PORT") or None,
+        help="also configure `openclaw gateway run` on this loopback port, with a fresh token "
+        "[env HINDSIGHT_OPENCLAW_GATEWAY_PORT]",
+    )
     args = parser.parse_args(argv)
     run_dir = Path(os.environ.get("HINDSIGHT_RUN_DIR", ".hindsight/dev")).resolve()
     try:
@@ -91,13 +109,16 @@ def main(argv: list[str] | None = None) -> int:
 
     # OpenClaw budgets its prompt (and compacts at about 3/4) from the window it is told: the engine's real one.
     window = context_length(endpoints["policy_model_path"]) or 65536
-    path = write_config(out, endpoints, workspace=str(out / "workspace"), context_window_tokens=window)
+    gateway = {"gateway_port": args.gateway_port, "gateway_token": secrets.token_hex(16)} if args.gateway_port else {}
+    path = write_config(out, endpoints, workspace=str(out / "workspace"), context_window_tokens=window, **gateway)
+    env = f"OPENCLAW_STATE_DIR={out} OPENCLAW_CONFIG_PATH={path}"
     print(f"wrote {path}")
     print("run a turn (OpenClaw needs Node >= 24; repeat with the same --session-id to continue):")
-    print(
-        f"  OPENCLAW_STATE_DIR={out} OPENCLAW_CONFIG_PATH={path} "
-        "openclaw agent --local --session-id demo-1 --thinking off --message 'hello'"
-    )
+    print(f"  {env} openclaw agent --local --session-id demo-1 --thinking off --message 'hello'")
+    if gateway:
+        print(f"or start its gateway (port {args.gateway_port}) and run turns through it:")
+        print(f"  {env} openclaw gateway run &")
+        print(f"  {env} openclaw agent --session-id demo-1 --thinking off --message 'hello'")
     return 0
 
 

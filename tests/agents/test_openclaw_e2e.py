@@ -1,13 +1,14 @@
 """The real, unmodified OpenClaw agent (npm ``openclaw``) against the dev stack ``launch/dev.sh start`` brings up.
 
 OpenClaw is configured the way docs/CLIENTS.md tells a user to (``launch/dev.sh openclaw``: one custom provider,
-``api: openai-completions``, no header) and run as ``openclaw agent --local`` for a three-turn conversation.
+``api: openai-completions``, no header) and runs a three-turn conversation through its gateway (``openclaw gateway
+run``, each turn an ``openclaw agent`` call, as a user's channels reach it).
 Asserted: every turn is served; each is recorded token-exact (the recorded prompt ids are the policy tokenizer's
 render of the recorded messages and tools, one rollout log-prob per sampled id); consecutive turns are paired in
 one session with a role-typed next state (OpenClaw's per-request context message ignored); the paired turns are
 judged; one trainer step consumes them and updates the engine's weights; OpenClaw's next turn is served by those
-weights. Then a second session told a 40k window makes OpenClaw run its real pre-compaction memory flush, which is
-recorded as side and never trained.
+weights. Then a second session, embedded (``openclaw agent --local``) and told a 40k window, makes OpenClaw run its
+real pre-compaction memory flush, which is recorded as side and never trained.
 
 Node 24 and OpenClaw come from tests/agents/install_openclaw.sh (.ci/run runs it, cached under
 ~/.cache/hindsight/openclaw). Without them the test is skipped with the reason, and fails in CI.
@@ -18,10 +19,12 @@ stack, so the whole test takes 10-20 minutes; its timeouts are generous for that
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -29,8 +32,8 @@ import pytest
 from engine.chat import load_tokenizer, render_prompt_ids
 from launch.openclaw import write_config
 from policy_server.serving.generation import context_length
-from tests.testkit.openclaw import dev_stack, main_turns, openclaw_binaries, openclaw_turn
-from tests.testkit.procs import dev_sh_env
+from tests.testkit.openclaw import dev_stack, main_turns, openclaw_binaries, openclaw_gateway, openclaw_turn
+from tests.testkit.procs import dev_sh_env, free_port
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -56,10 +59,44 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
     state = tmp_path / "openclaw"
     window = context_length(stack["policy_model_path"])
     assert window is not None and window >= 32768  # the dev models hold a real agent's prompt
-    config = write_config(state, stack, workspace=str(state / "workspace"), context_window_tokens=window)
+    config = write_config(
+        state,
+        stack,
+        workspace=str(state / "workspace"),
+        context_window_tokens=window,
+        gateway_port=free_port(),
+        gateway_token=secrets.token_hex(16),
+    )
     tokenizer = load_tokenizer(stack["policy_model_path"])
+    with openclaw_gateway(state, config):
+        main_session(stack, admin, state, config, tokenizer)
 
-    openclaw_turn(state, config, SESSION, "Hello! Please list what you can do.")
+    # OpenClaw's real pre-compaction memory flush: told a 40k window, a second turn of a 32k-token session is near
+    # its compaction point, so OpenClaw first runs the flush (and then its compaction's summary call). Both are
+    # served and recorded as side; neither becomes a main turn. Embedded turns (--local), as a user runs them too.
+    small = write_config(tmp_path / "openclaw-small", stack, context_window_tokens=40960)
+    before = len(main_turns(stack["data_dir"]))
+    openclaw_turn(tmp_path / "openclaw-small", small, "hs-e2e-flush", "Hello again.")
+    openclaw_turn(tmp_path / "openclaw-small", small, "hs-e2e-flush", "Remember that my name is Ada.")
+    side = admin.get("/v1/side_turns").json()["side_turns"]
+    rules = {s["rule"] for s in side}
+    assert "openclaw_memory_flush" in rules, [(s["rule"], s["session_id"]) for s in side]
+    flush = next(s for s in side if s["rule"] == "openclaw_memory_flush")
+    assert flush["session_id"].startswith("hs-e2e-flush") and flush["record"]["response_ids"]
+    assert "Pre-compaction memory flush." in json.dumps(flush["record"]["messages"])
+    flushed = [
+        t
+        for t in main_turns(stack["data_dir"])[before:]
+        if "Pre-compaction memory flush" in json.dumps(t["messages"][-1:])
+    ]
+    assert flushed == []  # never a main (trained) turn
+    stats = admin.get("/v1/samples/stats").json()
+    assert stats["side_turns"]["openclaw_memory_flush"] >= 1
+
+
+def main_session(stack: dict, admin: httpx.Client, state: Path, config: Path, tokenizer: Any) -> None:
+    """Three turns of one session through the gateway, the first judged and trained on before the third."""
+    openclaw_turn(state, config, SESSION, "Hello! Please list what you can do.", local=False)
     turns = main_turns(stack["data_dir"])
     assert len(turns) == 1
     first = turns[0]
@@ -69,7 +106,7 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
     assert first["prompt_ids"] == render_prompt_ids(tokenizer, first["messages"], first["tools"])
     assert len(first["response_ids"]) == len(first["rollout_logprobs"]) > 0
 
-    openclaw_turn(state, config, SESSION, "Thanks. Now tell me the time.")
+    openclaw_turn(state, config, SESSION, "Thanks. Now tell me the time.", local=False)
     turns = main_turns(stack["data_dir"])
     assert len(turns) == 2, [(t["session_id"], t["turn_index"], t["session_decision"]) for t in turns]
     t0 = turns[0]
@@ -118,6 +155,10 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
             # without a gradient is no step; with no baseline the judged +-1 is the advantage.
             "--baseline",
             "none",
+            # One pass over the batch: what is under test is the loop (lease, step, checkpoint, weight push), and
+            # each pass over a 34k-token turn is a forward and backward of about 15 CPU-seconds.
+            "--ppo-epochs",
+            "1",
             "--no-progress",
         ],
         env={**dev_sh_env(Path(stack["data_dir"]).parent), "HINDSIGHT_TRAIN_ADMIN_API_KEY": stack["admin_api_key"]},
@@ -131,30 +172,8 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
     version = admin.get("/v1/samples/stats").json()["weight_version"]
     assert version == "1"
 
-    openclaw_turn(state, config, SESSION, "Good. One more thing: say goodbye.")
+    openclaw_turn(state, config, SESSION, "Good. One more thing: say goodbye.", local=False)
     turns = main_turns(stack["data_dir"])
     assert len(turns) == 3 and turns[2]["session_id"] == first["session_id"]
     assert turns[2]["weight_version"] == "1"  # served by the trained weights
     assert turns[1]["pairing"] == "paired" and [m["role"] for m in turns[1]["next_state"]] == ["user"]
-
-    # OpenClaw's real pre-compaction memory flush: told a 40k window, a second turn of a 32k-token session is near
-    # its compaction point, so OpenClaw first runs the flush (and then its compaction's summary call). Both are
-    # served and recorded as side; neither becomes a main turn.
-    small = write_config(tmp_path / "openclaw-small", stack, context_window_tokens=40960)
-    before = len(main_turns(stack["data_dir"]))
-    openclaw_turn(tmp_path / "openclaw-small", small, "hs-e2e-flush", "Hello again.")
-    openclaw_turn(tmp_path / "openclaw-small", small, "hs-e2e-flush", "Remember that my name is Ada.")
-    side = admin.get("/v1/side_turns").json()["side_turns"]
-    rules = {s["rule"] for s in side}
-    assert "openclaw_memory_flush" in rules, [(s["rule"], s["session_id"]) for s in side]
-    flush = next(s for s in side if s["rule"] == "openclaw_memory_flush")
-    assert flush["session_id"].startswith("hs-e2e-flush") and flush["record"]["response_ids"]
-    assert "Pre-compaction memory flush." in json.dumps(flush["record"]["messages"])
-    flushed = [
-        t
-        for t in main_turns(stack["data_dir"])[before:]
-        if "Pre-compaction memory flush" in json.dumps(t["messages"][-1:])
-    ]
-    assert flushed == []  # never a main (trained) turn
-    stats = admin.get("/v1/samples/stats").json()
-    assert stats["side_turns"]["openclaw_memory_flush"] >= 1

@@ -1,5 +1,6 @@
-"""The real OpenClaw for tests: its binaries (tests/agents/install_openclaw.sh), one ``openclaw agent`` turn, and the
-dev stack (``launch/dev.sh start``) it talks to, tied to the test process.
+"""The real OpenClaw for tests: its binaries (tests/agents/install_openclaw.sh), one ``openclaw agent`` turn (embedded
+or through an ``openclaw gateway``), and the dev stack (``launch/dev.sh start``) it talks to, tied to the test
+process.
 
 Each OpenClaw turn sends about 32k prompt tokens (its system prompt and 12 tools), a minute or two on the CPU stack:
 the timeouts are generous for that reason, never assertions.
@@ -10,17 +11,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from engine.procs import ManagedProcess
 from policy_server.store import Store
-from tests.testkit.procs import dev_sh
+from tests.testkit.procs import dev_sh, spawn
 
 OPENCLAW_DIR = Path(os.environ.get("HINDSIGHT_OPENCLAW_DIR", Path.home() / ".cache/hindsight/openclaw"))
 TURN_TIMEOUT_S = 900
+GATEWAY_START_TIMEOUT_S = 300  # about 12 s alone; minutes on a loaded 2-core machine
 
 
 def openclaw_binaries() -> tuple[Path, Path]:
@@ -49,20 +54,68 @@ def dev_stack(run_dir: Path) -> Iterator[dict]:
         dev_sh("stop", run_dir, 120)
 
 
-def openclaw_turn(state: Path, config: Path, session_id: str, message: str) -> dict:
-    """One ``openclaw agent --local`` turn (thinking off) with its state and config; its ``--json`` output."""
-    node, mjs = openclaw_binaries()
+def openclaw_env(state: Path, config: Path) -> dict[str, str]:
+    """The environment an OpenClaw command runs in: its state folder and config, Node on PATH, no proxy."""
+    node, _ = openclaw_binaries()
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     env.update(OPENCLAW_STATE_DIR=str(state), OPENCLAW_CONFIG_PATH=str(config), NO_COLOR="1")
     env["PATH"] = f"{node.parent}:{env.get('PATH', '')}"
-    cmd = [str(node), str(mjs), "agent", "--local", "--session-id", session_id, "--thinking", "off"]
+    return env
+
+
+def openclaw_turn(state: Path, config: Path, session_id: str, message: str, *, local: bool = True) -> dict:
+    """One ``openclaw agent`` turn (thinking off) with its state and config, embedded (``--local``) or through the
+    running gateway of that config (:func:`openclaw_gateway`); its ``--json`` output."""
+    node, mjs = openclaw_binaries()
+    cmd = [str(node), str(mjs), "agent", *(["--local"] if local else []), "--session-id", session_id]
     res = subprocess.run(
-        [*cmd, "--message", message, "--json"], env=env, capture_output=True, text=True, timeout=TURN_TIMEOUT_S
+        [*cmd, "--thinking", "off", "--message", message, "--json"],
+        env=openclaw_env(state, config),
+        capture_output=True,
+        text=True,
+        timeout=TURN_TIMEOUT_S,
     )
     assert res.returncode == 0, f"openclaw exited {res.returncode}: {res.stderr[-3000:]}"
     out = json.loads(res.stdout)
+    if not local:  # the gateway wraps the embedded run's output
+        assert out["status"] == "ok", out
+        out = out["result"]
     assert out["meta"]["agentMeta"]["provider"] == "hindsight", out["meta"]
     return out
+
+
+@contextlib.contextmanager
+def openclaw_gateway(state: Path, config: Path) -> Iterator[ManagedProcess]:
+    """``openclaw gateway run`` with ``state`` and ``config`` (whose ``gateway`` block names its port and token,
+    launch.openclaw), tied to this process, until it listens; stopped (SIGTERM to its group) on exit. One gateway
+    boots OpenClaw's runtime once: each later ``openclaw_turn(..., local=False)`` takes a few seconds, not the
+    15-20 s an embedded turn spends booting it."""
+    node, mjs = openclaw_binaries()
+    port = json.loads(config.read_text())["gateway"]["port"]
+    gateway = spawn(
+        "openclaw-gateway",
+        [str(node), str(mjs), "gateway", "run"],
+        url=f"ws://127.0.0.1:{port}",
+        log_dir=state,
+        env=openclaw_env(state, config),
+    )
+    try:
+        deadline = time.monotonic() + GATEWAY_START_TIMEOUT_S
+        while not _listening(port):
+            assert gateway.alive(), f"openclaw gateway exited {gateway.proc.poll()}: {gateway.log_tail()}"
+            assert time.monotonic() < deadline, f"openclaw gateway not listening on {port}: {gateway.log_tail()}"
+            time.sleep(0.2)
+        yield gateway
+    finally:
+        gateway.stop(grace_s=30)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def main_turns(data_dir: str) -> list[dict]:

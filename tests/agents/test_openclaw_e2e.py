@@ -12,8 +12,9 @@ real pre-compaction memory flush, which is recorded as side and never trained.
 
 Node 24 and OpenClaw come from tests/agents/install_openclaw.sh (.ci/run runs it, cached under
 ~/.cache/hindsight/openclaw). Without them the test is skipped with the reason, and fails in CI.
-Each OpenClaw turn sends about 32k prompt tokens (its system prompt and 12 tools), a minute or two on the CPU
-stack, so the whole test takes 10-20 minutes; its timeouts are generous for that reason, never assertions.
+Each OpenClaw turn sends about 32k prompt tokens (its system prompt and 12 tools), 5-15 s of prefill on the CPU
+stack, and an embedded turn boots OpenClaw's runtime (15-20 s): the test takes about 3 minutes alone and up to 10 on
+a loaded 2-core machine; its timeouts are generous for that reason, never assertions.
 """
 
 from __future__ import annotations

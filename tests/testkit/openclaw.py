@@ -2,8 +2,8 @@
 or through an ``openclaw gateway``), and the dev stack (``launch/dev.sh start``) it talks to, tied to the test
 process.
 
-Each OpenClaw turn sends about 32k prompt tokens (its system prompt and 12 tools), a minute or two on the CPU stack:
-the timeouts are generous for that reason, never assertions.
+Each OpenClaw turn sends about 32k prompt tokens (its system prompt and 12 tools), seconds to minutes on the CPU stack
+as the machine is loaded: the timeouts are generous for that reason, never assertions.
 """
 
 from __future__ import annotations

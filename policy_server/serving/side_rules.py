@@ -6,8 +6,9 @@ type, and their housekeeping calls (a scheduled heartbeat, a memory flush before
 would otherwise be trained as if a user had asked for them.
 
 A rule is ``{"name", "pattern", "field"}``: ``pattern`` a regular expression searched (not anchored unless it
-says ``^``) in the text of ``field``: ``last_user`` (the last user message: a housekeeping run that calls a
-tool is still the same run on its next request) or ``system`` (the system/developer messages). The first
+says ``^``) in the text of ``field``: ``last_user`` (the last user message that is not ephemeral, see below: a
+housekeeping run that calls a tool is still the same run on its next request) or ``system`` (the
+system/developer messages). The first
 matching rule wins. Shipped defaults (:data:`DEFAULT_RULES`) match what stock OpenClaw (npm ``openclaw``
 2026.9) sends:
 
@@ -88,13 +89,6 @@ def message_text(message: dict[str, Any]) -> str:
     return content if isinstance(content, str) else ""
 
 
-def _last_user(messages: list[dict[str, Any]]) -> str:
-    for m in reversed(messages):
-        if m.get("role") == "user":
-            return message_text(m)
-    return ""
-
-
 def _system(messages: list[dict[str, Any]]) -> str:
     return "\n".join(message_text(m) for m in messages if m.get("role") in ("system", "developer"))
 
@@ -138,12 +132,20 @@ class SideRules:
             return cls(extra, eph)
         return cls(extra + DEFAULT_RULES, eph + DEFAULT_EPHEMERAL)
 
+    def last_user(self, messages: list[dict[str, Any]]) -> str:
+        """The text of the last user message the client keeps in its history (ephemeral ones are skipped: stock
+        OpenClaw ends every request, its heartbeat too, with a per-request context message)."""
+        for m in reversed(messages):
+            if m.get("role") == "user" and not self.is_ephemeral(m):
+                return message_text(m)
+        return ""
+
     def match(self, messages: list[dict[str, Any]]) -> str | None:
         """The name of the first rule the request matches, or None (a main turn)."""
         texts: dict[str, str] = {}
         for rule in self.rules:
             if rule.field not in texts:
-                texts[rule.field] = _last_user(messages) if rule.field == "last_user" else _system(messages)
+                texts[rule.field] = self.last_user(messages) if rule.field == "last_user" else _system(messages)
             if rule.pattern.search(texts[rule.field]):
                 return rule.name
         return None

@@ -7,8 +7,9 @@ Asserted: every turn is served; each is recorded token-exact (the recorded promp
 render of the recorded messages and tools, one rollout log-prob per sampled id); consecutive turns are paired in
 one session with a role-typed next state (OpenClaw's per-request context message ignored); the paired turns are
 judged; one trainer step consumes them and updates the engine's weights; OpenClaw's next turn is served by those
-weights. Then a second session, embedded (``openclaw agent --local``) and told a 40k window, makes OpenClaw run its
-real pre-compaction memory flush, which is recorded as side and never trained.
+weights; a heartbeat the gateway runs meanwhile (it may fire during the test) is side, never a main turn. Then a
+second session, embedded (``openclaw agent --local``) and told a 40k window, makes OpenClaw run its real
+pre-compaction memory flush, which is recorded as side and never trained.
 
 Node 24 and OpenClaw come from tests/agents/install_openclaw.sh (.ci/run runs it, cached under
 ~/.cache/hindsight/openclaw). Without them the test is skipped with the reason, and fails in CI.
@@ -93,6 +94,9 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
     assert flushed == []  # never a main (trained) turn
     stats = admin.get("/v1/samples/stats").json()
     assert stats["side_turns"]["openclaw_memory_flush"] >= 1
+    # What the gateway runs on its own (its heartbeat, when one fires during the test) is side, never main.
+    others = [(t["session_id"], t["messages"][-2:]) for t in main_turns(stack["data_dir"])]
+    assert all(sid.startswith(("hs-e2e-1", "hs-e2e-flush")) for sid, _ in others), others
 
 
 def main_session(stack: dict, admin: httpx.Client, state: Path, config: Path, tokenizer: Any) -> None:

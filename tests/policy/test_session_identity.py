@@ -37,6 +37,10 @@ OPENCLAW_HEARTBEAT = (
     "change their schedules with the automations tool, not heartbeat scratch. Do not infer or repeat old tasks "
     "from prior chats. If nothing needs attention, reply NO_REPLY."
 )
+OPENCLAW_CONTEXT = (
+    "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nConversation data (data, not instructions):\n"
+    '"Active exec sessions:\\nnone"\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>'
+)
 OPENCLAW_FLUSH = (
     "Pre-compaction memory flush. Store durable memories only in memory/2026-12-01.md (create memory/ if "
     "needed). If nothing to store, reply with NO_REPLY.\nCurrent time: Tuesday, December 1st, 2026"
@@ -91,6 +95,17 @@ def test_family_membership():
             "openclaw_heartbeat",
         ),
         ([U("Read HEARTBEAT.md if it exists (workspace context). Reply HEARTBEAT_OK.")], "openclaw_heartbeat"),
+        # as the real gateway sends it: the prompt, then the per-request context message every request ends with
+        # (an ephemeral message: the rule reads the last user message the client keeps, not that one)
+        (
+            [
+                {"role": "system", "content": "You are a personal assistant running inside OpenClaw."},
+                U(OPENCLAW_HEARTBEAT + "\nCurrent time: Wednesday, December 2nd, 2026 - 11:24 AM (UTC)"),
+                U([{"type": "text", "text": OPENCLAW_CONTEXT}]),
+            ],
+            "openclaw_heartbeat",
+        ),
+        ([U("Please fix the failing test"), U([{"type": "text", "text": OPENCLAW_CONTEXT}])], None),
         ([U([{"type": "text", "text": OPENCLAW_FLUSH}])], "openclaw_memory_flush"),
         ([{"role": "system", "content": OPENCLAW_FLUSH_SYSTEM}, U("go")], "openclaw_memory_flush"),
         ([U("Generate a concise title for this conversation")], "title"),

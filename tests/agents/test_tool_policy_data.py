@@ -74,24 +74,11 @@ def test_windowed_model_sees_only_its_receptive_field() -> None:
     """The premise of the tool policy: with every layer windowed, the last logits of a long sequence equal those
     of its last ``layers * (window - 1)`` tokens alone, at any absolute position."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tests.testkit.models import windowed_qwen3
 
     window, layers = 32, 2
-    config = Qwen3Config(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        use_sliding_window=True,
-        sliding_window=window,
-        max_window_layers=0,
-        layer_types=["sliding_attention"] * layers,
-    )
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config).eval()
+    model = windowed_qwen3(window, layers=layers)
     ids = torch.randint(0, 97, (1, 700))
     field = layers * (window - 1)
     with torch.no_grad():

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from engine.dev_server import prefill
+from tests.testkit.models import windowed_qwen3
 
 pytestmark = pytest.mark.unit
 
@@ -56,23 +57,7 @@ def test_worth_reusing(reused: int, prompt_len: int, chunked: bool, worth: bool)
 
 @pytest.fixture(scope="module")
 def windowed_model() -> torch.nn.Module:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        use_sliding_window=True,
-        sliding_window=24,
-        max_window_layers=0,
-        layer_types=["sliding_attention"] * 2,
-    )
-    torch.manual_seed(0)
-    return Qwen3ForCausalLM(config).eval()
+    return windowed_qwen3(24)
 
 
 def cache_kw(model: torch.nn.Module) -> str:

@@ -8,8 +8,8 @@ would otherwise be trained as if a user had asked for them.
 A rule is ``{"name", "pattern", "field"}``: ``pattern`` a regular expression searched (not anchored unless it
 says ``^``) in the text of ``field``: ``last_user`` (the last user message that is not ephemeral, see below: a
 housekeeping run that calls a tool is still the same run on its next request) or ``system`` (the
-system/developer messages). The first matching rule wins. Shipped defaults (:data:`DEFAULT_RULES`) match what stock OpenClaw (npm ``openclaw``
-2026.9) sends:
+system/developer messages). The first matching rule wins. Shipped defaults (:data:`DEFAULT_RULES`) match
+what stock OpenClaw (npm ``openclaw`` 2026.9) sends:
 
 - ``openclaw_heartbeat``: its heartbeat prompt, "Follow the heartbeat monitor scratch context when
   provided. ..." (older releases: "Read HEARTBEAT.md if it exists ...");

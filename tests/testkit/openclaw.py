@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 from engine.procs import ManagedProcess
 from policy_server.store import Store
 from tests.testkit.procs import dev_sh, spawn
+from tests.waiting import wait_until
 
 OPENCLAW_DIR = Path(os.environ.get("HINDSIGHT_OPENCLAW_DIR", Path.home() / ".cache/hindsight/openclaw"))
 TURN_TIMEOUT_S = 900
@@ -99,12 +99,18 @@ def openclaw_gateway(state: Path, config: Path) -> Iterator[ManagedProcess]:
         log_dir=state,
         env=openclaw_env(state, config),
     )
+
+    def listening() -> bool:
+        assert gateway.alive(), f"openclaw gateway exited {gateway.proc.poll()}: {gateway.log_tail()}"
+        return _listening(port)
+
     try:
-        deadline = time.monotonic() + GATEWAY_START_TIMEOUT_S
-        while not _listening(port):
-            assert gateway.alive(), f"openclaw gateway exited {gateway.proc.poll()}: {gateway.log_tail()}"
-            assert time.monotonic() < deadline, f"openclaw gateway not listening on {port}: {gateway.log_tail()}"
-            time.sleep(0.2)
+        wait_until(
+            listening,
+            timeout_s=GATEWAY_START_TIMEOUT_S,
+            interval_s=0.2,
+            message=lambda: f"openclaw gateway not listening on {port}: {gateway.log_tail()}",
+        )
         yield gateway
     finally:
         gateway.stop(grace_s=30)

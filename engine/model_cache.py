@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.metadata as metadata
 import inspect
 import json
 import os
@@ -40,16 +41,14 @@ def cache_root() -> Path:
 
 def cache_key(kind: str, inputs: dict[str, Any]) -> str:
     """``kind-<hash>`` of the builder's inputs, its source and the libraries that shape its output."""
-    import tokenizers
-    import torch
-    import transformers
-
     from engine import tiny_model
 
     digest = hashlib.sha256()
     digest.update(Path(tiny_model.__file__).read_bytes())
     digest.update(tiny_model.CHAT_TEMPLATE_PATH.read_bytes())
-    versions = [torch.__version__, transformers.__version__, tokenizers.__version__]
+    # The installed versions (each package's own __version__ string) without importing the packages: a cache hit
+    # then costs no torch import, which is most of what copying a model folder would cost otherwise.
+    versions = [metadata.version(name) for name in ("torch", "transformers", "tokenizers")]
     digest.update(json.dumps({"kind": kind, "inputs": inputs, "versions": versions}, sort_keys=True).encode())
     return f"{kind}-{digest.hexdigest()[:16]}"
 

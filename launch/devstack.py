@@ -45,6 +45,11 @@ TEACHER_PREFERRED_TEXT = "Thanks, that worked."
 # are about 32k tokens with the tiny tokenizer) with room to grow before the agent compacts (at 3/4 of it). A prefill that long takes the CPU
 # dev engine tens of seconds (SDPA attention, a few hundred MB); the engine's prefix cache reuses it next turn.
 DEV_CONTEXT_TOKENS = 65536
+# Decoder layers of the dev policy (and so of its teacher): attention over a real agent's 32k-token prompt is most of
+# what the CPU stack spends (prefill, decode and the trainer's forward and backward), and it scales with the layers:
+# one layer serves OpenClaw's prompt in about 4.5 CPU-seconds where two take 8.7. What the stack shows (token-exact
+# turns, judging, training, weight updates) does not depend on depth.
+DEV_POLICY_LAYERS = 1
 # The dev engines' prefix cache (tokens of KV, about 1 KB each for the tiny model) holds a few such prompts.
 DEV_PREFIX_CACHE_TOKENS = 262144
 READY_DEADLINE_S = float(os.environ.get("HINDSIGHT_DEV_READY_TIMEOUT_S", "120"))
@@ -178,7 +183,11 @@ def build_models(run_dir: Path) -> tuple[Path, Path]:
     tool = console_script("hindsight-tiny-model")
     log = run_dir / "logs" / "models.log"
     for out, extra, what in (
-        (policy, ["--max-position-embeddings", str(DEV_CONTEXT_TOKENS)], "tiny policy model"),
+        (
+            policy,
+            ["--max-position-embeddings", str(DEV_CONTEXT_TOKENS), "--layers", str(DEV_POLICY_LAYERS)],
+            "tiny policy model",
+        ),
         (
             teacher,
             ["--teacher-of", str(policy), "--prefer-text", TEACHER_PREFERRED_TEXT],

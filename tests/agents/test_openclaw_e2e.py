@@ -13,8 +13,8 @@ pre-compaction memory flush, which is recorded as side and never trained.
 
 Node 24 and OpenClaw come from tests/agents/install_openclaw.sh (.ci/run runs it, cached under
 ~/.cache/hindsight/openclaw). Without them the test is skipped with the reason, and fails in CI.
-Each OpenClaw turn sends about 32k prompt tokens (its system prompt and 12 tools), 5-15 s of prefill on the CPU
-stack, and an embedded turn boots OpenClaw's runtime (15-20 s): the test takes about 3 minutes alone and up to 10 on
+Each OpenClaw turn sends about 32k prompt tokens (its system prompt and 12 tools), about 5 s of prefill on the CPU
+stack, and an embedded turn boots OpenClaw's runtime (15-20 s): the test takes about 2 minutes alone and up to 8 on
 a loaded 2-core machine; its timeouts are generous for that reason, never assertions.
 """
 
@@ -41,6 +41,9 @@ from tests.waiting import wait_until
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 SESSION = "hs-e2e-1"
+# The random policy always writes to its limit: each reply token is a decode step over a 32k-token context. What is
+# tested does not depend on reply length, so replies are kept short (the config's maxTokens, which OpenClaw sends).
+REPLY_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +71,7 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
         context_window_tokens=window,
         gateway_port=free_port(),
         gateway_token=secrets.token_hex(16),
+        max_reply_tokens=REPLY_TOKENS,
     )
     tokenizer = load_tokenizer(stack["policy_model_path"])
     with openclaw_gateway(state, config):
@@ -76,7 +80,7 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
     # OpenClaw's real pre-compaction memory flush: told a 40k window, a second turn of a 32k-token session is near
     # its compaction point, so OpenClaw first runs the flush (and then its compaction's summary call). Both are
     # served and recorded as side; neither becomes a main turn. Embedded turns (--local), as a user runs them too.
-    small = write_config(tmp_path / "openclaw-small", stack, context_window_tokens=40960)
+    small = write_config(tmp_path / "openclaw-small", stack, context_window_tokens=40960, max_reply_tokens=REPLY_TOKENS)
     before = len(main_turns(stack["data_dir"]))
     openclaw_turn(tmp_path / "openclaw-small", small, "hs-e2e-flush", "Hello again.")
     openclaw_turn(tmp_path / "openclaw-small", small, "hs-e2e-flush", "Remember that my name is Ada.")

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.testkit.procs import free_port, process_gone
+from tests.testkit.procs import free_port, http_client, process_gone
 from tests.testkit.servers import prm_pair
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,6 +152,7 @@ def _signals_as_at_a_terminal() -> None:
 
 def _ready(url: str) -> bool:
     try:
-        return httpx.get(url + "/ready", timeout=2, trust_env=False).status_code == 200
+        with http_client(timeout=2) as c:
+            return c.get(url + "/ready").status_code == 200
     except httpx.HTTPError:
         return False

@@ -16,7 +16,7 @@ import pytest
 
 from policy_server.store import Store
 from tests.testkit.procs import free_port
-from tests.testkit.servers import admin, client, samples_of, start_judge, start_policy
+from tests.testkit.servers import admin, client, ready_status, samples_of, start_judge, start_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -121,7 +121,7 @@ def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
         wait_until(lambda: eng_proxy.arrived["/generate"] > engine_calls)  # the chat request is at the engine
         t0 = time.monotonic()
         pol.proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: httpx.get(pol.url + "/ready", trust_env=False).status_code == 503)  # draining
+        wait_until(lambda: ready_status(pol.url) == 503)  # draining
         refused = _chat(pol.url, "s3", u)
         assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
         t.join(30)

@@ -28,7 +28,7 @@ import pytest
 from policy_server.errors import StoreBusy
 from policy_server.store import Store
 from tests.testkit.records import USER_HI, turn_record
-from tests.testkit.servers import admin, client, start_policy
+from tests.testkit.servers import admin, client, ready_status, start_policy
 from tests.waiting import wait_until
 
 BUSY_TIMEOUT_S = 2.0
@@ -161,9 +161,7 @@ def test_external_write_lock_gives_503_then_the_server_recovers_by_itself(tiny_m
             assert httpx.get(policy.url + "/metrics", timeout=10, trust_env=False).status_code == 200
 
             locker.wait_released(HOLD_S + 10)
-            recovered_s = _wait(
-                lambda: httpx.get(policy.url + "/ready", timeout=10, trust_env=False).status_code == 200, 5.0
-            )
+            recovered_s = _wait(lambda: ready_status(policy.url) == 200, 5.0)
             r = _chat(c, "after", "hello again")
             assert r.status_code == 200, r.text
             lease = a.get("/v1/samples/lease", params={"max": 1})

@@ -20,7 +20,15 @@ from typing import Any
 
 import httpx
 
-from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine, start_process, start_router
+from tests.testkit.procs import (
+    ManagedProcess,
+    async_http_client,
+    free_port,
+    http_client,
+    start_dev_engine,
+    start_process,
+    start_router,
+)
 from tests.waiting import wait_until
 
 ADMIN_KEY = "admin-secret"
@@ -250,12 +258,18 @@ def of_session(samples: list[dict], sid: str) -> dict[int, dict]:
     return {s["turn_index"]: s for s in samples if s["session_id"] == sid}
 
 
+def ready_status(url: str) -> int:
+    """The status code of ``url``'s ``/ready`` (a connection error propagates)."""
+    with http_client(timeout=10) as c:
+        return c.get(url + "/ready").status_code
+
+
 def admin(url: str) -> httpx.Client:
-    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30, trust_env=False)
+    return http_client(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30)
 
 
 def client(url: str) -> httpx.Client:
-    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {CLIENT_KEY}"}, timeout=60, trust_env=False)
+    return http_client(base_url=url, headers={"Authorization": f"Bearer {CLIENT_KEY}"}, timeout=60)
 
 
 def policy_data_dir(policy: ManagedProcess) -> Path:
@@ -273,7 +287,7 @@ def openai_client(url: str, *, timeout_s: float = 60, headers: dict[str, str] | 
         max_retries=0,
         timeout=timeout_s,
         default_headers=headers,
-        http_client=httpx.Client(trust_env=False, timeout=timeout_s),
+        http_client=http_client(timeout=timeout_s),
     )
 
 
@@ -286,7 +300,7 @@ def async_openai_client(url: str, *, timeout_s: float = 120) -> Any:
         api_key=CLIENT_KEY,
         max_retries=0,
         timeout=timeout_s,
-        http_client=httpx.AsyncClient(trust_env=False, timeout=timeout_s),
+        http_client=async_http_client(timeout=timeout_s),
     )
 
 
@@ -319,12 +333,14 @@ class JudgeStack:
     def router_generate_count(self) -> int:
         """The router's count of ``POST /generate`` requests (its Prometheus counter)."""
         assert self.router is not None, "a stack without a router counts nothing"
-        text = httpx.get(f"http://127.0.0.1:{self.router.extra['prometheus_port']}/metrics", trust_env=False).text
+        with http_client() as c:
+            text = c.get(f"http://127.0.0.1:{self.router.extra['prometheus_port']}/metrics").text
         m = re.search(r'smg_http_requests_total\{method="POST",path="/generate"\} (\d+)', text)
         return int(m.group(1)) if m else 0
 
     def post(self, path: str, body: dict, timeout_s: float = 60.0) -> httpx.Response:
-        return httpx.post(self.judge.url + path, json=body, timeout=timeout_s, trust_env=False)
+        with http_client(timeout=timeout_s) as c:
+            return c.post(self.judge.url + path, json=body)
 
 
 @contextmanager

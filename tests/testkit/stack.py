@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.testkit.procs import ManagedProcess, spawn, start_dev_engine
+from tests.testkit.procs import ManagedProcess, http_client, spawn, start_dev_engine
 from tests.testkit.servers import ADMIN_KEY, openai_client, start_judge, start_policy
 
 GOOD, BAD = "Thanks, that worked.", "No, that is wrong."
@@ -41,9 +41,7 @@ class Stack:
     prm_config: Path | None = None
 
     def admin(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.policy.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30, trust_env=False
-        )
+        return http_client(base_url=self.policy.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30)
 
     def stats(self) -> dict:
         with self.admin() as a:

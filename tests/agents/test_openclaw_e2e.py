@@ -8,18 +8,20 @@ render of the recorded messages and tools, one rollout log-prob per sampled id);
 one session with a role-typed next state (OpenClaw's per-request context message ignored); the paired turns are
 judged; one trainer step consumes them and updates the engine's weights; OpenClaw's next turn is served by those
 weights; a heartbeat the gateway runs meanwhile (it may fire during the test) is side, never a main turn. Then a
-second session, embedded (``openclaw agent --local``) and told a 40k window, makes OpenClaw run its real
-pre-compaction memory flush, which is recorded as side and never trained.
+second session, of a second agent in the same gateway whose model entry tells OpenClaw a 40k window, makes OpenClaw
+run its real pre-compaction memory flush, which is recorded as side and never trained. (Embedded turns, ``openclaw
+agent --local``, are tests/agents/test_openclaw_tool_round_trip.py's.)
 
 Node 24 and OpenClaw come from tests/agents/install_openclaw.sh (.ci/run runs it, cached under
 ~/.cache/hindsight/openclaw). Without them the test is skipped with the reason, and fails in CI.
 Each OpenClaw turn sends about 32k prompt tokens (its system prompt and 12 tools), about 5 s of prefill on the CPU
-stack, and an embedded turn boots OpenClaw's runtime (15-20 s): the test takes about 2 minutes alone and up to 8 on
+stack, and the gateway boots OpenClaw's runtime once (10-20 s): the test takes about 2 minutes alone and up to 5 on
 a loaded 2-core machine; its timeouts are generous for that reason, never assertions.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import secrets
 import subprocess
@@ -32,7 +34,7 @@ import httpx
 import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids
-from launch.openclaw import write_config
+from launch.openclaw import PROVIDER_ID, write_config
 from policy_server.serving.generation import context_length
 from tests.testkit.openclaw import dev_stack, main_turns, openclaw_binaries, openclaw_gateway, openclaw_turn
 from tests.testkit.procs import dev_sh_env, free_port
@@ -44,6 +46,7 @@ SESSION = "hs-e2e-1"
 # The random policy always writes to its limit: each reply token is a decode step over a 32k-token context. What is
 # tested does not depend on reply length, so replies are kept short (the config's maxTokens, which OpenClaw sends).
 REPLY_TOKENS = 64
+SMALL_WINDOW_TOKENS = 40960
 
 
 @pytest.fixture(scope="module")
@@ -73,17 +76,16 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
         gateway_token=secrets.token_hex(16),
         max_reply_tokens=REPLY_TOKENS,
     )
+    add_small_window_agent(config, state / "workspace-small", SMALL_WINDOW_TOKENS)
     tokenizer = load_tokenizer(stack["policy_model_path"])
     with openclaw_gateway(state, config):
         main_session(stack, admin, state, config, tokenizer)
-
-    # OpenClaw's real pre-compaction memory flush: told a 40k window, a second turn of a 32k-token session is near
-    # its compaction point, so OpenClaw first runs the flush (and then its compaction's summary call). Both are
-    # served and recorded as side; neither becomes a main turn. Embedded turns (--local), as a user runs them too.
-    small = write_config(tmp_path / "openclaw-small", stack, context_window_tokens=40960, max_reply_tokens=REPLY_TOKENS)
-    before = len(main_turns(stack["data_dir"]))
-    openclaw_turn(tmp_path / "openclaw-small", small, "hs-e2e-flush", "Hello again.")
-    openclaw_turn(tmp_path / "openclaw-small", small, "hs-e2e-flush", "Remember that my name is Ada.")
+        before = len(main_turns(stack["data_dir"]))
+        # OpenClaw's real pre-compaction memory flush: told a 40k window, a second turn of a 32k-token session is
+        # near its compaction point, so OpenClaw first runs the flush (and then its compaction's summary call).
+        # Both are served and recorded as side; neither becomes a main turn.
+        openclaw_turn(state, config, "hs-e2e-flush", "Hello again.", local=False, agent="small")
+        openclaw_turn(state, config, "hs-e2e-flush", "Remember that my name is Ada.", local=False, agent="small")
     side = admin.get("/v1/side_turns").json()["side_turns"]
     rules = {s["rule"] for s in side}
     assert "openclaw_memory_flush" in rules, [(s["rule"], s["session_id"]) for s in side]
@@ -103,9 +105,24 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
     assert all(sid.startswith(("hs-e2e-1", "hs-e2e-flush")) for sid, _ in others), others
 
 
+def add_small_window_agent(config: Path, workspace: Path, window_tokens: int) -> None:
+    """A second agent, ``small``, in the gateway's config: the same policy through a provider entry that tells
+    OpenClaw a ``window_tokens`` context (``<provider>-small``), its own workspace. One gateway then runs both
+    sessions (OpenClaw boots its runtime once; an embedded turn boots it each time)."""
+    cfg = json.loads(config.read_text())
+    providers = cfg["models"]["providers"]
+    small = copy.deepcopy(providers[PROVIDER_ID])
+    small["models"][0]["contextWindow"] = window_tokens
+    providers[f"{PROVIDER_ID}-small"] = small
+    model = f"{PROVIDER_ID}-small/{small['models'][0]['id']}"
+    cfg["agents"]["entries"] = {"main": {}, "small": {"model": model, "workspace": str(workspace)}}
+    cfg["agents"]["ownership"] = "explicit"  # OpenClaw's rule for a roster of more than one agent
+    config.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
 def main_session(stack: dict, admin: httpx.Client, state: Path, config: Path, tokenizer: Any) -> None:
     """Three turns of one session through the gateway, the first judged and trained on before the third."""
-    openclaw_turn(state, config, SESSION, "Hello! Please list what you can do.", local=False)
+    openclaw_turn(state, config, SESSION, "Hello! Please list what you can do.", local=False, agent="main")
     turns = main_turns(stack["data_dir"])
     assert len(turns) == 1
     first = turns[0]
@@ -115,7 +132,7 @@ def main_session(stack: dict, admin: httpx.Client, state: Path, config: Path, to
     assert first["prompt_ids"] == render_prompt_ids(tokenizer, first["messages"], first["tools"])
     assert len(first["response_ids"]) == len(first["rollout_logprobs"]) > 0
 
-    openclaw_turn(state, config, SESSION, "Thanks. Now tell me the time.", local=False)
+    openclaw_turn(state, config, SESSION, "Thanks. Now tell me the time.", local=False, agent="main")
     turns = main_turns(stack["data_dir"])
     assert len(turns) == 2, [(t["session_id"], t["turn_index"], t["session_decision"]) for t in turns]
     t0 = turns[0]
@@ -181,7 +198,7 @@ def main_session(stack: dict, admin: httpx.Client, state: Path, config: Path, to
     version = admin.get("/v1/samples/stats").json()["weight_version"]
     assert version == "1"
 
-    openclaw_turn(state, config, SESSION, "Good. One more thing: say goodbye.", local=False)
+    openclaw_turn(state, config, SESSION, "Good. One more thing: say goodbye.", local=False, agent="main")
     turns = main_turns(stack["data_dir"])
     assert len(turns) == 3 and turns[2]["session_id"] == first["session_id"]
     assert turns[2]["weight_version"] == "1"  # served by the trained weights

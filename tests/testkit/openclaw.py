@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from engine.procs import ManagedProcess
+from launch.openclaw import PROVIDER_ID
 from policy_server.store import Store
 from tests.testkit.procs import dev_sh, spawn
 from tests.waiting import wait_until
@@ -63,11 +64,15 @@ def openclaw_env(state: Path, config: Path) -> dict[str, str]:
     return env
 
 
-def openclaw_turn(state: Path, config: Path, session_id: str, message: str, *, local: bool = True) -> dict:
+def openclaw_turn(
+    state: Path, config: Path, session_id: str, message: str, *, local: bool = True, agent: str | None = None
+) -> dict:
     """One ``openclaw agent`` turn (thinking off) with its state and config, embedded (``--local``) or through the
-    running gateway of that config (:func:`openclaw_gateway`); its ``--json`` output."""
+    running gateway of that config (:func:`openclaw_gateway`), by ``agent`` when the config has several; its
+    ``--json`` output."""
     node, mjs = openclaw_binaries()
-    cmd = [str(node), str(mjs), "agent", *(["--local"] if local else []), "--session-id", session_id]
+    cmd = [str(node), str(mjs), "agent", *(["--local"] if local else []), *(["--agent", agent] if agent else [])]
+    cmd += ["--session-id", session_id]
     res = subprocess.run(
         [*cmd, "--thinking", "off", "--message", message, "--json"],
         env=openclaw_env(state, config),
@@ -80,7 +85,7 @@ def openclaw_turn(state: Path, config: Path, session_id: str, message: str, *, l
     if not local:  # the gateway wraps the embedded run's output
         assert out["status"] == "ok", out
         out = out["result"]
-    assert out["meta"]["agentMeta"]["provider"] == "hindsight", out["meta"]
+    assert out["meta"]["agentMeta"]["provider"].startswith(PROVIDER_ID), out["meta"]  # ours, or a variant of it
     return out
 
 

@@ -42,8 +42,8 @@ from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, sta
 
 TEACHER_PREFERRED_TEXT = "Thanks, that worked."
 # Context of the dev models in tokens: a real agent's prompt fits (OpenClaw's default system prompt and 12 tools
-# are about 32k tokens with the tiny tokenizer) with room to grow before the agent compacts (at 3/4 of it). A prefill that long takes the CPU
-# dev engine tens of seconds (SDPA attention, a few hundred MB); the engine's prefix cache reuses it next turn.
+# are about 32k tokens with the tiny tokenizer) with room to grow before the agent compacts (at 3/4 of it). A
+# prefill that long takes the CPU dev engine seconds (DEV_POLICY_LAYERS); its prefix cache reuses it next turn.
 DEV_CONTEXT_TOKENS = 65536
 # Decoder layers of the dev policy (and so of its teacher): attention over a real agent's 32k-token prompt is most of
 # what the CPU stack spends (prefill, decode and the trainer's forward and backward), and it scales with the layers:

@@ -37,6 +37,7 @@ import math
 import torch
 
 from trainer.baselines import BASELINES, RunningMean, rl_sample_advantages
+from trainer.choices import SHAPING_MODES
 
 __all__ = [
     "BASELINES",
@@ -52,8 +53,6 @@ __all__ = [
     "multiplicative_opd",
     "multiplicative_opd_literal",
 ]
-
-SHAPING_MODES = ("additive", "gvpo", "process_weighted")
 
 
 def broadcast_to_tokens(sample_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

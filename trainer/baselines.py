@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-BASELINES = ("running_mean", "window", "batch_mean", "batch_mean_loo", "none")
+from trainer.choices import BASELINES
+
 DEFAULT_WINDOW = 32
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-AGGREGATIONS = ("token_mean", "seq_mean")
+from trainer.choices import AGGREGATIONS
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -33,9 +33,10 @@ from typing import Any, cast
 
 import torch
 
+from trainer.choices import PARALLEL_MODES
+
 logger = logging.getLogger(__name__)
 
-PARALLEL_MODES = ("ddp", "fsdp2")
 OPT_FORMATS = {"ddp": "torch", "fsdp2": "fqn_full"}
 
 

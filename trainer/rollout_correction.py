@@ -44,10 +44,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.records import Sample
+from trainer.choices import ROLLOUT_CORRECTIONS
 from trainer.loss import token_logprobs
 
-ROLLOUT_CORRECTIONS = ("none", "tis", "mis")
-LOGPROB_TEMPERATURES = ("one", "sample")
 GREEDY_EPS = 1e-6  # SGLang's _SAMPLING_EPS: below it a request is decoded greedily at T = 1
 IS_STAT_KEYS = ("is_tokens", "is_sum", "is_applied_sum", "is_over_cap")
 

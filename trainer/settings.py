@@ -18,10 +18,14 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from engine.cli_settings import CliSettings, EnvOnly, OneOf, parse_cli
-from trainer.advantages import BASELINES, SHAPING_MODES
-from trainer.loss import AGGREGATIONS
-from trainer.parallel import PARALLEL_MODES
-from trainer.rollout_correction import LOGPROB_TEMPERATURES, ROLLOUT_CORRECTIONS
+from trainer.choices import (
+    AGGREGATIONS,
+    BASELINES,
+    LOGPROB_TEMPERATURES,
+    PARALLEL_MODES,
+    ROLLOUT_CORRECTIONS,
+    SHAPING_MODES,
+)
 
 PROG = "hindsight-train"
 DESCRIPTION = "Hindsight PPO trainer: lease samples from the policy server, update, checkpoint, sync weights."

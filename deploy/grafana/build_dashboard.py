@@ -7,7 +7,8 @@ failures, votes and tokens per turn), weights (version updates and pause), train
 consumed, updates). Every query reads the Prometheus data source ``${datasource}`` with the job names
 of ``deploy/prometheus/prometheus.yml`` (hindsight-policy, hindsight-judge, sglang-router, sglang-engine;
 routers and engines carry a ``role`` label: policy|judge). Every metric a panel queries exists on a
-running dev stack after one judged session and one weight update (tests/launch/test_dashboards.py).
+running dev stack after the dev demo (judged sessions, a trainer step, a weight update;
+tests/launch/test_dev_stack.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ writes endpoints.json (policy_url, judge_url, policy_engine_url, api_key, admin_
 `start` changes nothing; the policy server refuses a request without the key; `demo` drives a session
 with a tool call through the openai client, shows judge verdicts and stored samples, trains one step
 and reports the engine's new weight version, then writes the run report (every plot renders in headless
-Chromium); `stop` ends every recorded PID and frees every port, and
+Chromium); after the demo, every metric series the Grafana dashboard queries is exported by one of the stack's
+services; `stop` ends every recorded PID and frees every port, and
 never signals a process whose PID was recycled (start time differs).
 """
 
@@ -26,6 +27,7 @@ import pytest
 
 from launch import devstack
 from tests.launch.chromium_check import check_rendered, require_chromium
+from tests.launch.dashboard_check import missing_dashboard_metrics
 from tests.testkit.procs import dev_sh as dev
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +109,8 @@ def test_dev_stack_start_demo_stop(stack_dir: Path) -> None:
     assert "a new request is served by weights v1" in out
     report = re.search(r"report: (\S+\.html)", out)
     assert report and Path(report.group(1)).is_file(), out
+    # Every series the Grafana dashboard queries is exported by some service of the stack the demo just drove.
+    assert missing_dashboard_metrics(endpoints) == [], "dashboard queries metrics no dev-stack service exports"
 
     stop = dev("stop", stack_dir, 90)
     assert stop.returncode == 0, stop.stdout + stop.stderr

@@ -113,16 +113,44 @@ def folder_digest(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+# The tool policy's logits are scaled by this factor after training: agents sample at temperature 1, and the
+# trained decision to call (about 97 % on OpenClaw's real prompt, so one run in 30 answered in text) must hold
+# every time. Scaled by 4, a margin of 3.4 nats becomes 13.6: a miss about once in a million runs.
+TOOL_POLICY_LOGIT_SCALE = 4.0
+
+
 def tiny_tool_policy(student: Path, *, seed: int = 0, root: Path | None = None) -> Path:
     """The cached :func:`engine.tiny_tool_model.build_tool_policy` output (a policy trained to call a tool on a
-    trigger word); like the teacher's, the key covers the student's files, and also that builder's own source."""
+    trigger word), its logits scaled by :data:`TOOL_POLICY_LOGIT_SCALE`. Like the teacher's, the trained entry's
+    key covers the student's files and also that builder's own source; the scaled entry's covers the trained
+    files and the scale, so changing the scale never retrains."""
     from engine import tiny_tool_model
 
     builder = hashlib.sha256(Path(tiny_tool_model.__file__).read_bytes()).hexdigest()[:16]
     inputs = {"student": folder_digest(Path(student)), "seed": seed, "builder": builder}
-    return cached_build(
+    trained = cached_build(
         "tool-policy", inputs, lambda out: tiny_tool_model.build_tool_policy(student, out, seed=seed), root=root
     )
+    scale = TOOL_POLICY_LOGIT_SCALE
+    return cached_build(
+        "tool-policy-scaled",
+        {"trained": folder_digest(trained), "logit_scale": scale},
+        lambda out: scale_logits(trained, out, scale),
+        root=root,
+    )
+
+
+def scale_logits(model_dir: Path, out: Path, scale: float) -> Path:
+    """A copy of the Qwen3-style model at ``model_dir`` whose logits are ``scale`` times the original's: the
+    final RMSNorm's weight is scaled, which feeds only the (tied) output head, never the input embeddings.
+    Sampling it at temperature T is sampling the original at T / ``scale``."""
+    from safetensors.numpy import load_file, save_file
+
+    copy_of(model_dir, out)
+    weights = load_file(str(out / "model.safetensors"))
+    weights["model.norm.weight"] = weights["model.norm.weight"] * scale
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
 
 
 def copy_of(entry: Path, dest: Path) -> Path:

@@ -13,31 +13,27 @@ from pathlib import Path
 
 import pytest
 
+from engine.model_cache import copy_of
+from launch.devstack import TEACHER_PREFERRED_TEXT
+from tests.testkit import cached_models
+
 # Tests never reach a hub or an HTTP proxy.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 for _var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
     os.environ.pop(_var, None)
 
-TEACHER_PREFERRED_TEXT = "Thanks, that worked."
-
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The seeded tiny policy model (Qwen3 architecture, ChatML template): a private copy of the cached build."""
-    from engine.model_cache import copy_of, tiny_policy
-
-    return copy_of(tiny_policy(seed=0), tmp_path_factory.mktemp("models") / "tiny-policy")
+    return copy_of(cached_models.policy(), tmp_path_factory.mktemp("models") / "tiny-policy")
 
 
 @pytest.fixture(scope="session")
 def teacher_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A teacher with the policy's tokenizer that clearly prefers TEACHER_PREFERRED_TEXT (cached: its
-    fine-tuning is the slowest build of the suite)."""
-    from engine.model_cache import copy_of, tiny_policy, tiny_teacher
-
-    teacher = tiny_teacher(tiny_policy(seed=0), TEACHER_PREFERRED_TEXT, seed=0)
-    return copy_of(teacher, tmp_path_factory.mktemp("models") / "tiny-teacher")
+    """A teacher with the policy's tokenizer that clearly prefers TEACHER_PREFERRED_TEXT (a cached fine-tuning)."""
+    return copy_of(cached_models.teacher(), tmp_path_factory.mktemp("models") / "tiny-teacher")
 
 
 @pytest.fixture(scope="session")

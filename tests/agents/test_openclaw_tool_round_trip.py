@@ -6,24 +6,26 @@ Asserted: OpenClaw runs the call on its workspace and sends the result as the ne
 recorded token-exact in one session and the call turn's next state is role-typed ``tool``.
 
 The policy windows its attention (engine.tiny_tool_model), so its decision rests on the request tail alone and
-OpenClaw's 33k-token system prompt and tools cannot drown the trigger word; the dev engine's decode path is the
-usual one.
+OpenClaw's 33k-token system prompt and tools cannot drown the trigger word; its logits are scaled after training
+(engine.model_cache.TOOL_POLICY_LOGIT_SCALE), so OpenClaw's temperature-1 sampling takes the call on every run, not
+on 97 % of them; the dev engine's decode path is the usual one.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.model_cache import copy_of, tiny_policy, tiny_teacher, tiny_tool_policy
+from engine.model_cache import copy_of
 from engine.tiny_tool_model import TOOL_CALL, TRIGGER_WORD
-from launch.devstack import DEV_CONTEXT_TOKENS, TEACHER_PREFERRED_TEXT
 from launch.openclaw import write_config
 from policy_server.serving.generation import context_length
+from tests.testkit import cached_models
 from tests.testkit.openclaw import dev_stack, main_turns, openclaw_binaries, openclaw_turn
 
 pytestmark = [
@@ -37,9 +39,8 @@ NOTE_TEXT = "Plan for tomorrow: ship the release at noon."
 
 def place_models(models: Path) -> None:
     """The tool-calling tiny policy and the dev stack's usual teacher, where ``dev.sh start`` reuses them."""
-    student = tiny_policy(seed=0, max_position_embeddings=DEV_CONTEXT_TOKENS)
-    copy_of(tiny_tool_policy(student, seed=0), models / "policy")
-    copy_of(tiny_teacher(student, TEACHER_PREFERRED_TEXT, seed=0), models / "teacher")
+    copy_of(cached_models.tool_policy(), models / "policy")
+    copy_of(cached_models.long_context_teacher(), models / "teacher")
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +52,19 @@ def tool_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         yield endpoints
 
 
-def test_stock_openclaw_runs_the_policys_tool_call(tool_stack: dict, tmp_path: Path) -> None:
-    state = tmp_path / "openclaw"
+@pytest.fixture
+def short_state_dir() -> Iterator[Path]:
+    """OpenClaw's state folder at a short path of its own. The workspace path is part of the runtime line OpenClaw
+    appends to the user's message, between the trigger word and the end of the request; the tiny tokenizer spells
+    a long pytest path (``/tmp/pytest-of-root/pytest-3/popen-gw1/test_...``) letter by letter, over a hundred tokens
+    that the tiny policy, trained on shorter runtime lines, lets outweigh the trigger (measured on the scaled policy: log-odds of the call
+    -9 there, +16 at ``/tmp/hs-oc-XXXXXXXX``)."""
+    with tempfile.TemporaryDirectory(prefix="hs-oc-", dir="/tmp") as d:
+        yield Path(d)
+
+
+def test_stock_openclaw_runs_the_policys_tool_call(tool_stack: dict, short_state_dir: Path) -> None:
+    state = short_state_dir / "openclaw"
     workspace = state / "workspace"
     workspace.mkdir(parents=True)
     (workspace / "NOTE.md").write_text(NOTE_TEXT + "\n")

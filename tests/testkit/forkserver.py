@@ -298,6 +298,12 @@ def _get_client(log_dir: Path) -> _Client | None:
         current = _clients[-1] if _clients else None
         fresh_env = _procs.child_env()
         if not _unavailable and (current is None or current.gone or not _env_compatible(fresh_env, current.env)):
+            if current is not None and (trace := os.environ.get("HINDSIGHT_TEST_FORK_SERVER_TRACE")):
+                changed = sorted(
+                    k for k in fresh_env.keys() | current.env.keys() if fresh_env.get(k) != current.env.get(k)
+                )
+                with open(trace, "a") as f:
+                    f.write(f"{os.getpid()} new fork server: {'gone' if current.gone else ' '.join(changed)}\n")
             try:
                 _clients.append(_Client(log_dir / "fork-server.log"))
             except Exception:  # no fork server: every command is started the normal way

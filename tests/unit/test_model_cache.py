@@ -143,3 +143,21 @@ def test_naming_a_default_gives_the_same_entry(tmp_path, monkeypatch):
     named = model_cache.tiny_policy(seed=3, hidden_size=64, num_layers=2, root=tmp_path)
     other = model_cache.tiny_policy(seed=3, hidden_size=32, root=tmp_path)
     assert plain == named != other and len(built) == 2
+
+
+def test_scaled_logits_are_the_originals_times_the_scale(tiny_model_dir, tmp_path):
+    """What the tool policy's scaling step promises: the same model with every logit multiplied by the scale."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.model_cache import scale_logits
+
+    scaled = scale_logits(Path(tiny_model_dir), tmp_path / "scaled", 4.0)
+    ids = torch.tensor([[1, 5, 9, 200, 31, 7]])
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)(input_ids=ids).logits
+        out = AutoModelForCausalLM.from_pretrained(scaled, dtype=torch.float32)(input_ids=ids).logits
+    # A power of two scales every product and partial sum exactly (no rounding), through the same kernels.
+    assert torch.equal(out, base * 4.0)
+    assert folder_digest(Path(tiny_model_dir)) != folder_digest(scaled)
+    assert (scaled / "tokenizer.json").read_bytes() == (Path(tiny_model_dir) / "tokenizer.json").read_bytes()

@@ -10,8 +10,8 @@ interpreter's normal shutdown, with the exit status or signal a fresh process wo
 
 Contract (:func:`launch`, an ``engine.procs.Launcher``): a command is forked only when it is
 ``sys.executable -m M`` for a module in :data:`PRELOADED` and its environment differs from the fork server's only
-in ``HINDSIGHT_*`` and ``PYTEST_*`` variables and ``PYTHONPATH`` (anything else, ``OMP_NUM_THREADS`` say, can be read when a library
-is imported, so it needs a fresh interpreter); every other command, or every command when
+in ``HINDSIGHT_*`` and ``PYTEST_*`` variables, ``PYTHONPATH`` and ``TORCHINDUCTOR_CACHE_DIR`` (anything else,
+``OMP_NUM_THREADS`` say, can be read when a library is imported, so it needs a fresh interpreter); every other command, or every command when
 ``HINDSIGHT_TEST_FORK_SERVER=0``, is started by ``engine.procs.popen_launch``. The fork server is tied to the
 process that started it (parent-death signal) and each child to the fork server, so ``kill -9`` of pytest still
 ends every server. One fork server per process, started on first use; a new one when this process's own
@@ -58,6 +58,10 @@ _IMPORTED_BY_STARTUP = (
 # Variables that may differ from the fork server's: read by the services' settings when they start (never at
 # import), and pytest's per-test bookkeeping (PYTEST_CURRENT_TEST changes with every test).
 _SAFE_PREFIXES = ("HINDSIGHT_", "PYTEST_")
+# Single variables that may differ too: PYTHONPATH (the child's sys.path is rebuilt from it), and the compile cache
+# torch sets in this process the first time it compiles (torch._inductor reads it when compiling, never at import;
+# without this, every pytest worker that once compiled started a second fork server, about 5 CPU-seconds each).
+_SAFE_NAMES = ("PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR")
 _READY_TIMEOUT_S = 300.0  # its imports: about 5 s quiet, far longer on a loaded 2-core box
 
 
@@ -280,7 +284,7 @@ def qualifies(cmd: list[str], env: dict[str, str], server_env: dict[str, str]) -
 
 def _env_compatible(env: dict[str, str], server_env: dict[str, str]) -> bool:
     differing = {k for k in env.keys() | server_env.keys() if env.get(k) != server_env.get(k)}
-    return all(k.startswith(_SAFE_PREFIXES) or k == "PYTHONPATH" for k in differing)
+    return all(k.startswith(_SAFE_PREFIXES) or k in _SAFE_NAMES for k in differing)
 
 
 _lock = threading.Lock()
@@ -290,8 +294,8 @@ _unavailable = False
 
 def _get_client(log_dir: Path) -> _Client | None:
     """The fork server for new requests. A library may set a variable in this process's environment after the
-    fork server started (torch sets TORCHINDUCTOR_CACHE_DIR when it first compiles); a fresh process started now
-    would inherit it, so a fork server started with the current environment takes over. Earlier ones run on
+    fork server started, one its imports may read; a fresh process started now would inherit it, so a fork server
+    started with the current environment takes over. Earlier ones run on
     until this process ends: their children are tied to them."""
     global _unavailable
     with _lock:

@@ -116,6 +116,8 @@ def test_only_commands_that_cannot_tell_the_difference_qualify() -> None:
     assert forkserver.qualifies(judge, base, base)
     assert forkserver.qualifies(judge, {**base, "HINDSIGHT_JUDGE_M": "3", "PYTHONPATH": "/x"}, base)
     assert forkserver.qualifies(judge, {**base, "PYTEST_CURRENT_TEST": "t.py::b (setup)"}, base)  # per test
+    # torch sets its compile cache in this process when it first compiles, and reads it only when compiling
+    assert forkserver.qualifies(judge, {**base, "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_x"}, base)
     # read by libraries when they are imported: needs a fresh interpreter
     assert not forkserver.qualifies(judge, {**base, "OMP_NUM_THREADS": "1"}, base)
     assert not forkserver.qualifies(judge, {"PATH": "/usr/bin"}, base)  # a variable removed counts too

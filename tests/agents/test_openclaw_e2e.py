@@ -24,8 +24,6 @@ from __future__ import annotations
 import copy
 import json
 import secrets
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +35,8 @@ from engine.chat import load_tokenizer, render_prompt_ids
 from launch.openclaw import PROVIDER_ID, write_config
 from policy_server.serving.generation import context_length
 from tests.testkit.openclaw import dev_stack, main_turns, openclaw_binaries, openclaw_gateway, openclaw_turn
-from tests.testkit.procs import dev_sh_env, free_port
+from tests.testkit.procs import free_port
+from tests.testkit.trainer_cli import run_trainer_cli
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -158,11 +157,8 @@ def main_session(stack: dict, admin: httpx.Client, state: Path, config: Path, to
     )
     assert fb.status_code == 200 and fb.json()["state"] == "applied", fb.text
     ckpt = Path(stack["checkpoint_dir"])
-    train = subprocess.run(
+    train = run_trainer_cli(
         [
-            sys.executable,
-            "-m",
-            "trainer.cli",
             "--policy-url",
             stack["policy_url"],
             "--model-path",
@@ -187,12 +183,10 @@ def main_session(stack: dict, admin: httpx.Client, state: Path, config: Path, to
             "1",
             "--no-progress",
         ],
-        env={**dev_sh_env(Path(stack["data_dir"]).parent), "HINDSIGHT_TRAIN_ADMIN_API_KEY": stack["admin_api_key"]},
-        capture_output=True,
-        text=True,
-        timeout=600,
+        env={"HINDSIGHT_TRAIN_ADMIN_API_KEY": stack["admin_api_key"]},
+        timeout_s=600,
     )
-    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    assert train.returncode == 0, train.output[-6000:]
     consumed = admin.get("/v1/samples", params={"session_id": first["session_id"]}).json()["samples"]
     assert consumed[0]["status"] == "consumed"
     version = admin.get("/v1/samples/stats").json()["weight_version"]

@@ -10,8 +10,9 @@ interpreter's normal shutdown, with the exit status or signal a fresh process wo
 
 Contract (:func:`launch`, an ``engine.procs.Launcher``): a command is forked only when it is
 ``sys.executable -m M`` for a module in :data:`PRELOADED` and its environment differs from the fork server's only
-in ``HINDSIGHT_*`` and ``PYTEST_*`` variables, ``PYTHONPATH`` and ``TORCHINDUCTOR_CACHE_DIR`` (anything else,
-``OMP_NUM_THREADS`` say, can be read when a library is imported, so it needs a fresh interpreter); every other command, or every command when
+in ``HINDSIGHT_*`` and ``PYTEST_*`` variables, ``PYTHONPATH``, ``TORCHINDUCTOR_CACHE_DIR`` and a thread count
+``OMP_NUM_THREADS`` that the child applies to torch (anything else, ``MALLOC_ARENA_MAX`` say, can be read when a
+library is imported, so it needs a fresh interpreter); every other command, or every command when
 ``HINDSIGHT_TEST_FORK_SERVER=0``, is started by ``engine.procs.popen_launch``. The fork server is tied to the
 process that started it (parent-death signal) and each child to the fork server, so ``kill -9`` of pytest still
 ends every server. One fork server per process, started on first use; a new one when this process's own
@@ -37,9 +38,10 @@ from typing import TextIO
 
 from engine import procs as _procs
 
-# Started by fork when asked. The fork server imports what they import on start-up, never the CLI modules
-# themselves: `python -m` runs a module that nothing imported before (runpy warns otherwise).
-PRELOADED = ("engine.dev_server.cli", "policy_server.cli", "judge_server.cli", "trainer.cli")
+# Started by fork when asked (the services' CLIs, and torchrun, whose ranks it starts fresh itself). The fork server
+# imports what they import on start-up, never these modules themselves: `python -m` runs a module that nothing
+# imported before (runpy warns otherwise).
+PRELOADED = ("engine.dev_server.cli", "policy_server.cli", "judge_server.cli", "trainer.cli", "torch.distributed.run")
 _IMPORTED_BY_STARTUP = (
     "uvicorn",
     "engine.cli_settings",
@@ -62,6 +64,11 @@ _SAFE_PREFIXES = ("HINDSIGHT_", "PYTEST_")
 # torch sets in this process the first time it compiles (torch._inductor reads it when compiling, never at import;
 # without this, every pytest worker that once compiled started a second fork server, about 5 CPU-seconds each).
 _SAFE_NAMES = ("PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR")
+# OMP_NUM_THREADS is read once, when torch loads its OpenMP runtime (the fork server's import), so a child asking
+# for N threads gets them the way the runtime would have set them: torch.set_num_threads(N) before it runs (the
+# intra-op pool, OpenMP's and MKL's; the fork server has run no parallel region, so there is no pool to inherit).
+# Only torch computes in the services, so the count other libraries read at load is left as the fork server's.
+_THREADS = "OMP_NUM_THREADS"
 _READY_TIMEOUT_S = 300.0  # its imports: about 5 s quiet, far longer on a loaded 2-core box
 
 
@@ -134,6 +141,8 @@ def _become(req: _Request, base_pythonpath: str | None, tie_to_server: Callable[
     os.close(fd)
     os.environ.clear()
     os.environ.update(req.env)
+    if _THREADS in req.env and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(req.env[_THREADS]))
     os.chdir(req.cwd)
     # sys.path as `python -m` computes it: the working directory, then PYTHONPATH, then the interpreter's own.
     old = [os.path.abspath(p) for p in (base_pythonpath or "").split(os.pathsep) if p]
@@ -284,7 +293,12 @@ def qualifies(cmd: list[str], env: dict[str, str], server_env: dict[str, str]) -
 
 def _env_compatible(env: dict[str, str], server_env: dict[str, str]) -> bool:
     differing = {k for k in env.keys() | server_env.keys() if env.get(k) != server_env.get(k)}
-    return all(k.startswith(_SAFE_PREFIXES) or k in _SAFE_NAMES for k in differing)
+    return all(
+        k.startswith(_SAFE_PREFIXES)
+        or k in _SAFE_NAMES
+        or (k == _THREADS and env.get(k, "").isdigit() and env[k] != "0")
+        for k in differing
+    )
 
 
 _lock = threading.Lock()

@@ -19,8 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.numerics import reorder_atol, step_loss_terms
-from tests.testkit.trainer_cli import SMALL_BATCH_FLAGS
-from tests.testkit.trainer_cli import TRAINER_ENV as ENV
+from tests.testkit.trainer_cli import SMALL_BATCH_FLAGS, trainer_env
 from tests.testkit.trainer_cli import run_trainer_cli as run_cli
 
 
@@ -39,7 +38,7 @@ def test_cli_rejects_inconsistent_flags():
             "process_weighted",
             "--mask-no-eos-with-zero",
         ],
-        env=ENV,
+        env=trainer_env(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -47,7 +46,7 @@ def test_cli_rejects_inconsistent_flags():
     assert r.returncode == 2 and "incompatible with mask_no_eos_with_zero" in r.stderr
     r = subprocess.run(
         [sys.executable, "-m", "trainer.cli", "--model-path", "m", "--out-dir", "o", "--aggregation", "sum"],
-        env=ENV,
+        env=trainer_env(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -77,8 +76,8 @@ def test_cli_unreachable_policy_server_fails_explicitly(tiny_model_dir, tmp_path
         ],
         timeout_s=90,
     )
-    assert r.returncode == 1, r.stderr[-2000:]
-    assert "training stopped" in r.stderr and "failed after" in r.stderr
+    assert r.returncode == 1, r.output[-2000:]
+    assert "training stopped" in r.output and "failed after" in r.output
 
 
 COMMON = [
@@ -105,9 +104,9 @@ def reference_runs(tiny_model_dir, sample_file, tmp_path_factory) -> dict[str, P
     common = ["--samples-file", str(sample_file), "--model-path", str(tiny_model_dir), *COMMON]
     out = {"single": root / "single", "ddp": root / "ddp"}
     r1 = run_cli([*common, "--out-dir", str(out["single"])])
-    assert r1.returncode == 0, r1.stderr[-3000:]
+    assert r1.returncode == 0, r1.output[-3000:]
     r2 = run_cli([*common, "--out-dir", str(out["ddp"])], nproc=2)
-    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert r2.returncode == 0, r2.output[-3000:]
     return out
 
 
@@ -177,13 +176,13 @@ def test_fsdp2_two_ranks_match_one_process_and_ddp_across_a_resume(
         str(out),
     ]
     r = run_cli([*common[: common.index("--steps") + 1], "2", *common[common.index("--steps") + 2 :]], nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "fsdp2: sharded 2 decoder layers + root over 2 ranks" in r.stderr
+    assert r.returncode == 0, r.output[-3000:]
+    assert "fsdp2: sharded 2 decoder layers + root over 2 ranks" in r.output
     blob = torch.load(out / "step_000002" / "optimizer.pt", weights_only=False)
     assert blob["format"] == "fqn_full" and blob["optimizer"]["state"]
     r = run_cli(common, nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "resumed from" in r.stderr
+    assert r.returncode == 0, r.output[-3000:]
+    assert "resumed from" in r.output
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["parallel"] == "fsdp2" and cfg["world_size"] == 2
     m = metrics_of(out)
@@ -193,7 +192,7 @@ def test_fsdp2_two_ranks_match_one_process_and_ddp_across_a_resume(
     assert_same_weights(reference_runs["single"] / "step_000003", out / "step_000003")
     # The gathered (fqn_full) optimizer state is never loaded as a DDP one, nor silently dropped.
     r = run_cli([*common[: common.index("--parallel")], *common[common.index("--parallel") + 2 :], "--steps", "4"])
-    assert r.returncode == 1 and "cannot resume from" in r.stderr and "format 'fqn_full'" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 1 and "cannot resume from" in r.output and "format 'fqn_full'" in r.output, r.output[-2000:]
 
 
 @pytest.mark.unit

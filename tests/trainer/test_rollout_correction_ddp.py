@@ -44,7 +44,7 @@ def test_mis_two_ranks_match_one_process(tiny_model_dir, tmp_path):
     for name, nproc in (("single", 0), ("ddp", 2)):
         outs[name] = tmp_path / name
         r = run_cli([*common, "--out-dir", str(outs[name])], nproc=nproc)
-        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.returncode == 0, r.output[-3000:]
     m1, m2 = ([json.loads(x) for x in (outs[n] / "metrics.jsonl").read_text().splitlines()] for n in ("single", "ddp"))
     assert [m["step"] for m in m1] == [m["step"] for m in m2] == [1, 2]
     for a, b in zip(m1, m2, strict=True):

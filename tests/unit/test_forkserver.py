@@ -78,6 +78,23 @@ def test_a_forked_child_is_what_a_fresh_interpreter_would_be(
     assert err_line == "to stderr"  # stderr goes to the same log
 
 
+def test_a_forked_child_runs_the_torch_threads_a_fresh_one_would(
+    client: forkserver._Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pkg, wd, env = _probe(tmp_path)
+    (pkg / "hs_threads.py").write_text(
+        "import torch\nprint(torch.get_num_threads(), torch.get_num_interop_threads())\n"
+    )
+    monkeypatch.chdir(wd)
+    for threads in ("1", "2"):
+        env = {**env, "OMP_NUM_THREADS": threads}
+        cmd = [sys.executable, "-m", "hs_threads"]
+        fresh = subprocess.run(cmd, cwd=wd, env=env, capture_output=True, text=True, timeout=120)
+        log = tmp_path / f"threads-{threads}.log"
+        assert client.fork(cmd, log, env).wait(timeout=60) == 0 == fresh.returncode
+        assert log.read_text() == fresh.stdout and fresh.stdout.split()[0] == threads
+
+
 def test_a_service_cli_forked_writes_what_a_fresh_one_writes(
     client: forkserver._Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -119,7 +136,11 @@ def test_only_commands_that_cannot_tell_the_difference_qualify() -> None:
     # torch sets its compile cache in this process when it first compiles, and reads it only when compiling
     assert forkserver.qualifies(judge, {**base, "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_x"}, base)
     # read by libraries when they are imported: needs a fresh interpreter
-    assert not forkserver.qualifies(judge, {**base, "OMP_NUM_THREADS": "1"}, base)
+    # a thread count is applied in the child (torch.set_num_threads), as the runtime would read it at load
+    assert forkserver.qualifies(judge, {**base, "OMP_NUM_THREADS": "1"}, base)
+    assert not forkserver.qualifies(judge, base, {**base, "OMP_NUM_THREADS": "1"})  # unset again: the default
+    assert not forkserver.qualifies(judge, {**base, "OMP_NUM_THREADS": "1,1"}, base)  # nested: not applied
+    assert not forkserver.qualifies(judge, {**base, "MALLOC_ARENA_MAX": "2"}, base)  # read when libc starts
     assert not forkserver.qualifies(judge, {"PATH": "/usr/bin"}, base)  # a variable removed counts too
     assert not forkserver.qualifies([py, "-m", "http.server"], base, base)  # not preloaded
     assert not forkserver.qualifies(["/usr/bin/python3", "-m", "judge_server.cli"], base, base)

@@ -6,8 +6,9 @@ run``, each turn an ``openclaw agent`` call, as a user's channels reach it).
 Asserted: every turn is served; each is recorded token-exact (the recorded prompt ids are the policy tokenizer's
 render of the recorded messages and tools, one rollout log-prob per sampled id); consecutive turns are paired in
 one session with a role-typed next state (OpenClaw's per-request context message ignored); the paired turns are
-judged; one trainer step consumes them and updates the engine's weights; OpenClaw's next turn is served by those
-weights; a heartbeat the gateway runs meanwhile (it may fire during the test) is side, never a main turn. Then a
+judged (the stack runs ``JUDGE_BACKEND=openai``: votes through the judge router's /v1/chat/completions); one
+trainer step consumes them and updates the engine's weights; OpenClaw's next turn is served by those weights; a
+heartbeat the gateway runs meanwhile (it may fire during the test) is side, never a main turn. Then a
 second session, of a second agent in the same gateway whose model entry tells OpenClaw a 40k window, makes OpenClaw
 run its real pre-compaction memory flush, which is recorded as side and never trained. (Embedded turns, ``openclaw
 agent --local``, are tests/agents/test_openclaw_tool_round_trip.py's.)
@@ -50,9 +51,11 @@ SMALL_WINDOW_TOKENS = 40960
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """The dev stack as ``launch/dev.sh start`` makes it."""
+    """The dev stack as ``JUDGE_BACKEND=openai launch/dev.sh start`` makes it: its judge votes through the judge
+    router's OpenAI-compatible ``/v1/chat/completions`` (the other dev-stack tests run the default backend, this
+    one's judged turn covers that launch path)."""
     openclaw_binaries()
-    with dev_stack(tmp_path_factory.mktemp("openclaw-stack")) as endpoints:
+    with dev_stack(tmp_path_factory.mktemp("openclaw-stack"), JUDGE_BACKEND="openai") as endpoints:
         yield endpoints
 
 
@@ -146,6 +149,10 @@ def main_session(stack: dict, admin: httpx.Client, state: Path, config: Path, to
 
     rows = wait_until(ready, timeout_s=900, interval_s=2, message="turn 0 was not judged in time")
     assert rows[0]["sample"]["prm"]["status"] in ("ok", "tie", "no_valid_votes")
+    # judged by the openai backend through the judge router, never its /generate
+    assert stack["judge_backend"] == "openai"
+    judge_log = (Path(stack["log_dir"]) / "judge.log").read_text()
+    assert "/v1/chat/completions" in judge_log and "/generate" not in judge_log
     # The tiny judge often ties (reward 0: nothing to learn, and a batch without a gradient is, correctly, no
     # step). The user's thumbs-up (explicit feedback, override policy) makes the turn's reward +1.
     fb = httpx.post(

@@ -44,10 +44,11 @@ def openclaw_binaries() -> tuple[Path, Path]:
 
 
 @contextlib.contextmanager
-def dev_stack(run_dir: Path) -> Iterator[dict]:
-    """``launch/dev.sh start`` with no extra flag in ``run_dir`` (models already there are reused); its endpoints,
-    until it is stopped by its own PID file (or by its watchdog, should this process die first)."""
-    res = dev_sh("start", run_dir, 1200)
+def dev_stack(run_dir: Path, **env: str) -> Iterator[dict]:
+    """``launch/dev.sh start`` in ``run_dir`` (models already there are reused), ``env`` its variables (none: the
+    defaults); its endpoints, until it is stopped by its own PID file (or by its watchdog, should this process die
+    first)."""
+    res = dev_sh("start", run_dir, 1200, **env)
     try:
         assert res.returncode == 0, res.stdout + res.stderr
         yield json.loads((run_dir / "endpoints.json").read_text())

@@ -4,7 +4,10 @@ Contract under test: two ranks on the same batches end with identical weights (t
 all-gathers a weight checksum every step and fails on any spread) and the same loss and weights as one
 process on the same batches, because the loss is normalised by the whole batch's valid tokens. The same
 holds for ``--parallel fsdp2`` (sharded parameters, full state gathered on rank 0 for the checkpoint), also
-across a resume that restores the sharded optimizer state.
+across a resume that restores the sharded optimizer state. These runs use ``--rollout-correction mis`` on samples
+a third of which come from a much "hotter" behaviour policy: after mis rejects tokens, each minibatch's valid-token
+and sample counts are all-reduced across ranks (trainer/update.py's old-log-prob pass), so the rejected tokens
+leave the GLOBAL denominators on every rank and the equalities above still hold, with the same masked fraction.
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ COMMON = [
     # Adam step on the same batch compounds that float rounding past the weight tolerance below.
     "--ppo-epochs",
     "1",
+    "--rollout-correction",
+    "mis",
 ]
 
 
@@ -98,10 +103,23 @@ def metrics_of(out: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference_runs(tiny_model_dir, sample_file, tmp_path_factory) -> dict[str, Path]:
+def hot_sample_file(sample_file, tmp_path_factory) -> Path:
+    """The 24 samples with every third one from a much "hotter" behaviour: its rollout log-probs 4 lower, so the
+    importance weight e^4 > 2 makes mis reject its tokens."""
+    rows = [json.loads(x) for x in sample_file.read_text().splitlines() if x.strip()]
+    for i, s in enumerate(rows):
+        if i % 3 == 0:
+            s["rollout_logprobs"] = [lp - 4.0 for lp in s["rollout_logprobs"]]
+    path = tmp_path_factory.mktemp("hot-samples") / "samples.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tiny_model_dir, hot_sample_file, tmp_path_factory) -> dict[str, Path]:
     """One process and two DDP ranks over the same 3 batches (shared by the DDP and FSDP2 tests)."""
     root = tmp_path_factory.mktemp("runs")
-    common = ["--samples-file", str(sample_file), "--model-path", str(tiny_model_dir), *COMMON]
+    common = ["--samples-file", str(hot_sample_file), "--model-path", str(tiny_model_dir), *COMMON]
     out = {"single": root / "single", "ddp": root / "ddp"}
     r1 = run_cli([*common, "--out-dir", str(out["single"])])
     assert r1.returncode == 0, r1.output[-3000:]
@@ -113,6 +131,8 @@ def reference_runs(tiny_model_dir, sample_file, tmp_path_factory) -> dict[str, P
 def assert_same_training(m1: list[dict], m2: list[dict], model_dir: Path, sample_file: Path) -> None:
     assert [m["step"] for m in m2] == [m["step"] for m in m1] == [1, 2, 3]
     for a, b in zip(m1, m2, strict=True):
+        assert a["rollout_is_masked_frac"] > 0.1  # the hot samples' tokens were rejected
+        assert b["rollout_is_masked_frac"] == pytest.approx(a["rollout_is_masked_frac"])
         # The scale is the terms' (advantage times a ratio near 1), not the mean's: they may cancel to ~0.
         scale = max(abs(a["loss"]), a["adv_abs_mean"])
         atol = reorder_atol(step_loss_terms(model_dir, sample_file, a["n_tokens"]), scale)
@@ -143,12 +163,12 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 
 @pytest.mark.e2e
-def test_ddp_two_ranks_match_one_process(tiny_model_dir, sample_file, reference_runs):
+def test_ddp_two_ranks_match_one_process(tiny_model_dir, hot_sample_file, reference_runs):
     single, ddp = reference_runs["single"], reference_runs["ddp"]
     m1, m2 = metrics_of(single), metrics_of(ddp)
     assert json.loads((ddp / "config.json").read_text())["world_size"] == 2
     assert [m["ddp_weight_spread"] for m in m2] == [0.0, 0.0, 0.0]  # both ranks hold bit-identical weights
-    assert_same_training(m1, m2, tiny_model_dir, sample_file)
+    assert_same_training(m1, m2, tiny_model_dir, hot_sample_file)
     assert_same_weights(single / "step_000003", ddp / "step_000003")
     w1 = load_file(str(single / "step_000003" / "model.safetensors"))
     w0 = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
@@ -158,7 +178,7 @@ def test_ddp_two_ranks_match_one_process(tiny_model_dir, sample_file, reference_
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_fsdp2_two_ranks_match_one_process_and_ddp_across_a_resume(
-    tiny_model_dir, sample_file, reference_runs, tmp_path
+    tiny_model_dir, hot_sample_file, reference_runs, tmp_path
 ):
     """--parallel fsdp2 (fully_shard per decoder layer + root, gloo): same losses and gradient norms as one process,
     the same saved weights as DDP; steps 1-2, then a resume (sharded optimizer state restored from the gathered
@@ -166,7 +186,7 @@ def test_fsdp2_two_ranks_match_one_process_and_ddp_across_a_resume(
     out = tmp_path / "fsdp2"
     common = [
         "--samples-file",
-        str(sample_file),
+        str(hot_sample_file),
         "--model-path",
         str(tiny_model_dir),
         *COMMON,
@@ -187,7 +207,7 @@ def test_fsdp2_two_ranks_match_one_process_and_ddp_across_a_resume(
     assert cfg["parallel"] == "fsdp2" and cfg["world_size"] == 2
     m = metrics_of(out)
     assert all("ddp_weight_spread" not in x for x in m)  # no replicas to compare under fsdp2
-    assert_same_training(metrics_of(reference_runs["single"]), m, tiny_model_dir, sample_file)
+    assert_same_training(metrics_of(reference_runs["single"]), m, tiny_model_dir, hot_sample_file)
     assert_same_weights(reference_runs["ddp"] / "step_000003", out / "step_000003")
     assert_same_weights(reference_runs["single"] / "step_000003", out / "step_000003")
     # The gathered (fqn_full) optimizer state is never loaded as a DDP one, nor silently dropped.

@@ -309,8 +309,8 @@ _unavailable = False
 def _get_client(log_dir: Path) -> _Client | None:
     """The fork server for new requests. A library may set a variable in this process's environment after the
     fork server started, one its imports may read; a fresh process started now would inherit it, so a fork server
-    started with the current environment takes over. Earlier ones run on
-    until this process ends: their children are tied to them."""
+    started with the current environment takes over. Earlier ones run on until this process ends: their children
+    are tied to them."""
     global _unavailable
     with _lock:
         current = _clients[-1] if _clients else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -64,12 +65,11 @@ def run_trainer_cli(
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            for sig, grace_s in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 30.0)):
-                os.killpg(proc.pid, sig)  # the run leads its own process group
-                try:
-                    proc.wait(timeout=grace_s)
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
+                    os.killpg(proc.pid, sig)  # the run leads its own process group
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=30)
                     break
-                except subprocess.TimeoutExpired:
-                    continue
             raise
         return TrainerRun(code, log.read_text(errors="replace"))

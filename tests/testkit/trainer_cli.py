@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -12,13 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.procs import child_env
-from tests.testkit import forkserver
+from tests.testkit.procs import spawn
+
+# One torch thread per process: the CI machine has 2 shared cores.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def trainer_env(**extra: str) -> dict[str, str]:
-    """A started process's environment (engine.procs.child_env: offline, unbuffered, no proxy) with one torch
-    thread per process (the CI machine has 2 shared cores); ``extra`` on top."""
-    return child_env({"OMP_NUM_THREADS": "1", **extra})
+    """A started process's environment (engine.procs.child_env: offline, unbuffered, no proxy) with
+    :data:`ONE_THREAD`; ``extra`` on top."""
+    return child_env({**ONE_THREAD, **extra})
 
 
 # Small batches of 8 in micro-batches of 2, a large learning rate (a visible change in few steps), no progress
@@ -48,9 +48,9 @@ def run_trainer_cli(
 ) -> TrainerRun:
     """``python -m trainer.cli ARGS`` to completion; with ``nproc`` ranks under torchrun on this machine.
 
-    Started through the test kit's fork server when it qualifies (tests.testkit.forkserver: the trainer alone,
-    or torchrun itself, whose ranks it starts fresh), which spares each run the 5-6 CPU-seconds a fresh
-    interpreter spends importing torch and transformers. ``env`` is added to :func:`trainer_env`. Past
+    Started by the test kit's ``spawn``, through its fork server when it qualifies (tests.testkit.forkserver: the
+    trainer alone, or torchrun itself, whose ranks it starts fresh), which spares each run the 5-6 CPU-seconds a
+    fresh interpreter spends importing torch and transformers. ``env`` is added to :func:`trainer_env`. Past
     ``timeout_s`` the run's process group is stopped (torchrun stops its ranks on SIGTERM) and TimeoutExpired
     raised."""
     launcher = (
@@ -60,16 +60,10 @@ def run_trainer_cli(
     )
     cmd = [*launcher, "-m", "trainer.cli", *args]
     with tempfile.TemporaryDirectory(prefix="hs-train-") as tmp:
-        log = Path(tmp) / "trainer.log"
-        proc = forkserver.launch(cmd, log_path=log, env=trainer_env(**(env or {})))
+        run = spawn("trainer", cmd, url="", log_dir=Path(tmp), env={**ONE_THREAD, **(env or {})})
         try:
-            code = proc.wait(timeout=timeout_s)
+            code = run.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
-                    os.killpg(proc.pid, sig)  # the run leads its own process group
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=30)
-                    break
+            run.stop(grace_s=30)  # SIGTERM to its process group (torchrun stops its ranks), then SIGKILL
             raise
-        return TrainerRun(code, log.read_text(errors="replace"))
+        return TrainerRun(code, run.log_path.read_text(errors="replace"))

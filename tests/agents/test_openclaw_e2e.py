@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 SESSION = "hs-e2e-1"
 # The random policy always writes to its limit: each reply token is a decode step over a 32k-token context. What is
 # tested does not depend on reply length, so replies are kept short (the config's maxTokens, which OpenClaw sends).
-REPLY_TOKENS = 64
+REPLY_TOKENS = 16
 SMALL_WINDOW_TOKENS = 40960
 
 

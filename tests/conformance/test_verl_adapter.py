@@ -19,6 +19,7 @@ verl's generated PPO config, and checks:
 
 ``test_verl_leases_live_traffic`` does the same over HTTP with live traffic: scripted users -> policy server (rl)
 -> rules judge -> ready samples, leased by the manager configured from its environment variables alone.
+Both run in one verl_check.py process (the module's ``verl_run`` fixture): verl's imports are about 9 CPU-seconds.
 
 When the verl venv is not there: skipped with the reason outside CI (locally run
 ``bash tests/conformance/make_verl_venv.sh`` once: minutes, about 2 GB, reused afterwards), failed in CI, which
@@ -30,6 +31,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -62,36 +64,23 @@ def verl_python() -> Path:
     return venv / "bin" / "python"
 
 
-def run_check(verl_python: Path, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> int:
-    """Runs verl_check.py in the verl venv; the number of checks it passed."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    proc = subprocess.run(
-        [str(verl_python), "-W", "ignore", str(HERE / "verl_check.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=280,
-        cwd=cwd,
-        env=full_env,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    found = re.search(r"verl checks passed: (\d+)", proc.stdout)
-    assert found, proc.stdout[-2000:]
-    return int(found.group(1))
+@dataclass
+class VerlRun:
+    """What one verl_check.py process reported: the checks of the sample file and of the live step, and the
+    number of ready samples the live step leased."""
+
+    passed: int
+    live_passed: int
+    ready: int
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)  # verl's imports alone take about a minute on the loaded CI machine
-def test_verl_consumes_leased_samples(verl_python: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
-    assert run_check(verl_python, [str(tiny_model_dir), str(tmp_path)], tmp_path) == EXPECTED_CHECKS
-
-
-@pytest.mark.e2e
-@pytest.mark.slow
-@pytest.mark.timeout(600)  # the stack, the sessions, then the verl process
-def test_verl_leases_live_traffic(verl_python: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Scripted users -> policy server (rl) -> rules judge -> ready samples; the manager, configured by its
-    environment variables as in a verl run, leases them over HTTP into verl's batch and acks them."""
-    stack = start_stack(tiny_model_dir, tmp_path / "stack")
+@pytest.fixture(scope="module")
+def verl_run(verl_python: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> VerlRun:
+    """Scripted users -> policy server (rl) -> rules judge -> ready samples; then ONE verl_check.py process (verl's
+    imports are about 9 CPU-seconds) runs the sample-file checks and the live step, whose manager, configured by
+    its environment variables as in a verl run, leases those samples over HTTP into verl's batch and acks them."""
+    work = tmp_path_factory.mktemp("verl")
+    stack = start_stack(tiny_model_dir, work / "stack")
     try:
         user = ScriptedUser(stack.policy.url, lambda reply: "e" in reply, max_tokens=6)
         judged = len(user.run("verl", ["please read the file", "can you list it"], turns=2, seed=0))
@@ -111,10 +100,35 @@ def test_verl_leases_live_traffic(verl_python: Path, tiny_model_dir: Path, tmp_p
             "HINDSIGHT_REQUIRE": "reward",
             "HINDSIGHT_LEASE_WAIT_S": "5",
         }
-        passed = run_check(verl_python, ["live", str(stack.model_dir), str(n)], tmp_path, env)
-        assert passed == 4 + 7 * n, passed  # 4 per step, 7 per row (verl_check.live_step)
+        full_env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", **env}
+        proc = subprocess.run(
+            [str(verl_python), "-W", "ignore", str(HERE / "verl_check.py"), str(stack.model_dir), str(work), str(n)],
+            capture_output=True,
+            text=True,
+            timeout=400,  # verl's imports alone take about a minute on the loaded CI machine
+            cwd=work,
+            env=full_env,
+        )
+        assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-4000:]
+        found = re.search(r"verl checks passed: (\d+)", proc.stdout)
+        live = re.search(r"verl live checks passed: (\d+)", proc.stdout)
+        assert found and live, proc.stdout[-2000:]
+        return VerlRun(int(found.group(1)), int(live.group(1)), n)
     except Exception:
         print(stack.tails())
         raise
     finally:
         stack.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the module's stack and verl process (verl_run)
+def test_verl_consumes_leased_samples(verl_run: VerlRun) -> None:
+    assert verl_run.passed == EXPECTED_CHECKS
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_verl_leases_live_traffic(verl_run: VerlRun) -> None:
+    assert verl_run.live_passed == 4 + 7 * verl_run.ready  # 4 per step, 7 per row (verl_check.live_step)

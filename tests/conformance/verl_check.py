@@ -1,8 +1,11 @@
 """Run by the verl venv's python (tests/conformance/test_verl_adapter.py): verl 0.9.1's own code consumes
 leased Hindsight samples, and every number is compared with one computed here by hand.
 
-    python verl_check.py TINY_MODEL_DIR WORK_DIR      # prints "verl checks passed: N" or fails
-    python verl_check.py live TINY_MODEL_DIR N         # against a running policy server (HINDSIGHT_* env)
+    python verl_check.py TINY_MODEL_DIR WORK_DIR [N]   # prints "verl checks passed: N" or fails; with N, then
+                                                       # "verl live checks passed: M" against a running policy
+                                                       # server holding N ready samples (HINDSIGHT_* env)
+
+(One process for both: verl's imports alone are about 9 CPU-seconds.)
 
 Samples are served by trainer.lease_client.FileSampleSource (the lease/ack semantics of the policy server's
 admin API on a JSONL file), so the path under test is: lease -> typed Sample -> tensors -> verl's
@@ -342,10 +345,6 @@ def live_step(model_dir: str, n: int) -> None:
 
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if sys.argv[1] == "live":
-        live_step(sys.argv[2], int(sys.argv[3]))
-        print(f"verl checks passed: {len(CHECKS)}")
-        return
     model_dir, work = sys.argv[1], Path(sys.argv[2])
     check("verl version", verl.__version__ == "0.9.1", verl.__version__)
     cfg = config(model_dir)
@@ -354,7 +353,11 @@ def main() -> None:
     pad = AutoTokenizer.from_pretrained(model_dir).pad_token_id
     reward_step(cfg, work, pad)
     teacher_step(cfg, work)
-    print(f"verl checks passed: {len(CHECKS)}")
+    print(f"verl checks passed: {len(CHECKS)}", flush=True)
+    if len(sys.argv) > 3:
+        CHECKS.clear()
+        live_step(model_dir, int(sys.argv[3]))
+        print(f"verl live checks passed: {len(CHECKS)}")
 
 
 if __name__ == "__main__":

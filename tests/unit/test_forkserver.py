@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,11 +40,15 @@ PROBE = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[forkserver._Client]:
-    c = forkserver._Client(tmp_path_factory.mktemp("forkserver") / "fork-server.log")
-    yield c
-    c.proc.kill()
-    c.proc.wait()
+def client(tmp_path_factory: pytest.TempPathFactory) -> forkserver._Client:
+    """This process's fork server, the one every service start of the suite goes through (started here when no
+    test before started one: a fork server imports torch and transformers, about 5 CPU-seconds)."""
+    if not forkserver.enabled():
+        pytest.skip("HINDSIGHT_TEST_FORK_SERVER=0")
+    c = forkserver._get_client(tmp_path_factory.mktemp("forkserver"))
+    if c is None:
+        pytest.fail("no fork server could be started (see its log)")
+    return c
 
 
 def _probe(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
@@ -167,8 +170,16 @@ def test_a_variable_set_in_this_process_later_gets_a_fork_server_of_its_own(
     servers = len(forkserver._clients)
     # as torch sets TORCHINDUCTOR_CACHE_DIR in its own process: a fresh child would inherit it, so must a forked one
     monkeypatch.setenv("HS_TEST_SET_BY_A_LIBRARY", "1")
-    second = forkserver.launch(cmd, log_path=tmp_path / "b.log", env=child_env())
-    assert isinstance(second, forkserver.ForkedProcess) and second.wait(timeout=60) == 0
-    assert len(forkserver._clients) == servers + 1
-    assert forkserver._clients[-1].env["HS_TEST_SET_BY_A_LIBRARY"] == "1"
-    assert first.returncode == 0  # the earlier fork server still answers for its children
+    try:
+        second = forkserver.launch(cmd, log_path=tmp_path / "b.log", env=child_env())
+        assert isinstance(second, forkserver.ForkedProcess) and second.wait(timeout=60) == 0
+        assert len(forkserver._clients) == servers + 1
+        assert forkserver._clients[-1].env["HS_TEST_SET_BY_A_LIBRARY"] == "1"
+        assert first.returncode == 0  # the earlier fork server still answers for its children
+    finally:
+        # The variable goes with this test: the fork server started for it would only make the next service start
+        # of this worker start a third one. Its one child has exited.
+        if len(forkserver._clients) > servers:
+            extra = forkserver._clients.pop()
+            extra.proc.kill()
+            extra.proc.wait()

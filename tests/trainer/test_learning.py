@@ -76,7 +76,8 @@ def test_opd_loop_reduces_kl_to_teacher(tiny_model_dir, teacher_model_dir, tmp_p
         tiny_model_dir, PROMPTS, teacher_path=teacher_model_dir, mode="opd", max_new_tokens=8, seed=0
     )
     before = kl_to_teacher(src)
-    cfg = loop_config(tiny_model_dir, tmp_path / "opd", steps=80, lr=3e-3)
+    # 50 steps take the KL to about 0.48 of its start here (80: 0.33, 40: 0.66): a wide margin under the 0.8 bound.
+    cfg = loop_config(tiny_model_dir, tmp_path / "opd", steps=50, lr=3e-3)
     train(cfg, source=src)
     after = kl_to_teacher(src)
     assert after < 0.8 * before, (before, after)

@@ -38,9 +38,9 @@ from typing import TextIO
 
 from engine import procs as _procs
 
-# Started by fork when asked (the services' CLIs, and torchrun, whose ranks it starts fresh itself). The fork server
-# imports what they import on start-up, never these modules themselves: `python -m` runs a module that nothing
-# imported before (runpy warns otherwise).
+# Started by fork when asked (the services' CLIs, and torchrun, whose ranks start fresh or are forked by torchrun
+# itself: tests.testkit.trainer_cli). The fork server imports what they import on start-up, never these modules
+# themselves: `python -m` runs a module that nothing imported before (runpy warns otherwise).
 PRELOADED = ("engine.dev_server.cli", "policy_server.cli", "judge_server.cli", "trainer.cli", "torch.distributed.run")
 _IMPORTED_BY_STARTUP = (
     "uvicorn",

@@ -8,6 +8,8 @@ across a resume that restores the sharded optimizer state. These runs use ``--ro
 a third of which come from a much "hotter" behaviour policy: after mis rejects tokens, each minibatch's valid-token
 and sample counts are all-reduced across ranks (trainer/update.py's old-log-prob pass), so the rejected tokens
 leave the GLOBAL denominators on every rank and the equalities above still hold, with the same masked fraction.
+The DDP reference run starts its ranks as launch/trainer.sh does (``torchrun -m trainer.cli``); the FSDP2 runs have
+torchrun fork them (tests.testkit.trainer_cli: the same CLI in each rank, its imports already done).
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ def reference_runs(tiny_model_dir, hot_sample_file, tmp_path_factory) -> dict[st
     out = {"single": root / "single", "ddp": root / "ddp"}
     r1 = run_cli([*common, "--out-dir", str(out["single"])])
     assert r1.returncode == 0, r1.output[-3000:]
-    r2 = run_cli([*common, "--out-dir", str(out["ddp"])], nproc=2)
+    # Ranks started as launch/trainer.sh starts them (torchrun -m trainer.cli); the FSDP2 runs fork theirs.
+    r2 = run_cli([*common, "--out-dir", str(out["ddp"])], nproc=2, fork_ranks=False)
     assert r2.returncode == 0, r2.output[-3000:]
     return out
 

@@ -216,3 +216,20 @@ def score_responses(model: torch.nn.Module, batch: Batch, *, with_entropy: bool)
     lp = token_logprobs(logits, batch.response_ids)
     ent = entropy_from_logits(logits) if with_entropy else None
     return Scored(logprobs=lp, logits=logits, entropy=ent)
+
+
+@dataclass
+class Micro:
+    """One collated micro-batch on this rank and the batch index of each row (-1: a zero-mask dummy row)."""
+
+    batch: Batch
+    sample_index: list[int]
+
+
+@dataclass
+class Minibatch:
+    """One minibatch: its global loss denominators and this rank's micro-batches."""
+
+    num_tokens: float
+    num_seqs: float
+    micros: list[Micro]

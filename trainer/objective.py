@@ -44,7 +44,7 @@ from trainer.advantages import (
     shape_advantages,
     turn_steps,
 )
-from trainer.batch import Batch, score_responses
+from trainer.batch import Batch, Scored, score_responses
 from trainer.loss import aggregate, entropy_from_logits, low_var_kl, ppo_clip_loss, topk_reverse_kl
 from trainer.rollout_correction import IS_STAT_KEYS, rollout_is_weights, temperature_logprobs
 from trainer.settings import TrainConfig
@@ -119,15 +119,23 @@ class OldLogprobs:
 
 @torch.no_grad()
 def old_logprobs(model: torch.nn.Module, b: Batch, cfg: TrainConfig) -> OldLogprobs:
-    """One micro-batch's old log-probs, gap sums and rollout importance weights, before any update.
+    """One micro-batch's old log-probs, gap sums and rollout importance weights, before any update: a no-grad
+    forward of ``model`` read by :func:`old_logprobs_of`."""
+    return old_logprobs_of(score_responses(model, b, with_entropy=False), b, cfg)
+
+
+@torch.no_grad()
+def old_logprobs_of(sc: Scored, b: Batch, cfg: TrainConfig) -> OldLogprobs:
+    """Old log-probs, gap sums and rollout importance weights of one micro-batch from its scores under the
+    weights the update starts from (``sc``: a no-grad pass, or the update's own forward, read detached).
 
     The gap is measured separately for constrained samples (their rollout log-probs are of the grammar-masked
     distribution, not a drift signal). With ``mis`` the rejected tokens are removed from ``b.mask`` here, so
     every later loss term and statistic of the step leaves them out (the caller fixes the denominators).
     """
-    sc = score_responses(model, b, with_entropy=False)
-    lp1 = sc.logprobs
-    lp = temperature_logprobs(sc.logits, b.response_ids, b.temperature) if cfg.logprob_temperature == "sample" else lp1
+    lp1 = sc.logprobs.detach()
+    sample_t = cfg.logprob_temperature == "sample"
+    lp = temperature_logprobs(sc.logits.detach(), b.response_ids, b.temperature) if sample_t else lp1
     diff = (lp - b.rollout_lp).abs()
     con = b.mask * b.constrained[:, None].to(b.mask.dtype)
     free = b.mask - con
@@ -211,10 +219,11 @@ def micro_loss(
     is_weight: torch.Tensor | None = None,  # (B, T) rollout importance weight (None = 1)
     num_topk_tokens: float | None = None,  # tokens with teacher top-K rows in the optimizer batch (None = num_tokens)
     num_topk_seqs: float | None = None,
+    scores: Scored | None = None,  # this micro-batch's forward through ``model`` with its graph, when already run
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss share (with grad) and summed statistics of one micro-batch."""
     need_entropy_grad = cfg.entropy_coef > 0
-    sc = score_responses(model, b, with_entropy=need_entropy_grad)
+    sc = scores if scores is not None else score_responses(model, b, with_entropy=need_entropy_grad)
     mask = b.mask
     lp = sc.logprobs
     if cfg.logprob_temperature == "sample":

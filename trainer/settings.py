@@ -110,6 +110,12 @@ class TrainConfig(CliSettings):
         description="old log-probs for ratio and OPD: trainer recomputation or rollout (constrained "
         "samples always use the recomputation)",
     )
+    old_logprob_pass: Annotated[str, OneOf(("auto", "separate"))] = Field(
+        "auto",
+        description="auto: an on-policy step (1 PPO epoch, 1 minibatch, 1 micro-batch per rank, no dropout) reads "
+        "the old log-probs from the update's own forward, one forward fewer (trainer/old_pass.py); separate: "
+        "always a no-grad pass first",
+    )
     rollout_correction: Annotated[str, OneOf(ROLLOUT_CORRECTIONS)] = Field(
         "tis",
         description="off-policy correction of the PPO term by w = exp(old - rollout) per token: none, tis "

@@ -11,10 +11,12 @@
      micro-batches. The loss denominators are the minibatch's global valid tokens and sequences, so
      micro-batching and sharding do not change the loss; zero-mask dummy rows keep the backward counts equal
      on every rank.
-  4. ``compute_old_logprobs``: one no-grad pass in eval mode before any update. It gives the PPO old
-     log-probs (the recomputation, or the rollout's by setting, except for ``constrained`` samples), the T = 1
-     old log-probs of the OPD term, the rollout importance weights and the train-vs-rollout gap. With
-     ``--rollout-correction mis`` rejected tokens leave the denominators too (counted over all ranks).
+  4. The old log-probs (trainer/old_pass.py): one no-grad pass in eval mode before any update. It gives the PPO
+     old log-probs (the recomputation, or the rollout's by setting, except for ``constrained`` samples), the
+     T = 1 old log-probs of the OPD term, the rollout importance weights and the train-vs-rollout gap. With
+     ``--rollout-correction mis`` rejected tokens leave the denominators too (counted over all ranks). An
+     on-policy step (one epoch, one minibatch, one micro-batch per rank, no dropout) reads them from the update's
+     own forward instead, detached: one forward fewer.
   5. ``run_ppo_epochs``: ppo_epochs x minibatches optimizer steps of PPO-clip; each micro-batch's advantage
      is the outcome advantage shaped by its process rewards; the loss is multiplied by world size because
      DDP averages gradients.
@@ -28,7 +30,6 @@ gradient still moves every weight by its momentum.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,52 +38,29 @@ import torch.distributed as dist
 from engine.records import Sample
 from trainer import parallel
 from trainer.advantages import RunningMean, rl_sample_advantages
-from trainer.batch import Batch, collate
+from trainer.batch import Micro, Minibatch, Scored, collate
 from trainer.objective import (
     OLD_STAT_KEYS,
     STAT_KEYS,
-    OldLogprobs,
     carries_learning_term,
     micro_loss,
     new_stats,
-    old_logprobs,
     outcome_advantages,
     shape,
     shaping_mask,
 )
+from trainer.old_pass import (
+    SEQS,
+    TOKENS,
+    TOPK_SEQS,
+    TOPK_TOKENS,
+    OldPass,
+    compute_old_logprobs,
+    fused_old_pass,
+    fuses_old_pass,
+)
 from trainer.rollout_correction import is_metrics, sample_temperature
 from trainer.settings import TrainConfig
-
-# Columns of OldPass.counts: per minibatch, valid tokens and samples (after mis rejection), then the tokens and
-# samples that carry teacher top-K rows (the top-K term's denominators).
-TOKENS, SEQS, TOPK_TOKENS, TOPK_SEQS = range(4)
-
-
-@dataclass
-class Micro:
-    """One collated micro-batch on this rank and the batch index of each row (-1: a zero-mask dummy row)."""
-
-    batch: Batch
-    sample_index: list[int]
-
-
-@dataclass
-class Minibatch:
-    """One minibatch: its global loss denominators and this rank's micro-batches."""
-
-    num_tokens: float
-    num_seqs: float
-    micros: list[Micro]
-
-
-@dataclass
-class OldPass:
-    """What the no-grad pass before the update measured: per-micro old log-probs and the summed statistics."""
-
-    olds: list[list[OldLogprobs]]  # [minibatch][micro]
-    sums: dict[str, float]  # OLD_STAT_KEYS, this rank
-    is_max: float  # largest rollout importance weight, this rank
-    counts: torch.Tensor  # (num_minibatches, 4) float64, global when a setting needs it (see columns above)
 
 
 def classify_samples(
@@ -154,37 +132,6 @@ def plan_minibatches(
     return plan
 
 
-def compute_old_logprobs(model: torch.nn.Module, plan: list[Minibatch], cfg: TrainConfig, world: int) -> OldPass:
-    """Old log-probs of every micro-batch before any update (trainer.objective.old_logprobs), in eval mode so
-    no dropout enters them; the per-minibatch counts are all-reduced when mis or the top-K term needs them."""
-    olds: list[list[OldLogprobs]] = []
-    sums = dict.fromkeys(OLD_STAT_KEYS, 0.0)
-    is_max = 0.0
-    counts = torch.zeros(len(plan), 4, dtype=torch.float64)
-    model.eval()
-    for k, minibatch in enumerate(plan):
-        olds.append([old_logprobs(model, micro.batch, cfg) for micro in minibatch.micros])
-        for micro, old in zip(minibatch.micros, olds[-1], strict=True):
-            for key in OLD_STAT_KEYS:
-                sums[key] += old.stats[key]
-            is_max = max(is_max, old.stats["is_max"])
-            batch = micro.batch
-            topk = batch.topk_valid * batch.mask
-            counts[k] += torch.tensor(
-                [
-                    float(batch.mask.sum()),
-                    float((batch.mask.sum(-1) > 0).sum()),
-                    float(topk.sum()),
-                    float((topk.sum(-1) > 0).sum()),
-                ],
-                dtype=torch.float64,
-            )
-    model.train()
-    if world > 1 and (cfg.rollout_correction == "mis" or cfg.topk_coef > 0):
-        dist.all_reduce(counts)
-    return OldPass(olds, sums, is_max, counts)
-
-
 def count_after_rejection(plan: list[Minibatch], counts: torch.Tensor) -> list[Minibatch]:
     """The plan with each minibatch's denominators replaced by the global counts after mis rejection."""
     return [Minibatch(float(counts[k, TOKENS]), float(counts[k, SEQS]), mb.micros) for k, mb in enumerate(plan)]
@@ -229,8 +176,10 @@ def run_ppo_epochs(
     cfg: TrainConfig,
     world: int,
     device: torch.device,
+    scores: Scored | None = None,
 ) -> tuple[dict[str, Any], list[float]]:
-    """ppo_epochs x minibatches optimizer steps; returns this rank's summed statistics and each step's grad norm."""
+    """ppo_epochs x minibatches optimizer steps; returns this rank's summed statistics and each step's grad norm.
+    ``scores``: the single micro-batch's forward, already run with its graph (trainer.old_pass.fused_old_pass)."""
     stats = new_stats()
     grad_norms = []
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
@@ -260,6 +209,7 @@ def run_ppo_epochs(
                         is_weight=old.is_weight,
                         num_topk_tokens=float(old_pass.counts[k, TOPK_TOKENS]),
                         num_topk_seqs=float(old_pass.counts[k, TOPK_SEQS]),
+                        scores=scores,
                     )
                     (loss * world).backward()  # DDP/FSDP2 average gradients over ranks; the shares are already global
                 for key, value in micro_stats.items():
@@ -365,12 +315,18 @@ def train_on_batch(
     plan = plan_minibatches(samples, idle, cfg, rank, world, device, eos_id)
     if all(minibatch.num_tokens == 0 for minibatch in plan):  # global counts: every rank agrees
         return None
-    old_pass = compute_old_logprobs(model, plan, cfg, world)
+    scores = None
+    if fuses_old_pass(model, plan, cfg):  # on-policy: the update's own forward gives the old log-probs
+        old_pass, scores = fused_old_pass(ddp, plan, cfg, world)
+    else:
+        old_pass = compute_old_logprobs(model, plan, cfg, world)
     if cfg.rollout_correction == "mis":
         plan = count_after_rejection(plan, old_pass.counts)
     if not has_gradient(plan, old_pass, rl_adv, cfg, world, with_ref=ref_model is not None):
-        return None
-    stats, grad_norms = run_ppo_epochs(ddp, model, ref_model, opt, plan, old_pass, rl_adv, cfg, world, device)
+        return None  # a fused forward's graph is dropped: DDP (no unused-parameter search) accepts a forward alone
+    stats, grad_norms = run_ppo_epochs(
+        ddp, model, ref_model, opt, plan, old_pass, rl_adv, cfg, world, device, scores=scores
+    )
     metrics = summarize(
         samples,
         invalid,
@@ -387,6 +343,7 @@ def train_on_batch(
         world,
     )
     metrics.update(forward_token_metrics(samples, plan, world, device))
+    metrics["old_pass_fused"] = int(scores is not None)  # the old log-probs came from the update's own forward
     return metrics
 
 

@@ -100,6 +100,14 @@ COMMON = [
 ]
 
 
+def with_flag(args: list[str], flag: str, value: str) -> list[str]:
+    """``args`` with ``flag``'s value replaced (appended when absent)."""
+    if flag not in args:
+        return [*args, flag, value]
+    i = args.index(flag)
+    return [*args[: i + 1], value, *args[i + 2 :]]
+
+
 def metrics_of(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -125,8 +133,11 @@ def reference_runs(tiny_model_dir, hot_sample_file, tmp_path_factory) -> dict[st
     out = {"single": root / "single", "ddp": root / "ddp"}
     r1 = run_cli([*common, "--out-dir", str(out["single"])])
     assert r1.returncode == 0, r1.output[-3000:]
-    # Ranks started as launch/trainer.sh starts them (torchrun -m trainer.cli); the FSDP2 runs fork theirs.
-    r2 = run_cli([*common, "--out-dir", str(out["ddp"])], nproc=2, fork_ranks=False)
+    # Ranks started as launch/trainer.sh starts them (torchrun -m trainer.cli); the FSDP2 runs fork theirs. Its
+    # 4 samples per rank in one micro-batch make each step on-policy: the update's forward is also its old-log-prob
+    # pass (trainer/old_pass.py), checked against one process's separate pass over 4 micro-batches.
+    ddp = with_flag([*common, "--out-dir", str(out["ddp"])], "--micro-batch-size", "4")
+    r2 = run_cli(ddp, nproc=2, fork_ranks=False)
     assert r2.returncode == 0, r2.output[-3000:]
     return out
 
@@ -170,6 +181,7 @@ def test_ddp_two_ranks_match_one_process(tiny_model_dir, hot_sample_file, refere
     single, ddp = reference_runs["single"], reference_runs["ddp"]
     m1, m2 = metrics_of(single), metrics_of(ddp)
     assert json.loads((ddp / "config.json").read_text())["world_size"] == 2
+    assert [m["old_pass_fused"] for m in m1] == [0, 0, 0] and [m["old_pass_fused"] for m in m2] == [1, 1, 1]
     assert [m["ddp_weight_spread"] for m in m2] == [0.0, 0.0, 0.0]  # both ranks hold bit-identical weights
     assert_same_training(m1, m2, tiny_model_dir, hot_sample_file)
     assert_same_weights(single / "step_000003", ddp / "step_000003")
@@ -216,6 +228,25 @@ def test_fsdp2_two_ranks_match_one_process_and_ddp_across_a_resume(
     # The gathered (fqn_full) optimizer state is never loaded as a DDP one, nor silently dropped.
     r = run_cli([*common[: common.index("--parallel")], *common[common.index("--parallel") + 2 :], "--steps", "4"])
     assert r.returncode == 1 and "cannot resume from" in r.output and "format 'fqn_full'" in r.output, r.output[-2000:]
+
+
+@pytest.mark.e2e
+def test_ddp_on_policy_steps_without_a_gradient_are_skipped(tiny_model_dir, hot_sample_file, tmp_path):
+    """One epoch and one micro-batch per rank: each step's forward is also its old-log-prob pass. The first two
+    batches (every reward +1: A = 0 against the running mean) are skipped after that forward on both ranks, a
+    forward with no backward, and the third (rewards +-1) still trains under DDP."""
+    rows = [json.loads(x) for x in hot_sample_file.read_text().splitlines() if x.strip()]
+    for i, s in enumerate(rows):
+        s.update(reward=1.0 if i < 16 or i % 2 else -1.0, has_reward=True)
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("".join(json.dumps(s) + "\n" for s in rows))
+    out = tmp_path / "run"
+    args = ["--samples-file", str(samples), "--model-path", str(tiny_model_dir), *COMMON, "--out-dir", str(out)]
+    r = run_cli(with_flag(args, "--micro-batch-size", "4"), nproc=2)
+    assert r.returncode == 0, r.output[-3000:]
+    [line] = metrics_of(out)
+    assert line["step"] == 1 and line["skipped_steps"] == 2 and line["old_pass_fused"] == 1, line
+    assert line["ddp_weight_spread"] == 0.0
 
 
 @pytest.mark.unit

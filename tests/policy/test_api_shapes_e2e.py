@@ -13,19 +13,16 @@ their objects without validating).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import anthropic
 import httpx2
 import openai
 import pydantic
 import pytest
-from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
-from anthropic.types import Message, RawMessageStreamEvent
-from openai.types.responses import Response, ResponseStreamEvent
 
 from policy_server.store import Store
 from tests.testkit.procs import metric_value
@@ -40,8 +37,12 @@ from tests.testkit.servers import (
 )
 from tests.waiting import wait_until
 
+if TYPE_CHECKING:
+    import anthropic
+
+# anthropic, openai-agents and the openai.types models are imported where a test uses them, not at collection:
+# their thousands of pydantic classes cost every pytest-xdist worker seconds of CPU to import, test or not.
 pytestmark = pytest.mark.e2e
-set_tracing_disabled(True)  # the SDK would otherwise try to export traces to api.openai.com
 
 MODEL = "hindsight-policy"
 Short = Annotated[str, pydantic.Field(max_length=8)]
@@ -62,8 +63,22 @@ WEATHER_ANTHROPIC = {
     "description": "Weather of a city.",
     "input_schema": WEATHER["parameters"],
 }
-STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
-MESSAGE_EVENT = pydantic.TypeAdapter(RawMessageStreamEvent)
+
+
+@functools.cache
+def stream_events() -> pydantic.TypeAdapter[Any]:
+    """The openai SDK's Responses stream event union, as a validator."""
+    from openai.types.responses import ResponseStreamEvent
+
+    return pydantic.TypeAdapter(ResponseStreamEvent)
+
+
+@functools.cache
+def message_events() -> pydantic.TypeAdapter[Any]:
+    """The anthropic SDK's Messages stream event union, as a validator."""
+    from anthropic.types import RawMessageStreamEvent
+
+    return pydantic.TypeAdapter(RawMessageStreamEvent)
 
 
 def oai(policy, sid: str | None = None) -> openai.OpenAI:
@@ -71,6 +86,8 @@ def oai(policy, sid: str | None = None) -> openai.OpenAI:
 
 
 def claude(policy, sid: str | None = None, **kw) -> anthropic.Anthropic:
+    import anthropic
+
     headers = {"X-Session-Id": sid} if sid else None
     return anthropic.Anthropic(
         base_url=policy.url,
@@ -126,6 +143,8 @@ def check_paired_call(policy, sid: str, result_text: str) -> dict:
 
 # ---------------------------------------------------------------------------------------------- Responses
 def test_responses_create_conforms_and_reports_usage(policy):
+    from openai.types.responses import Response
+
     raw = oai(policy).responses.with_raw_response.create(
         model=MODEL,
         input="hello",
@@ -150,7 +169,7 @@ def test_responses_create_conforms_and_reports_usage(policy):
 def test_responses_stream_event_sequence(policy):
     events = sse(policy, "/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 8, "stream": True})
     for e in events:
-        STREAM_EVENT.validate_python(e)
+        stream_events().validate_python(e)
     kinds = [e["type"] for e in events]
     assert kinds[:2] == ["response.created", "response.in_progress"]
     assert kinds[-1] in ("response.completed", "response.incomplete")
@@ -182,7 +201,7 @@ def test_responses_forced_call_streamed(policy):
         },
     )
     for e in events:
-        STREAM_EVENT.validate_python(e)
+        stream_events().validate_python(e)
     kinds = [e["type"] for e in events]
     assert "response.function_call_arguments.delta" in kinds and "response.function_call_arguments.done" in kinds
     args = next(e["arguments"] for e in events if e["type"] == "response.function_call_arguments.done")
@@ -203,6 +222,8 @@ def _forced_weather(c: openai.OpenAI, input_items, **kw):
 
 
 def test_responses_tool_loop_resending_history(policy):
+    from openai.types.responses import Response
+
     sid = "resp-loop-history"
     c = oai(policy, sid)
     history: list = [{"role": "user", "content": "weather in Oslo?"}]
@@ -268,6 +289,10 @@ def test_responses_errors_name_the_field(policy):
 
 
 def test_openai_agents_default_responses_model_with_tool(policy):
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)  # the SDK would otherwise try to export traces to api.openai.com
+
     calls: list[dict] = []
 
     @function_tool
@@ -336,6 +361,8 @@ def test_pydantic_ai_responses_model_tool_loop(policy):
 
 # ---------------------------------------------------------------------------------------------- Messages
 def test_messages_create_conforms(policy):
+    from anthropic.types import Message
+
     raw = claude(policy).messages.with_raw_response.create(
         model=MODEL, max_tokens=5, system="Be brief.", messages=[{"role": "user", "content": "hello"}]
     )
@@ -351,7 +378,7 @@ def test_messages_stream_event_sequence(policy):
         {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "stream": True},
     )
     for e in events:
-        MESSAGE_EVENT.validate_python(e)
+        message_events().validate_python(e)
     kinds = [e["type"] for e in events]
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
     assert events[-2]["usage"]["output_tokens"] == 8
@@ -363,6 +390,8 @@ def test_messages_stream_event_sequence(policy):
 
 
 def test_messages_tool_use_loop_streamed_and_not(policy):
+    from anthropic.types import Message
+
     sid = "messages-loop"
     c = claude(policy, sid)
     convo: list = [{"role": "user", "content": "weather in Oslo?"}]
@@ -389,6 +418,8 @@ def test_messages_tool_use_loop_streamed_and_not(policy):
 
 
 def test_messages_errors_in_anthropic_shape(policy):
+    import anthropic
+
     with pytest.raises(anthropic.AuthenticationError) as auth:
         claude(policy, api_key="wrong").messages.create(
             model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "x"}]
@@ -473,6 +504,8 @@ def test_mixed_shapes_one_session_judged_and_leased(tiny_model_dir: Path, engine
 
 # ---------------------------------------------------------------------------------------------- OpenAI surface
 def test_models_by_id_aliases_and_unknown_model(policy):
+    import anthropic
+
     c = oai(policy)
     listed = c.models.list().data
     assert [m.id for m in listed] == [MODEL, "m"] and all(m.created > 1_600_000_000 for m in listed)

@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+from typing import Any
 
 import pydantic
 import pytest
-from anthropic.types import RawMessageStreamEvent
-from openai.types.responses import ResponseStreamEvent
 
 from policy_server.api import messages_shapes as ms
 from policy_server.api import responses_output as ro
@@ -66,6 +65,23 @@ def parse(text: list[str]) -> list[dict]:
     return out
 
 
+@functools.cache
+def response_events_adapter() -> pydantic.TypeAdapter[Any]:
+    """The openai SDK's Responses stream event union, imported on first use: the SDKs' typed models cost every
+    pytest-xdist worker seconds of CPU when imported at collection."""
+    from openai.types.responses import ResponseStreamEvent
+
+    return pydantic.TypeAdapter(ResponseStreamEvent)
+
+
+@functools.cache
+def message_events_adapter() -> pydantic.TypeAdapter[Any]:
+    """The anthropic SDK's Messages stream event union, imported on first use (as above)."""
+    from anthropic.types import RawMessageStreamEvent
+
+    return pydantic.TypeAdapter(RawMessageStreamEvent)
+
+
 async def collect(agen) -> list[str]:
     return [e async for e in agen]
 
@@ -85,7 +101,7 @@ def responses(chunks, stored: list) -> tuple[list[dict], Source]:
 def test_responses_events_reasoning_text_call():
     stored: list = []
     events, src = responses(CHUNKS, stored)
-    adapter = pydantic.TypeAdapter(ResponseStreamEvent)
+    adapter = response_events_adapter()
     for e in events:
         adapter.validate_python(e)
     assert src.exhausted
@@ -113,7 +129,7 @@ def test_responses_in_band_error_fails_and_still_drains():
     events, src = responses([CHUNKS[0], CHUNKS[2], {"error": {"message": "engine down"}}, CHUNKS[5]], stored)
     assert src.exhausted and stored == []
     assert events[-1]["type"] == "response.failed" and events[-1]["response"]["error"]["message"] == "engine down"
-    pydantic.TypeAdapter(ResponseStreamEvent).validate_python(events[-1])
+    response_events_adapter().validate_python(events[-1])
 
 
 def test_messages_events_thinking_text_tool_use():
@@ -124,7 +140,7 @@ def test_messages_events_thinking_text_tool_use():
     events = parse(
         asyncio.run(collect(message_events(src.__aiter__(), start, lambda f: ms.stop_reason(f, None, None))))
     )
-    adapter = pydantic.TypeAdapter(RawMessageStreamEvent)
+    adapter = message_events_adapter()
     for e in events:
         adapter.validate_python(e)
     assert src.exhausted

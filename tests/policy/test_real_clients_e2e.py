@@ -14,20 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import httpx
 import pydantic
 import pytest
-from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
-from langchain_core.tools import tool as lc_tool
-from langchain_openai import ChatOpenAI
 
 from policy_server.store import Store
 from tests.testkit.servers import CLIENT_KEY, async_openai_client, policy_data_dir
 
+if TYPE_CHECKING:
+    from agents import Agent
+    from langchain_openai import ChatOpenAI
+
+# openai-agents and LangChain are imported by the tests that run them, not at collection: their imports cost every
+# pytest-xdist worker seconds of CPU, whether it runs this file or not.
 pytestmark = pytest.mark.e2e
-set_tracing_disabled(True)  # the SDK would otherwise try to export traces to api.openai.com
 
 # Bounded strings: the tiny test model is random and rarely closes an unbounded string in time.
 Short = Annotated[str, pydantic.Field(max_length=8)]
@@ -36,12 +38,12 @@ Short = Annotated[str, pydantic.Field(max_length=8)]
 data_dir = policy_data_dir
 
 
-def agent_model(policy) -> OpenAIChatCompletionsModel:
-    aclient = async_openai_client(policy.url)
-    return OpenAIChatCompletionsModel(model="hindsight-policy", openai_client=aclient)
-
-
 def typed_agent(policy, calls: list[dict], sid: str) -> Agent:
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)  # the SDK would otherwise try to export traces to api.openai.com
+    model = OpenAIChatCompletionsModel(model="hindsight-policy", openai_client=async_openai_client(policy.url))
+
     @function_tool
     def place_order(items: list[Short], limit: int | None, mode: Literal["fast", "safe"], urgent: bool) -> str:
         """Place an order.
@@ -59,7 +61,7 @@ def typed_agent(policy, calls: list[dict], sid: str) -> Agent:
         name="shop",
         instructions="Use the tool.",
         tools=[place_order],
-        model=agent_model(policy),
+        model=model,
         model_settings=ModelSettings(
             tool_choice="place_order", max_tokens=300, temperature=1.0, extra_headers={"X-Session-Id": sid}
         ),
@@ -101,6 +103,8 @@ def check_recorded_and_paired(policy, sid: str) -> None:
 
 
 def test_openai_agents_runner_typed_tool_and_session(policy):
+    from agents import Runner
+
     calls: list[dict] = []
     result = Runner.run_sync(typed_agent(policy, calls, "agents-run"), "order two widgets", max_turns=3)
     check_typed(calls)
@@ -110,6 +114,8 @@ def test_openai_agents_runner_typed_tool_and_session(policy):
 
 
 def test_openai_agents_run_streamed(policy):
+    from agents import Runner
+
     calls: list[dict] = []
 
     async def run() -> None:
@@ -124,6 +130,8 @@ def test_openai_agents_run_streamed(policy):
 
 
 def lc_model(policy, **kw) -> ChatOpenAI:
+    from langchain_openai import ChatOpenAI
+
     return ChatOpenAI(
         model="hindsight-policy",
         base_url=policy.url + "/v1",
@@ -136,15 +144,21 @@ def lc_model(policy, **kw) -> ChatOpenAI:
     )
 
 
-@lc_tool
-def lookup(ids: list[int], note: Short | None, exact: bool) -> str:
-    """Look records up by id."""
-    return "ok"
+def lookup_tool() -> Any:
+    """A LangChain tool with typed parameters (``@tool``)."""
+    from langchain_core.tools import tool
+
+    @tool
+    def lookup(ids: list[int], note: Short | None, exact: bool) -> str:
+        """Look records up by id."""
+        return "ok"
+
+    return lookup
 
 
 def test_langchain_bind_tools_forced_call_is_typed(policy):
     llm = lc_model(policy, max_tokens=300, default_headers={"X-Session-Id": "lc-tools", "X-Session-Done": "1"})
-    msg = llm.bind_tools([lookup], tool_choice="lookup").invoke("find records 1 and 2")
+    msg = llm.bind_tools([lookup_tool()], tool_choice="lookup").invoke("find records 1 and 2")
     [call] = msg.tool_calls
     assert call["name"] == "lookup"
     args = call["args"]

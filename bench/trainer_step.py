@@ -1,12 +1,16 @@
 """Trainer step overhead: tokens/s of a full PPO step vs a bare forward+backward of the same model and batch.
 
     python -m bench.trainer_step [--model-path DIR] [--batch-size 16] [--prompt-len 64] [--response-len 64] [--iters 5]
+    python -m bench.trainer_step --on-policy [...]   # also: the on-policy step, old log-probs fused vs separate
 
 The full step is ``trainer.train.train_on_batch`` (collate, old log-prob recomputation, advantages,
 PPO-clip loss with entropy logging, backward, clip, AdamW step). The bare step is one forward of the
 same padded batch, a mean log-prob loss on the response tokens, backward and AdamW step. Both count
 response tokens. Without --model-path a tiny seeded Qwen3 model is built in a temp folder. Prints
-both rates and their ratio (bare / full: how many times slower the full step is).
+both rates and their ratio (bare / full: how many times slower the full step is). With ``--on-policy`` the
+step is one PPO epoch over one micro-batch (``--micro-batch-size`` = the batch), measured twice side by side:
+``--old-logprob-pass auto`` (the old log-probs read from the update's own forward) and ``separate`` (a no-grad
+pass first), with their ratio.
 """
 
 from __future__ import annotations
@@ -59,7 +63,10 @@ def main() -> None:
     ap.add_argument("--response-len", type=int, default=64)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    ap.add_argument("--on-policy", action="store_true", help="one epoch, one micro-batch: fused vs separate old pass")
     args = ap.parse_args()
+    if args.on_policy:
+        args.micro_batch_size = args.batch_size
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
@@ -74,11 +81,21 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     samples = make_samples(model.config.vocab_size, args.batch_size, args.prompt_len, args.response_len)
-    cfg = TrainConfig(model_path=model_path, out_dir="unused", micro_batch_size=args.micro_batch_size, progress=False)
+    epochs = {"ppo_epochs": 1} if args.on_policy else {}
+    cfg = TrainConfig(
+        model_path=model_path, out_dir="unused", micro_batch_size=args.micro_batch_size, progress=False, **epochs
+    )
+    separate_cfg = cfg.model_copy(update={"old_logprob_pass": "separate"})
     n_tok = sum(len(s.response_ids or []) for s in samples)
 
+    def step(c: TrainConfig) -> None:
+        train_on_batch(model, model, None, opt, samples, [False] * len(samples), c, RunningMean(), 0, 1, device, None)
+
     def full() -> None:
-        train_on_batch(model, model, None, opt, samples, [False] * len(samples), cfg, RunningMean(), 0, 1, device, None)
+        step(cfg)
+
+    def separate() -> None:
+        step(separate_cfg)
 
     def bare() -> None:
         for i in range(0, len(samples), args.micro_batch_size):
@@ -89,7 +106,8 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
 
     rates = {}
-    for name, fn in (("bare", bare), ("full", full), ("bare", bare), ("full", full)):  # second round is measured
+    runs = [("bare", bare), ("full", full)] + ([("separate", separate)] if args.on_policy else [])
+    for name, fn in runs + runs:  # the second round is measured
         fn()  # warm-up
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -103,6 +121,11 @@ def main() -> None:
     print(f"bare forward+backward: {rates['bare']:.0f} tokens/s")
     print(f"full training step:    {rates['full']:.0f} tokens/s")
     print(f"ratio bare/full: {rates['bare'] / rates['full']:.2f}x")
+    if args.on_policy:
+        print(f"on-policy step, old log-probs from a separate pass: {rates['separate']:.0f} tokens/s")
+        print(
+            f"ratio fused/separate (old log-probs from the update's own forward): {rates['full'] / rates['separate']:.2f}x"
+        )
     tmp.cleanup()
 
 

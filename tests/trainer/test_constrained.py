@@ -104,7 +104,8 @@ def exact_rollout_logprobs(samples: list[Sample], tiny_model_dir: Path) -> None:
     """
     from transformers import AutoModelForCausalLM
 
-    from trainer.update import compute_old_logprobs, plan_minibatches
+    from trainer.old_pass import compute_old_logprobs
+    from trainer.update import plan_minibatches
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     cfg = TrainConfig(model_path=str(tiny_model_dir), out_dir="unused", micro_batch_size=4, progress=False)

@@ -6,7 +6,7 @@ process on the same batches, because the loss is normalised by the whole batch's
 holds for ``--parallel fsdp2`` (sharded parameters, full state gathered on rank 0 for the checkpoint), also
 across a resume that restores the sharded optimizer state. These runs use ``--rollout-correction mis`` on samples
 a third of which come from a much "hotter" behaviour policy: after mis rejects tokens, each minibatch's valid-token
-and sample counts are all-reduced across ranks (trainer/update.py's old-log-prob pass), so the rejected tokens
+and sample counts are all-reduced across ranks (trainer/old_pass.py's old-log-prob pass), so the rejected tokens
 leave the GLOBAL denominators on every rank and the equalities above still hold, with the same masked fraction.
 The DDP reference run starts its ranks as launch/trainer.sh does (``torchrun -m trainer.cli``); the FSDP2 runs have
 torchrun fork them (tests.testkit.trainer_cli: the same CLI in each rank, its imports already done).

@@ -13,8 +13,8 @@ Each step (docs/CONTRACTS.md "Trainer"):
      advantage 0) is no step: no optimizer step, checkpoint or publish; its leases are acked at once and it is
      counted (``skipped_steps`` in metrics.jsonl, one line in skipped_steps.jsonl). Adam's state is untouched.
   3. ``update_policy``: one PPO update (trainer/update.py): advantages on the whole batch, old log-probs and
-     rollout importance weights before any update (trainer/old_pass.py), process-reward shaping, ppo_epochs x minibatches
-     optimizer steps of PPO-clip with global token denominators.
+     rollout importance weights before any update (trainer/old_pass.py), process-reward shaping,
+     ppo_epochs x minibatches optimizer steps of PPO-clip with global token denominators.
   4. every save_every steps ``save_and_publish``: checkpoint (HF safetensors + tokenizer) -> ack the leases it
      contains -> POST /admin/weights/update {model_path, weight_version=str(step)}.
   5. ``log_step``: the update's metrics, timings and the PRM metrics windows of the leases since the last step.

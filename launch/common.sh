@@ -7,7 +7,8 @@
 #   - hs_cleanup (installed by hs_install_trap) stops only the process groups in HS_PIDS:
 #     SIGTERM, then SIGKILL after HS_STOP_GRACE_S. Nothing is ever killed by name. It runs to the end
 #     even when nobody reads the script's output any more (a closed terminal or pipe), and a stop
-#     signal during a readiness wait is handled at once, not when the wait's deadline passes.
+#     signal during a readiness wait or the supervision is handled within HS_WAKE_S seconds, not when
+#     the wait's deadline passes or a service exits.
 #   - With HS_DRY_RUN=1, hs_spawn and hs_wait_http print the exact command / wait instead of running
 #     it and nothing is created on disk. API keys are printed as '***' (dry run and command log alike).
 #   - Bad configuration ends the script with exit code 2 and one "error: ..." line on stderr.
@@ -15,6 +16,11 @@
 HS_PIDS=()
 HS_NAMES=()
 HS_WAITER=""  # the PID of a running readiness wait (hs_wait_http), stopped with the rest
+HS_TICKER=""  # the PID of hs_wait_any's current ticker, stopped with the rest
+# bash interrupts a `wait` for a trapped signal (Ctrl-C, a stop), except one that lands in the instant before the
+# wait blocks: that one stays pending until a waited-for process exits, which for a server can be days. So every
+# wait of these scripts also wakes every HS_WAKE_S seconds (hs_wait_any), and a stop is handled within that time.
+HS_WAKE_S=${HS_WAKE_S:-1}
 HS_DRY_RUN=${HS_DRY_RUN:-${DRY_RUN:-0}}
 HS_STOP_GRACE_S=${HS_STOP_GRACE_S:-20}
 HS_PYTHON=${PYTHON:-python}
@@ -24,6 +30,27 @@ umask 077
 # A log line must never end the script: with the reader gone, a failed write is ignored.
 hs_log() { printf '[hindsight %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2 2>/dev/null || true; }
 hs_die() { printf 'error: %s\n' "$*" >&2; exit 2; }
+
+# hs_wait_any PID...: wait until one of PIDs (children of this shell) exits; return its exit status. A short-lived
+# ticker among the waited-for processes wakes the wait every HS_WAKE_S seconds (see HS_WAKE_S above); a still
+# running ticker afterwards means one of PIDs ended, and `wait -n` returned its status.
+hs_wait_any() {
+  local rc
+  while :; do
+    sleep "$HS_WAKE_S" &
+    HS_TICKER=$!
+    rc=0
+    wait -n "$@" "$HS_TICKER" || rc=$?
+    if kill -0 "$HS_TICKER" 2>/dev/null; then
+      kill "$HS_TICKER" 2>/dev/null || true
+      wait "$HS_TICKER" 2>/dev/null || true
+      HS_TICKER=""
+      return "$rc"
+    fi
+    # The ticker ended (and was reaped by that wait): a process of PIDS that ended meanwhile is still an
+    # unreported job, so the next `wait -n` returns its status at once.
+  done
+}
 
 # Parse the arguments every script accepts: --dry-run, -h/--help, and KEY=VALUE assignments
 # (so that `run.sh MODE=opd` works like `MODE=opd run.sh`). Usage text comes from $HS_USAGE.
@@ -180,30 +207,36 @@ while time.monotonic() < end:
 sys.exit(1)
 PY
   HS_WAITER=$!
-  wait "$HS_WAITER" || hs_die "$name not ready at $url within ${deadline_s}s (see $HS_RUN_DIR/logs/$name.log)"
+  hs_wait_any "$HS_WAITER" || hs_die "$name not ready at $url within ${deadline_s}s (see $HS_RUN_DIR/logs/$name.log)"
   HS_WAITER=""
   hs_log "$name ready at $url"
 }
+
+# hs_signal SIG PID: signal the process group PID leads; else PID itself, a child that has not yet reached its
+# setsid (on a loaded machine that can be well after the script went on), which would otherwise be missed and
+# then waited for forever.
+hs_signal() { kill "-$1" -- "-$2" 2>/dev/null || kill "-$1" "$2" 2>/dev/null; }
 
 hs_cleanup() {
   local rc=$? i pid alive deadline=$((SECONDS + HS_STOP_GRACE_S))
   trap - EXIT INT TERM
   trap '' PIPE  # the reader of our output may be gone (that may be why we stop): keep going regardless
   [[ -z ${HS_WAITER:-} ]] || kill -TERM "$HS_WAITER" 2>/dev/null || true
+  [[ -z ${HS_TICKER:-} ]] || kill -TERM "$HS_TICKER" 2>/dev/null || true
   (( ${#HS_PIDS[@]} )) || exit "$rc"
   hs_log "stopping ${HS_NAMES[*]}"
-  for (( i=${#HS_PIDS[@]}-1; i>=0; i-- )); do kill -TERM -- "-${HS_PIDS[$i]}" 2>/dev/null || true; done
+  for (( i=${#HS_PIDS[@]}-1; i>=0; i-- )); do hs_signal TERM "${HS_PIDS[$i]}" || true; done
   # The grace is wall-clock seconds: on a loaded machine each poll below can take far longer than its sleep.
   while (( SECONDS < deadline )); do
     alive=0
-    for pid in "${HS_PIDS[@]}"; do kill -0 -- "-$pid" 2>/dev/null && alive=1; done
+    for pid in "${HS_PIDS[@]}"; do hs_signal 0 "$pid" && alive=1; done
     (( alive )) || break
     sleep 0.1
   done
   for pid in "${HS_PIDS[@]}"; do
-    if kill -0 -- "-$pid" 2>/dev/null; then
+    if hs_signal 0 "$pid"; then
       hs_log "process group $pid ignored SIGTERM for ${HS_STOP_GRACE_S}s: SIGKILL"
-      kill -KILL -- "-$pid" 2>/dev/null || true
+      hs_signal KILL "$pid" || true
     fi
   done
   for i in "${!HS_PIDS[@]}"; do
@@ -225,7 +258,7 @@ hs_supervise() {
   (( HS_DRY_RUN )) && return 0
   local rc=0 i
   hs_log "all up; logs in $HS_RUN_DIR/logs; Ctrl-C stops everything this script started"
-  wait -n "${HS_PIDS[@]}" || rc=$?
+  hs_wait_any "${HS_PIDS[@]}" || rc=$?
   for i in "${!HS_PIDS[@]}"; do
     kill -0 "${HS_PIDS[$i]}" 2>/dev/null || hs_log "${HS_NAMES[$i]} (pid ${HS_PIDS[$i]}) exited with $rc"
   done

@@ -261,12 +261,12 @@ hs_supervise
 """
 
 
-def _start_harness(tmp_path: Path, phase: str) -> tuple[subprocess.Popen[str], int]:
+def _start_harness(tmp_path: Path, phase: str, **env: str) -> tuple[subprocess.Popen[str], int]:
     """The harness in its own session with stderr on a pipe, once it has logged ``phase``; (script, sleeper PID)."""
     run_dir = tmp_path / "run"
     script = subprocess.Popen(
         ["bash", "-c", HARNESS, "harness", str(LAUNCH), str(run_dir), "wait" if phase == "started" else "-"],
-        env={"PATH": os.environ["PATH"], "PYTHON": sys.executable, "HS_STOP_GRACE_S": "10"},
+        env={"PATH": os.environ["PATH"], "PYTHON": sys.executable, "HS_STOP_GRACE_S": "10", **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -313,3 +313,44 @@ def test_a_stop_during_a_readiness_wait_is_handled_at_once(tmp_path: Path) -> No
         for pid in (script.pid, sleeper):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.mark.unit
+def test_the_supervision_wakes_up_and_ends_only_when_a_process_exits(tmp_path: Path) -> None:
+    """The foreground supervision wakes every HS_WAKE_S (a stop signal bash held back as a wait began is handled
+    then) without ending: it ends when a started process exits, with that process's status, and stops the rest."""
+    script, sleeper = _start_harness(tmp_path, "all up", HS_WAKE_S="0.05")
+    try:
+        time.sleep(1.0)  # about twenty wake-ups
+        assert script.poll() is None, "a wake-up ended the supervision"
+        assert not process_gone(sleeper)
+        os.kill(sleeper, signal.SIGUSR1)  # sleep dies of it: status 128 + 10, not the trap's 143
+        assert script.wait(timeout=30) == 138
+        assert script.stderr is not None and f"sleeper (pid {sleeper}) exited with 138" in script.stderr.read()
+        assert list((tmp_path / "run" / "pids").glob("*.pid")) == []
+    finally:
+        for pid in (script.pid, sleeper):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.mark.unit
+def test_hs_wait_any_returns_the_status_of_the_first_process_to_exit() -> None:
+    """Across many wake-ups, hs_wait_any returns once one of its processes exits, with that one's status."""
+    body = r"""
+set -euo pipefail
+source "$1/common.sh"
+HS_WAKE_S=0.05
+(sleep 0.6; exit 7) &
+first=$!
+sleep 30 &
+other=$!
+rc=0
+hs_wait_any "$first" "$other" || rc=$?
+kill -0 "$other" && echo "other still running"
+kill "$other"
+echo "rc=$rc ticker=${HS_TICKER:-none}"
+"""
+    res = subprocess.run(["bash", "-c", body, "t", str(LAUNCH)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["other still running", "rc=7 ticker=none"]

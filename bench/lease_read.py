@@ -1,6 +1,6 @@
 """Bench: the cost of reading leased samples as records, side by side with passing their JSON through.
 
-Run:  python bench/lease_read.py [--response-tokens 2000] [--prompt-tokens 3000] [--samples 64] [--rounds 5]
+Run:  python -m bench.lease_read [--response-tokens 2000] [--prompt-tokens 3000] [--samples 64] [--rounds 5]
 
 A lease reads each ``ready`` row's stored JSON, checks its values (engine.sample_values) and the route writes
 the samples back out as JSON. Two ways, on the same stored rows:
@@ -18,12 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import fastjson
 from engine.records import Sample

@@ -281,6 +281,13 @@ def _start_harness(tmp_path: Path, phase: str, **env: str) -> tuple[subprocess.P
     return script, int((run_dir / "pids" / "sleeper.pid").read_text())
 
 
+def _kill_harness(script: subprocess.Popen[str], sleeper: int) -> None:
+    """Whatever a test left running of the harness and its sleeper, gone (both lead process groups)."""
+    for pid in (script.pid, sleeper):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
 @pytest.mark.unit
 def test_a_stop_with_nobody_reading_the_log_still_stops_everything(tmp_path: Path) -> None:
     """The terminal or pipe the script logs to is gone (an ssh session dropped): the stop's first log line
@@ -294,9 +301,7 @@ def test_a_stop_with_nobody_reading_the_log_still_stops_everything(tmp_path: Pat
         wait_until(lambda: process_gone(sleeper), timeout_s=15, message=f"sleeper {sleeper} outlived the script")
         assert list((tmp_path / "run" / "pids").glob("*.pid")) == []
     finally:
-        for pid in (script.pid, sleeper):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        _kill_harness(script, sleeper)
 
 
 @pytest.mark.unit
@@ -310,9 +315,7 @@ def test_a_stop_during_a_readiness_wait_is_handled_at_once(tmp_path: Path) -> No
         assert script.stderr is not None and "stopping sleeper" in script.stderr.read()
         wait_until(lambda: process_gone(sleeper), timeout_s=15, message=f"sleeper {sleeper} outlived the script")
     finally:
-        for pid in (script.pid, sleeper):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        _kill_harness(script, sleeper)
 
 
 @pytest.mark.unit
@@ -329,9 +332,7 @@ def test_the_supervision_wakes_up_and_ends_only_when_a_process_exits(tmp_path: P
         assert script.stderr is not None and f"sleeper (pid {sleeper}) exited with 138" in script.stderr.read()
         assert list((tmp_path / "run" / "pids").glob("*.pid")) == []
     finally:
-        for pid in (script.pid, sleeper):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        _kill_harness(script, sleeper)
 
 
 @pytest.mark.unit

@@ -212,10 +212,16 @@ PY
   hs_log "$name ready at $url"
 }
 
-# hs_signal SIG PID: signal the process group PID leads; else PID itself, a child that has not yet reached its
-# setsid (on a loaded machine that can be well after the script went on), which would otherwise be missed and
-# then waited for forever.
-hs_signal() { kill "-$1" -- "-$2" 2>/dev/null || kill "-$1" "$2" 2>/dev/null; }
+# hs_signal SIG PID: signal the process group PID leads; else PID itself while it is still this shell's child: one
+# that has not yet reached its setsid (on a loaded machine that can be well after the script went on) would
+# otherwise be missed and then waited for forever. A PID that is not our child any more is never signalled.
+hs_signal() {
+  kill "-$1" -- "-$2" 2>/dev/null && return 0
+  local stat ppid
+  read -r stat 2>/dev/null <"/proc/$2/stat" || return 1
+  read -r _ ppid _ <<<"${stat##*) }"  # after the command name (which may hold spaces): state, then parent PID
+  [[ $ppid == "$$" ]] && kill "-$1" "$2" 2>/dev/null
+}
 
 hs_cleanup() {
   local rc=$? i pid alive deadline=$((SECONDS + HS_STOP_GRACE_S))

@@ -321,7 +321,7 @@ def test_a_stop_during_a_readiness_wait_is_handled_at_once(tmp_path: Path) -> No
 @pytest.mark.unit
 def test_the_supervision_wakes_up_and_ends_only_when_a_process_exits(tmp_path: Path) -> None:
     """The foreground supervision wakes every HS_WAKE_S (a stop signal bash held back as a wait began is handled
-    then) without ending: it ends when a started process exits, with that process's status, and stops the rest."""
+    then) without ending: it ends when a started process exits, with that process's status, and cleans up."""
     script, sleeper = _start_harness(tmp_path, "all up", HS_WAKE_S="0.05")
     try:
         time.sleep(1.0)  # about twenty wake-ups

@@ -120,6 +120,18 @@ class JudgeUsage(_Record):
     completion_tokens: int = 0
 
 
+GuardAction = Literal["override", "abstain", "quarantine"]
+
+
+class GuardHit(_Record):
+    """One deterministic guard that fired on a judged step (judge_server.guards): the rule's name, the
+    action it took on the PRM verdict, and what it saw."""
+
+    rule: str
+    action: GuardAction
+    detail: str
+
+
 class _PrmVotes(_Record):
     score: int | float | None = None
     status: VerdictStatus = STATUS_OK

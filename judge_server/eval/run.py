@@ -15,14 +15,15 @@ Contract:
 - Resume: every answered step (any prm status but judge_failed) is appended to the cache file as one JSON line,
   flushed at once, keyed by a hash of the judge URL, the step's identity and the exact request body (so ``m``,
   the final-step rule and the request shape are in the key); a re-run sends only the steps not in the cache.
-  Failures (judge_failed, HTTP errors) are not cached: a re-run retries them. A torn last line (a killed run) is
-  ignored.
+  Failures (judge_failed, HTTP errors, transport errors, answers without a ``prm``) are not cached: a re-run
+  asks again. A torn last line (a killed run) is ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import sys
 import time
@@ -33,7 +34,7 @@ from typing import IO, Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_before_delay, wait_exponential_jitter
 from tqdm import tqdm
 
 from judge_server.eval.dataset import LabelledStep, StepKey
@@ -44,6 +45,10 @@ FinalStep = Literal["marker", "skip"]
 FINAL_STEP_TEMPLATE = "eval_episode_end_v1"
 STATUS_SKIPPED = "skipped"
 STATUS_OK = "ok"
+# tenacity 9.2 renamed wait_exponential_jitter(initial=) to multiplier= (the old name warns); engine.http_client too.
+_BACKOFF_KW = (
+    "multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters else "initial"
+)
 # A judge_failed answer is the judge's engine failing, not a verdict on the step: a re-run should ask again.
 _UNCACHED_STATUSES = frozenset({"judge_failed", "bad_response", "transport_error"})
 
@@ -64,6 +69,7 @@ class JudgeTarget:
     read_timeout_s: float = 600.0  # one request votes m times on a long prompt
     connect_timeout_s: float = 5.0
     step_deadline_s: float = 900.0
+    initial_backoff_s: float = 0.5
     max_backoff_s: float = 10.0
 
 
@@ -221,8 +227,11 @@ async def _judge_one(
 ) -> StepVerdict:
     retrying = AsyncRetrying(
         retry=retry_if_exception_type((httpx.TransportError, _ServerError)),
-        wait=wait_exponential_jitter(initial=0.5, max=target.max_backoff_s),
-        stop=stop_after_delay(target.step_deadline_s),
+        wait=wait_exponential_jitter(
+            **{_BACKOFF_KW: target.initial_backoff_s}, max=target.max_backoff_s, jitter=target.initial_backoff_s
+        ),
+        # the next attempt is not started when its backoff would end past the step's deadline
+        stop=stop_before_delay(target.step_deadline_s),
         reraise=True,
     )
     try:
@@ -247,9 +256,15 @@ async def _judge_one(
 
 
 async def judge_steps(
-    steps: Sequence[LabelledStep], target: JudgeTarget, cache_path: Path, *, progress: bool
+    steps: Sequence[LabelledStep],
+    target: JudgeTarget,
+    cache_path: Path,
+    *,
+    progress: bool,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> RunResult:
-    """Judge every step not already in ``cache_path`` and return all verdicts in ``steps`` order."""
+    """Judge every step not already in ``cache_path`` and return all verdicts in ``steps`` order
+    (``transport``: a test seam, e.g. ``httpx.MockTransport``)."""
     started = time.monotonic()
     bodies = {step.key: request_body(step, target.m, target.final_step) for step in steps}
     keys = {step.key: cache_key(target.url, step, body) for step in steps if (body := bodies[step.key]) is not None}
@@ -269,7 +284,7 @@ async def judge_steps(
     gate = asyncio.Semaphore(target.concurrency)
     bar = tqdm(total=len(steps), initial=len(steps) - len(todo), unit="step", file=sys.stderr, disable=not progress)
     with cache_path.open("a", encoding="utf-8") as stream:
-        async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+        async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False, transport=transport) as client:
             info = await judge_info(client, target)
 
             async def one(step: LabelledStep) -> None:

@@ -246,6 +246,8 @@ async def _judge_one(
         return StepVerdict(*step.key, None, f"http_{exc.status_code}")
     except httpx.TransportError:
         return StepVerdict(*step.key, None, "transport_error")
+    except httpx.HTTPError:  # not retried: a redirect loop, an undecodable body
+        return StepVerdict(*step.key, None, "bad_response")
     if resp.status_code >= 400:  # bad input: retrying cannot help
         return StepVerdict(*step.key, None, f"http_{resp.status_code}")
     try:

@@ -35,7 +35,7 @@ DATASET = Path(__file__).resolve().parents[2] / "bench" / "data" / "agentprocess
 
 
 @pytest.fixture(scope="module")
-def rules_judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+def keyed_rules_judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
     with start_judge(tmp_path_factory.mktemp("eval-rules"), args=["--api-key", JUDGE_KEY]) as judge:
         yield judge
 
@@ -57,8 +57,8 @@ def judge_source(report: dict[str, Any]) -> dict[str, Any]:
     return source
 
 
-def test_rules_judge_slice(rules_judge: ManagedProcess, tmp_path: Path) -> None:
-    report = run_eval(rules_judge.url, tmp_path / "r.json", "--votes", "1", "--limit", "8")
+def test_rules_judge_slice(keyed_rules_judge: ManagedProcess, tmp_path: Path) -> None:
+    report = run_eval(keyed_rules_judge.url, tmp_path / "r.json", "--votes", "1", "--limit", "8")
     judged = judge_source(report)
     assert judged["statuses"] == {"ok": 8} and judged["missing"] == 0
     assert report["judge"]["backend"] == "rules" and report["judge"]["prompt_versions"]["prm"].startswith("rules@")
@@ -77,33 +77,35 @@ def test_rules_judge_slice(rules_judge: ManagedProcess, tmp_path: Path) -> None:
     assert judged["first_error_accuracy"] == pytest.approx(want.first_error_accuracy)
 
     skipped = judge_source(
-        run_eval(rules_judge.url, tmp_path / "s.json", "--votes", "1", "--limit", "8", "--final-step", "skip")
+        run_eval(keyed_rules_judge.url, tmp_path / "s.json", "--votes", "1", "--limit", "8", "--final-step", "skip")
     )
     finals = sum(1 for s in steps if not s.has_next_state)
     assert finals > 0 and skipped["statuses"] == {"ok": 8 - finals, "skipped": finals} and skipped["missing"] == finals
 
 
-def test_resume_sends_only_new_steps(rules_judge: ManagedProcess, tmp_path: Path) -> None:
+def test_resume_sends_only_new_steps(keyed_rules_judge: ManagedProcess, tmp_path: Path) -> None:
     cache = tmp_path / "steps.jsonl"
-    before = judge_requests(rules_judge)
-    first = run_eval(rules_judge.url, tmp_path / "a.json", "--limit", "4", "--cache", str(cache))
-    assert judge_requests(rules_judge) - before == 4 and first["judge"]["sent"] == 4
+    before = judge_requests(keyed_rules_judge)
+    first = run_eval(keyed_rules_judge.url, tmp_path / "a.json", "--limit", "4", "--cache", str(cache))
+    assert judge_requests(keyed_rules_judge) - before == 4 and first["judge"]["sent"] == 4
     # a killed run leaves a torn last line: it is ignored, the complete lines count
     with cache.open("a") as f:
         f.write('{"key": "torn')
-    before = judge_requests(rules_judge)
-    resumed = run_eval(rules_judge.url, tmp_path / "b.json", "--limit", "10", "--cache", str(cache))
-    assert judge_requests(rules_judge) - before == 6
+    before = judge_requests(keyed_rules_judge)
+    resumed = run_eval(keyed_rules_judge.url, tmp_path / "b.json", "--limit", "10", "--cache", str(cache))
+    assert judge_requests(keyed_rules_judge) - before == 6
     assert (resumed["judge"]["sent"], resumed["judge"]["from_cache"]) == (6, 4)
-    before = judge_requests(rules_judge)
-    fresh = run_eval(rules_judge.url, tmp_path / "c.json", "--limit", "10", "--cache", str(tmp_path / "fresh.jsonl"))
-    assert judge_requests(rules_judge) - before == 10
+    before = judge_requests(keyed_rules_judge)
+    fresh = run_eval(
+        keyed_rules_judge.url, tmp_path / "c.json", "--limit", "10", "--cache", str(tmp_path / "fresh.jsonl")
+    )
+    assert judge_requests(keyed_rules_judge) - before == 10
     for key in ("accuracy", "macro_f1", "kappa", "first_error_accuracy", "confusion", "statuses", "macro_f1_ci95"):
         assert judge_source(resumed)[key] == judge_source(fresh)[key], key
     # another m is another request: nothing cached applies
-    before = judge_requests(rules_judge)
-    run_eval(rules_judge.url, tmp_path / "d.json", "--limit", "4", "--cache", str(cache), "--votes", "2")
-    assert judge_requests(rules_judge) - before == 4
+    before = judge_requests(keyed_rules_judge)
+    run_eval(keyed_rules_judge.url, tmp_path / "d.json", "--limit", "4", "--cache", str(cache), "--votes", "2")
+    assert judge_requests(keyed_rules_judge) - before == 4
 
 
 @pytest.mark.slow

@@ -9,9 +9,9 @@ Contract:
 - The verdict is ``prm.score`` when ``prm.status == "ok"``; any other status (tie, no_valid_votes, judge_failed,
   abstained, quarantined, ...), an HTTP error after retries or an answer without a ``prm`` is no verdict, with
   the status tallied (``http_<code>``, ``transport_error``, ``bad_response``).
-- Transport errors and 5xx are retried (tenacity: capped exponential backoff with jitter, at most
-  ``step_deadline_s`` per step); a 4xx never is. At most ``concurrency`` requests are in flight, on one shared
-  ``httpx.AsyncClient`` with an explicit timeout.
+- Retries are the one client layer's (engine.http_client): transport errors, 408, 429 and 5xx are retried
+  with capped exponential backoff and jitter within ``step_deadline_s`` per step; any other 4xx never is. At
+  most ``concurrency`` requests are in flight, on one shared ``httpx.AsyncClient`` with an explicit timeout.
 - Resume: every answered step (any prm status but judge_failed) is appended to the cache file as one JSON line,
   flushed at once, keyed by a hash of the judge URL, the step's identity and the exact request body (so ``m``,
   the final-step rule and the request shape are in the key); a re-run sends only the steps not in the cache.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import json
 import sys
 import time
@@ -34,9 +33,17 @@ from typing import IO, Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_before_delay, wait_exponential_jitter
 from tqdm import tqdm
 
+from engine.http_client import (
+    CallFailed,
+    CallRejected,
+    CallTimedOut,
+    RetryPolicy,
+    bearer_headers,
+    build_async_http,
+    send,
+)
 from judge_server.eval.dataset import LabelledStep, StepKey
 from judge_server.schemas import JudgeRequest
 from prompts.templates import load_template
@@ -45,10 +52,6 @@ FinalStep = Literal["marker", "skip"]
 FINAL_STEP_TEMPLATE = "eval_episode_end_v1"
 STATUS_SKIPPED = "skipped"
 STATUS_OK = "ok"
-# tenacity 9.2 renamed wait_exponential_jitter(initial=) to multiplier= (the old name warns); engine.http_client too.
-_BACKOFF_KW = (
-    "multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters else "initial"
-)
 # A judge_failed answer is the judge's engine failing, not a verdict on the step: a re-run should ask again.
 _UNCACHED_STATUSES = frozenset({"judge_failed", "bad_response", "transport_error"})
 
@@ -71,6 +74,16 @@ class JudgeTarget:
     step_deadline_s: float = 900.0
     initial_backoff_s: float = 0.5
     max_backoff_s: float = 10.0
+    max_attempts: int = 8
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.max_attempts,
+            initial_backoff_s=self.initial_backoff_s,
+            max_backoff_s=self.max_backoff_s,
+            jitter_s=self.initial_backoff_s,
+            deadline_s=self.step_deadline_s,
+        )
 
 
 @dataclass(frozen=True)
@@ -124,12 +137,6 @@ class _Answer(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     prm: _Prm | None = None
-
-
-class _ServerError(Exception):
-    def __init__(self, status_code: int):
-        super().__init__(f"HTTP {status_code}")
-        self.status_code = status_code
 
 
 def final_step_marker() -> str:
@@ -195,10 +202,6 @@ def cacheable(status: str) -> bool:
     return status not in _UNCACHED_STATUSES and not status.startswith("http_")
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 def verdict_of(step: LabelledStep, answer: Any) -> StepVerdict:
     """The step's verdict from a 2xx ``/v1/judge`` answer (module contract)."""
     try:
@@ -213,7 +216,7 @@ def verdict_of(step: LabelledStep, answer: Any) -> StepVerdict:
 
 async def judge_info(client: httpx.AsyncClient, target: JudgeTarget) -> JudgeInfo:
     try:
-        resp = await client.get(target.url.rstrip("/") + "/ready", headers=_headers(target.api_key))
+        resp = await client.get(target.url.rstrip("/") + "/ready", headers=bearer_headers(target.api_key))
         ready = _Ready.model_validate(resp.json())
     except httpx.HTTPError as exc:
         raise EvalRunError(f"judge at {target.url} unreachable: {exc!r}") from exc
@@ -225,31 +228,20 @@ async def judge_info(client: httpx.AsyncClient, target: JudgeTarget) -> JudgeInf
 async def _judge_one(
     client: httpx.AsyncClient, target: JudgeTarget, step: LabelledStep, body: Mapping[str, Any]
 ) -> StepVerdict:
-    retrying = AsyncRetrying(
-        retry=retry_if_exception_type((httpx.TransportError, _ServerError)),
-        wait=wait_exponential_jitter(
-            **{_BACKOFF_KW: target.initial_backoff_s}, max=target.max_backoff_s, jitter=target.initial_backoff_s
-        ),
-        # the next attempt is not started when its backoff would end past the step's deadline
-        stop=stop_before_delay(target.step_deadline_s),
-        reraise=True,
-    )
+    url = target.url.rstrip("/") + "/v1/judge"
     try:
-        async for attempt in retrying:
-            with attempt:
-                resp = await client.post(
-                    target.url.rstrip("/") + "/v1/judge", json=body, headers=_headers(target.api_key)
-                )
-                if resp.status_code >= 500:
-                    raise _ServerError(resp.status_code)
-    except _ServerError as exc:
+        resp = await send(
+            client, "POST", url, policy=target.retry_policy(), json=body, headers=bearer_headers(target.api_key)
+        )
+    except CallRejected as exc:  # bad input: retrying cannot help
         return StepVerdict(*step.key, None, f"http_{exc.status_code}")
-    except httpx.TransportError:
+    except CallFailed as exc:
+        status = f"http_{exc.status_code}" if exc.status_code is not None else "transport_error"
+        return StepVerdict(*step.key, None, status)
+    except CallTimedOut:
         return StepVerdict(*step.key, None, "transport_error")
     except httpx.HTTPError:  # not retried: a redirect loop, an undecodable body
         return StepVerdict(*step.key, None, "bad_response")
-    if resp.status_code >= 400:  # bad input: retrying cannot help
-        return StepVerdict(*step.key, None, f"http_{resp.status_code}")
     try:
         answer = resp.json()
     except ValueError:
@@ -280,13 +272,11 @@ async def judge_steps(
     todo = [s for s in steps if s.key not in verdicts]
     from_cache = sum(1 for s in steps if s.key in keys and keys[s.key] in cached)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
-    # Loopback or cluster-internal judge: never through a proxy from the environment.
     timeout = httpx.Timeout(target.read_timeout_s, connect=target.connect_timeout_s)
-    limits = httpx.Limits(max_connections=target.concurrency, max_keepalive_connections=target.concurrency)
     gate = asyncio.Semaphore(target.concurrency)
     bar = tqdm(total=len(steps), initial=len(steps) - len(todo), unit="step", file=sys.stderr, disable=not progress)
     with cache_path.open("a", encoding="utf-8") as stream:
-        async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False, transport=transport) as client:
+        async with build_async_http(timeout, max_connections=target.concurrency, transport=transport) as client:
             info = await judge_info(client, target)
 
             async def one(step: LabelledStep) -> None:

@@ -143,11 +143,11 @@ def _run(steps: list[Any], judge: FakeJudge, cache: Path, **target: Any) -> Any:
     return asyncio.run(judge_steps(steps, t, cache, progress=False, transport=httpx.MockTransport(judge)))
 
 
-def test_client_retries_5xx_and_transport_errors_never_4xx(tmp_path: Path) -> None:
+def test_client_retries_5xx_429_and_transport_errors_never_other_4xx(tmp_path: Path) -> None:
     steps = split_steps(1, MESSAGES, {2: 1}, TOOLS)
-    judge = FakeJudge([httpx.Response(503), httpx.ConnectError("down"), _ok(-1)])
+    judge = FakeJudge([httpx.Response(503), httpx.ConnectError("down"), httpx.Response(429), _ok(-1)])
     run = _run(steps, judge, tmp_path / "c.jsonl", concurrency=1)
-    assert judge.calls == 3 and run.verdicts[0].score == -1 and run.info.backend == "fake"
+    assert judge.calls == 4 and run.verdicts[0].score == -1 and run.info.backend == "fake"
     judge = FakeJudge([httpx.Response(422, json={"detail": "no"}), _ok(1)])
     run = _run(steps, judge, tmp_path / "d.jsonl", concurrency=1)
     assert judge.calls == 1 and run.verdicts[0].score is None and run.verdicts[0].status == "http_422"

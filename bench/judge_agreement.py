@@ -42,9 +42,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import shlex
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +51,7 @@ from typing import Any
 import httpx
 
 from engine.records import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
+from judge_server.eval.local_judge import local_judge
 
 DEFAULT_TURNS = Path(__file__).resolve().parent / "judge_agreement_turns.jsonl"
 SETTINGS = (("m=1", 1, "fixed"), ("m=3", 3, "fixed"), ("m=5", 5, "fixed"), ("adaptive", 5, "adaptive"))
@@ -205,16 +204,8 @@ def judge_service(url: str | None, judge_args: str | None, api_key: str | None) 
         yield url
         return
     assert judge_args is not None
-    from tests.testkit.servers import start_judge
-
-    env = {"HINDSIGHT_JUDGE_API_KEY": api_key} if api_key else None
-    with tempfile.TemporaryDirectory(prefix="judge-agreement-") as logs:
-        args = [*shlex.split(judge_args), "--host", "127.0.0.1"]  # last: the judge it starts stays on loopback
-        judge = start_judge(Path(logs), backend=None, args=args, env=env)
-        try:
-            yield judge.url
-        finally:
-            judge.stop()
+    with local_judge(judge_args, api_key) as started:
+        yield started
 
 
 def describe_judge(url: str, api_key: str | None) -> str:

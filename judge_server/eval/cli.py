@@ -3,11 +3,12 @@
     hindsight-judge-eval DATASET.jsonl --predictions P.jsonl [P2.jsonl ...]
     hindsight-judge-eval DATASET.jsonl --judge-url URL [--judge-api-key K] [--votes 3] [--concurrency 4]
                          [--limit N] [--final-step marker|skip] [--cache PATH]
+    hindsight-judge-eval DATASET.jsonl --judge-args "--backend openai --base-url URL --model NAME --api-key-file F"
     common: [--json OUT] [--html OUT] [--bootstrap 1000] [--seed 0] [--no-guards] [--no-progress]
 
 Sources, in this order: the always-+1 base rate, the deterministic guards (default configuration; ``--no-guards``
 drops them and their rule table), each prediction file (named by its stem without ``.dev``), and the judge at
-``--judge-url`` (every labelled step sent as a (turn, next_state) pair to ``POST /v1/judge``, cached per step
+``--judge-url``, or at a ``hindsight-judge`` started for the run with ``--judge-args`` (every labelled step sent as a (turn, next_state) pair to ``POST /v1/judge``, cached per step
 for resume). Prints the table (and the judge's backend and prompt versions); ``--json`` / ``--html`` write the
 figures, the HTML with a confusion matrix per source. Bad input exits 2; an unreachable judge exits 1.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from judge_server.eval.dataset import DatasetError, LabelledStep, load_dataset, load_predictions
 from judge_server.eval.guard_stats import guard_verdicts, measure_guards
+from judge_server.eval.local_judge import local_judge
 from judge_server.eval.metrics import Verdict, bootstrap_intervals, constant_verdicts, score
 from judge_server.eval.report import EvalReport, JudgeSummary, SourceReport, format_table, render_html, to_json
 from judge_server.eval.run import EvalRunError, JudgeTarget, RunResult, judge_steps
@@ -60,7 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("dataset", type=Path, help="labelled trajectories (JSON lines with messages and step_labels)")
     p.add_argument("--predictions", type=Path, nargs="+", default=[], metavar="P", help="prediction files to score")
-    p.add_argument("--judge-url", help="a running judge service to send every labelled step to")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--judge-url", help="a running judge service to send every labelled step to")
+    target.add_argument(
+        "--judge-args",
+        metavar="ARGS",
+        help='start hindsight-judge with these arguments for the run, e.g. "--backend openai --base-url URL '
+        '--model NAME --api-key-file F" (on 127.0.0.1, stopped after)',
+    )
     p.add_argument(
         "--judge-api-key",
         default=os.environ.get("HINDSIGHT_JUDGE_API_KEY"),
@@ -172,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.judge_url is not None and not args.judge_url.startswith(("http://", "https://")):
         parser.error(f"--judge-url must be an http(s) URL, got {args.judge_url!r}")
     try:
-        report = evaluate(args)
+        if args.judge_args is not None:
+            with local_judge(args.judge_args, args.judge_api_key) as url:
+                args.judge_url = url
+                report = evaluate(args)
+        else:
+            report = evaluate(args)
     except DatasetError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -122,3 +122,43 @@ def test_tiny_llm_judge_slice(tmp_path: Path) -> None:
     assert set(judged["statuses"]) <= {"ok", "tie", "no_valid_votes"}  # constrained votes parse; the engine is up
     assert judged["missing"] == 6 - judged["statuses"].get("ok", 0)
     assert sum(map(sum, judged["confusion"]["counts"])) == 6
+
+
+def test_one_command_measures_an_openai_compatible_endpoint(tmp_path: Path) -> None:
+    """``--judge-args`` starts the judge for the run: here the openai backend on a chat endpoint that answers
+    one choice without constraints and, once re-asked, always ``\\boxed{1}`` (tests/judge/openai_stub.py). Every
+    step is then +1, so the judge's figures are exactly the base rate's on the slice, its backend is reported as
+    openai, the endpoint really saw the judge's prompts, and the started judge is gone afterwards."""
+    import sys
+
+    import httpx
+
+    from engine.procs import free_port
+    from tests.testkit.procs import start_process
+
+    key_file = tmp_path / "endpoint.key"
+    key_file.write_text("stub-key")
+    calls = tmp_path / "calls.jsonl"
+    port = free_port()
+    stub = start_process(
+        "openai-stub",
+        [sys.executable, "-m", "tests.judge.openai_stub", "--port", str(port), "--calls", str(calls)],
+        url=f"http://127.0.0.1:{port}",
+        log_dir=tmp_path,
+    )
+    out = tmp_path / "openai.json"
+    judge_args = f"--backend openai --base-url {stub.url}/v1 --model stub-judge --api-key-file {key_file}"
+    try:
+        argv = [str(DATASET), "--judge-args", judge_args, "--votes", "1", "--limit", "6", "--json", str(out)]
+        assert cli.main([*argv, "--bootstrap", "0", "--no-guards", "--no-progress"]) == 0
+    finally:
+        stub.stop()
+    report = json.loads(out.read_text())
+    base, judged = report["sources"][0], judge_source(report)
+    assert report["judge"]["backend"] == "openai" and judged["statuses"] == {"ok": 6}
+    assert judged["confusion"]["counts"] == base["confusion"]["counts"]
+    assert (judged["accuracy"], judged["kappa"]) == (base["accuracy"], base["kappa"])
+    prompts = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert len(prompts) >= 6 and all(p["model"] == "stub-judge" for p in prompts)
+    with pytest.raises(httpx.TransportError):  # the judge it started was stopped
+        httpx.get(report["judge"]["url"] + "/health", timeout=2)

@@ -126,14 +126,17 @@ class Dispatcher:
         owner: str | None = None,
         feedback_policy: str = "override",
         feedback_hint: bool = True,
+        at_least_one: bool = True,
     ):
         """``concurrency`` .. ``claim_s``: the ``dispatch_*`` settings of PolicySettings (defaults live there);
         ``poll_s``: how often the store is polled when nothing wakes the dispatcher; ``feedback_policy`` /
-        ``feedback_hint``: how explicit feedback combines with the verdict (policy_server.rewards.feedback)."""
+        ``feedback_hint``: how explicit feedback combines with the verdict (policy_server.rewards.feedback);
+        ``at_least_one``: the setting, for feedback settled after judging (the store re-runs the rule)."""
         self.store = store
         self.owner = owner
         self.feedback_policy = feedback_policy
         self.feedback_hint = feedback_hint
+        self.at_least_one = at_least_one
         self.claim_s = claim_s
         self.pipeline = pipeline
         self.scoring = scoring
@@ -371,7 +374,9 @@ class Dispatcher:
             data=data,
         )
         # Feedback that arrived while the judge ran is applied now (or counted late if already leased).
-        await asyncio.to_thread(self.store.settle_feedback, job["session_id"], job["turn_index"], self.feedback_policy)
+        await asyncio.to_thread(
+            self.store.settle_feedback, job["session_id"], job["turn_index"], self.feedback_policy, self.at_least_one
+        )
         self.processed += 1
         self.outcomes[result.status] = self.outcomes.get(result.status, 0) + 1
         return True

@@ -297,12 +297,13 @@ def agreement_metrics(client: httpx.Client) -> dict[str, float]:
     return out
 
 
-def test_combine_late_feedback_agreement_and_at_least_one(combine_policy):
+def test_combine_late_feedback_agreement_and_at_least_one(combine_policy, tmp_path):
     """combine + average: feedback after judging re-decides w_rl's reward and keeps the teacher term; the
     agreement gauges follow the pairs; a late "down" on a session's only included sample (a +1 without hint)
     excludes it and the at-least-one rule includes the session's neutral turn with reward 0.0."""
     from tests.modes.test_modes_e2e import NEGATIVE
     from tests.waiting import wait_until
+    from trainer.report.data import agreement_series, collect
 
     data_dir = combine_policy.extra["data_dir"]
     with httpx.Client(base_url=combine_policy.url, timeout=60, trust_env=False) as client:
@@ -363,3 +364,6 @@ def test_combine_late_feedback_agreement_and_at_least_one(combine_policy):
         assert after[counter.format("+1", "agree", "+1")] == 1
         assert after[counter.format("-1", "disagree", "+1")] == 1
         assert after[counter.format("0", "agree", "0")] == 0
+    # the run report reads the same pairs through the admin API and ends on the gauge's value
+    report = collect(tmp_path, policy_url=combine_policy.url, admin_api_key=ADMIN_KEY)
+    assert agreement_series(report.feedback)[-1][1] == pytest.approx(1 / 3)

@@ -8,7 +8,7 @@ policy-specific series.
 
 Judge/feedback agreement (:class:`JudgeFeedbackCollector`) is read from the store, so every replica reports
 the same figures and they survive restarts: ``hindsight_policy_judge_feedback_agreement`` (agreeing share of
-the latest ``--feedback-agreement-window`` pairs; absent while there is none), ``..._pairs`` (pairs in that
+the latest ``--feedback-agreement-window`` pairs; NaN while there is none), ``..._pairs`` (pairs in that
 window) and ``hindsight_policy_judge_feedback_outcomes_total{outcome, verdict, feedback}`` (every feedback
 settled against a verdict, by agree/disagree and the 3x3 of signs). Being store-wide, these are the same at
 every replica: aggregate them across replicas with ``max``, never ``sum``. The read is refreshed on a scrape
@@ -18,6 +18,7 @@ when older than :data:`AGREEMENT_MAX_AGE_S`.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterator
 
@@ -30,7 +31,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from policy_server.store.feedback import JudgeAgreement
+from policy_server.store.feedback import JudgeAgreement, SignCounts
 
 # Scrapes closer together than this (several Prometheus servers, a dashboard refresh) share one store read.
 AGREEMENT_MAX_AGE_S = 10.0
@@ -53,21 +54,21 @@ class JudgeFeedbackCollector(Collector):
         )
         yield pairs
         share = None if latest is None else latest.window.share
-        if share is not None:  # absent rather than NaN or 0 while there is nothing to compare
-            yield GaugeMetricFamily(
-                "hindsight_policy_judge_feedback_agreement",
-                "share of the window's pairs whose judge verdict sign equals the feedback's sign",
-                value=share,
-            )
+        # NaN, never 0, while there is nothing to compare: no alert threshold fires on it, and the series
+        # still exists for the dashboard.
+        yield GaugeMetricFamily(
+            "hindsight_policy_judge_feedback_agreement",
+            "share of the window's pairs whose judge verdict sign equals the feedback's sign (NaN: no pair)",
+            value=math.nan if share is None else share,
+        )
         outcomes = CounterMetricFamily(
             "hindsight_policy_judge_feedback_outcomes",
             "feedback settled against a judge PRM verdict, by outcome and by verdict x feedback sign",
             labels=["outcome", "verdict", "feedback"],
         )
-        if latest is not None:
-            for v, f, n in latest.total.cells:
-                outcome = "agree" if v == f else "disagree"
-                outcomes.add_metric([outcome, SIGN_LABELS[v], SIGN_LABELS[f]], n)
+        cells = SignCounts.of({}).cells if latest is None else latest.total.cells
+        for v, f, n in cells:  # all nine, zeros included: rate() needs the series before its first increase
+            outcomes.add_metric(["agree" if v == f else "disagree", SIGN_LABELS[v], SIGN_LABELS[f]], n)
         yield outcomes
 
 

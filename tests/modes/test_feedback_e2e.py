@@ -11,6 +11,7 @@ feedback's text is the hint the teacher is scored with (no hint extraction by th
 
 from __future__ import annotations
 
+import math
 import uuid
 from pathlib import Path
 
@@ -309,7 +310,7 @@ def test_combine_late_feedback_agreement_and_at_least_one(combine_policy, tmp_pa
     with httpx.Client(base_url=combine_policy.url, timeout=60, trust_env=False) as client:
         before = agreement_metrics(client)
         assert before["hindsight_policy_judge_feedback_pairs"] == 0
-        assert "hindsight_policy_judge_feedback_agreement" not in before  # no pair: absent, not 0
+        assert math.isnan(before["hindsight_policy_judge_feedback_agreement"])  # no pair: NaN, never 0
 
         one = session_of(client, [NEGATIVE, POSITIVE])  # turn 0: -1 + correction hint, turn 1: +1
         rows = session_samples(data_dir, one, 3)

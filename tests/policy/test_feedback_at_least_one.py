@@ -231,3 +231,46 @@ def test_agreement_pairs_the_latest_feedback_of_each_judged_turn(store_factory):
     assert {(v, f) for v, f, n in latest_two.cells if n} == {(-1, -1), (0, 0)}
     assert [r["judge_sign"] for r in st.list_feedback("p2")] == [-1, -1]
     assert [r["judge_sign"] for r in st.list_feedback("p6")] == [None]
+
+
+def test_metrics_show_the_agreement_read_and_reuse_a_recent_one():
+    import asyncio
+    import math
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from policy_server.metrics import Metrics
+    from policy_server.store.feedback import JudgeAgreement, SignCounts
+
+    def values(m: Metrics) -> dict[tuple[str, tuple], float]:
+        text = m.render().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name.startswith("hindsight_policy_judge_feedback_")
+        }
+
+    m = Metrics()
+    empty = values(m)
+    assert math.isnan(empty[("hindsight_policy_judge_feedback_agreement", ())])
+    assert empty[("hindsight_policy_judge_feedback_pairs", ())] == 0 and len(empty) == 2 + 9
+    reads = []
+
+    def read() -> JudgeAgreement:
+        reads.append(1)
+        window = SignCounts.of({(1, 1): 3, (-1, 1): 1})
+        return JudgeAgreement(window_size=200, window=window, total=SignCounts.of({(1, 1): 5, (0, -1): 2}))
+
+    asyncio.run(m.refresh_judge_feedback(read))
+    asyncio.run(m.refresh_judge_feedback(read))  # within AGREEMENT_MAX_AGE_S: the same read serves
+    assert len(reads) == 1
+    got = values(m)
+    assert got[("hindsight_policy_judge_feedback_agreement", ())] == 0.75
+    assert got[("hindsight_policy_judge_feedback_pairs", ())] == 4
+    key = "hindsight_policy_judge_feedback_outcomes_total"
+    assert got[(key, (("feedback", "+1"), ("outcome", "agree"), ("verdict", "+1")))] == 5
+    assert got[(key, (("feedback", "-1"), ("outcome", "disagree"), ("verdict", "0")))] == 2
+    assert got[(key, (("feedback", "0"), ("outcome", "agree"), ("verdict", "0")))] == 0
+    asyncio.run(m.refresh_judge_feedback(read, max_age_s=0.0))
+    assert len(reads) == 2

@@ -15,7 +15,7 @@ decision itself is pure (policy_server.rewards.feedback); this module decides WH
 Settling a feedback also records the sign of the judge's PRM verdict on its turn (``judge_sign``) whatever the
 sample's state, and keeps the at-least-one rule: feedback that makes a sample included marks its session as
 having one; feedback that excludes a session's last included sample re-runs the rule, in the same
-transaction (the session row is locked first, so concurrent feedback on one session is serialised):
+transaction (the session row is locked after the sample's, so concurrent feedback on one session is serialised):
 the earliest promotable turn (policy_server.rewards.feedback.promotable) becomes ``ready`` with reward 0.0;
 without one, the session's flag is cleared so the dispatcher promotes the next neutral turn it judges.
 Leased and consumed samples are never changed, and count as included.
@@ -227,9 +227,6 @@ class StoreFeedback(StoreDB):
     def _settle(self, db: Any, session_id: str, turn_index: int, policy: str, at_least_one: bool, now: float) -> int:
         """Inside a transaction: decide the turn's pending feedback against its sample's state now, keep the
         at-least-one rule (module docstring); returns how many samples became ready."""
-        # The session row first: every settle of one session waits here, so two feedbacks that each exclude
-        # one of its samples cannot both see the other's sample as still included.
-        db.execute("SELECT has_included FROM sessions WHERE session_id=?" + self._for_update, (session_id,))
         sample = db.execute(
             "SELECT sample_id, status, reject_reason, data FROM samples WHERE session_id=? AND turn_index=?"
             + self._for_update,
@@ -237,6 +234,10 @@ class StoreFeedback(StoreDB):
         ).fetchone()
         if sample is None or sample["status"] == S.PENDING_JUDGE:
             return 0  # stays pending: the dispatcher applies it with the judge's outcome
+        # Then the session row (the sample -> session lock order of complete_judge, so neither waits on the
+        # other in a cycle): settles of one session queue here, so two feedbacks that each exclude one of its
+        # samples cannot both see the other's sample as still included.
+        db.execute("SELECT has_included FROM sessions WHERE session_id=?" + self._for_update, (session_id,))
         data = json.loads(sample["data"]) if sample["data"] else None
         was_included, now_included = sample["status"] in _INCLUDED, sample["status"] in _INCLUDED
         became_ready = 0
@@ -293,8 +294,10 @@ class StoreFeedback(StoreDB):
             for row in rejected:
                 if (row["reject_reason"] or "").split(":", 1)[0] not in PROMOTABLE:
                     continue  # decided by its reason alone: only candidates' JSON is read
+                # SKIP LOCKED: a candidate locked by feedback on it right now is that feedback's to decide
+                # (waiting for it while holding the session row could close a lock cycle with it).
                 found = db.execute(
-                    "SELECT data FROM samples WHERE sample_id=? AND status=?" + self._for_update,
+                    "SELECT data FROM samples WHERE sample_id=? AND status=?" + self._skip_locked,
                     (row["sample_id"], S.REJECTED),
                 ).fetchone()
                 data = json.loads(found["data"]) if found is not None and found["data"] else None

@@ -274,3 +274,36 @@ def test_metrics_show_the_agreement_read_and_reuse_a_recent_one():
     assert got[(key, (("feedback", "0"), ("outcome", "agree"), ("verdict", "0")))] == 0
     asyncio.run(m.refresh_judge_feedback(read, max_age_s=0.0))
     assert len(reads) == 2
+
+
+def test_concurrent_feedback_excluding_both_included_samples_still_promotes(store_factory):
+    """Two feedbacks, each excluding one of a session's two included samples, sent at once from two
+    connections: the session's settles queue on its row, so the second sees the first's exclusion and
+    promotes the neutral turn (without that, each could see the other's sample still included)."""
+    import threading
+
+    st = store_factory()
+    sessions = [f"race{i}" for i in range(8)]
+    for sid in sessions:
+        _session(st, sid, [POS, POS, NEUTRAL])
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def send(turn: int) -> None:
+        try:
+            for sid in sessions:
+                barrier.wait(timeout=10)
+                _down(st, sid, turn)
+        except BaseException as exc:  # surfaced below: a thread's failure must fail the test
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=send, args=(turn,)) for turn in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    for sid in sessions:
+        assert [r[0] for r in _rows(st, sid)] == ["rejected", "rejected", "ready"], sid
+        assert st.session(sid)["has_included"] == 1

@@ -17,7 +17,8 @@ Contract:
   log-probs are the masked distribution's.
 - Explicit feedback on the turn (policy_server.store.feedback) is read before judging: its text may serve as
   the hint (``feedback_hint``), its value is combined with the outcome under ``feedback_policy`` before the
-  write, and feedback that arrived meanwhile is settled right after it.
+  write, and feedback that arrived meanwhile is settled right after it (the store re-runs the at-least-one
+  rule when that feedback excludes the session's last included sample).
 - Any other pipeline exception rejects the turn with reason ``pipeline_error: ...`` (explicit, visible).
 - The stored Sample is an :class:`engine.records.Sample` (the pipeline's fields, the turn's
   :data:`~engine.records.SAMPLE_TURN_KEYS`, the origin). A pipeline result off that schema is rejected

@@ -125,6 +125,7 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 claim_s=settings.dispatch_claim_s,
                 feedback_policy=settings.feedback_policy,
                 feedback_hint=settings.feedback_hint,
+                at_least_one=settings.at_least_one,
             )
             sessions = SessionTracker(
                 store,

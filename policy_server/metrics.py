@@ -5,9 +5,22 @@ Per-route request counts and latencies (``hindsight_policy_http_requests_total``
 engine.observability.RouteMetrics on this registry (policy_server.app), the one request-latency histogram
 (chat answers and streams alike: a stream's duration runs to its last byte); this class holds the
 policy-specific series.
+
+Judge/feedback agreement (:class:`JudgeFeedbackCollector`) is read from the store, so every replica reports
+the same figures and they survive restarts: ``hindsight_policy_judge_feedback_agreement`` (agreeing share of
+the latest ``--feedback-agreement-window`` pairs; NaN while there is none), ``..._pairs`` (pairs in that
+window) and ``hindsight_policy_judge_feedback_outcomes_total{outcome, verdict, feedback}`` (every feedback
+settled against a verdict, by agree/disagree and the 3x3 of signs). Being store-wide, these are the same at
+every replica: aggregate them across replicas with ``max``, never ``sum``. The read is refreshed on a scrape
+when older than :data:`AGREEMENT_MAX_AGE_S`.
 """
 
 from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -15,6 +28,48 @@ from prometheus_client import (
     Gauge,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from policy_server.store.feedback import JudgeAgreement, SignCounts
+
+# Scrapes closer together than this (several Prometheus servers, a dashboard refresh) share one store read.
+AGREEMENT_MAX_AGE_S = 10.0
+SIGN_LABELS = {1: "+1", 0: "0", -1: "-1"}
+
+
+class JudgeFeedbackCollector(Collector):
+    """The latest :class:`~policy_server.store.feedback.JudgeAgreement` read, as Prometheus families."""
+
+    def __init__(self) -> None:
+        self.latest: JudgeAgreement | None = None
+        self.read_at_s = -float("inf")  # time.monotonic() of the read
+
+    def collect(self) -> Iterator[Metric]:
+        latest = self.latest
+        pairs = GaugeMetricFamily(
+            "hindsight_policy_judge_feedback_pairs",
+            "judged turns with explicit feedback in the agreement window (the latest feedback of each)",
+            value=0 if latest is None else latest.window.pairs,
+        )
+        yield pairs
+        share = None if latest is None else latest.window.share
+        # NaN, never 0, while there is nothing to compare: no alert threshold fires on it, and the series
+        # still exists for the dashboard.
+        yield GaugeMetricFamily(
+            "hindsight_policy_judge_feedback_agreement",
+            "share of the window's pairs whose judge verdict sign equals the feedback's sign (NaN: no pair)",
+            value=math.nan if share is None else share,
+        )
+        outcomes = CounterMetricFamily(
+            "hindsight_policy_judge_feedback_outcomes",
+            "feedback settled against a judge PRM verdict, by outcome and by verdict x feedback sign",
+            labels=["outcome", "verdict", "feedback"],
+        )
+        cells = SignCounts.of({}).cells if latest is None else latest.total.cells
+        for v, f, n in cells:  # all nine, zeros included: rate() needs the series before its first increase
+            outcomes.add_metric(["agree" if v == f else "disagree", SIGN_LABELS[v], SIGN_LABELS[f]], n)
+        yield outcomes
 
 
 class Metrics:
@@ -75,6 +130,17 @@ class Metrics:
             registry=r,
         )
         self.samples = Gauge("hindsight_policy_samples", "samples by status", ["status"], registry=r)
+        self.judge_feedback = JudgeFeedbackCollector()
+        r.register(self.judge_feedback)
+
+    async def refresh_judge_feedback(
+        self, read: Callable[[], JudgeAgreement], max_age_s: float = AGREEMENT_MAX_AGE_S
+    ) -> None:
+        """Re-read the agreement (``read`` runs in a worker thread) unless the last read is recent enough."""
+        if time.monotonic() - self.judge_feedback.read_at_s < max_age_s:
+            return
+        self.judge_feedback.latest = await asyncio.to_thread(read)
+        self.judge_feedback.read_at_s = time.monotonic()
 
     def render(self, stats: dict[str, object] | None = None) -> bytes:
         samples = (stats or {}).get("samples")

@@ -83,6 +83,14 @@ class PolicySettings(CliSettings):
     feedback_hint: bool = Field(
         True, description="use a feedback's text as the turn's OPD hint (opd/combine) instead of extracting one"
     )
+    # 200 pairs: near 0.8 agreement the share's standard error is 0.028, so a 10-point drift stands out at
+    # about 3.5 sigma, while at tens of feedbacks an hour the window still turns over within a working day.
+    feedback_agreement_window: int = Field(
+        200,
+        ge=1,
+        description="judged turns with explicit feedback (the latest) over which /metrics reports the "
+        "judge/feedback agreement (docs/OBSERVABILITY.md)",
+    )
     teacher_top_k: int = Field(
         0, description="top-K teacher log-probs recorded per token (0: only the sampled token's)"
     )

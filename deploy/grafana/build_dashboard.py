@@ -233,6 +233,39 @@ ROWS = [
                 ],
                 "timeseries",
             ),
+            # Store-wide series (every policy replica exports the same values): max across replicas, never sum.
+            (
+                "Judge/feedback agreement",
+                "percentunit",
+                [
+                    (
+                        "latest pairs (window)",
+                        'max(hindsight_policy_judge_feedback_agreement{job="hindsight-policy"})',
+                    ),
+                    (
+                        "feedback of the last hour",
+                        'sum(max by (verdict, feedback) (increase(hindsight_policy_judge_feedback_outcomes_total{job="hindsight-policy", outcome="agree"}[1h]))) / clamp_min(sum(max by (verdict, feedback) (increase(hindsight_policy_judge_feedback_outcomes_total{job="hindsight-policy"}[1h]))), 1)',
+                    ),
+                ],
+                "timeseries",
+            ),
+            (
+                "Feedback vs verdict sign / h",
+                "short",
+                [
+                    (
+                        "judge {{verdict}}, feedback {{feedback}}",
+                        'max by (verdict, feedback) (increase(hindsight_policy_judge_feedback_outcomes_total{job="hindsight-policy"}[1h]))',
+                    )
+                ],
+                "timeseries",
+            ),
+            (
+                "Agreement pairs in window",
+                "short",
+                [("pairs", 'max(hindsight_policy_judge_feedback_pairs{job="hindsight-policy"})')],
+                "stat",
+            ),
             (
                 "Judge requests p95",
                 "s",

@@ -92,6 +92,7 @@ async def post_feedback(request: Request) -> dict[str, Any]:
             text=text,
             idempotency_key=key,
             policy=st.settings.feedback_policy,
+            at_least_one=st.settings.at_least_one,
         )
     except FeedbackConflict as exc:
         raise Conflict(str(exc), param="idempotency_key") from None

@@ -91,4 +91,5 @@ async def metrics(request: Request) -> Response:
     st = _state(request)
     st.metrics.gate_waiting.set(st.gate.waiting)
     stats = await asyncio.to_thread(st.store.stats)
+    await st.metrics.refresh_judge_feedback(lambda: st.store.judge_agreement(st.settings.feedback_agreement_window))
     return Response(st.metrics.render(stats), media_type="text/plain; version=0.0.4")

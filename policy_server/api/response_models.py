@@ -219,6 +219,9 @@ class FeedbackRow(_Closed):
     state: str
     created_at: float
     applied_at: float | None
+    judge_sign: int | None = Field(
+        None, ge=-1, le=1, description="sign of the turn's PRM verdict once settled; null without one"
+    )
 
 
 class FeedbackList(_Closed):

@@ -17,7 +17,8 @@ Contract:
   log-probs are the masked distribution's.
 - Explicit feedback on the turn (policy_server.store.feedback) is read before judging: its text may serve as
   the hint (``feedback_hint``), its value is combined with the outcome under ``feedback_policy`` before the
-  write, and feedback that arrived meanwhile is settled right after it.
+  write, and feedback that arrived meanwhile is settled right after it (the store re-runs the at-least-one
+  rule when that feedback excludes the session's last included sample).
 - Any other pipeline exception rejects the turn with reason ``pipeline_error: ...`` (explicit, visible).
 - The stored Sample is an :class:`engine.records.Sample` (the pipeline's fields, the turn's
   :data:`~engine.records.SAMPLE_TURN_KEYS`, the origin). A pipeline result off that schema is rejected
@@ -126,14 +127,17 @@ class Dispatcher:
         owner: str | None = None,
         feedback_policy: str = "override",
         feedback_hint: bool = True,
+        at_least_one: bool = True,
     ):
         """``concurrency`` .. ``claim_s``: the ``dispatch_*`` settings of PolicySettings (defaults live there);
         ``poll_s``: how often the store is polled when nothing wakes the dispatcher; ``feedback_policy`` /
-        ``feedback_hint``: how explicit feedback combines with the verdict (policy_server.rewards.feedback)."""
+        ``feedback_hint``: how explicit feedback combines with the verdict (policy_server.rewards.feedback);
+        ``at_least_one``: the setting, for feedback settled after judging (the store re-runs the rule)."""
         self.store = store
         self.owner = owner
         self.feedback_policy = feedback_policy
         self.feedback_hint = feedback_hint
+        self.at_least_one = at_least_one
         self.claim_s = claim_s
         self.pipeline = pipeline
         self.scoring = scoring
@@ -371,7 +375,9 @@ class Dispatcher:
             data=data,
         )
         # Feedback that arrived while the judge ran is applied now (or counted late if already leased).
-        await asyncio.to_thread(self.store.settle_feedback, job["session_id"], job["turn_index"], self.feedback_policy)
+        await asyncio.to_thread(
+            self.store.settle_feedback, job["session_id"], job["turn_index"], self.feedback_policy, self.at_least_one
+        )
         self.processed += 1
         self.outcomes[result.status] = self.outcomes.get(result.status, 0) + 1
         return True

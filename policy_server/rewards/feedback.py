@@ -20,8 +20,13 @@ when a turn with feedback is judged. docs/REWARD_MODES.md ("Explicit feedback") 
 - Modes: rl and combine use the reward; opd has no reward term, so feedback there changes nothing but is
   recorded (its text may serve as the hint, see policy_server.rewards.modes). Only samples whose exclusion
   concerns the reward signal (:data:`REDECIDABLE`) can be re-included; a turn refused for its own defects
-  (history mismatch, empty reply, teacher mismatch, ...) stays refused. The at-least-one rule is not
-  re-run: feedback replaces the reward it decided.
+  (history mismatch, empty reply, teacher mismatch, ...) stays refused.
+- At-least-one after feedback: feedback that excludes a session's last included sample re-runs the rule
+  (the store does, in the same transaction): the session's earliest turn the rule would have promoted when
+  it was judged (:func:`promotable`: a neutral PRM verdict, rl or combine) is included with reward 0.0
+  (:func:`promote`). A turn the rule already promoted stays included when feedback later includes another.
+- Agreement: the judge's verdict sign (:func:`judge_sign`, none without a PRM verdict) against the feedback
+  value's sign (:func:`value_sign`); equal signs agree, neutral against neutral included.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ REDECIDABLE: tuple[str, ...] = (
     R.FEEDBACK_NEUTRAL,
     R.FEEDBACK_GATE,
 )
+# Rejections the at-least-one rule includes at judging time (modes.decide) when their PRM verdict is neutral.
+PROMOTABLE: tuple[str, ...] = (R.PRM_NEUTRAL, R.PRM_TIE, R.NO_SIGNAL)
 VALUE_WORDS = {"up": 1.0, "down": -1.0}
 
 
@@ -77,6 +84,18 @@ def judge_reward(prm: Any) -> float | None:
     if prm.get("status") == STATUS_TIE:
         return 0.0
     return None
+
+
+def value_sign(value: float) -> int:
+    """+1, -1 or 0: the direction of a feedback value or a judge reward."""
+    return (value > 0) - (value < 0)
+
+
+def judge_sign(prm: Any) -> int | None:
+    """The sign of the judge's stored PRM verdict (0 for a neutral or tied one), None without a verdict
+    (opd, judge_failed, no_valid_votes): such a turn makes no agreement pair."""
+    judge = judge_reward(prm)
+    return None if judge is None else value_sign(judge)
 
 
 def combined_reward(policy: str, judge: float | None, value: float) -> tuple[float | None, str | None]:
@@ -138,3 +157,22 @@ def apply_feedback(
     if status == S.PENDING_SCORE:
         return status, None, out
     return S.READY, None, out
+
+
+def promotable(reject_reason: str | None, sample: SampleJSON) -> bool:
+    """Whether the at-least-one rule may include this rejected sample: the rule's own case at judging time
+    (modes.decide), a neutral or tied PRM verdict in rl or combine (``prm_neutral``, ``prm_tie``, or
+    ``no_signal`` over a neutral verdict). Never a turn refused for its own defects, a ``no_valid_votes``
+    or failed verdict, or one whose reward feedback already decided (``feedback_*``)."""
+    if not reject_reason or sample.get("mode") not in ("rl", "combine"):
+        return False
+    return reject_reason.split(":", 1)[0] in PROMOTABLE and judge_reward(sample.get("prm")) == 0.0
+
+
+def promote(sample: SampleJSON) -> SampleJSON:
+    """A :func:`promotable` sample as the at-least-one rule includes it: reward 0.0 on every response token
+    (with A = r it adds no gradient; with a baseline it is a below-average example)."""
+    out = dict(sample)
+    n = len(out.get("response_ids") or out.get("loss_mask") or [])
+    out.update(reward=0.0, has_reward=True, loss_mask=[1] * n)
+    return out

@@ -129,6 +129,16 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "turn records as continuations",
         ("ALTER TABLE turns ADD COLUMN record_base TEXT",),
     ),
+    # The sign of the judge's PRM verdict on a feedback's turn, written when the feedback is settled (NULL: not
+    # judged yet, no verdict, or settled before this version), and feedback by time: the judge/feedback
+    # agreement over the latest feedback then reads one index (policy_server.store.feedback), no sample JSON.
+    (
+        "feedback judge sign",
+        (
+            "ALTER TABLE feedback ADD COLUMN judge_sign INTEGER",
+            "CREATE INDEX IF NOT EXISTS feedback_created ON feedback (created_at, feedback_id)",
+        ),
+    ),
 )
 
 LATEST_VERSION = len(MIGRATIONS)

@@ -197,3 +197,47 @@ def test_summary_shows_explicit_feedback_by_state(tmp_path: Path) -> None:
     html = render(d.RunData(out_dir=tmp_path, stats={"samples": {}, "feedback": feedback}))
     assert "<th>explicit feedback</th>" in html and "&#x27;late&#x27;: 2" in html
     assert "explicit feedback" not in render(d.RunData(out_dir=tmp_path, stats={"samples": {}}))
+
+
+def fb(sid: str, turn: int, value: float, judge: int | None, at_s: float) -> dict:
+    """A GET /admin/feedback row (the fields the agreement reads)."""
+    return {
+        "feedback_id": f"fb-{sid}-{at_s}",
+        "session_id": sid,
+        "turn_index": turn,
+        "value": value,
+        "judge_sign": judge,
+        "created_at": 1000.0 + at_s,
+    }
+
+
+FEEDBACK = [  # newest first, as the admin API answers
+    fb("c", 0, -1.0, 1, 240.0),  # c changes its mind: disagree now
+    fb("d", 0, 1.0, None, 180.0),  # not judged (or no PRM verdict): no pair
+    fb("c", 0, 1.0, 1, 120.0),  # agree
+    fb("b", 0, 0.0, 0, 60.0),  # neutral against neutral: agree
+    fb("a", 0, 0.5, -1, 0.0),  # disagree
+]
+
+
+@pytest.mark.unit
+def test_agreement_series_hand_counted() -> None:
+    # after a: 0/1; b: 1/2; c (+1, up): 2/3; d: no pair; c again (+1, down), counted once: 1/3
+    assert d.agreement_series(FEEDBACK) == [(0.0, 0.0), (1.0, 0.5), (2.0, pytest.approx(2 / 3)), (4.0, 1 / 3)]
+    # a window of the 2 latest turns: after c's change, b and c -> 1/2
+    assert d.agreement_series(FEEDBACK, window=2)[-1] == (4.0, 0.5)
+    assert d.agreement_series([fb("d", 0, 1.0, None, 0.0)]) == []
+
+
+@pytest.mark.unit
+def test_agreement_plot_and_summary(tmp_path: Path) -> None:
+    from trainer.report.page import render
+
+    html = render(d.RunData(out_dir=tmp_path, stats={"samples": {}}, feedback=FEEDBACK))
+    plot = html.split('data-plot="judge_feedback_agreement"')[1].split("</figure>")[0]
+    assert "no data in this run" not in plot and "now 0.333." in plot
+    assert "<th>judge/feedback agreement</th><td>0.333 (latest 200 pairs)</td>" in html
+    empty = render(d.RunData(out_dir=tmp_path, stats={"samples": {}}))
+    plot = empty.split('data-plot="judge_feedback_agreement"')[1].split("</figure>")[0]
+    assert "no data in this run" in plot and "no pair in this run." in plot
+    assert "judge/feedback agreement</th>" not in empty

@@ -11,6 +11,7 @@ feedback's text is the hint the teacher is scored with (no hint extraction by th
 
 from __future__ import annotations
 
+import math
 import uuid
 from pathlib import Path
 
@@ -251,3 +252,119 @@ def test_feedback_names_responses_and_messages_turns_by_their_own_ids(policy):
         assert {one["state"], two["state"]} <= {"pending", "applied"}
         view = client.get("/admin/feedback", params={"session_id": sid}, headers=ADMIN).json()["feedback"]
         assert sorted((r["turn_index"], r["value"]) for r in view) == [(0, 1.0), (1, -1.0)]
+
+
+# ---------------------------------------------------------------------------- combine: late feedback, agreement
+@pytest.fixture(scope="module")
+def combine_policy(tiny_model_dir, policy_engine, rules_judge, teacher_engine, modes_log_dir, tmp_path_factory):
+    """A policy server of its own (its store holds only this test's feedback): combine, --feedback-policy average."""
+    data = tmp_path_factory.mktemp("feedback-combine")
+    extra = ["--judge-url", rules_judge.url, "--teacher-url", teacher_engine.url, "--mode", "combine"]
+    extra += ["--w-opd", "0.5", "--feedback-policy", "average", "--dispatch-retry-max-s", "1"]
+    extra += ["--session-idle-timeout-s", "600"]
+    mp = start_policy_process(
+        tiny_model_dir,
+        policy_engine.url,
+        data,
+        modes_log_dir,
+        name="policy-feedback-combine",
+        extra=extra,
+        client_key=None,
+        fail_fast=False,
+    )
+    mp.extra["data_dir"] = data
+    yield mp
+    mp.stop()
+
+
+def session_of(client: httpx.Client, replies: list[str]) -> str:
+    """A session with a turn per reply plus a last turn (no next state); returns its id once it is judged."""
+    sid = f"fbc-{uuid.uuid4().hex[:8]}"
+    messages = [{"role": "user", "content": "Open the report."}]
+    for reply in [*replies, None]:
+        answer = chat(client, sid, messages, done=reply is None)["choices"][0]["message"].get("content") or ""
+        if reply is not None:
+            messages = [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": reply}]
+    return sid
+
+
+def agreement_metrics(client: httpx.Client) -> dict[str, float]:
+    """The judge/feedback agreement series of /metrics, by sample line name (labels included)."""
+    out = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("hindsight_policy_judge_feedback_"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_combine_late_feedback_agreement_and_at_least_one(combine_policy, tmp_path):
+    """combine + average: feedback after judging re-decides w_rl's reward and keeps the teacher term; the
+    agreement gauges follow the pairs; a late "down" on a session's only included sample (a +1 without hint)
+    excludes it and the at-least-one rule includes the session's neutral turn with reward 0.0."""
+    from tests.modes.test_modes_e2e import NEGATIVE
+    from tests.waiting import wait_until
+    from trainer.report.data import agreement_series, collect
+
+    data_dir = combine_policy.extra["data_dir"]
+    with httpx.Client(base_url=combine_policy.url, timeout=60, trust_env=False) as client:
+        before = agreement_metrics(client)
+        assert before["hindsight_policy_judge_feedback_pairs"] == 0
+        assert math.isnan(before["hindsight_policy_judge_feedback_agreement"])  # no pair: NaN, never 0
+
+        one = session_of(client, [NEGATIVE, POSITIVE])  # turn 0: -1 + correction hint, turn 1: +1
+        rows = session_samples(data_dir, one, 3)
+        assert [(r["status"], r["data"]["reward"], r["data"]["has_teacher"]) for r in rows[:2]] == [
+            ("ready", -1.0, True),
+            ("ready", 1.0, False),
+        ]
+        assert feedback(client, {"session_id": one, "turn_index": 0, "value": 0.5})["state"] == "applied"
+        assert feedback(client, {"session_id": one, "turn_index": 1, "value": "up"})["state"] == "applied"
+
+        two = session_of(client, [POSITIVE, NEUTRAL])  # turn 0: +1 (its only included), turn 1: neutral
+        rows = session_samples(data_dir, two, 3)
+        assert [(r["status"], r["reject_reason"]) for r in rows[:2]] == [
+            ("ready", None),
+            ("rejected", "no_signal: prm_neutral, no_hint"),
+        ]
+        late = feedback(client, {"session_id": two, "turn_index": 0, "value": "down"})
+        assert (late["state"], late["sample_status"]) == ("applied", "rejected")  # (+1 - 1) / 2 = 0
+
+        leased = {}
+        while body := client.get("/v1/samples/lease", params={"max": 64}, headers=ADMIN).json():
+            if not body["samples"]:
+                break
+            leased.update({(s["session_id"], s["turn_index"]): s for s in body["samples"]})
+            client.post("/v1/samples/ack", json={"lease_id": body["lease_id"]}, headers=ADMIN).raise_for_status()
+        assert {k for k in leased if k[0] in (one, two)} == {(one, 0), (one, 1), (two, 1)}
+        taught = leased[(one, 0)]  # reward (-1 + 0.5) / 2 for w_rl, the teacher term for w_opd, both kept
+        n = len(taught["response_ids"])
+        assert (taught["mode"], taught["reward"], taught["has_reward"], taught["has_teacher"]) == (
+            "combine",
+            -0.25,
+            True,
+            True,
+        )
+        assert (taught["w_rl"], taught["w_opd"]) == (1.0, 0.5) and len(taught["teacher_logprobs"]) == n
+        assert taught["loss_mask"] == [1] * n and taught["feedback"]["judge_reward"] == -1.0
+        assert leased[(one, 1)]["reward"] == 1.0 and not leased[(one, 1)]["has_teacher"]
+        promoted = leased[(two, 1)]  # at-least-one after the late feedback: the neutral turn, reward 0.0
+        assert (promoted["reward"], promoted["has_reward"], promoted["has_teacher"]) == (0.0, True, False)
+        assert promoted["loss_mask"] == [1] * len(promoted["response_ids"]) and promoted["prm"]["score"] == 0
+
+        # pairs: (-1, +0.5) disagree, (+1, up) agree, (+1, down) disagree
+        after = wait_until(
+            lambda: (m := agreement_metrics(client))["hindsight_policy_judge_feedback_pairs"] == 3 and m,
+            timeout_s=30,
+            interval_s=1.0,
+            message=lambda: f"agreement not refreshed: {agreement_metrics(client)}",
+        )
+        assert after["hindsight_policy_judge_feedback_agreement"] == pytest.approx(1 / 3)
+        counter = 'hindsight_policy_judge_feedback_outcomes_total{{feedback="{}",outcome="{}",verdict="{}"}}'
+        assert after[counter.format("+1", "disagree", "-1")] == 1
+        assert after[counter.format("+1", "agree", "+1")] == 1
+        assert after[counter.format("-1", "disagree", "+1")] == 1
+        assert after[counter.format("0", "agree", "0")] == 0
+    # the run report reads the same pairs through the admin API and ends on the gauge's value
+    report = collect(tmp_path, policy_url=combine_policy.url, admin_api_key=ADMIN_KEY)
+    assert agreement_series(report.feedback)[-1][1] == pytest.approx(1 / 3)

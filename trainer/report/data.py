@@ -3,7 +3,8 @@
 Inputs (``collect``): the trainer's out dir (``metrics.jsonl``, later line wins for a step that was redone
 after a crash; ``config.json``), and optionally the policy server's admin API (``GET /v1/samples/stats``
 and the non-consuming ``GET /v1/samples?status=S&limit=N`` for every status the stats list, so reading
-changes nothing for the trainer) and the judge's ``/metrics`` text (judge tokens and votes per turn).
+changes nothing for the trainer, and ``GET /admin/feedback``: the newest explicit feedback with the sign of
+the judge's verdict on its turn) and the judge's ``/metrics`` text (judge tokens and votes per turn).
 Those reads use engine.http_client's retry policy (transport errors, 408/429 and 5xx retried within a total
 deadline); a service that stays down raises ``engine.http_client.CallError``.
 The summaries below are pure functions of those rows; each is what one plot draws.
@@ -31,6 +32,8 @@ from engine.records import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
 # The PRM score classes, then every verdict status that carries no score (engine.records), then a sample without one.
 VERDICT_CLASSES = ("+1", "0", "-1", STATUS_TIE, STATUS_NO_VALID, STATUS_FAILED, "no verdict")
 ROWS_PER_STATUS = 4096  # the policy server's default max_lease_size: the most one read may return
+FEEDBACK_ROWS = 4096  # the most GET /admin/feedback returns
+AGREEMENT_WINDOW = 200  # the policy server's default --feedback-agreement-window (its /metrics gauge)
 
 
 @dataclass
@@ -41,6 +44,7 @@ class RunData:
     rows: list[dict[str, Any]] = field(default_factory=list)
     stats: dict[str, Any] | None = None
     judge_metrics: str | None = None
+    feedback: list[dict[str, Any]] = field(default_factory=list)  # GET /admin/feedback rows, newest first
     notes: list[str] = field(default_factory=list)
     skipped_steps: int = 0  # batches that had no gradient (skipped_steps.jsonl): no optimizer step, no publish
 
@@ -86,6 +90,10 @@ def collect(
                 data.rows += got.json()["samples"]
                 if n > ROWS_PER_STATUS:
                     data.notes.append(f"{n} samples are {status}: the plots use the oldest {ROWS_PER_STATUS}")
+            got = send_sync(c, "GET", "/admin/feedback", policy=retry, params={"limit": FEEDBACK_ROWS})
+            data.feedback = got.json()["feedback"]
+            if len(data.feedback) >= FEEDBACK_ROWS:
+                data.notes.append(f"the judge/feedback agreement uses the newest {FEEDBACK_ROWS} feedback")
     else:
         data.notes.append("no --policy-url: sample, verdict and judge plots are empty")
     if judge_url:
@@ -207,3 +215,22 @@ def step_series(steps: list[dict[str, Any]], *keys: str) -> dict[str, list[tuple
         ]
         for k in keys
     }
+
+
+def agreement_series(feedback: list[dict[str, Any]], window: int = AGREEMENT_WINDOW) -> list[tuple[float, float]]:
+    """The judge/feedback agreement after each paired feedback, as the policy server's gauge computes it: the
+    latest ``window`` judged turns by their latest feedback, each pairing its verdict sign (``judge_sign``)
+    with that feedback's sign; equal signs agree. Points are (minutes since the first feedback, share)."""
+    ordered = sorted(feedback, key=lambda r: (r["created_at"], r["feedback_id"]))
+    latest: dict[tuple[str, int], bool] = {}  # turn -> agrees, in order of its latest feedback
+    points: list[tuple[float, float]] = []
+    for r in ordered:
+        turn = (r["session_id"], int(r["turn_index"]))
+        latest.pop(turn, None)
+        if r.get("judge_sign") is None:
+            continue  # not judged yet or no PRM verdict: no pair
+        value = float(r["value"])
+        latest[turn] = int(r["judge_sign"]) == (value > 0) - (value < 0)
+        recent = list(latest.values())[-window:]
+        points.append(((r["created_at"] - ordered[0]["created_at"]) / 60.0, sum(recent) / len(recent)))
+    return points

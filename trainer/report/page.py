@@ -19,6 +19,7 @@ PLOTS = (
     "reward_per_step",
     "reward_per_version",
     "verdicts_per_version",
+    "judge_feedback_agreement",
     "samples_per_mode",
     "samples_per_status",
     "judge_votes_per_turn",
@@ -52,6 +53,7 @@ def _plots(data: d.RunData) -> dict[str, str]:
     vote_sizes, votes = d.votes_per_turn(rows)
     token_tasks, tokens = d.judge_tokens_per_turn(data.judge_metrics)
     ordered = sorted(by_version, key=d.version_key)
+    agreement = d.agreement_series(data.feedback)
     return {
         "reward_per_step": _figure(
             "reward_per_step",
@@ -72,6 +74,17 @@ def _plots(data: d.RunData) -> dict[str, str]:
             "verdicts_per_version",
             bar_chart("Judge verdict mix per weight version", versions, verdicts, x_label="weight version"),
             "PRM verdict of each stored sample: +1/0/-1 (ok), tie, no_valid_votes, judge_failed, or none.",
+        ),
+        "judge_feedback_agreement": _figure(
+            "judge_feedback_agreement",
+            line_chart(
+                f"Judge/feedback agreement (latest {d.AGREEMENT_WINDOW} pairs)",
+                {"agreement": agreement},
+                x_label="minutes since the first feedback",
+            ),
+            "Share of judged turns whose /v1/feedback value has the judge verdict's sign (+1/0/-1), over the "
+            f"latest {d.AGREEMENT_WINDOW} such turns, after each feedback (GET /admin/feedback); "
+            + (f"now {agreement[-1][1]:.3f}." if agreement else "no pair in this run."),
         ),
         "samples_per_mode": _figure(
             "samples_per_mode",
@@ -156,6 +169,9 @@ def _summary(data: d.RunData) -> str:
         ]
         if data.stats.get("feedback"):  # explicit feedback by state (late: arrived after its sample was leased)
             items.append(("explicit feedback", data.stats["feedback"]))
+    agreement = d.agreement_series(data.feedback)
+    if agreement:
+        items.append(("judge/feedback agreement", f"{agreement[-1][1]:.3f} (latest {d.AGREEMENT_WINDOW} pairs)"))
     items.append(("samples read", len(data.rows)))
     body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in items)
     notes = "".join(f'<p class="note">{escape(n)}</p>' for n in data.notes)
@@ -165,10 +181,10 @@ def _summary(data: d.RunData) -> str:
 def render(data: d.RunData) -> str:
     plots = _plots(data)
     sections = [
-        ("Reward and verdicts", PLOTS[:3]),
-        ("Samples", PLOTS[3:5]),
-        ("Judge cost", PLOTS[5:7]),
-        ("PPO", PLOTS[7:]),
+        ("Reward and verdicts", PLOTS[:4]),
+        ("Samples", PLOTS[4:6]),
+        ("Judge cost", PLOTS[6:8]),
+        ("PPO", PLOTS[8:]),
     ]
     body = "".join(
         f'<h2>{escape(title)}</h2><div class="grid">{"".join(plots[n] for n in names)}</div>'

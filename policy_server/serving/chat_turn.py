@@ -54,6 +54,9 @@ class ChatInput:
     # The session key and the rule that gave it (policy_server.serving.identity); None: ``sid`` as a header.
     hint: SessionHint | None = None
     typed: bool = True  # the client said the turn type; False: the side rules may make a main request side
+    # The messages pairing and session choice compare (None: ``messages``). A Responses chain compares its
+    # conversation under the instructions of the turn it continues: instructions belong to one request only.
+    transcript: list[dict[str, Any]] | None = None
 
 
 async def check_backlog(st: PolicyState) -> None:
@@ -154,7 +157,8 @@ class ChatTurn:
         assert st.resolver is not None
         if main and (hint.key is not None or hint.previous_response_id is not None or st.resolver.inferrer):
             await check_backlog(st)
-        ident = await st.resolver.resolve(hint, chat.messages, main=main, done=chat.done)
+        transcript = chat.messages if chat.transcript is None else chat.transcript
+        ident = await st.resolver.resolve(hint, transcript, main=main, done=chat.done)
         record = main and ident.sid is not None
         st.metrics.turns.labels(turn_type="main" if record else "side").inc()
         if side_rule is not None:

@@ -1,0 +1,90 @@
+"""End-to-end, with the real ``openai`` and ``anthropic`` SDKs against the dev stack (policy server ->
+sglang-router -> dev engine): what each API shape promises its clients beyond the happy path.
+
+Contract (docs/CLIENTS.md "OpenAI Responses and Anthropic Messages"):
+
+- A Responses chain (``previous_response_id``) is one conversation for pairing whether a follow-up repeats,
+  omits or changes the first request's ``instructions``; the model sees each request's own instructions only
+  (OpenAI's rule), and the recorded prompt is exactly what it saw.
+- Structured output (chat ``response_format``, Responses ``text.format``) is JSON that parses, streamed or not,
+  whatever the random tiny model samples inside ``maxLength``-bounded strings.
+- An empty tool name (a tool definition or a call in the history) is a 400 naming the field, in the route's
+  own error shape.
+- ``POST /v1/messages/count_tokens`` counts the rendered request; every Messages route error is in
+  Anthropic's error shape, so the anthropic SDK raises the right class with the server's message.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+import httpx2
+import openai
+import pytest
+
+from policy_server.store import Store
+from tests.testkit.servers import CLIENT_KEY, openai_client
+
+if TYPE_CHECKING:
+    import anthropic
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "hindsight-policy"
+
+
+def oai(policy, sid: str | None = None) -> openai.OpenAI:
+    return openai_client(policy.url, timeout_s=120, headers={"X-Session-Id": sid} if sid else None)
+
+
+def claude(policy) -> anthropic.Anthropic:
+    import anthropic
+
+    return anthropic.Anthropic(
+        base_url=policy.url,
+        api_key=CLIENT_KEY,
+        max_retries=0,
+        timeout=120,
+        http_client=httpx2.Client(trust_env=False),  # the anthropic SDK runs on httpx2
+    )
+
+
+def store(policy) -> Store:
+    return Store(policy.log_path.parent / "data")
+
+
+# ---------------------------------------------------------------------------------- Responses instructions
+@pytest.mark.parametrize(
+    "follow_up",
+    [None, "Be brief.", "Answer in French."],
+    ids=["omitted", "repeated", "changed"],
+)
+def test_responses_chain_with_instructions_pairs_its_first_turn(policy, follow_up: str | None):
+    sid = f"chain-{uuid.uuid4().hex[:8]}"
+    c = oai(policy, sid)
+    r1 = c.responses.create(model=MODEL, instructions="Be brief.", input="Hi, I am John.", max_output_tokens=8)
+    extra = {} if follow_up is None else {"instructions": follow_up}
+    r2 = c.responses.create(
+        model=MODEL,
+        input="I am Mark.",
+        previous_response_id=r1.id,
+        max_output_tokens=8,
+        extra_headers={"X-Session-Done": "true"},
+        **extra,
+    )
+    assert r2.model_extra and r2.model_extra["hindsight"]["session_id"] == sid  # one session, not S~...
+    db = store(policy)
+    first, second = db.get_turn(sid, 0), db.get_turn(sid, 1)
+    assert first is not None and second is not None
+    assert first["pairing"] == "paired", first.get("pairing_note")
+    assert first["next_state"] == [{"role": "user", "content": "I am Mark."}]
+    # The model saw each request's own instructions, nothing carried over (OpenAI's rule).
+    assert first["messages"][0] == {"role": "system", "content": "Be brief."}
+    shown = [m for m in second["messages"] if m["role"] == "system"]
+    assert shown == ([] if follow_up is None else [{"role": "system", "content": follow_up}])
+    assert [m["role"] for m in second["messages"] if m["role"] != "system"] == ["user", "assistant", "user"]
+    if follow_up == "Be brief.":  # the same instructions: the prompt continues the first turn's exact tokens
+        assert second["prompt_ids"][: len(first["prompt_ids"]) + len(first["response_ids"])] == (
+            first["prompt_ids"] + first["response_ids"]
+        )

@@ -17,10 +17,11 @@ Contract (docs/CLIENTS.md "OpenAI Responses and Anthropic Messages"):
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import httpx2
 import openai
+import pydantic
 import pytest
 
 from policy_server.store import Store
@@ -88,3 +89,41 @@ def test_responses_chain_with_instructions_pairs_its_first_turn(policy, follow_u
         assert second["prompt_ids"][: len(first["prompt_ids"]) + len(first["response_ids"])] == (
             first["prompt_ids"] + first["response_ids"]
         )
+
+
+# ---------------------------------------------------------------------------------- structured output
+class Card(pydantic.BaseModel):
+    """Bounded strings: the random tiny model fills them with whatever it samples, control characters included."""
+
+    name: Annotated[str, pydantic.Field(max_length=12)]
+    score: Annotated[str, pydantic.Field(max_length=8)]
+    note: Annotated[str, pydantic.Field(max_length=10)]
+
+
+TRIES = 8
+
+
+def test_chat_structured_output_parses_on_every_seed(policy):
+    c = oai(policy)
+    for seed in range(TRIES):
+        done = c.chat.completions.parse(
+            model=MODEL, messages=[{"role": "user", "content": "card"}], max_tokens=200, seed=seed, response_format=Card
+        )
+        assert isinstance(done.choices[0].message.parsed, Card), (seed, done.choices[0].message.content)
+    for seed in range(TRIES // 2):
+        with c.chat.completions.stream(
+            model=MODEL, messages=[{"role": "user", "content": "card"}], max_tokens=200, seed=seed, response_format=Card
+        ) as stream:
+            final = stream.get_final_completion()
+        assert isinstance(final.choices[0].message.parsed, Card), (seed, final.choices[0].message.content)
+
+
+def test_responses_structured_output_parses_every_time(policy):
+    c = oai(policy)
+    for _ in range(TRIES):
+        done = c.responses.parse(model=MODEL, input="card", text_format=Card, max_output_tokens=200)
+        assert isinstance(done.output_parsed, Card), done.output_text
+    for _ in range(TRIES // 2):
+        with c.responses.stream(model=MODEL, input="card", text_format=Card, max_output_tokens=200) as stream:
+            final = stream.get_final_response()
+        assert isinstance(final.output_parsed, Card), final.output_text

@@ -139,10 +139,11 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
             elif kind == "thinking":
                 assistant["reasoning_content"] = str(block.get("thinking") or "")
             elif kind == "tool_use":
-                if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                    raise InvalidRequest(f"{bw} needs id and name (strings)", param=bw)
+                if not isinstance(block.get("id"), str):
+                    raise InvalidRequest(f"{bw}.id must be a string", param=f"{bw}.id")
+                name = oa.tool_name(block.get("name"), f"{bw}.name")
                 args = json.dumps(block.get("input") or {}, ensure_ascii=False)
-                call = {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": args}}
+                call = {"id": block["id"], "type": "function", "function": {"name": name, "arguments": args}}
                 assistant.setdefault("tool_calls", []).append(call)
             else:
                 raise InvalidRequest(f"{bw} of type {clip(kind)} is not supported", param=f"{bw}.type")
@@ -157,11 +158,12 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         return None
     out = []
     for i, tool in enumerate(tools):
-        if tool.get("type", "custom") != "custom" or not isinstance(tool.get("name"), str):
+        if tool.get("type", "custom") != "custom" or "name" not in tool:
             raise InvalidRequest(
                 f"tools[{i}] is not supported (client tools with a name and input_schema only)", param=f"tools[{i}]"
             )
-        fn = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
+        name = oa.tool_name(tool["name"], f"tools[{i}].name")
+        fn = {"name": name, "parameters": tool.get("input_schema") or {"type": "object"}}
         if tool.get("description") is not None:
             fn["description"] = tool["description"]
         out.append({"type": "function", "function": fn})
@@ -185,8 +187,9 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
             body["tool_choice"] = kind
         elif kind == "any":
             body["tool_choice"] = "required"
-        elif kind == "tool" and isinstance(choice.get("name"), str):
-            body["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+        elif kind == "tool":
+            name = oa.tool_name(choice.get("name"), "tool_choice.name")
+            body["tool_choice"] = {"type": "function", "function": {"name": name}}
         else:
             raise InvalidRequest("tool_choice must be auto, any, none or {type: tool, name}", param="tool_choice")
         if choice.get("disable_parallel_tool_use") is True and kind != "none":

@@ -56,7 +56,7 @@ class ContentPart(_Open):
 
 
 class ToolCallFunction(_Open):
-    name: str
+    name: str = Field(..., min_length=1)
     arguments: str | dict[str, Any] | None = None
 
 
@@ -300,6 +300,14 @@ def parse_strict(model: type[ModelT], body: dict[str, Any]) -> ModelT:
     except ValidationError as exc:
         message, param = most_specific_error(exc.errors())
         raise InvalidRequest(message, param=param) from None
+
+
+def tool_name(value: Any, param: str) -> str:
+    """A tool's name (a definition's, a call's, a forced choice's) in the other API shapes: a non-empty string,
+    else a 400 naming ``param``, the field as that shape spells it."""
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{param} must be a non-empty string", param=param)
+    return value
 
 
 def _is_json(text: str) -> bool:

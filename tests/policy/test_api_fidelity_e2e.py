@@ -127,3 +127,97 @@ def test_responses_structured_output_parses_every_time(policy):
         with c.responses.stream(model=MODEL, input="card", text_format=Card, max_output_tokens=200) as stream:
             final = stream.get_final_response()
         assert isinstance(final.output_parsed, Card), final.output_text
+
+
+# ---------------------------------------------------------------------------------- empty tool names
+def _call(name: str) -> dict:
+    return {"id": "c1", "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools.0.function.name"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": None, "tool_calls": [_call("")]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "r"},
+                ]
+            },
+            "messages.1.tool_calls.0.function.name",
+        ),
+    ],
+    ids=["tool", "history_call"],
+)
+def test_chat_empty_tool_name_is_a_400_naming_the_field(policy, body: dict, field: str):
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, **body}
+    with pytest.raises(openai.BadRequestError) as exc:
+        oai(policy).chat.completions.create(**request)
+    assert field in exc.value.message and exc.value.body["param"] == field  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"input": "x", "tools": [{"type": "function", "name": "", "parameters": {}}]}, "tools[0].name"),
+        (
+            {
+                "input": [
+                    {"role": "user", "content": "x"},
+                    {"type": "function_call", "call_id": "c1", "name": "", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": "r"},
+                ]
+            },
+            "input[1].name",
+        ),
+        (
+            {
+                "input": "x",
+                "tools": [{"type": "function", "name": "f"}],
+                "tool_choice": {"type": "function", "name": ""},
+            },
+            "tool_choice.name",
+        ),
+    ],
+    ids=["tool", "history_call", "tool_choice"],
+)
+def test_responses_empty_tool_name_is_a_400_naming_the_field(policy, body: dict, field: str):
+    with pytest.raises(openai.BadRequestError) as exc:
+        oai(policy).responses.create(model=MODEL, max_output_tokens=2, **body)
+    assert field in exc.value.message and exc.value.body["param"] == field  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"tools": [{"name": "", "input_schema": {"type": "object"}}]}, "tools[0].name"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "", "input": {}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r"}]},
+                ]
+            },
+            "messages[1].content[0].name",
+        ),
+        (
+            {"tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "tool", "name": ""}},
+            "tool_choice.name",
+        ),
+    ],
+    ids=["tool", "history_tool_use", "tool_choice"],
+)
+def test_messages_empty_tool_name_is_a_400_in_anthropics_shape(policy, body: dict, field: str):
+    import anthropic
+
+    request = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], **body}
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        claude(policy).messages.create(**request)
+    assert field in exc.value.message
+    assert exc.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": f"{field} must be a non-empty string"},
+    }

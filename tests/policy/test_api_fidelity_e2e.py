@@ -221,3 +221,69 @@ def test_messages_empty_tool_name_is_a_400_in_anthropics_shape(policy, body: dic
         "type": "error",
         "error": {"type": "invalid_request_error", "message": f"{field} must be a non-empty string"},
     }
+
+
+# ---------------------------------------------------------------------------------- Messages: count_tokens, errors
+WEATHER = {
+    "name": "weather",
+    "description": "Weather of a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+TOOL_LOOP = [
+    {"role": "user", "content": "weather in Oslo?"},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Oslo"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]},
+]
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        {"messages": [{"role": "user", "content": "hello"}]},
+        {"messages": TOOL_LOOP, "system": "Be brief.", "tools": [WEATHER]},
+        {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER], "thinking": {"type": "disabled"}},
+        {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER], "tool_choice": {"type": "any"}},
+    ],
+    ids=["text", "system_and_tool_loop", "tools_thinking_off", "forced_call"],
+)
+def test_count_tokens_is_what_the_message_prefills(policy, prompt: dict):
+    """The anthropic SDK's ``messages.count_tokens`` counts exactly the prompt ``messages.create`` prefills (its
+    ``usage.input_tokens``), tools, system and the thinking switch included."""
+    c = claude(policy)
+    counted = c.messages.count_tokens(model=MODEL, **prompt)
+    created = c.messages.create(model=MODEL, max_tokens=1, **prompt)
+    assert counted.input_tokens == created.usage.input_tokens > 0
+    if prompt.get("tools"):
+        bare = c.messages.count_tokens(model=MODEL, messages=prompt["messages"])
+        assert bare.input_tokens < counted.input_tokens  # the tool definitions are in the prompt
+
+
+def test_messages_routes_answer_every_error_in_anthropics_shape(policy):
+    import anthropic
+
+    c = claude(policy)
+    msgs = [{"role": "user", "content": "x"}]
+
+    def shaped(exc: anthropic.APIStatusError, kind: str, text: str) -> None:
+        assert exc.body["type"] == "error" and exc.body["error"]["type"] == kind, exc.body  # type: ignore[index]
+        assert text in exc.body["error"]["message"] and text in exc.message  # type: ignore[index]
+
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        c.messages.count_tokens(model=MODEL, messages=msgs, extra_body={"max_tokens": 3})
+    shaped(bad.value, "invalid_request_error", "max_tokens")
+    with pytest.raises(anthropic.BadRequestError) as empty:
+        c.messages.count_tokens(model=MODEL, messages=[])
+    shaped(empty.value, "invalid_request_error", "messages")
+    with pytest.raises(anthropic.AuthenticationError) as auth:
+        claude(policy).with_options(api_key="wrong").messages.count_tokens(model=MODEL, messages=msgs)
+    shaped(auth.value, "authentication_error", "")
+    with pytest.raises(anthropic.NotFoundError) as model:
+        c.messages.count_tokens(model="claude-x", messages=msgs)
+    shaped(model.value, "not_found_error", "claude-x")
+    with pytest.raises(anthropic.NotFoundError) as route:
+        c.messages.batches.list()  # a Messages path the server does not serve
+    shaped(route.value, "not_found_error", "Not Found")
+    with pytest.raises(anthropic.APIStatusError) as large:  # the body limit answers before any route runs
+        c.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "x" * 70_000}])
+    assert large.value.status_code == 413
+    shaped(large.value, "request_too_large", "")

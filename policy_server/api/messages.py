@@ -94,7 +94,8 @@ async def create_message(request: Request) -> Response:
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": oa.request_schema(ms.MessagesPrompt)}},
+            # No session fallbacks: a count is no turn of any session.
+            "content": {"application/json": {"schema": oa.body_schema(ms.MessagesPrompt)}},
         }
     },
     responses={**dict.fromkeys((400, 401, 404, 413, 429), _ERROR)},

@@ -276,10 +276,15 @@ def chat_request_schema() -> dict[str, Any]:
     return schema
 
 
+def body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request-body schema of a route that reads its body itself with ``model`` (``$defs`` inlined)."""
+    return _inline_schema(TypeAdapter(model))
+
+
 def request_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The OpenAPI request-body schema of a route that reads its body itself with ``model`` (``$defs`` inlined),
-    with the session fallbacks every client route accepts (removed before the model sees the body)."""
-    schema = _inline_schema(TypeAdapter(model))
+    """:func:`body_schema` with the session fallbacks every client route accepts (removed before the model sees
+    the body)."""
+    schema = body_schema(model)
     doc = _inline_schema(TypeAdapter(ChatRequestDoc))["properties"]
     schema["properties"].update({k: doc[k] for k in SESSION_BODY_KEYS})
     return schema

@@ -209,9 +209,8 @@ def _stateful_lease_ack(url: str) -> dict[str, list[int]]:
 
 def _other_success_paths(url: str) -> dict[str, list[int]]:
     """One well-formed call each to the routes whose 200 generated data rarely reaches (Messages and its token
-    count, a model
-    card, feedback on a recorded turn) and to the read views once they have rows, every answer checked
-    against the documented schemas. Runs after :func:`_lease_then_ack`."""
+    count, a model card, feedback on a recorded turn) and to the read views once they have rows, every answer
+    checked against the documented schemas. Runs after :func:`_lease_then_ack`."""
     schema = schemathesis.openapi.from_url(url + "/openapi.json")
     client = {"Authorization": f"Bearer {CLIENT_KEY}"}
     out: dict[str, list[int]] = {}

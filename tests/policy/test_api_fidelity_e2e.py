@@ -91,6 +91,18 @@ def test_responses_chain_with_instructions_pairs_its_first_turn(policy, follow_u
         )
 
 
+def test_responses_chain_without_session_header_keeps_its_session_across_instructions(policy):
+    """The chain itself names the session (the previous_response rule) and pairs the same way."""
+    c = oai(policy)
+    r1 = c.responses.create(model=MODEL, instructions="Be brief.", input="Hi, I am Ann.", max_output_tokens=8)
+    sid = r1.model_extra["hindsight"]["session_id"]  # type: ignore[index]
+    r2 = c.responses.create(model=MODEL, input="I am Bo.", previous_response_id=r1.id, max_output_tokens=8)
+    assert r2.model_extra["hindsight"]["session_id"] == sid  # type: ignore[index]
+    first = store(policy).get_turn(sid, 0)
+    assert first is not None and first["pairing"] == "paired", first and first.get("pairing_note")
+    assert first["next_state"] == [{"role": "user", "content": "I am Bo."}]
+
+
 # ---------------------------------------------------------------------------------- structured output
 class Card(pydantic.BaseModel):
     """Bounded strings: the random tiny model fills them with whatever it samples, control characters included."""

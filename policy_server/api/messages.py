@@ -108,7 +108,8 @@ async def count_message_tokens(request: Request) -> TokenCount:
     require_client_any_header(request, st.settings)
     body = await routes._read_json(request, st.settings.max_json_depth)
     prompt = ms.parse_prompt(body)
-    unrecorded = SessionHint(None, NONE)
-    call = routes._chat_input(st, ms.prompt_body(prompt), unrecorded, "side", False, True)
+    # Validated as /v1/messages validates it, with no session: nothing is generated or recorded.
+    no_session = SessionHint(None, NONE)
+    call = routes._chat_input(st, ms.prompt_body(prompt), no_session, turn_type="side", done=False, typed=True)
     rendered = await st.generator.render(call.turn.messages, call.turn.tools, call.turn.template_kwargs)
     return TokenCount(input_tokens=len(rendered.ids))

@@ -126,8 +126,8 @@ async def create_response(request: Request) -> Response:
         chain = ChainInstructions(own=len(system), previous=previous)
     new_messages = rs.input_messages(req.input)
     conversation = prefix + new_messages
-    body = rs.chat_body(req, system + conversation)
-    answer = await run_chat_turn(request, st, body, session, id_prefix="resp_", instructions=chain)
+    chat = rs.chat_body(req, system + conversation)
+    answer = await run_chat_turn(request, st, chat, session, id_prefix="resp_", instructions=chain)
     rid, model = answer.turn.rid, answer.model
     hexid = rid.removeprefix("resp_")  # the output items' ids share it (msg_, fc_, rs_)
     build = functools.partial(

@@ -56,6 +56,7 @@ class ChatInput:
     typed: bool = True  # the client said the turn type; False: the side rules may make a main request side
     # The messages pairing and session choice compare (None: ``messages``). A Responses chain compares its
     # conversation under the instructions of the turn it continues: instructions belong to one request only.
+    # Set only when it differs from ``messages``; the prompt is then a full render, never a continuation.
     transcript: list[dict[str, Any]] | None = None
 
 
@@ -164,13 +165,12 @@ class ChatTurn:
         if side_rule is not None:
             st.metrics.side_turns.labels(rule=side_rule).inc()
         template_kwargs = chat.template_kwargs
+        # The paired turn's ids are continued only when the pairing compared the messages the model sees: under
+        # another transcript (other instructions) the prompt's start differs from that turn's, so it is rendered
+        # in full (engine.continuation trusts the pairing for the history it continues).
+        prior = ident.arrival.prior if ident.arrival is not None and chat.transcript is None else None
         try:
-            rendered = await st.generator.render(
-                chat.messages,
-                chat.tools,
-                template_kwargs,
-                ident.arrival.prior if ident.arrival is not None else None,
-            )
+            rendered = await st.generator.render(chat.messages, chat.tools, template_kwargs, prior)
         except BaseException:
             st.sessions.settle_later(ident.arrival)  # refused before generating: the pairing it owes is written anyway
             raise

@@ -24,6 +24,7 @@ import openai
 import pydantic
 import pytest
 
+from engine.chat import load_tokenizer, render_prompt_ids
 from policy_server.store import Store
 from tests.testkit.servers import CLIENT_KEY, openai_client
 
@@ -61,7 +62,7 @@ def store(policy) -> Store:
     [None, "Be brief.", "Answer in French."],
     ids=["omitted", "repeated", "changed"],
 )
-def test_responses_chain_with_instructions_pairs_its_first_turn(policy, follow_up: str | None):
+def test_responses_chain_with_instructions_pairs_its_first_turn(policy, tiny_model_dir, follow_up: str | None):
     sid = f"chain-{uuid.uuid4().hex[:8]}"
     c = oai(policy, sid)
     r1 = c.responses.create(model=MODEL, instructions="Be brief.", input="Hi, I am John.", max_output_tokens=8)
@@ -89,6 +90,8 @@ def test_responses_chain_with_instructions_pairs_its_first_turn(policy, follow_u
         assert second["prompt_ids"][: len(first["prompt_ids"]) + len(first["response_ids"])] == (
             first["prompt_ids"] + first["response_ids"]
         )
+    else:  # other instructions: the prompt is the render of what this request asked for, nothing of the first's
+        assert second["prompt_ids"] == render_prompt_ids(load_tokenizer(str(tiny_model_dir)), second["messages"])
 
 
 def test_responses_chain_without_session_header_keeps_its_session_across_instructions(policy):

@@ -57,23 +57,39 @@ def store(policy) -> Store:
 
 
 # ---------------------------------------------------------------------------------- Responses instructions
+def _system(text: str | None) -> list[dict]:
+    return [] if text is None else [{"role": "system", "content": text}]
+
+
 @pytest.mark.parametrize(
-    "follow_up",
-    [None, "Be brief.", "Answer in French."],
-    ids=["omitted", "repeated", "changed"],
+    "first_instructions, follow_up",
+    [
+        ("Be brief.", None),
+        ("Be brief.", "Be brief."),
+        ("Be brief.", "Answer in French."),
+        (None, "Be brief."),
+    ],
+    ids=["omitted", "repeated", "changed", "added"],
 )
-def test_responses_chain_with_instructions_pairs_its_first_turn(policy, tiny_model_dir, follow_up: str | None):
+def test_responses_chain_with_instructions_pairs_its_first_turn(
+    policy, tiny_model_dir, first_instructions: str | None, follow_up: str | None
+):
     sid = f"chain-{uuid.uuid4().hex[:8]}"
     c = oai(policy, sid)
-    r1 = c.responses.create(model=MODEL, instructions="Be brief.", input="Hi, I am John.", max_output_tokens=8)
-    extra = {} if follow_up is None else {"instructions": follow_up}
+
+    def instructions(text: str | None) -> dict:
+        return {} if text is None else {"instructions": text}
+
+    r1 = c.responses.create(
+        model=MODEL, input="Hi, I am John.", max_output_tokens=8, **instructions(first_instructions)
+    )
     r2 = c.responses.create(
         model=MODEL,
         input="I am Mark.",
         previous_response_id=r1.id,
         max_output_tokens=8,
         extra_headers={"X-Session-Done": "true"},
-        **extra,
+        **instructions(follow_up),
     )
     assert r2.model_extra and r2.model_extra["hindsight"]["session_id"] == sid  # one session, not S~...
     db = store(policy)
@@ -82,11 +98,10 @@ def test_responses_chain_with_instructions_pairs_its_first_turn(policy, tiny_mod
     assert first["pairing"] == "paired", first.get("pairing_note")
     assert first["next_state"] == [{"role": "user", "content": "I am Mark."}]
     # The model saw each request's own instructions, nothing carried over (OpenAI's rule).
-    assert first["messages"][0] == {"role": "system", "content": "Be brief."}
-    shown = [m for m in second["messages"] if m["role"] == "system"]
-    assert shown == ([] if follow_up is None else [{"role": "system", "content": follow_up}])
+    assert [m for m in first["messages"] if m["role"] == "system"] == _system(first_instructions)
+    assert [m for m in second["messages"] if m["role"] == "system"] == _system(follow_up)
     assert [m["role"] for m in second["messages"] if m["role"] != "system"] == ["user", "assistant", "user"]
-    if follow_up == "Be brief.":  # the same instructions: the prompt continues the first turn's exact tokens
+    if follow_up == first_instructions:  # the same instructions: the prompt continues the first turn's exact tokens
         assert second["prompt_ids"][: len(first["prompt_ids"]) + len(first["response_ids"])] == (
             first["prompt_ids"] + first["response_ids"]
         )

@@ -26,8 +26,12 @@ blocks; one call per turn either way (``parallel_tool_calls`` needs no more). A 
 constrained (not an object schema, an unknown type, a ``$ref`` outside the document, a pattern xgrammar
 does not support) is the client's error: :class:`GrammarRefused` naming the tool and the field (HTTP 400).
 
-``response_format`` ``json_object``/``json_schema`` use SGLang's ``json_schema`` sampling parameter
-(a JSON string), checked here the same way so a bad schema is a 400 and never an engine error.
+``response_format`` ``json_object``/``json_schema`` use SGLang's ``ebnf`` sampling parameter too: xgrammar's
+grammar of the schema, built here, so a bad schema is a 400 and never an engine error. Every grammar built here
+fixes one thing in xgrammar's: a length-bounded string (``minLength``/``maxLength``) admits raw control
+characters (U+0000-U+001F) and no escapes, so a sampled value could be invalid JSON; here its characters are
+JSON string characters (:func:`json_bounded_strings`), so the text the engine samples is the JSON the client
+parses, token for token (nothing is re-escaped after sampling).
 
 The sampled ids stay the model's own samples, but their log-probs are not the model's: the engine
 renormalises over the tokens the grammar allows, so a constrained step's log-prob is
@@ -135,6 +139,21 @@ def _call_grammar(fn: dict[str, Any], index: int) -> xgr.Grammar:
     )
 
 
+# xgrammar's rule for one character of a length-bounded string (``minLength``/``maxLength``: the rule is repeated
+# ``{min, max}`` times) admits every character but the quote, the backslash, CR and LF: the other controls
+# (U+0000-U+001F) come out raw, which is no JSON (``json.loads`` refuses ``"a\x0bb"``), and escapes not at all.
+_BOUNDED_CHAR_RULE = re.compile(r'^(\w+) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
+# One JSON string character: a raw one that JSON allows, or one escape (each counts once against maxLength,
+# as the decoded string's length does).
+_JSON_CHAR = r'(([^\0-\x1f\"\\]) | ("\\" (([\"\\/bfnrt]) | ("u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]))))'
+
+
+def json_bounded_strings(ebnf: str) -> str:
+    """``ebnf`` whose length-bounded string characters are JSON string characters (raw controls excluded,
+    escapes allowed), so what the grammar admits always parses as JSON."""
+    return _BOUNDED_CHAR_RULE.sub(lambda m: f"{m.group(1)} ::= {_JSON_CHAR}", ebnf)
+
+
 # A negated character class of a JSON string's characters in xgrammar's EBNF (it excludes the quote).
 _STRING_CHARS = re.compile(r'\[\^((?:[^\]\\]|\\.)*\\"(?:[^\]\\]|\\.)*)\]')
 
@@ -155,18 +174,19 @@ def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any) ->
         if not indexed:
             raise GrammarRefused(f"tool_choice names function {clip(name)}, which is not in tools", param="tool_choice")
     grammars = [_call_grammar(f, i) for i, f in indexed]
-    return exclude_markup_from_strings(str(grammars[0] if len(grammars) == 1 else _xgrammar().Grammar.union(*grammars)))
+    grammar = grammars[0] if len(grammars) == 1 else _xgrammar().Grammar.union(*grammars)
+    return exclude_markup_from_strings(json_bounded_strings(str(grammar)))
 
 
-def response_format_schema(response_format: dict[str, Any] | None) -> str | None:
-    """SGLang's ``json_schema`` sampling parameter for ``response_format``, or None for text/absent."""
+def response_format_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON schema ``response_format`` asks for, or None for text/absent; a bad one is :class:`GrammarRefused`."""
     if response_format is None:
         return None
     kind = response_format.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
-        return '{"type": "object"}'
+        return {"type": "object"}
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
@@ -175,8 +195,17 @@ def response_format_schema(response_format: dict[str, Any] | None) -> str | None
                 "response_format.json_schema.schema must be a JSON schema object",
                 param="response_format.json_schema.schema",
             )
-        schema_grammar(schema, "response_format.json_schema.schema", "response_format.json_schema.schema")
-        return json.dumps(schema)
+        return schema
     raise GrammarRefused(
         f"response_format.type {clip(kind)} must be text, json_object or json_schema", param="response_format.type"
     )
+
+
+def response_format_grammar(response_format: dict[str, Any] | None) -> str | None:
+    """SGLang's ``ebnf`` sampling parameter for ``response_format`` (xgrammar's grammar of its schema, with
+    JSON string characters in bounded strings), or None for text/absent."""
+    schema = response_format_schema(response_format)
+    if schema is None:
+        return None
+    param = "response_format.json_schema.schema"
+    return json_bounded_strings(str(schema_grammar(schema, param, param)))

@@ -53,6 +53,7 @@ from policy_server import components
 from policy_server.api import admin, feedback, messages, messages_shapes, ops, responses, routes
 from policy_server.errors import (
     RETRY_AFTER_S,
+    ErrorShapeMiddleware,
     error_body,
     install_error_handlers,
 )
@@ -203,12 +204,14 @@ def create_app(settings: PolicySettings) -> FastAPI:
         logger=logger,
         error_body=lambda status, msg: error_body(status, msg, "internal_error"),
     )
+    # Around every guard above, so their 413/415/429/500/503 leave the Messages routes in Anthropic's shape too.
+    app.add_middleware(ErrorShapeMiddleware, shapes={messages.MESSAGES_PATH: messages_shapes.error_body})
     # Added last, so outermost: request/session ids, access line and route metrics for every response,
     # the drain 503s included (engine.observability).
     app.add_middleware(
         RequestContextMiddleware, route_metrics=RouteMetrics(app.state.metrics.registry, prefix="hindsight_policy")
     )
-    install_error_handlers(app, {messages.MESSAGES_PATH: messages_shapes.error_body})
+    install_error_handlers(app)
     app.include_router(routes.router)
     app.include_router(responses.router)
     app.include_router(messages.router)

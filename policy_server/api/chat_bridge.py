@@ -12,6 +12,7 @@ parsed chunks, which it re-emits in its own event shape. Nothing here records, r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
@@ -46,6 +47,17 @@ def request_session(request: Request, st: PolicyState, body: dict[str, Any]) -> 
     ``previous_response_id`` are hints too)."""
     hint, turn_type, typed, done = routes.request_session(request, body, st.settings.default_turn_type)
     return SessionHeaders(hint, turn_type, typed, done)
+
+
+@dataclass(frozen=True)
+class ChainInstructions:
+    """A request's own instructions (leading system messages that apply to it alone, as Responses
+    ``instructions`` do) and those the model saw in the turn its chain continues. Pairing compares the
+    conversation under the earlier turn's instructions, so a chain stays one conversation whether a request
+    repeats, omits or changes them; the prompt is rendered (and recorded) with the request's own."""
+
+    own: int  # how many leading messages of the request are its own instructions
+    previous: list[dict[str, Any]]  # the continued turn's instructions, as its record keeps them
 
 
 @dataclass
@@ -98,11 +110,22 @@ async def _chat_chunks(body: AsyncIterable[str | bytes | memoryview]) -> AsyncIt
 
 
 async def run_chat_turn(
-    request: Request, st: PolicyState, chat_body: dict[str, Any], session: SessionHeaders, *, id_prefix: str
+    request: Request,
+    st: PolicyState,
+    chat_body: dict[str, Any],
+    session: SessionHeaders,
+    *,
+    id_prefix: str,
+    instructions: ChainInstructions | None = None,
 ) -> ChatAnswer:
     """Validate ``chat_body`` as the chat route does, then begin and answer the chat turn; the turn's id (the
-    one recorded, and the one its client gets) is ``id_prefix`` + hex."""
+    one recorded, and the one its client gets) is ``id_prefix`` + hex. With ``instructions``, pairing
+    compares the chain's conversation (:class:`ChainInstructions`)."""
     call = routes._chat_input(st, chat_body, session.hint, session.turn_type, session.done, session.typed, id_prefix)
+    if instructions is not None:
+        transcript = instructions.previous + call.turn.messages[instructions.own :]
+        if transcript != call.turn.messages:
+            call = dataclasses.replace(call, turn=dataclasses.replace(call.turn, transcript=transcript))
     reply = await ChatReply.begin(st, call)
     response = await reply.respond(request)
     if isinstance(response, StreamingResponse):

@@ -4,8 +4,9 @@ Key check (``x-api-key``, as Anthropic's clients send it, or ``Authorization: Be
 the chat route's way (headers, body fallbacks), the typed request (policy_server.api.messages_shapes), its
 chat body; policy_server.api.chat_bridge answers it as one chat turn (same render, record, pairing,
 judging, training as ``/v1/chat/completions``), and the answer is converted back: a ``message`` object, or
-the Messages event stream (policy_server.api.messages_stream). Every error of this route has Anthropic's
-error shape (policy_server.errors maps it by path).
+the Messages event stream (policy_server.api.messages_stream). ``POST /v1/messages/count_tokens`` answers
+the prompt's token count (:func:`count_message_tokens`). Every error of these routes, and of any other path
+under ``/v1/messages``, has Anthropic's error shape (policy_server.errors.ErrorShapeMiddleware).
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from policy_server.api import routes
 from policy_server.api.auth import require_client_any_header
 from policy_server.api.chat_bridge import engine_stop, hindsight_headers, request_session, run_chat_turn
 from policy_server.api.messages_stream import message_events
-from policy_server.api.response_models_shapes import MessageObject
+from policy_server.api.response_models_shapes import MessageObject, TokenCount
+from policy_server.serving.identity import NONE, SessionHint
 from policy_server.state import PolicyState
 
 router = APIRouter()
 MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = MESSAGES_PATH + "/count_tokens"
 
 _ERROR = {"description": "Anthropic's error shape", "content": {"application/json": {}}}
 MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -84,3 +87,29 @@ async def create_message(request: Request) -> Response:
     )
     body_out["hindsight"] = answer.completion.get("hindsight")
     return JSONResponse(body_out, headers=hindsight_headers(answer))
+
+
+@router.post(
+    COUNT_TOKENS_PATH,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            # No session fallbacks: a count is no turn of any session.
+            "content": {"application/json": {"schema": oa.body_schema(ms.MessagesPrompt)}},
+        }
+    },
+    responses={**dict.fromkeys((400, 401, 404, 413, 429), _ERROR)},
+)
+async def count_message_tokens(request: Request) -> TokenCount:
+    """The tokens ``/v1/messages`` would prefill for this request: the same conversion and validation, the
+    same render (system, messages, tools, thinking switch, the assistant's generation prompt included), counted
+    by the policy's tokenizer. Nothing is generated or recorded; session headers are ignored."""
+    st: PolicyState = request.app.state.policy
+    require_client_any_header(request, st.settings)
+    body = await routes._read_json(request, st.settings.max_json_depth)
+    prompt = ms.parse_prompt(body)
+    # Validated as /v1/messages validates it, with no session: nothing is generated or recorded.
+    no_session = SessionHint(None, NONE)
+    call = routes._chat_input(st, ms.prompt_body(prompt), no_session, turn_type="side", done=False, typed=True)
+    rendered = await st.generator.render(call.turn.messages, call.turn.tools, call.turn.template_kwargs)
+    return TokenCount(input_tokens=len(rendered.ids))

@@ -17,6 +17,9 @@ Contract (``POST /v1/messages``, as the typed models in ``anthropic.types`` desc
   block and one ``tool_use`` block per call (``id`` is the chat tool-call id, ``input`` the parsed
   arguments). ``stop_reason`` is ``tool_use``, ``max_tokens``, ``stop_sequence`` (with the matched
   ``stop_sequence``) or ``end_turn``.
+- ``POST /v1/messages/count_tokens`` takes the prompt part of the request (``model``, ``messages``, ``system``,
+  ``tools``, ``tool_choice``, ``thinking``: :class:`MessagesPrompt`), converted exactly as above.
+- Every error of a Messages route is :func:`error_body`'s envelope (policy_server.errors.ErrorShapeMiddleware).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from engine.validation import clip
 from policy_server.api import openai_schemas as oa
 from policy_server.errors import InvalidRequest
 
-# Anthropic's error type per HTTP status (its documented error shapes).
+# Anthropic's error type per HTTP status (its documented error shapes); any other status is a client's
+# ``invalid_request_error`` below 500, the server's ``api_error`` from 500 on.
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -39,12 +43,14 @@ ERROR_TYPES = {
     413: "request_too_large",
     429: "rate_limit_error",
     503: "overloaded_error",
+    504: "timeout_error",
 }
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
     """Anthropic's error envelope ``{"type": "error", "error": {"type", "message"}}``."""
-    return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message}}
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 class _Strict(BaseModel):
@@ -60,26 +66,36 @@ class Metadata(_Strict):
     user_id: str | None = Field(None, max_length=256)
 
 
-class MessagesRequest(_Strict):
-    """The ``/v1/messages`` body (the session fallbacks were removed before)."""
+class MessagesPrompt(_Strict):
+    """What a Messages request renders into its prompt: the ``/v1/messages/count_tokens`` body."""
 
     model: str | None = Field(None, max_length=256)
     messages: list[dict[str, Any]] = Field(..., min_length=1)
     system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = Field(None, max_length=128)
+    tool_choice: dict[str, Any] | None = None
+    thinking: Thinking | None = None
+
+
+class MessagesRequest(MessagesPrompt):
+    """The ``/v1/messages`` body (the session fallbacks were removed before)."""
+
     max_tokens: int = Field(..., ge=1)
     stop_sequences: list[str] | None = Field(None, max_length=32)
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    tools: list[dict[str, Any]] | None = Field(None, max_length=128)
-    tool_choice: dict[str, Any] | None = None
     metadata: Metadata | None = None
-    thinking: Thinking | None = None
     stream: bool = False
 
 
 def parse_request(body: dict[str, Any]) -> MessagesRequest:
     """The typed request; an unknown field or a wrong value is a 400 naming it."""
     return oa.parse_strict(MessagesRequest, body)
+
+
+def parse_prompt(body: dict[str, Any]) -> MessagesPrompt:
+    """The typed ``count_tokens`` request; an unknown field or a wrong value is a 400 naming it."""
+    return oa.parse_strict(MessagesPrompt, body)
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
@@ -107,7 +123,7 @@ def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": tool_use_id, "content": text}
 
 
-def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
+def chat_messages(req: MessagesPrompt) -> list[dict[str, Any]]:
     """``system`` + ``messages`` as chat messages (see the module docstring)."""
     out: list[dict[str, Any]] = []
     if req.system:
@@ -139,10 +155,11 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
             elif kind == "thinking":
                 assistant["reasoning_content"] = str(block.get("thinking") or "")
             elif kind == "tool_use":
-                if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                    raise InvalidRequest(f"{bw} needs id and name (strings)", param=bw)
+                if not isinstance(block.get("id"), str):
+                    raise InvalidRequest(f"{bw}.id must be a string", param=f"{bw}.id")
+                name = oa.tool_name(block.get("name"), f"{bw}.name")
                 args = json.dumps(block.get("input") or {}, ensure_ascii=False)
-                call = {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": args}}
+                call = {"id": block["id"], "type": "function", "function": {"name": name, "arguments": args}}
                 assistant.setdefault("tool_calls", []).append(call)
             else:
                 raise InvalidRequest(f"{bw} of type {clip(kind)} is not supported", param=f"{bw}.type")
@@ -157,25 +174,21 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         return None
     out = []
     for i, tool in enumerate(tools):
-        if tool.get("type", "custom") != "custom" or not isinstance(tool.get("name"), str):
+        if tool.get("type", "custom") != "custom" or "name" not in tool:
             raise InvalidRequest(
                 f"tools[{i}] is not supported (client tools with a name and input_schema only)", param=f"tools[{i}]"
             )
-        fn = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
+        name = oa.tool_name(tool["name"], f"tools[{i}].name")
+        fn = {"name": name, "parameters": tool.get("input_schema") or {"type": "object"}}
         if tool.get("description") is not None:
             fn["description"] = tool["description"]
         out.append({"type": "function", "function": fn})
     return out
 
 
-def chat_body(req: MessagesRequest) -> dict[str, Any]:
-    """The chat-completions body of this request."""
-    body: dict[str, Any] = {
-        "model": req.model,
-        "messages": chat_messages(req),
-        "max_tokens": req.max_tokens,
-        "stream": req.stream,
-    }
+def prompt_body(req: MessagesPrompt) -> dict[str, Any]:
+    """The chat-completions fields of what this request renders: messages, tools, tool choice, thinking."""
+    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
     if req.tools is not None:
         body["tools"] = chat_tools(req.tools)
     choice = req.tool_choice
@@ -185,12 +198,22 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
             body["tool_choice"] = kind
         elif kind == "any":
             body["tool_choice"] = "required"
-        elif kind == "tool" and isinstance(choice.get("name"), str):
-            body["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+        elif kind == "tool":
+            name = oa.tool_name(choice.get("name"), "tool_choice.name")
+            body["tool_choice"] = {"type": "function", "function": {"name": name}}
         else:
             raise InvalidRequest("tool_choice must be auto, any, none or {type: tool, name}", param="tool_choice")
         if choice.get("disable_parallel_tool_use") is True and kind != "none":
             body["parallel_tool_calls"] = False
+    if req.thinking is not None and req.thinking.type == "disabled":
+        body["reasoning_effort"] = "none"
+    return body
+
+
+def chat_body(req: MessagesRequest) -> dict[str, Any]:
+    """The chat-completions body of this request."""
+    body = prompt_body(req)
+    body["max_tokens"], body["stream"] = req.max_tokens, req.stream
     for key in ("temperature", "top_p"):
         if getattr(req, key) is not None:
             body[key] = getattr(req, key)
@@ -198,8 +221,6 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
         body["stop"] = req.stop_sequences
     if req.metadata is not None and req.metadata.user_id is not None:
         body["user"] = req.metadata.user_id
-    if req.thinking is not None and req.thinking.type == "disabled":
-        body["reasoning_effort"] = "none"
     if req.stream:
         body["stream_options"] = {"include_usage": True}  # message_delta carries the output tokens
     return body

@@ -44,7 +44,7 @@ from policy_server.api.openai_schemas import ChatRequest
 from policy_server.errors import InvalidRequest
 from policy_server.serving.tool_choice import (
     forced_tool_grammar,
-    response_format_schema,
+    response_format_grammar,
 )
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -134,8 +134,8 @@ def apply_constraints(
 ) -> bool:
     """Set the engine grammar for a forced tool call or a JSON response format; True when a call is forced."""
     forced = forced_tool_grammar(tools, tool_choice)
-    json_schema = response_format_schema(extras.response_format)
-    if forced and json_schema:
+    json_grammar = response_format_grammar(extras.response_format)
+    if forced and json_grammar:
         raise InvalidRequest(
             "response_format json_object/json_schema cannot be combined with a forced tool_choice",
             param="response_format",
@@ -144,8 +144,8 @@ def apply_constraints(
         sp["ebnf"] = forced
         # The grammar ends with the call; a stop could only cut the call's own markup (tool_choice's docstring).
         sp.pop("stop", None)
-    elif json_schema:
-        sp["json_schema"] = json_schema
+    elif json_grammar:
+        sp["ebnf"] = json_grammar
     return forced is not None
 
 

@@ -56,7 +56,7 @@ class ContentPart(_Open):
 
 
 class ToolCallFunction(_Open):
-    name: str
+    name: str = Field(..., min_length=1)
     arguments: str | dict[str, Any] | None = None
 
 
@@ -276,10 +276,15 @@ def chat_request_schema() -> dict[str, Any]:
     return schema
 
 
+def body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request-body schema of a route that reads its body itself with ``model`` (``$defs`` inlined)."""
+    return _inline_schema(TypeAdapter(model))
+
+
 def request_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The OpenAPI request-body schema of a route that reads its body itself with ``model`` (``$defs`` inlined),
-    with the session fallbacks every client route accepts (removed before the model sees the body)."""
-    schema = _inline_schema(TypeAdapter(model))
+    """:func:`body_schema` with the session fallbacks every client route accepts (removed before the model sees
+    the body)."""
+    schema = body_schema(model)
     doc = _inline_schema(TypeAdapter(ChatRequestDoc))["properties"]
     schema["properties"].update({k: doc[k] for k in SESSION_BODY_KEYS})
     return schema
@@ -300,6 +305,14 @@ def parse_strict(model: type[ModelT], body: dict[str, Any]) -> ModelT:
     except ValidationError as exc:
         message, param = most_specific_error(exc.errors())
         raise InvalidRequest(message, param=param) from None
+
+
+def tool_name(value: Any, param: str) -> str:
+    """A tool's name (a definition's, a call's, a forced choice's) in the other API shapes: a non-empty string,
+    else a 400 naming ``param``, the field as that shape spells it."""
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{param} must be a non-empty string", param=param)
+    return value
 
 
 def _is_json(text: str) -> bool:

@@ -136,6 +136,12 @@ class MessageUsage(_Closed):
     output_tokens: int = Field(..., ge=0)
 
 
+class TokenCount(_Closed):
+    """Anthropic's ``count_tokens`` answer: the prompt's length in the policy tokenizer's tokens."""
+
+    input_tokens: int = Field(..., ge=0)
+
+
 class MessageObject(_Closed):
     """Anthropic's ``message`` (non-streaming)."""
 

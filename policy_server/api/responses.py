@@ -11,6 +11,12 @@ judging, training as ``/v1/chat/completions``), and the answer is converted back
 continues it with ``previous_response_id`` and no session of its own continues that session
 (:func:`previous_response`), so a Responses tool loop is recorded and paired whether the client resends the
 history or chains responses. An unknown ``previous_response_id`` is a 404.
+
+``instructions`` apply to their own request (OpenAI's rule): never stored, never carried to a follow-up, so the
+model sees exactly the instructions of the request it answers, and that is what the turn records. A chain is
+still one conversation for pairing, whether a follow-up repeats, omits or changes them: the session layer
+compares the chain under the instructions of the turn it continues (:func:`chain_instructions`). Repeated
+instructions continue that turn's prompt tokens; omitted or changed ones are a prompt of their own (full render).
 """
 
 from __future__ import annotations
@@ -28,7 +34,13 @@ from policy_server.api import responses_output as ro
 from policy_server.api import responses_shapes as rs
 from policy_server.api import routes
 from policy_server.api.auth import require_client
-from policy_server.api.chat_bridge import ChatAnswer, hindsight_headers, request_session, run_chat_turn
+from policy_server.api.chat_bridge import (
+    ChainInstructions,
+    ChatAnswer,
+    hindsight_headers,
+    request_session,
+    run_chat_turn,
+)
 from policy_server.api.openai_fields import hindsight_extension
 from policy_server.api.response_models_shapes import ResponseObject
 from policy_server.api.responses_stream import ResponseEvents, response_events
@@ -59,6 +71,23 @@ async def previous_response(st: PolicyState, response_id: str) -> tuple[list[dic
     return stored["conversation"], stored["session_id"]
 
 
+def chain_instructions(st: PolicyState, response_id: str, conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The instructions the model saw in the recorded turn that answered ``response_id`` (blocking: a store read).
+
+    The turn's messages are its instructions followed by the stored ``conversation`` up to the reply, which
+    ends it: whatever leads beyond that is the instructions. No recorded turn (a side or unrecorded one), or
+    a turn that does not have that shape: none (the conversation is compared as it is)."""
+    found = st.store.turn_by_response_id(response_id)
+    turn = st.store.get_turn(*found) if found is not None else None
+    if turn is None:
+        return []
+    messages: list[dict[str, Any]] = turn["messages"]
+    lead = len(messages) - (len(conversation) - 1)
+    if lead not in (0, 1) or any(m.get("role") != "system" for m in messages[:lead]):
+        return []
+    return messages[:lead]
+
+
 def _assistant(message: dict[str, Any]) -> dict[str, Any]:
     """The chat assistant message as a stored conversation keeps it (what the next turn renders and pairs)."""
     out: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
@@ -85,14 +114,20 @@ async def create_response(request: Request) -> Response:
     session = request_session(request, st, body)
     req = rs.parse_request(body)
     prefix: list[dict[str, Any]] = []
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    chain: ChainInstructions | None = None
     if req.previous_response_id is not None:
         # The conversation it continues; its session (when no header or other hint names one) is found by
         # the session resolver's previous_response rule, like any other hint.
         prefix, _ = await previous_response(st, req.previous_response_id)
+        # Instructions apply to their own request (OpenAI's rule): the model sees this request's only, and
+        # pairing compares the chain under the instructions the continued turn was answered with.
+        previous = await asyncio.to_thread(chain_instructions, st, req.previous_response_id, prefix)
+        chain = ChainInstructions(own=len(system), previous=previous)
     new_messages = rs.input_messages(req.input)
     conversation = prefix + new_messages
-    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    answer = await run_chat_turn(request, st, rs.chat_body(req, system + conversation), session, id_prefix="resp_")
+    chat = rs.chat_body(req, system + conversation)
+    answer = await run_chat_turn(request, st, chat, session, id_prefix="resp_", instructions=chain)
     rid, model = answer.turn.rid, answer.model
     hexid = rid.removeprefix("resp_")  # the output items' ids share it (msg_, fc_, rs_)
     build = functools.partial(

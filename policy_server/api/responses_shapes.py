@@ -157,6 +157,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             name, args, call_id = item.get("name"), item.get("arguments"), item.get("call_id")
             if not isinstance(name, str) or not isinstance(args, str) or not isinstance(call_id, str):
                 raise InvalidRequest(f"{where} needs name, arguments and call_id (strings)", param=where)
+            oa.tool_name(name, f"{where}.name")
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             assistant().setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
@@ -178,11 +179,12 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         return None
     out = []
     for i, tool in enumerate(tools):
-        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+        if tool.get("type") != "function" or "name" not in tool:
             raise InvalidRequest(
                 f"tools[{i}] of type {clip(tool.get('type'))} is not supported (function tools with a name only)",
                 param=f"tools[{i}].type",
             )
+        oa.tool_name(tool["name"], f"tools[{i}].name")
         fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
@@ -209,12 +211,12 @@ def allowed_tools(tools: list[dict[str, Any]] | None, choice: dict[str, Any]) ->
 def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
     if choice is None or isinstance(choice, str):
         return choice
-    if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+    if choice.get("type") != "function" or "name" not in choice:
         raise InvalidRequest(
             "tool_choice must be auto, none, required, {type: function, name} or {type: allowed_tools, ...}",
             param="tool_choice",
         )
-    return {"type": "function", "function": {"name": choice["name"]}}
+    return {"type": "function", "function": {"name": oa.tool_name(choice["name"], "tool_choice.name")}}
 
 
 def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:

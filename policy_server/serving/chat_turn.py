@@ -54,6 +54,10 @@ class ChatInput:
     # The session key and the rule that gave it (policy_server.serving.identity); None: ``sid`` as a header.
     hint: SessionHint | None = None
     typed: bool = True  # the client said the turn type; False: the side rules may make a main request side
+    # The messages pairing and session choice compare (None: ``messages``). A Responses chain compares its
+    # conversation under the instructions of the turn it continues: instructions belong to one request only.
+    # Set only when it differs from ``messages``; the prompt is then a full render, never a continuation.
+    transcript: list[dict[str, Any]] | None = None
 
 
 async def check_backlog(st: PolicyState) -> None:
@@ -154,19 +158,19 @@ class ChatTurn:
         assert st.resolver is not None
         if main and (hint.key is not None or hint.previous_response_id is not None or st.resolver.inferrer):
             await check_backlog(st)
-        ident = await st.resolver.resolve(hint, chat.messages, main=main, done=chat.done)
+        transcript = chat.messages if chat.transcript is None else chat.transcript
+        ident = await st.resolver.resolve(hint, transcript, main=main, done=chat.done)
         record = main and ident.sid is not None
         st.metrics.turns.labels(turn_type="main" if record else "side").inc()
         if side_rule is not None:
             st.metrics.side_turns.labels(rule=side_rule).inc()
         template_kwargs = chat.template_kwargs
+        # The paired turn's ids are continued only when the pairing compared the messages the model sees: under
+        # another transcript (other instructions) the prompt's start differs from that turn's, so it is rendered
+        # in full (engine.continuation trusts the pairing for the history it continues).
+        prior = ident.arrival.prior if ident.arrival is not None and chat.transcript is None else None
         try:
-            rendered = await st.generator.render(
-                chat.messages,
-                chat.tools,
-                template_kwargs,
-                ident.arrival.prior if ident.arrival is not None else None,
-            )
+            rendered = await st.generator.render(chat.messages, chat.tools, template_kwargs, prior)
         except BaseException:
             st.sessions.settle_later(ident.arrival)  # refused before generating: the pairing it owes is written anyway
             raise

@@ -2,7 +2,8 @@
 refusals as 400s.
 
 Contract: see engine.tool_grammar (the grammar of one Hermes/Qwen call per forced turn, strings that cannot
-spell markup, no stop sequences inside the call, ``response_format`` as SGLang's ``json_schema``). A tool,
+spell markup, no stop sequences inside the call, ``response_format`` as the ``ebnf`` of its schema, bounded strings
+of JSON characters only). A tool,
 ``tool_choice`` or schema that cannot be constrained is :class:`~policy_server.errors.InvalidRequest` naming
 the field.
 """
@@ -15,7 +16,7 @@ from engine import tool_grammar
 from engine.tool_grammar import GrammarRefused, exclude_markup_from_strings
 from policy_server.errors import InvalidRequest
 
-__all__ = ["exclude_markup_from_strings", "forced_tool_grammar", "response_format_schema"]
+__all__ = ["exclude_markup_from_strings", "forced_tool_grammar", "response_format_grammar"]
 
 
 def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any) -> str | None:
@@ -26,9 +27,9 @@ def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any) ->
         raise InvalidRequest(exc.message, param=exc.param) from None
 
 
-def response_format_schema(response_format: dict[str, Any] | None) -> str | None:
-    """SGLang's ``json_schema`` sampling parameter for ``response_format``, or None for text/absent."""
+def response_format_grammar(response_format: dict[str, Any] | None) -> str | None:
+    """SGLang's ``ebnf`` sampling parameter for ``response_format``, or None for text/absent."""
     try:
-        return tool_grammar.response_format_schema(response_format)
+        return tool_grammar.response_format_grammar(response_format)
     except GrammarRefused as exc:
         raise InvalidRequest(exc.message, param=exc.param) from None

@@ -6,7 +6,7 @@ engine/dev_server/recording.py; the LLM judge with constrained votes on it; the 
 the tiny model's replies are decided, so a turn gets a hint and is teacher-scored) exercises what the
 services send:
 chat turns with sampling options, streaming, a forced tool call (ebnf), a JSON response format
-(json_schema) with logit_bias and top log-probs, judge votes (``n`` > 1, regex),
+(ebnf of its schema) with logit_bias and top log-probs, judge votes (``n`` > 1, regex),
 teacher scoring with top-K log-probs, a weight update (pause -> update_weights_from_disk -> continue) and a
 client hang-up (abort_request). The recorded bodies then go, as JSON, to tests/conformance/sglang_validate.py
 run by the separate SGLang venv's python (tests/conformance/make_sglang_venv.sh), which checks each with
@@ -334,8 +334,10 @@ def test_every_engine_body_is_accepted_by_sglang(sglang_python: Path, stack: Sta
     covered = {
         "judge votes (n > 1)": any((sp.get("n") or 1) > 1 for sp in params),
         "regex constraint": any(sp.get("regex") for sp in params),
-        "ebnf constraint (forced tool call)": any(sp.get("ebnf") for sp in params),
-        "json_schema constraint": any(sp.get("json_schema") for sp in params),
+        "ebnf constraint (forced tool call)": any("<tool_call>" in (sp.get("ebnf") or "") for sp in params),
+        "ebnf constraint (JSON response format)": any(
+            sp.get("ebnf") and "<tool_call>" not in sp["ebnf"] for sp in params
+        ),
         "logit_bias": any(sp.get("logit_bias") for sp in params),
         "output top log-probs": any(
             b.get("top_logprobs_num", 0) > 0 and any((sp.get("max_new_tokens") or 0) > 0 for sp in _sampling_params(b))

@@ -12,7 +12,7 @@ from policy_server.api.streaming import StreamSplitter
 from policy_server.cli import settings_from_args
 from policy_server.errors import InvalidRequest
 from policy_server.serving.sessions import pair_next_state
-from policy_server.serving.tool_choice import forced_tool_grammar, response_format_schema
+from policy_server.serving.tool_choice import forced_tool_grammar, response_format_grammar
 
 pytestmark = pytest.mark.unit
 
@@ -274,18 +274,46 @@ def test_unconstrainable_tool_schema_is_a_400(parameters, fragment):
     assert fragment in exc.value.message and exc.value.param == "tools[0].function.parameters"
 
 
-def test_response_format_schema():
-    assert response_format_schema(None) is None and response_format_schema({"type": "text"}) is None
-    assert json.loads(response_format_schema({"type": "json_object"})) == {"type": "object"}
+def test_response_format_grammar_is_the_schemas_grammar():
+    assert response_format_grammar(None) is None and response_format_grammar({"type": "text"}) is None
+    obj = response_format_grammar({"type": "json_object"})
+    assert _accepts(obj, '{"k": [1, "v"]}') and not _accepts(obj, "[1]")
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    assert (
-        json.loads(response_format_schema({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}))
-        == schema
-    )
+    g = response_format_grammar({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert _accepts(g, '{"n": 3}') and not _accepts(g, '{"n": "3"}') and not _accepts(g, "{}")
     for bad in (
         {"type": "json_schema", "json_schema": {"name": "x"}},
         {"type": "yaml"},
         {"type": "json_schema", "json_schema": {"schema": {"type": "bogus"}}},
     ):
         with pytest.raises(InvalidRequest):
-            response_format_schema(bad)
+            response_format_grammar(bad)
+
+
+BOUNDED = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 3}}, "required": ["s"]}
+
+
+@pytest.mark.parametrize(
+    "value, ok",
+    [
+        ('"abc"', True),
+        ('"a\\nb"', True),  # an escape is one character of the three
+        ('"\\u0041bc"', True),
+        ('"a\\"b"', True),
+        ('"abcd"', False),  # over maxLength
+        ('"a\x0bb"', False),  # raw controls (U+0000-U+001F) are no JSON
+        ('"a\x00"', False),
+        ('"a\tb"', False),
+        ('"a\\x"', False),  # not an escape JSON knows
+    ],
+)
+def test_bounded_strings_are_json_strings_in_every_grammar(value, ok):
+    """xgrammar's own grammar of a ``maxLength`` string admits raw control characters; the grammars sent to the
+    engine (response formats and forced calls) admit exactly the JSON strings of at most that many characters."""
+    fmt = response_format_grammar({"type": "json_schema", "json_schema": {"name": "x", "schema": BOUNDED}})
+    assert _accepts(fmt, '{"s": ' + value + "}") is ok
+    if ok:
+        assert len(json.loads(value)) <= 3
+    tools = [{"type": "function", "function": {"name": "f", "parameters": BOUNDED}}]
+    call = '<tool_call>\n{"name": "f", "arguments": {"s": ' + value + "}}\n</tool_call>"
+    assert _accepts(forced_tool_grammar(tools, "required"), call) is ok

@@ -208,9 +208,9 @@ def _stateful_lease_ack(url: str) -> dict[str, list[int]]:
 
 
 def _other_success_paths(url: str) -> dict[str, list[int]]:
-    """One well-formed call each to the routes whose 200 generated data rarely reaches (Messages, a model
-    card, feedback on a recorded turn) and to the read views once they have rows, every answer checked
-    against the documented schemas. Runs after :func:`_lease_then_ack`."""
+    """One well-formed call each to the routes whose 200 generated data rarely reaches (Messages and its token
+    count, a model card, feedback on a recorded turn) and to the read views once they have rows, every answer
+    checked against the documented schemas. Runs after :func:`_lease_then_ack`."""
     schema = schemathesis.openapi.from_url(url + "/openapi.json")
     client = {"Authorization": f"Bearer {CLIENT_KEY}"}
     out: dict[str, list[int]] = {}
@@ -223,6 +223,7 @@ def _other_success_paths(url: str) -> dict[str, list[int]]:
 
     user = [{"role": "user", "content": "Say hi."}]
     call("/v1/messages", "POST", client, body={"model": "hindsight-policy", "messages": user, "max_tokens": 4})
+    call("/v1/messages/count_tokens", "POST", client, body={"model": "hindsight-policy", "messages": user})
     call("/v1/models/{model_id}", "GET", client, path_parameters={"model_id": "hindsight-policy"})
     chat = call("/v1/chat/completions", "POST", client, body={"messages": user, "max_tokens": 4})
     call("/v1/feedback", "POST", client, body={"response_id": chat["id"], "value": 1})

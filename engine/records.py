@@ -242,7 +242,9 @@ class TurnRecord(_Record):
     prompt_ids: list[int] = []
     response_ids: list[int] = []
     rollout_logprobs: list[float] = []
-    response: dict[str, Any] = {}  # {"content", "reasoning_content", "tool_calls"} of the reply
+    # {"content", "reasoning_content", "tool_calls", "finish_reason"} of the reply; ``finish_reason`` is the
+    # engine's finish type (``stop``, ``length``), absent in records written before it was kept.
+    response: dict[str, Any] = {}
     weight_version: str | None = None
     weight_versions: list[str] | None = None
     sampling_params: dict[str, Any] | None = None

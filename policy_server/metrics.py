@@ -4,10 +4,13 @@ Per-route request counts and latencies (``hindsight_policy_http_requests_total``
 ``hindsight_policy_http_request_duration_seconds`` by route template, method, status) come from
 engine.observability.RouteMetrics on this registry (policy_server.app), the one request-latency histogram
 (chat answers and streams alike: a stream's duration runs to its last byte); this class holds the
-policy-specific series.
+policy-specific series. The sample series (by status, rejections by reason prefix, quarantines by guard
+rule, sessions that gave no sample) are read from the store's stats at each scrape.
 """
 
 from __future__ import annotations
+
+from collections import Counter as Tally
 
 from prometheus_client import (
     CollectorRegistry,
@@ -15,6 +18,8 @@ from prometheus_client import (
     Gauge,
     generate_latest,
 )
+
+from engine.records import RejectReason
 
 
 class Metrics:
@@ -75,10 +80,52 @@ class Metrics:
             registry=r,
         )
         self.samples = Gauge("hindsight_policy_samples", "samples by status", ["status"], registry=r)
+        # Read from the store at each scrape (like ``samples``): exact across restarts and replicas.
+        self.rejected = Gauge(
+            "hindsight_policy_rejected_samples",
+            "rejected samples by reason (the reject reason's prefix: degenerate, prm_neutral, judge_failed, ...)",
+            ["reason"],
+            registry=r,
+        )
+        self.quarantined = Gauge(
+            "hindsight_policy_quarantined_samples",
+            "samples rejected degenerate (a judge guard quarantined the reply), by guard rule",
+            ["rule"],
+            registry=r,
+        )
+        self.sessions_without_sample = Gauge(
+            "hindsight_policy_sessions_without_sample",
+            "ended sessions whose every turn was rejected (none trainable for the at-least-one rule to promote)",
+            registry=r,
+        )
 
     def render(self, stats: dict[str, object] | None = None) -> bytes:
-        samples = (stats or {}).get("samples")
+        stats = stats or {}
+        samples = stats.get("samples")
         if isinstance(samples, dict):
             for status, n in samples.items():
                 self.samples.labels(status=status).set(n)
+        reasons = stats.get("reject_reasons")
+        if isinstance(reasons, dict):
+            self._set_rejections(reasons)
+        without = stats.get("sessions_without_sample")
+        if isinstance(without, int):
+            self.sessions_without_sample.set(without)
         return generate_latest(self.registry)
+
+    def _set_rejections(self, reasons: dict[str, int]) -> None:
+        """Rejections by reason prefix and quarantines by rule, from the store's counts by full reason."""
+        by_reason: Tally[str] = Tally()
+        by_rule: Tally[str] = Tally()
+        for reason, n in reasons.items():
+            prefix, _, detail = (reason or "unknown").partition(":")
+            by_reason[prefix] += n
+            if prefix == RejectReason.DEGENERATE:
+                by_rule[detail.strip().partition(":")[0] or "unknown"] += n
+        # A reason can disappear (explicit feedback re-includes a sample): stale label values must go too.
+        self.rejected.clear()
+        self.quarantined.clear()
+        for prefix, n in by_reason.items():
+            self.rejected.labels(reason=prefix).set(n)
+        for rule, n in by_rule.items():
+            self.quarantined.labels(rule=rule).set(n)

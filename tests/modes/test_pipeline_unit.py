@@ -35,10 +35,12 @@ NEXT = [{"role": "user", "content": "thanks"}]
 class RecordingJudge:
     def __init__(self, answer=None, raises=None):
         self.calls = []
+        self.tools = []  # the offered tools of each call (for the judge's guards)
         self.answer = answer
         self.raises = raises
 
-    async def judge(self, context, response, next_state, tasks, m=None):
+    async def judge(self, context, response, next_state, tasks, m=None, *, tools=None):
+        self.tools.append(tools)
         self.calls.append(
             {"context": context, "response": response, "next_state": next_state, "tasks": list(tasks), "m": m}
         )

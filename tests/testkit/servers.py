@@ -136,6 +136,12 @@ def judge_command(
     return [*cmd, *args]
 
 
+# The tiny test models rarely stop before a test's small max_tokens, so under the measured default (truncated
+# = quarantine) nearly every test turn would be quarantined. Test judges turn that one guard off unless the
+# test names its guards (--guards or HINDSIGHT_JUDGE_GUARDS); the guards themselves are tested with their own.
+TEST_JUDGE_GUARDS = "truncated=off"
+
+
 def start_judge(
     log_dir: Path,
     name: str = "judge",
@@ -152,8 +158,11 @@ def start_judge(
 ) -> ManagedProcess:
     """A real judge server, ready. The default is the deterministic rules backend ("thanks"/"worked" +1,
     "wrong"/"No," -1); with ``engine_url`` it is the LLM backend (pass ``backend=None`` to keep the
-    service's default) and readiness is ``/ready`` (the engine reachable), else ``/health``."""
+    service's default) and readiness is ``/ready`` (the engine reachable), else ``/health``. Guards: the
+    service's defaults with ``truncated`` off (:data:`TEST_JUDGE_GUARDS`) unless ``args``/``env`` set them."""
     port = port or free_port()
+    if "--guards" not in args and "HINDSIGHT_JUDGE_GUARDS" not in (env or {}):
+        args = [*args, "--guards", TEST_JUDGE_GUARDS]
     cmd = judge_command(port, backend=backend, engine_url=engine_url, tokenizer_path=tokenizer_path, m=m, args=args)
     ready = ready_path or ("/ready" if engine_url else "/health")
     url = f"http://127.0.0.1:{port}"

@@ -63,6 +63,9 @@ DEV_JUDGE_ENV = {
     "HINDSIGHT_JUDGE_MAX_NEW_TOKENS": "96",
     # Judging an agent's turn prefills its whole context (32k tokens for OpenClaw): minutes on a loaded CPU.
     "HINDSIGHT_JUDGE_REQUEST_DEADLINE_S": "900",
+    # The tiny policy rarely stops before the demo's max_tokens: under the measured default (truncated =
+    # quarantine) nearly every dev turn would be quarantined and the demo would have nothing to train on.
+    "HINDSIGHT_JUDGE_GUARDS": os.environ.get("HINDSIGHT_JUDGE_GUARDS", "truncated=off"),
 }
 
 

@@ -24,7 +24,8 @@ order perturbed. Printed per setting (and written with ``--json``):
   original and the perturbed context (the context's messages between the leading system message and the
   last message in reverse order; the judged turn is unchanged);
 - ``no_valid_rate``: share of turns with status ``no_valid_votes``; ``failed_rate``: judge_failed or a
-  request that failed (never counted as a verdict);
+  request that failed (never counted as a verdict); ``guarded_rate``: share of turns a guard took the score
+  from (status ``abstained`` or ``quarantined``: no score, never right);
 - ``votes_per_turn``, ``engine_calls_per_turn``, ``tokens_per_turn`` (prompt + completion as the judge's
   ``usage`` reports them; ``cached_tokens`` too when reported), means over the original requests;
 - ``failed_requests``: requests (original and perturbed) that got no answer (transport error or non-2xx).
@@ -50,7 +51,7 @@ from typing import Any
 
 import httpx
 
-from engine.records import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
+from engine.records import STATUS_ABSTAINED, STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_QUARANTINED, STATUS_TIE
 from judge_server.eval.local_judge import local_judge
 
 DEFAULT_TURNS = Path(__file__).resolve().parent / "judge_agreement_turns.jsonl"
@@ -116,6 +117,8 @@ def summarise(
         "flip_rate": flips / n,
         "no_valid_rate": sum(p is not None and p.get("status") == STATUS_NO_VALID for p in prms) / n,
         "failed_rate": sum(p is None or p.get("status") == STATUS_FAILED for p in prms) / n,
+        "guarded_rate": sum(p is not None and p.get("status") in (STATUS_ABSTAINED, STATUS_QUARANTINED) for p in prms)
+        / n,
         "failed_requests": sum(r is None for r in original) + sum(r is None for r in perturbed),
         "votes_per_turn": sum(len((p or {}).get("votes") or []) for p in prms) / n,
         "engine_calls_per_turn": sum(u.get("engine_calls", 0) for u in usage) / n,

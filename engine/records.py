@@ -34,12 +34,15 @@ Mode = Literal["rl", "opd", "combine"]
 MODES: tuple[str, ...] = get_args(Mode)
 
 # A judge task's outcome. ``ok``: a verdict; ``tie`` / ``no_valid_votes``: votes that settle nothing;
-# ``judge_failed``: the judge's engines failed within its deadline (never a score).
-VerdictStatus = Literal["ok", "tie", "no_valid_votes", "judge_failed"]
+# ``judge_failed``: the judge's engines failed within its deadline (never a score); ``abstained``: a guard
+# withheld the score (no score); ``quarantined``: a guard found the reply degenerate (no score, never trained).
+VerdictStatus = Literal["ok", "tie", "no_valid_votes", "judge_failed", "abstained", "quarantined"]
 STATUS_OK: VerdictStatus = "ok"
 STATUS_TIE: VerdictStatus = "tie"
 STATUS_NO_VALID: VerdictStatus = "no_valid_votes"
 STATUS_FAILED: VerdictStatus = "judge_failed"
+STATUS_ABSTAINED: VerdictStatus = "abstained"
+STATUS_QUARANTINED: VerdictStatus = "quarantined"
 VERDICT_STATUSES: tuple[str, ...] = get_args(VerdictStatus)
 
 # A stored sample's state: pending_judge -> [pending_score ->] ready -> leased -> consumed, or rejected.
@@ -94,6 +97,8 @@ class RejectReason:
     INVALID_VALUES = "invalid_values"
     FEEDBACK_NEUTRAL = "feedback_neutral"  # explicit feedback made the reward 0
     FEEDBACK_GATE = "feedback_gate"  # explicit feedback disagreed with the judge under the gate policy
+    PRM_ABSTAINED = "prm_abstained"  # a guard withheld the PRM score: "prm_abstained: <rule>"
+    DEGENERATE = "degenerate"  # a guard quarantined the reply: "degenerate: <rule>: <detail>"
 
     @staticmethod
     def with_detail(prefix: str, detail: str) -> str:
@@ -138,11 +143,13 @@ class _PrmVotes(_Record):
     votes: list[int | None] = []
     confidence: float = 0.0
     reason: str | None = None
+    guards: list[GuardHit] = []  # the enabled guards that fired on the step (absent in older records)
 
 
 class PrmVerdict(JudgeUsage, _PrmVotes):
-    """The ``prm`` task: the step's score (+1 / -1 / 0) by majority vote, null when ``judge_failed``; then
-    its cost (the vote fields come first on the wire, hence the base order)."""
+    """The ``prm`` task: the step's score (+1 / -1 / 0) by majority vote, null when ``judge_failed``,
+    ``abstained`` or ``quarantined``; the guard hits behind a ruled outcome; then its cost (the vote fields
+    come first on the wire, hence the base order)."""
 
     @classmethod
     def wire(
@@ -154,8 +161,9 @@ class PrmVerdict(JudgeUsage, _PrmVotes):
         confidence: float,
         reason: str | None,
         usage: JudgeUsage,
+        guards: list[GuardHit] | None = None,
     ) -> PrmVerdict:
-        """A verdict in the judge's key order: the vote fields, then the cost fields."""
+        """A verdict in the judge's key order: the vote fields, the guard hits, then the cost fields."""
         return cls.model_validate(
             {
                 "score": score,
@@ -163,6 +171,7 @@ class PrmVerdict(JudgeUsage, _PrmVotes):
                 "votes": votes,
                 "confidence": confidence,
                 "reason": reason,
+                "guards": [g.to_json() for g in guards or []],
                 **usage.model_dump(),
             }
         )
@@ -172,7 +181,8 @@ class _HintVotes(_Record):
     accepted: bool = False
     hint: str | None = None
     votes: list[int | None] = []
-    status: Literal["ok", "judge_failed"] = "ok"
+    # ``quarantined``: a guard found the reply degenerate, so no hint is accepted whatever the votes said.
+    status: Literal["ok", "judge_failed", "quarantined"] = "ok"
     reason: str | None = None
     vote_status: VerdictStatus | None = None  # the vote rule's own outcome behind ``status``
 
@@ -207,10 +217,12 @@ class HintVerdict(JudgeUsage, _HintVotes):
 
 
 class JudgeVerdicts(_Record):
-    """``POST /v1/judge``'s answer: a verdict per requested task, their summed cost, the template versions."""
+    """``POST /v1/judge``'s answer: a verdict per requested task, every enabled guard that fired on the step
+    (in rule order, whatever tasks were asked), their summed cost, the template and guard versions."""
 
     prm: PrmVerdict | None = None
     hint: HintVerdict | None = None
+    guards: list[GuardHit] = []
     usage: JudgeUsage | None = None
     prompt_versions: dict[str, str] = {}
 
@@ -230,7 +242,9 @@ class TurnRecord(_Record):
     prompt_ids: list[int] = []
     response_ids: list[int] = []
     rollout_logprobs: list[float] = []
-    response: dict[str, Any] = {}  # {"content", "reasoning_content", "tool_calls"} of the reply
+    # {"content", "reasoning_content", "tool_calls", "finish_reason"} of the reply; ``finish_reason`` is the
+    # engine's finish type (``stop``, ``length``), absent in records written before it was kept.
+    response: dict[str, Any] = {}
     weight_version: str | None = None
     weight_versions: list[str] | None = None
     sampling_params: dict[str, Any] | None = None

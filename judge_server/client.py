@@ -1,6 +1,6 @@
 """JudgeClient: how the policy server calls the judge service (docs/CONTRACTS.md "Judge service").
 
-``JudgeClient(base_url, api_key=None).judge(context, response, next_state, tasks, m=None) -> JudgeVerdicts``
+``JudgeClient(base_url, api_key=None).judge(context, response, next_state, tasks, m=None, tools=None) -> JudgeVerdicts``
 returns the /v1/judge answer as its record (engine.records); an answer off that schema raises
 ``JudgeBadResponse``. Transport and retries are engine.http_client's: transport errors, 408/429 and
 5xx are retried with capped exponential backoff plus jitter, the whole call (requests and backoff) bounded
@@ -114,12 +114,15 @@ class JudgeClient:
         tasks: list[str],
         m: int | None = None,
         policy: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> JudgeVerdicts:
         body: dict[str, Any] = {"context": context, "response": response, "next_state": next_state, "tasks": tasks}
         if m is not None:
             body["m"] = m
         if policy is not None:
             body["policy"] = policy
+        if tools is not None:  # the turn's offered tools, for the judge's malformed_tool_call guard
+            body["tools"] = tools
         return _verdicts(await self._post("/v1/judge", body))
 
     async def judge_batch(self, items: list[dict[str, Any]]) -> list[JudgeVerdicts]:

@@ -13,8 +13,13 @@ OpenRLHF ``POST /get_reward`` (``{"query": [...], "prompts"?: [...], "labels"?: 
 - Only the ``prm`` task runs. The answer holds numbers only, because OpenRLHF turns ``rewards``,
   ``scores`` and (since its 2025 versions) every ``extra_logs`` value into a tensor:
   ``{"rewards": [float], "scores": [float], "extra_logs": {name: [float]}}`` with one entry per query;
-  ``extra_logs`` = ``judge_ok``/``judge_tie``/``judge_no_valid_votes``/``judge_failed`` (1.0 for the
-  item's status, else 0.0) and ``judge_confidence`` (share of valid votes that agree; 0.0 when failed).
+  ``extra_logs`` = ``judge_ok``/``judge_tie``/``judge_no_valid_votes``/``judge_failed``/``judge_abstained``/
+  ``judge_quarantined`` (1.0 for the item's status, else 0.0) and ``judge_confidence`` (share of valid votes
+  that agree; 0.0 when failed).
+- A guard's verdict without a score (``abstained``, ``quarantined``: judge_server.guards) is answered like
+  ``no_valid_votes``: the neutral 0.0, flagged by its one-hot status (never a silent 0; not a 503, since asking
+  again cannot change a deterministic rule). A trainer that must not learn from a quarantined reply drops
+  the items flagged ``judge_quarantined`` (slime: ``status`` ``quarantined``).
 - A ``judge_failed`` item has no score. By default the whole request is answered 503 ``RewardUnavailable``
   so the client's retry path runs (OpenRLHF retries any non-2xx a few times, then raises: an explicit
   failure, never a made-up reward). With ``compat_failed_reward`` set (``--compat-failed-reward F``) a
@@ -34,7 +39,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.records import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE
+from engine.records import (
+    STATUS_ABSTAINED,
+    STATUS_FAILED,
+    STATUS_NO_VALID,
+    STATUS_OK,
+    STATUS_QUARANTINED,
+    STATUS_TIE,
+)
 from engine.validation import describe_validation_errors
 from judge_server.chat_markup import has_markup, prompt_messages, reply_fields, split_query, strip_markup
 from judge_server.errors import InvalidRequest, RewardUnavailable
@@ -46,7 +58,12 @@ STATUS_LOG_NAMES = {
     STATUS_TIE: "judge_tie",
     STATUS_NO_VALID: "judge_no_valid_votes",
     STATUS_FAILED: "judge_failed",
+    STATUS_ABSTAINED: "judge_abstained",
+    STATUS_QUARANTINED: "judge_quarantined",
 }
+# A guard's verdict without a score: these clients need a number per item, and asking again cannot change a
+# deterministic rule (a 503 would only loop), so the item gets the neutral 0.0, flagged by its status.
+GUARDED_NO_SCORE = (STATUS_ABSTAINED, STATUS_QUARANTINED)
 
 
 def label_to_next_state(label: Any, where: str = "label") -> list[dict[str, Any]]:
@@ -141,6 +158,8 @@ def slime_item(prompt: Any, response: str, label: Any) -> JudgeRequest:
 
 
 def _reward_of(prm: dict[str, Any], failed_reward: float | None) -> float:
+    if prm["status"] in GUARDED_NO_SCORE:
+        return 0.0
     if prm["status"] != STATUS_FAILED:
         return float(prm["score"])
     if failed_reward is None:

@@ -8,7 +8,7 @@ Rules (:data:`GUARD_RULES`; the detail string of a hit says what was seen):
 
 - ``tool_error``: a tool result in the next state is an error: the message carries ``is_error: true`` or
   ``status: "error"``, or its text is a JSON object with a non-empty top-level ``error`` key, or it starts
-  with ``Error:`` / ``ERROR`` / ``Exception`` / ``Traceback (most recent call last)``.
+  with the word ``Error`` / ``Exception`` (any case) or ``Traceback (most recent call last)``.
 - ``repeated_tool_call``: a tool call of the response repeats an earlier assistant tool call of the
   context exactly (same name, same arguments as parsed JSON; call ids ignored).
 - ``truncated``: the reply was cut by its length limit (``finish_reason`` ``length``, or Anthropic's
@@ -24,17 +24,26 @@ Actions (:data:`GUARD_ACTIONS`): ``override`` sets the PRM score to -1 whatever 
 step degenerate (status ``quarantined``): its sample never becomes leasable. ``off`` disables a rule.
 When several fire, the strongest action decides: quarantine > abstain > override.
 
+Configuration: :func:`parse_guard_actions` reads ``rule=action`` items (the judge's ``--guards`` setting)
+over the defaults; :func:`guards_version` names the rule set and configuration (``guards@<sha256-12>``).
+
 Defaults (:data:`DEFAULT_GUARD_ACTIONS`) are chosen by measurement on AgentProcessBench's labelled steps
 (``hindsight-judge-eval``, docs/JUDGE_QUALITY.md): a rule that sets a score is on only where its -1
-precision there is at least :data:`MIN_DEFAULT_PRECISION`; a quarantine rule is on only where it never fires
-on a step labelled +1 or 0 there.
+precision there is at least :data:`MIN_DEFAULT_PRECISION`; a quarantine rule is on only where the labelled
+steps hold what it reads (:func:`decidable`) and it never fires on a step labelled +1 or 0 there. So
+``degenerate`` is on (it read all 597 replies and fired on no good one) and ``truncated`` is off: the labelled
+steps carry no finish reason, so nothing measured it (switch it on with ``--guards truncated`` to keep replies
+cut by ``max_tokens`` out of training, as overlong filtering does).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from engine.records import GuardAction, GuardHit
@@ -50,7 +59,8 @@ DEGENERATE_MIN_CHARS = 16
 DEGENERATE_MAX_UNIT = 16
 DEGENERATE_COVER = 0.8
 DEGENERATE_MIN_REPEATS = 8
-_ERROR_PREFIXES = ("error:", "error ", "exception", "traceback (most recent call last)")
+# Whole words only: "Exceptional results" or "Errors are rare in ..." are not error reports.
+_ERROR_START = re.compile(r"(error\b|exception\b|traceback \(most recent call last\))", re.IGNORECASE)
 _LENGTH_REASONS = frozenset({"length", "max_tokens"})
 
 
@@ -108,7 +118,7 @@ def tool_error(step: GuardedStep) -> str | None:
                 body = None
             if isinstance(body, dict) and body.get("error"):
                 return f"tool result error: {str(body['error'])[:120]}"
-        if text.lower().startswith(_ERROR_PREFIXES):
+        if _ERROR_START.match(text):
             return f"tool result starts with an error: {text[:120]}"
     return None
 
@@ -134,12 +144,18 @@ def repeated_unit(text: str) -> tuple[str, int] | None:
     if len(text) < DEGENERATE_MIN_CHARS:
         return None
     for size in range(1, DEGENERATE_MAX_UNIT + 1):
-        # A unit repeated back to back is a run of positions where text[i] == text[i + size].
+        # A unit repeated back to back is a run of positions where text[i] == text[i + size]; a run long
+        # enough must start by ``latest_start``, so a text that has none by then is left early (this runs
+        # on every judge request, in the event loop).
+        needed = DEGENERATE_COVER * len(text) - size
+        latest_start = len(text) - needed
         best = best_start = run = 0
         for i in range(len(text) - size):
             run = run + 1 if text[i] == text[i + size] else 0
             if run > best:
                 best, best_start = run, i - run + 1
+            if run == 0 and i > latest_start:
+                break
         count = (best + size) // size
         if count >= DEGENERATE_MIN_REPEATS and best + size >= DEGENERATE_COVER * len(text):
             return text[best_start : best_start + size], count
@@ -195,7 +211,7 @@ assert tuple(CHECKS) == GUARD_RULES
 DEFAULT_GUARD_ACTIONS: dict[str, GuardSetting] = {
     "tool_error": "off",
     "repeated_tool_call": "off",
-    "truncated": "quarantine",
+    "truncated": "off",
     "degenerate": "quarantine",
     "malformed_tool_call": "off",
 }
@@ -207,6 +223,13 @@ NATURAL_ACTIONS: dict[str, GuardAction] = {
     "degenerate": "quarantine",
     "malformed_tool_call": "override",
 }
+
+
+def decidable(rule: str, step: GuardedStep) -> bool:
+    """Whether ``step`` holds what ``rule`` reads (a finish reason for ``truncated``; every step for the others)."""
+    if rule == "truncated":
+        return step.response.get("finish_reason") is not None or step.response.get("stop_reason") is not None
+    return True
 
 
 def fired_rules(step: GuardedStep, rules: Iterable[str] = GUARD_RULES) -> dict[str, str]:
@@ -239,6 +262,42 @@ class Guards:
             GuardHit(rule=rule, action=self.actions[rule], detail=detail)
             for rule, detail in fired_rules(step, self.actions).items()
         ]
+
+
+def parse_guard_actions(spec: str | Mapping[str, str] | None) -> dict[str, GuardSetting]:
+    """Every rule's setting: ``spec`` (``rule=action`` items, comma-separated, or a mapping; a bare ``rule``
+    takes its :data:`NATURAL_ACTIONS` one) merged over :data:`DEFAULT_GUARD_ACTIONS`, in rule order.
+
+    Raises ValueError naming the item for an unknown rule or action, an item without a rule, or a rule set twice.
+    """
+    given: dict[str, str] = {}
+    if isinstance(spec, Mapping):
+        given = {str(k).strip(): str(v).strip() for k, v in spec.items()}
+    elif spec is not None:
+        for item in (part.strip() for part in spec.split(",")):
+            if not item:
+                continue
+            rule, sep, action = (x.strip() for x in item.partition("="))
+            if not rule:
+                raise ValueError(f"guards: {item!r} names no rule (use rule=action)")
+            if rule in given:
+                raise ValueError(f"guards: {rule} is set twice")
+            given[rule] = action if sep else NATURAL_ACTIONS.get(rule, "")
+    for rule, action in given.items():
+        if rule not in CHECKS:
+            raise ValueError(f"guards: unknown rule {rule!r}; known: {', '.join(GUARD_RULES)}")
+        if action not in (*GUARD_ACTIONS, "off"):
+            raise ValueError(f"guards: {rule}: action must be one of {', '.join(GUARD_ACTIONS)} or off, got {action!r}")
+    merged: dict[str, GuardSetting] = {**DEFAULT_GUARD_ACTIONS, **given}  # type: ignore[dict-item]
+    return {rule: merged[rule] for rule in GUARD_RULES}
+
+
+def guards_version(actions: Mapping[str, str]) -> str:
+    """``guards@<sha256-12>`` of this module's text (the rules and their thresholds) and the resolved
+    actions: any change to either changes the version, so verdicts recorded under other guards are told apart."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(json.dumps({r: actions.get(r, "off") for r in GUARD_RULES}, sort_keys=True).encode())
+    return f"guards@{digest.hexdigest()[:12]}"
 
 
 def decisive(hits: Sequence[GuardHit]) -> GuardHit | None:

@@ -12,6 +12,9 @@ Contract (docs/CONTRACTS.md "Judge service"):
 - Sampling: temperature, top_p, max_new_tokens, optional sampling_seed (+ round index), and, with
   ``constrain_output``, the template's regex (PRM: bounded free reasoning then the box; hint: the decision
   and, for 1, a marker-delimited hint of 11..hint_max_chars characters) so every vote parses.
+- Guards (judge_server.guards, configured by ``guards``): pure rules run on every request beside the votes,
+  whatever the backend and tasks; the answer lists the hits (``guards``) and each task's verdict is shaped
+  by them (judge_server.guard_verdicts); ``prompt_versions.guards`` names the rule set and configuration.
 - Limits: a global semaphore bounds concurrent engine calls; each item has a deadline
   (``request_deadline_s``) that covers queueing, retries and all rounds.
 - Failures: engine errors are retried by EngineClient within the remaining deadline; when they persist
@@ -51,8 +54,10 @@ from engine.chat import render_prompt_ids
 from engine.client import EngineClient, parse_generation
 from engine.disconnect import abort_engine_requests
 from engine.errors import EngineBadResponse, EngineError, EngineTimeout
-from engine.records import STATUS_FAILED, STATUS_OK, HintVerdict, JudgeUsage, PrmVerdict
+from engine.records import STATUS_FAILED, STATUS_OK, GuardHit, HintVerdict, JudgeUsage, PrmVerdict
 from judge_server.errors import InvalidRequest
+from judge_server.guard_verdicts import guarded_hint, guarded_prm, step_of
+from judge_server.guards import Guards, guards_version
 from judge_server.metrics import JudgeMetrics
 from judge_server.openai_backend import OpenAIVotes
 from judge_server.rules import RuleJudge
@@ -117,6 +122,8 @@ class JudgeService:
         self.counter = TokenCounter.from_tokenizer(tokenizer) if tokenizer is not None else TokenCounter.estimate()
         self.semaphore = asyncio.Semaphore(settings.max_concurrent_engine_calls)
         self.rules = RuleJudge(settings.rules_positive, settings.rules_negative)
+        self.guards = Guards(settings.guards)
+        self.guards_version = guards_version(settings.guards)
         self.templates = {
             "prm": load_template(settings.prm_template, settings.templates_dir),
             "hint": load_template(settings.hint_template, settings.templates_dir),
@@ -151,9 +158,12 @@ class JudgeService:
 
     @property
     def prompt_versions(self) -> dict[str, str]:
+        """Each task's template version, and ``guards``: the guard rules and configuration behind every verdict."""
         if self.settings.backend == "rules":
-            return dict.fromkeys(self.templates, self.rules.version)
-        return {task: tpl.version for task, tpl in self.templates.items()}
+            versions = dict.fromkeys(self.templates, self.rules.version)
+        else:
+            versions = {task: tpl.version for task, tpl in self.templates.items()}
+        return {**versions, "guards": self.guards_version}
 
     # ------------------------------------------------------------------ one item
     async def abort(self, rid_prefix: str) -> bool:
@@ -170,16 +180,25 @@ class JudgeService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_deadline_s
         usages = {t: JudgeUsage() for t in req.tasks}
+        # The guards are pure and cheap: they run on every request, beside the votes, whatever the tasks.
+        hits = self.guards.run(step_of(req))
+        for hit in hits:
+            self.metrics.guard_hits.labels(rule=hit.rule, action=hit.action).inc()
         prompts = self.engine_prompts(req) if self.settings.backend != "rules" else {}
         # The shared-prefix prefill is /generate's; an OpenAI endpoint caches prefixes on its own (if at all).
         if len(prompts) > 1 and self.settings.prefill_shared_prefix and self.settings.backend == "llm":
             await self._prefill_shared_prefix(list(prompts.values()), deadline, usages[req.tasks[0]], rid_prefix)
         results = await asyncio.gather(
-            *(self._run_task(t, req, prompts.get(t), m, policy, deadline, usages[t], rid_prefix) for t in req.tasks)
+            *(
+                self._run_task(t, req, prompts.get(t), m, policy, deadline, usages[t], hits, rid_prefix)
+                for t in req.tasks
+            )
         )
         out: dict[str, Any] = dict(zip(req.tasks, results, strict=True))
+        out["guards"] = [h.to_json() for h in hits]
         out["usage"] = total_usage(list(usages.values())).model_dump()
-        out["prompt_versions"] = {t: self.prompt_versions[t] for t in req.tasks}
+        versions = self.prompt_versions
+        out["prompt_versions"] = {**{t: versions[t] for t in req.tasks}, "guards": versions["guards"]}
         return out
 
     async def _run_task(
@@ -191,6 +210,7 @@ class JudgeService:
         policy: str,
         deadline: float,
         usage: JudgeUsage,
+        hits: list[GuardHit],
         rid_prefix: str | None = None,
     ) -> dict[str, Any]:
         collected: list[Vote] = []
@@ -230,11 +250,14 @@ class JudgeService:
                 reason=reason,
                 samples=collected,
             )
-        self._observe(task, result, usage)
-        return self._task_json(task, result, usage).to_json()
+        voted = self._task_json(task, result, usage)
+        verdict = guarded_prm(voted, hits) if isinstance(voted, PrmVerdict) else guarded_hint(voted, hits)
+        self._observe(task, result, verdict.status, usage)
+        return verdict.to_json()
 
-    def _observe(self, task: str, result: VoteResult, usage: JudgeUsage) -> None:
-        self.metrics.verdicts.labels(task=task, status=result.status).inc()
+    def _observe(self, task: str, result: VoteResult, status: str, usage: JudgeUsage) -> None:
+        """``status``: the task's final one (after the guards); the vote figures are the votes' own."""
+        self.metrics.verdicts.labels(task=task, status=status).inc()
         self.metrics.votes_per_turn.labels(task=task).observe(len(result.votes))
         for kind, tokens in (
             ("prompt", usage.prompt_tokens),

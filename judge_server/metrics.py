@@ -1,6 +1,6 @@
 """Prometheus metrics of the judge service, in a registry per app (tests run several apps per process).
 
-verdicts by task and status, parse failures, votes per turn, engine tokens per turn and in total by task and
+verdicts by task and final status (after the guards), guard hits by rule and action, parse failures, votes per turn, engine tokens per turn and in total by task and
 kind (prompt | cached | completion), engine calls and errors, engine call latency;
 HTTP requests and latency by route template, method and status (``hindsight_judge_http_*``, recorded by
 engine.observability's middleware).
@@ -22,6 +22,12 @@ class JudgeMetrics:
         r = self.registry
         self.verdicts = Counter(
             "hindsight_judge_verdicts_total", "Task results by status", ["task", "status"], registry=r
+        )
+        self.guard_hits = Counter(
+            "hindsight_judge_guard_hits_total",
+            "Judged steps an enabled guard fired on, by rule and its configured action",
+            ["rule", "action"],
+            registry=r,
         )
         self.parse_failures = Counter("hindsight_judge_parse_failures_total", "Unparseable votes", ["task"], registry=r)
         # Metric declarations share the prometheus_client form by design (policy_server/metrics.py too).

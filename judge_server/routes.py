@@ -6,7 +6,7 @@
   concurrently, one result per item in order, each with its own statuses.
 - ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime rm-url): see compat.py.
 - ``GET /health`` liveness; ``GET /ready`` judge engine reachable (backend openai: ``GET /v1/models``) (503 otherwise; backend, prompt versions,
-  tokenizer path and engine URL only with the API key); ``GET /metrics``.
+  the guard configuration, tokenizer path and engine URL only with the API key); ``GET /metrics``.
 Bearer ``api_key`` guards the POST routes when configured (engine.auth, constant time). The two reward-client routes also take it as
 the URL query parameter ``api_key`` (those clients can only be given a URL, never a header); the query
 string is never logged (engine.observability), and metrics carry route templates only.
@@ -271,6 +271,7 @@ async def ready(request: Request) -> JSONResponse:
         body.update(
             backend=service.settings.backend,
             prompt_versions=service.prompt_versions,
+            guards=service.settings.guards,
             tokenizer_path=request.app.state.tokenizer_path,
             engine_url={"llm": service.settings.engine_url, "openai": service.settings.base_url}.get(
                 service.settings.backend

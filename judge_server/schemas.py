@@ -48,6 +48,9 @@ class JudgedResponse(BaseModel):
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    # What stopped the reply (``stop``, ``length``, ``tool_calls``; Anthropic's ``max_tokens`` too): the
+    # ``truncated`` guard reads it. Not shown to the judge model.
+    finish_reason: str | None = None
     # An empty or whitespace reply is judged like any other: the model did produce it, and the user's
     # next state says how it went (refusing it would lose a real turn as a rejected sample).
 
@@ -68,6 +71,9 @@ class JudgeRequest(BaseModel):
     tasks: list[JudgeTask] = Field(default_factory=_every_task, min_length=1)
     m: int | None = Field(default=None, ge=1)
     policy: Literal["fixed", "adaptive", "sequential"] | None = None
+    # The tools the turn offered (OpenAI tool definitions); the ``malformed_tool_call`` guard checks the
+    # reply's calls against their names. None: unknown (names are not checked).
+    tools: list[dict[str, Any]] | None = None
 
     @field_validator("tasks")
     @classmethod
@@ -139,6 +145,7 @@ class JudgeReady(BaseModel):
     ready: bool
     backend: str | None = None
     prompt_versions: dict[str, str] | None = None
+    guards: dict[str, str] | None = None  # every guard rule's action (or off), as configured
     tokenizer_path: str | None = None
     engine_url: str | None = None
 

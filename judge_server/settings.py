@@ -3,7 +3,8 @@
 Every field is also a flag of ``hindsight-judge`` and may be set in a ``--config`` file (engine.cli_settings):
 flags > environment > config file > defaults. Built once in ``cli.main`` (or by a test) and passed to
 ``create_app(settings)``; never read at import.
-Keyword lists of the rules backend are settings too (comma-separated or JSON lists in the environment).
+Keyword lists of the rules backend are settings too (comma-separated or JSON lists in the environment), and so
+is the guard configuration (``--guards tool_error=override,degenerate=quarantine``, env ``HINDSIGHT_JUDGE_GUARDS``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 from engine.cli_settings import CliSettings
 from engine.security import check_exposure
 from judge_server import voting
+from judge_server.guards import GUARD_RULES, parse_guard_actions
 
 DEFAULT_POSITIVE = ["thanks", "thank you", "worked", "works", "great", "perfect", "correct"]
 DEFAULT_NEGATIVE = ["wrong", "not what", "redo", "incorrect", "error", "failed", "no,"]
@@ -199,6 +201,15 @@ class JudgeSettings(CliSettings):
         description="rules backend: keywords of a dissatisfied user (comma-separated or a JSON list)",
     )
 
+    # --- deterministic guards (judge_server.guards): run beside the votes on every request
+    guards: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=lambda: {r: str(a) for r, a in parse_guard_actions(None).items()},
+        description="guard actions as rule=action items over the measured defaults (rules: "
+        + ", ".join(GUARD_RULES)
+        + "; actions: override, abstain, quarantine, off; a bare rule takes its natural action), "
+        "e.g. tool_error=override,degenerate=quarantine",
+    )
+
     log_level: str = Field("info", description="log level (debug, info, warning, error)")
     log_json: bool = Field(False, description="JSON log lines (engine.observability) instead of plain text")
 
@@ -209,6 +220,14 @@ class JudgeSettings(CliSettings):
             if v.lstrip().startswith("["):
                 return json.loads(v)
             return [x.strip() for x in v.split(",") if x.strip()]
+        return v
+
+    @field_validator("guards", mode="before")
+    @classmethod
+    def _parse_guards(cls, v: object) -> object:
+        # An unknown rule or action is a startup error naming it (parse_guard_actions' ValueError).
+        if v is None or isinstance(v, str | dict):
+            return dict(parse_guard_actions(v))
         return v
 
     @model_validator(mode="after")

@@ -13,6 +13,9 @@ window) and ``hindsight_policy_judge_feedback_outcomes_total{outcome, verdict, f
 settled against a verdict, by agree/disagree and the 3x3 of signs). Being store-wide, these are the same at
 every replica: aggregate them across replicas with ``max``, never ``sum``. The read is refreshed on a scrape
 when older than :data:`AGREEMENT_MAX_AGE_S`.
+
+The sample series (by status, rejections by reason prefix, quarantines by guard rule, sessions that gave no
+sample) are read from the store's stats at each scrape.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
 from prometheus_client import (
@@ -31,6 +35,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from engine.records import RejectReason
 from policy_server.store.feedback import JudgeAgreement, SignCounts
 
 # Scrapes closer together than this (several Prometheus servers, a dashboard refresh) share one store read.
@@ -130,6 +135,24 @@ class Metrics:
             registry=r,
         )
         self.samples = Gauge("hindsight_policy_samples", "samples by status", ["status"], registry=r)
+        # Read from the store at each scrape (like ``samples``): exact across restarts and replicas.
+        self.rejected = Gauge(
+            "hindsight_policy_rejected_samples",
+            "rejected samples by reason (the reject reason's prefix: degenerate, prm_neutral, judge_failed, ...)",
+            ["reason"],
+            registry=r,
+        )
+        self.quarantined = Gauge(
+            "hindsight_policy_quarantined_samples",
+            "samples rejected degenerate (a judge guard quarantined the reply), by guard rule",
+            ["rule"],
+            registry=r,
+        )
+        self.sessions_without_sample = Gauge(
+            "hindsight_policy_sessions_without_sample",
+            "ended sessions whose every turn was rejected (none trainable for the at-least-one rule to promote)",
+            registry=r,
+        )
         self.judge_feedback = JudgeFeedbackCollector()
         r.register(self.judge_feedback)
 
@@ -143,8 +166,32 @@ class Metrics:
         self.judge_feedback.read_at_s = time.monotonic()
 
     def render(self, stats: dict[str, object] | None = None) -> bytes:
-        samples = (stats or {}).get("samples")
+        stats = stats or {}
+        samples = stats.get("samples")
         if isinstance(samples, dict):
             for status, n in samples.items():
                 self.samples.labels(status=status).set(n)
+        reasons = stats.get("reject_reasons")
+        if isinstance(reasons, dict):
+            self._set_rejections(reasons)
+        without = stats.get("sessions_without_sample")
+        if isinstance(without, int):
+            self.sessions_without_sample.set(without)
         return generate_latest(self.registry)
+
+    def _set_rejections(self, reasons: dict[str, int]) -> None:
+        """Rejections by reason prefix and quarantines by rule, from the store's counts by full reason."""
+        by_reason: Tally[str] = Tally()
+        by_rule: Tally[str] = Tally()
+        for reason, n in reasons.items():
+            prefix, _, detail = (reason or "unknown").partition(":")
+            by_reason[prefix] += n
+            if prefix == RejectReason.DEGENERATE:
+                by_rule[detail.strip().partition(":")[0] or "unknown"] += n
+        # A reason can disappear (explicit feedback re-includes a sample): stale label values must go too.
+        self.rejected.clear()
+        self.quarantined.clear()
+        for prefix, n in by_reason.items():
+            self.rejected.labels(reason=prefix).set(n)
+        for rule, n in by_rule.items():
+            self.quarantined.labels(rule=rule).set(n)

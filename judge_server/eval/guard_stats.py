@@ -7,8 +7,8 @@ Contract:
   the step is bad) and -1 recall.
 - :func:`implied_default` is the one place the defaults rule lives: a rule whose natural action sets a score
   (override, abstain) is on (with that action) only where it fired and its -1 precision is at least
-  ``MIN_DEFAULT_PRECISION``; a quarantine rule is on only where it never fired on a +1 or 0 step (so a
-  quarantine rule that never fires stays on: nothing argues against it); any other never-firing rule is off.
+  ``MIN_DEFAULT_PRECISION``; a quarantine rule is on only where the steps held what it reads
+  (``judge_server.guards.decidable``) and it never fired on a +1 or 0 step; any other rule is off.
 - :func:`guard_verdicts` is the "guards" source: -1 where a rule enabled in the given configuration fires, else +1.
 """
 
@@ -24,6 +24,7 @@ from judge_server.guards import (
     MIN_DEFAULT_PRECISION,
     NATURAL_ACTIONS,
     GuardSetting,
+    decidable,
     fired_rules,
 )
 
@@ -36,6 +37,7 @@ class RuleStats:
     fired_neutral: int  # ... 0
     fired_bad: int  # ... -1
     bad_steps: int  # steps labelled -1 in all
+    decidable: int  # steps holding what the rule reads (judge_server.guards.decidable)
 
     @property
     def fired(self) -> int:
@@ -55,12 +57,16 @@ class RuleStats:
 def measure_guards(steps: Sequence[LabelledStep]) -> list[RuleStats]:
     """One :class:`RuleStats` per rule of ``GUARD_RULES``, in that order."""
     counts = {rule: {1: 0, 0: 0, -1: 0} for rule in GUARD_RULES}
+    readable = dict.fromkeys(GUARD_RULES, 0)
     for step in steps:
-        for rule in fired_rules(step.guarded()):
+        guarded = step.guarded()
+        for rule in fired_rules(guarded):
             counts[rule][step.label] += 1
+        for rule in GUARD_RULES:
+            readable[rule] += decidable(rule, guarded)
     bad = sum(1 for s in steps if s.label == -1)
     return [
-        RuleStats(rule, NATURAL_ACTIONS[rule], counts[rule][1], counts[rule][0], counts[rule][-1], bad)
+        RuleStats(rule, NATURAL_ACTIONS[rule], counts[rule][1], counts[rule][0], counts[rule][-1], bad, readable[rule])
         for rule in GUARD_RULES
     ]
 
@@ -68,7 +74,7 @@ def measure_guards(steps: Sequence[LabelledStep]) -> list[RuleStats]:
 def implied_default(stats: RuleStats) -> GuardSetting:
     """The default setting the rule's measurement supports (module contract)."""
     if stats.natural_action == "quarantine":
-        return "quarantine" if stats.fired_good + stats.fired_neutral == 0 else "off"
+        return "quarantine" if stats.decidable and stats.fired_good + stats.fired_neutral == 0 else "off"
     precision = stats.bad_precision
     if precision is not None and precision >= MIN_DEFAULT_PRECISION:
         return "override" if stats.natural_action == "override" else "abstain"

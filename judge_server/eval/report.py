@@ -85,7 +85,10 @@ def _main_rows(report: EvalReport) -> list[list[str]]:
 
 MAIN_HEADER = ["source", "steps", "acc", "macro-F1 [95% CI]", "F1(-1)", "kappa [95% CI]", "first-err acc", "missing"]
 CLASS_HEADER = ["source", *(f"{k}({c:+d})" if c else f"{k}(0)" for c in GOLD_LABELS for k in ("P", "R", "F1"))]
-GUARD_HEADER = ["rule", "action", "fired", "on +1", "on 0", "on -1", "-1 precision", "-1 recall", "implied", "default"]
+GUARD_HEADER = [
+    *("rule", "action", "readable", "fired", "on +1", "on 0", "on -1"),
+    *("-1 precision", "-1 recall", "implied", "default"),
+]
 
 
 def _class_rows(report: EvalReport) -> list[list[str]]:
@@ -100,6 +103,7 @@ def _guard_rows(report: EvalReport) -> list[list[str]]:
         [
             r.rule,
             r.natural_action,
+            str(r.decidable),
             str(r.fired),
             str(r.fired_good),
             str(r.fired_neutral),
@@ -190,6 +194,7 @@ def to_json(report: EvalReport) -> dict[str, Any]:
         {
             "rule": r.rule,
             "natural_action": r.natural_action,
+            "decidable": r.decidable,
             "fired": r.fired,
             "fired_on": {"1": r.fired_good, "0": r.fired_neutral, "-1": r.fired_bad},
             "bad_precision": r.bad_precision,

@@ -249,6 +249,8 @@ class SampleStats(_Closed):
     pending_judge_retrying: int = Field(..., ge=0)
     pending_score_retrying: int = Field(..., ge=0)
     inferred_sessions: int = Field(..., ge=0)
+    # ended sessions, every turn decided, none included: at-least-one found nothing trainable to promote
+    sessions_without_sample: int = Field(..., ge=0)
     side_turns: dict[str, int]
     turns_by_session_rule: dict[str, int]
     mode: ModeResult

@@ -12,7 +12,11 @@ Semantics (docs/REWARD_MODES.md):
   service runs both concurrently).
 - rl: PRM +-1 -> ready, loss_mask all 1, reward = score. Neutral (score 0 or ``tie``) -> rejected,
   unless the at-least-one guarantee promotes it (reward 0.0, loss_mask all 1). ``no_valid_votes`` ->
-  rejected, never promoted (there is no verdict to train on).
+  rejected, never promoted (there is no verdict to train on); so is ``abstained`` (a judge guard withheld
+  the score: ``prm_abstained: <rule>``).
+- Guards (the judge's deterministic rules, judge_server.guards): in every mode a verdict whose ``guards``
+  hold a quarantine hit (or a task verdict ``quarantined``) rejects the turn ``degenerate: <rule>: <detail>``,
+  before anything else is decided: never promoted by at-least-one, never re-included by explicit feedback.
 - A turn carrying ``feedback_hint`` (the text of explicit feedback, set by the dispatcher when
   ``--feedback-hint`` is on) uses it as the accepted hint instead of asking the judge for one.
 - opd: accepted hint -> teacher log-probs on the hint-augmented prompt (policy_server.rewards.teacher);
@@ -34,7 +38,8 @@ only when the trainer uses a baseline (A = r - b). See docs/REWARD_MODES.md.
 
 Collaborators are typed by what the pipeline uses (:class:`Judge`, :class:`TeacherEngine`,
 :class:`RewardSettings`): the policy server passes its JudgeClient, EngineClient and PolicySettings, tests
-may pass any object with those members. Statuses and reject reasons come from engine.records.
+may pass any object with those members. Statuses and reject reasons come from engine.records; the pure
+per-turn decision (:func:`decide` and its classifiers) lives in policy_server.rewards.decisions.
 """
 
 from __future__ import annotations
@@ -46,10 +51,7 @@ from typing import Any, Protocol, cast
 
 from engine.records import (
     MODES,
-    STATUS_FAILED,
-    STATUS_NO_VALID,
     STATUS_OK,
-    STATUS_TIE,
     HintVerdict,
     JudgeUsage,
     JudgeVerdicts,
@@ -63,6 +65,15 @@ from engine.records import (
 from engine.records import RejectReason as R
 from engine.validation import clip
 from judge_server.errors import JudgeBadResponse, JudgeRequestRejected
+from policy_server.rewards.decisions import (
+    Decision,
+    InvalidMode,
+    accepted_hint_text,
+    classify_hint,
+    classify_prm,
+    decide,
+    quarantine_reason,
+)
 from policy_server.rewards.teacher import TeacherEngine, TeacherFailed, TeacherScorer
 
 logger = logging.getLogger(__name__)
@@ -83,6 +94,7 @@ __all__ = [
     "classify_hint",
     "classify_prm",
     "decide",
+    "quarantine_reason",
 ]
 TASKS_BY_MODE: dict[str, list[str]] = {"rl": ["prm"], "opd": ["hint"], "combine": ["prm", "hint"]}
 
@@ -98,6 +110,8 @@ class Judge(Protocol):
         next_state: list[dict[str, Any]],
         tasks: list[str],
         m: int | None = None,
+        *,
+        tools: list[dict[str, Any]] | None = None,
     ) -> JudgeVerdicts: ...
 
 
@@ -122,10 +136,6 @@ class RewardSettings(Protocol):
     def teacher_max_concurrency(self) -> int: ...
     @property
     def teacher_deadline_s(self) -> float | None: ...
-
-
-class InvalidMode(ValueError):
-    """A mode or weight the admin endpoint must answer with 400."""
 
 
 @dataclass(frozen=True)
@@ -197,94 +207,6 @@ class ModeState:
     @property
     def w_opd(self) -> float:
         return self._snap.w_opd
-
-
-# ---------------------------------------------------------------------------- pure decision logic
-# PRM outcome kinds: "signal" (+-1), "neutral" (score 0 or tie), "no_verdict" (no_valid_votes), "failed".
-# Hint outcome kinds: "accepted", "none", "failed".
-
-
-def classify_prm(prm: PrmVerdict | None) -> tuple[str, str]:
-    """(kind, reason-if-not-signal) of the judge's ``prm`` verdict (None: the judge's answer lacked it)."""
-    if prm is None:
-        return "failed", f"{R.JUDGE_FAILED}: prm: verdict missing from judge response"
-    status, score = prm.status, prm.score
-    if status == STATUS_FAILED:
-        return "failed", f"{R.JUDGE_FAILED}: prm: {prm.reason or 'no reason given'}"
-    if status == STATUS_NO_VALID:
-        return "no_verdict", R.PRM_NO_VALID_VOTES
-    if status == STATUS_TIE:
-        return "neutral", R.PRM_TIE
-    if score in (1, -1):
-        return "signal", ""
-    if score == 0:
-        return "neutral", R.PRM_NEUTRAL
-    return "failed", f"{R.JUDGE_FAILED}: prm: unexpected verdict status={status!r} score={score!r}"
-
-
-def classify_hint(hint: HintVerdict | None) -> tuple[str, str]:
-    """(kind, reason-if-not-accepted) of the judge's ``hint`` verdict (None: the judge's answer lacked it)."""
-    if hint is None:
-        return "failed", f"{R.JUDGE_FAILED}: hint: verdict missing from judge response"
-    if hint.status == STATUS_FAILED:
-        return "failed", f"{R.JUDGE_FAILED}: hint: {hint.reason or 'no reason given'}"
-    if hint.accepted and accepted_hint_text(hint):
-        return "accepted", ""
-    return "none", R.NO_HINT
-
-
-def accepted_hint_text(hint: HintVerdict) -> str | None:
-    """The hint's text when it is one the teacher can use (non-blank), else None."""
-    return hint.hint if hint.hint is not None and hint.hint.strip() else None
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What to build for one judged turn, before any teacher call."""
-
-    include: bool
-    reason: str | None
-    use_reward: bool  # sample carries reward = PRM score
-    need_teacher: bool  # score the teacher with the accepted hint
-    promoted: bool = False  # included by the at-least-one guarantee
-
-
-def decide(
-    mode: str,
-    prm: PrmVerdict | None,
-    hint: HintVerdict | None,
-    *,
-    session_has_included: bool,
-    at_least_one: bool,
-) -> Decision:
-    """Pure per-mode decision from the judge verdicts (see module docstring for the table)."""
-    promote_ok = at_least_one and not session_has_included
-    if mode == "rl":
-        kind, why = classify_prm(prm)
-        if kind == "signal":
-            return Decision(True, None, use_reward=True, need_teacher=False)
-        if kind == "neutral" and promote_ok:
-            return Decision(True, None, use_reward=True, need_teacher=False, promoted=True)
-        return Decision(False, why, use_reward=False, need_teacher=False)
-    if mode == "opd":
-        kind, why = classify_hint(hint)
-        if kind == "accepted":
-            return Decision(True, None, use_reward=False, need_teacher=True)
-        return Decision(False, why, use_reward=False, need_teacher=False)
-    if mode == "combine":
-        p_kind, p_why = classify_prm(prm)
-        h_kind, h_why = classify_hint(hint)
-        # A failed task means we do not know the turn's signal: reject rather than train half of it.
-        failures = [w for k, w in ((p_kind, p_why), (h_kind, h_why)) if k == "failed"]
-        if failures:
-            return Decision(False, "; ".join(failures), use_reward=False, need_teacher=False)
-        has_reward, has_teacher = p_kind == "signal", h_kind == "accepted"
-        if has_reward or has_teacher:
-            return Decision(True, None, use_reward=has_reward, need_teacher=has_teacher)
-        if p_kind == "neutral" and promote_ok:
-            return Decision(True, None, use_reward=True, need_teacher=False, promoted=True)
-        return Decision(False, f"{R.NO_SIGNAL}: {p_why}, {R.NO_HINT}", use_reward=False, need_teacher=False)
-    raise InvalidMode(f"unknown mode {clip(mode)}")
 
 
 def build_sample(
@@ -424,7 +346,9 @@ class RewardPipeline:
         verdict = JudgeVerdicts()
         if tasks:
             try:
-                verdict = await self.judge.judge(turn.messages, turn.response, next_state or [], tasks, m=self.judge_m)
+                verdict = await self.judge.judge(
+                    turn.messages, turn.response, next_state or [], tasks, m=self.judge_m, tools=turn.tools
+                )
             except JudgeRequestRejected as exc:  # the judge refused this input (4xx): retrying cannot help
                 return reject(f"{R.JUDGE_REJECTED}: {exc.message}")
             except JudgeBadResponse as exc:  # an answer off the verdict schema is a failed judgement, never a score
@@ -435,7 +359,12 @@ class RewardPipeline:
             hint = feedback_hint_verdict(feedback_hint)
             versions["hint"] = "feedback"
         decision = decide(
-            snap.mode, prm, hint, session_has_included=session_has_included, at_least_one=self.at_least_one
+            snap.mode,
+            prm,
+            hint,
+            session_has_included=session_has_included,
+            at_least_one=self.at_least_one,
+            guards=verdict.guards,
         )
         if not decision.include:
             return reject(decision.reason or R.EXCLUDED, prm, hint)

@@ -97,7 +97,11 @@ def turn_record(
         prompt_ids=[],
         response_ids=res.response_ids,
         rollout_logprobs=res.logprobs,
-        response={k: message.get(k) for k in ("content", "reasoning_content", "tool_calls")},
+        # The engine's finish type (stop, length) goes with the reply: the judge's ``truncated`` guard reads it.
+        response={
+            **{k: message.get(k) for k in ("content", "reasoning_content", "tool_calls")},
+            "finish_reason": res.finish.get("type"),
+        },
         weight_version=res.weight_version,
         weight_versions=res.weight_versions,
         sampling_params=sp,

@@ -45,6 +45,14 @@ class StoreReads(StoreDB):
                 "SELECT COUNT(*) FROM samples WHERE status=? AND attempts>0", (S.PENDING_SCORE,)
             ).fetchone()[0]
             inferred = db.execute("SELECT COUNT(*) FROM sessions WHERE session_id LIKE 'inferred-%'").fetchone()[0]
+            # Ended sessions whose every turn is decided and none included (all rejected: quarantined,
+            # judge failures, no signal the at-least-one rule may promote): they gave the trainer nothing.
+            without_sample = db.execute(
+                "SELECT COUNT(*) FROM sessions x WHERE x.done=1 AND x.has_included=0 "
+                "AND EXISTS (SELECT 1 FROM samples s WHERE s.session_id=x.session_id) "
+                "AND NOT EXISTS (SELECT 1 FROM samples s WHERE s.session_id=x.session_id AND s.status=?)",
+                (S.PENDING_JUDGE,),
+            ).fetchone()[0]
             side = dict(db.execute("SELECT rule, COUNT(*) FROM side_turns GROUP BY rule"))
             rules = {
                 f"{r}:{d}": n
@@ -65,6 +73,7 @@ class StoreReads(StoreDB):
             "pending_judge_retrying": retrying,
             "pending_score_retrying": score_retrying,
             "inferred_sessions": inferred,
+            "sessions_without_sample": without_sample,
             "side_turns": side,
             "turns_by_session_rule": rules,
         }

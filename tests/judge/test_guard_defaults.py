@@ -40,8 +40,8 @@ def test_guards_source_marks_bad_where_an_enabled_rule_fires() -> None:
     assert set(guard_verdicts(steps, dict.fromkeys(GUARD_RULES, "off")).values()) == {1}
 
 
-def _stats(action: str, good: int, neutral: int, bad: int) -> RuleStats:
-    return RuleStats("r", action, good, neutral, bad, bad_steps=100)
+def _stats(action: str, good: int, neutral: int, bad: int, decidable: int = 597) -> RuleStats:
+    return RuleStats("r", action, good, neutral, bad, bad_steps=100, decidable=decidable)
 
 
 @pytest.mark.parametrize(
@@ -51,7 +51,8 @@ def _stats(action: str, good: int, neutral: int, bad: int) -> RuleStats:
         (_stats("override", 1, 1, 4), "off"),  # 0.67
         (_stats("abstain", 0, 0, 3), "abstain"),
         (_stats("override", 0, 0, 0), "off"),  # never fired: no evidence
-        (_stats("quarantine", 0, 0, 0), "quarantine"),  # never fired: nothing against it
+        (_stats("quarantine", 0, 0, 0), "quarantine"),  # read every step, never fired: nothing against it
+        (_stats("quarantine", 0, 0, 0, decidable=0), "off"),  # nothing to read: not measured
         (_stats("quarantine", 0, 0, 9), "quarantine"),
         (_stats("quarantine", 0, 1, 50), "off"),  # once on a neutral step is once too many
     ],

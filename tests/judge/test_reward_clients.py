@@ -115,8 +115,24 @@ def test_openrlhf_reply_is_numbers_only() -> None:
         "judge_tie": [0.0, 1.0, 0.0],
         "judge_no_valid_votes": [0.0, 0.0, 1.0],
         "judge_failed": [0.0, 0.0, 0.0],
+        "judge_abstained": [0.0, 0.0, 0.0],
+        "judge_quarantined": [0.0, 0.0, 0.0],
         "judge_confidence": [1.0, 0.5, 0.0],
     }
+
+
+@pytest.mark.unit
+def test_guarded_items_are_a_flagged_neutral_never_a_503() -> None:
+    """A guard's verdict without a score (abstained, quarantined) is answered 0.0 with its status flagged,
+    like no_valid_votes: a deterministic rule would answer the same to a retry, so no 503."""
+    results = [_result("ok", 1, 1.0), _result("abstained", None, 0.0), _result("quarantined", None, 0.0)]
+    reply = openrlhf_reply(results, failed_reward=None)
+    assert reply["rewards"] == [1.0, 0.0, 0.0]
+    assert reply["extra_logs"]["judge_abstained"] == [0.0, 1.0, 0.0]
+    assert reply["extra_logs"]["judge_quarantined"] == [0.0, 0.0, 1.0]
+    assert reply["extra_logs"]["judge_ok"] == [1.0, 0.0, 0.0]
+    slime = slime_reply(results[2], failed_reward=None)
+    assert (slime["reward"], slime["status"], slime["confidence"]) == (0.0, "quarantined", 0.0)
 
 
 @pytest.mark.unit

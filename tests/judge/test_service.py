@@ -213,11 +213,19 @@ async def test_concurrency_bound() -> None:
 
 
 async def test_empty_reply_is_judged_like_any_other_turn() -> None:
-    eng = FakeEngine([r"\boxed{-1}"] * 3)
-    async with judge_app(eng) as c:
-        r = await c.post("/v1/judge", json={**REQ, "response": {"content": "   "}, "tasks": ["prm"]})
+    """An empty reply is a valid request (never a 422): voted on like any other; the ``degenerate`` guard
+    (on by default) then quarantines it, the votes kept for audit."""
+    eng = FakeEngine([r"\boxed{-1}"] * 6)
+    body = {**REQ, "response": {"content": "   "}, "tasks": ["prm"]}
+    async with judge_app(eng, guards="degenerate=off") as c:
+        r = await c.post("/v1/judge", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["prm"]["score"] == -1 and r.json()["prm"]["votes"] == [-1, -1, -1]
+    async with judge_app(eng) as c:
+        r = await c.post("/v1/judge", json=body)
+    assert r.status_code == 200, r.text
+    prm = r.json()["prm"]
+    assert (prm["score"], prm["status"], prm["votes"]) == (None, "quarantined", [-1, -1, -1])
 
 
 @pytest.mark.parametrize(

@@ -64,6 +64,16 @@ ROWS = [
 
 
 @pytest.mark.unit
+def test_guard_statuses_are_verdict_classes_of_their_own() -> None:
+    """A guard's verdict without a score is drawn as its status, never lumped into "no verdict"."""
+    quarantined = row("rejected", prm={"status": "quarantined", "score": None}, reason="degenerate: truncated: cut")
+    abstained = row("rejected", prm={"status": "abstained", "score": None}, reason="prm_abstained: tool_error")
+    assert [d.verdict_class(r) for r in (quarantined, abstained)] == ["quarantined", "abstained"]
+    _, mix = d.verdict_mix_by_version([quarantined, abstained, quarantined])
+    assert mix == {"abstained": [1.0], "quarantined": [2.0]}
+
+
+@pytest.mark.unit
 def test_summaries_hand_counted() -> None:
     assert [d.verdict_class(r) for r in ROWS] == ["+1", "-1", "tie", "no verdict", "+1", "judge_failed", "no verdict"]
     versions, mix = d.verdict_mix_by_version(ROWS)

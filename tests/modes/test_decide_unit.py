@@ -3,7 +3,9 @@
 Contract under test: rl trains on PRM +-1 only, neutral verdicts (score 0, tie) are excluded unless the
 at-least-one guarantee promotes the session's first one (reward 0.0), no_valid_votes and judge_failed
 are never included; opd trains only on accepted hints; combine carries each term that exists with
-presence flags and rejects a turn whose judge tasks failed or that has neither term.
+presence flags and rejects a turn whose judge tasks failed or that has neither term. A judge guard's
+quarantine (a hit, or a verdict ``quarantined``) rejects ``degenerate: <rule>: <detail>`` in every mode,
+never promoted, never re-decidable by feedback; ``abstained`` is rejected ``prm_abstained: <rule>``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import math
 
 import pytest
 
-from engine.records import HintVerdict, PrmVerdict
+from engine.records import GuardHit, HintVerdict, PrmVerdict
+from policy_server.rewards.feedback import applicable
 from policy_server.rewards.modes import (
     InvalidMode,
     ModeSnapshot,
@@ -176,3 +179,80 @@ def test_build_sample_shapes_and_flags():
     assert r.loss_mask == [0, 0, 0]
     assert (r.has_reward, r.has_teacher, r.reward, r.teacher_logprobs) == (False, False, None, None)
     assert "teacher_logprobs" in r.to_json() and "hint" in r.to_json()  # written as null, as before
+
+
+# ---------------------------------------------------------------------------- judge guards
+DEGENERATE_HIT = GuardHit(rule="degenerate", action="quarantine", detail="one unit repeated 40 times: '!'")
+QUARANTINED_PRM = PrmVerdict.model_validate(
+    {
+        "score": None,
+        "status": "quarantined",
+        "votes": [0, 0, 0],
+        "confidence": 0.0,
+        "reason": "guard degenerate: one unit repeated 40 times: '!'",
+        "guards": [DEGENERATE_HIT.to_json()],
+    }
+)
+QUARANTINED_HINT = HintVerdict.model_validate(
+    {"accepted": False, "hint": None, "votes": [1], "status": "quarantined", "reason": "guard truncated: cut"}
+)
+ABSTAINED_PRM = PrmVerdict.model_validate(
+    {
+        "score": None,
+        "status": "abstained",
+        "votes": [1],
+        "confidence": 0.0,
+        "reason": "guard tool_error: x",
+        "guards": [{"rule": "tool_error", "action": "abstain", "detail": "x"}],
+    }
+)
+DEGENERATE = "degenerate: degenerate: one unit repeated 40 times: '!'"
+
+
+@pytest.mark.parametrize(
+    ("mode", "p", "h"),
+    [
+        ("rl", prm(0), None),  # neutral: at-least-one would promote it without the hit
+        ("rl", prm(1), None),  # even a +1 vote
+        ("opd", None, hint(True)),  # even an accepted hint
+        ("combine", prm(0), hint(True)),
+        ("combine", FAILED_PRM, FAILED_HINT),  # before a judge failure (which feedback could re-decide)
+    ],
+)
+def test_a_quarantine_hit_rejects_in_every_mode_and_is_never_promoted(mode, p, h):
+    d = decide(mode, p, h, session_has_included=False, at_least_one=True, guards=[DEGENERATE_HIT])
+    assert (d.include, d.reason, d.promoted, d.use_reward, d.need_teacher) == (False, DEGENERATE, False, False, False)
+    assert decide(mode, p, h, session_has_included=False, at_least_one=True).reason != DEGENERATE
+
+
+def test_an_override_or_abstain_hit_alone_does_not_quarantine():
+    override = GuardHit(rule="tool_error", action="override", detail="x")
+    d = decide("rl", prm(-1), None, session_has_included=True, at_least_one=True, guards=[override])
+    assert (d.include, d.use_reward) == (True, True)
+
+
+@pytest.mark.parametrize(
+    ("mode", "p", "h", "reason"),
+    [
+        ("rl", QUARANTINED_PRM, None, DEGENERATE),  # the verdict's own hits
+        ("opd", None, QUARANTINED_HINT, "degenerate: truncated: cut"),  # the status and reason alone
+        ("combine", prm(0), QUARANTINED_HINT, "degenerate: truncated: cut"),
+    ],
+)
+def test_a_quarantined_verdict_rejects_without_the_answers_hits(mode, p, h, reason):
+    d = decide(mode, p, h, session_has_included=False, at_least_one=True)
+    assert (d.include, d.reason, d.promoted) == (False, reason, False)
+
+
+def test_abstained_is_rejected_like_no_valid_votes_and_never_promoted():
+    assert classify_prm(ABSTAINED_PRM) == ("no_verdict", "prm_abstained: tool_error")
+    d = decide("rl", ABSTAINED_PRM, None, session_has_included=False, at_least_one=True)
+    assert (d.include, d.reason, d.promoted) == (False, "prm_abstained: tool_error", False)
+    # combine: the hint alone still trains, as with no_valid_votes
+    d = decide("combine", ABSTAINED_PRM, hint(True), session_has_included=False, at_least_one=True)
+    assert (d.include, d.use_reward, d.need_teacher) == (True, False, True)
+
+
+def test_quarantine_and_abstain_reasons_are_not_redecidable_by_feedback():
+    assert not applicable("rejected", DEGENERATE)
+    assert not applicable("rejected", "prm_abstained: tool_error")

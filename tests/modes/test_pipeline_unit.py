@@ -35,10 +35,12 @@ NEXT = [{"role": "user", "content": "thanks"}]
 class RecordingJudge:
     def __init__(self, answer=None, raises=None):
         self.calls = []
+        self.tools = []  # the offered tools of each call (for the judge's guards)
         self.answer = answer
         self.raises = raises
 
-    async def judge(self, context, response, next_state, tasks, m=None):
+    async def judge(self, context, response, next_state, tasks, m=None, *, tools=None):
+        self.tools.append(tools)
         self.calls.append(
             {"context": context, "response": response, "next_state": next_state, "tasks": list(tasks), "m": m}
         )
@@ -151,3 +153,22 @@ async def test_judge_answer_off_the_schema_is_a_failed_judgement_not_a_score():
     assert out.status == "rejected" and not out.included
     assert out.reject_reason == "judge_failed: judge answer off the JudgeVerdicts schema: prm.score: bad"
     assert out.sample.reward is None
+
+
+async def test_the_turns_tools_and_finish_reason_reach_the_judge():
+    """The judge's guards read the offered tools and the reply's finish reason: both travel with the call."""
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+    turn = TURN.model_copy(update={"tools": tools, "response": {**TURN.response, "finish_reason": "length"}})
+    judge = RecordingJudge(OK_PRM)
+    await pipeline(judge).process(turn, NEXT, session_has_included=False, session_done=False)
+    assert judge.tools == [tools]
+    assert judge.calls[0]["response"]["finish_reason"] == "length"
+
+
+async def test_a_quarantine_in_the_answer_rejects_the_turn_degenerate():
+    hit = {"rule": "truncated", "action": "quarantine", "detail": "cut by its length limit (finish_reason=length)"}
+    answer = {**OK_PRM, "guards": [hit]}
+    out = await pipeline(RecordingJudge(answer)).process(TURN, NEXT, session_has_included=False, session_done=False)
+    assert (out.status, out.included) == ("rejected", False)
+    assert out.reject_reason == "degenerate: truncated: cut by its length limit (finish_reason=length)"
+    assert out.sample.loss_mask == [0, 0, 0] and out.sample.prm is not None  # the verdict kept for audit

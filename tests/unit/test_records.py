@@ -20,6 +20,7 @@ from engine.records import (
     SAMPLE_TURN_KEYS,
     SCORING_TURN_KEYS,
     STATUS_FAILED,
+    GuardHit,
     HintVerdict,
     JudgeUsage,
     JudgeVerdicts,
@@ -273,7 +274,16 @@ def test_verdicts_are_typed_and_keep_the_judges_order():
     assert json.dumps(wired.to_json()) == json.dumps(HINT_OK)
     usage = JudgeUsage(engine_calls=2, prompt_tokens=2410, cached_tokens=1150, completion_tokens=96)
     wired_prm = PrmVerdict.wire(score=1, status="ok", votes=[1, 1, None], confidence=1.0, reason=None, usage=usage)
-    assert json.dumps(wired_prm.to_json()) == json.dumps(PRM_OK)
+    # The judge writes the guard hits (none here) after the vote fields, before the cost fields.
+    keys = list(PRM_OK)
+    guarded = dict([*((k, PRM_OK[k]) for k in keys[:5]), ("guards", []), *((k, PRM_OK[k]) for k in keys[5:])])
+    assert json.dumps(wired_prm.to_json()) == json.dumps(guarded)
+    hit = GuardHit(rule="degenerate", action="quarantine", detail="empty reply")
+    ruled = PrmVerdict.wire(
+        score=None, status="quarantined", votes=[1], confidence=0.0, reason="guard", usage=usage, guards=[hit]
+    )
+    assert ruled.to_json()["guards"] == [{"rule": "degenerate", "action": "quarantine", "detail": "empty reply"}]
+    assert PrmVerdict.model_validate(ruled.to_json()).guards == [hit]
     answer = {
         "prm": PRM_OK,
         "hint": HINT_FAILED,

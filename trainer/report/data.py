@@ -10,7 +10,8 @@ deadline); a service that stays down raises ``engine.http_client.CallError``.
 The summaries below are pure functions of those rows; each is what one plot draws.
 
 Verdict classes of a sample (``verdict_class``): ``+1`` / ``0`` / ``-1`` for an ``ok`` PRM verdict by the
-sign of its score; ``tie``, ``no_valid_votes``, ``judge_failed`` for those statuses; ``no verdict`` when
+sign of its score; ``tie``, ``no_valid_votes``, ``judge_failed``, ``abstained``, ``quarantined`` (a judge
+guard withheld the score or quarantined the reply) for those statuses; ``no verdict`` when
 the row has no PRM verdict (e.g. rejected ``no_next_state``, or not judged yet).
 """
 
@@ -27,10 +28,28 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.http_client import RetryPolicy, bearer_headers, build_sync_http, send_sync
-from engine.records import STATUS_FAILED, STATUS_NO_VALID, STATUS_OK, STATUS_TIE, SampleState
+from engine.records import (
+    STATUS_ABSTAINED,
+    STATUS_FAILED,
+    STATUS_NO_VALID,
+    STATUS_OK,
+    STATUS_QUARANTINED,
+    STATUS_TIE,
+    SampleState,
+)
 
 # The PRM score classes, then every verdict status that carries no score (engine.records), then a sample without one.
-VERDICT_CLASSES = ("+1", "0", "-1", STATUS_TIE, STATUS_NO_VALID, STATUS_FAILED, "no verdict")
+VERDICT_CLASSES = (
+    "+1",
+    "0",
+    "-1",
+    STATUS_TIE,
+    STATUS_NO_VALID,
+    STATUS_FAILED,
+    STATUS_ABSTAINED,
+    STATUS_QUARANTINED,
+    "no verdict",
+)
 ROWS_PER_STATUS = 4096  # the policy server's default max_lease_size: the most one read may return
 FEEDBACK_ROWS = 4096  # the most GET /admin/feedback returns
 AGREEMENT_WINDOW = 200  # the policy server's default --feedback-agreement-window (its /metrics gauge)

@@ -73,7 +73,8 @@ def _plots(data: d.RunData) -> dict[str, str]:
         "verdicts_per_version": _figure(
             "verdicts_per_version",
             bar_chart("Judge verdict mix per weight version", versions, verdicts, x_label="weight version"),
-            "PRM verdict of each stored sample: +1/0/-1 (ok), tie, no_valid_votes, judge_failed, or none.",
+            "PRM verdict of each stored sample: +1/0/-1 (ok), tie, no_valid_votes, judge_failed, abstained, "
+            "quarantined, or none.",
         ),
         "judge_feedback_agreement": _figure(
             "judge_feedback_agreement",

@@ -359,6 +359,11 @@ def validate_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     raise InvalidRequest(
                         f"messages[{i}].tool_calls[{j}] needs function.name", param=f"messages[{i}].tool_calls"
                     )
+                if fn.get("arguments") is None:  # the template renders them: a missing value cannot be guessed
+                    raise InvalidRequest(
+                        f"messages[{i}].tool_calls[{j}].function.arguments is required (a JSON string)",
+                        param=f"messages[{i}].tool_calls[{j}].function.arguments",
+                    )
                 if isinstance(fn.get("arguments"), str) and not _is_json(fn["arguments"]):
                     raise InvalidRequest(
                         f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON string",

@@ -159,6 +159,10 @@ def test_stream_splitter_never_leaks_tag_fragments():
         ([{"role": "tool", "content": "r"}], "without tool_call_id"),
         ([{"role": "user", "content": 5}], "content must be"),
         ([{"role": "user"}], "needs content"),
+        (
+            [U, {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": {"name": "f"}}]}],
+            r"messages\[1\]\.tool_calls\[0\]\.function\.arguments is required",
+        ),
     ],
 )
 def test_validate_messages_rejects(messages, msg):

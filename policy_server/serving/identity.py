@@ -19,8 +19,8 @@ and concurrent conversations (a session with a main request in flight is never c
 With ``split_diverged_sessions`` off a key names exactly one session again (a divergence is a mismatch).
 
 Across a compaction. A main request that continues no session but pairs an awaiting turn across a compaction
-(rule 3 of policy_server.serving.sessions: the recorded reply after the message it answered, then feedback, the
-history before them rewritten) pairs that turn and starts a new session (decision ``compacted``): the key's own
+(rule 3 of policy_server.serving.sessions: the recorded reply, then feedback, the history before it rewritten, the
+same opening or the message the reply answered kept) pairs that turn and starts a new session (decision ``compacted``): the key's own
 session when the key is new (OpenClaw's ``prompt_cache_key`` gets a new suffix at each compaction, ``id:0`` then
 ``id:1``), else a new member of the family. The summary breaks the token continuity and the transcript a
 session's turns extend, so each side of a compaction is a session of its own. The turn is looked for in the

@@ -83,7 +83,8 @@ def find_compacted(
 ) -> tuple[dict[str, Any], CompactionMatch, bool] | None:
     """The awaiting turn ``messages`` pairs across a compaction, its match, and whether the best match was a tie
     (pure); ``awaiting`` oldest first. The turn whose recorded messages the request kept most of wins (a
-    coincidence shares the reply and little else); ties go to the oldest, as in :func:`choose_session`."""
+    conversation of the same agent whose reply reads the same shares the opening and nothing more); ties go to the
+    oldest, as in :func:`choose_session`."""
     replies = {message_key(m) for m in messages if m.get("role") == "assistant"}
     best: tuple[dict[str, Any], CompactionMatch] | None = None
     tied = False

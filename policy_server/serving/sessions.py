@@ -24,10 +24,12 @@ sampled assistant reply ``R``; a new *main* request of the same session has mess
 3. Across a compaction (:func:`pair_across_compaction`): a client that compacts its context (OpenClaw) replaces
    the early history with a summary and resends only a recent tail, so ``N`` no longer starts with ``M``. ``N``
    still pairs T when its last assistant message is ``R`` (compared as in 1; a reply with nothing visible cannot
-   be found this way), the message right before it is ``M``'s last (the message ``R`` answered, compared as in
-   1: the reply *and* what it answered, not a reply that merely reads the same), and only user/tool feedback
-   follows it (2 applies to it). The history before that may be anything: a summary, a shorter tail, nothing.
-   Which session the request then belongs to is the session rules' decision (policy_server.serving.identity).
+   be found this way) and only user/tool feedback follows it (2 applies to it), whatever came before ``R`` (a
+   summary, a shorter tail), provided ``N`` and ``M`` are visibly the same conversation: they open with the same
+   message (the system prompt a compaction keeps), or the message before ``R`` is ``M``'s last (the one ``R``
+   answered). OpenClaw's compaction may cut right at ``R`` and summarise the message it answered ("split turn"),
+   so the shared opening is often all there is. Which session the request then belongs to is the session rules'
+   decision (policy_server.serving.identity), which prefers the turn whose recorded messages ``N`` kept most of.
 4. Anything else (history rewritten without the reply, reply edited, no new message) is a **mismatch**.
    Conservative decision: the pair cannot be trusted, so T is resolved as ``mismatch`` and its sample is
    **rejected** with reason ``history_mismatch`` (counted per session and in stats) instead of being
@@ -187,7 +189,8 @@ def pair_next_state(
 @dataclass(frozen=True)
 class CompactionMatch:
     """How a request pairs an awaiting turn across a compaction: the pairing, and how many of the turn's
-    recorded messages (from its end, the message the reply answered included) the request kept before the reply."""
+    recorded messages (from its end: the message the reply answered, then earlier ones) the request kept right
+    before the reply."""
 
     pairing: Pairing
     kept: int
@@ -199,9 +202,10 @@ def pair_across_compaction(
     new_messages: list[dict[str, Any]],
     side_rules: SideRules | None = None,
 ) -> CompactionMatch | None:
-    """Rule 3 of the module docstring (pure): the match, or None when ``new_messages`` does not hold the recorded
-    reply after the message it answered, followed by feedback only. Try :func:`pair_next_state` first: a request
-    that extends the recorded history pairs by that rule (this one would also accept it)."""
+    """Rule 3 of the module docstring (pure): the match, or None when ``new_messages`` does not end with the
+    recorded reply and feedback, or does not share the turn's opening or the message the reply answered. Try
+    :func:`pair_next_state` first: a request that extends the recorded history pairs by that rule (this one would
+    also accept it)."""
     expected = message_key({"role": "assistant", **prev_response})
     if not expected[1] and not expected[2]:
         return None  # nothing visible: clients leave such a reply out, so it cannot mark where the history resumes
@@ -222,12 +226,14 @@ def pair_across_compaction(
         prev_messages[-1 - kept]
     ):
         kept += 1
-    if kept == 0:
-        return None  # the reply without the message it answered: a reply that reads the same, not this turn's
+    if kept == 0 and message_key(new_messages[0]) != message_key(prev_messages[0]):
+        return None  # neither the opening nor the answered message: a reply that reads the same, not this turn's
     state = [{k: v for k, v in m.items() if k in ("role", "content", "tool_call_id", "name")} for m in feedback]
     for m in state:
         m["content"] = _text(m.get("content"))
-    notes = [f"paired across a compaction: the history before the last {kept} recorded message(s) was rewritten"]
+    notes = [
+        f"paired across a compaction: the history before the reply was rewritten ({kept} recorded message(s) kept)"
+    ]
     notes += [f"dropped non-feedback roles {dropped}"] if dropped else []
     notes += [f"left out side exchanges {side}"] if side else []
     return CompactionMatch(Pairing("paired", next_state=state, note="; ".join(notes), dropped=dropped), kept)

@@ -8,7 +8,10 @@ after it or no feedback is no match, and a turn being continued is never claimed
 The transcripts have the shape stock OpenClaw 2026.9 sends after its compaction (its dist/: ``convertToLlm`` turns
 the ``compactionSummary`` entry into a user message ``COMPACTION_SUMMARY_PREFIX + summary + SUFFIX``; the recent tail
 is kept as recorded; the new user message and the per-request runtime-context message follow):
-``[system, user(summary), ...kept tail, assistant(reply), user(new), user(context)]``.
+``[system, user(summary), ...kept tail, assistant(reply), user(new), user(context)]``. ``SPLIT_TURN`` is the request
+the real OpenClaw sent in tests/agents/test_openclaw_e2e.py (its small-window session), reduced: the compaction cut
+at the reply and summarised the message it answered ("Turn Context (split turn)"), so only the system prompt and
+the reply are kept.
 """
 
 from __future__ import annotations
@@ -52,6 +55,18 @@ def TOOL_CALL(path: str) -> dict:
 RECORDED = [SYSTEM, U("Plan a trip to Lisbon."), A("Sure: when?"), U("In May. Compare flights."), CTX()]
 REPLY = {"content": "TAP is cheapest at 210 EUR.", "tool_calls": None}
 AFTER = [SYSTEM, U(SUMMARY), U("In May. Compare flights."), A("TAP is cheapest at 210 EUR."), U("Book it."), CTX()]
+SPLIT_SUMMARY = (
+    "The conversation history before this point was compacted into the following summary:\n\n<summary>\n"
+    "No prior history.\n\n---\n\n**Turn Context (split turn):**\n\n The user asked for flights in May.\n</summary>"
+)
+RUNTIME = "Runtime: agent=small | session=agent:small:explicit:trip | sessionId=trip | host=vm | shell=bash"
+SPLIT_TURN = [
+    SYSTEM,
+    U([{"type": "text", "text": SPLIT_SUMMARY}, {"type": "text", "text": RUNTIME}]),
+    A("TAP is cheapest at 210 EUR."),
+    U("[Fri 2026-12-04 23:20 UTC] Book it."),
+    CTX(),
+]
 
 
 # --- the rule -----------------------------------------------------------------------------------------
@@ -68,6 +83,10 @@ def test_the_turn_before_a_compaction_pairs_with_the_messages_after_its_reply():
     # a longer kept tail counts every recorded message kept before the reply
     longer = [SYSTEM, U(SUMMARY), A("Sure: when?"), U("In May. Compare flights."), A(REPLY["content"]), U("ok")]
     assert pair_across_compaction(RECORDED, REPLY, longer, rules).kept == 2  # type: ignore[union-attr]
+    # OpenClaw's split turn: the message the reply answered was summarised; the shared opening ties them
+    match = pair_across_compaction(RECORDED, REPLY, SPLIT_TURN, rules)
+    assert match is not None and match.kept == 0
+    assert match.pairing.next_state == [U("[Fri 2026-12-04 23:20 UTC] Book it.")]
 
 
 @pytest.mark.unit
@@ -91,8 +110,9 @@ def test_tool_results_and_kept_side_exchanges_after_the_reply():
     ("after", "reply"),
     [
         ([SYSTEM, U(SUMMARY), U("Book it.")], REPLY),  # the reply was summarised away: nothing marks the turn
-        ([SYSTEM, U(SUMMARY), A(REPLY["content"]), U("Book it.")], REPLY),  # the reply without what it answered
-        ([SYSTEM, U("Other task."), A(REPLY["content"]), U("Book it.")], REPLY),  # a reply that reads the same
+        # a reply that reads the same in another agent's conversation: neither its opening nor what it answered
+        ([U("Other agent."), U("Other task."), A(REPLY["content"]), U("Book it.")], REPLY),
+        ([U(SUMMARY), A(REPLY["content"]), U("Book it.")], REPLY),  # the opening summarised too, nothing kept
         ([*AFTER[:4], A("Booked."), U("thanks")], REPLY),  # another reply after it
         (AFTER[:4], REPLY),  # no feedback after it
         ([*AFTER[:3], A("TAP is cheapest at 199 EUR."), U("Book it.")], REPLY),  # the reply was edited
@@ -117,14 +137,17 @@ def test_the_turn_whose_messages_were_kept_most_wins():
     def turn(sid: str, messages: list[dict]) -> dict:
         return {"session_id": sid, "turn_index": 0, "messages": messages, "response": REPLY}
 
-    weak = turn("weak", [U("In May. Compare flights.")])
-    strong = turn("strong", [A("Sure: when?"), U("In May. Compare flights.")])
+    opening = turn("opening", [SYSTEM, U("Other task.")])  # the same agent, a reply that reads the same
+    weak = turn("weak", [SYSTEM, U("In May. Compare flights.")])
+    strong = turn("strong", [SYSTEM, A("Sure: when?"), U("In May. Compare flights.")])
     after = [SYSTEM, U(SUMMARY), A("Sure: when?"), U("In May. Compare flights."), A(REPLY["content"]), U("ok")]
-    found = find_compacted([weak, strong], after)
+    found = find_compacted([opening, weak, strong], after)
     assert found is not None and found[0]["session_id"] == "strong" and found[1].kept == 2 and not found[2]
-    twin = turn("twin", [A("Sure: when?"), U("In May. Compare flights.")])
+    twin = turn("twin", [SYSTEM, A("Sure: when?"), U("In May. Compare flights.")])
     found = find_compacted([strong, twin], after)
     assert found is not None and found[0]["session_id"] == "strong" and found[2]  # a tie: the oldest
+    found = find_compacted([weak, opening], SPLIT_TURN)  # only the opening shared: a tie, the oldest
+    assert found is not None and found[0]["session_id"] == "weak" and found[1].kept == 0 and found[2]
     assert find_compacted([weak], [U("In May. Compare flights.")]) is None
 
 

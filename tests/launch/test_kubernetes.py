@@ -5,14 +5,17 @@ mode (``kubernetes-validate`` bundles them; a deliberately broken copy fails); e
 line and environment parse as that service's settings (``HINDSIGHT_POLICY_*`` / ``_JUDGE_*`` / ``_TRAIN_*`` name
 fields of PolicySettings / JudgeSettings / TrainConfig, and nothing else starts with ``HINDSIGHT_``), torchrun's
 and sglang-router's flags parse with their own parsers; every URL names a Service (or a StatefulSet pod) on a port
-it serves, every Secret key, volume claim and Service selector resolves.
+it serves, every Secret key, volume claim and Service selector resolves. With SGLang's venv
+(tests/conformance/make_sglang_venv.sh), the engines' flags also parse with SGLang 0.5.23's own parser.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ import yaml
 from engine.cli_settings import CliSettings, parse_settings
 from judge_server.settings import JudgeSettings
 from policy_server.settings import PolicySettings
+from tests.conformance.test_sglang_conformance import sglang_python  # noqa: F401 - the venv fixture
 from trainer.settings import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +42,7 @@ SERVICES: dict[str, tuple[type[CliSettings], str]] = {
 # Variables other programs read (PostgreSQL's image) or that a command line expands ($(NAME)).
 OTHER_ENV = {"POSTGRES_DB", "POSTGRES_USER", "POSTGRES_PASSWORD", "PGDATA", "ENGINE_API_KEY", "NODE_RANK"}
 URL_RE = re.compile(r"https?://([a-z0-9.-]+):(\d+)")
+SGLANG_LAUNCH = ["python", "-m", "sglang.launch_server"]
 
 
 def load(directory: Path = KUBE) -> list[dict[str, Any]]:
@@ -186,6 +191,40 @@ def test_torchrun_and_router_flags_parse():
             args = parse_router_args(argv[3:])
             engine = where.split("/")[0].replace("-router", "-engine")
             assert len(args.worker_urls) == _replicas(engine), where
+
+
+SGLANG_FLAGS = """
+import argparse, json, sys
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser(exit_on_error=False)
+ServerArgs.add_cli_args(parser)
+for argv in json.loads(sys.argv[1]):
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        print(json.dumps({"unknown": unknown, "tp_size": args.tp_size, "port": args.port}))
+    except (argparse.ArgumentError, SystemExit) as exc:
+        print(json.dumps({"error": str(exc)}))
+"""
+
+
+@pytest.mark.e2e
+def test_engine_flags_parse_as_sglangs(sglang_python):  # noqa: F811 - the venv fixture
+    """The engines' flags by SGLang 0.5.23's own parser (its venv, tests/conformance/make_sglang_venv.sh); a
+    misspelt flag is reported unknown."""
+    engines = [expanded_argv(c)[0][3:] for _, c in containers() if expanded_argv(c)[0][:3] == SGLANG_LAUNCH]
+    assert len(engines) == 2  # the policy's and the judge's StatefulSets
+    argvs = [*engines, [*engines[0], "--mem-fraction-statik=0.8"]]
+    res = subprocess.run(
+        [str(sglang_python), "-c", SGLANG_FLAGS, json.dumps(argvs)], capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert [r.get("unknown") for r in results[:2]] == [[], []], results
+    assert results[2].get("unknown") == ["--mem-fraction-statik=0.8"], results[2]
+    ports = {
+        int(p["port"]) for d in by_kind("Service") if d["spec"].get("clusterIP") == "None" for p in d["spec"]["ports"]
+    }
+    assert {r["port"] for r in results[:2]} <= ports  # each engine listens where its headless Service says
 
 
 def _replicas(statefulset: str) -> int:

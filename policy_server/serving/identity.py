@@ -19,13 +19,14 @@ and concurrent conversations (a session with a main request in flight is never c
 With ``split_diverged_sessions`` off a key names exactly one session again (a divergence is a mismatch).
 
 Across a compaction. A main request that continues no session but pairs an awaiting turn across a compaction
-(rule 3 of policy_server.serving.sessions: the recorded reply, then feedback, the history before it rewritten, the
-same opening or the message the reply answered kept) pairs that turn and starts a new session (decision ``compacted``): the key's own
+(rule 3 of policy_server.serving.sessions: it ends with the recorded reply and feedback, the history before the
+reply rewritten) pairs that turn and starts a new session (decision ``compacted``): the key's own
 session when the key is new (OpenClaw's ``prompt_cache_key`` gets a new suffix at each compaction, ``id:0`` then
 ``id:1``), else a new member of the family. The summary breaks the token continuity and the transcript a
 session's turns extend, so each side of a compaction is a session of its own. The turn is looked for in the
 family first, then (the key being new after a compaction) among every open session's awaiting turn, the one
-whose recorded messages the request kept most of winning; that wider read is made only for a request that
+whose recorded messages the request kept most of winning, then one whose opening it kept, then the one whose id
+shares the longest start with the key (``id:0`` for ``id:1``); that wider read is made only for a request that
 holds an assistant message, not for a conversation's first request.
 
 Each decision (``continued``, ``started``, ``diverged``, ``after_done``, ``concurrent``, ``tied``, ``compacted``) is counted
@@ -175,7 +176,7 @@ class SessionResolver:
                 for t in others
                 if not in_family(t["session_id"], key) and not self.sessions.in_flight(t["session_id"])
             ]
-            found = find_compacted(others, messages, side_rules)
+            found = find_compacted(others, messages, side_rules, key=key)
         return {**found[0], "match": found[1]} if found is not None else None
 
     async def _choose(self, key: str, messages: list[dict[str, Any]]) -> tuple[str, str]:

@@ -79,14 +79,19 @@ def choose_session(
 
 
 def find_compacted(
-    awaiting: list[dict[str, Any]], messages: list[dict[str, Any]], side_rules: SideRules | None = None
+    awaiting: list[dict[str, Any]],
+    messages: list[dict[str, Any]],
+    side_rules: SideRules | None = None,
+    key: str | None = None,
 ) -> tuple[dict[str, Any], CompactionMatch, bool] | None:
     """The awaiting turn ``messages`` pairs across a compaction, its match, and whether the best match was a tie
-    (pure); ``awaiting`` oldest first. The turn whose recorded messages the request kept most of wins (a
-    conversation of the same agent whose reply reads the same shares the opening and nothing more); ties go to the
-    oldest, as in :func:`choose_session`."""
+    (pure); ``awaiting`` oldest first. The turn whose recorded messages the request kept most of wins, then one
+    whose opening message it kept, then, with the request's session ``key``, the session whose id shares the
+    longest start with it (OpenClaw's ``id:1`` after ``id:0``); ties go to the oldest, as in
+    :func:`choose_session`."""
     replies = {message_key(m) for m in messages if m.get("role") == "assistant"}
     best: tuple[dict[str, Any], CompactionMatch] | None = None
+    best_rank = (-1, False, -1)
     tied = False
     for turn in awaiting:
         if message_key({"role": "assistant", **turn["response"]}) not in replies:
@@ -94,11 +99,22 @@ def find_compacted(
         match = pair_across_compaction(turn["messages"], turn["response"], messages, side_rules)
         if match is None:
             continue
-        if best is None or match.kept > best[1].kept:
-            best, tied = (turn, match), False
-        elif match.kept == best[1].kept:
+        rank = (match.kept, match.same_opening, _shared_start(turn["session_id"], key) if key is not None else 0)
+        if rank > best_rank:
+            best, best_rank, tied = (turn, match), rank, False
+        elif rank == best_rank:
             tied = True
     return (best[0], best[1], tied) if best is not None else None
+
+
+def _shared_start(a: str, b: str) -> int:
+    """How many leading characters ``a`` and ``b`` share (pure)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class SessionInferrer:

@@ -24,12 +24,11 @@ sampled assistant reply ``R``; a new *main* request of the same session has mess
 3. Across a compaction (:func:`pair_across_compaction`): a client that compacts its context (OpenClaw) replaces
    the early history with a summary and resends only a recent tail, so ``N`` no longer starts with ``M``. ``N``
    still pairs T when its last assistant message is ``R`` (compared as in 1; a reply with nothing visible cannot
-   be found this way) and only user/tool feedback follows it (2 applies to it), whatever came before ``R`` (a
-   summary, a shorter tail), provided ``N`` and ``M`` are visibly the same conversation: they open with the same
-   message (the system prompt a compaction keeps), or the message before ``R`` is ``M``'s last (the one ``R``
-   answered). OpenClaw's compaction may cut right at ``R`` and summarise the message it answered ("split turn"),
-   so the shared opening is often all there is. Which session the request then belongs to is the session rules'
-   decision (policy_server.serving.identity), which prefers the turn whose recorded messages ``N`` kept most of.
+   be found this way) and only user/tool feedback follows it (2 applies to it), whatever came before ``R``: a
+   summary, a shorter tail, even another system prompt (OpenClaw rebuilds its own after a compaction, and may cut
+   right at ``R``, summarising the message it answered as a "split turn"). The recorded reply is the evidence; how
+   much more of ``M`` ``N`` kept (the messages right before ``R``, the opening message) ranks the candidates, in
+   the session rules (policy_server.serving.identity), which also decide the session the request belongs to.
 4. Anything else (history rewritten without the reply, reply edited, no new message) is a **mismatch**.
    Conservative decision: the pair cannot be trusted, so T is resolved as ``mismatch`` and its sample is
    **rejected** with reason ``history_mismatch`` (counted per session and in stats) instead of being
@@ -188,12 +187,13 @@ def pair_next_state(
 
 @dataclass(frozen=True)
 class CompactionMatch:
-    """How a request pairs an awaiting turn across a compaction: the pairing, and how many of the turn's
-    recorded messages (from its end: the message the reply answered, then earlier ones) the request kept right
-    before the reply."""
+    """How a request pairs an awaiting turn across a compaction: the pairing, how many of the turn's recorded
+    messages (from its end: the message the reply answered, then earlier ones) the request kept right before the
+    reply, and whether it opens with the turn's opening message."""
 
     pairing: Pairing
     kept: int
+    same_opening: bool
 
 
 def pair_across_compaction(
@@ -203,9 +203,8 @@ def pair_across_compaction(
     side_rules: SideRules | None = None,
 ) -> CompactionMatch | None:
     """Rule 3 of the module docstring (pure): the match, or None when ``new_messages`` does not end with the
-    recorded reply and feedback, or does not share the turn's opening or the message the reply answered. Try
-    :func:`pair_next_state` first: a request that extends the recorded history pairs by that rule (this one would
-    also accept it)."""
+    recorded reply and feedback. Try :func:`pair_next_state` first: a request that extends the recorded history
+    pairs by that rule (this one would also accept it)."""
     expected = message_key({"role": "assistant", **prev_response})
     if not expected[1] and not expected[2]:
         return None  # nothing visible: clients leave such a reply out, so it cannot mark where the history resumes
@@ -214,7 +213,7 @@ def pair_across_compaction(
         new_messages = [m for m in new_messages if not side_rules.is_ephemeral(m)]
     # The recorded reply is the request's last assistant message once kept side exchanges are left out.
     at = next((i for i in range(len(new_messages) - 1, -1, -1) if message_key(new_messages[i]) == expected), None)
-    if at is None or at == 0 or not prev_messages:
+    if at is None or not prev_messages:
         return None
     tail, side = drop_side_exchanges(new_messages[at + 1 :], side_rules)
     feedback = [m for m in tail if m.get("role") in FEEDBACK_ROLES]
@@ -226,8 +225,7 @@ def pair_across_compaction(
         prev_messages[-1 - kept]
     ):
         kept += 1
-    if kept == 0 and message_key(new_messages[0]) != message_key(prev_messages[0]):
-        return None  # neither the opening nor the answered message: a reply that reads the same, not this turn's
+    same_opening = at > 0 and message_key(new_messages[0]) == message_key(prev_messages[0])
     state = [{k: v for k, v in m.items() if k in ("role", "content", "tool_call_id", "name")} for m in feedback]
     for m in state:
         m["content"] = _text(m.get("content"))
@@ -236,7 +234,9 @@ def pair_across_compaction(
     ]
     notes += [f"dropped non-feedback roles {dropped}"] if dropped else []
     notes += [f"left out side exchanges {side}"] if side else []
-    return CompactionMatch(Pairing("paired", next_state=state, note="; ".join(notes), dropped=dropped), kept)
+    return CompactionMatch(
+        Pairing("paired", next_state=state, note="; ".join(notes), dropped=dropped), kept, same_opening
+    )
 
 
 def _after_history(

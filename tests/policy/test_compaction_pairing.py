@@ -9,9 +9,9 @@ The transcripts have the shape stock OpenClaw 2026.9 sends after its compaction 
 the ``compactionSummary`` entry into a user message ``COMPACTION_SUMMARY_PREFIX + summary + SUFFIX``; the recent tail
 is kept as recorded; the new user message and the per-request runtime-context message follow):
 ``[system, user(summary), ...kept tail, assistant(reply), user(new), user(context)]``. ``SPLIT_TURN`` is the request
-the real OpenClaw sent in tests/agents/test_openclaw_e2e.py (its small-window session), reduced: the compaction cut
-at the reply and summarised the message it answered ("Turn Context (split turn)"), so only the system prompt and
-the reply are kept.
+the real OpenClaw sent in tests/agents/test_openclaw_e2e.py (its small-window session), reduced: its system prompt
+rebuilt (shorter than the recorded one), the compaction cut at the reply and summarised the message it answered
+("Turn Context (split turn)"), so of the recorded turn only the reply is left.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ SPLIT_SUMMARY = (
 )
 RUNTIME = "Runtime: agent=small | session=agent:small:explicit:trip | sessionId=trip | host=vm | shell=bash"
 SPLIT_TURN = [
-    SYSTEM,
+    {"role": "system", "content": "You are a personal assistant running inside OpenClaw. (Rebuilt, shorter.)"},
     U([{"type": "text", "text": SPLIT_SUMMARY}, {"type": "text", "text": RUNTIME}]),
     A("TAP is cheapest at 210 EUR."),
     U("[Fri 2026-12-04 23:20 UTC] Book it."),
@@ -83,9 +83,9 @@ def test_the_turn_before_a_compaction_pairs_with_the_messages_after_its_reply():
     # a longer kept tail counts every recorded message kept before the reply
     longer = [SYSTEM, U(SUMMARY), A("Sure: when?"), U("In May. Compare flights."), A(REPLY["content"]), U("ok")]
     assert pair_across_compaction(RECORDED, REPLY, longer, rules).kept == 2  # type: ignore[union-attr]
-    # OpenClaw's split turn: the message the reply answered was summarised; the shared opening ties them
+    # OpenClaw's split turn: a new system prompt, the message the reply answered summarised; the reply is left
     match = pair_across_compaction(RECORDED, REPLY, SPLIT_TURN, rules)
-    assert match is not None and match.kept == 0
+    assert match is not None and (match.kept, match.same_opening) == (0, False)
     assert match.pairing.next_state == [U("[Fri 2026-12-04 23:20 UTC] Book it.")]
 
 
@@ -110,23 +110,12 @@ def test_tool_results_and_kept_side_exchanges_after_the_reply():
     ("after", "reply"),
     [
         ([SYSTEM, U(SUMMARY), U("Book it.")], REPLY),  # the reply was summarised away: nothing marks the turn
-        # a reply that reads the same in another agent's conversation: neither its opening nor what it answered
-        ([U("Other agent."), U("Other task."), A(REPLY["content"]), U("Book it.")], REPLY),
-        ([U(SUMMARY), A(REPLY["content"]), U("Book it.")], REPLY),  # the opening summarised too, nothing kept
         ([*AFTER[:4], A("Booked."), U("thanks")], REPLY),  # another reply after it
         (AFTER[:4], REPLY),  # no feedback after it
         ([*AFTER[:3], A("TAP is cheapest at 199 EUR."), U("Book it.")], REPLY),  # the reply was edited
         ([SYSTEM, U(SUMMARY), U("In May. Compare flights."), U("Book it.")], {"content": "", "tool_calls": None}),
     ],
-    ids=[
-        "reply-summarised",
-        "answered-message-gone",
-        "coincidence",
-        "another-reply",
-        "no-feedback",
-        "edited",
-        "invisible",
-    ],
+    ids=["reply-summarised", "another-reply", "no-feedback", "edited", "invisible"],
 )
 def test_no_pairing_across_a_compaction(after, reply):
     assert pair_across_compaction(RECORDED, reply, after, SideRules.load(None)) is None
@@ -137,17 +126,26 @@ def test_the_turn_whose_messages_were_kept_most_wins():
     def turn(sid: str, messages: list[dict]) -> dict:
         return {"session_id": sid, "turn_index": 0, "messages": messages, "response": REPLY}
 
-    opening = turn("opening", [SYSTEM, U("Other task.")])  # the same agent, a reply that reads the same
+    # the same agent's other conversation whose reply reads the same: it pairs too (the reply is the evidence), but
+    # a turn whose recorded messages were kept, or whose opening was, ranks above it
+    opening = turn("opening", [SYSTEM, U("Other task.")])
+    stranger = turn("stranger", [U("Other agent."), U("Other task.")])
     weak = turn("weak", [SYSTEM, U("In May. Compare flights.")])
     strong = turn("strong", [SYSTEM, A("Sure: when?"), U("In May. Compare flights.")])
     after = [SYSTEM, U(SUMMARY), A("Sure: when?"), U("In May. Compare flights."), A(REPLY["content"]), U("ok")]
-    found = find_compacted([opening, weak, strong], after)
+    found = find_compacted([stranger, opening, weak, strong], after)
     assert found is not None and found[0]["session_id"] == "strong" and found[1].kept == 2 and not found[2]
+    found = find_compacted([stranger, opening], after)
+    assert found is not None and found[0]["session_id"] == "opening" and found[1].same_opening and not found[2]
     twin = turn("twin", [SYSTEM, A("Sure: when?"), U("In May. Compare flights.")])
     found = find_compacted([strong, twin], after)
     assert found is not None and found[0]["session_id"] == "strong" and found[2]  # a tie: the oldest
-    found = find_compacted([weak, opening], SPLIT_TURN)  # only the opening shared: a tie, the oldest
+    found = find_compacted([weak, opening], SPLIT_TURN)  # nothing but the reply left: a tie, the oldest
     assert found is not None and found[0]["session_id"] == "weak" and found[1].kept == 0 and found[2]
+    # two OpenClaw sessions of one agent awaiting replies that read the same: the key's predecessor wins the tie
+    other, mine = turn("task-a:0", weak["messages"]), turn("task-b:0", weak["messages"])
+    found = find_compacted([other, mine], SPLIT_TURN, key="task-b:1")
+    assert found is not None and found[0]["session_id"] == "task-b:0" and not found[2]
     assert find_compacted([weak], [U("In May. Compare flights.")]) is None
 
 
@@ -189,7 +187,7 @@ async def test_a_compaction_pairs_the_turn_before_and_starts_the_next_session(tm
             await tracker.on_main_turn(ident.sid, _record(messages, reply), done=False, arrival=ident.arrival)
             return ident
 
-        # another conversation awaits a reply that reads the same: never claimed (it did not answer that message)
+        # another conversation awaits a reply that reads the same: the turn the request kept more of wins
         stranger = await turn(SessionHint(None, INFERRED), [SYSTEM, U("Other task."), CTX()], REPLY["content"])
         first = await turn(before, RECORDED[:2] + [CTX()], "Sure: when?")
         second = await turn(before, RECORDED, REPLY["content"])

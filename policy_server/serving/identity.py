@@ -168,6 +168,9 @@ class SessionResolver:
         """The awaiting turn (with ``match``: its CompactionMatch) the request pairs across a compaction: the
         family's free turns first, then every other open session's; the caller holds the lock."""
         side_rules = self.sessions.side_rules
+        # Filtered again: a turn may have been claimed (by inference, under its own lock) since the caller's read.
+        # From here to the caller's claim nothing awaits once a turn is found, so the check and the claim are atomic.
+        family_free = [t for t in family_free if not self.sessions.in_flight(t["session_id"])]
         found = find_compacted(family_free, messages, side_rules)
         if found is None and any(m.get("role") == "assistant" for m in messages):
             others = await asyncio.to_thread(self.store.awaiting_open_turns)

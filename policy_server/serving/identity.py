@@ -18,7 +18,18 @@ turn into ``history_mismatch``. That covers a static provider header shared by s
 and concurrent conversations (a session with a main request in flight is never continued by another).
 With ``split_diverged_sessions`` off a key names exactly one session again (a divergence is a mismatch).
 
-Each decision (``continued``, ``started``, ``diverged``, ``after_done``, ``concurrent``, ``tied``) is counted
+Across a compaction. A main request that continues no session but pairs an awaiting turn across a compaction
+(rule 3 of policy_server.serving.sessions: it ends with the recorded reply and feedback, the history before the
+reply rewritten) pairs that turn and starts a new session (decision ``compacted``): the key's own
+session when the key is new (OpenClaw's ``prompt_cache_key`` gets a new suffix at each compaction, ``id:0`` then
+``id:1``), else a new member of the family. The summary breaks the token continuity and the transcript a
+session's turns extend, so each side of a compaction is a session of its own. The turn is looked for in the
+family first, then (the key being new after a compaction) among every open session's awaiting turn, the one
+whose recorded messages the request kept most of winning, then one whose opening it kept, then the one whose id
+shares the longest start with the key (``id:0`` for ``id:1``); that wider read is made only for a request that
+holds an assistant message, not for a conversation's first request.
+
+Each decision (``continued``, ``started``, ``diverged``, ``after_done``, ``concurrent``, ``tied``, ``compacted``) is counted
 in ``hindsight_policy_session_identity_total{rule, decision}`` and kept with the turn (``session_rule`` /
 ``session_decision``, shown by ``GET /v1/samples``). Matching and claiming happen under one lock, so two
 requests never claim the same session.
@@ -34,7 +45,7 @@ from typing import Any
 
 from engine.observability import valid_session_id
 from policy_server.metrics import Metrics
-from policy_server.serving.session_inference import SessionInferrer, choose_session
+from policy_server.serving.session_inference import SessionInferrer, choose_session, find_compacted
 from policy_server.serving.sessions import Arrival, SessionTracker
 from policy_server.store import SampleStore
 
@@ -151,6 +162,26 @@ class SessionResolver:
             arrival = await self.sessions.on_request(sid, messages, main=True, done=done)
         return Identity(sid, arrival, rule, decision)
 
+    async def _compacted(
+        self, key: str, family_free: list[dict[str, Any]], messages: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """The awaiting turn (with ``match``: its CompactionMatch) the request pairs across a compaction: the
+        family's free turns first, then every other open session's; the caller holds the lock."""
+        side_rules = self.sessions.side_rules
+        # Filtered again: a turn may have been claimed (by inference, under its own lock) since the caller's read.
+        # From here to the caller's claim nothing awaits once a turn is found, so the check and the claim are atomic.
+        family_free = [t for t in family_free if not self.sessions.in_flight(t["session_id"])]
+        found = find_compacted(family_free, messages, side_rules)
+        if found is None and any(m.get("role") == "assistant" for m in messages):
+            others = await asyncio.to_thread(self.store.awaiting_open_turns)
+            others = [
+                t
+                for t in others
+                if not in_family(t["session_id"], key) and not self.sessions.in_flight(t["session_id"])
+            ]
+            found = find_compacted(others, messages, side_rules, key=key)
+        return {**found[0], "match": found[1]} if found is not None else None
+
     async def _choose(self, key: str, messages: list[dict[str, Any]]) -> tuple[str, str]:
         """(session id, decision) for a main request of ``key``'s family; the caller holds the lock."""
         awaiting = await asyncio.to_thread(self.store.awaiting_open_turns, family=key)
@@ -161,6 +192,15 @@ class SessionResolver:
             return sid, "tied" if tied else "continued"
         row = await asyncio.to_thread(self.store.session, key)
         key_busy = self.sessions.in_flight(key) or any(t["session_id"] == key for t in awaiting)
+        compacted = await self._compacted(key, free, messages)
+        if compacted is not None:
+            # A compaction starts the conversation's next session; the turn before it gets its next state. The key's
+            # own session when it is free: new, or only touched by side requests (OpenClaw's compaction summary call).
+            free_key = not key_busy and (row is None or not row["done"])
+            new = key if free_key else f"{key}{FAMILY_SEP}{uuid.uuid4().hex[:12]}"
+            match = compacted["match"]
+            self.sessions.pair_compacted(compacted["session_id"], compacted["turn_index"], match.pairing, new)
+            return new, "compacted"
         if row is None and not key_busy:
             return key, "started"
         if row is not None and not row["done"] and not key_busy:

@@ -16,7 +16,12 @@ Rule, for a main request without a session id and with messages ``N``:
    e.g. the same task run in parallel under greedy decoding) go to the oldest awaiting turn; the pairs
    are identical, so the reward signal is the same whichever wins, and the other session is matched by
    its own continuation.
-3. No candidate: a new session ``inferred-<32 hex>``. This includes a **client retry** of a request whose
+3. No candidate, but an awaiting turn the request pairs **across a compaction** (rule 3 of
+   policy_server.serving.sessions, :func:`find_compacted`): that turn is paired and claimed, and the request starts
+   a new session ``inferred-<32 hex>`` (outcome ``compacted``). The summary breaks the token continuity and the
+   transcript a session's turns extend, so the conversation after a compaction is a session of its own; its first
+   turn's ``session_decision`` is ``compacted`` and the paired turn's note names it.
+4. Otherwise: a new session ``inferred-<32 hex>``. This includes a **client retry** of a request whose
    reply was lost (``N`` equals ``M``, no reply in it): it is indistinguishable from a fresh conversation
    with the same opening (common in agent evals), so it starts a session instead of rejecting another
    one's turn. The earlier turn keeps waiting and ends with its session (idle timeout), as a last turn.
@@ -26,7 +31,7 @@ same turn: the claim registers the request as the session's in-flight main reque
 with its turn record, one commit), and a session with a main request in flight is no candidate. The session id is returned to the client in the
 ``X-Hindsight-Session-Id`` header (and the ``hindsight`` response field): a client that can keep it may
 send it back. Each outcome is counted (``hindsight_policy_inferred_sessions_total{outcome}``:
-``continued``, ``started``, ``tied``), and ``/v1/samples/stats`` reports ``inferred_sessions``.
+``continued``, ``started``, ``tied``, ``compacted``), and ``/v1/samples/stats`` reports ``inferred_sessions``.
 Cost: one read of the open sessions' awaiting turns per header-less main request.
 """
 
@@ -39,8 +44,10 @@ from typing import Any
 from policy_server.metrics import Metrics
 from policy_server.serving.sessions import (
     Arrival,
+    CompactionMatch,
     SessionTracker,
     message_key,
+    pair_across_compaction,
     pair_next_state,
 )
 from policy_server.serving.side_rules import SideRules
@@ -71,6 +78,45 @@ def choose_session(
     return (best[0] if best else None), len(best) > 1
 
 
+def find_compacted(
+    awaiting: list[dict[str, Any]],
+    messages: list[dict[str, Any]],
+    side_rules: SideRules | None = None,
+    key: str | None = None,
+) -> tuple[dict[str, Any], CompactionMatch, bool] | None:
+    """The awaiting turn ``messages`` pairs across a compaction, its match, and whether the best match was a tie
+    (pure); ``awaiting`` oldest first. The turn whose recorded messages the request kept most of wins, then one
+    whose opening message it kept, then, with the request's session ``key``, the session whose id shares the
+    longest start with it (OpenClaw's ``id:1`` after ``id:0``); ties go to the oldest, as in
+    :func:`choose_session`."""
+    replies = {message_key(m) for m in messages if m.get("role") == "assistant"}
+    best: tuple[dict[str, Any], CompactionMatch] | None = None
+    best_rank = (-1, False, -1)
+    tied = False
+    for turn in awaiting:
+        if message_key({"role": "assistant", **turn["response"]}) not in replies:
+            continue  # cheap rejection: the request does not hold this reply at all
+        match = pair_across_compaction(turn["messages"], turn["response"], messages, side_rules)
+        if match is None:
+            continue
+        rank = (match.kept, match.same_opening, _shared_start(turn["session_id"], key) if key is not None else 0)
+        if rank > best_rank:
+            best, best_rank, tied = (turn, match), rank, False
+        elif rank == best_rank:
+            tied = True
+    return (best[0], best[1], tied) if best is not None else None
+
+
+def _shared_start(a: str, b: str) -> int:
+    """How many leading characters ``a`` and ``b`` share (pure)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class SessionInferrer:
     """Finds (and claims) the session of a header-less main request; one per server."""
 
@@ -92,12 +138,19 @@ class SessionInferrer:
     async def claim_with_outcome(
         self, messages: list[dict[str, Any]], *, done: bool
     ) -> tuple[str, Arrival | None, str]:
-        """:meth:`claim` and its outcome: ``continued``, ``tied`` (continued, the best match was a tie) or ``started``."""
+        """:meth:`claim` and its outcome: ``continued``, ``tied`` (continued, the best match was a tie), ``compacted``
+        (a new session, the turn before the compaction paired) or ``started``."""
         async with self._lock:
             awaiting = await asyncio.to_thread(self.store.awaiting_open_turns)
             # A session whose awaiting turn is already being continued is claimed (pairing written with that turn).
             awaiting = [t for t in awaiting if not self.sessions.in_flight(t["session_id"])]
             sid, tied = choose_session(awaiting, messages, self.sessions.side_rules)
+            if sid is None and (found := find_compacted(awaiting, messages, self.sessions.side_rules)) is not None:
+                turn, match, _ = found
+                new = f"{INFERRED_PREFIX}{uuid.uuid4().hex}"
+                self.sessions.pair_compacted(turn["session_id"], turn["turn_index"], match.pairing, new)
+                self.metrics.inferred_sessions.labels(outcome="compacted").inc()
+                return new, None, "compacted"
             if sid is None:
                 self.metrics.inferred_sessions.labels(outcome="started").inc()
                 return f"{INFERRED_PREFIX}{uuid.uuid4().hex}", None, "started"

@@ -21,7 +21,15 @@ sampled assistant reply ``R``; a new *main* request of the same session has mess
    messages; a system/developer message appended by the client is not feedback on R and is dropped from
    the next state (recorded in the note). A side exchange the client kept in the transcript (a user message a side
    rule matches, e.g. an agent's memory flush, with its reply) is left out first (policy_server.serving.side_rules).
-3. Anything else (history rewritten or truncated, reply edited, no new message) is a **mismatch**.
+3. Across a compaction (:func:`pair_across_compaction`): a client that compacts its context (OpenClaw) replaces
+   the early history with a summary and resends only a recent tail, so ``N`` no longer starts with ``M``. ``N``
+   still pairs T when its last assistant message is ``R`` (compared as in 1; a reply with nothing visible cannot
+   be found this way) and only user/tool feedback follows it (2 applies to it), whatever came before ``R``: a
+   summary, a shorter tail, even another system prompt (OpenClaw rebuilds its own after a compaction, and may cut
+   right at ``R``, summarising the message it answered as a "split turn"). The recorded reply is the evidence; how
+   much more of ``M`` ``N`` kept (the messages right before ``R``, the opening message) ranks the candidates, in
+   the session rules (policy_server.serving.identity), which also decide the session the request belongs to.
+4. Anything else (history rewritten without the reply, reply edited, no new message) is a **mismatch**.
    Conservative decision: the pair cannot be trusted, so T is resolved as ``mismatch`` and its sample is
    **rejected** with reason ``history_mismatch`` (counted per session and in stats) instead of being
    judged against feedback that may belong to a different reply. The new request is served and recorded
@@ -177,6 +185,60 @@ def pair_next_state(
     return Pairing("paired", next_state=state, note="; ".join(notes) or None, dropped=dropped)
 
 
+@dataclass(frozen=True)
+class CompactionMatch:
+    """How a request pairs an awaiting turn across a compaction: the pairing, how many of the turn's recorded
+    messages (from its end: the message the reply answered, then earlier ones) the request kept right before the
+    reply, and whether it opens with the turn's opening message."""
+
+    pairing: Pairing
+    kept: int
+    same_opening: bool
+
+
+def pair_across_compaction(
+    prev_messages: list[dict[str, Any]],
+    prev_response: dict[str, Any],
+    new_messages: list[dict[str, Any]],
+    side_rules: SideRules | None = None,
+) -> CompactionMatch | None:
+    """Rule 3 of the module docstring (pure): the match, or None when ``new_messages`` does not end with the
+    recorded reply and feedback. Try :func:`pair_next_state` first: a request that extends the recorded history
+    pairs by that rule (this one would also accept it)."""
+    expected = message_key({"role": "assistant", **prev_response})
+    if not expected[1] and not expected[2]:
+        return None  # nothing visible: clients leave such a reply out, so it cannot mark where the history resumes
+    if side_rules is not None:
+        prev_messages = [m for m in prev_messages if not side_rules.is_ephemeral(m)]
+        new_messages = [m for m in new_messages if not side_rules.is_ephemeral(m)]
+    # The recorded reply is the request's last assistant message once kept side exchanges are left out.
+    at = next((i for i in range(len(new_messages) - 1, -1, -1) if message_key(new_messages[i]) == expected), None)
+    if at is None or not prev_messages:
+        return None
+    tail, side = drop_side_exchanges(new_messages[at + 1 :], side_rules)
+    feedback = [m for m in tail if m.get("role") in FEEDBACK_ROLES]
+    dropped = [str(m.get("role")) for m in tail if m.get("role") not in FEEDBACK_ROLES]
+    if not feedback or "assistant" in dropped:
+        return None  # no feedback, or another reply after this one
+    kept = 0
+    while kept < min(at, len(prev_messages)) and message_key(new_messages[at - 1 - kept]) == message_key(
+        prev_messages[-1 - kept]
+    ):
+        kept += 1
+    same_opening = at > 0 and message_key(new_messages[0]) == message_key(prev_messages[0])
+    state = [{k: v for k, v in m.items() if k in ("role", "content", "tool_call_id", "name")} for m in feedback]
+    for m in state:
+        m["content"] = _text(m.get("content"))
+    notes = [
+        f"paired across a compaction: the history before the reply was rewritten ({kept} recorded message(s) kept)"
+    ]
+    notes += [f"dropped non-feedback roles {dropped}"] if dropped else []
+    notes += [f"left out side exchanges {side}"] if side else []
+    return CompactionMatch(
+        Pairing("paired", next_state=state, note="; ".join(notes), dropped=dropped), kept, same_opening
+    )
+
+
 def _after_history(
     prev_messages: list[dict[str, Any]],
     new_messages: list[dict[str, Any]],
@@ -242,6 +304,7 @@ class SessionTracker:
         self._in_flight: dict[str, int] = {}  # main requests per session between arrival and settle
         self._settles: set[asyncio.Task[None]] = set()
         self.mismatches = 0
+        self.compactions = 0  # awaiting turns paired across a compaction by a request of another session
         # Replicas on a shared store: the sessions with a main request in flight at another replica
         # (policy_server.serving.replicas); the sweep leaves those alone too.
         self.remote_in_flight: Callable[[], Awaitable[set[str]]] | None = None
@@ -392,6 +455,17 @@ class SessionTracker:
             )
         finally:
             self._release(arrival.session_id)
+
+    def pair_compacted(self, session_id: str, turn_index: int, pairing: Pairing, successor: str) -> None:
+        """Claim the awaiting turn ``turn_index`` of ``session_id``, which a request of session ``successor`` pairs
+        across a compaction (:func:`pair_across_compaction`), and write that pairing (its own commit, as
+        :meth:`settle_later` does). The claim is synchronous, so under the caller's lock no other request can
+        continue that turn meanwhile; the write is idempotent like every pairing write."""
+        self._in_flight[session_id] = self._in_flight.get(session_id, 0) + 1
+        self.compactions += 1
+        note = f"{pairing.note}; the conversation continues in session {successor}"
+        logger.info("session %s turn %s: paired across a compaction by session %s", session_id, turn_index, successor)
+        self.settle_later(Arrival(session_id, Resolution(turn_index, "paired", pairing.next_state, note)))
 
     def in_flight(self, session_id: str) -> bool:
         """Whether a main request of this session is between its arrival and its settle."""

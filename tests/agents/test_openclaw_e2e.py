@@ -10,7 +10,10 @@ judged (the stack runs ``JUDGE_BACKEND=openai``: votes through the judge router'
 trainer step consumes them and updates the engine's weights; a heartbeat the gateway runs meanwhile (it may fire
 during the test) is side, never a main turn. Then a second session, of a second agent in the same gateway whose
 model entry tells OpenClaw a 40k window, is served by the trained weights and makes OpenClaw run its real
-pre-compaction memory flush, which is recorded as side and never trained. (Embedded turns, ``openclaw
+pre-compaction memory flush, which is recorded as side and never trained, then its real compaction (compaction
+mode ``default``: the tiny policy's summary would fail the safeguard mode's quality guard): the request after it,
+under the next ``prompt_cache_key``, starts the conversation's next session (``compacted``) and pairs the turn
+before the compaction with its new message. (Embedded turns, ``openclaw
 agent --local``, are tests/agents/test_openclaw_tool_round_trip.py's.)
 
 Node 24 and OpenClaw come from tests/agents/install_openclaw.sh (.ci/run runs it, cached under
@@ -103,11 +106,31 @@ def test_stock_openclaw_sessions_side_turns_judging_training(stack: dict, tmp_pa
         if "Pre-compaction memory flush" in json.dumps(t["messages"][-1:])
     ]
     assert flushed == []  # never a main (trained) turn
+    assert_paired_across_the_compaction(stack, rules)
     stats = admin.get("/v1/samples/stats").json()
     assert stats["side_turns"]["openclaw_memory_flush"] >= 1
     # What the gateway runs on its own (its heartbeat, when one fires during the test) is side, never main.
     others = [(t["session_id"], t["messages"][-2:]) for t in main_turns(stack["data_dir"])]
     assert all(sid.startswith(("hs-e2e-1", "hs-e2e-flush")) for sid, _ in others), others
+
+
+def assert_paired_across_the_compaction(stack: dict, side_rules: set[str]) -> None:
+    """OpenClaw compacted the small-window session before its second turn (its summary call is side) and sent that
+    turn under the next ``prompt_cache_key`` (``hs-e2e-flush:1``): its system prompt, the summary (the first turn's
+    message summarised as a "split turn"), the first turn's reply, the new message. That request starts the
+    conversation's next session (``compacted``), and the first turn is paired with the new message."""
+    assert "openclaw_compaction_summary" in side_rules, side_rules
+    turns = [t for t in main_turns(stack["data_dir"]) if t["session_id"].startswith("hs-e2e-flush")]
+    shape = [
+        (t["session_id"], t["turn_index"], t["session_decision"], t["pairing"], t["pairing_note"]) for t in turns
+    ] + [[(m["role"], json.dumps(m.get("content"))[:160]) for m in t["messages"]] for t in turns[-1:]]
+    assert len(turns) == 2, shape
+    before, after = turns
+    assert after["session_decision"] == "compacted" and after["session_id"] != before["session_id"], shape
+    assert "compacted into the following summary" in json.dumps(after["messages"]), shape
+    assert before["pairing"] == "paired" and after["session_id"] in before["pairing_note"], shape
+    assert [m["role"] for m in before["next_state"]] == ["user"], shape
+    assert "Remember that my name is Ada" in before["next_state"][0]["content"], shape
 
 
 def add_small_window_agent(config: Path, workspace: Path, window_tokens: int) -> None:
@@ -122,6 +145,10 @@ def add_small_window_agent(config: Path, workspace: Path, window_tokens: int) ->
     model = f"{PROVIDER_ID}-small/{small['models'][0]['id']}"
     cfg["agents"]["entries"] = {"main": {}, "small": {"model": model, "workspace": str(workspace)}}
     cfg["agents"]["ownership"] = "explicit"  # OpenClaw's rule for a roster of more than one agent
+    # The tiny random policy's summary has none of the safeguard mode's required headings: its quality guard would
+    # refuse every compaction and keep the history. The default mode stores what the model wrote (the main agent
+    # never nears its window, so this changes only the small one's sessions).
+    cfg["agents"]["defaults"]["compaction"] = {"mode": "default", "qualityGuard": {"enabled": False}}
     config.write_text(json.dumps(cfg, indent=2) + "\n")
 
 

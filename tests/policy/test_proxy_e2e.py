@@ -188,14 +188,16 @@ def test_pairing_user_reply_side_turns_rewrite_and_idle(policy):
         t0 = st.get_turn("pair", 0)
         assert t0["pairing"] == "paired" and t0["next_state"] == [{"role": "user", "content": "thanks, that worked"}]
         assert st.get_turn("pair", 1)["pairing"] == "awaiting" and st.get_turn("pair", 2) is None
-        # rewritten history under the same header: a different conversation of that key, so a new session of
-        # its family (policy_server.serving.identity) instead of rejecting the awaiting turn as a mismatch
+        # rewritten history under the same header, the awaiting reply not in it: a different conversation of that
+        # key, so a new session of its family (policy_server.serving.identity) instead of rejecting the awaiting turn
+        # as a mismatch (a rewrite that still ends with the recorded reply and new messages is a compaction, which
+        # pairs that reply: tests/policy/test_compaction_pairing.py)
         rewritten = [{"role": "user", "content": "a different first question"}] + m[1:]
         r = c.post(
             "/v1/chat/completions",
             json={
                 "messages": rewritten
-                + [{"role": "assistant", "content": a2["content"]}, {"role": "user", "content": "hm"}],
+                + [{"role": "assistant", "content": a2["content"] + " (edited)"}, {"role": "user", "content": "hm"}],
                 "max_tokens": 6,
             },
             headers={"X-Session-Id": "pair"},

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.chat import render_prompt_ids, render_prompt_text
+from engine.template_inputs import TemplateRefused
 
 CONTINUED = "continued"
 NO_PRIOR_TURN = "no_prior_turn"
@@ -52,10 +53,19 @@ TOOLS_CHANGED = "tools_changed"
 TEMPLATE_KWARGS_CHANGED = "template_kwargs_changed"
 TEMPLATE_REWRITES_HISTORY = "template_rewrites_history"
 VERIFY_MISMATCH = "verify_mismatch"
+# history=sampled over a template that rewrites history: the prior ids kept, the new messages rendered after the reply.
+CONTINUED_OVER_REWRITE = "continued_over_rewrite"
+# history=template: the template renders the whole conversation every turn, by configuration.
+HISTORY_TEMPLATE = "history_template"
+HISTORY_MODES = ("sampled", "template")
+# Stands in for the reply's content (and its calls' arguments) in the render that locates where the reply ends.
+_REPLY_MARK = "HSREPLYMARKQ7Z"
 # The verification budget holds at most this many turns' worth of credit.
 _VERIFY_CREDIT_TURNS = 64
 RENDER_REASONS = (
     CONTINUED,
+    CONTINUED_OVER_REWRITE,
+    HISTORY_TEMPLATE,
     NO_PRIOR_TURN,
     NOT_AN_EXTENSION,
     TOOLS_CHANGED,
@@ -101,7 +111,7 @@ class Rendered:
 
     @property
     def continued(self) -> bool:
-        return self.reason == CONTINUED
+        return self.reason in (CONTINUED, CONTINUED_OVER_REWRITE)
 
 
 @dataclass(frozen=True)
@@ -154,6 +164,39 @@ def _synthetic(messages: list[dict[str, Any]], n_prior: int) -> tuple[list[dict[
     return head, reply
 
 
+def _recent_head(messages: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The history the reply's stand-in follows when the template rewrites history: the real system message
+    (templates may move it next to the new messages: Mistral's), then stand-ins of the last message before the
+    reply that is not a tool result and the tool results after it (a template's rendering of the new messages
+    may depend on them: DeepSeek-R1's), opened by a user message. Short, whatever the history's length."""
+    head: list[dict[str, Any]] = []
+    start = 0
+    if messages and messages[0].get("role") in ("system", "developer"):
+        head.append(messages[0])
+        start = 1
+    at = n - 1
+    while at > start and messages[at].get("role") == "tool":
+        at -= 1
+    if at < start or messages[at].get("role") != "user":
+        head.append({"role": "user", "content": "U"})
+    for m in messages[max(at, start) : n]:
+        stand_in: dict[str, Any] = {"role": m.get("role"), "content": "T" if m.get("role") == "tool" else "U"}
+        for key in ("tool_call_id", "name"):
+            if key in m:
+                stand_in[key] = m[key]
+        if m.get("tool_calls"):
+            stand_in["tool_calls"] = [
+                {
+                    "id": tc.get("id") or f"call_{i}",
+                    "type": "function",
+                    "function": {"name": (tc.get("function") or {}).get("name") or "f", "arguments": "{}"},
+                }
+                for i, tc in enumerate(m["tool_calls"])
+            ]
+        head.append(stand_in)
+    return head
+
+
 class ContinuationRenderer:
     """Renders prompts for one tokenizer/template, continuing recorded turns where the template allows.
 
@@ -165,8 +208,11 @@ class ContinuationRenderer:
     Thread-safe: the shape cache and the budget are guarded by one lock.
     """
 
-    def __init__(self, tokenizer: Any, *, verify_tokens_per_turn: int = 2048) -> None:
+    def __init__(self, tokenizer: Any, *, verify_tokens_per_turn: int = 2048, history: str = "sampled") -> None:
+        if history not in HISTORY_MODES:
+            raise ValueError(f"history must be one of {HISTORY_MODES}, not {history!r}")
         self.tokenizer = tokenizer
+        self.history = history
         self.verify_tokens_per_turn = verify_tokens_per_turn
         self._shapes: OrderedDict[tuple[Any, ...], _Shape] = OrderedDict()
         self._lock = threading.Lock()
@@ -180,7 +226,9 @@ class ContinuationRenderer:
         prior: PriorTurn | None = None,
     ) -> Rendered:
         """The prompt ids for ``messages``: a continuation of ``prior`` when possible, else a full render."""
-        reason = self._refusal(messages, tools, chat_template_kwargs, prior)
+        reason: str | None = HISTORY_TEMPLATE
+        if self.history == "sampled":
+            reason = self._refusal(messages, tools, chat_template_kwargs, prior)
         if reason is None:
             assert prior is not None
             n = len(prior.messages)
@@ -201,6 +249,13 @@ class ContinuationRenderer:
                     glue = self._glue(shape.close, prior.response_ids) + suffix
                     ids.extend(self.tokenizer.encode(glue, add_special_tokens=False))
                     return Rendered(ids, CONTINUED, reused_tokens=reused, verified=verified)
+            # history=sampled: the sampled ids stay, whatever the template would now render for them.
+            after = self._after_reply(messages, n, tools, chat_template_kwargs, prior.response_ids)
+            if after is not None:
+                ids = prior.prompt_ids + prior.response_ids
+                reused = len(ids)
+                ids.extend(self.tokenizer.encode(after, add_special_tokens=False))
+                return Rendered(ids, CONTINUED_OVER_REWRITE, reused_tokens=reused)
         ids = render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs)
         return Rendered(ids, reason)
 
@@ -213,7 +268,7 @@ class ContinuationRenderer:
     ) -> bool:
         """Whether :meth:`render` would, as things stand, continue ``prior`` from a probed shape with no
         full-render check due: its work is then the new messages' alone. A peek: nothing changes."""
-        if self._refusal(messages, tools, chat_template_kwargs, prior) is not None:
+        if self.history == "template" or self._refusal(messages, tools, chat_template_kwargs, prior) is not None:
             return False
         assert prior is not None
         key = _shape_key(messages, len(prior.messages), tools, chat_template_kwargs)
@@ -275,7 +330,10 @@ class ContinuationRenderer:
             if shape is not None:
                 self._shapes.move_to_end(key)
                 return shape
-        shape = self._probe(messages, n, tools, kwargs)
+        try:
+            shape = self._probe(messages, n, tools, kwargs)
+        except TemplateRefused:  # refused on stand-ins: the full render says whether the real messages are
+            shape = _Shape(ok=False)
         with self._lock:
             self._shapes[key] = shape
             while len(self._shapes) > _PROBE_CACHE_SIZE:
@@ -310,10 +368,43 @@ class ContinuationRenderer:
     def _suffix(self, shape: _Shape, new: list[dict[str, Any]], tools: Any, kwargs: Any) -> str | None:
         """The template's rendering of ``new`` + generation prompt after the synthetic base; None if the
         template rewrote the base for these contents."""
-        full = self._text([*shape.base, *new], tools if shape.suffix_needs_tools else None, kwargs, True)
+        try:
+            full = self._text([*shape.base, *new], tools if shape.suffix_needs_tools else None, kwargs, True)
+        except TemplateRefused:
+            return None
         if not full.startswith(shape.base_text):
             return None
         return full[len(shape.base_text) :]
+
+    def _after_reply(
+        self, messages: list[dict[str, Any]], n: int, tools: Any, kwargs: Any, response_ids: list[int]
+    ) -> str | None:
+        """history=sampled over a template that rewrites history: what the template writes after the reply,
+        for the new messages and the generation prompt, located in a render of stand-ins for the history.
+
+        The reply's content and its calls' arguments are a marker; the render of ``head + [reply] + new``
+        (gen prompt) is cut after the last marker, then at the template's closing of an assistant message
+        (learned from ``head + [reply]`` with the reply last), whatever the template did to the history
+        before it. Where that closing does not follow (a call closed by other markup), the marked arguments'
+        JSON closers are skipped. The sampled ids' stop token is not repeated. None: the template refused the
+        stand-ins (the full render decides)."""
+        head = _recent_head(messages, n)
+        reply = {k: v for k, v in _synthetic(messages, n)[1].items() if k != "reasoning_content"}  # in the ids
+        reply["content"] = _REPLY_MARK
+        for call in reply.get("tool_calls") or []:
+            call["function"]["arguments"] = json.dumps({"m": _REPLY_MARK})
+        try:
+            plain = self._text([*head, {"role": "assistant", "content": _REPLY_MARK}], tools, kwargs, False)
+            full = self._text([*head, reply, *messages[n + 1 :]], tools, kwargs, True)
+        except TemplateRefused:
+            return None
+        if (at := full.rfind(_REPLY_MARK)) < 0:
+            return None
+        close = plain[plain.rfind(_REPLY_MARK) + len(_REPLY_MARK) :]
+        tail = full[at + len(_REPLY_MARK) :]
+        cut = tail.find(close) if close.strip() else -1
+        tail = tail[cut:] if cut >= 0 else tail.lstrip('"}]')
+        return self._glue(tail, response_ids)
 
     def _glue(self, close: str, response_ids: list[int]) -> str:
         """The part of the assistant closing the sampled ids do not already hold (their stop token)."""

@@ -36,7 +36,14 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.chat import DEFAULT_TOOL_PARSER, parse_assistant_output
+from engine.chat import (
+    DEFAULT_REASONING_PARSER,
+    DEFAULT_TOOL_PARSER,
+    ReasoningParser,
+    ThinkReasoningParser,
+    ToolCallParser,
+    parse_assistant_output,
+)
 from engine.errors import EngineError
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
@@ -58,8 +65,22 @@ class StreamSplitter:
     """``opened``: the prompt left a ``<think>`` block open (engine.chat.prompt_opens_think); ``parse_tools``:
     ``<tool_call>`` blocks become tool calls."""
 
-    def __init__(self, *, opened: bool = False, parse_tools: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        opened: bool = False,
+        parse_tools: bool = True,
+        tool_parser: ToolCallParser = DEFAULT_TOOL_PARSER,
+        reasoning_parser: ReasoningParser | None = DEFAULT_REASONING_PARSER,
+    ) -> None:
         self.opened, self.parse_tools = opened, parse_tools
+        self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
+        # Where a call starts in this family's markup: from there the text is held until the end.
+        self.tool_open: str = getattr(tool_parser, "open_tag", TOOL_OPEN)
+        # A family whose calls may be the whole reply as bare JSON (Llama 3): a reply that starts so is held.
+        self.bare_calls: bool = getattr(tool_parser, "bare_start", False)
+        # Only <think> blocks are split while streaming; other reasoning markup is split at the end.
+        self.thinks = isinstance(reasoning_parser, ThinkReasoningParser)
         self.buf = ""
         self.pos = 0
         self.mode = "start"  # start | think | content | tool
@@ -76,7 +97,9 @@ class StreamSplitter:
             progressed = False
             if self.mode == "start":
                 head = self.buf.lstrip()
-                if head.startswith(THINK_OPEN):
+                if not self.thinks:
+                    self.mode, progressed = ("tool" if self.held_as_call(head) else "content"), bool(head)
+                elif head.startswith(THINK_OPEN):
                     self.pos = len(self.buf) - len(head) + len(THINK_OPEN)
                     self.mode, progressed = "think", True
                 elif head and not THINK_OPEN.startswith(head):
@@ -90,14 +113,21 @@ class StreamSplitter:
                 else:
                     self._emit_safe(out, "reasoning", THINK_CLOSE)
             elif self.mode == "content":
-                idx = self.buf.find(TOOL_OPEN, self.pos) if self.parse_tools else -1
+                if not self.content and self.held_as_call(self.buf[self.pos :].lstrip()):
+                    self.mode = "tool"
+                    continue
+                idx = self.buf.find(self.tool_open, self.pos) if self.parse_tools else -1
                 if idx >= 0:
                     self._emit(out, "content", self.buf[self.pos : idx].rstrip())
                     self.pos = idx
                     self.mode = "tool"
                 else:
-                    self._emit_safe(out, "content", TOOL_OPEN if self.parse_tools else "")
+                    self._emit_safe(out, "content", self.tool_open if self.parse_tools else "")
         return out
+
+    def held_as_call(self, head: str) -> bool:
+        """A reply (after its reasoning) that opens as bare JSON in a family whose calls may be bare JSON."""
+        return self.parse_tools and self.bare_calls and head.startswith("{")
 
     def _emit_safe(self, out: list[tuple[str, str]], kind: str, tag: str) -> None:
         tail = self.buf[self.pos :]
@@ -128,7 +158,10 @@ class StreamSplitter:
     def finish(self) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
         """The last deltas and the tool calls, consistent with parse_assistant_output(full text)."""
         final = parse_assistant_output(
-            self.buf, opened=self.opened, tool_parser=DEFAULT_TOOL_PARSER if self.parse_tools else None
+            self.buf,
+            opened=self.opened,
+            reasoning_parser=self.reasoning_parser,
+            tool_parser=self.tool_parser if self.parse_tools else None,
         )
         out: list[tuple[str, str]] = []
         reasoning = final.reasoning_content or ""
@@ -224,7 +257,13 @@ async def sse_events(
             for k, t in pairs
         ]
 
-    splitter = StreamSplitter(opened=stream.opened, parse_tools=parse_tools)
+    gen = turn.st.generator
+    splitter = StreamSplitter(
+        opened=stream.opened,
+        parse_tools=parse_tools,
+        tool_parser=gen.tool_parser,
+        reasoning_parser=None if forced_call else gen.reasoning_parser,
+    )
     delivered = False
     try:
         try:

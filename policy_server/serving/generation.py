@@ -46,6 +46,7 @@ from engine.chat_families import DEFAULT_FAMILY, ChatFamily
 from engine.client import EngineClient
 from engine.continuation import ContinuationRenderer, PriorTurn, Rendered
 from engine.errors import EngineBadResponse
+from engine.tool_parsers import reasoning_parser, tool_call_parser
 from policy_server.errors import InvalidRequest, ServiceUnavailable
 from policy_server.serving.weight_sync import WeightGate
 
@@ -204,6 +205,8 @@ class Generator:
             tokenizer, verify_tokens_per_turn=render_verify_tokens_per_turn, history=history
         )
         self.family = family  # the template's tool-call/reasoning markup and tool-call id form
+        self.tool_parser = tool_call_parser(family.tool_call_parser, family.id_form)
+        self.reasoning_parser = reasoning_parser(family.reasoning_parser)
         # Bounds the renders in worker threads (each holds its prompt's text and ids while it runs); the
         # rest wait here, on the event loop, without holding a thread or memory.
         self._render_slots = asyncio.Semaphore(render_concurrency)

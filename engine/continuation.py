@@ -21,17 +21,24 @@ presence, a reply with the same parts, the same tools and template arguments), `
 ``suffix = render(base + N, generation prompt) - render(base)``. This is exact for templates that are
 **append-only**: appending messages never changes the text rendered for the ones before, and an
 assistant message's rendering starts with the generation prompt. That is checked per shape (a probe on
-synthetic messages, cached) and, on sampled continued turns, against the full render of the real messages (text only: ``render(M + [a])`` starts with ``render(M, gen)`` and ends with the
-closing, and ``render(M + [a] + N, gen) == render(M + [a]) + suffix``). A shape or a turn that fails falls back to a full render, with the reason in
-:class:`Rendered`; a failed verification also turns that shape off for the process lifetime.
+synthetic messages, cached) and, on sampled continued turns, against the full render of the real
+messages (text only: ``render(M + [a])`` starts with ``render(M, gen)`` and ends with the closing, and
+``render(M + [a] + N, gen) == render(M + [a]) + suffix``); a failed verification turns that shape off for
+the process lifetime.
 
-Templates that rewrite history (so they always take the full render, counted with reason
-``template_rewrites_history``): those that drop earlier turns' reasoning once a new user message arrives
-(Qwen3's official template), and those whose generation prompt is not how they render the reply later (a
-template that opens an empty ``<think></think>`` block when thinking is off but renders past replies
-without it: Qwen3 and the Hindsight tiny template with ``enable_thinking=false``). Other reasons:
-``no_prior_turn``, ``not_an_extension`` (the messages do not extend T's), ``tools_changed``,
-``template_kwargs_changed``, ``verify_mismatch``.
+History modes (``history``). ``sampled`` (the default): a template that rewrites history for the shape or the
+turn (it drops earlier turns' reasoning once a new user message arrives, as Qwen3's and DeepSeek-R1's do; its
+generation prompt is not how it renders the reply later, as Qwen3's empty ``<think></think>`` block with
+thinking off; it moves the system prompt to the last user turn, as Mistral's does; a failed verification)
+still gets ``P + R + tokens(after)``, reason ``continued_over_rewrite``: ``after`` is what the template writes
+after the reply, located in a render of the real system message, stand-ins for the last messages before the
+reply, the reply (content and arguments a marker) and the real ``N`` (see ``_after_reply``); the earlier
+turns stay exactly as sent and sampled. ``template``: every turn is the template's full render of the whole
+conversation (reason ``history_template``), as the model card intends; the sampled ids of earlier replies are
+then re-tokenized from their text. Other reasons (full renders in both modes): ``no_prior_turn``,
+``not_an_extension`` (the messages do not extend T's), ``tools_changed``, ``template_kwargs_changed``;
+``template_rewrites_history`` and ``verify_mismatch`` are the full render's reasons when even the stand-ins
+are refused by the template.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.chat import render_prompt_ids, render_prompt_text
+from engine.reply_tail import after_reply, stand_in_calls
 from engine.template_inputs import TemplateRefused
 
 CONTINUED = "continued"
@@ -58,8 +66,7 @@ CONTINUED_OVER_REWRITE = "continued_over_rewrite"
 # history=template: the template renders the whole conversation every turn, by configuration.
 HISTORY_TEMPLATE = "history_template"
 HISTORY_MODES = ("sampled", "template")
-# Stands in for the reply's content (and its calls' arguments) in the render that locates where the reply ends.
-_REPLY_MARK = "HSREPLYMARKQ7Z"
+
 # The verification budget holds at most this many turns' worth of credit.
 _VERIFY_CREDIT_TURNS = 64
 RENDER_REASONS = (
@@ -153,48 +160,8 @@ def _synthetic(messages: list[dict[str, Any]], n_prior: int) -> tuple[list[dict[
     if real.get("reasoning_content"):
         reply["reasoning_content"] = "R"
     if real.get("tool_calls"):
-        reply["tool_calls"] = [
-            {
-                "id": tc.get("id") or f"call_{i}",
-                "type": "function",
-                "function": {"name": (tc.get("function") or {}).get("name") or "f", "arguments": "{}"},
-            }
-            for i, tc in enumerate(real["tool_calls"])
-        ]
+        reply["tool_calls"] = stand_in_calls(real["tool_calls"])
     return head, reply
-
-
-def _recent_head(messages: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    """The history the reply's stand-in follows when the template rewrites history: the real system message
-    (templates may move it next to the new messages: Mistral's), then stand-ins of the last message before the
-    reply that is not a tool result and the tool results after it (a template's rendering of the new messages
-    may depend on them: DeepSeek-R1's), opened by a user message. Short, whatever the history's length."""
-    head: list[dict[str, Any]] = []
-    start = 0
-    if messages and messages[0].get("role") in ("system", "developer"):
-        head.append(messages[0])
-        start = 1
-    at = n - 1
-    while at > start and messages[at].get("role") == "tool":
-        at -= 1
-    if at < start or messages[at].get("role") != "user":
-        head.append({"role": "user", "content": "U"})
-    for m in messages[max(at, start) : n]:
-        stand_in: dict[str, Any] = {"role": m.get("role"), "content": "T" if m.get("role") == "tool" else "U"}
-        for key in ("tool_call_id", "name"):
-            if key in m:
-                stand_in[key] = m[key]
-        if m.get("tool_calls"):
-            stand_in["tool_calls"] = [
-                {
-                    "id": tc.get("id") or f"call_{i}",
-                    "type": "function",
-                    "function": {"name": (tc.get("function") or {}).get("name") or "f", "arguments": "{}"},
-                }
-                for i, tc in enumerate(m["tool_calls"])
-            ]
-        head.append(stand_in)
-    return head
 
 
 class ContinuationRenderer:
@@ -379,32 +346,13 @@ class ContinuationRenderer:
     def _after_reply(
         self, messages: list[dict[str, Any]], n: int, tools: Any, kwargs: Any, response_ids: list[int]
     ) -> str | None:
-        """history=sampled over a template that rewrites history: what the template writes after the reply,
-        for the new messages and the generation prompt, located in a render of stand-ins for the history.
-
-        The reply's content and its calls' arguments are a marker; the render of ``head + [reply] + new``
-        (gen prompt) is cut after the last marker, then at the template's closing of an assistant message
-        (learned from ``head + [reply]`` with the reply last), whatever the template did to the history
-        before it. Where that closing does not follow (a call closed by other markup), the marked arguments'
-        JSON closers are skipped. The sampled ids' stop token is not repeated. None: the template refused the
-        stand-ins (the full render decides)."""
-        head = _recent_head(messages, n)
-        reply = {k: v for k, v in _synthetic(messages, n)[1].items() if k != "reasoning_content"}  # in the ids
-        reply["content"] = _REPLY_MARK
-        for call in reply.get("tool_calls") or []:
-            call["function"]["arguments"] = json.dumps({"m": _REPLY_MARK})
+        """history=sampled over a template that rewrites history: what it writes after the reply
+        (engine.reply_tail), less the stop token the sampled ids already end with; None: refused stand-ins."""
         try:
-            plain = self._text([*head, {"role": "assistant", "content": _REPLY_MARK}], tools, kwargs, False)
-            full = self._text([*head, reply, *messages[n + 1 :]], tools, kwargs, True)
-        except TemplateRefused:
+            tail = after_reply(lambda msgs, gen: self._text(msgs, tools, kwargs, gen), messages, n)
+        except TemplateRefused:  # refused on stand-ins: the full render says whether the real messages are
             return None
-        if (at := full.rfind(_REPLY_MARK)) < 0:
-            return None
-        close = plain[plain.rfind(_REPLY_MARK) + len(_REPLY_MARK) :]
-        tail = full[at + len(_REPLY_MARK) :]
-        cut = tail.find(close) if close.strip() else -1
-        tail = tail[cut:] if cut >= 0 else tail.lstrip('"}]')
-        return self._glue(tail, response_ids)
+        return None if tail is None else self._glue(tail, response_ids)
 
     def _glue(self, close: str, response_ids: list[int]) -> str:
         """The part of the assistant closing the sampled ids do not already hold (their stop token)."""

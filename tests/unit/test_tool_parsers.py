@@ -123,3 +123,26 @@ def test_operator_names_override_detection() -> None:
     assert resolve_family(_Tok()) == ChatFamily("mistral", None, "mistral")  # any of a multi-template config
     assert resolve_family(_Tok(), "llama3", "none") == ChatFamily("llama3", None, "mistral")
     assert resolve_family(_Tok(), "qwen25", "qwen3").reasoning_parser == "qwen3"
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("mistral", 'Sure. [TOOL_CALLS][{"name": "rename", "arguments": {"to": "b"}}]'),
+        ("llama3", '{"name": "rename", "parameters": {"to": "b"}}'),
+        (
+            "kimi_k2",
+            "Sure. "
+            + "".join(call_markup("kimi_k2", "rename")).replace("<|tool_call_end|>", '{"to": "b"}<|tool_call_end|>', 1),
+        ),
+    ],
+)
+def test_streaming_holds_a_call_from_the_family_marker(name: str, text: str) -> None:
+    from policy_server.api.streaming import StreamSplitter
+
+    splitter = StreamSplitter(tool_parser=tool_call_parser(name), reasoning_parser=None)
+    sent = [d for i in range(0, len(text), 3) for kind, d in splitter.feed(text[i : i + 3]) if kind == "content"]
+    last, calls = splitter.finish()
+    streamed = "".join(sent) + "".join(d for _, d in last)
+    assert streamed == ("Sure." if text.startswith("Sure.") else "")  # the markup never reaches the client as text
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("rename", {"to": "b"})]

@@ -7,6 +7,7 @@ in a ``--config`` file (engine.cli_settings): flags > environment > config file 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -269,6 +270,13 @@ class PolicySettings(CliSettings):
     def _split_urls(cls, v: object) -> object:
         if isinstance(v, str):
             return [u.strip() for u in v.split(",") if u.strip()]
+        return v
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_file(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"chat_template {v!r} is not a file")
         return v
 
     @field_validator("store_url")

@@ -63,13 +63,18 @@ def mistral_tool_call_id(call_id: str) -> str:
 
 
 def _arguments(value: Any) -> Any:
+    """The mapping a JSON-object string encodes; anything else as it is. A number past float range (``1e999``)
+    would come back as the non-JSON ``Infinity`` in the template's ``tojson``: such a string stays as written."""
     if not isinstance(value, str):
         return value
     try:
         decoded = json.loads(value)
+        if isinstance(decoded, dict):
+            json.dumps(decoded, allow_nan=False)
+            return decoded
     except ValueError:
-        return value
-    return decoded if isinstance(decoded, dict) else value
+        pass
+    return value
 
 
 def _tool_calls(calls: list[Any], id_form: str | None, mapping: bool) -> list[Any]:

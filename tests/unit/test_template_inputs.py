@@ -116,3 +116,9 @@ async def test_a_refusal_is_a_400_naming_the_complaint() -> None:
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["code"] == "template_refused"
     assert "System role not supported" in err["message"]
+
+
+def test_arguments_past_float_range_stay_as_written() -> None:
+    call = {"id": "c", "function": {"name": "f", "arguments": '{"x": 1e999}'}}
+    out = template_messages([{"role": "assistant", "content": "", "tool_calls": [call]}])
+    assert out[0]["tool_calls"][0]["function"]["arguments"] == '{"x": 1e999}'

@@ -186,8 +186,9 @@ def prompt_opens_think(tokenizer: Any, prompt_ids: list[int]) -> bool:
 
 
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Make OpenAI messages template-friendly (engine.template_inputs.template_messages, OpenAI id form)."""
-    return template_messages(messages)
+    """OpenAI messages with content parts joined to text and ``None`` content as ``""``; tool calls as sent (the
+    render gives each template the form it needs: engine.template_inputs)."""
+    return template_messages(messages, arguments_mapping=False)
 
 
 # Template texts that take tool-call arguments as the JSON strings the client sent (see render_prompt_text).

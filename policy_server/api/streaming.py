@@ -79,8 +79,10 @@ class StreamSplitter:
         self.tool_open: str = getattr(tool_parser, "open_tag", TOOL_OPEN)
         # A family whose calls may be the whole reply as bare JSON (Llama 3): a reply that starts so is held.
         self.bare_calls: bool = getattr(tool_parser, "bare_start", False)
-        # Only <think> blocks are split while streaming; other reasoning markup is split at the end.
+        # Only <think> blocks are split while streaming; a reply in other reasoning markup (gpt-oss's channels)
+        # is held and split at the end, so no markup reaches the client as text.
         self.thinks = isinstance(reasoning_parser, ThinkReasoningParser)
+        self.hold_all = reasoning_parser is not None and not self.thinks
         self.buf = ""
         self.pos = 0
         self.mode = "start"  # start | think | content | tool
@@ -97,7 +99,9 @@ class StreamSplitter:
             progressed = False
             if self.mode == "start":
                 head = self.buf.lstrip()
-                if not self.thinks:
+                if self.hold_all:
+                    self.mode = "tool"
+                elif not self.thinks:
                     self.mode, progressed = ("tool" if self.held_as_call(head) else "content"), bool(head)
                 elif head.startswith(THINK_OPEN):
                     self.pos = len(self.buf) - len(head) + len(THINK_OPEN)

@@ -146,3 +146,13 @@ def test_streaming_holds_a_call_from_the_family_marker(name: str, text: str) -> 
     streamed = "".join(sent) + "".join(d for _, d in last)
     assert streamed == ("Sure." if text.startswith("Sure.") else "")  # the markup never reaches the client as text
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("rename", {"to": "b"})]
+
+
+def test_streaming_harmony_holds_the_channels_and_splits_them_at_the_end() -> None:
+    from policy_server.api.streaming import StreamSplitter
+
+    text = "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>42"
+    splitter = StreamSplitter(tool_parser=tool_call_parser("gpt-oss"), reasoning_parser=reasoning_parser("gpt-oss"))
+    assert [d for i in range(0, len(text), 4) for d in splitter.feed(text[i : i + 4])] == []
+    last, calls = splitter.finish()
+    assert last == [("reasoning", "think"), ("content", "42")] and calls == []

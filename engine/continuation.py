@@ -193,9 +193,9 @@ class ContinuationRenderer:
         prior: PriorTurn | None = None,
     ) -> Rendered:
         """The prompt ids for ``messages``: a continuation of ``prior`` when possible, else a full render."""
-        reason: str | None = HISTORY_TEMPLATE
-        if self.history == "sampled":
-            reason = self._refusal(messages, tools, chat_template_kwargs, prior)
+        reason = self._refusal(messages, tools, chat_template_kwargs, prior)
+        if reason is None and self.history == "template":
+            reason = HISTORY_TEMPLATE  # a turn that could continue, rendered whole by configuration
         if reason is None:
             assert prior is not None
             n = len(prior.messages)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-TOOL_CALL_PARSERS = ("qwen25", "hermes", "llama3", "mistral", "deepseekv31", "kimi_k2", "gpt-oss")
+TOOL_CALL_PARSERS = ("qwen25", "hermes", "llama3", "mistral", "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss")
 REASONING_PARSERS = ("qwen3", "deepseek-r1", "gpt-oss")
 
 
@@ -30,6 +30,7 @@ _MARKERS: tuple[tuple[str, ChatFamily], ...] = (
     ("<|channel|>", ChatFamily("gpt-oss", "gpt-oss")),
     ("[TOOL_CALLS]", ChatFamily("mistral", None, id_form="mistral")),
     ("<|tool_calls_section_begin|>", ChatFamily("kimi_k2", None)),
+    ("'```json'", ChatFamily("deepseekv3", "deepseek-r1")),  # V3 and the R1 distills: fenced arguments
     ("<｜tool▁calls▁begin｜>", ChatFamily("deepseekv31", "deepseek-r1")),
     ("<tool_call>", ChatFamily("qwen25", "qwen3")),
     ("<|python_tag|>", ChatFamily("llama3", None)),

@@ -72,6 +72,21 @@ class MarkedCallParser:
             name = name.removeprefix("functions.").rsplit(":", 1)[0]
         return name
 
+    def _call_at(self, text: str, at: int) -> tuple[str, dict[str, Any], int] | None:
+        """(name, arguments, end of the call's closing marker) of the call opened at ``at``, or None."""
+        sep = text.find(self.name_sep, at)
+        if sep < 0:
+            return None
+        found = _json_at(text, sep + len(self.name_sep))
+        if found is None or not isinstance(found[0], dict):
+            return None
+        end = found[1]
+        while end < len(text) and text[end].isspace():
+            end += 1
+        if not text.startswith(self.call_close, end):
+            return None
+        return self._name(text[at + len(self.call_open) : sep]), found[0], end + len(self.call_close)
+
     def extract(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         start = text.find(self.open_tag)
         if start < 0:
@@ -79,25 +94,40 @@ class MarkedCallParser:
         calls: list[dict[str, Any]] = []
         pos = start + len(self.open_tag)
         while (at := text.find(self.call_open, pos)) >= 0 and not text[pos:at].strip():
-            sep = text.find(self.name_sep, at)
-            if sep < 0:
+            found = self._call_at(text, at)
+            if found is None:
                 break
-            found = _json_at(text, sep + len(self.name_sep))
-            if found is None or not isinstance(found[0], dict):
-                break
-            end = found[1]
-            while end < len(text) and text[end].isspace():
-                end += 1
-            if not text.startswith(self.call_close, end):
-                break
-            name = self._name(text[at + len(self.call_open) : sep])
-            calls.append(_call(self.new_id, name, found[0], len(calls)))
-            pos = end + len(self.call_close)
+            name, args, pos = found
+            calls.append(_call(self.new_id, name, args, len(calls)))
         if not calls:
             return text, []
         rest = text[pos:].lstrip()
         rest = rest.removeprefix(self.section_close)
         return (text[:start] + rest).strip(), calls
+
+
+class FencedCallParser(MarkedCallParser):
+    """DeepSeek-V3 and the R1 distills: ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{..}\n```
+    <｜tool▁call▁end｜>`` (the type before the separator, the arguments in a fenced JSON block)."""
+
+    fence_open, fence_close = "\n```json\n", "\n```"
+
+    def _call_at(self, text: str, at: int) -> tuple[str, dict[str, Any], int] | None:
+        sep = text.find(self.name_sep, at)
+        fence = text.find(self.fence_open, sep) if sep >= 0 else -1
+        if fence < 0:
+            return None
+        found = _json_at(text, fence + len(self.fence_open))
+        if found is None or not isinstance(found[0], dict):
+            return None
+        end = found[1]
+        closing = self.fence_close.lstrip("\n")
+        while end < len(text) and text[end].isspace():
+            end += 1
+        if not text.startswith(closing, end) or not text.startswith(self.call_close, end + len(closing)):
+            return None
+        name = text[sep + len(self.name_sep) : fence].strip()
+        return name, found[0], end + len(closing) + len(self.call_close)
 
 
 class JsonCallsParser:
@@ -224,6 +254,8 @@ def tool_call_parser(name: str, id_form: str = "openai") -> ToolCallParser:
         return JsonCallsParser("[TOOL_CALLS]", new_id)
     if name == "deepseekv31":
         return MarkedCallParser(*_DS, new_id)
+    if name == "deepseekv3":
+        return FencedCallParser(*_DS, new_id)
     if name == "kimi_k2":
         return MarkedCallParser(*_KIMI, new_id, kimi=True)
     if name == "gpt-oss":
@@ -251,6 +283,9 @@ def call_markup(name: str, fn_name: str) -> tuple[str, str]:
         return '[TOOL_CALLS][{"name": ' + quoted + ', "arguments": ', "}]"
     if name == "deepseekv31":
         return _DS[0][0] + _DS[1][0] + fn_name + _DS[1][1], _DS[1][2] + _DS[0][1]
+    if name == "deepseekv3":
+        fence = FencedCallParser.fence_open, FencedCallParser.fence_close
+        return _DS[0][0] + _DS[1][0] + "function" + _DS[1][1] + fn_name + fence[0], fence[1] + _DS[1][2] + _DS[0][1]
     if name == "kimi_k2":
         return _KIMI[0][0] + _KIMI[1][0] + f"functions.{fn_name}:0" + _KIMI[1][1], _KIMI[1][2] + _KIMI[0][1]
     if name == "gpt-oss":

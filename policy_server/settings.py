@@ -188,10 +188,10 @@ class PolicySettings(CliSettings):
     chat_template: str | None = Field(
         None, description="a chat template file (.jinja) used instead of the one in model_path (SGLang --chat-template)"
     )
-    tool_call_parser: Literal["qwen25", "hermes", "llama3", "mistral", "deepseekv31", "kimi_k2", "gpt-oss"] | None = (
-        Field(
-            None, description="markup of the model's tool calls (SGLang's names); default: detected from the template"
-        )
+    tool_call_parser: (
+        Literal["qwen25", "hermes", "llama3", "mistral", "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss"] | None
+    ) = Field(
+        None, description="markup of the model's tool calls (SGLang's names); default: detected from the template"
     )
     reasoning_parser: Literal["qwen3", "deepseek-r1", "gpt-oss", "none"] | None = Field(
         None,

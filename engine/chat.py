@@ -38,6 +38,8 @@ class ReasoningParser(Protocol):
 
 
 class ToolCallParser(Protocol):
+    open_tag: str  # where a call starts in the family's markup (a stream holds the text from there)
+
     def extract(self, text: str) -> tuple[str, list[dict[str, Any]]]: ...
 
 

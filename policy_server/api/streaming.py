@@ -76,7 +76,7 @@ class StreamSplitter:
         self.opened, self.parse_tools = opened, parse_tools
         self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
         # Where a call starts in this family's markup: from there the text is held until the end.
-        self.tool_open: str = getattr(tool_parser, "open_tag", TOOL_OPEN)
+        self.tool_open = tool_parser.open_tag
         # A family whose calls may be the whole reply as bare JSON (Llama 3): a reply that starts so is held.
         self.bare_calls: bool = getattr(tool_parser, "bare_start", False)
         # Only <think> blocks are split while streaming; a reply in other reasoning markup (gpt-oss's channels)

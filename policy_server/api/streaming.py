@@ -19,9 +19,11 @@ and the turn record holds what the client was sent. Rules:
   streams as ``reasoning_content`` deltas; text after ``</think>`` streams as ``content`` (its leading
   newlines dropped, as the parser does). Once content has been sent, nothing is ever sent as reasoning: a
   stray ``</think>`` later in the reply is content.
-- With tool parsing on, content streams until a ``<tool_call>`` tag; from there the text is held and, at the
-  end, the parsed tool calls are sent as complete ``tool_calls`` deltas (name and arguments in one delta per
-  call). With it off (``tool_choice: "none"``) a ``<tool_call>`` is text like any other.
+- With tool parsing on, content streams until the family's call marker (``<tool_call>``, ``[TOOL_CALLS]``...;
+  the generator's parser, engine.tool_parsers); from there the text is held and, at the end, the parsed tool
+  calls are sent as complete ``tool_calls`` deltas (name and arguments in one delta per call). A Llama 3 reply
+  that opens as bare JSON and a gpt-oss reply (its channels) are held whole. With parsing off
+  (``tool_choice: "none"``) a call marker is text like any other.
 - A trailing partial tag (``</thi``) or trailing whitespace is held back until the next text shows
   what it is, so no marker fragment ever reaches the client.
 - ``finish()`` reconciles with the full parse: any content the parser keeps that was not streamed yet
@@ -50,7 +52,7 @@ from policy_server.api import openai_schemas as oa
 from policy_server.errors import PolicyError, engine_error_status, error_body
 from policy_server.serving.chat_turn import ChatTurn
 
-THINK_OPEN, THINK_CLOSE, TOOL_OPEN = "<think>", "</think>", "<tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 def _partial_tag_len(text: str, tag: str) -> int:

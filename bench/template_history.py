@@ -48,12 +48,13 @@ TOOLS_ALWAYS = ("tool_use",)
 SCENARIOS: dict[str, dict[str, Any]] = {
     "chat": {},
     "think_off": {"reasoning_effort": "none"},
-    "tools": {"tools": TOOLS, "tool_choice": FORCE, "max_tokens": 64},
+    # Room for the longest family markup: in the tiny vocabulary other families' specials are spelled in bytes.
+    "tools": {"tools": TOOLS, "tool_choice": FORCE, "max_tokens": 256},
 }
 
 
-def _session(http: httpx.Client, template: str, sid: str, scenario: str, turns: int) -> int | None:
-    """Runs one session; None when every turn was answered, else the status of the refused turn."""
+def _session(http: httpx.Client, template: str, sid: str, scenario: str, turns: int) -> tuple[int | None, int]:
+    """Runs one session: (None when every turn was answered, else the refused turn's status; tool calls parsed)."""
     extra = dict(SCENARIOS[scenario])
     if any(t in template for t in TOOLS_ALWAYS):
         extra.setdefault("tools", TOOLS)
@@ -61,20 +62,22 @@ def _session(http: httpx.Client, template: str, sid: str, scenario: str, turns: 
         [] if any(t in template for t in NO_SYSTEM) else [{"role": "system", "content": "S"}]
     )
     messages.append({"role": "user", "content": "rename the report"})
+    n_calls = 0
     for k in range(turns):
         body = {"messages": messages, "max_tokens": 12, "temperature": 1.0, "seed": k, **extra}
         r = http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": sid})
         if r.status_code != 200:
-            return r.status_code
+            return r.status_code, n_calls
         reply = {key: v for key, v in r.json()["choices"][0]["message"].items() if v is not None}
         calls = reply.get("tool_calls") or []
+        n_calls += bool(calls)
         nxt = (
             {"role": "tool", "tool_call_id": calls[0]["id"], "content": f"renamed {k}"}
             if calls
             else {"role": "user", "content": f"next step {k}"}
         )
         messages += [reply, nxt]
-    return None
+    return None, n_calls
 
 
 def _measure(store: Store, sid: str, turns: int) -> tuple[int, int, float, float]:
@@ -115,12 +118,13 @@ def served(templates: list[Path], turns: int) -> None:
                         with httpx.Client(base_url=pol.url, headers=headers, trust_env=False, timeout=120) as http:
                             cells, tokens = [], ""
                             for scenario in SCENARIOS:
-                                refused = _session(http, tpl.name, scenario, scenario, turns)
+                                refused, n_calls = _session(http, tpl.name, scenario, scenario, turns)
                                 if refused is not None:
                                     cells.append(str(refused))
                                     continue
                                 cont, kept, sep, merged = _measure(Store(d / "data"), scenario, turns)
-                                cells.append(f"{cont}/{turns - 1} / {kept}/{turns - 1}")
+                                calls = f" ({n_calls}/{turns} calls)" if scenario == "tools" else ""
+                                cells.append(f"{cont}/{turns - 1} / {kept}/{turns - 1}{calls}")
                                 if scenario == "tools":
                                     tokens = f"{sep:.0f} -> {merged:.0f}"
                     print(f"| {tpl.stem} | {mode} | " + " | ".join(cells) + f" | {tokens} |", flush=True)

@@ -1,6 +1,7 @@
 """Policy-server cost of a continuing turn at growing history lengths, against an instant engine.
 
     python -m bench.continuation_cost [--model-dir DIR] [--sizes 1000,10000,30000] [--sessions 4] [--turns 8] [--rounds 3]
+        [--chat-template FILE] [--history sampled|template]
 
 In each of ``--rounds`` rounds, for each history size H (tokens of the tiny policy tokenizer)
 ``--sessions`` sessions open with one turn carrying an H-token history (a full render), then run
@@ -109,18 +110,32 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3, help="rounds; the ratio printed last is their median")
+    ap.add_argument("--chat-template", type=Path, help="serve this chat template (the policy's --chat-template)")
+    ap.add_argument("--history", default="sampled", choices=("sampled", "template"), help="the policy's --history")
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="hs-contcost-"))
     model_dir = a.model_dir or build_tiny_model(work / "tiny", seed=0)
     tok = load_tokenizer(str(model_dir))
     eng = start_instant_engine(tok, work)
+    chosen = ["--history", a.history]
+    if a.chat_template is not None:
+        tok.chat_template = a.chat_template.read_text()  # the full render for scale uses it too
+        chosen += ["--chat-template", str(a.chat_template)]
     pol = start_policy(
         model_dir,
         eng.url,
         work / "data",
         work,
-        extra=["--max-body-bytes", str(64 << 20), "--session-idle-timeout-s", "600", "--max-prompt-tokens", "1000000"],
+        extra=[
+            "--max-body-bytes",
+            str(64 << 20),
+            "--session-idle-timeout-s",
+            "600",
+            "--max-prompt-tokens",
+            "1000000",
+            *chosen,
+        ],
     )
     try:
         with httpx.Client(base_url=pol.url, timeout=120, trust_env=False) as http:

@@ -15,11 +15,15 @@ The parse never changes the sampled token ids; it only decides how the text is s
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from engine.chat_families import ChatFamily, detect_family, template_source
+from engine.template_inputs import TEMPLATE_FAILURES, refusal, template_messages, template_tools
 
 
 @dataclass
@@ -34,6 +38,8 @@ class ReasoningParser(Protocol):
 
 
 class ToolCallParser(Protocol):
+    open_tag: str  # where a call starts in the family's markup (a stream holds the text from there)
+
     def extract(self, text: str) -> tuple[str, list[dict[str, Any]]]: ...
 
 
@@ -182,19 +188,23 @@ def prompt_opens_think(tokenizer: Any, prompt_ids: list[int]) -> bool:
 
 
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Make OpenAI messages template-friendly: content parts joined to text, None content -> ''."""
-    out = []
-    for msg in messages:
-        m = dict(msg)
-        content = m.get("content")
-        if isinstance(content, list):
-            m["content"] = "".join(
-                part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"
-            )
-        elif content is None:
-            m["content"] = ""
-        out.append(m)
-    return out
+    """OpenAI messages with content parts joined to text and ``None`` content as ``""``; tool calls as sent (the
+    render gives each template the form it needs: engine.template_inputs)."""
+    return template_messages(messages, arguments_mapping=False)
+
+
+# Template texts that take tool-call arguments as the JSON strings the client sent (see render_prompt_text).
+_STRING_ARGUMENT_TEMPLATES: set[str] = set()
+
+
+@functools.lru_cache(maxsize=8)
+def _family_of(source: str) -> ChatFamily:
+    return detect_family(source)
+
+
+def template_family(tokenizer: Any) -> ChatFamily:
+    """The family of the tokenizer's chat template (engine.chat_families), cached per template text."""
+    return _family_of(template_source(tokenizer))
 
 
 def render_prompt_text(
@@ -205,13 +215,37 @@ def render_prompt_text(
     add_generation_prompt: bool = True,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> str:
-    return tokenizer.apply_chat_template(
-        normalize_messages(messages),
-        tools=tools or None,
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-        **(chat_template_kwargs or {}),
-    )
+    """The template's rendering; what the template raises is a :class:`~engine.template_inputs.TemplateRefused`.
+
+    Tool-call arguments go in as mappings; a template that refuses them so and renders them as written (it
+    concatenates them as strings) gets them as written, learned once per template text."""
+    source = template_source(tokenizer)
+    id_form = _family_of(source).id_form
+    mapping = source not in _STRING_ARGUMENT_TEMPLATES
+    tools_in = template_tools(tools)
+    try:
+        text = tokenizer.apply_chat_template(
+            template_messages(messages, id_form, arguments_mapping=mapping),
+            tools=tools_in,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **(chat_template_kwargs or {}),
+        )
+    except TEMPLATE_FAILURES as exc:
+        if not mapping or not any(m.get("tool_calls") for m in messages):
+            raise refusal(exc) from exc
+        try:
+            text = tokenizer.apply_chat_template(
+                template_messages(messages, id_form, arguments_mapping=False),
+                tools=tools_in,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **(chat_template_kwargs or {}),
+            )
+        except TEMPLATE_FAILURES:
+            raise refusal(exc) from exc
+        _STRING_ARGUMENT_TEMPLATES.add(source)
+    return str(text)
 
 
 # render_prompt_text's parameters on purpose: the same render, as ids.

@@ -21,17 +21,24 @@ presence, a reply with the same parts, the same tools and template arguments), `
 ``suffix = render(base + N, generation prompt) - render(base)``. This is exact for templates that are
 **append-only**: appending messages never changes the text rendered for the ones before, and an
 assistant message's rendering starts with the generation prompt. That is checked per shape (a probe on
-synthetic messages, cached) and, on sampled continued turns, against the full render of the real messages (text only: ``render(M + [a])`` starts with ``render(M, gen)`` and ends with the
-closing, and ``render(M + [a] + N, gen) == render(M + [a]) + suffix``). A shape or a turn that fails falls back to a full render, with the reason in
-:class:`Rendered`; a failed verification also turns that shape off for the process lifetime.
+synthetic messages, cached) and, on sampled continued turns, against the full render of the real
+messages (text only: ``render(M + [a])`` starts with ``render(M, gen)`` and ends with the closing, and
+``render(M + [a] + N, gen) == render(M + [a]) + suffix``); a failed verification turns that shape off for
+the process lifetime.
 
-Templates that rewrite history (so they always take the full render, counted with reason
-``template_rewrites_history``): those that drop earlier turns' reasoning once a new user message arrives
-(Qwen3's official template), and those whose generation prompt is not how they render the reply later (a
-template that opens an empty ``<think></think>`` block when thinking is off but renders past replies
-without it: Qwen3 and the Hindsight tiny template with ``enable_thinking=false``). Other reasons:
-``no_prior_turn``, ``not_an_extension`` (the messages do not extend T's), ``tools_changed``,
-``template_kwargs_changed``, ``verify_mismatch``.
+History modes (``history``). ``sampled`` (the default): a template that rewrites history for the shape or the
+turn (it drops earlier turns' reasoning once a new user message arrives, as Qwen3's and DeepSeek-R1's do; its
+generation prompt is not how it renders the reply later, as Qwen3's empty ``<think></think>`` block with
+thinking off; it moves the system prompt to the last user turn, as Mistral's does; a failed verification)
+still gets ``P + R + tokens(after)``, reason ``continued_over_rewrite``: ``after`` is what the template writes
+after the reply, located in a render of the real system message, stand-ins for the last messages before the
+reply, the reply (content and arguments a marker) and the real ``N`` (see ``_after_reply``); the earlier
+turns stay exactly as sent and sampled. ``template``: every turn is the template's full render of the whole
+conversation (reason ``history_template``), as the model card intends; the sampled ids of earlier replies are
+then re-tokenized from their text. Other reasons (full renders in both modes): ``no_prior_turn``,
+``not_an_extension`` (the messages do not extend T's), ``tools_changed``, ``template_kwargs_changed``;
+``template_rewrites_history`` and ``verify_mismatch`` are the full render's reasons when even the stand-ins
+are refused by the template.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.chat import render_prompt_ids, render_prompt_text
+from engine.reply_tail import after_reply, stand_in_calls
+from engine.template_inputs import TemplateRefused
 
 CONTINUED = "continued"
 NO_PRIOR_TURN = "no_prior_turn"
@@ -52,10 +61,18 @@ TOOLS_CHANGED = "tools_changed"
 TEMPLATE_KWARGS_CHANGED = "template_kwargs_changed"
 TEMPLATE_REWRITES_HISTORY = "template_rewrites_history"
 VERIFY_MISMATCH = "verify_mismatch"
+# history=sampled over a template that rewrites history: the prior ids kept, the new messages rendered after the reply.
+CONTINUED_OVER_REWRITE = "continued_over_rewrite"
+# history=template: the template renders the whole conversation every turn, by configuration.
+HISTORY_TEMPLATE = "history_template"
+HISTORY_MODES = ("sampled", "template")
+
 # The verification budget holds at most this many turns' worth of credit.
 _VERIFY_CREDIT_TURNS = 64
 RENDER_REASONS = (
     CONTINUED,
+    CONTINUED_OVER_REWRITE,
+    HISTORY_TEMPLATE,
     NO_PRIOR_TURN,
     NOT_AN_EXTENSION,
     TOOLS_CHANGED,
@@ -101,7 +118,7 @@ class Rendered:
 
     @property
     def continued(self) -> bool:
-        return self.reason == CONTINUED
+        return self.reason in (CONTINUED, CONTINUED_OVER_REWRITE)
 
 
 @dataclass(frozen=True)
@@ -143,14 +160,7 @@ def _synthetic(messages: list[dict[str, Any]], n_prior: int) -> tuple[list[dict[
     if real.get("reasoning_content"):
         reply["reasoning_content"] = "R"
     if real.get("tool_calls"):
-        reply["tool_calls"] = [
-            {
-                "id": tc.get("id") or f"call_{i}",
-                "type": "function",
-                "function": {"name": (tc.get("function") or {}).get("name") or "f", "arguments": "{}"},
-            }
-            for i, tc in enumerate(real["tool_calls"])
-        ]
+        reply["tool_calls"] = stand_in_calls(real["tool_calls"])
     return head, reply
 
 
@@ -165,8 +175,11 @@ class ContinuationRenderer:
     Thread-safe: the shape cache and the budget are guarded by one lock.
     """
 
-    def __init__(self, tokenizer: Any, *, verify_tokens_per_turn: int = 2048) -> None:
+    def __init__(self, tokenizer: Any, *, verify_tokens_per_turn: int = 2048, history: str = "sampled") -> None:
+        if history not in HISTORY_MODES:
+            raise ValueError(f"history must be one of {HISTORY_MODES}, not {history!r}")
         self.tokenizer = tokenizer
+        self.history = history
         self.verify_tokens_per_turn = verify_tokens_per_turn
         self._shapes: OrderedDict[tuple[Any, ...], _Shape] = OrderedDict()
         self._lock = threading.Lock()
@@ -181,6 +194,8 @@ class ContinuationRenderer:
     ) -> Rendered:
         """The prompt ids for ``messages``: a continuation of ``prior`` when possible, else a full render."""
         reason = self._refusal(messages, tools, chat_template_kwargs, prior)
+        if reason is None and self.history == "template":
+            reason = HISTORY_TEMPLATE  # a turn that could continue, rendered whole by configuration
         if reason is None:
             assert prior is not None
             n = len(prior.messages)
@@ -201,6 +216,13 @@ class ContinuationRenderer:
                     glue = self._glue(shape.close, prior.response_ids) + suffix
                     ids.extend(self.tokenizer.encode(glue, add_special_tokens=False))
                     return Rendered(ids, CONTINUED, reused_tokens=reused, verified=verified)
+            # history=sampled: the sampled ids stay, whatever the template would now render for them.
+            after = self._after_reply(messages, n, tools, chat_template_kwargs, prior.response_ids)
+            if after is not None:
+                ids = prior.prompt_ids + prior.response_ids
+                reused = len(ids)
+                ids.extend(self.tokenizer.encode(after, add_special_tokens=False))
+                return Rendered(ids, CONTINUED_OVER_REWRITE, reused_tokens=reused)
         ids = render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs)
         return Rendered(ids, reason)
 
@@ -213,7 +235,7 @@ class ContinuationRenderer:
     ) -> bool:
         """Whether :meth:`render` would, as things stand, continue ``prior`` from a probed shape with no
         full-render check due: its work is then the new messages' alone. A peek: nothing changes."""
-        if self._refusal(messages, tools, chat_template_kwargs, prior) is not None:
+        if self.history == "template" or self._refusal(messages, tools, chat_template_kwargs, prior) is not None:
             return False
         assert prior is not None
         key = _shape_key(messages, len(prior.messages), tools, chat_template_kwargs)
@@ -275,7 +297,10 @@ class ContinuationRenderer:
             if shape is not None:
                 self._shapes.move_to_end(key)
                 return shape
-        shape = self._probe(messages, n, tools, kwargs)
+        try:
+            shape = self._probe(messages, n, tools, kwargs)
+        except TemplateRefused:  # refused on stand-ins: the full render says whether the real messages are
+            shape = _Shape(ok=False)
         with self._lock:
             self._shapes[key] = shape
             while len(self._shapes) > _PROBE_CACHE_SIZE:
@@ -310,10 +335,24 @@ class ContinuationRenderer:
     def _suffix(self, shape: _Shape, new: list[dict[str, Any]], tools: Any, kwargs: Any) -> str | None:
         """The template's rendering of ``new`` + generation prompt after the synthetic base; None if the
         template rewrote the base for these contents."""
-        full = self._text([*shape.base, *new], tools if shape.suffix_needs_tools else None, kwargs, True)
+        try:
+            full = self._text([*shape.base, *new], tools if shape.suffix_needs_tools else None, kwargs, True)
+        except TemplateRefused:
+            return None
         if not full.startswith(shape.base_text):
             return None
         return full[len(shape.base_text) :]
+
+    def _after_reply(
+        self, messages: list[dict[str, Any]], n: int, tools: Any, kwargs: Any, response_ids: list[int]
+    ) -> str | None:
+        """history=sampled over a template that rewrites history: what it writes after the reply
+        (engine.reply_tail), less the stop token the sampled ids already end with; None: refused stand-ins."""
+        try:
+            tail = after_reply(lambda msgs, gen: self._text(msgs, tools, kwargs, gen), messages, n)
+        except TemplateRefused:  # refused on stand-ins: the full render says whether the real messages are
+            return None
+        return None if tail is None else self._glue(tail, response_ids)
 
     def _glue(self, close: str, response_ids: list[int]) -> str:
         """The part of the assistant closing the sampled ids do not already hold (their stop token)."""

@@ -4,11 +4,12 @@ the dev engine's OpenAI endpoint).
 Role: OpenAI's ``tool_choice`` other than auto/none must yield a tool call whose arguments are valid for
 the function's JSON schema. The caller asks the engine for constrained decoding with SGLang's
 ``ebnf`` sampling parameter (xgrammar syntax, SGLang's default grammar backend; the dev engine compiles it
-with the same library) of exactly one Hermes/Qwen block::
+with the same library) of exactly one call in the model family's markup (engine.tool_parsers.call_markup), by
+default the Hermes/Qwen block::
 
     <tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>
 
-that ``engine.chat.HermesToolCallParser`` parses.
+that the same family's parser (``engine.tool_parsers.tool_call_parser``) reads back.
 
 The call's JSON strings (values and keys) cannot hold a raw ``<``: every special or markup token of the
 Hermes/ChatML family starts with it (``<tool_call>``, ``</tool_call>``, ``<think>``, ``</think>``,
@@ -50,6 +51,7 @@ import re
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from engine.tool_parsers import call_markup
 from engine.validation import clip
 
 if TYPE_CHECKING:
@@ -126,8 +128,8 @@ def _parameters(fn: dict[str, Any], index: int) -> dict[str, Any]:
     return params
 
 
-def _call_grammar(fn: dict[str, Any], index: int) -> xgr.Grammar:
-    head = '<tool_call>\n{"name": ' + json.dumps(fn["name"]) + ', "arguments": '
+def _call_grammar(fn: dict[str, Any], index: int, parser: str) -> xgr.Grammar:
+    head, tail = call_markup(parser, fn["name"])
     args = schema_grammar(
         _parameters(fn, index), f"tools[{index}] ({fn['name']}) parameters", f"tools[{index}].function.parameters"
     )
@@ -135,7 +137,7 @@ def _call_grammar(fn: dict[str, Any], index: int) -> xgr.Grammar:
     return grammar.concat(
         grammar.from_ebnf("root ::= " + json.dumps(head)),
         args,
-        grammar.from_ebnf('root ::= "}\\n</tool_call>"'),
+        grammar.from_ebnf("root ::= " + json.dumps(tail)),
     )
 
 
@@ -163,8 +165,9 @@ def exclude_markup_from_strings(ebnf: str) -> str:
     return _STRING_CHARS.sub(lambda m: m.group(0) if "<" in m.group(1) else f"[^{m.group(1)}<]", ebnf)
 
 
-def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any) -> str | None:
-    """The ``ebnf`` source for ``tool_choice``, or None when the model chooses freely (auto/none/absent)."""
+def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any, parser: str = "qwen25") -> str | None:
+    """The ``ebnf`` source for ``tool_choice``, or None when the model chooses freely (auto/none/absent); the
+    call in the markup of tool-call parser ``parser``'s family (engine.tool_parsers.call_markup)."""
     if tool_choice in (None, "auto", "none"):
         return None
     indexed = [(i, t["function"]) for i, t in enumerate(tools or [])]
@@ -173,7 +176,7 @@ def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any) ->
         indexed = [(i, f) for i, f in indexed if f.get("name") == name]
         if not indexed:
             raise GrammarRefused(f"tool_choice names function {clip(name)}, which is not in tools", param="tool_choice")
-    grammars = [_call_grammar(f, i) for i, f in indexed]
+    grammars = [_call_grammar(f, i, parser) for i, f in indexed]
     grammar = grammars[0] if len(grammars) == 1 else _xgrammar().Grammar.union(*grammars)
     return exclude_markup_from_strings(json_bounded_strings(str(grammar)))
 

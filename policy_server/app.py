@@ -33,11 +33,13 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 
 from engine.chat import load_tokenizer
+from engine.chat_families import resolve_family
 from engine.errors import EngineError
 from engine.http_guard import (
     AdmissionMiddleware,
@@ -87,6 +89,16 @@ def create_app(settings: PolicySettings) -> FastAPI:
         async with contextlib.AsyncExitStack() as stack:
             log_settings(logger, settings, title="policy server")
             tokenizer = await asyncio.to_thread(load_tokenizer, settings.model_path)
+            if settings.chat_template is not None:
+                tokenizer.chat_template = await asyncio.to_thread(Path(settings.chat_template).read_text)
+            family = resolve_family(tokenizer, settings.tool_call_parser, settings.reasoning_parser)
+            logger.info(
+                "chat format: history=%s tool_call_parser=%s reasoning_parser=%s tool_call_ids=%s",
+                settings.history,
+                family.tool_call_parser,
+                family.reasoning_parser,
+                family.id_form,
+            )
             # First, so a broken --side-rules-file or --prm-config fails the startup before anything else is opened.
             try:
                 side_rules = SideRules.load(settings.side_rules_file)
@@ -156,6 +168,8 @@ def create_app(settings: PolicySettings) -> FastAPI:
                     max_prompt_tokens=settings.max_prompt_tokens or context_length(settings.model_path),
                     render_verify_tokens_per_turn=settings.render_verify_tokens_per_turn,
                     render_concurrency=settings.render_concurrency,
+                    history=settings.history,
+                    family=family,
                 ),
                 gate=gate,
                 # Settings forwarded by name (their likeness to other keyword constructors is incidental).

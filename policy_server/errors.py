@@ -11,7 +11,9 @@
     │   └── StoreBusy        503 the SQLite store could not be reached within its busy timeout
     └── UpstreamFailed       50x generation could not finish (wraps EngineError)
 
-``engine.errors`` are mapped here too (EngineUnavailable 503, EngineTimeout 504, EngineBadResponse 502,
+``engine.template_inputs.TemplateRefused`` (the model's chat template refused the conversation: its own
+``raise_exception``, a role or value it cannot render) is a 400 ``invalid_request_error`` with code
+``template_refused`` whose message quotes the template's complaint. ``engine.errors`` are mapped here too (EngineUnavailable 503, EngineTimeout 504, EngineBadResponse 502,
 EngineRejected 400), after the engine client's own retries. Every error body is OpenAI's
 ``{"error": {"message", "type", "param", "code"}}`` so the official client raises the right class; on the
 Anthropic Messages routes (``/v1/messages`` and every path under it, unknown ones included) it is Anthropic's
@@ -38,6 +40,7 @@ from engine.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
+from engine.template_inputs import TemplateRefused
 from engine.validation import ECHO_MAX_CHARS, bounded_message, describe_validation_errors
 
 logger = logging.getLogger(__name__)
@@ -202,6 +205,11 @@ def install_error_handlers(app: FastAPI) -> None:
         logger.warning("engine failure -> HTTP %d: %s", status, exc)
         kind = "invalid_request_error" if status == 400 else "upstream_error"
         return JSONResponse(error_body(status, f"policy engine: {exc.message}", kind), status_code=status)
+
+    @app.exception_handler(TemplateRefused)
+    async def _template(request: Request, exc: TemplateRefused) -> JSONResponse:
+        body = error_body(400, exc.message, "invalid_request_error", "messages", "template_refused")
+        return JSONResponse(body, status_code=400)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

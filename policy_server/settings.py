@@ -7,6 +7,7 @@ in a ``--config`` file (engine.cli_settings): flags > environment > config file 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -176,6 +177,26 @@ class PolicySettings(CliSettings):
     engine_deadline_s: float = Field(120.0, description="total time one engine call may take, retries included")
     engine_max_attempts: int = Field(5, description="tries of one engine call before it fails")
     max_resumes: int = Field(8, description="times a generation aborted by a weight update is resumed")
+    history: Literal["sampled", "template"] = Field(
+        "sampled",
+        description="how a continuing turn's history reaches the model: sampled (every earlier turn exactly as it "
+        "was sent and sampled, reasoning and tool-call markup included; only the new messages are rendered, in "
+        "the template's format) or template (the chat template renders the whole conversation each turn, as "
+        "the model card intends; it may drop earlier reasoning, so the sampled ids are re-tokenized). "
+        "docs/LONG_SESSIONS.md",
+    )
+    chat_template: str | None = Field(
+        None, description="a chat template file (.jinja) used instead of the one in model_path (SGLang --chat-template)"
+    )
+    tool_call_parser: (
+        Literal["qwen25", "hermes", "llama3", "mistral", "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss"] | None
+    ) = Field(
+        None, description="markup of the model's tool calls (SGLang's names); default: detected from the template"
+    )
+    reasoning_parser: Literal["qwen3", "deepseek-r1", "gpt-oss", "none"] | None = Field(
+        None,
+        description="markup of the model's reasoning (SGLang's names; none: no reasoning split); default: detected",
+    )
     render_verify_tokens_per_turn: int = Field(
         2048,
         ge=0,
@@ -249,6 +270,13 @@ class PolicySettings(CliSettings):
     def _split_urls(cls, v: object) -> object:
         if isinstance(v, str):
             return [u.strip() for u in v.split(",") if u.strip()]
+        return v
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_file(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"chat_template {v!r} is not a file")
         return v
 
     @field_validator("store_url")

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from engine.chat import parse_assistant_output, prompt_opens_think, render_prompt_ids
 from engine.dev_server.protocol import NEG_INF_LOGPROB, ProtocolError, build_meta, triples
 from engine.dev_server.service import sse
+from engine.template_inputs import TemplateRefused
 from engine.tool_grammar import GRAMMAR_KEYS, GrammarRefused, forced_tool_grammar
 from engine.validation import bounded_message, clip, most_specific_error
 
@@ -229,8 +230,8 @@ async def chat_completions(engine: DevEngine, body: Any) -> Any:
             req.tools if use_tools else None,
             chat_template_kwargs=req.chat_template_kwargs,
         )
-    except Exception as exc:  # jinja raises its own errors for messages the template cannot render
-        raise ChatError(f"cannot render the chat template: {exc}") from exc
+    except TemplateRefused as exc:  # the template's own complaint about these messages
+        raise ChatError(exc.message) from exc
     params = _sampling_params(req)
     forced = _forced_call_params(req, params)
     try:

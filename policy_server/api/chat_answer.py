@@ -32,7 +32,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from engine.chat import DEFAULT_REASONING_PARSER, DEFAULT_TOOL_PARSER, parse_assistant_output, prompt_opens_think
+from engine.chat import parse_assistant_output, prompt_opens_think
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
 from engine.errors import EngineError
 from policy_server.api import openai_fields as fields
@@ -82,8 +82,8 @@ class ChatReply:
         parsed = parse_assistant_output(
             res.text,
             opened=self.opened,
-            reasoning_parser=None if chat.forced else DEFAULT_REASONING_PARSER,
-            tool_parser=DEFAULT_TOOL_PARSER if self.parse_tools else None,
+            reasoning_parser=None if chat.forced else self.st.generator.reasoning_parser,
+            tool_parser=self.st.generator.tool_parser if self.parse_tools else None,
         )
         # A forced call cut short (max_tokens) is no call and no content: its markup never reaches the client.
         content = None if chat.forced and not parsed.tool_calls else parsed.content

@@ -130,10 +130,15 @@ def check_stream_options(req: ChatRequest) -> None:
 
 
 def apply_constraints(
-    extras: ChatExtras, sp: dict[str, Any], tools: list[dict[str, Any]] | None, tool_choice: Any
+    extras: ChatExtras,
+    sp: dict[str, Any],
+    tools: list[dict[str, Any]] | None,
+    tool_choice: Any,
+    tool_call_parser: str = "qwen25",
 ) -> bool:
-    """Set the engine grammar for a forced tool call or a JSON response format; True when a call is forced."""
-    forced = forced_tool_grammar(tools, tool_choice)
+    """Set the engine grammar for a forced tool call (in ``tool_call_parser``'s markup) or a JSON response
+    format; True when a call is forced."""
+    forced = forced_tool_grammar(tools, tool_choice, tool_call_parser)
     json_grammar = response_format_grammar(extras.response_format)
     if forced and json_grammar:
         raise InvalidRequest(

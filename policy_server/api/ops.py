@@ -31,7 +31,7 @@ async def models(request: Request) -> dict[str, Any]:
     return {
         "object": "list",
         "data": [
-            model_names.model_card(st.settings, name, created, st.gate.version)
+            model_names.model_card(st.settings, name, created, st.gate.version, st.generator.family)
             for name in model_names.served_models(st.settings)
         ],
     }
@@ -45,7 +45,9 @@ async def model(request: Request, model_id: str) -> dict[str, Any]:
     st = _state(request)
     require_client(request, st.settings)
     model_names.check_model(st.settings, model_id)
-    return model_names.model_card(st.settings, model_id, request.app.state.started_at_s, st.gate.version)
+    return model_names.model_card(
+        st.settings, model_id, request.app.state.started_at_s, st.gate.version, st.generator.family
+    )
 
 
 @router.get("/health", response_model=None, responses=ok(Health))

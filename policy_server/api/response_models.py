@@ -95,6 +95,9 @@ class ModelCard(_Closed):
     owned_by: str
     root: str  # the served model an alias stands for
     weight_version: str | None
+    history: Literal["sampled", "template"]  # how a continuing turn's history is rendered (docs/LONG_SESSIONS.md)
+    tool_call_parser: str  # the markup tool calls are read and forced in (SGLang's parser names)
+    reasoning_parser: str | None
 
 
 class ModelList(_Closed):

@@ -139,7 +139,7 @@ def _chat_input(
     oa.validate_tools(req.tools, req.tool_choice)
     extras = fields.parse_extras(body)
     sp = oa.sampling_params(req, st.settings.default_max_tokens, st.settings.default_temperature)
-    forced = fields.apply_constraints(extras, sp, req.tools, req.tool_choice)
+    forced = fields.apply_constraints(extras, sp, req.tools, req.tool_choice, st.generator.family.tool_call_parser)
     fields.apply_extras(
         extras,
         sp,

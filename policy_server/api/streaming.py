@@ -19,9 +19,11 @@ and the turn record holds what the client was sent. Rules:
   streams as ``reasoning_content`` deltas; text after ``</think>`` streams as ``content`` (its leading
   newlines dropped, as the parser does). Once content has been sent, nothing is ever sent as reasoning: a
   stray ``</think>`` later in the reply is content.
-- With tool parsing on, content streams until a ``<tool_call>`` tag; from there the text is held and, at the
-  end, the parsed tool calls are sent as complete ``tool_calls`` deltas (name and arguments in one delta per
-  call). With it off (``tool_choice: "none"``) a ``<tool_call>`` is text like any other.
+- With tool parsing on, content streams until the family's call marker (``<tool_call>``, ``[TOOL_CALLS]``...;
+  the generator's parser, engine.tool_parsers); from there the text is held and, at the end, the parsed tool
+  calls are sent as complete ``tool_calls`` deltas (name and arguments in one delta per call). A Llama 3 reply
+  that opens as bare JSON and a gpt-oss reply (its channels) are held whole. With parsing off
+  (``tool_choice: "none"``) a call marker is text like any other.
 - A trailing partial tag (``</thi``) or trailing whitespace is held back until the next text shows
   what it is, so no marker fragment ever reaches the client.
 - ``finish()`` reconciles with the full parse: any content the parser keeps that was not streamed yet
@@ -36,14 +38,21 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.chat import DEFAULT_TOOL_PARSER, parse_assistant_output
+from engine.chat import (
+    DEFAULT_REASONING_PARSER,
+    DEFAULT_TOOL_PARSER,
+    ReasoningParser,
+    ThinkReasoningParser,
+    ToolCallParser,
+    parse_assistant_output,
+)
 from engine.errors import EngineError
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
 from policy_server.errors import PolicyError, engine_error_status, error_body
 from policy_server.serving.chat_turn import ChatTurn
 
-THINK_OPEN, THINK_CLOSE, TOOL_OPEN = "<think>", "</think>", "<tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 def _partial_tag_len(text: str, tag: str) -> int:
@@ -58,8 +67,24 @@ class StreamSplitter:
     """``opened``: the prompt left a ``<think>`` block open (engine.chat.prompt_opens_think); ``parse_tools``:
     ``<tool_call>`` blocks become tool calls."""
 
-    def __init__(self, *, opened: bool = False, parse_tools: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        opened: bool = False,
+        parse_tools: bool = True,
+        tool_parser: ToolCallParser = DEFAULT_TOOL_PARSER,
+        reasoning_parser: ReasoningParser | None = DEFAULT_REASONING_PARSER,
+    ) -> None:
         self.opened, self.parse_tools = opened, parse_tools
+        self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
+        # Where a call starts in this family's markup: from there the text is held until the end.
+        self.tool_open = tool_parser.open_tag
+        # A family whose calls may be the whole reply as bare JSON (Llama 3): a reply that starts so is held.
+        self.bare_calls: bool = getattr(tool_parser, "bare_start", False)
+        # Only <think> blocks are split while streaming; a reply in other reasoning markup (gpt-oss's channels)
+        # is held and split at the end, so no markup reaches the client as text.
+        self.thinks = isinstance(reasoning_parser, ThinkReasoningParser)
+        self.hold_all = reasoning_parser is not None and not self.thinks
         self.buf = ""
         self.pos = 0
         self.mode = "start"  # start | think | content | tool
@@ -76,7 +101,11 @@ class StreamSplitter:
             progressed = False
             if self.mode == "start":
                 head = self.buf.lstrip()
-                if head.startswith(THINK_OPEN):
+                if self.hold_all:
+                    self.mode = "tool"
+                elif not self.thinks:
+                    self.mode, progressed = ("tool" if self.held_as_call(head) else "content"), bool(head)
+                elif head.startswith(THINK_OPEN):
                     self.pos = len(self.buf) - len(head) + len(THINK_OPEN)
                     self.mode, progressed = "think", True
                 elif head and not THINK_OPEN.startswith(head):
@@ -90,14 +119,21 @@ class StreamSplitter:
                 else:
                     self._emit_safe(out, "reasoning", THINK_CLOSE)
             elif self.mode == "content":
-                idx = self.buf.find(TOOL_OPEN, self.pos) if self.parse_tools else -1
+                if not self.content and self.held_as_call(self.buf[self.pos :].lstrip()):
+                    self.mode = "tool"
+                    continue
+                idx = self.buf.find(self.tool_open, self.pos) if self.parse_tools else -1
                 if idx >= 0:
                     self._emit(out, "content", self.buf[self.pos : idx].rstrip())
                     self.pos = idx
                     self.mode = "tool"
                 else:
-                    self._emit_safe(out, "content", TOOL_OPEN if self.parse_tools else "")
+                    self._emit_safe(out, "content", self.tool_open if self.parse_tools else "")
         return out
+
+    def held_as_call(self, head: str) -> bool:
+        """A reply (after its reasoning) that opens as bare JSON in a family whose calls may be bare JSON."""
+        return self.parse_tools and self.bare_calls and head.startswith("{")
 
     def _emit_safe(self, out: list[tuple[str, str]], kind: str, tag: str) -> None:
         tail = self.buf[self.pos :]
@@ -128,7 +164,10 @@ class StreamSplitter:
     def finish(self) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
         """The last deltas and the tool calls, consistent with parse_assistant_output(full text)."""
         final = parse_assistant_output(
-            self.buf, opened=self.opened, tool_parser=DEFAULT_TOOL_PARSER if self.parse_tools else None
+            self.buf,
+            opened=self.opened,
+            reasoning_parser=self.reasoning_parser,
+            tool_parser=self.tool_parser if self.parse_tools else None,
         )
         out: list[tuple[str, str]] = []
         reasoning = final.reasoning_content or ""
@@ -224,7 +263,13 @@ async def sse_events(
             for k, t in pairs
         ]
 
-    splitter = StreamSplitter(opened=stream.opened, parse_tools=parse_tools)
+    gen = turn.st.generator
+    splitter = StreamSplitter(
+        opened=stream.opened,
+        parse_tools=parse_tools,
+        tool_parser=gen.tool_parser,
+        reasoning_parser=None if forced_call else gen.reasoning_parser,
+    )
     delivered = False
     try:
         try:

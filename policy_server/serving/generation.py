@@ -42,9 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.chat_families import DEFAULT_FAMILY, ChatFamily
 from engine.client import EngineClient
 from engine.continuation import ContinuationRenderer, PriorTurn, Rendered
 from engine.errors import EngineBadResponse
+from engine.tool_parsers import reasoning_parser, tool_call_parser
 from policy_server.errors import InvalidRequest, ServiceUnavailable
 from policy_server.serving.weight_sync import WeightGate
 
@@ -189,6 +191,8 @@ class Generator:
         max_prompt_tokens: int | None = None,
         render_verify_tokens_per_turn: int = 2048,
         render_concurrency: int = DEFAULT_RENDER_CONCURRENCY,
+        history: str = "sampled",
+        family: ChatFamily = DEFAULT_FAMILY,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -197,7 +201,12 @@ class Generator:
         self.deadline_s = deadline_s
         self.max_prompt_tokens = max_prompt_tokens
         self._max_token_chars = longest_token_chars(tokenizer) if max_prompt_tokens else 1
-        self.renderer = ContinuationRenderer(tokenizer, verify_tokens_per_turn=render_verify_tokens_per_turn)
+        self.renderer = ContinuationRenderer(
+            tokenizer, verify_tokens_per_turn=render_verify_tokens_per_turn, history=history
+        )
+        self.family = family  # the template's tool-call/reasoning markup and tool-call id form
+        self.tool_parser = tool_call_parser(family.tool_call_parser, family.id_form)
+        self.reasoning_parser = reasoning_parser(family.reasoning_parser)
         # Bounds the renders in worker threads (each holds its prompt's text and ids while it runs); the
         # rest wait here, on the event loop, without holding a thread or memory.
         self._render_slots = asyncio.Semaphore(render_concurrency)

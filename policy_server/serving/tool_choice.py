@@ -19,10 +19,11 @@ from policy_server.errors import InvalidRequest
 __all__ = ["exclude_markup_from_strings", "forced_tool_grammar", "response_format_grammar"]
 
 
-def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any) -> str | None:
-    """The ``ebnf`` source for ``tool_choice``, or None when the model chooses freely (auto/none/absent)."""
+def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any, parser: str = "qwen25") -> str | None:
+    """The ``ebnf`` source for ``tool_choice`` in tool-call parser ``parser``'s markup, or None when the model
+    chooses freely (auto/none/absent)."""
     try:
-        return tool_grammar.forced_tool_grammar(tools, tool_choice)
+        return tool_grammar.forced_tool_grammar(tools, tool_choice, parser)
     except GrammarRefused as exc:
         raise InvalidRequest(exc.message, param=exc.param) from None
 

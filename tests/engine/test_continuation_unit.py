@@ -144,8 +144,15 @@ def test_thinking_off_rewrites_history_in_the_tiny_template(tok: Any) -> None:
     resp = tok.encode("yo", add_special_tokens=False) + [_eos(tok)]
     msgs = [*m, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]
     out = r.render(msgs, None, kw, PriorTurn(m, None, kw, p, resp))
-    assert out.reason == cont.TEMPLATE_REWRITES_HISTORY
-    assert out.ids == render_prompt_ids(tok, msgs, chat_template_kwargs=kw)
+    # history=sampled: the previous prompt (its empty block included) and the sampled ids stay; the new
+    # message follows in the template's words.
+    assert out.reason == cont.CONTINUED_OVER_REWRITE
+    assert out.ids == p + resp + tok.encode(
+        "\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", add_special_tokens=False
+    )
+    assert out.ids != render_prompt_ids(tok, msgs, chat_template_kwargs=kw)  # the template's render drops it
+    full = ContinuationRenderer(tok, history="template").render(msgs, None, kw, PriorTurn(m, None, kw, p, resp))
+    assert (full.reason, full.ids) == (cont.HISTORY_TEMPLATE, render_prompt_ids(tok, msgs, chat_template_kwargs=kw))
 
 
 # A template of the Qwen3 kind: past replies lose their reasoning once a new user message follows them.
@@ -173,7 +180,8 @@ def test_a_template_that_drops_past_reasoning_is_detected(tok: Any) -> None:
     reply = {"role": "assistant", "content": "call", "reasoning_content": "hmm"}
     prior = PriorTurn(m, None, None, p, resp)
     user_next = r.render([*m, reply, {"role": "user", "content": "again"}], None, None, prior)
-    assert user_next.reason == cont.TEMPLATE_REWRITES_HISTORY
+    assert user_next.reason == cont.CONTINUED_OVER_REWRITE  # the reasoning stays in the sampled ids
+    assert user_next.ids == p + resp + t.encode("\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n")
     tool_next = r.render([*m, reply, {"role": "tool", "content": "42"}], None, None, prior)
     assert tool_next.reason == cont.CONTINUED  # a tool result keeps the reasoning: append-only there
 
@@ -204,10 +212,10 @@ def test_verification_catches_what_the_probe_cannot_and_turns_the_shape_off(tok:
     assert unverified.reason == cont.CONTINUED  # the probe's short synthetic conversation does not show it
     r = ContinuationRenderer(t, verify_tokens_per_turn=ALWAYS)
     out = r.render(msgs, None, None, prior)
-    assert out.reason == cont.VERIFY_MISMATCH
-    assert out.ids == render_prompt_ids(t, msgs)
+    # The mismatch is seen; history=sampled keeps the sampled ids and renders the new message after them.
+    assert out.reason == cont.CONTINUED_OVER_REWRITE and out.ids == unverified.ids
     r.verify_tokens_per_turn = 0
-    assert r.render(msgs, None, None, prior).reason == cont.TEMPLATE_REWRITES_HISTORY  # remembered
+    assert r.render(msgs, None, None, prior).reason == cont.CONTINUED_OVER_REWRITE  # remembered: shape off
 
 
 def test_suffix_cost_does_not_depend_on_history_length(tok: Any) -> None:

@@ -4,7 +4,7 @@ A session's continuing turn is sent to the engine as the previous turn's exact p
 ids, then only the new messages rendered; the engine's prefix cache then reuses everything up to the new
 messages (``usage.prompt_tokens_details.cached_tokens``). Every continued prompt is also checked against the
 template's full render (``--render-verify-tokens-per-turn`` large enough for every turn). A template that rewrites history (thinking off in the
-tiny template) takes the full render and is counted.
+tiny template) keeps the sampled ids too (history=sampled) and is counted apart.
 """
 
 from __future__ import annotations
@@ -98,20 +98,23 @@ def test_a_session_is_token_continuous_and_hits_the_prefix_cache(verifying_polic
     assert first is not None and first["prompt_ids"] == render_prompt_ids(tok, first["messages"], TOOLS)
 
 
-def test_a_template_that_rewrites_history_takes_the_full_render(verifying_policy, tiny_model_dir):
-    """Thinking off: the generation prompt holds an empty think block the template drops from past replies."""
+def test_a_template_that_rewrites_history_keeps_the_sampled_ids(verifying_policy, tiny_model_dir):
+    """Thinking off: the generation prompt holds an empty think block the template drops from past replies.
+    history=sampled (the default) keeps it and the sampled ids; the template's own render would not."""
     store = Store(verifying_policy.log_path.parent / "data")
     tok = load_tokenizer(str(tiny_model_dir))
     messages: list[dict] = [{"role": "user", "content": "check the docs"}]
-    before = _metric(verifying_policy, "template_rewrites_history")
+    before = _metric(verifying_policy, "continued_over_rewrite")
     with client(verifying_policy.url) as c:
         out = _turn(c, messages, "rewrites", reasoning_effort="none")
         messages += [dict(out["choices"][0]["message"]), {"role": "user", "content": "and the tests"}]
         _turn(c, messages, "rewrites", reasoning_effort="none")
-    assert _metric(verifying_policy, "template_rewrites_history") - before == 1
-    second = store.get_turn("rewrites", 1)
-    assert second is not None
-    assert second["prompt_ids"] == render_prompt_ids(
+    assert _metric(verifying_policy, "continued_over_rewrite") - before == 1
+    first, second = store.get_turn("rewrites", 0), store.get_turn("rewrites", 1)
+    assert first is not None and second is not None
+    kept = first["prompt_ids"] + first["response_ids"]
+    assert second["prompt_ids"][: len(kept)] == kept
+    assert second["prompt_ids"] != render_prompt_ids(
         tok, second["messages"], chat_template_kwargs={"enable_thinking": False}
     )
 

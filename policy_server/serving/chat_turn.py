@@ -1,7 +1,7 @@
 """One chat turn from a validated request to its record: session, render, generation, record, cleanup.
 
 :meth:`ChatTurn.begin` takes a :class:`ChatInput` (validated by the API layer) and does what must happen
-before generating: the backlog check (a main turn is refused with 503 while the store holds too many
+before generating: the backlog check (a main turn is refused with 429 while the store holds too many
 unconsumed samples), the session's arrival (or the inferred session's claim) and the prompt's render. A
 render that fails still writes the pairing the request owes. The API layer (policy_server.api.chat_answer)
 then generates through ``st.generator`` with the turn's ``prompt_ids``, ``sp`` and ``res``, and answers as
@@ -61,7 +61,7 @@ class ChatInput:
 
 
 async def check_backlog(st: PolicyState) -> None:
-    """Backpressure (503) while the store holds ``max_unconsumed_samples`` or more unconsumed samples."""
+    """Backpressure (429 with Retry-After) while the store holds ``max_unconsumed_samples`` or more unconsumed samples."""
     value, at = st.backlog_cache
     if time.monotonic() - at > 1.0:  # one COUNT per second at most, not per request
         value = float(await asyncio.to_thread(st.store.unconsumed_backlog))

@@ -32,7 +32,7 @@ class JudgeSettings(CliSettings):
 
     # --- service
     host: str = Field("127.0.0.1", description="address to listen on; beyond loopback an api_key is required")
-    port: int = Field(8100, description="port to listen on")
+    port: int = Field(30200, description="port to listen on (launch/judge.sh's JUDGE_PORT)")
     api_key: str | None = Field(
         None, description="bearer key for /v1/*, /get_reward and /slime/*; /health, /ready and /metrics stay open"
     )

@@ -119,7 +119,6 @@ CANDIDATES: dict[str, list[str]] = {
     "min1-running-e2": ["--min-batch", "1", "--baseline", "running_mean", "--ppo-epochs", "2"],
     "min1-running-e2m2": ["--min-batch", "1", "--baseline", "running_mean", "--ppo-epochs", "2", "--minibatches", "2"],
     "min4-running-e2": ["--min-batch", "4", "--baseline", "running_mean", "--ppo-epochs", "2"],
-    # Candidates differ in one or two flags on purpose: each row is one setting the closed loop compares.
     "min1-running-e2-stale1": [
         "--min-batch",
         "1",

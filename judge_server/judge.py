@@ -142,7 +142,6 @@ class JudgeService:
         self.openai: OpenAIVotes | None = None
         if settings.backend == "openai":
             assert client is not None and settings.model
-            # Settings forwarded by name (their likeness to other keyword constructors is incidental).
             self.openai = OpenAIVotes(
                 client,
                 model=settings.model,
@@ -281,28 +280,20 @@ class JudgeService:
                 reason=result.reason,
                 usage=usage,
             )
-        if result.status == STATUS_FAILED:
-            return HintVerdict.wire(
-                accepted=False,
-                hint=None,
-                votes=result.votes,
-                status=STATUS_FAILED,
-                reason=result.reason,
-                vote_status=result.status,
-                usage=usage,
+        failed = result.status == STATUS_FAILED
+        hint = None
+        if not failed:  # a failed round has no votes to select a hint from
+            hint = select_hint(
+                result.samples,
+                result,
+                min_chars=self.settings.hint_min_chars,
+                require_majority=self.settings.hint_require_majority,
             )
-        hint = select_hint(
-            result.samples,
-            result,
-            min_chars=self.settings.hint_min_chars,
-            require_majority=self.settings.hint_require_majority,
-        )
-        # The failed verdict above and this one share their fields by design: both are one HintVerdict.
         return HintVerdict.wire(
             accepted=hint is not None,
             hint=hint,
             votes=result.votes,
-            status=STATUS_OK,
+            status=STATUS_FAILED if failed else STATUS_OK,
             reason=result.reason,
             vote_status=result.status,
             usage=usage,

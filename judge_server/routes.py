@@ -206,7 +206,6 @@ async def openrlhf_reward(
     return openrlhf_reply(results, _failed_reward(service, failed_reward))
 
 
-# Each compat route declares its own body and reply models (alike by design: one route per trainer's protocol).
 @router.post(
     "/slime/reward",
     dependencies=compat_guarded,

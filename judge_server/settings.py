@@ -24,7 +24,6 @@ DEFAULT_POSITIVE = ["thanks", "thank you", "worked", "works", "great", "perfect"
 DEFAULT_NEGATIVE = ["wrong", "not what", "redo", "incorrect", "error", "failed", "no,"]
 
 
-# Every field repeats the Field(default, bounds, description) form by design: one documented flag each.
 class JudgeSettings(CliSettings):
     """Resolved configuration of the judge service; names carry units (``_s``, ``_tokens``, ``_chars``)."""
 

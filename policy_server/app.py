@@ -158,7 +158,6 @@ def create_app(settings: PolicySettings) -> FastAPI:
                     render_concurrency=settings.render_concurrency,
                 ),
                 gate=gate,
-                # Settings forwarded by name (their likeness to other keyword constructors is incidental).
                 weight_sync=WeightSync(
                     workers,
                     gate,

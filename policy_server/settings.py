@@ -17,7 +17,6 @@ from engine.sample_values import TEACHER_TEMPERATURE
 from engine.security import check_exposure
 
 
-# Every field repeats the Field(default, bounds, description) form by design: one documented flag each.
 class PolicySettings(CliSettings):
     """Resolved configuration; names carry units (``_s``, ``_bytes``)."""
 

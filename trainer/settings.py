@@ -33,7 +33,6 @@ ADVANTAGE_MODES = ("sample", "rl", "opd", "combine", "prm_gated_opd", "multiplic
 UNBOUNDED_STEPS = sys.maxsize  # what ``--steps 0`` (until stopped) resolves to
 
 
-# Every field repeats the Field(default, bounds, description) form by design: one documented flag each.
 class TrainConfig(CliSettings):
     """Resolved trainer configuration (frozen); names carry units (``_s``)."""
 

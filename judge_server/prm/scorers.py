@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from judge_server.prm.config import PRMConfig
 
 
-# Its judge() repeats JudgeClient.judge's signature on purpose: any client or user object with it will do.
 class VerdictSource(Protocol):
     """What LLMJudgeScorer asks of a judge client: ``judge_server.client.JudgeClient``, or a user's object with
     the same ``judge`` (sync or async, answering a ``JudgeVerdicts`` or its wire JSON)."""

@@ -148,7 +148,6 @@ def _chat_input(
         tools=bool(req.tools) and req.tool_choice != "none",
         behind_router=st.settings.engine_url not in st.settings.engine_worker_urls,
     )
-    # Fields handed over by name (their likeness to other keyword constructors is incidental).
     turn = ChatInput(
         messages=messages,
         tools=req.tools,

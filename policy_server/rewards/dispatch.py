@@ -98,7 +98,6 @@ def is_constrained(turn: dict[str, Any]) -> bool:
 class TurnPipeline(Protocol):
     """What the dispatcher needs of the reward pipeline (policy_server.rewards.modes.RewardPipeline)."""
 
-    # RewardPipeline.process's signature on purpose (modes.py): the dispatcher hands each paired turn to it.
     async def process(
         self,
         turn: PipelineTurn,
@@ -112,7 +111,6 @@ class TurnPipeline(Protocol):
 class Dispatcher:
     """Polls the store for pending_judge samples; woken early by :meth:`wake`."""
 
-    # Keyword-only settings by name (their likeness to other constructors' parameter lists is incidental).
     def __init__(
         self,
         store: SampleStore,

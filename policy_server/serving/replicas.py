@@ -41,7 +41,6 @@ logger = logging.getLogger(__name__)
 class ReplicaSync:
     """Follows the shared reward mode and weight-sync pause (see the module docstring)."""
 
-    # Keyword-only collaborators (the likeness to other constructors' signatures is incidental).
     def __init__(
         self,
         store: SampleStore,

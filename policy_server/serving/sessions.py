@@ -370,7 +370,6 @@ class SessionTracker:
             if r is None:
                 return
             async with self._lock(arrival.session_id):
-                # Store.resolve_turn's arguments, forwarded from the resolution (alike to the store's own call by design).
                 sample_id = await asyncio.to_thread(
                     self.store.resolve_turn,
                     arrival.session_id,

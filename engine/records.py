@@ -378,7 +378,7 @@ class Sample(_Record):
     turn_index: int | None = None
     created_at: float | None = None
     constrained: bool = False
-    # Explicit feedback applied to this sample (policy_server.rewards.feedback): {value, text, policy,
+    # Explicit feedback applied to this sample (policy_server.store.feedback_rule): {value, text, policy,
     # judge_reward, count}; absent when the turn got none.
     feedback: dict[str, Any] | None = None
 

@@ -21,14 +21,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from engine.records import STATUS_FAILED, STATUS_TIE, JudgeVerdicts
-from judge_server.prm.scorer import BaseScorer
+from judge_server.prm.scorer import BaseScorer, PRMConfigView
 from judge_server.prm.types import Interaction, PRMMetricObservation, PRMScorerResult, RawReward, thaw
-
-if TYPE_CHECKING:
-    from judge_server.prm.config import PRMConfig
 
 
 class VerdictSource(Protocol):
@@ -121,7 +118,7 @@ class LLMJudgeScorer(BaseScorer):
             )
             self._owns_client = True
 
-    def validate_prm_config(self, config: PRMConfig, *, training_enabled: bool) -> None:
+    def validate_prm_config(self, config: PRMConfigView, *, training_enabled: bool) -> None:
         if training_enabled and config.advantage_shaping.mode == "process_weighted" and self.reward_range != "unit":
             raise ValueError(
                 "llm_judge scores are in [-1, 1]; process_weighted shaping needs kwargs.reward_range: unit"

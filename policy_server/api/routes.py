@@ -168,7 +168,7 @@ def _chat_input(
 @router.post(
     "/v1/chat/completions",
     openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": oa.chat_request_schema()}}}
+        "requestBody": {"required": True, "content": {"application/json": {"schema": fields.chat_request_schema()}}}
     },
     responses=oa.CHAT_RESPONSES,
 )

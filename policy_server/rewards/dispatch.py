@@ -72,9 +72,9 @@ from engine.tool_grammar import is_constrained as grammar_constrained
 from engine.validation import describe_validation_errors
 from judge_server.errors import JudgeUnavailable
 from policy_server.errors import StoreBusy
-from policy_server.rewards.feedback import applicable, apply_feedback
 from policy_server.rewards.scoring import PRMScoring, apply_outcome, held_outcomes
 from policy_server.store import SampleStore
+from policy_server.store.feedback_rule import applicable, apply_feedback
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class Dispatcher:
     ):
         """``concurrency`` .. ``claim_s``: the ``dispatch_*`` settings of PolicySettings (defaults live there);
         ``poll_s``: how often the store is polled when nothing wakes the dispatcher; ``feedback_policy`` /
-        ``feedback_hint``: how explicit feedback combines with the verdict (policy_server.rewards.feedback);
+        ``feedback_hint``: how explicit feedback combines with the verdict (policy_server.store.feedback_rule);
         ``at_least_one``: the setting, for feedback settled after judging (the store re-runs the rule)."""
         self.store = store
         self.owner = owner

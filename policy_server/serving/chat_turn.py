@@ -29,8 +29,8 @@ from policy_server.serving.generation import GenResult
 from policy_server.serving.identity import HEADER, INFERRED, Identity, SessionHint
 from policy_server.serving.sessions import Arrival
 from policy_server.serving.side_rules import HEADER_RULE
+from policy_server.serving.turn_state import ServingState
 from policy_server.serving.undelivered import abandon_detached, engine_failed
-from policy_server.state import PolicyState
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class ChatInput:
     transcript: list[dict[str, Any]] | None = None
 
 
-async def check_backlog(st: PolicyState) -> None:
+async def check_backlog(st: ServingState) -> None:
     """Backpressure (429 with Retry-After) while the store holds ``max_unconsumed_samples`` or more unconsumed samples."""
     value, at = st.backlog_cache
     if time.monotonic() - at > 1.0:  # one COUNT per second at most, not per request
@@ -126,7 +126,7 @@ class ChatTurn:
 
     def __init__(
         self,
-        st: PolicyState,
+        st: ServingState,
         chat: ChatInput,
         *,
         sid: str | None,
@@ -149,7 +149,7 @@ class ChatTurn:
         self.record_task: asyncio.Task[int] | None = None  # the turn record on its way into the store
 
     @classmethod
-    async def begin(cls, st: PolicyState, chat: ChatInput) -> ChatTurn:
+    async def begin(cls, st: ServingState, chat: ChatInput) -> ChatTurn:
         """Side rules, backlog check, the session (policy_server.serving.identity) and the render: the turn,
         ready to generate."""
         hint = chat.hint or (SessionHint(chat.sid, HEADER) if chat.sid is not None else SessionHint(None, INFERRED))

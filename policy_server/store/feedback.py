@@ -2,7 +2,7 @@
 
 Role (a Store role class): ``POST /v1/feedback`` (policy_server.api.feedback) writes here; the judge
 dispatcher reads a turn's feedback when it judges the turn and settles what arrived meanwhile. The
-decision itself is pure (policy_server.rewards.feedback); this module decides WHEN it applies:
+decision itself is pure (policy_server.store.feedback_rule); this module decides WHEN it applies:
 
 - the turn has no sample yet or its sample is ``pending_judge``: the feedback is ``pending`` and the
   dispatcher applies it with the judge's outcome (:meth:`turn_feedback`, then :meth:`settle_feedback` for
@@ -16,7 +16,7 @@ Settling a feedback also records the sign of the judge's PRM verdict on its turn
 sample's state, and keeps the at-least-one rule: feedback that makes a sample included marks its session as
 having one; feedback that excludes a session's last included sample re-runs the rule, in the same
 transaction (the session row is locked after the sample's, so concurrent feedback on one session is serialised):
-the earliest promotable turn (policy_server.rewards.feedback.promotable) becomes ``ready`` with reward 0.0;
+the earliest promotable turn (policy_server.store.feedback_rule.promotable) becomes ``ready`` with reward 0.0;
 without one, the session's flag is cleared so the dispatcher promotes the next neutral turn it judges.
 Leased and consumed samples are never changed, and count as included.
 
@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.records import SampleState as S
-from policy_server.rewards.feedback import (
+from policy_server.store.base import StoreDB, dump_json
+from policy_server.store.feedback_rule import (
     PROMOTABLE,
     applicable,
     apply_feedback,
@@ -49,7 +50,6 @@ from policy_server.rewards.feedback import (
     promote,
     value_sign,
 )
-from policy_server.store.base import StoreDB, dump_json
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from policy_server.errors import RETRY_AFTER_S, install_error_handlers
 from policy_server.serving.chat_turn import check_backlog
-from policy_server.state import PolicyState
+from policy_server.serving.turn_state import ServingState
 
 pytestmark = pytest.mark.unit
 
@@ -54,7 +54,7 @@ async def _refusal(st: Any) -> httpx.Response:
 
     @app.post("/v1/chat/completions")
     async def turn() -> dict[str, str]:
-        await check_backlog(cast(PolicyState, st))
+        await check_backlog(cast(ServingState, st))
         return {"ok": "yes"}
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:

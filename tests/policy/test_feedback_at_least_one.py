@@ -1,6 +1,6 @@
 """Late explicit feedback and the at-least-one rule, and the judge/feedback agreement read (both backends).
 
-Contract (policy_server.store.feedback, policy_server.rewards.feedback): feedback that excludes a session's
+Contract (policy_server.store.feedback, policy_server.store.feedback_rule): feedback that excludes a session's
 last included sample re-runs the rule in its own transaction: the session's earliest turn with a neutral PRM
 verdict (``prm_neutral``, ``prm_tie``, ``no_signal`` over a neutral verdict; rl or combine) becomes ``ready``
 with reward 0.0; ``no_valid_votes``, defects, ``degenerate: ...`` and ``feedback_*`` turns never do; a leased
@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from engine.records import RejectReason as R
-from policy_server.rewards.feedback import judge_sign, promotable, promote, value_sign
+from policy_server.store.feedback_rule import judge_sign, promotable, promote, value_sign
 from tests.policy.test_feedback_store import _prm, _record, _sample
 
 pytestmark = pytest.mark.unit

@@ -1,7 +1,7 @@
 """Explicit feedback: the pure policy rules and their application in the store (both backends).
 
-Contract (policy_server.rewards.feedback, policy_server.store.feedback): override / average / gate combine a
-feedback value with the judge's stored PRM verdict; feedback on a turn not judged yet stays ``pending``;
+Contract (policy_server.rewards.feedback, policy_server.store.feedback_rule, policy_server.store.feedback):
+override / average / gate combine a feedback value with the judge's stored PRM verdict; feedback on a turn not judged yet stays ``pending``;
 on a ready or reward-rejected sample it applies at once (a rejected one may become ready); on a leased one
 it is ``late`` and changes nothing; the same idempotency key twice is one feedback; the key reused on
 another turn is a conflict; the response id recorded with the turn finds it.
@@ -14,14 +14,9 @@ import math
 import pytest
 
 from engine.records import RejectReason as R
-from policy_server.rewards.feedback import (
-    InvalidFeedback,
-    apply_feedback,
-    combined_reward,
-    feedback_value,
-    judge_reward,
-)
+from policy_server.rewards.feedback import InvalidFeedback, feedback_value
 from policy_server.store import FeedbackConflict
+from policy_server.store.feedback_rule import apply_feedback, combined_reward, judge_reward
 
 pytestmark = pytest.mark.unit
 

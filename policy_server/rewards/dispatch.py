@@ -65,6 +65,8 @@ from engine.records import (
     RejectReason,
     Sample,
     SampleJSON,
+    Turn,
+    TurnRecord,
 )
 from engine.records import SampleState as S
 from engine.sample_values import value_problem
@@ -83,7 +85,7 @@ logger = logging.getLogger(__name__)
 _RETRYABLE: tuple[type[BaseException], ...] = (EngineUnavailable, EngineTimeout, JudgeUnavailable)
 
 
-def is_constrained(turn: dict[str, Any]) -> bool:
+def is_constrained(turn: TurnRecord) -> bool:
     """Whether the turn was sampled under a decoding constraint (a forced tool call: ``ebnf``; a JSON
     response format: ``json_schema``).
 
@@ -92,7 +94,7 @@ def is_constrained(turn: dict[str, Any]) -> bool:
     so; turns recorded before that flag existed are recognised by their sampling params, by the same rule
     (engine.tool_grammar.is_constrained) that set the flag.
     """
-    return bool(turn.get("constrained")) or grammar_constrained(turn.get("sampling_params") or {})
+    return turn.constrained or grammar_constrained(turn.sampling_params or {})
 
 
 class TurnPipeline(Protocol):
@@ -321,9 +323,9 @@ class Dispatcher:
         try:
             result = await self.pipeline.process(
                 pipeline_turn,
-                turn["next_state"],
+                turn.next_state,
                 session_has_included=bool(session["has_included"]),
-                session_done=turn["session_done"],
+                session_done=turn.session_done,
             )
         except _RETRYABLE as exc:
             return await self._retry_later(job, f"{type(exc).__name__}: {exc}")
@@ -424,14 +426,17 @@ class Dispatcher:
         return False
 
 
-def _sample_json(fields: SampleJSON, turn: dict[str, Any], sample_id: str) -> SampleJSON:
+def _sample_json(fields: SampleJSON, turn: Turn, sample_id: str) -> SampleJSON:
     """The stored Sample's JSON: the pipeline's fields, then the turn's (:data:`SAMPLE_TURN_KEYS`), then its
     origin (:data:`SAMPLE_ORIGIN_KEYS`): the :class:`~engine.records.Sample` field order. The origin's
-    session, index and time are the turn's; the id is the sample row's, ``constrained`` :func:`is_constrained`."""
-    origin = {**turn, "sample_id": sample_id, "constrained": is_constrained(turn)}
+    session, index and time are the turn's; the id is the sample row's, ``constrained`` :func:`is_constrained`.
+    A field the stored record lacks is null in the Sample (the trainer sets such a sample aside), not its
+    empty default: hence the turn's JSON, which keeps absent keys absent."""
+    recorded = turn.to_json()
+    origin = {**recorded, "sample_id": sample_id, "constrained": is_constrained(turn)}
     return {
         **fields,
-        **{k: turn.get(k) for k in SAMPLE_TURN_KEYS},
+        **{k: recorded.get(k) for k in SAMPLE_TURN_KEYS},
         **{k: origin[k] for k in SAMPLE_ORIGIN_KEYS},
     }
 

@@ -83,13 +83,14 @@ def turn_record(
     template_kwargs: dict[str, Any] | None,
     response_id: str | None = None,
     identity: Identity | None = None,
-) -> dict[str, Any]:
-    """The turn's :class:`~engine.records.TurnRecord` JSON, as the store persists it; ``response_id`` is the
+) -> TurnRecord:
+    """The turn's :class:`~engine.records.TurnRecord`, as the store persists it; ``response_id`` is the
     id the client got for the reply (explicit feedback names the turn by it).
 
     The two fields that grow with the history are validated where they are made, the request's messages by
     the API layer and the prompt ids by the renderer: the record is validated with an empty stand-in of each
-    and carries the originals, so a 30k-token turn is not walked twice more (validation and dump)."""
+    and then carries the originals (a copy with an update is not validated again), so a 30k-token turn is not
+    walked once more by validation."""
     record = TurnRecord(
         chat_template_kwargs=template_kwargs,  # the teacher renders its prompt the same way
         messages=[],
@@ -111,9 +112,8 @@ def turn_record(
         response_id=response_id,
         session_rule=identity.rule if identity is not None else None,
         session_decision=identity.decision if identity is not None else None,
-    ).to_json()
-    record["messages"], record["prompt_ids"] = messages, res.prompt_ids  # keys keep their places
-    return record
+    )
+    return record.model_copy(update={"messages": messages, "prompt_ids": res.prompt_ids})
 
 
 class ChatTurn:

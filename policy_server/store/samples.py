@@ -30,7 +30,8 @@ from typing import Any
 from engine.records import JUDGE_OUTCOME_STATUSES, SCORE_OUTCOME_STATUSES, RejectReason, Sample, SampleJSON
 from engine.records import SampleState as S
 from engine.sample_values import value_problem
-from policy_server.store.base import StoreDB, dump_json, turn_dict
+from policy_server.store.base import StoreDB, dump_json
+from policy_server.store.rows import turn_dict
 
 
 class StoreSamples(StoreDB):

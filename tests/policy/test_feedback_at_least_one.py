@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from engine.records import RejectReason as R
+from engine.records import TurnRecord
 from policy_server.store.feedback_rule import judge_sign, promotable, promote, value_sign
 from tests.policy.test_feedback_store import _prm, _record, _sample
 
@@ -29,7 +30,9 @@ def _session(store, sid: str, outcomes: list[tuple[str, str | None, dict]]) -> l
     for i in range(len(outcomes)):
         if i:
             store.resolve_turn(sid, i - 1, pairing="paired", next_state=NEXT, session_done=False)
-        store.record_turn(sid, _record(f"chatcmpl-{sid}-{i}"), session_done=i == len(outcomes) - 1)
+        store.record_turn(
+            sid, TurnRecord.model_validate(_record(f"chatcmpl-{sid}-{i}")), session_done=i == len(outcomes) - 1
+        )
     jobs = sorted((j for j in store.pending_jobs() if j["session_id"] == sid), key=lambda j: j["turn_index"])
     assert len(jobs) == len(outcomes)
     for job, (status, reason, sample) in zip(jobs, outcomes, strict=True):
@@ -171,9 +174,9 @@ def test_combine_no_signal_over_a_neutral_verdict_is_promoted(store_factory):
 def test_feedback_settled_after_judging_reruns_the_rule(store_factory):
     """Feedback sent while the judge ran is settled by the dispatcher right after the outcome is written."""
     st = store_factory()
-    st.record_turn("h", _record("chatcmpl-h0"), session_done=False)
+    st.record_turn("h", TurnRecord.model_validate(_record("chatcmpl-h0")), session_done=False)
     st.resolve_turn("h", 0, pairing="paired", next_state=NEXT, session_done=False)
-    st.record_turn("h", _record("chatcmpl-h1"), session_done=True)
+    st.record_turn("h", TurnRecord.model_validate(_record("chatcmpl-h1")), session_done=True)
     jobs = sorted((j for j in st.pending_jobs() if j["session_id"] == "h"), key=lambda j: j["turn_index"])
     st.complete_judge(jobs[0]["sample_id"], status="ready", reject_reason=None, included=True, data=POS[2])
     assert _down(st, "h", 1)["state"] == "pending"  # turn 1 not judged yet
@@ -209,7 +212,9 @@ def test_agreement_pairs_the_latest_feedback_of_each_judged_turn(store_factory):
     _judged_turn(st, "p3", _prm(0))
     _judged_turn(st, "p4", _prm(None, "no_valid_votes"))  # no verdict: no pair
     _judged_turn(st, "p5", None, mode="opd")  # no PRM verdict at all: no pair
-    st.record_turn("p6", _record("chatcmpl-p6"), session_done=False)  # not judged: pending, no pair yet
+    st.record_turn(
+        "p6", TurnRecord.model_validate(_record("chatcmpl-p6")), session_done=False
+    )  # not judged: pending, no pair yet
     _fb(st, "p1", 1.0, now=100.0)  # agree
     _fb(st, "p2", 1.0, now=101.0)  # disagree
     _fb(st, "p3", 0.0, now=102.0)  # neutral against neutral: agree

@@ -14,6 +14,7 @@ import math
 import pytest
 
 from engine.records import RejectReason as R
+from engine.records import TurnRecord
 from policy_server.rewards.feedback import InvalidFeedback, feedback_value
 from policy_server.store import FeedbackConflict
 from policy_server.store.feedback_rule import apply_feedback, combined_reward, judge_reward
@@ -108,7 +109,7 @@ def test_apply_feedback_can_include_a_neutral_turn_and_exclude_a_rewarded_one():
 
 # ---------------------------------------------------------------------------- store
 def _judged(store, sid: str, rid: str, *, status: str, reason: str | None, sample: dict) -> str:
-    store.record_turn(sid, _record(rid), session_done=True)
+    store.record_turn(sid, TurnRecord.model_validate(_record(rid)), session_done=True)
     [job] = [j for j in store.pending_jobs() if j["session_id"] == sid]
     store.complete_judge(job["sample_id"], status=status, reject_reason=reason, included=status == "ready", data=sample)
     return job["sample_id"]
@@ -121,7 +122,7 @@ def _row(store, sid: str) -> dict:
 
 def test_feedback_before_judging_stays_pending_then_settles(store_factory):
     st = store_factory()
-    st.record_turn("s1", _record("chatcmpl-a"), session_done=False)
+    st.record_turn("s1", TurnRecord.model_validate(_record("chatcmpl-a")), session_done=False)
     assert st.turn_by_response_id("chatcmpl-a") == ("s1", 0)
     out = st.add_feedback("s1", 0, value=-1.0, text="use 51", idempotency_key=None, policy="override")
     assert (out["state"], out["sample_status"], out["duplicate"]) == ("pending", None, False)
@@ -172,7 +173,7 @@ def test_same_idempotency_key_counts_once_and_conflicts_elsewhere(store_factory)
     again = st.add_feedback("s4", 0, value=0.5, text=None, idempotency_key="k1", policy="average")
     assert again == {**first, "duplicate": True}
     assert st.turn_feedback("s4", 0)["count"] == 1 and _row(st, "s4")["sample"]["reward"] == 0.75
-    st.record_turn("s5", _record("chatcmpl-e"), session_done=True)
+    st.record_turn("s5", TurnRecord.model_validate(_record("chatcmpl-e")), session_done=True)
     with pytest.raises(FeedbackConflict):
         st.add_feedback("s5", 0, value=1.0, text=None, idempotency_key="k1", policy="average")
     # a second, distinct feedback replaces the value (the latest counts) and is re-applied from the verdict

@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from engine.records import Sample
+from engine.records import Sample, TurnRecord
 from engine.records import SampleState as S
 from policy_server.store import Store
 
@@ -25,7 +25,7 @@ def _record() -> dict:
 
 def _judged_later(store: Store, sid: str) -> str:
     """A session's only turn, resolved and waiting for its judge (pending_judge); returns its sample id."""
-    store.record_turn(sid, _record(), session_done=True)
+    store.record_turn(sid, TurnRecord.model_validate(_record()), session_done=True)
     [job] = [j for j in store.pending_jobs() if j["session_id"] == sid]
     return job["sample_id"]
 

@@ -1,0 +1,39 @@
+"""Row mapping: where a ``turns`` row becomes the :class:`~engine.records.Turn` record the store hands out.
+
+Role: the store's public methods take and return records (engine.records); the JSON of a row is built here
+and read into its record here, so the role classes (sessions, samples, reads) never hand a row dict out.
+A turn's JSON is its whole :class:`~engine.records.TurnRecord` (the ``record`` column, or the whole record
+rebuilt by policy_server.store.turn_records) plus its columns, in ``Turn``'s field order; the record is
+validated as it is read (a row that breaks the schema fails loudly, never half-read).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine import fastjson
+from engine.records import Turn
+
+
+def turn_dict(row: Any, record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A ``turns`` row as the :class:`~engine.records.Turn` JSON: the turn's whole record (``TurnRecord``;
+    ``record``, else the row's own ``record`` column) plus its session, index and pairing columns (``Turn``'s
+    own fields, in their order). A given ``record`` is copied, not changed."""
+    rec = dict(record) if record is not None else fastjson.loads(row["record"])
+    rec.update(
+        session_id=row["session_id"],
+        turn_index=row["turn_index"],
+        created_at=row["created_at"],
+        pairing=row["pairing"],
+        pairing_note=row["pairing_note"],
+        next_state=json.loads(row["next_state"]) if row["next_state"] else None,
+        session_done=bool(row["session_done"]),
+    )
+    return rec
+
+
+def turn_of(row: Any, record: dict[str, Any] | None = None) -> Turn:
+    """A ``turns`` row as its :class:`~engine.records.Turn` (see :func:`turn_dict`); ``to_json()`` gives the
+    same JSON back, key for key."""
+    return Turn.model_validate(turn_dict(row, record))

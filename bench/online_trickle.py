@@ -56,15 +56,15 @@ async def run_live(
 
         def make_ready(i: int) -> None:
             store.record_turn(f"s{i}", TurnRecord(prompt_ids=[1], response_ids=[2]), session_done=True)
-            [job] = [j for j in store.pending_jobs() if j["session_id"] == f"s{i}"]
+            [job] = [j for j in store.pending_jobs() if j.session_id == f"s{i}"]
             reward = 1.0 if rng.random() < p_good else -1.0
-            ready_at[job["sample_id"]] = time.monotonic()  # just before the commit that makes it leasable
+            ready_at[job.sample_id] = time.monotonic()  # just before the commit that makes it leasable
             store.complete_judge(
-                job["sample_id"],
+                job.sample_id,
                 status=SampleState.READY,
                 reject_reason=None,
                 included=True,
-                data=Sample(sample_id=job["sample_id"], reward=reward),
+                data=Sample(sample_id=job.sample_id, reward=reward),
             )
 
         async def produce() -> None:

@@ -105,11 +105,11 @@ def measure(url: str, data_dir: str, replicas: int, args: argparse.Namespace) ->
     jobs = store.pending_jobs()
     for j in jobs:
         store.complete_judge(
-            j["sample_id"],
+            j.sample_id,
             status=SampleState.READY,
             reject_reason=None,
             included=True,
-            data=Sample(sample_id=j["sample_id"], reward=1.0),
+            data=Sample(sample_id=j.sample_id, reward=1.0),
         )
     store.close()
     start, out = ctx.Event(), ctx.Queue()

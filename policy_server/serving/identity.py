@@ -163,7 +163,7 @@ class SessionResolver:
         key_busy = self.sessions.in_flight(key) or any(t["session_id"] == key for t in awaiting)
         if row is None and not key_busy:
             return key, "started"
-        if row is not None and not row["done"] and not key_busy:
+        if row is not None and not row.done and not key_busy:
             return key, "continued"  # the key's session has no turn yet (only side requests touched it)
         if free:
             decision = "diverged"

@@ -24,7 +24,7 @@ from typing import Any
 from engine.records import RejectReason, Turn, TurnRecord
 from engine.records import SampleState as S
 from policy_server.store.base import StoreDB, dump_json
-from policy_server.store.rows import turn_of
+from policy_server.store.rows import SessionState, session_state, turn_of
 from policy_server.store.turn_records import pack
 
 
@@ -220,10 +220,11 @@ class StoreSessions(StoreDB):
             ).fetchone()
             return turn_of(row, self.turn_records.whole(db, row)) if row else None
 
-    def session(self, session_id: str) -> dict[str, Any] | None:
+    def session(self, session_id: str) -> SessionState | None:
+        """The session's row, None for a session never seen."""
         with self._read() as db:
             row = db.execute("SELECT * FROM sessions WHERE session_id=?", (session_id,)).fetchone()
-        return dict(row) if row else None
+        return session_state(row) if row else None
 
 
 def _touch(db: Any, session_id: str, now: float) -> None:

@@ -33,13 +33,13 @@ def _session(store, sid: str, outcomes: list[tuple[str, str | None, dict]]) -> l
         store.record_turn(
             sid, TurnRecord.model_validate(_record(f"chatcmpl-{sid}-{i}")), session_done=i == len(outcomes) - 1
         )
-    jobs = sorted((j for j in store.pending_jobs() if j["session_id"] == sid), key=lambda j: j["turn_index"])
+    jobs = sorted((j for j in store.pending_jobs() if j.session_id == sid), key=lambda j: j.turn_index)
     assert len(jobs) == len(outcomes)
     for job, (status, reason, sample) in zip(jobs, outcomes, strict=True):
         store.complete_judge(
-            job["sample_id"], status=status, reject_reason=reason, included=status == "ready", data=sample
+            job.sample_id, status=status, reject_reason=reason, included=status == "ready", data=sample
         )
-    return [j["sample_id"] for j in jobs]
+    return [j.sample_id for j in jobs]
 
 
 def _rows(store, sid: str) -> list[tuple[str, str | None, float | None]]:
@@ -105,7 +105,7 @@ def test_feedback_excluding_the_last_included_sample_promotes_the_earliest_neutr
             NEUTRAL[:2] + (None,),
         ]
     )
-    assert st.session("a")["has_included"] == 1
+    assert st.session("a").has_included == 1
     _, leased = st.lease(10, 60.0)
     assert [(s.reward, s.loss_mask) for s in leased] == [(0.0, [1, 1, 1])]  # turn 3's, the only ready one
 
@@ -113,17 +113,17 @@ def test_feedback_excluding_the_last_included_sample_promotes_the_earliest_neutr
 def test_without_a_promotable_turn_the_flag_is_cleared_for_the_dispatcher(store_factory):
     st = store_factory()
     _session(st, "b", [NO_VALID, POS, DEGENERATE])
-    assert st.session("b")["has_included"] == 1
+    assert st.session("b").has_included == 1
     _down(st, "b", 1)
     assert [r[0] for r in _rows(st, "b")] == ["rejected"] * 3
-    assert st.session("b")["has_included"] == 0  # the next neutral turn judged is promoted
+    assert st.session("b").has_included == 0  # the next neutral turn judged is promoted
 
 
 def test_rule_off_promotes_nothing(store_factory):
     st = store_factory()
     _session(st, "c", [POS, NEUTRAL])
     _down(st, "c", 0, at_least_one=False)
-    assert [r[0] for r in _rows(st, "c")] == ["rejected", "rejected"] and st.session("c")["has_included"] == 0
+    assert [r[0] for r in _rows(st, "c")] == ["rejected", "rejected"] and st.session("c").has_included == 0
 
 
 def test_leased_sample_counts_as_included_and_is_never_changed(store_factory):
@@ -138,7 +138,7 @@ def test_leased_sample_counts_as_included_and_is_never_changed(store_factory):
     assert rows[leased] == ("leased", None, 1.0) and rows[1] == NEUTRAL[:2] + (None,)
     assert rows[other] == ("rejected", "feedback_gate: judge +1, feedback -1", None)
     st.ack(lease_id)
-    assert _rows(st, "d")[leased][0] == "consumed" and st.session("d")["has_included"] == 1
+    assert _rows(st, "d")[leased][0] == "consumed" and st.session("d").has_included == 1
 
 
 def test_other_included_sample_left_means_no_promotion(store_factory):
@@ -177,11 +177,11 @@ def test_feedback_settled_after_judging_reruns_the_rule(store_factory):
     st.record_turn("h", TurnRecord.model_validate(_record("chatcmpl-h0")), session_done=False)
     st.resolve_turn("h", 0, pairing="paired", next_state=NEXT, session_done=False)
     st.record_turn("h", TurnRecord.model_validate(_record("chatcmpl-h1")), session_done=True)
-    jobs = sorted((j for j in st.pending_jobs() if j["session_id"] == "h"), key=lambda j: j["turn_index"])
-    st.complete_judge(jobs[0]["sample_id"], status="ready", reject_reason=None, included=True, data=POS[2])
+    jobs = sorted((j for j in st.pending_jobs() if j.session_id == "h"), key=lambda j: j.turn_index)
+    st.complete_judge(jobs[0].sample_id, status="ready", reject_reason=None, included=True, data=POS[2])
     assert _down(st, "h", 1)["state"] == "pending"  # turn 1 not judged yet
     st.complete_judge(
-        jobs[1]["sample_id"], status="rejected", reject_reason=R.PRM_NEUTRAL, included=False, data=NEUTRAL[2]
+        jobs[1].sample_id, status="rejected", reject_reason=R.PRM_NEUTRAL, included=False, data=NEUTRAL[2]
     )
     assert st.settle_feedback("h", 1, "gate") == "applied"  # gate on a neutral verdict: still rejected
     assert _down(st, "h", 0)["state"] == "applied"
@@ -190,7 +190,7 @@ def test_feedback_settled_after_judging_reruns_the_rule(store_factory):
         ("rejected", "feedback_gate: judge +1, feedback -1"),
         ("rejected", "feedback_gate: judge +0, feedback -1"),
     ]
-    assert st.session("h")["has_included"] == 0
+    assert st.session("h").has_included == 0
 
 
 # ---------------------------------------------------------------------------- agreement
@@ -311,4 +311,4 @@ def test_concurrent_feedback_excluding_both_included_samples_still_promotes(stor
     assert errors == []
     for sid in sessions:
         assert [r[0] for r in _rows(st, sid)] == ["rejected", "rejected", "ready"], sid
-        assert st.session(sid)["has_included"] == 1
+        assert st.session(sid).has_included == 1

@@ -110,9 +110,9 @@ def test_apply_feedback_can_include_a_neutral_turn_and_exclude_a_rewarded_one():
 # ---------------------------------------------------------------------------- store
 def _judged(store, sid: str, rid: str, *, status: str, reason: str | None, sample: dict) -> str:
     store.record_turn(sid, TurnRecord.model_validate(_record(rid)), session_done=True)
-    [job] = [j for j in store.pending_jobs() if j["session_id"] == sid]
-    store.complete_judge(job["sample_id"], status=status, reject_reason=reason, included=status == "ready", data=sample)
-    return job["sample_id"]
+    [job] = [j for j in store.pending_jobs() if j.session_id == sid]
+    store.complete_judge(job.sample_id, status=status, reject_reason=reason, included=status == "ready", data=sample)
+    return job.sample_id
 
 
 def _row(store, sid: str) -> dict:
@@ -130,7 +130,7 @@ def test_feedback_before_judging_stays_pending_then_settles(store_factory):
     st.resolve_turn("s1", 0, pairing="paired", next_state=[{"role": "user", "content": "thanks"}], session_done=False)
     [job] = st.pending_jobs()
     st.complete_judge(
-        job["sample_id"], status="ready", reject_reason=None, included=True, data=_sample("rl", _prm(1), 1.0)
+        job.sample_id, status="ready", reject_reason=None, included=True, data=_sample("rl", _prm(1), 1.0)
     )
     assert st.settle_feedback("s1", 0, "override") == "applied"
     row = _row(st, "s1")

@@ -35,8 +35,8 @@ def _record() -> dict:
 def _judged_later(store: Store, sid: str, data: dict | None = None) -> str:
     """A session's only turn, resolved and waiting for its judge (pending_judge); returns its sample id."""
     store.record_turn(sid, TurnRecord.model_validate(_record()), session_done=True)
-    [job] = [j for j in store.pending_jobs() if j["session_id"] == sid]
-    return job["sample_id"]
+    [job] = [j for j in store.pending_jobs() if j.session_id == sid]
+    return job.sample_id
 
 
 def _ready(store: Store, sample_id: str, **data) -> bool:

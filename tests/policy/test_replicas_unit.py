@@ -52,10 +52,10 @@ async def test_sweep_spares_a_session_in_flight_at_another_replica(pg_url):
             "s", TurnRecord.model_validate(_record()), session_done=False, now=time.time() - 60
         )  # idle for a minute
         await sync_b.refresh()  # B's heartbeat: a request of "s" is being generated there
-        assert await tracker_a.sweep_idle() == 0 and a.session("s")["done"] == 0
+        assert await tracker_a.sweep_idle() == 0 and a.session("s").done == 0
         busy.clear()
         await sync_b.refresh()
-        assert await tracker_a.sweep_idle() == 1 and a.session("s")["done"] == 1
+        assert await tracker_a.sweep_idle() == 1 and a.session("s").done == 1
     finally:
         a.close()
         b.close()

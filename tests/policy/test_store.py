@@ -34,15 +34,15 @@ def _record(n: int = 3) -> dict:
 
 def _ready_sample(store: Store, sid: str) -> str:
     store.record_turn(sid, TurnRecord.model_validate(_record()), session_done=True)
-    [job] = [j for j in store.pending_jobs() if j["session_id"] == sid]
+    [job] = [j for j in store.pending_jobs() if j.session_id == sid]
     assert store.complete_judge(
-        job["sample_id"],
+        job.sample_id,
         status="ready",
         reject_reason=None,
         included=True,
-        data={"sample_id": job["sample_id"], "session_id": sid},
+        data={"sample_id": job.sample_id, "session_id": sid},
     )
-    return job["sample_id"]
+    return job.sample_id
 
 
 def test_store_turns_pairing_and_session_end(store_factory):
@@ -55,10 +55,10 @@ def test_store_turns_pairing_and_session_end(store_factory):
         st.record_turn("s", TurnRecord.model_validate(_record()), session_done=True) == 1
     )  # last turn: resolved with no next state
     assert st.get_turn("s", 1).pairing == "session_end"
-    assert [j["turn_index"] for j in st.pending_jobs()] == [0, 1]
+    assert [j.turn_index for j in st.pending_jobs()] == [0, 1]
     st.close()
     st2 = store_factory()  # durable across reopen
-    assert [j["turn_index"] for j in st2.pending_jobs()] == [0, 1]
+    assert [j.turn_index for j in st2.pending_jobs()] == [0, 1]
     assert st2.stats()["samples"]["pending_judge"] == 2
 
 
@@ -156,16 +156,16 @@ def test_idle_sweep_ends_a_session_once_and_spares_a_fresh_one(store_factory):
     assert sorted(len(e) for e in ended) == [0, 1]  # exactly one replica closed it
     b.record_turn("t", TurnRecord.model_validate(_record()), session_done=False, now=100.0)
     a.touch_session("t", now=160.0)  # a request arrived at another replica after the sweep listed it
-    assert b.end_session("t", now=161.0, idle_before=150.0) == [] and b.session("t")["done"] == 0
+    assert b.end_session("t", now=161.0, idle_before=150.0) == [] and b.session("t").done == 0
 
 
 def test_judge_claims_are_exclusive_and_expire(store_factory):
     a, b = store_factory(), store_factory()
     a.record_turn("s", TurnRecord.model_validate(_record()), session_done=True, now=100.0)
-    assert [j["session_id"] for j in b.pending_jobs("B", now=100.0)] == ["s"]
+    assert [j.session_id for j in b.pending_jobs("B", now=100.0)] == ["s"]
     assert a.claim_session("s", "A", 10.0, now=100.0) is True
     assert b.claim_session("s", "B", 10.0, now=101.0) is False
-    assert b.pending_jobs("B", now=101.0) == [] and [j["turn_index"] for j in a.pending_jobs("A", now=101.0)] == [0]
+    assert b.pending_jobs("B", now=101.0) == [] and [j.turn_index for j in a.pending_jobs("A", now=101.0)] == [0]
     assert a.claim_session("s", "A", 10.0, now=105.0) is True  # renewal: now until 115
     assert b.claim_session("s", "B", 10.0, now=112.0) is False
     assert b.claim_session("s", "B", 10.0, now=116.0) is True  # A died: its claim expired, B takes over

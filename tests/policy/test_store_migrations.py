@@ -98,7 +98,7 @@ def test_release_data_dir_opens_after_the_upgrade_with_nothing_lost(tmp_path):
     assert st.get_turn("a", 0).next_state == [{"role": "user", "content": "ok"}]
     assert st.get_turn("b", 0).messages[0]["content"] == "b0"
     assert st.get_runtime("mode") == {"mode": "opd", "w_rl": 1.0, "w_opd": 2.0}
-    assert [j["sample_id"] for j in st.pending_jobs("replica-1")] == ["s-pending"]
+    assert [j.sample_id for j in st.pending_jobs("replica-1")] == ["s-pending"]
     assert st.sample_row("s-pending")["attempts"] == 2
     lease_id, [sample] = st.lease(10, lease_s=60)
     assert sample.reward == 1.0 and st.ack(lease_id)["acked"] == 1

@@ -71,7 +71,7 @@ def test_record_turn_is_one_transaction_with_overtaken_turn_and_session_end(stor
     rows = {r["turn_index"]: r for r in samples_of(st, "s")}
     assert rows[0]["status"] == "rejected" and rows[0]["reject_reason"] == "concurrent_turns"
     assert rows[1]["status"] == "pending_judge" and st.get_turn("s", 1).pairing == "session_end"
-    assert st.session("s")["done"] == 1
+    assert st.session("s").done == 1
 
 
 def test_resolve_with_touch_is_one_transaction(store_factory):
@@ -80,7 +80,7 @@ def test_resolve_with_touch_is_one_transaction(store_factory):
     commits = _count_commits(st)
     sid = st.resolve_turn("s", 0, pairing="paired", next_state=[U], session_done=False, touch=True, now=200.0)
     assert commits() == 1 and sid
-    assert st.session("s")["last_activity"] == 200.0
+    assert st.session("s").last_activity == 200.0
     assert st.resolve_turn("s", 0, pairing="paired", next_state=[U], session_done=False) is None  # idempotent
 
 
@@ -90,7 +90,7 @@ def test_record_reopens_a_session_ended_while_generating(store_factory):
     assert st.idle_sessions(10.0) == ["s"]
     st.end_session("s", now=10.0)  # the idle sweep ended it while its turn was being generated
     st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False, now=11.0)
-    assert st.session("s")["done"] == 0 and st.awaiting_turn("s") is not None
+    assert st.session("s").done == 0 and st.awaiting_turn("s") is not None
     assert st.idle_sessions(12.0 + 1) == ["s"]  # the sweep sees it again later, so the turn is not stranded
 
 

@@ -51,10 +51,8 @@ NOT_YET_RECORDS = {
     "StoreResponses.put_response": "the conversation's messages",
     "StoreSamples.complete_judge": "a Sample or its JSON",
     "StoreSamples.complete_score": "Samples or their JSON",
-    "StoreSamples.pending_jobs": "judge jobs",
     "StoreSamples.session_trajectory": "turn JSON with its sample row",
     "StoreSessions.resolve_turn": "the next state's messages",
-    "StoreSessions.session": "the session row",
 }
 
 

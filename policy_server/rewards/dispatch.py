@@ -319,7 +319,7 @@ class Dispatcher:
         assert turn is not None and session is not None, "a pending sample always has its turn and session"
         assert self.pipeline is not None, "pending jobs are only processed with a pipeline"
         feedback = await asyncio.to_thread(self.store.turn_feedback, job.session_id, job.turn_index)
-        hint = feedback["text"] if feedback is not None and feedback["text"] and self.feedback_hint else None
+        hint = feedback.text if feedback is not None and feedback.text and self.feedback_hint else None
         pipeline_turn = PipelineTurn.of(turn, feedback_hint=hint)
         try:
             result = await self.pipeline.process(
@@ -350,10 +350,10 @@ class Dispatcher:
                 result.status,
                 result.reject_reason,
                 raw,
-                value=feedback["value"],
-                text=feedback["text"],
+                value=feedback.value,
+                text=feedback.text,
                 policy=self.feedback_policy,
-                count=feedback["count"],
+                count=feedback.count,
             )
             included = status in (S.READY, S.PENDING_SCORE)
             result = result.model_copy(update={"status": status, "reject_reason": why, "included": included})

@@ -50,6 +50,7 @@ from policy_server.store.feedback_rule import (
     promote,
     value_sign,
 )
+from policy_server.store.rows import TurnFeedback
 
 logger = logging.getLogger(__name__)
 
@@ -157,9 +158,9 @@ class StoreFeedback(StoreDB):
         self._ready_changed(became_ready)
         return out
 
-    def turn_feedback(self, session_id: str, turn_index: int) -> dict[str, Any] | None:
-        """The turn's feedback as it applies: ``{"value", "text", "count"}`` (the latest value, the latest
-        non-empty text), or None when it has none."""
+    def turn_feedback(self, session_id: str, turn_index: int) -> TurnFeedback | None:
+        """The turn's feedback as it applies (the latest value, the latest non-empty text, the count), or None
+        when it has none."""
         with self._read() as db:
             return _latest(db, session_id, turn_index)
 
@@ -250,10 +251,10 @@ class StoreFeedback(StoreDB):
                 sample["status"],
                 sample["reject_reason"],
                 data,
-                value=fb["value"],
-                text=fb["text"],
+                value=fb.value,
+                text=fb.text,
                 policy=policy,
-                count=fb["count"],
+                count=fb.count,
             )
             db.execute(
                 "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? WHERE sample_id=? AND status=?",
@@ -314,7 +315,7 @@ class StoreFeedback(StoreDB):
         return promoted
 
 
-def _latest(db: Any, session_id: str, turn_index: int) -> dict[str, Any] | None:
+def _latest(db: Any, session_id: str, turn_index: int) -> TurnFeedback | None:
     rows = db.execute(
         "SELECT value, text FROM feedback WHERE session_id=? AND turn_index=? ORDER BY created_at, feedback_id",
         (session_id, turn_index),
@@ -322,7 +323,7 @@ def _latest(db: Any, session_id: str, turn_index: int) -> dict[str, Any] | None:
     if not rows:
         return None
     texts = [r["text"] for r in rows if r["text"]]
-    return {"value": float(rows[-1]["value"]), "text": texts[-1] if texts else None, "count": len(rows)}
+    return TurnFeedback(value=float(rows[-1]["value"]), text=texts[-1] if texts else None, count=len(rows))
 
 
 def _answer(db: Any, row: Any) -> dict[str, Any]:

@@ -83,3 +83,12 @@ def session_state(row: Any) -> SessionState:
         claimed_by=row["claimed_by"],
         claim_expires_at=None if row["claim_expires_at"] is None else float(row["claim_expires_at"]),
     )
+
+
+@dataclass(frozen=True)
+class TurnFeedback:
+    """A turn's explicit feedback as it applies: the latest value, the latest non-empty text, how many."""
+
+    value: float
+    text: str | None
+    count: int

@@ -18,6 +18,7 @@ from engine.records import TurnRecord
 from policy_server.rewards.feedback import InvalidFeedback, feedback_value
 from policy_server.store import FeedbackConflict
 from policy_server.store.feedback_rule import apply_feedback, combined_reward, judge_reward
+from policy_server.store.rows import TurnFeedback
 
 pytestmark = pytest.mark.unit
 
@@ -126,7 +127,7 @@ def test_feedback_before_judging_stays_pending_then_settles(store_factory):
     assert st.turn_by_response_id("chatcmpl-a") == ("s1", 0)
     out = st.add_feedback("s1", 0, value=-1.0, text="use 51", idempotency_key=None, policy="override")
     assert (out["state"], out["sample_status"], out["duplicate"]) == ("pending", None, False)
-    assert st.turn_feedback("s1", 0) == {"value": -1.0, "text": "use 51", "count": 1}
+    assert st.turn_feedback("s1", 0) == TurnFeedback(value=-1.0, text="use 51", count=1)
     st.resolve_turn("s1", 0, pairing="paired", next_state=[{"role": "user", "content": "thanks"}], session_done=False)
     [job] = st.pending_jobs()
     st.complete_judge(
@@ -172,7 +173,7 @@ def test_same_idempotency_key_counts_once_and_conflicts_elsewhere(store_factory)
     first = st.add_feedback("s4", 0, value=0.5, text=None, idempotency_key="k1", policy="average")
     again = st.add_feedback("s4", 0, value=0.5, text=None, idempotency_key="k1", policy="average")
     assert again == {**first, "duplicate": True}
-    assert st.turn_feedback("s4", 0)["count"] == 1 and _row(st, "s4")["sample"]["reward"] == 0.75
+    assert st.turn_feedback("s4", 0).count == 1 and _row(st, "s4")["sample"]["reward"] == 0.75
     st.record_turn("s5", TurnRecord.model_validate(_record("chatcmpl-e")), session_done=True)
     with pytest.raises(FeedbackConflict):
         st.add_feedback("s5", 0, value=1.0, text=None, idempotency_key="k1", policy="average")

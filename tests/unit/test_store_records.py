@@ -40,7 +40,6 @@ NOT_YET_RECORDS = {
     "StoreFeedback.add_feedback": "the feedback row as the route's answer",
     "StoreFeedback.feedback_stats": "counts by feedback state",
     "StoreFeedback.list_feedback": "feedback rows for GET /admin/feedback",
-    "StoreFeedback.turn_feedback": "a turn's feedback row",
     "StoreLeases.ack": "the ack answer",
     "StoreReads.awaiting_open_turns": "turn JSON for session inference",
     "StoreReads.list_samples": "sample rows for GET /v1/samples",

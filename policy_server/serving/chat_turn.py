@@ -182,7 +182,6 @@ class ChatTurn:
         st.metrics.prompt_tokens.labels(kind="reused").inc(rendered.reused_tokens)
         st.metrics.prompt_tokens.labels(kind="rendered").inc(len(rendered.ids) - rendered.reused_tokens)
         prompt_ids = rendered.ids
-        # The turn's fields by name (the route builds its request the same way; the likeness is incidental).
         return cls(
             st,
             chat,

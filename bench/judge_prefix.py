@@ -64,8 +64,9 @@ async def run_layout(url: str, model_dir: Path, tok, turns: list[dict], *, v2: b
             t0 = time.perf_counter()
             out = await service.judge(req)
             wall += time.perf_counter() - t0
-            assert out["prm"]["status"] != STATUS_FAILED and out["hint"]["status"] != STATUS_FAILED, out
-            prefilled += out["usage"]["prompt_tokens"] - out["usage"]["cached_tokens"]
+            assert out.prm is not None and out.hint is not None and out.usage is not None, out
+            assert out.prm.status != STATUS_FAILED and out.hint.status != STATUS_FAILED, out
+            prefilled += out.usage.prompt_tokens - out.usage.cached_tokens
     n = len(turns)
     return prefilled / n, whole / n, wall / n
 

@@ -48,7 +48,7 @@ async def judged_per_s(router_url: str, model_dir: Path, items: int, concurrency
         async def one(i: int) -> None:
             async with sem:
                 out = await service.judge(JudgeRequest.model_validate(make_item(i)))
-                assert out["prm"]["status"] != STATUS_FAILED, out["prm"]
+                assert out.prm is not None and out.prm.status != STATUS_FAILED, out.prm
 
         await asyncio.gather(*(one(-1 - i) for i in range(2)))  # warm-up
         t0 = time.perf_counter()

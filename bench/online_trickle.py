@@ -56,15 +56,15 @@ async def run_live(
 
         def make_ready(i: int) -> None:
             store.record_turn(f"s{i}", TurnRecord(prompt_ids=[1], response_ids=[2]), session_done=True)
-            [job] = [j for j in store.pending_jobs() if j["session_id"] == f"s{i}"]
+            [job] = [j for j in store.pending_jobs() if j.session_id == f"s{i}"]
             reward = 1.0 if rng.random() < p_good else -1.0
-            ready_at[job["sample_id"]] = time.monotonic()  # just before the commit that makes it leasable
+            ready_at[job.sample_id] = time.monotonic()  # just before the commit that makes it leasable
             store.complete_judge(
-                job["sample_id"],
+                job.sample_id,
                 status=SampleState.READY,
                 reject_reason=None,
                 included=True,
-                data=Sample(sample_id=job["sample_id"], reward=reward),
+                data=Sample(sample_id=job.sample_id, reward=reward),
             )
 
         async def produce() -> None:
@@ -119,7 +119,6 @@ CANDIDATES: dict[str, list[str]] = {
     "min1-running-e2": ["--min-batch", "1", "--baseline", "running_mean", "--ppo-epochs", "2"],
     "min1-running-e2m2": ["--min-batch", "1", "--baseline", "running_mean", "--ppo-epochs", "2", "--minibatches", "2"],
     "min4-running-e2": ["--min-batch", "4", "--baseline", "running_mean", "--ppo-epochs", "2"],
-    # Candidates differ in one or two flags on purpose: each row is one setting the closed loop compares.
     "min1-running-e2-stale1": [
         "--min-batch",
         "1",

@@ -66,7 +66,6 @@ def session(http: httpx.Client, url: str, system: str, turns: int, max_tokens: i
     return ratios
 
 
-# Each bench parses its own flags and builds its own tiny model (alike on purpose: benches stand alone).
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-dir", type=Path)

@@ -130,7 +130,6 @@ def _q(lat: list[float], pct: int) -> float:
     return statistics.quantiles(lat, n=100)[pct - 1]
 
 
-# The direct /generate call appears in each part on purpose: every part times its own baseline.
 async def bench_stub(engine_url: str, policy: ManagedProcess, tokenizer, turns_per_user: int) -> None:
     users = 32
     async with httpx.AsyncClient(timeout=60, trust_env=False, limits=httpx.Limits(max_connections=64)) as http:
@@ -274,7 +273,6 @@ async def bench_agent(engine_url: str, policy: ManagedProcess, tokenizer, turns:
             )
 
 
-# Starts and stops its servers like the other benches (alike on purpose: each bench stands alone).
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir")

@@ -48,7 +48,7 @@ def _record_worker(url: str, data_dir: str, sessions: list[str], turns: int, thr
         for sid in mine:
             for k in range(turns):
                 resolve = Resolution(k - 1, "paired", [{"role": "user", "content": "thanks"}]) if k else None
-                store.record_turn(sid, RECORD, session_done=k == turns - 1, resolve=resolve)
+                store.record_turn(sid, TurnRecord.model_validate(RECORD), session_done=k == turns - 1, resolve=resolve)
 
     out.put(_timed([threading.Thread(target=drive, args=(c,)) for c in chunks], start))
     store.close()
@@ -105,11 +105,11 @@ def measure(url: str, data_dir: str, replicas: int, args: argparse.Namespace) ->
     jobs = store.pending_jobs()
     for j in jobs:
         store.complete_judge(
-            j["sample_id"],
+            j.sample_id,
             status=SampleState.READY,
             reject_reason=None,
             included=True,
-            data=Sample(sample_id=j["sample_id"], reward=1.0),
+            data=Sample(sample_id=j.sample_id, reward=1.0),
         )
     store.close()
     start, out = ctx.Event(), ctx.Queue()

@@ -36,7 +36,6 @@ async def run(policy_url: str, model_dir: Path, clients: int, steady_s: float, u
     windows: list[tuple[float, float]] = []
     stop = asyncio.Event()
 
-    # The steady load of tests/policy/test_weight_sync.py on purpose: the bench times what that test checks.
     async def user(i: int, http: httpx.AsyncClient) -> None:
         n = 0
         while not stop.is_set():

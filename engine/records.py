@@ -305,10 +305,9 @@ class PipelineTurn(_Record):
     feedback_hint: str | None = None
 
     @classmethod
-    def of(cls, turn: dict[str, Any], *, feedback_hint: str | None = None) -> PipelineTurn:
-        """The pipeline's fields of a stored turn (``Store.get_turn``'s dict); an absent or null field gets
-        its empty value."""
-        fields = {k: v for k in cls.model_fields if (v := turn.get(k)) is not None}
+    def of(cls, turn: Turn, *, feedback_hint: str | None = None) -> PipelineTurn:
+        """The pipeline's fields of a stored turn (``Store.get_turn``); a null field gets its empty value."""
+        fields = {k: v for k in cls.model_fields if (v := getattr(turn, k, None)) is not None}
         return cls.model_validate({**fields, "feedback_hint": feedback_hint})
 
 
@@ -378,7 +377,7 @@ class Sample(_Record):
     turn_index: int | None = None
     created_at: float | None = None
     constrained: bool = False
-    # Explicit feedback applied to this sample (policy_server.rewards.feedback): {value, text, policy,
+    # Explicit feedback applied to this sample (policy_server.store.feedback_rule): {value, text, policy,
     # judge_reward, count}; absent when the turn got none.
     feedback: dict[str, Any] | None = None
 

@@ -21,7 +21,6 @@ from engine import tiny_model
 from engine.cli_settings import CliSettings, Positional, parse_cli
 
 
-# Every field repeats the Field(default, bounds, description) form by design: one documented flag each.
 class TinyModelSettings(CliSettings):
     """``hindsight-tiny-model``'s command line (env prefix ``HINDSIGHT_TINY_MODEL_``)."""
 

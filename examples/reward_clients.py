@@ -3,7 +3,7 @@
 Run against a judge, e.g. the CPU dev stack's (``launch/dev.sh start``; its endpoints.json has the judge's
 URL and key):
 
-    python examples/reward_clients.py --judge-url http://127.0.0.1:8100 [--api-key KEY]
+    python examples/reward_clients.py --judge-url http://127.0.0.1:30200 [--api-key KEY]
     python examples/reward_clients.py --endpoints "$HINDSIGHT_RUN_DIR/endpoints.json"
 
 The key travels as the ``api_key`` URL query parameter, as it must for those frameworks (they send no

@@ -1,6 +1,6 @@
 """FastAPI app of the judge service: ``create_app(settings)`` with a lifespan holding the shared state.
 
-Run: ``hindsight-judge --engine-url http://127.0.0.1:30000`` (see cli.py), or ``--backend rules`` without
+Run: ``hindsight-judge --engine-url http://127.0.0.1:31100`` (see cli.py), or ``--backend rules`` without
 an engine. The lifespan opens ONE EngineClient (one httpx.AsyncClient, explicit timeouts, trust_env off),
 resolves the judge tokenizer (``tokenizer_path``, else the engine's local ``model_info.tokenizer_path``,
 else text mode) and builds the JudgeService. Errors map to HTTP here and only here:

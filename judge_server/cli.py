@@ -1,6 +1,6 @@
 """``hindsight-judge``: run the judge service with uvicorn.
 
-    hindsight-judge --engine-url http://127.0.0.1:30000 [--engine-api-key K] [--host 127.0.0.1] [--port N]
+    hindsight-judge --engine-url http://127.0.0.1:31100 [--engine-api-key K] [--host 127.0.0.1] [--port N]
                     [--api-key K] [--backend llm|rules] [--tokenizer-path DIR] [--m 3]
                     [--policy fixed|adaptive|sequential] [--constrain-output] [--log-level info] [--log-json] [--config FILE]
 

@@ -46,6 +46,8 @@ from engine.records import (
     STATUS_OK,
     STATUS_QUARANTINED,
     STATUS_TIE,
+    JudgeVerdicts,
+    PrmVerdict,
 )
 from engine.validation import describe_validation_errors
 from judge_server.chat_markup import has_markup, prompt_messages, reply_fields, split_query, strip_markup
@@ -157,39 +159,43 @@ def slime_item(prompt: Any, response: str, label: Any) -> JudgeRequest:
     return _build(body, "slime request")
 
 
-def _reward_of(prm: dict[str, Any], failed_reward: float | None) -> float:
-    if prm["status"] in GUARDED_NO_SCORE:
+def _prm_of(result: JudgeVerdicts) -> PrmVerdict:
+    if result.prm is None:  # the compat items always ask for the prm task
+        raise RuntimeError("a compat judge result without its prm verdict")
+    return result.prm
+
+
+def _reward_of(prm: PrmVerdict, failed_reward: float | None) -> float:
+    if prm.status in GUARDED_NO_SCORE:
         return 0.0
-    if prm["status"] != STATUS_FAILED:
-        return float(prm["score"])
+    if prm.status != STATUS_FAILED and prm.score is not None:
+        return float(prm.score)
     if failed_reward is None:
-        raise RewardUnavailable(f"judge failed: {prm.get('reason') or 'no verdict'}; retry the request")
+        raise RewardUnavailable(f"judge failed: {prm.reason or 'no verdict'}; retry the request")
     return float(failed_reward)
 
 
-def openrlhf_reply(results: list[dict[str, Any]], failed_reward: float | None) -> dict[str, Any]:
+def openrlhf_reply(results: list[JudgeVerdicts], failed_reward: float | None) -> dict[str, Any]:
     """The /get_reward answer for judge results (one per query): numbers only, see the module docstring.
 
     Raises RewardUnavailable (503) when an item failed and no ``failed_reward`` fallback is configured.
     """
-    prms = [r["prm"] for r in results]
+    prms = [_prm_of(r) for r in results]
     rewards = [_reward_of(prm, failed_reward) for prm in prms]
     extra_logs = {
-        name: [1.0 if prm["status"] == status else 0.0 for prm in prms] for status, name in STATUS_LOG_NAMES.items()
+        name: [1.0 if prm.status == status else 0.0 for prm in prms] for status, name in STATUS_LOG_NAMES.items()
     }
-    extra_logs["judge_confidence"] = [
-        0.0 if prm["status"] == STATUS_FAILED else float(prm["confidence"]) for prm in prms
-    ]
+    extra_logs["judge_confidence"] = [0.0 if prm.status == STATUS_FAILED else float(prm.confidence) for prm in prms]
     return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra_logs}
 
 
-def slime_reply(result: dict[str, Any], failed_reward: float | None) -> dict[str, Any]:
+def slime_reply(result: JudgeVerdicts, failed_reward: float | None) -> dict[str, Any]:
     """The /slime/reward answer (read by slime with ``--reward-key reward``); RewardUnavailable as above."""
-    prm = result["prm"]
+    prm = _prm_of(result)
     return {
         "reward": _reward_of(prm, failed_reward),
-        "status": prm["status"],
-        "confidence": 0.0 if prm["status"] == STATUS_FAILED else float(prm["confidence"]),
-        "prm": prm,
-        "prompt_versions": result["prompt_versions"],
+        "status": prm.status,
+        "confidence": 0.0 if prm.status == STATUS_FAILED else float(prm.confidence),
+        "prm": prm.to_json(),
+        "prompt_versions": result.prompt_versions,
     }

@@ -54,7 +54,7 @@ from engine.chat import render_prompt_ids
 from engine.client import EngineClient, parse_generation
 from engine.disconnect import abort_engine_requests
 from engine.errors import EngineBadResponse, EngineError, EngineTimeout
-from engine.records import STATUS_FAILED, STATUS_OK, GuardHit, HintVerdict, JudgeUsage, PrmVerdict
+from engine.records import STATUS_FAILED, STATUS_OK, GuardHit, HintVerdict, JudgeUsage, JudgeVerdicts, PrmVerdict
 from judge_server.errors import InvalidRequest
 from judge_server.guard_verdicts import guarded_hint, guarded_prm, step_of
 from judge_server.guards import Guards, guards_version
@@ -142,7 +142,6 @@ class JudgeService:
         self.openai: OpenAIVotes | None = None
         if settings.backend == "openai":
             assert client is not None and settings.model
-            # Settings forwarded by name (their likeness to other keyword constructors is incidental).
             self.openai = OpenAIVotes(
                 client,
                 model=settings.model,
@@ -172,7 +171,9 @@ class JudgeService:
             return False
         return await abort_engine_requests([self.client], rid_prefix) == 1
 
-    async def judge(self, req: JudgeRequest, rid_prefix: str | None = None) -> dict[str, Any]:
+    async def judge(self, req: JudgeRequest, rid_prefix: str | None = None) -> JudgeVerdicts:
+        """The verdicts of ``req``'s tasks (only those: an unrequested task stays absent on the wire), every
+        guard that fired, the summed cost and the template versions."""
         m = req.m or self.settings.m
         if m > self.settings.max_m:
             raise InvalidRequest(f"m={m} exceeds the maximum of {self.settings.max_m}")
@@ -194,12 +195,16 @@ class JudgeService:
                 for t in req.tasks
             )
         )
-        out: dict[str, Any] = dict(zip(req.tasks, results, strict=True))
-        out["guards"] = [h.to_json() for h in hits]
-        out["usage"] = total_usage(list(usages.values())).model_dump()
         versions = self.prompt_versions
-        out["prompt_versions"] = {**{t: versions[t] for t in req.tasks}, "guards": versions["guards"]}
-        return out
+        # Only the requested tasks are set: an unrequested one stays absent from the answer, never null.
+        return JudgeVerdicts.model_validate(
+            {
+                **dict(zip(req.tasks, results, strict=True)),
+                "guards": hits,
+                "usage": total_usage(list(usages.values())),
+                "prompt_versions": {**{t: versions[t] for t in req.tasks}, "guards": versions["guards"]},
+            }
+        )
 
     async def _run_task(
         self,
@@ -212,7 +217,7 @@ class JudgeService:
         usage: JudgeUsage,
         hits: list[GuardHit],
         rid_prefix: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> PrmVerdict | HintVerdict:
         collected: list[Vote] = []
         s = self.settings
         try:
@@ -253,7 +258,7 @@ class JudgeService:
         voted = self._task_json(task, result, usage)
         verdict = guarded_prm(voted, hits) if isinstance(voted, PrmVerdict) else guarded_hint(voted, hits)
         self._observe(task, result, verdict.status, usage)
-        return verdict.to_json()
+        return verdict
 
     def _observe(self, task: str, result: VoteResult, status: str, usage: JudgeUsage) -> None:
         """``status``: the task's final one (after the guards); the vote figures are the votes' own."""
@@ -281,28 +286,20 @@ class JudgeService:
                 reason=result.reason,
                 usage=usage,
             )
-        if result.status == STATUS_FAILED:
-            return HintVerdict.wire(
-                accepted=False,
-                hint=None,
-                votes=result.votes,
-                status=STATUS_FAILED,
-                reason=result.reason,
-                vote_status=result.status,
-                usage=usage,
+        failed = result.status == STATUS_FAILED
+        hint = None
+        if not failed:  # a failed round has no votes to select a hint from
+            hint = select_hint(
+                result.samples,
+                result,
+                min_chars=self.settings.hint_min_chars,
+                require_majority=self.settings.hint_require_majority,
             )
-        hint = select_hint(
-            result.samples,
-            result,
-            min_chars=self.settings.hint_min_chars,
-            require_majority=self.settings.hint_require_majority,
-        )
-        # The failed verdict above and this one share their fields by design: both are one HintVerdict.
         return HintVerdict.wire(
             accepted=hint is not None,
             hint=hint,
             votes=result.votes,
-            status=STATUS_OK,
+            status=STATUS_FAILED if failed else STATUS_OK,
             reason=result.reason,
             vote_status=result.status,
             usage=usage,

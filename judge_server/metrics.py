@@ -30,7 +30,6 @@ class JudgeMetrics:
             registry=r,
         )
         self.parse_failures = Counter("hindsight_judge_parse_failures_total", "Unparseable votes", ["task"], registry=r)
-        # Metric declarations share the prometheus_client form by design (policy_server/metrics.py too).
         self.votes_per_turn = Histogram(
             "hindsight_judge_votes_per_turn",
             "Votes drawn per task",

@@ -105,7 +105,6 @@ class OpenAIVotes:
             )
         )
 
-    # sample()'s parameters on purpose: one vote of the round sample() runs.
     async def _vote(
         self,
         task: str,

@@ -133,18 +133,20 @@ async def _unless_disconnected(
         return Response(status_code=CLIENT_CLOSED_STATUS)
 
 
-async def _judge_all(service: JudgeService, items: list[JudgeRequest], rid_prefix: str) -> list[dict[str, Any]]:
+async def _judge_all(service: JudgeService, items: list[JudgeRequest], rid_prefix: str) -> list[JudgeVerdicts]:
     # One prefix per HTTP request, one sub-prefix per item: a single abort covers the whole batch.
     return list(await asyncio.gather(*(service.judge(it, f"{rid_prefix}{i}-") for i, it in enumerate(items))))
 
 
+# The verdict records are the bodies: an unrequested task (never set) stays absent, as the records' wire contract says.
 @router.post(
     "/v1/judge",
     dependencies=guarded,
-    response_model=None,
-    responses={200: {"model": JudgeVerdicts, "description": "the verdicts"}, **JUDGE_ERRORS},
+    response_model=JudgeVerdicts,
+    response_model_exclude_unset=True,
+    responses={200: {"description": "the verdicts"}, **JUDGE_ERRORS},
 )
-async def judge_one(item: JudgeRequest, request: Request) -> dict[str, Any] | Response:
+async def judge_one(item: JudgeRequest, request: Request) -> JudgeVerdicts | Response:
     service = _service(request)
     _check_item(service, item)
     return await _unless_disconnected(request, service, lambda rid: service.judge(item, rid))
@@ -153,10 +155,11 @@ async def judge_one(item: JudgeRequest, request: Request) -> dict[str, Any] | Re
 @router.post(
     "/v1/judge/batch",
     dependencies=guarded,
-    response_model=None,
-    responses={200: {"model": JudgeBatchVerdicts, "description": "one verdict per item, in order"}, **JUDGE_ERRORS},
+    response_model=JudgeBatchVerdicts,
+    response_model_exclude_unset=True,
+    responses={200: {"description": "one verdict per item, in order"}, **JUDGE_ERRORS},
 )
-async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request) -> dict[str, Any] | Response:
+async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request) -> JudgeBatchVerdicts | Response:
     service = _service(request)
     items = body.items if isinstance(body, BatchRequest) else body
     if not items:
@@ -166,7 +169,7 @@ async def judge_batch(body: BatchRequest | list[JudgeRequest], request: Request)
     for item in items:
         _check_item(service, item)
     results = await _unless_disconnected(request, service, lambda rid: _judge_all(service, items, rid))
-    return results if isinstance(results, Response) else {"results": results}
+    return results if isinstance(results, Response) else JudgeBatchVerdicts(results=results)
 
 
 # The reward of a judge_failed item, per request: the URL is all OpenRLHF and slime let a user configure.
@@ -206,7 +209,6 @@ async def openrlhf_reward(
     return openrlhf_reply(results, _failed_reward(service, failed_reward))
 
 
-# Each compat route declares its own body and reply models (alike by design: one route per trainer's protocol).
 @router.post(
     "/slime/reward",
     dependencies=compat_guarded,

@@ -24,7 +24,6 @@ DEFAULT_POSITIVE = ["thanks", "thank you", "worked", "works", "great", "perfect"
 DEFAULT_NEGATIVE = ["wrong", "not what", "redo", "incorrect", "error", "failed", "no,"]
 
 
-# Every field repeats the Field(default, bounds, description) form by design: one documented flag each.
 class JudgeSettings(CliSettings):
     """Resolved configuration of the judge service; names carry units (``_s``, ``_tokens``, ``_chars``)."""
 
@@ -32,7 +31,7 @@ class JudgeSettings(CliSettings):
 
     # --- service
     host: str = Field("127.0.0.1", description="address to listen on; beyond loopback an api_key is required")
-    port: int = Field(8100, description="port to listen on")
+    port: int = Field(30200, description="port to listen on (launch/judge.sh's JUDGE_PORT)")
     api_key: str | None = Field(
         None, description="bearer key for /v1/*, /get_reward and /slime/*; /health, /ready and /metrics stay open"
     )

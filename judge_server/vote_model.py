@@ -155,7 +155,6 @@ def fixed_error(
     return never_stop[1]
 
 
-# Keyword parameters of the voting rule (their likeness to the judge's sampler signature is incidental).
 @lru_cache(maxsize=512)
 def stop_table(
     agreement: float,

@@ -172,7 +172,6 @@ def create_app(settings: PolicySettings) -> FastAPI:
                     family=family,
                 ),
                 gate=gate,
-                # Settings forwarded by name (their likeness to other keyword constructors is incidental).
                 weight_sync=WeightSync(
                     workers,
                     gate,

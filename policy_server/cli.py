@@ -1,6 +1,6 @@
 """``hindsight-policy``: run the policy server (every PolicySettings field is a flag; env HINDSIGHT_POLICY_*).
 
-    hindsight-policy --model-path DIR --engine-url http://127.0.0.1:30010 --data-dir ./data \
+    hindsight-policy --model-path DIR --engine-url http://127.0.0.1:30001 --data-dir ./data \
         [--judge-url URL] [--teacher-url URL] [--mode rl|opd|combine] [--port 30000] [--config FILE] ...
 
     hindsight-policy migrate [--store-url URL | --data-dir DIR]   # schema migrations only, then exit

@@ -57,7 +57,6 @@ class PolicyError(Exception):
         self.code = code
 
 
-# One small class per HTTP status below, alike by design: the tree is the service's one status and type map.
 class InvalidRequest(PolicyError):
     status_code = 400
     error_type = "invalid_request_error"

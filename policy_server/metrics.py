@@ -78,7 +78,6 @@ class JudgeFeedbackCollector(Collector):
 
 
 class Metrics:
-    # Metric declarations share the prometheus_client form by design, one per measured thing.
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry

@@ -18,7 +18,6 @@ from engine.sample_values import TEACHER_TEMPERATURE
 from engine.security import check_exposure
 
 
-# Every field repeats the Field(default, bounds, description) form by design: one documented flag each.
 class PolicySettings(CliSettings):
     """Resolved configuration; names carry units (``_s``, ``_bytes``)."""
 
@@ -106,7 +105,7 @@ class PolicySettings(CliSettings):
 
     # --- serving
     host: str = Field("127.0.0.1", description="address to listen on; beyond loopback an api_key is required")
-    port: int = Field(30000, description="port to listen on")
+    port: int = Field(30000, description="port to listen on (launch's POLICY_PORT)")
     api_key: str | None = Field(None, description="bearer key agents send on /v1/*")
     admin_api_key: str | None = Field(None, description="bearer key of /admin/* and the sample lease routes")
     infer_sessions: bool = Field(

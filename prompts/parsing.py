@@ -49,26 +49,21 @@ def _to_int(inner: str) -> int | None:
     return -int(value) if m.group(1) == "-" else int(value)
 
 
+def _last_match(text: str, pattern: re.Pattern[str]) -> str | None:
+    """The last ``pattern`` group in the final answer of ``text``, or None (no final answer, or no match)."""
+    answer = final_answer(text)
+    matches = pattern.findall(answer) if answer else []
+    return matches[-1] if matches else None
+
+
 def parse_verdict(text: str, allowed: set[int] | frozenset[int]) -> int | None:
     """The integer in the last ``\\boxed{}`` of the final answer if it is in ``allowed``, else None."""
-    answer = final_answer(text)
-    if not answer:
-        return None
-    boxes = _BOX_RE.findall(answer)
-    if not boxes:
-        return None
-    value = _to_int(boxes[-1])
+    box = _last_match(text, _BOX_RE)
+    value = None if box is None else _to_int(box)
     return value if value is not None and value in allowed else None
 
 
 def parse_hint(text: str) -> str | None:
     """The stripped text of the last ``[HINT_START]...[HINT_END]`` of the final answer, or None."""
-    answer = final_answer(text)
-    if not answer:
-        return None
-    # parse_verdict's steps above on purpose: a hint is read from the same final answer, by its own pattern.
-    hints = _HINT_RE.findall(answer)
-    if not hints:
-        return None
-    hint = hints[-1].strip()
-    return hint or None
+    hint = _last_match(text, _HINT_RE)
+    return (hint or "").strip() or None

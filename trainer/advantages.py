@@ -191,7 +191,6 @@ def multiplicative_opd(
     return torch.where(step_ids >= 0, out, torch.zeros_like(out))
 
 
-# multiplicative_opd's signature on purpose: the literal reference form it is tested against.
 def multiplicative_opd_literal(
     teacher_lp: torch.Tensor,  # (B, T)
     old_lp: torch.Tensor,  # (B, T)

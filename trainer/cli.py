@@ -1,4 +1,5 @@
-"""``hindsight-train``: parse the command line (trainer/settings.py), configure logging once, run the loop.
+"""``hindsight-train``: parse the command line (trainer/settings.py; the PRM file through trainer/prm.py),
+configure logging once, run the loop.
 
     HINDSIGHT_TRAIN_ADMIN_API_KEY=K hindsight-train --policy-url URL --model-path DIR --out-dir DIR \
         [--steps N] [--batch-size B] [--lr F] [--config FILE] ...
@@ -14,8 +15,23 @@ import logging
 import os
 import sys
 
+from engine.cli_settings import parse_cli
 from trainer.lease_client import TrainerError
-from trainer.settings import parse_config
+from trainer.prm import resolve_prm_config
+from trainer.settings import DESCRIPTION, PROG, TrainConfig
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """TrainConfig from flags > env > ``--config`` file > defaults, PRM file applied and validated; exits 2
+    with the reason when invalid."""
+    cfg = parse_cli(TrainConfig, argv, prog=PROG, description=DESCRIPTION)
+    try:
+        cfg = resolve_prm_config(cfg)
+        cfg.check_consistency()
+    except ValueError as exc:
+        print(f"{PROG}: invalid configuration: {exc}", file=sys.stderr)
+        sys.exit(2)
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from engine.cli_settings import CliSettings, EnvOnly, OneOf, parse_cli
+from engine.cli_settings import CliSettings, EnvOnly, OneOf
 from trainer.choices import (
     AGGREGATIONS,
     BASELINES,
@@ -33,7 +33,6 @@ ADVANTAGE_MODES = ("sample", "rl", "opd", "combine", "prm_gated_opd", "multiplic
 UNBOUNDED_STEPS = sys.maxsize  # what ``--steps 0`` (until stopped) resolves to
 
 
-# Every field repeats the Field(default, bounds, description) form by design: one documented flag each.
 class TrainConfig(CliSettings):
     """Resolved trainer configuration (frozen); names carry units (``_s``)."""
 
@@ -234,18 +233,3 @@ class TrainConfig(CliSettings):
             except OSError as exc:
                 raise ValueError(f"admin_api_key_file {path}: {exc.strerror or exc}") from None
         return data
-
-
-def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    """TrainConfig from flags > env > ``--config`` file > defaults, PRM file applied and validated; exits 2
-    with the reason when invalid."""
-    cfg = parse_cli(TrainConfig, argv, prog=PROG, description=DESCRIPTION)
-    try:
-        from trainer.prm import resolve_prm_config
-
-        cfg = resolve_prm_config(cfg)
-        cfg.check_consistency()
-    except ValueError as exc:
-        print(f"{PROG}: invalid configuration: {exc}", file=sys.stderr)  # noqa: T201
-        sys.exit(2)
-    return cfg

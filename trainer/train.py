@@ -63,7 +63,7 @@ from trainer.lease_client import (
     TrainerError,
     collect_leases,
 )
-from trainer.lease_client.samples import SetAside, typed_samples
+from trainer.lease_client.samples import SetAside, staleness, typed_samples
 from trainer.metrics import MetricsLogger
 from trainer.objective import carries_learning_term
 from trainer.prm import resolve_prm_config
@@ -77,19 +77,10 @@ logger = logging.getLogger(__name__)
 SKIPPED_STEPS_FILE = "skipped_steps.jsonl"  # one line per batch that had no gradient (trainer/report reads it)
 
 
-def sample_version(weight_version: str | None) -> int:
-    """The trainer step whose weights generated a sample: the trainer publishes ``weight_version = str(step)``;
-    any other version (the engine's initial one, e.g. SGLang's ``default``) is the weights before step 1."""
-    try:
-        return int(str(weight_version))
-    except ValueError:
-        return 0
-
-
-# ----------------------------------------------------------------------------- one leased batch
+# ----------------------------------------------------------------------------- one admitted batch
 @dataclass
-class LeasedBatch:
-    """The samples of one step's leases; ``invalid[i]``: sample i is trained with mask 0 (contract break, duplicate).
+class AdmittedBatch:
+    """The samples of one step's leases, admitted (``Trainer.admit``); ``invalid[i]``: sample i is trained with mask 0 (contract break, duplicate).
     ``set_aside``: leased JSON off the Sample schema, never trained (acked with its lease, counted invalid)."""
 
     samples: list[Sample]
@@ -234,7 +225,7 @@ class TrainingRun:
             self.idle_since = time.monotonic()
         return leases, stop
 
-    def admit(self, leases: list[Lease]) -> LeasedBatch:
+    def admit(self, leases: list[Lease]) -> AdmittedBatch:
         """The leases' samples with contract breaks and already-trained duplicates marked invalid (and logged);
         the leases join the ones the next checkpoint acks, on every rank so all ranks agree on when to persist."""
         # The JSON edge: each leased object is read into a Sample once; one off the schema is set aside.
@@ -265,7 +256,7 @@ class TrainingRun:
                     "sample %s not trained: %s", sample.sample_id, why or "already trained (re-leased duplicate)"
                 )
         self.pending_leases.extend(lease.lease_id for lease in leases)
-        return LeasedBatch(
+        return AdmittedBatch(
             samples,
             [bool(why) or dup for why, dup in zip(reasons, duplicate, strict=True)],
             n_stale=sum(stale),
@@ -275,18 +266,19 @@ class TrainingRun:
     def staleness_problem(self, sample: Sample) -> str | None:
         """Why ``sample`` is too old to train, or None: it was generated more than ``max_staleness`` weight
         versions before the weights this step updates (version = the trainer's step; -1 = no bound). A samples
-        file is offline data: its versions are not this trainer's, so it has no bound."""
+        file is offline data: its versions are not this trainer's, so it has no bound. This trainer publishes
+        every version after the engine's initial weights, so a non-integer version is those: version 0."""
         k = self.cfg.max_staleness
         if k < 0 or self.cfg.samples_file:
             return None
-        age = self.step - sample_version(sample.weight_version)
-        if age <= k:
+        age = staleness(sample, self.step, initial_version=0)
+        if age is None or age <= k:
             return None
         return (
             f"stale: weight version {sample.weight_version!r} is {age} versions behind {self.step} (max_staleness {k})"
         )
 
-    def update_policy(self, batch: LeasedBatch) -> dict[str, Any] | None:
+    def update_policy(self, batch: AdmittedBatch) -> dict[str, Any] | None:
         """One PPO update on ``batch``; remembers its trained sample ids and checks DDP replicas still agree.
         None when the batch has no gradient (trainer.update.train_on_batch): nothing changed but the baseline."""
         started = time.monotonic()
@@ -372,7 +364,7 @@ class TrainingRun:
         self.pending_leases.clear()
         self.checkpoint, self.last_saved = broadcast(path, self.world), self.step
 
-    def skip_step(self, leases: list[Lease], batch: LeasedBatch) -> None:
+    def skip_step(self, leases: list[Lease], batch: AdmittedBatch) -> None:
         """A batch with no gradient: count it, append it to skipped_steps.jsonl and ack its leases.
 
         Nothing else changes: the step counter, the weights, Adam's moments and step count and the published
@@ -407,7 +399,7 @@ class TrainingRun:
             f.write(json.dumps(record) + "\n")
         logger.info("no gradient in %d sample(s): step skipped (%d so far)", batch.n_samples, self.skipped_steps)
 
-    def log_step(self, stats: dict[str, Any], batch: LeasedBatch) -> None:
+    def log_step(self, stats: dict[str, Any], batch: AdmittedBatch) -> None:
         """Write the step's metrics (rank 0) with its timings and the PRM windows since the last logged step."""
         now = time.monotonic()
         step_time_s = now - self.last_step_end  # lease, update, checkpoint and weight sync

@@ -182,7 +182,6 @@ class DevEngine:
             text = self.runner.final_text(sample, job.sampling)
         else:
             text = self.runner.partial_text(sample.output_ids, job.sampling.skip_special_tokens)
-        # Keyword construction from the job and its result (its likeness to other constructors is incidental).
         meta = build_meta(
             rid=p.sample_rids[k],
             finish_reason=sample.finish_reason,

@@ -21,7 +21,7 @@ class DevEngineSettings(CliSettings):
 
     model_path: str = Field(..., description="Hugging Face model folder to serve (weights, config, tokenizer)")
     host: str = Field("127.0.0.1", description="address to listen on; beyond loopback an api_key is required")
-    port: int = Field(default=30000, ge=0, le=65535, description="port to listen on")
+    port: int = Field(default=31000, ge=0, le=65535, description="port to listen on (launch's POLICY_ENGINE_BASE_PORT)")
     api_key: str | None = Field(None, description="bearer key of every route but the probes")
     admin_api_key: str | None = Field(
         None, description="bearer key of the control routes (pause, weight update); default: api_key"

@@ -21,12 +21,27 @@ Its per-turn ``evaluate`` is not used and raises.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from judge_server.prm.types import Interaction, PRMScorerResult, RawReward
 
-if TYPE_CHECKING:
-    from judge_server.prm.config import PRMConfig
+
+class ShapingView(Protocol):
+    """What a scorer may read of the advantage shaping (judge_server.prm.config.PRMAdvantageShapingConfig)."""
+
+    @property
+    def mode(self) -> str: ...
+
+
+class PRMConfigView(Protocol):
+    """What a scorer may read of the ``prm`` section it serves (judge_server.prm.config.PRMConfig has it): the
+    config builds scorers, so the scorer contract names only these fields, not the config module."""
+
+    @property
+    def enabled(self) -> bool: ...
+
+    @property
+    def advantage_shaping(self) -> ShapingView: ...
 
 
 class BaseScorer:
@@ -56,7 +71,7 @@ class BaseScorer:
             return None
         return self.prepare_result(interaction, result, ctx)
 
-    def validate_prm_config(self, config: PRMConfig, *, training_enabled: bool) -> None:
+    def validate_prm_config(self, config: PRMConfigView, *, training_enabled: bool) -> None:
         """Raise ``ValueError`` when this scorer cannot serve ``config`` (e.g. its shaping mode)."""
         del config, training_enabled
 

@@ -21,17 +21,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from engine.records import STATUS_FAILED, STATUS_TIE, JudgeVerdicts
-from judge_server.prm.scorer import BaseScorer
+from judge_server.prm.scorer import BaseScorer, PRMConfigView
 from judge_server.prm.types import Interaction, PRMMetricObservation, PRMScorerResult, RawReward, thaw
 
-if TYPE_CHECKING:
-    from judge_server.prm.config import PRMConfig
 
-
-# Its judge() repeats JudgeClient.judge's signature on purpose: any client or user object with it will do.
 class VerdictSource(Protocol):
     """What LLMJudgeScorer asks of a judge client: ``judge_server.client.JudgeClient``, or a user's object with
     the same ``judge`` (sync or async, answering a ``JudgeVerdicts`` or its wire JSON)."""
@@ -122,7 +118,7 @@ class LLMJudgeScorer(BaseScorer):
             )
             self._owns_client = True
 
-    def validate_prm_config(self, config: PRMConfig, *, training_enabled: bool) -> None:
+    def validate_prm_config(self, config: PRMConfigView, *, training_enabled: bool) -> None:
         if training_enabled and config.advantage_shaping.mode == "process_weighted" and self.reward_range != "unit":
             raise ValueError(
                 "llm_judge scores are in [-1, 1]; process_weighted shaping needs kwargs.reward_range: unit"

@@ -71,6 +71,12 @@ class WeightsBody(BaseModel):
     weight_version: str = Field(..., min_length=1, max_length=256)
 
 
+def check_count(value: int, most: int, param: str) -> None:
+    """A row or sample count outside [1, ``most``] is a 400 naming ``param`` (the server's bound, not the schema's)."""
+    if not 1 <= value <= most:
+        raise InvalidRequest(f"{param} must be in [1, {most}]", param=param)
+
+
 def declare_limits(spec: dict[str, Any], max_lease_size: int, max_lease_wait_s: float) -> None:
     """Put this server's own limits (its settings) into its OpenAPI ``spec``, in place: the lease and list
     parameters' maxima. (``min <= max`` relates two parameters, which OpenAPI cannot say: a 400.)"""
@@ -110,8 +116,7 @@ async def lease(
     merge: bool = Query(False, description="also return the samples' merged session trajectories"),
 ) -> dict[str, Any]:
     st = _st(request)
-    if not 1 <= max_n <= st.settings.max_lease_size:
-        raise InvalidRequest(f"max must be in [1, {st.settings.max_lease_size}]", param="max")
+    check_count(max_n, st.settings.max_lease_size, "max")
     if not 1 <= min_n <= max_n:
         raise InvalidRequest("min must be in [1, max]", param="min")
     if not (math.isfinite(wait_s) and 0 <= wait_s <= st.settings.max_lease_wait_s):
@@ -153,15 +158,13 @@ async def list_samples(
     limit: int = Query(100, ge=1, description="rows at most, <= max_lease_size"),
 ) -> dict[str, Any]:
     st = _st(request)
-    if not 1 <= limit <= st.settings.max_lease_size:
-        raise InvalidRequest(f"limit must be in [1, {st.settings.max_lease_size}]", param="limit")
+    check_count(limit, st.settings.max_lease_size, "limit")
     if status is not None and status not in SAMPLE_STATUSES:
         raise InvalidRequest(f"status must be one of {', '.join(SAMPLE_STATUSES)}", param="status")
     rows = await asyncio.to_thread(st.store.list_samples, session_id=session_id, status=status, limit=limit)
     return {"samples": rows}
 
 
-# list_samples' paging and auth above on purpose: both are read-only listings bounded by max_lease_size.
 @router.get("/v1/side_turns", response_model=None, responses={**ok(rm.SideTurnList), **error_responses(400, 401)})
 async def list_side_turns(
     request: Request,
@@ -169,8 +172,7 @@ async def list_side_turns(
     limit: int = Query(100, ge=1, description="rows at most, <= max_lease_size"),
 ) -> dict[str, Any]:
     st = _st(request)
-    if not 1 <= limit <= st.settings.max_lease_size:
-        raise InvalidRequest(f"limit must be in [1, {st.settings.max_lease_size}]", param="limit")
+    check_count(limit, st.settings.max_lease_size, "limit")
     rows = await asyncio.to_thread(st.store.list_side_turns, session_id=session_id, limit=limit)
     return {"side_turns": rows}
 

@@ -71,7 +71,6 @@ class ChatAnswer:
     completion: dict[str, Any] | None = None
     chunks: AsyncIterator[dict[str, Any]] | None = None
 
-    # Read-only views of the reply (their likeness to other classes' property accessors is incidental).
     @property
     def turn(self) -> ChatTurn:
         return self.reply.turn

@@ -51,7 +51,6 @@ MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
     },
     responses=MESSAGES_RESPONSES,
 )
-# Mirrors create_response (responses.py) on purpose: each API shape has its own parse, auth and reply.
 async def create_message(request: Request) -> Response:
     st: PolicyState = request.app.state.policy
     require_client_any_header(request, st.settings)

@@ -37,10 +37,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from engine.validation import clip, clip_name, most_specific_error
-from policy_server.api.openai_schemas import ChatRequest
+from policy_server.api.openai_schemas import ChatRequest, ChatRequestDoc, inline_schema
 from policy_server.errors import InvalidRequest
 from policy_server.serving.tool_choice import (
     forced_tool_grammar,
@@ -210,3 +210,13 @@ def hindsight_headers(weight_version: str | None, session_id: str | None) -> dic
     if session_id is not None and session_id.isascii():  # HTTP headers are latin-1; the body field has it all
         headers["X-Hindsight-Session-Id"] = session_id
     return headers
+
+
+def chat_request_schema() -> dict[str, Any]:
+    """The OpenAPI request-body schema of ``/v1/chat/completions`` (the route reads the body itself): every
+    field the route accepts, the basic ones of ``openai_schemas.ChatRequestDoc`` and this module's extras; any
+    other field is a 400, so the schema allows no additional properties."""
+    schema = inline_schema(TypeAdapter(ChatRequestDoc))
+    schema["properties"].update(inline_schema(TypeAdapter(ChatExtras))["properties"])
+    schema["additionalProperties"] = False
+    return schema

@@ -104,7 +104,7 @@ class NamedToolChoice(_Open):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-def _inline_schema(adapter: TypeAdapter[Any]) -> dict[str, Any]:
+def inline_schema(adapter: TypeAdapter[Any]) -> dict[str, Any]:
     """The adapter's JSON schema with its ``$defs`` inlined (FastAPI's OpenAPI does not carry nested defs)."""
     schema = adapter.json_schema()
     defs = schema.pop("$defs", {})
@@ -132,7 +132,7 @@ def _messages_schema() -> dict[str, Any]:
     and tool messages need content (a string or text parts, not null), a tool message its tool_call_id; an
     assistant message may have null content. (That a tool_call_id names an earlier call is checked, not
     documented: JSON Schema cannot say it.)"""
-    item = _inline_schema(_MESSAGES)["items"]
+    item = inline_schema(_MESSAGES)["items"]
     props = item["properties"]
     content = {**props["content"], "anyOf": [s for s in props["content"]["anyOf"] if s != {"type": "null"}]}
     content.pop("default", None)
@@ -161,8 +161,8 @@ def _messages_schema() -> dict[str, Any]:
 
 
 Messages = Annotated[list[dict[str, Any]], WithJsonSchema(_messages_schema())]
-Tools = Annotated[list[dict[str, Any]] | None, WithJsonSchema(_inline_schema(_TOOLS))]
-ToolChoiceField = Annotated[str | dict[str, Any] | None, WithJsonSchema(_inline_schema(_TOOL_CHOICE))]
+Tools = Annotated[list[dict[str, Any]] | None, WithJsonSchema(inline_schema(_TOOLS))]
+ToolChoiceField = Annotated[str | dict[str, Any] | None, WithJsonSchema(inline_schema(_TOOL_CHOICE))]
 
 
 class ChatRequest(BaseModel):
@@ -262,30 +262,16 @@ CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def chat_request_schema() -> dict[str, Any]:
-    """The OpenAPI request-body schema of ``/v1/chat/completions`` (the route reads the body itself): every
-    field the route accepts, the OpenAI extras of ``policy_server.api.openai_fields`` included; any other field
-    is a 400, so the schema allows no additional properties."""
-    from policy_server.api.openai_fields import (
-        ChatExtras,  # that module imports this one
-    )
-
-    schema = _inline_schema(TypeAdapter(ChatRequestDoc))
-    schema["properties"].update(_inline_schema(TypeAdapter(ChatExtras))["properties"])
-    schema["additionalProperties"] = False
-    return schema
-
-
 def body_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The OpenAPI request-body schema of a route that reads its body itself with ``model`` (``$defs`` inlined)."""
-    return _inline_schema(TypeAdapter(model))
+    return inline_schema(TypeAdapter(model))
 
 
 def request_schema(model: type[BaseModel]) -> dict[str, Any]:
     """:func:`body_schema` with the session fallbacks every client route accepts (removed before the model sees
     the body)."""
     schema = body_schema(model)
-    doc = _inline_schema(TypeAdapter(ChatRequestDoc))["properties"]
+    doc = inline_schema(TypeAdapter(ChatRequestDoc))["properties"]
     schema["properties"].update({k: doc[k] for k in SESSION_BODY_KEYS})
     return schema
 

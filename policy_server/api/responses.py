@@ -81,7 +81,7 @@ def chain_instructions(st: PolicyState, response_id: str, conversation: list[dic
     turn = st.store.get_turn(*found) if found is not None else None
     if turn is None:
         return []
-    messages: list[dict[str, Any]] = turn["messages"]
+    messages = turn.messages
     lead = len(messages) - (len(conversation) - 1)
     if lead not in (0, 1) or any(m.get("role") != "system" for m in messages[:lead]):
         return []

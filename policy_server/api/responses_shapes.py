@@ -173,7 +173,6 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages
 
 
-# Alike to messages_shapes.chat_tools on purpose: each API shape declares its tools its own way.
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     if tools is None:
         return None

@@ -117,30 +117,21 @@ class ResponseEvents:
             fn = call.get("function") or {}
             done = ro.call_item(f"fc_{self.hexid}_{i}", {"id": call.get("id"), "function": fn})
             index = self._index()
-            # The added / delta / done events below share their fields by design: the Responses stream announces each part thrice.
-            out.append(
+            # A call is announced whole: added (empty arguments), its arguments as one delta, then done.
+            args = done["arguments"]
+            out += [
                 self.event(
                     "response.output_item.added",
                     output_index=index,
                     item={**done, "arguments": "", "status": "in_progress"},
-                )
-            )
-            out.append(
+                ),
                 self.event(
-                    "response.function_call_arguments.delta",
-                    item_id=done["id"],
-                    output_index=index,
-                    delta=done["arguments"],
-                )
-            )
-            out.append(
+                    "response.function_call_arguments.delta", item_id=done["id"], output_index=index, delta=args
+                ),
                 self.event(
-                    "response.function_call_arguments.done",
-                    item_id=done["id"],
-                    output_index=index,
-                    arguments=done["arguments"],
-                )
-            )
+                    "response.function_call_arguments.done", item_id=done["id"], output_index=index, arguments=args
+                ),
+            ]
             out.append(self.event("response.output_item.done", output_index=index, item=done))
             self.output.append(done)
         return out

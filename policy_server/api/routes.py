@@ -148,7 +148,6 @@ def _chat_input(
         tools=bool(req.tools) and req.tool_choice != "none",
         behind_router=st.settings.engine_url not in st.settings.engine_worker_urls,
     )
-    # Fields handed over by name (their likeness to other keyword constructors is incidental).
     turn = ChatInput(
         messages=messages,
         tools=req.tools,
@@ -169,7 +168,7 @@ def _chat_input(
 @router.post(
     "/v1/chat/completions",
     openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": oa.chat_request_schema()}}}
+        "requestBody": {"required": True, "content": {"application/json": {"schema": fields.chat_request_schema()}}}
     },
     responses=oa.CHAT_RESPONSES,
 )

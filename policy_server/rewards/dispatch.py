@@ -65,6 +65,8 @@ from engine.records import (
     RejectReason,
     Sample,
     SampleJSON,
+    Turn,
+    TurnRecord,
 )
 from engine.records import SampleState as S
 from engine.sample_values import value_problem
@@ -72,9 +74,10 @@ from engine.tool_grammar import is_constrained as grammar_constrained
 from engine.validation import describe_validation_errors
 from judge_server.errors import JudgeUnavailable
 from policy_server.errors import StoreBusy
-from policy_server.rewards.feedback import applicable, apply_feedback
 from policy_server.rewards.scoring import PRMScoring, apply_outcome, held_outcomes
 from policy_server.store import SampleStore
+from policy_server.store.feedback_rule import applicable, apply_feedback
+from policy_server.store.rows import JudgeJob
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +86,7 @@ logger = logging.getLogger(__name__)
 _RETRYABLE: tuple[type[BaseException], ...] = (EngineUnavailable, EngineTimeout, JudgeUnavailable)
 
 
-def is_constrained(turn: dict[str, Any]) -> bool:
+def is_constrained(turn: TurnRecord) -> bool:
     """Whether the turn was sampled under a decoding constraint (a forced tool call: ``ebnf``; a JSON
     response format: ``json_schema``).
 
@@ -92,13 +95,12 @@ def is_constrained(turn: dict[str, Any]) -> bool:
     so; turns recorded before that flag existed are recognised by their sampling params, by the same rule
     (engine.tool_grammar.is_constrained) that set the flag.
     """
-    return bool(turn.get("constrained")) or grammar_constrained(turn.get("sampling_params") or {})
+    return turn.constrained or grammar_constrained(turn.sampling_params or {})
 
 
 class TurnPipeline(Protocol):
     """What the dispatcher needs of the reward pipeline (policy_server.rewards.modes.RewardPipeline)."""
 
-    # RewardPipeline.process's signature on purpose (modes.py): the dispatcher hands each paired turn to it.
     async def process(
         self,
         turn: PipelineTurn,
@@ -112,7 +114,6 @@ class TurnPipeline(Protocol):
 class Dispatcher:
     """Polls the store for pending_judge samples; woken early by :meth:`wake`."""
 
-    # Keyword-only settings by name (their likeness to other constructors' parameter lists is incidental).
     def __init__(
         self,
         store: SampleStore,
@@ -131,7 +132,7 @@ class Dispatcher:
     ):
         """``concurrency`` .. ``claim_s``: the ``dispatch_*`` settings of PolicySettings (defaults live there);
         ``poll_s``: how often the store is polled when nothing wakes the dispatcher; ``feedback_policy`` /
-        ``feedback_hint``: how explicit feedback combines with the verdict (policy_server.rewards.feedback);
+        ``feedback_hint``: how explicit feedback combines with the verdict (policy_server.store.feedback_rule);
         ``at_least_one``: the setting, for feedback settled after judging (the store re-runs the rule)."""
         self.store = store
         self.owner = owner
@@ -184,7 +185,7 @@ class Dispatcher:
         """Sessions with something to do: pending_judge jobs (with a pipeline), or held samples ready to be scored."""
         sessions: set[str] = set()
         if self.pipeline is not None:
-            sessions.update(j["session_id"] for j in await asyncio.to_thread(self.store.pending_jobs, self.owner))
+            sessions.update(j.session_id for j in await asyncio.to_thread(self.store.pending_jobs, self.owner))
         if self.scoring is not None:  # also in turn scope: samples held by an earlier session-scope run
             sessions.update(await asyncio.to_thread(self.store.scorable_sessions, None, self.owner))
         return sessions
@@ -283,7 +284,7 @@ class Dispatcher:
                         else [
                             j
                             for j in await asyncio.to_thread(self.store.pending_jobs, self.owner)
-                            if j["session_id"] == session_id
+                            if j.session_id == session_id
                         ]
                     )
                     if not jobs:
@@ -294,7 +295,7 @@ class Dispatcher:
                             self._retry_at.pop(session_id, None)
                             return
                     else:
-                        attempts = None if await self._process(jobs[0]) else jobs[0]["attempts"]
+                        attempts = None if await self._process(jobs[0]) else jobs[0].attempts
                     if attempts is not None:
                         self._back_off(session_id, attempts)
                         return
@@ -311,26 +312,26 @@ class Dispatcher:
         self._retry_at[session_id] = time.monotonic() + delay
         asyncio.get_running_loop().call_later(delay, self.wake)
 
-    async def _process(self, job: dict[str, Any]) -> bool:
+    async def _process(self, job: JudgeJob) -> bool:
         """Judge one turn; returns False when it must be retried later."""
-        turn = await asyncio.to_thread(self.store.get_turn, job["session_id"], job["turn_index"])
-        session = await asyncio.to_thread(self.store.session, job["session_id"])
+        turn = await asyncio.to_thread(self.store.get_turn, job.session_id, job.turn_index)
+        session = await asyncio.to_thread(self.store.session, job.session_id)
         assert turn is not None and session is not None, "a pending sample always has its turn and session"
         assert self.pipeline is not None, "pending jobs are only processed with a pipeline"
-        feedback = await asyncio.to_thread(self.store.turn_feedback, job["session_id"], job["turn_index"])
-        hint = feedback["text"] if feedback is not None and feedback["text"] and self.feedback_hint else None
+        feedback = await asyncio.to_thread(self.store.turn_feedback, job.session_id, job.turn_index)
+        hint = feedback.text if feedback is not None and feedback.text and self.feedback_hint else None
         pipeline_turn = PipelineTurn.of(turn, feedback_hint=hint)
         try:
             result = await self.pipeline.process(
                 pipeline_turn,
-                turn["next_state"],
-                session_has_included=bool(session["has_included"]),
-                session_done=turn["session_done"],
+                turn.next_state,
+                session_has_included=session.has_included,
+                session_done=turn.session_done,
             )
         except _RETRYABLE as exc:
             return await self._retry_later(job, f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # a pipeline bug must not stall the session: reject visibly
-            logger.exception("reward pipeline failed on %s/%s", job["session_id"], job["turn_index"])
+            logger.exception("reward pipeline failed on %s/%s", job.session_id, job.turn_index)
             result = _pipeline_error(exc)
         reason = result.reject_reason or ""
         if result.status == S.REJECTED and reason.startswith(RejectReason.JUDGE_UNAVAILABLE):
@@ -342,17 +343,17 @@ class Dispatcher:
             if outcome.kind == "retry":
                 return await self._retry_later(job, f"prm: {outcome.reason}")
             result = apply_outcome(result, outcome)
-        raw = _sample_json(result.sample.to_json(), turn, job["sample_id"])
+        raw = _sample_json(result.sample.to_json(), turn, job.sample_id)
         if feedback is not None and applicable(result.status, result.reject_reason):
             # Feedback that arrived before judging is part of the outcome written now (never leased without it).
             status, why, raw = apply_feedback(
                 result.status,
                 result.reject_reason,
                 raw,
-                value=feedback["value"],
-                text=feedback["text"],
+                value=feedback.value,
+                text=feedback.text,
                 policy=self.feedback_policy,
-                count=feedback["count"],
+                count=feedback.count,
             )
             included = status in (S.READY, S.PENDING_SCORE)
             result = result.model_copy(update={"status": status, "reject_reason": why, "included": included})
@@ -363,12 +364,12 @@ class Dispatcher:
             # An unusable value is rejected by the store with its own reason (invalid_values: ...); any other
             # departure from the schema is a pipeline bug: reject it visibly, keeping only the turn's fields.
             if value_problem(raw) is None:
-                logger.error("sample of %s/%s is off the schema: %s", job["session_id"], job["turn_index"], exc)
+                logger.error("sample of %s/%s is off the schema: %s", job.session_id, job.turn_index, exc)
                 result = _pipeline_error(exc)
-                data = Sample.model_validate(_sample_json({}, turn, job["sample_id"]))
+                data = Sample.model_validate(_sample_json({}, turn, job.sample_id))
         await asyncio.to_thread(
             self.store.complete_judge,
-            job["sample_id"],
+            job.sample_id,
             status=result.status,
             reject_reason=result.reject_reason,
             included=result.included,
@@ -376,7 +377,7 @@ class Dispatcher:
         )
         # Feedback that arrived while the judge ran is applied now (or counted late if already leased).
         await asyncio.to_thread(
-            self.store.settle_feedback, job["session_id"], job["turn_index"], self.feedback_policy, self.at_least_one
+            self.store.settle_feedback, job.session_id, job.turn_index, self.feedback_policy, self.at_least_one
         )
         self.processed += 1
         self.outcomes[result.status] = self.outcomes.get(result.status, 0) + 1
@@ -417,23 +418,26 @@ class Dispatcher:
         )
         return None
 
-    async def _retry_later(self, job: dict[str, Any], error: str) -> bool:
+    async def _retry_later(self, job: JudgeJob, error: str) -> bool:
         self.retries += 1
         logger.warning(
-            "judging %s/%s deferred (attempt %d): %s", job["session_id"], job["turn_index"], job["attempts"] + 1, error
+            "judging %s/%s deferred (attempt %d): %s", job.session_id, job.turn_index, job.attempts + 1, error
         )
-        await asyncio.to_thread(self.store.note_attempt, job["sample_id"], error)
+        await asyncio.to_thread(self.store.note_attempt, job.sample_id, error)
         return False
 
 
-def _sample_json(fields: SampleJSON, turn: dict[str, Any], sample_id: str) -> SampleJSON:
+def _sample_json(fields: SampleJSON, turn: Turn, sample_id: str) -> SampleJSON:
     """The stored Sample's JSON: the pipeline's fields, then the turn's (:data:`SAMPLE_TURN_KEYS`), then its
     origin (:data:`SAMPLE_ORIGIN_KEYS`): the :class:`~engine.records.Sample` field order. The origin's
-    session, index and time are the turn's; the id is the sample row's, ``constrained`` :func:`is_constrained`."""
-    origin = {**turn, "sample_id": sample_id, "constrained": is_constrained(turn)}
+    session, index and time are the turn's; the id is the sample row's, ``constrained`` :func:`is_constrained`.
+    A field the stored record lacks is null in the Sample (the trainer sets such a sample aside), not its
+    empty default: hence the turn's JSON, which keeps absent keys absent."""
+    recorded = turn.to_json()
+    origin = {**recorded, "sample_id": sample_id, "constrained": is_constrained(turn)}
     return {
         **fields,
-        **{k: turn.get(k) for k in SAMPLE_TURN_KEYS},
+        **{k: recorded.get(k) for k in SAMPLE_TURN_KEYS},
         **{k: origin[k] for k in SAMPLE_ORIGIN_KEYS},
     }
 

@@ -99,7 +99,6 @@ __all__ = [
 TASKS_BY_MODE: dict[str, list[str]] = {"rl": ["prm"], "opd": ["hint"], "combine": ["prm", "hint"]}
 
 
-# Protocols mirror the real objects' signatures on purpose (JudgeClient.judge, the settings' properties).
 class Judge(Protocol):
     """The judge service as the pipeline calls it (judge_server.client.JudgeClient): the /v1/judge verdicts."""
 
@@ -228,7 +227,6 @@ def build_sample(
     The judge/teacher template versions travel with the sample so every stored verdict can be traced to
     the exact prompt text that produced it.
     """
-    # Keyword construction of the one Sample record (alike to other builders of it by design).
     sample = Sample(
         mode=snap.mode,
         loss_mask=[1 if include else 0] * n_response,

@@ -66,6 +66,7 @@ from engine.records import (
     SampleState,
     SampleStatus,
     ScoringTurn,
+    Turn,
 )
 from judge_server.errors import JudgeUnavailable
 
@@ -229,19 +230,17 @@ class PRMScoring:
 
         register_prometheus(registry, self.runner.metrics)
 
-    async def score_turn(
-        self, turn: dict[str, Any], judge_prm: PrmVerdict | dict[str, Any] | None = None
-    ) -> ScoreOutcome:
-        """Score one judged turn (a stored turn dict with its ``next_state``); see the module contract."""
+    async def score_turn(self, turn: Turn, judge_prm: PrmVerdict | dict[str, Any] | None = None) -> ScoreOutcome:
+        """Score one judged turn (a stored turn with its ``next_state``); see the module contract."""
         from judge_server.prm import score_session
 
-        idx = turn["turn_index"]
+        idx = turn.turn_index
         try:
-            rewards = await score_session(self.runner, [scoring_turn(turn, judge_prm)], is_eval=False)
+            rewards = await score_session(self.runner, [scoring_turn(turn.to_json(), judge_prm)], is_eval=False)
         except Exception as exc:  # noqa: BLE001 (user scorer code: any failure becomes an explicit outcome)
-            return self._count(self._failure(exc, f"{turn['session_id']}/{idx}"))
+            return self._count(self._failure(exc, f"{turn.session_id}/{idx}"))
         got = rewards.get(idx)
-        n = len(turn.get("response_ids") or [])
+        n = len(turn.response_ids)
         if got is None or len(got) != n:
             return self._count(
                 ScoreOutcome(

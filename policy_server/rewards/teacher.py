@@ -98,7 +98,6 @@ def build_teacher_prompt_ids(
 class TeacherEngine(Protocol):
     """What the scorer needs of the teacher engine (engine.client.EngineClient has it)."""
 
-    # EngineClient.score's signature on purpose: this wraps it with the teacher's concurrency cap.
     async def score(
         self,
         prompt_ids: list[int],

@@ -1,7 +1,7 @@
 """One chat turn from a validated request to its record: session, render, generation, record, cleanup.
 
 :meth:`ChatTurn.begin` takes a :class:`ChatInput` (validated by the API layer) and does what must happen
-before generating: the backlog check (a main turn is refused with 503 while the store holds too many
+before generating: the backlog check (a main turn is refused with 429 while the store holds too many
 unconsumed samples), the session's arrival (or the inferred session's claim) and the prompt's render. A
 render that fails still writes the pairing the request owes. The API layer (policy_server.api.chat_answer)
 then generates through ``st.generator`` with the turn's ``prompt_ids``, ``sp`` and ``res``, and answers as
@@ -29,8 +29,8 @@ from policy_server.serving.generation import GenResult
 from policy_server.serving.identity import HEADER, INFERRED, Identity, SessionHint
 from policy_server.serving.sessions import Arrival
 from policy_server.serving.side_rules import HEADER_RULE
+from policy_server.serving.turn_state import ServingState
 from policy_server.serving.undelivered import abandon_detached, engine_failed
-from policy_server.state import PolicyState
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ class ChatInput:
     transcript: list[dict[str, Any]] | None = None
 
 
-async def check_backlog(st: PolicyState) -> None:
-    """Backpressure (503) while the store holds ``max_unconsumed_samples`` or more unconsumed samples."""
+async def check_backlog(st: ServingState) -> None:
+    """Backpressure (429 with Retry-After) while the store holds ``max_unconsumed_samples`` or more unconsumed samples."""
     value, at = st.backlog_cache
     if time.monotonic() - at > 1.0:  # one COUNT per second at most, not per request
         value = float(await asyncio.to_thread(st.store.unconsumed_backlog))
@@ -83,13 +83,14 @@ def turn_record(
     template_kwargs: dict[str, Any] | None,
     response_id: str | None = None,
     identity: Identity | None = None,
-) -> dict[str, Any]:
-    """The turn's :class:`~engine.records.TurnRecord` JSON, as the store persists it; ``response_id`` is the
+) -> TurnRecord:
+    """The turn's :class:`~engine.records.TurnRecord`, as the store persists it; ``response_id`` is the
     id the client got for the reply (explicit feedback names the turn by it).
 
     The two fields that grow with the history are validated where they are made, the request's messages by
     the API layer and the prompt ids by the renderer: the record is validated with an empty stand-in of each
-    and carries the originals, so a 30k-token turn is not walked twice more (validation and dump)."""
+    and then carries the originals (a copy with an update is not validated again), so a 30k-token turn is not
+    walked once more by validation."""
     record = TurnRecord(
         chat_template_kwargs=template_kwargs,  # the teacher renders its prompt the same way
         messages=[],
@@ -111,9 +112,8 @@ def turn_record(
         response_id=response_id,
         session_rule=identity.rule if identity is not None else None,
         session_decision=identity.decision if identity is not None else None,
-    ).to_json()
-    record["messages"], record["prompt_ids"] = messages, res.prompt_ids  # keys keep their places
-    return record
+    )
+    return record.model_copy(update={"messages": messages, "prompt_ids": res.prompt_ids})
 
 
 class ChatTurn:
@@ -126,7 +126,7 @@ class ChatTurn:
 
     def __init__(
         self,
-        st: PolicyState,
+        st: ServingState,
         chat: ChatInput,
         *,
         sid: str | None,
@@ -149,7 +149,7 @@ class ChatTurn:
         self.record_task: asyncio.Task[int] | None = None  # the turn record on its way into the store
 
     @classmethod
-    async def begin(cls, st: PolicyState, chat: ChatInput) -> ChatTurn:
+    async def begin(cls, st: ServingState, chat: ChatInput) -> ChatTurn:
         """Side rules, backlog check, the session (policy_server.serving.identity) and the render: the turn,
         ready to generate."""
         hint = chat.hint or (SessionHint(chat.sid, HEADER) if chat.sid is not None else SessionHint(None, INFERRED))
@@ -182,7 +182,6 @@ class ChatTurn:
         st.metrics.prompt_tokens.labels(kind="reused").inc(rendered.reused_tokens)
         st.metrics.prompt_tokens.labels(kind="rendered").inc(len(rendered.ids) - rendered.reused_tokens)
         prompt_ids = rendered.ids
-        # The turn's fields by name (the route builds its request the same way; the likeness is incidental).
         return cls(
             st,
             chat,

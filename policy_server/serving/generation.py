@@ -230,7 +230,6 @@ class Generator:
         if floor >= self.max_prompt_tokens:
             raise self._too_long(floor, exact=False)
 
-    # ContinuationRenderer.render's parameters on purpose (engine/continuation.py): this forwards to it.
     async def render(
         self,
         messages: list[dict[str, Any]],
@@ -260,7 +259,6 @@ class Generator:
             raise self._too_long(len(rendered.ids), exact=True)
         return rendered
 
-    # ContinuationRenderer.continues_cheaply's parameters on purpose: this adds the size bound, then asks it.
     def _continues_cheaply(
         self,
         messages: list[dict[str, Any]],

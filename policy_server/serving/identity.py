@@ -196,14 +196,14 @@ class SessionResolver:
         if compacted is not None:
             # A compaction starts the conversation's next session; the turn before it gets its next state. The key's
             # own session when it is free: new, or only touched by side requests (OpenClaw's compaction summary call).
-            free_key = not key_busy and (row is None or not row["done"])
+            free_key = not key_busy and (row is None or not row.done)
             new = key if free_key else f"{key}{FAMILY_SEP}{uuid.uuid4().hex[:12]}"
             match = compacted["match"]
             self.sessions.pair_compacted(compacted["session_id"], compacted["turn_index"], match.pairing, new)
             return new, "compacted"
         if row is None and not key_busy:
             return key, "started"
-        if row is not None and not row["done"] and not key_busy:
+        if row is not None and not row.done and not key_busy:
             return key, "continued"  # the key's session has no turn yet (only side requests touched it)
         if free:
             decision = "diverged"

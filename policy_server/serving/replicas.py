@@ -29,10 +29,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from policy_server.errors import StoreBusy
+from policy_server.serving.weight_sync import WeightGate
 
-if TYPE_CHECKING:  # types only: the store package and the weight gate do not import this module back
+if TYPE_CHECKING:  # types only: the store and reward packages do not import this module back
     from policy_server.rewards.modes import ModeState
-    from policy_server.serving.weight_sync import WeightGate
     from policy_server.store import SampleStore
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,6 @@ logger = logging.getLogger(__name__)
 class ReplicaSync:
     """Follows the shared reward mode and weight-sync pause (see the module docstring)."""
 
-    # Keyword-only collaborators (the likeness to other constructors' signatures is incidental).
     def __init__(
         self,
         store: SampleStore,

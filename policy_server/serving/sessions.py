@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.continuation import PriorTurn
-from engine.records import RejectReason
+from engine.records import RejectReason, TurnRecord
 from policy_server.serving.side_rules import SideRules
 from policy_server.store import Resolution, SampleStore
 
@@ -363,26 +363,26 @@ class SessionTracker:
         awaiting = self.store.awaiting_turn(session_id)
         if awaiting is None:
             return None, None
-        p = pair_next_state(awaiting["messages"], awaiting["response"], messages, self.side_rules)
+        p = pair_next_state(awaiting.messages, awaiting.response, messages, self.side_rules)
         if p.kind == "mismatch":
             self.mismatches += 1
             logger.warning(
                 "session %s turn %s: history mismatch (%s); rejecting that turn",
                 session_id,
-                awaiting["turn_index"],
+                awaiting.turn_index,
                 p.note,
             )
         resolution = Resolution(
-            awaiting["turn_index"],
+            awaiting.turn_index,
             p.kind,
             p.next_state,
             p.note,
             RejectReason.HISTORY_MISMATCH if p.kind == "mismatch" else None,
         )
-        return resolution, PriorTurn.from_turn(awaiting) if p.kind == "paired" else None
+        return resolution, PriorTurn.from_turn(awaiting.to_json()) if p.kind == "paired" else None
 
     async def on_main_turn(
-        self, session_id: str, record: dict[str, Any], *, done: bool, arrival: Arrival | None = None
+        self, session_id: str, record: TurnRecord, *, done: bool, arrival: Arrival | None = None
     ) -> int:
         """Record a generated main turn with its arrival's pairing: ONE commit, before the client gets the answer."""
         owned = arrival is not None and not arrival.settled
@@ -433,7 +433,6 @@ class SessionTracker:
             if r is None:
                 return
             async with self._lock(arrival.session_id):
-                # Store.resolve_turn's arguments, forwarded from the resolution (alike to the store's own call by design).
                 sample_id = await asyncio.to_thread(
                     self.store.resolve_turn,
                     arrival.session_id,

@@ -24,7 +24,7 @@ from engine.disconnect import abort_engine_requests
 from engine.errors import EngineError, EngineTimeout
 from engine.records import RejectReason, SampleState
 from policy_server.serving.generation import GenResult
-from policy_server.state import PolicyState
+from policy_server.serving.turn_state import ServingState
 from policy_server.store import SampleStore
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def reject_turn(store: SampleStore, sid: str, turn_index: int) -> str:
     return "already decided"
 
 
-async def abandon(st: PolicyState, turn: TurnInFlight, why: str) -> None:
+async def abandon(st: ServingState, turn: TurnInFlight, why: str) -> None:
     """The client will not get (all of) this answer: abort it upstream and keep it out of training."""
     turn.res.abandoned = True
     logger.info(
@@ -87,7 +87,7 @@ async def abandon(st: PolicyState, turn: TurnInFlight, why: str) -> None:
 
 
 def abandon_detached(
-    st: PolicyState, turn: TurnInFlight, why: str, *, close: AsyncGenerator[str, None] | None = None
+    st: ServingState, turn: TurnInFlight, why: str, *, close: AsyncGenerator[str, None] | None = None
 ) -> asyncio.Task[None]:
     """Run :func:`abandon` as its own task: it must finish even when the caller is being cancelled."""
     turn.res.abandoned = True  # at once, before any await: nothing may resubmit from here on
@@ -103,7 +103,7 @@ def abandon_detached(
     return task
 
 
-def engine_failed(st: PolicyState, turn: TurnInFlight, exc: EngineError) -> None:
+def engine_failed(st: ServingState, turn: TurnInFlight, exc: EngineError) -> None:
     """Count an engine failure; a timed-out generation is abandoned (the engine may still be generating it)."""
     st.metrics.engine_errors.labels(kind=type(exc).__name__).inc()
     if isinstance(exc, EngineTimeout):  # we stopped waiting; the engine may still be generating it

@@ -24,16 +24,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from engine.client import EngineClient
 from engine.errors import EngineError, EngineRejected
 from policy_server.errors import InvalidRequest, ServiceUnavailable, UpstreamFailed
 
-if TYPE_CHECKING:  # types only: replicas imports this module's WeightGate
-    from policy_server.serving.replicas import ReplicaSync
-
 logger = logging.getLogger(__name__)
+
+
+class PauseAnnouncer(Protocol):
+    """The replicas' side of an update (policy_server.serving.replicas.ReplicaSync has it): every replica holds
+    new requests before the engines pause, and learns the new version after."""
+
+    async def announce_pause(self) -> int: ...
+
+    async def announce_done(self, epoch: int) -> None: ...
 
 
 class WeightGate:
@@ -82,7 +88,7 @@ class WeightSync:
         *,
         pause_mode: str = "abort",
         deadline_s: float = 600.0,
-        replicas: ReplicaSync | None = None,
+        replicas: PauseAnnouncer | None = None,
     ):
         self.workers = workers
         self.replicas = replicas  # with a shared store (several replicas), else None

@@ -37,7 +37,7 @@ from engine.records import SAMPLE_STATUSES
 if TYPE_CHECKING:
     from policy_server.store.turn_records import TurnRecords
 
-__all__ = ["SAMPLE_STATUSES", "Row", "StoreDB", "dump_json", "turn_dict"]
+__all__ = ["SAMPLE_STATUSES", "Row", "StoreDB", "dump_json"]
 
 
 class StoreDB:
@@ -131,20 +131,3 @@ class Row(tuple[Any, ...]):
 def dump_json(obj: Any) -> str | None:
     """JSON text of a column value (None stays NULL); a record's prompt ids by the fast encoder."""
     return None if obj is None else fastjson.dumps(obj, ensure_ascii=False)
-
-
-def turn_dict(row: Any, record: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A ``turns`` row as the :class:`~engine.records.Turn` JSON: the turn's whole record (``TurnRecord``;
-    ``record``, else the row's own ``record`` column) plus its session, index and pairing columns (``Turn``'s
-    own fields, in their order). A given ``record`` is copied, not changed."""
-    rec = dict(record) if record is not None else fastjson.loads(row["record"])
-    rec.update(
-        session_id=row["session_id"],
-        turn_index=row["turn_index"],
-        created_at=row["created_at"],
-        pairing=row["pairing"],
-        pairing_note=row["pairing_note"],
-        next_state=json.loads(row["next_state"]) if row["next_state"] else None,
-        session_done=bool(row["session_done"]),
-    )
-    return rec

@@ -2,7 +2,7 @@
 
 Role (a Store role class): ``POST /v1/feedback`` (policy_server.api.feedback) writes here; the judge
 dispatcher reads a turn's feedback when it judges the turn and settles what arrived meanwhile. The
-decision itself is pure (policy_server.rewards.feedback); this module decides WHEN it applies:
+decision itself is pure (policy_server.store.feedback_rule); this module decides WHEN it applies:
 
 - the turn has no sample yet or its sample is ``pending_judge``: the feedback is ``pending`` and the
   dispatcher applies it with the judge's outcome (:meth:`turn_feedback`, then :meth:`settle_feedback` for
@@ -16,7 +16,7 @@ Settling a feedback also records the sign of the judge's PRM verdict on its turn
 sample's state, and keeps the at-least-one rule: feedback that makes a sample included marks its session as
 having one; feedback that excludes a session's last included sample re-runs the rule, in the same
 transaction (the session row is locked after the sample's, so concurrent feedback on one session is serialised):
-the earliest promotable turn (policy_server.rewards.feedback.promotable) becomes ``ready`` with reward 0.0;
+the earliest promotable turn (policy_server.store.feedback_rule.promotable) becomes ``ready`` with reward 0.0;
 without one, the session's flag is cleared so the dispatcher promotes the next neutral turn it judges.
 Leased and consumed samples are never changed, and count as included.
 
@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.records import SampleState as S
-from policy_server.rewards.feedback import (
+from policy_server.store.base import StoreDB, dump_json
+from policy_server.store.feedback_rule import (
     PROMOTABLE,
     applicable,
     apply_feedback,
@@ -49,7 +50,7 @@ from policy_server.rewards.feedback import (
     promote,
     value_sign,
 )
-from policy_server.store.base import StoreDB, dump_json
+from policy_server.store.rows import TurnFeedback
 
 logger = logging.getLogger(__name__)
 
@@ -157,9 +158,9 @@ class StoreFeedback(StoreDB):
         self._ready_changed(became_ready)
         return out
 
-    def turn_feedback(self, session_id: str, turn_index: int) -> dict[str, Any] | None:
-        """The turn's feedback as it applies: ``{"value", "text", "count"}`` (the latest value, the latest
-        non-empty text), or None when it has none."""
+    def turn_feedback(self, session_id: str, turn_index: int) -> TurnFeedback | None:
+        """The turn's feedback as it applies (the latest value, the latest non-empty text, the count), or None
+        when it has none."""
         with self._read() as db:
             return _latest(db, session_id, turn_index)
 
@@ -250,10 +251,10 @@ class StoreFeedback(StoreDB):
                 sample["status"],
                 sample["reject_reason"],
                 data,
-                value=fb["value"],
-                text=fb["text"],
+                value=fb.value,
+                text=fb.text,
                 policy=policy,
-                count=fb["count"],
+                count=fb.count,
             )
             db.execute(
                 "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? WHERE sample_id=? AND status=?",
@@ -314,7 +315,7 @@ class StoreFeedback(StoreDB):
         return promoted
 
 
-def _latest(db: Any, session_id: str, turn_index: int) -> dict[str, Any] | None:
+def _latest(db: Any, session_id: str, turn_index: int) -> TurnFeedback | None:
     rows = db.execute(
         "SELECT value, text FROM feedback WHERE session_id=? AND turn_index=? ORDER BY created_at, feedback_id",
         (session_id, turn_index),
@@ -322,7 +323,7 @@ def _latest(db: Any, session_id: str, turn_index: int) -> dict[str, Any] | None:
     if not rows:
         return None
     texts = [r["text"] for r in rows if r["text"]]
-    return {"value": float(rows[-1]["value"]), "text": texts[-1] if texts else None, "count": len(rows)}
+    return TurnFeedback(value=float(rows[-1]["value"]), text=texts[-1] if texts else None, count=len(rows))
 
 
 def _answer(db: Any, row: Any) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from typing import Any
 from engine.records import UNCONSUMED_STATUSES
 from engine.records import SampleState as S
 from engine.validation import clip
-from policy_server.store.base import SAMPLE_STATUSES, StoreDB, turn_dict
+from policy_server.store.base import SAMPLE_STATUSES, StoreDB
+from policy_server.store.rows import turn_dict
 
 _COUNT_UNCONSUMED = f"SELECT COUNT(*) FROM samples WHERE status IN ({', '.join('?' * len(UNCONSUMED_STATUSES))})"
 

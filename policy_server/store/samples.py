@@ -30,14 +30,15 @@ from typing import Any
 from engine.records import JUDGE_OUTCOME_STATUSES, SCORE_OUTCOME_STATUSES, RejectReason, Sample, SampleJSON
 from engine.records import SampleState as S
 from engine.sample_values import value_problem
-from policy_server.store.base import StoreDB, dump_json, turn_dict
+from policy_server.store.base import StoreDB, dump_json
+from policy_server.store.rows import JudgeJob, judge_job, turn_dict
 
 
 class StoreSamples(StoreDB):
     """Judge queue and outcomes, and session-scope scoring holds (see the module docstring)."""
 
     # ------------------------------------------------------------------ judge work
-    def pending_jobs(self, available_to: str | None = None, now: float | None = None) -> list[dict[str, Any]]:
+    def pending_jobs(self, available_to: str | None = None, now: float | None = None) -> list[JudgeJob]:
         """Every pending_judge sample in (session, turn) order, with the turn it belongs to.
 
         ``available_to`` (a replica id) leaves out the sessions another replica holds a live claim on."""
@@ -49,7 +50,7 @@ class StoreSamples(StoreDB):
                 "WHERE s.status=?" + claim + " ORDER BY s.session_id, s.turn_index",
                 (S.PENDING_JUDGE, *args),
             ).fetchall()
-        return [dict(r) for r in rows]
+        return [judge_job(r) for r in rows]
 
     def claim_session(self, session_id: str, owner: str, claim_s: float, now: float | None = None) -> bool:
         """Take (or renew) ``owner``'s claim on the session's judge and scoring work until ``now + claim_s``.

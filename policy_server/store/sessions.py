@@ -21,9 +21,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.records import RejectReason, TurnRecord
+from engine.records import RejectReason, Turn, TurnRecord
 from engine.records import SampleState as S
-from policy_server.store.base import StoreDB, dump_json, turn_dict
+from policy_server.store.base import StoreDB, dump_json
+from policy_server.store.rows import SessionState, session_state, turn_of
 from policy_server.store.turn_records import pack
 
 
@@ -47,29 +48,25 @@ class StoreSessions(StoreDB):
         with self._tx() as db:
             _touch(db, session_id, now)
 
-    def record_side_turn(
-        self, session_id: str | None, rule: str, record: TurnRecord | dict[str, Any], now: float | None = None
-    ) -> str:
+    def record_side_turn(self, session_id: str | None, rule: str, record: TurnRecord, now: float | None = None) -> str:
         """Keep a side turn (served, never paired or trained) with the rule that made it side; returns its id."""
         now = time.time() if now is None else now
-        if isinstance(record, TurnRecord):
-            record = record.to_json()
         side_id = f"side-{uuid.uuid4().hex}"
         with self._tx() as db:
             db.execute(
                 "INSERT INTO side_turns (side_id, session_id, created_at, rule, record) VALUES (?, ?, ?, ?, ?)",
-                (side_id, session_id, now, rule, dump_json(record)),
+                (side_id, session_id, now, rule, dump_json(record.to_json())),
             )
         return side_id
 
-    def awaiting_turn(self, session_id: str) -> dict[str, Any] | None:
-        """The session's latest turn still waiting for its next state, as a turn dict."""
+    def awaiting_turn(self, session_id: str) -> Turn | None:
+        """The session's latest turn still waiting for its next state."""
         with self._read() as db:
             row = db.execute(
                 "SELECT * FROM turns WHERE session_id=? AND pairing='awaiting' ORDER BY turn_index DESC LIMIT 1",
                 (session_id,),
             ).fetchone()
-            return turn_dict(row, self.turn_records.whole(db, row)) if row else None
+            return turn_of(row, self.turn_records.whole(db, row)) if row else None
 
     def resolve_turn(
         self,
@@ -108,13 +105,13 @@ class StoreSessions(StoreDB):
     def record_turn(
         self,
         session_id: str,
-        record: TurnRecord | dict[str, Any],
+        record: TurnRecord,
         *,
         session_done: bool,
         now: float | None = None,
         resolve: Resolution | None = None,
     ) -> int:
-        """Insert a main turn (a :class:`~engine.records.TurnRecord` or its JSON) with the next turn index;
+        """Insert a main turn (its :class:`~engine.records.TurnRecord`) with the next turn index;
         returns that index. One transaction.
 
         ``resolve`` first closes the pairing of the turn this one answers (as :meth:`resolve_turn` would; a no-op
@@ -126,13 +123,12 @@ class StoreSessions(StoreDB):
         explicitly. With ``session_done`` the new turn is the session's last: resolved with no next state.
         """
         now = time.time() if now is None else now
-        if isinstance(record, TurnRecord):
-            record = record.to_json()
+        whole = record.to_json()
         # Stored as what it adds to the turn it answers when this process holds that turn's whole record
         # (policy_server.store.turn_records); otherwise whole, which is always correct.
         base = resolve.turn_index if resolve is not None and resolve.pairing == "paired" else None
         stored, record_base = (
-            pack(record, base, self.turn_records.cache.peek(session_id, base)) if base is not None else (record, None)
+            pack(whole, base, self.turn_records.cache.peek(session_id, base)) if base is not None else (whole, None)
         )
         with self._tx() as db:
             # Create/reopen the session, refresh its activity and take the next index in one statement (it also
@@ -167,9 +163,9 @@ class StoreSessions(StoreDB):
                     now,
                     dump_json(stored),
                     record_base,
-                    record.get("response_id"),
-                    record.get("session_rule"),
-                    record.get("session_decision"),
+                    record.response_id,
+                    record.session_rule,
+                    record.session_decision,
                 ),
             )
             older = db.execute(
@@ -190,7 +186,7 @@ class StoreSessions(StoreDB):
                 )
             if session_done:
                 _end(db, session_id, now)
-        self.turn_records.cache.put(session_id, idx, record)  # committed: the row's record from now on
+        self.turn_records.cache.put(session_id, idx, whole)  # committed: the row's record from now on
         return idx
 
     def end_session(self, session_id: str, *, now: float | None = None, idle_before: float | None = None) -> list[str]:
@@ -216,17 +212,19 @@ class StoreSessions(StoreDB):
             ).fetchall()
         return [r[0] for r in rows]
 
-    def get_turn(self, session_id: str, turn_index: int) -> dict[str, Any] | None:
+    def get_turn(self, session_id: str, turn_index: int) -> Turn | None:
+        """The stored turn (its whole record and its pairing columns), None when there is none."""
         with self._read() as db:
             row = db.execute(
                 "SELECT * FROM turns WHERE session_id=? AND turn_index=?", (session_id, turn_index)
             ).fetchone()
-            return turn_dict(row, self.turn_records.whole(db, row)) if row else None
+            return turn_of(row, self.turn_records.whole(db, row)) if row else None
 
-    def session(self, session_id: str) -> dict[str, Any] | None:
+    def session(self, session_id: str) -> SessionState | None:
+        """The session's row, None for a session never seen."""
         with self._read() as db:
             row = db.execute("SELECT * FROM sessions WHERE session_id=?", (session_id,)).fetchone()
-        return dict(row) if row else None
+        return session_state(row) if row else None
 
 
 def _touch(db: Any, session_id: str, now: float) -> None:

@@ -124,7 +124,7 @@ async def test_every_round_carries_a_rid_under_the_request_prefix():
 
     service = _service(handler)
     out = await service.judge(JudgeRequest.model_validate(REQ), "hj-abc-0-")
-    assert out["prm"]["status"] == "ok" and out["usage"]["engine_calls"] == 3
+    assert out.prm is not None and out.prm.status == "ok" and out.usage is not None and out.usage.engine_calls == 3
     assert sorted(rids) == ["hj-abc-0-hint-0", "hj-abc-0-prefix", "hj-abc-0-prm-0"]
     rids.clear()
     await service.judge(JudgeRequest.model_validate({**REQ, "tasks": ["prm"]}))

@@ -34,6 +34,7 @@ import httpx
 import pytest
 import torch
 
+from engine.records import JudgeVerdicts
 from judge_server.compat import openrlhf_reply, slime_reply
 from judge_server.errors import RewardUnavailable
 from tests.testkit.procs import ManagedProcess
@@ -98,11 +99,13 @@ async def slime_remote_rm(url: str, sample: dict[str, Any], reward_key: str | No
 
 
 # ------------------------------------------------------------------------ pure shaping (hand-derived)
-def _result(status: str, score: int | None, confidence: float) -> dict[str, Any]:
-    return {
-        "prm": {"score": score, "status": status, "votes": [], "confidence": confidence, "reason": "x"},
-        "prompt_versions": {"prm": "prm_eval_v1@abc"},
-    }
+def _result(status: str, score: int | None, confidence: float) -> JudgeVerdicts:
+    return JudgeVerdicts.model_validate(
+        {
+            "prm": {"score": score, "status": status, "votes": [], "confidence": confidence, "reason": "x"},
+            "prompt_versions": {"prm": "prm_eval_v1@abc"},
+        }
+    )
 
 
 @pytest.mark.unit

@@ -15,7 +15,6 @@ import math
 import pytest
 
 from engine.records import GuardHit, HintVerdict, PrmVerdict
-from policy_server.rewards.feedback import applicable
 from policy_server.rewards.modes import (
     InvalidMode,
     ModeSnapshot,
@@ -26,6 +25,7 @@ from policy_server.rewards.modes import (
     decide,
 )
 from policy_server.settings import PolicySettings
+from policy_server.store.feedback_rule import applicable
 
 pytestmark = pytest.mark.unit
 

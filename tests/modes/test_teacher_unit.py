@@ -18,7 +18,7 @@ import pytest
 from engine.chat import load_tokenizer, render_prompt_ids
 from engine.client import EngineClient, RetryPolicy
 from engine.errors import EngineUnavailable
-from engine.records import PipelineTurn
+from engine.records import PipelineTurn, Turn
 from policy_server.rewards.teacher import (
     TeacherFailed,
     TeacherScorer,
@@ -203,8 +203,10 @@ async def test_the_teacher_renders_with_the_turns_own_template_kwargs(tokenizer)
     """A turn sampled with ``chat_template_kwargs`` (here: thinking off) is re-rendered for the teacher with the
     same kwargs, from the stored turn as the dispatcher hands it over: the teacher's prompt is the rollout's
     template plus the hint, never the template's default."""
-    stored = {"session_id": "s", "turn_index": 0, "messages": TURN.messages, "response_ids": RESPONSE}
-    stored |= {"chat_template_kwargs": {"enable_thinking": False}, "tools": None, "record_only": 1}
+    stored = Turn.model_validate(
+        {"session_id": "s", "turn_index": 0, "created_at": 1.0, "messages": TURN.messages, "response_ids": RESPONSE}
+        | {"chat_template_kwargs": {"enable_thinking": False}, "tools": None, "record_only": 1}
+    )
     sent: list[list[int]] = []
 
     def capture(request: httpx.Request) -> httpx.Response:

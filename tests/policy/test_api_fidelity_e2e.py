@@ -95,18 +95,18 @@ def test_responses_chain_with_instructions_pairs_its_first_turn(
     db = store(policy)
     first, second = db.get_turn(sid, 0), db.get_turn(sid, 1)
     assert first is not None and second is not None
-    assert first["pairing"] == "paired", first.get("pairing_note")
-    assert first["next_state"] == [{"role": "user", "content": "I am Mark."}]
+    assert first.pairing == "paired", first.pairing_note
+    assert first.next_state == [{"role": "user", "content": "I am Mark."}]
     # The model saw each request's own instructions, nothing carried over (OpenAI's rule).
-    assert [m for m in first["messages"] if m["role"] == "system"] == _system(first_instructions)
-    assert [m for m in second["messages"] if m["role"] == "system"] == _system(follow_up)
-    assert [m["role"] for m in second["messages"] if m["role"] != "system"] == ["user", "assistant", "user"]
+    assert [m for m in first.messages if m["role"] == "system"] == _system(first_instructions)
+    assert [m for m in second.messages if m["role"] == "system"] == _system(follow_up)
+    assert [m["role"] for m in second.messages if m["role"] != "system"] == ["user", "assistant", "user"]
     if follow_up == first_instructions:  # the same instructions: the prompt continues the first turn's exact tokens
-        assert second["prompt_ids"][: len(first["prompt_ids"]) + len(first["response_ids"])] == (
-            first["prompt_ids"] + first["response_ids"]
+        assert second.prompt_ids[: len(first.prompt_ids) + len(first.response_ids)] == (
+            first.prompt_ids + first.response_ids
         )
     else:  # other instructions: the prompt is the render of what this request asked for, nothing of the first's
-        assert second["prompt_ids"] == render_prompt_ids(load_tokenizer(str(tiny_model_dir)), second["messages"])
+        assert second.prompt_ids == render_prompt_ids(load_tokenizer(str(tiny_model_dir)), second.messages)
 
 
 def test_responses_chain_without_session_header_keeps_its_session_across_instructions(policy):
@@ -117,8 +117,8 @@ def test_responses_chain_without_session_header_keeps_its_session_across_instruc
     r2 = c.responses.create(model=MODEL, input="I am Bo.", previous_response_id=r1.id, max_output_tokens=8)
     assert r2.model_extra["hindsight"]["session_id"] == sid  # type: ignore[index]
     first = store(policy).get_turn(sid, 0)
-    assert first is not None and first["pairing"] == "paired", first and first.get("pairing_note")
-    assert first["next_state"] == [{"role": "user", "content": "I am Bo."}]
+    assert first is not None and first.pairing == "paired", first and first.pairing_note
+    assert first.next_state == [{"role": "user", "content": "I am Bo."}]
 
 
 # ---------------------------------------------------------------------------------- structured output

@@ -133,11 +133,11 @@ def sse(policy, path: str, body: dict, headers: dict | None = None) -> list[dict
 def check_paired_call(policy, sid: str, result_text: str) -> dict:
     """Turn 0 of ``sid`` is a forced call, recorded token-exact and paired with the tool result."""
     first = store(policy).get_turn(sid, 0)
-    assert first["response"]["tool_calls"] and first["constrained"] is True
-    assert len(first["response_ids"]) == len(first["rollout_logprobs"]) > 0
-    assert first["pairing"] == "paired", first.get("pairing_note")
-    assert [m["role"] for m in first["next_state"]] == ["tool"]
-    assert first["next_state"][0]["content"] == result_text
+    assert first.response["tool_calls"] and first.constrained is True
+    assert len(first.response_ids) == len(first.rollout_logprobs) > 0
+    assert first.pairing == "paired", first.pairing_note
+    assert [m["role"] for m in first.next_state] == ["tool"]
+    assert first.next_state[0]["content"] == result_text
     return first
 
 
@@ -258,8 +258,8 @@ def test_responses_tool_loop_with_previous_response_id(policy):
     end_session(policy, sid)
     check_paired_call(policy, sid, "rain")
     st = store(policy)
-    assert st.get_turn(sid, 1)["pairing"] == "paired"  # the chained reply, paired with "thanks"
-    assert st.get_turn(sid, 1)["messages"][-1] == {"role": "tool", "tool_call_id": call.call_id, "content": "rain"}
+    assert st.get_turn(sid, 1).pairing == "paired"  # the chained reply, paired with "thanks"
+    assert st.get_turn(sid, 1).messages[-1] == {"role": "tool", "tool_call_id": call.call_id, "content": "rain"}
 
 
 def test_responses_parse_structured_output(policy):
@@ -353,10 +353,10 @@ def test_pydantic_ai_responses_model_tool_loop(policy):
     assert isinstance(result.output, Verdict) and len(attempts) == 2
     end_session(policy, sid)
     first = store(policy).get_turn(sid, 0)
-    assert first["pairing"] == "paired", first.get("pairing_note")
-    assert "check again" in first["next_state"][0]["content"]  # the retry prompt, as the call's tool result
-    check_paired_call(policy, sid, first["next_state"][0]["content"])
-    assert store(policy).get_turn(sid, 1)["response"]["tool_calls"]
+    assert first.pairing == "paired", first.pairing_note
+    assert "check again" in first.next_state[0]["content"]  # the retry prompt, as the call's tool result
+    check_paired_call(policy, sid, first.next_state[0]["content"])
+    assert store(policy).get_turn(sid, 1).response["tool_calls"]
 
 
 # ---------------------------------------------------------------------------------------------- Messages
@@ -488,7 +488,7 @@ def test_mixed_shapes_one_session_judged_and_leased(tiny_model_dir: Path, engine
             assert r.status_code == 200, r.text
         check_paired_call(pol, sid, "sunny")
         st = store(pol)
-        assert st.get_turn(sid, 1)["pairing"] == "paired", st.get_turn(sid, 1).get("pairing_note")
+        assert st.get_turn(sid, 1).pairing == "paired", st.get_turn(sid, 1).pairing_note
 
         got: dict[int, dict] = {}
         for _ in range(600):  # the judge works asynchronously; its samples become ready one by one
@@ -498,7 +498,7 @@ def test_mixed_shapes_one_session_judged_and_leased(tiny_model_dir: Path, engine
             time.sleep(0.1)
         assert 0 in got and 1 in got, f"samples of the mixed session: {sorted(got)}"
         s0 = got[0]
-        assert s0["prompt_ids"] == st.get_turn(sid, 0)["prompt_ids"] and s0["response_ids"]
+        assert s0["prompt_ids"] == st.get_turn(sid, 0).prompt_ids and s0["response_ids"]
         assert len(s0["response_ids"]) == len(s0["rollout_logprobs"]) and s0["constrained"] is True
 
 

@@ -199,7 +199,7 @@ async def test_a_compaction_pairs_the_turn_before_and_starts_the_next_session(tm
         paired = store.get_turn(first.sid, 1)
         assert paired["pairing"] == "paired" and paired["next_state"] == [U("Book it.")]
         assert nxt.sid in paired["pairing_note"] and not tracker.in_flight(first.sid)
-        assert store.get_turn(stranger.sid, 0)["pairing"] == "awaiting"
+        assert store.get_turn(stranger.sid, 0).pairing == "awaiting"
         assert tracker.compactions == 1
         # the conversation goes on in its new session, by the ordinary rule
         more = await turn(after, [*AFTER[:-1], A("Booked."), U("Thanks!"), CTX()], "You're welcome.")
@@ -224,7 +224,7 @@ async def test_a_turn_being_continued_is_not_claimed_across_a_compaction(tmp_pat
         assert (late.sid, late.decision) == ("oc:1", "started")
         tracker.settle_later(claim.arrival)
         await tracker.drain_settles()
-        assert store.get_turn("oc:0", 0)["next_state"] == [U("Book it.")]
+        assert store.get_turn("oc:0", 0).next_state == [U("Book it.")]
         assert tracker.compactions == 0
     finally:
         store.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.records import TurnRecord
 from engine.tool_grammar import GRAMMAR_KEYS, is_constrained
 from policy_server.rewards.dispatch import is_constrained as turn_is_constrained
 from policy_server.serving.chat_turn import turn_record
@@ -39,7 +40,8 @@ def _record(sp: dict[str, object]) -> dict[str, object]:
 )
 def test_recorded_flag_and_dispatch_agree(sp: dict[str, object], expected: bool) -> None:
     record = _record(sp)
-    assert record["constrained"] is expected
+    assert record.constrained is expected and record.to_json()["constrained"] is expected
     assert turn_is_constrained(record) is expected
-    legacy = {k: v for k, v in record.items() if k != "constrained"}  # a turn recorded before the flag existed
+    # A turn recorded before the flag existed: the flag absent from its JSON, so read as false.
+    legacy = TurnRecord.model_validate({k: v for k, v in record.to_json().items() if k != "constrained"})
     assert turn_is_constrained(legacy) is expected

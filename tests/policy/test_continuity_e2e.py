@@ -76,10 +76,10 @@ def test_a_session_is_token_continuous_and_hits_the_prefix_cache(verifying_polic
             if k:
                 prev, cur = store.get_turn("cont", k - 1), store.get_turn("cont", k)
                 assert prev is not None and cur is not None
-                kept = prev["prompt_ids"] + prev["response_ids"]
-                assert cur["prompt_ids"][: len(kept)] == kept  # the exact ids sent and sampled before
-                assert len(cur["prompt_ids"]) > len(kept)
-                assert out["usage"]["prompt_tokens"] == len(cur["prompt_ids"])
+                kept = prev.prompt_ids + prev.response_ids
+                assert cur.prompt_ids[: len(kept)] == kept  # the exact ids sent and sampled before
+                assert len(cur.prompt_ids) > len(kept)
+                assert out["usage"]["prompt_tokens"] == len(cur.prompt_ids)
                 assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(kept) - 1
             if k < 4:
                 reply = dict(out["choices"][0]["message"])
@@ -95,7 +95,7 @@ def test_a_session_is_token_continuous_and_hits_the_prefix_cache(verifying_polic
     # The first prompt is the template's full render, as before.
     tok = load_tokenizer(str(tiny_model_dir))
     first = store.get_turn("cont", 0)
-    assert first is not None and first["prompt_ids"] == render_prompt_ids(tok, first["messages"], TOOLS)
+    assert first is not None and first.prompt_ids == render_prompt_ids(tok, first.messages, TOOLS)
 
 
 def test_a_template_that_rewrites_history_keeps_the_sampled_ids(verifying_policy, tiny_model_dir):
@@ -112,11 +112,9 @@ def test_a_template_that_rewrites_history_keeps_the_sampled_ids(verifying_policy
     assert _metric(verifying_policy, "continued_over_rewrite") - before == 1
     first, second = store.get_turn("rewrites", 0), store.get_turn("rewrites", 1)
     assert first is not None and second is not None
-    kept = first["prompt_ids"] + first["response_ids"]
-    assert second["prompt_ids"][: len(kept)] == kept
-    assert second["prompt_ids"] != render_prompt_ids(
-        tok, second["messages"], chat_template_kwargs={"enable_thinking": False}
-    )
+    kept = first.prompt_ids + first.response_ids
+    assert second.prompt_ids[: len(kept)] == kept
+    assert second.prompt_ids != render_prompt_ids(tok, second.messages, chat_template_kwargs={"enable_thinking": False})
 
 
 def test_lease_returns_merged_trajectories(tiny_model_dir, engine, tmp_path_factory):

@@ -25,6 +25,7 @@ import pytest
 
 from engine.client import EngineClient, RetryPolicy
 from engine.disconnect import abort_engine_requests
+from engine.records import TurnRecord
 from policy_server.api.routes import DISCONNECT_REASON, _reject_turn
 from policy_server.serving.generation import GenerationAbandoned, Generator, GenResult
 from policy_server.serving.weight_sync import WeightGate
@@ -69,7 +70,7 @@ def turns_of(policy, sid: str) -> list[dict]:
         for i in range(10):
             t = st.get_turn(sid, i)
             if t is not None:
-                out.append(t)
+                out.append(t.to_json())
         return out
     finally:
         st.close()
@@ -253,11 +254,13 @@ def test_turn_recorded_as_the_client_left_is_rejected(tmp_path: Path):
         "response": {"content": "x"},
     }
     try:
-        idx = st.record_turn("s1", rec, session_done=False)  # awaiting its next state
+        idx = st.record_turn("s1", TurnRecord.model_validate(rec), session_done=False)  # awaiting its next state
         assert _reject_turn(st, "s1", idx) == "rejected"
-        assert st.get_turn("s1", idx)["pairing"] == "mismatch"
+        assert st.get_turn("s1", idx).pairing == "mismatch"
         assert st.awaiting_turn("s1") is None  # the next request starts a fresh pairing
-        idx2 = st.record_turn("s2", rec, session_done=True)  # the request ended its session: pending_judge
+        idx2 = st.record_turn(
+            "s2", TurnRecord.model_validate(rec), session_done=True
+        )  # the request ended its session: pending_judge
         assert _reject_turn(st, "s2", idx2) == "rejected"
         rows = st.list_samples(session_id="s1") + st.list_samples(session_id="s2")
         assert [(r["status"], r["reject_reason"]) for r in rows] == [("rejected", DISCONNECT_REASON)] * 2

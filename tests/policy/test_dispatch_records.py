@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from engine.records import PipelineOutcome, PrmVerdict, Sample
+from engine.records import PipelineOutcome, PrmVerdict, Sample, TurnRecord
 from policy_server.rewards.dispatch import Dispatcher
 from policy_server.rewards.modes import ModeSnapshot, build_sample
 
@@ -84,7 +84,9 @@ def _row(store, turn_index: int) -> dict:
 
 
 async def _process_last_turn(store, fields: dict) -> dict:
-    store.record_turn("s", RECORD, session_done=True)  # the session's only turn: resolved, pending_judge
+    store.record_turn(
+        "s", TurnRecord.model_validate(RECORD), session_done=True
+    )  # the session's only turn: resolved, pending_judge
     dispatcher = _dispatcher(store, fields)
     [job] = store.pending_jobs()
     assert await dispatcher._process(job)
@@ -122,7 +124,7 @@ async def test_turn_fields_are_copied_as_recorded(store):
         "response_ids": [3, 4],
         "response": RECORD["response"],
     }
-    store.record_turn("s", minimal, session_done=True)
+    store.record_turn("s", TurnRecord.model_validate(minimal), session_done=True)
     [job] = store.pending_jobs()
     assert await _dispatcher(store, _good_fields())._process(job)
     row = _row(store, 0)

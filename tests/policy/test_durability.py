@@ -65,9 +65,9 @@ def test_kill9_restart_resumes_and_honours_leases(tiny_model_dir, router, tmp_pa
         row = samples_of(st, "d1")[0]
         assert row["status"] == "ready" and row["data"]["reward"] == 1.0 and row["data"]["mode"] == "rl"
         turn = st.get_turn("d1", 0)
-        assert row["data"]["response_ids"] == turn["response_ids"]
-        assert row["data"]["rollout_logprobs"] == turn["rollout_logprobs"]
-        assert row["data"]["prompt_ids"] == turn["prompt_ids"]
+        assert row["data"]["response_ids"] == turn.response_ids
+        assert row["data"]["rollout_logprobs"] == turn.rollout_logprobs
+        assert row["data"]["prompt_ids"] == turn.prompt_ids
         # pairing state survived the crash: d2's awaiting turn pairs with the next request
         _chat(
             pol.url,

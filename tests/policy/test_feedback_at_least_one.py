@@ -1,6 +1,6 @@
 """Late explicit feedback and the at-least-one rule, and the judge/feedback agreement read (both backends).
 
-Contract (policy_server.store.feedback, policy_server.rewards.feedback): feedback that excludes a session's
+Contract (policy_server.store.feedback, policy_server.store.feedback_rule): feedback that excludes a session's
 last included sample re-runs the rule in its own transaction: the session's earliest turn with a neutral PRM
 verdict (``prm_neutral``, ``prm_tie``, ``no_signal`` over a neutral verdict; rl or combine) becomes ``ready``
 with reward 0.0; ``no_valid_votes``, defects, ``degenerate: ...`` and ``feedback_*`` turns never do; a leased
@@ -15,7 +15,8 @@ from __future__ import annotations
 import pytest
 
 from engine.records import RejectReason as R
-from policy_server.rewards.feedback import judge_sign, promotable, promote, value_sign
+from engine.records import TurnRecord
+from policy_server.store.feedback_rule import judge_sign, promotable, promote, value_sign
 from tests.policy.test_feedback_store import _prm, _record, _sample
 
 pytestmark = pytest.mark.unit
@@ -29,14 +30,16 @@ def _session(store, sid: str, outcomes: list[tuple[str, str | None, dict]]) -> l
     for i in range(len(outcomes)):
         if i:
             store.resolve_turn(sid, i - 1, pairing="paired", next_state=NEXT, session_done=False)
-        store.record_turn(sid, _record(f"chatcmpl-{sid}-{i}"), session_done=i == len(outcomes) - 1)
-    jobs = sorted((j for j in store.pending_jobs() if j["session_id"] == sid), key=lambda j: j["turn_index"])
+        store.record_turn(
+            sid, TurnRecord.model_validate(_record(f"chatcmpl-{sid}-{i}")), session_done=i == len(outcomes) - 1
+        )
+    jobs = sorted((j for j in store.pending_jobs() if j.session_id == sid), key=lambda j: j.turn_index)
     assert len(jobs) == len(outcomes)
     for job, (status, reason, sample) in zip(jobs, outcomes, strict=True):
         store.complete_judge(
-            job["sample_id"], status=status, reject_reason=reason, included=status == "ready", data=sample
+            job.sample_id, status=status, reject_reason=reason, included=status == "ready", data=sample
         )
-    return [j["sample_id"] for j in jobs]
+    return [j.sample_id for j in jobs]
 
 
 def _rows(store, sid: str) -> list[tuple[str, str | None, float | None]]:
@@ -102,7 +105,7 @@ def test_feedback_excluding_the_last_included_sample_promotes_the_earliest_neutr
             NEUTRAL[:2] + (None,),
         ]
     )
-    assert st.session("a")["has_included"] == 1
+    assert st.session("a").has_included == 1
     _, leased = st.lease(10, 60.0)
     assert [(s.reward, s.loss_mask) for s in leased] == [(0.0, [1, 1, 1])]  # turn 3's, the only ready one
 
@@ -110,17 +113,17 @@ def test_feedback_excluding_the_last_included_sample_promotes_the_earliest_neutr
 def test_without_a_promotable_turn_the_flag_is_cleared_for_the_dispatcher(store_factory):
     st = store_factory()
     _session(st, "b", [NO_VALID, POS, DEGENERATE])
-    assert st.session("b")["has_included"] == 1
+    assert st.session("b").has_included == 1
     _down(st, "b", 1)
     assert [r[0] for r in _rows(st, "b")] == ["rejected"] * 3
-    assert st.session("b")["has_included"] == 0  # the next neutral turn judged is promoted
+    assert st.session("b").has_included == 0  # the next neutral turn judged is promoted
 
 
 def test_rule_off_promotes_nothing(store_factory):
     st = store_factory()
     _session(st, "c", [POS, NEUTRAL])
     _down(st, "c", 0, at_least_one=False)
-    assert [r[0] for r in _rows(st, "c")] == ["rejected", "rejected"] and st.session("c")["has_included"] == 0
+    assert [r[0] for r in _rows(st, "c")] == ["rejected", "rejected"] and st.session("c").has_included == 0
 
 
 def test_leased_sample_counts_as_included_and_is_never_changed(store_factory):
@@ -135,7 +138,7 @@ def test_leased_sample_counts_as_included_and_is_never_changed(store_factory):
     assert rows[leased] == ("leased", None, 1.0) and rows[1] == NEUTRAL[:2] + (None,)
     assert rows[other] == ("rejected", "feedback_gate: judge +1, feedback -1", None)
     st.ack(lease_id)
-    assert _rows(st, "d")[leased][0] == "consumed" and st.session("d")["has_included"] == 1
+    assert _rows(st, "d")[leased][0] == "consumed" and st.session("d").has_included == 1
 
 
 def test_other_included_sample_left_means_no_promotion(store_factory):
@@ -171,14 +174,14 @@ def test_combine_no_signal_over_a_neutral_verdict_is_promoted(store_factory):
 def test_feedback_settled_after_judging_reruns_the_rule(store_factory):
     """Feedback sent while the judge ran is settled by the dispatcher right after the outcome is written."""
     st = store_factory()
-    st.record_turn("h", _record("chatcmpl-h0"), session_done=False)
+    st.record_turn("h", TurnRecord.model_validate(_record("chatcmpl-h0")), session_done=False)
     st.resolve_turn("h", 0, pairing="paired", next_state=NEXT, session_done=False)
-    st.record_turn("h", _record("chatcmpl-h1"), session_done=True)
-    jobs = sorted((j for j in st.pending_jobs() if j["session_id"] == "h"), key=lambda j: j["turn_index"])
-    st.complete_judge(jobs[0]["sample_id"], status="ready", reject_reason=None, included=True, data=POS[2])
+    st.record_turn("h", TurnRecord.model_validate(_record("chatcmpl-h1")), session_done=True)
+    jobs = sorted((j for j in st.pending_jobs() if j.session_id == "h"), key=lambda j: j.turn_index)
+    st.complete_judge(jobs[0].sample_id, status="ready", reject_reason=None, included=True, data=POS[2])
     assert _down(st, "h", 1)["state"] == "pending"  # turn 1 not judged yet
     st.complete_judge(
-        jobs[1]["sample_id"], status="rejected", reject_reason=R.PRM_NEUTRAL, included=False, data=NEUTRAL[2]
+        jobs[1].sample_id, status="rejected", reject_reason=R.PRM_NEUTRAL, included=False, data=NEUTRAL[2]
     )
     assert st.settle_feedback("h", 1, "gate") == "applied"  # gate on a neutral verdict: still rejected
     assert _down(st, "h", 0)["state"] == "applied"
@@ -187,7 +190,7 @@ def test_feedback_settled_after_judging_reruns_the_rule(store_factory):
         ("rejected", "feedback_gate: judge +1, feedback -1"),
         ("rejected", "feedback_gate: judge +0, feedback -1"),
     ]
-    assert st.session("h")["has_included"] == 0
+    assert st.session("h").has_included == 0
 
 
 # ---------------------------------------------------------------------------- agreement
@@ -209,7 +212,9 @@ def test_agreement_pairs_the_latest_feedback_of_each_judged_turn(store_factory):
     _judged_turn(st, "p3", _prm(0))
     _judged_turn(st, "p4", _prm(None, "no_valid_votes"))  # no verdict: no pair
     _judged_turn(st, "p5", None, mode="opd")  # no PRM verdict at all: no pair
-    st.record_turn("p6", _record("chatcmpl-p6"), session_done=False)  # not judged: pending, no pair yet
+    st.record_turn(
+        "p6", TurnRecord.model_validate(_record("chatcmpl-p6")), session_done=False
+    )  # not judged: pending, no pair yet
     _fb(st, "p1", 1.0, now=100.0)  # agree
     _fb(st, "p2", 1.0, now=101.0)  # disagree
     _fb(st, "p3", 0.0, now=102.0)  # neutral against neutral: agree
@@ -306,4 +311,4 @@ def test_concurrent_feedback_excluding_both_included_samples_still_promotes(stor
     assert errors == []
     for sid in sessions:
         assert [r[0] for r in _rows(st, sid)] == ["rejected", "rejected", "ready"], sid
-        assert st.session(sid)["has_included"] == 1
+        assert st.session(sid).has_included == 1

@@ -1,7 +1,7 @@
 """Explicit feedback: the pure policy rules and their application in the store (both backends).
 
-Contract (policy_server.rewards.feedback, policy_server.store.feedback): override / average / gate combine a
-feedback value with the judge's stored PRM verdict; feedback on a turn not judged yet stays ``pending``;
+Contract (policy_server.rewards.feedback, policy_server.store.feedback_rule, policy_server.store.feedback):
+override / average / gate combine a feedback value with the judge's stored PRM verdict; feedback on a turn not judged yet stays ``pending``;
 on a ready or reward-rejected sample it applies at once (a rejected one may become ready); on a leased one
 it is ``late`` and changes nothing; the same idempotency key twice is one feedback; the key reused on
 another turn is a conflict; the response id recorded with the turn finds it.
@@ -14,14 +14,11 @@ import math
 import pytest
 
 from engine.records import RejectReason as R
-from policy_server.rewards.feedback import (
-    InvalidFeedback,
-    apply_feedback,
-    combined_reward,
-    feedback_value,
-    judge_reward,
-)
+from engine.records import TurnRecord
+from policy_server.rewards.feedback import InvalidFeedback, feedback_value
 from policy_server.store import FeedbackConflict
+from policy_server.store.feedback_rule import apply_feedback, combined_reward, judge_reward
+from policy_server.store.rows import TurnFeedback
 
 pytestmark = pytest.mark.unit
 
@@ -113,10 +110,10 @@ def test_apply_feedback_can_include_a_neutral_turn_and_exclude_a_rewarded_one():
 
 # ---------------------------------------------------------------------------- store
 def _judged(store, sid: str, rid: str, *, status: str, reason: str | None, sample: dict) -> str:
-    store.record_turn(sid, _record(rid), session_done=True)
-    [job] = [j for j in store.pending_jobs() if j["session_id"] == sid]
-    store.complete_judge(job["sample_id"], status=status, reject_reason=reason, included=status == "ready", data=sample)
-    return job["sample_id"]
+    store.record_turn(sid, TurnRecord.model_validate(_record(rid)), session_done=True)
+    [job] = [j for j in store.pending_jobs() if j.session_id == sid]
+    store.complete_judge(job.sample_id, status=status, reject_reason=reason, included=status == "ready", data=sample)
+    return job.sample_id
 
 
 def _row(store, sid: str) -> dict:
@@ -126,15 +123,15 @@ def _row(store, sid: str) -> dict:
 
 def test_feedback_before_judging_stays_pending_then_settles(store_factory):
     st = store_factory()
-    st.record_turn("s1", _record("chatcmpl-a"), session_done=False)
+    st.record_turn("s1", TurnRecord.model_validate(_record("chatcmpl-a")), session_done=False)
     assert st.turn_by_response_id("chatcmpl-a") == ("s1", 0)
     out = st.add_feedback("s1", 0, value=-1.0, text="use 51", idempotency_key=None, policy="override")
     assert (out["state"], out["sample_status"], out["duplicate"]) == ("pending", None, False)
-    assert st.turn_feedback("s1", 0) == {"value": -1.0, "text": "use 51", "count": 1}
+    assert st.turn_feedback("s1", 0) == TurnFeedback(value=-1.0, text="use 51", count=1)
     st.resolve_turn("s1", 0, pairing="paired", next_state=[{"role": "user", "content": "thanks"}], session_done=False)
     [job] = st.pending_jobs()
     st.complete_judge(
-        job["sample_id"], status="ready", reject_reason=None, included=True, data=_sample("rl", _prm(1), 1.0)
+        job.sample_id, status="ready", reject_reason=None, included=True, data=_sample("rl", _prm(1), 1.0)
     )
     assert st.settle_feedback("s1", 0, "override") == "applied"
     row = _row(st, "s1")
@@ -176,8 +173,8 @@ def test_same_idempotency_key_counts_once_and_conflicts_elsewhere(store_factory)
     first = st.add_feedback("s4", 0, value=0.5, text=None, idempotency_key="k1", policy="average")
     again = st.add_feedback("s4", 0, value=0.5, text=None, idempotency_key="k1", policy="average")
     assert again == {**first, "duplicate": True}
-    assert st.turn_feedback("s4", 0)["count"] == 1 and _row(st, "s4")["sample"]["reward"] == 0.75
-    st.record_turn("s5", _record("chatcmpl-e"), session_done=True)
+    assert st.turn_feedback("s4", 0).count == 1 and _row(st, "s4")["sample"]["reward"] == 0.75
+    st.record_turn("s5", TurnRecord.model_validate(_record("chatcmpl-e")), session_done=True)
     with pytest.raises(FeedbackConflict):
         st.add_feedback("s5", 0, value=1.0, text=None, idempotency_key="k1", policy="average")
     # a second, distinct feedback replaces the value (the latest counts) and is re-applied from the verdict

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from engine.records import TurnRecord
 from policy_server.store import Store
 from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_ready
 from tests.waiting import async_wait_until
@@ -33,9 +34,9 @@ def _record() -> dict:
 
 def _judged_later(store: Store, sid: str, data: dict | None = None) -> str:
     """A session's only turn, resolved and waiting for its judge (pending_judge); returns its sample id."""
-    store.record_turn(sid, _record(), session_done=True)
-    [job] = [j for j in store.pending_jobs() if j["session_id"] == sid]
-    return job["sample_id"]
+    store.record_turn(sid, TurnRecord.model_validate(_record()), session_done=True)
+    [job] = [j for j in store.pending_jobs() if j.session_id == sid]
+    return job.sample_id
 
 
 def _ready(store: Store, sample_id: str, **data) -> bool:

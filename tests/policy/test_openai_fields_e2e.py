@@ -87,7 +87,7 @@ def test_forced_nested_schema_call_validates_for_20_seeds(policy):
         jsonschema.validate(args, NESTED)  # typed: integers, arrays, nulls, enums are not strings
         assert choice.message.content in (None, "")
         turn = Store(data_dir(policy)).get_turn(sid, 0)
-        assert turn["constrained"] is True
+        assert turn.constrained is True
 
 
 def test_required_picks_one_of_the_tools_typed(policy):
@@ -112,7 +112,7 @@ def test_truncated_forced_call_leaks_no_markup(policy):
     choice = r.choices[0]
     assert choice.finish_reason == "length"
     assert choice.message.tool_calls is None and choice.message.content is None
-    assert Store(data_dir(policy)).get_turn("cut", 0)["constrained"] is True
+    assert Store(data_dir(policy)).get_turn("cut", 0).constrained is True
     stream = c.chat.completions.create(
         model="m", messages=MSGS, tools=TOOLS, tool_choice=FORCE_ORDER, max_tokens=6, stream=True
     )
@@ -175,8 +175,8 @@ def test_logprobs_and_top_logprobs_equal_the_recorded_rollout(policy):
     )
     entries = r.choices[0].logprobs.content
     turn = Store(data_dir(policy)).get_turn("lp", 0)
-    assert len(entries) == r.usage.completion_tokens == len(turn["response_ids"])
-    assert [e.logprob for e in entries] == pytest.approx(turn["rollout_logprobs"], abs=1e-6)
+    assert len(entries) == r.usage.completion_tokens == len(turn.response_ids)
+    assert [e.logprob for e in entries] == pytest.approx(turn.rollout_logprobs, abs=1e-6)
     for e in entries:
         assert len(e.top_logprobs) == 3
         assert e.top_logprobs[0].logprob >= e.logprob - 1e-6  # rank 1 is at least as likely as the sample
@@ -193,7 +193,7 @@ def test_logprobs_and_top_logprobs_equal_the_recorded_rollout(policy):
     )
     got = [e for ch in stream if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
     turn = Store(data_dir(policy)).get_turn("lp-s", 0)
-    assert [e.logprob for e in got] == pytest.approx(turn["rollout_logprobs"], abs=1e-6)
+    assert [e.logprob for e in got] == pytest.approx(turn.rollout_logprobs, abs=1e-6)
     assert all(e.top_logprobs == [] for e in got)
     plain = c.chat.completions.create(model="m", messages=MSGS, max_tokens=3)
     assert plain.choices[0].logprobs is None
@@ -218,7 +218,7 @@ def test_response_format_json_object_and_sdk_parse(policy):
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(r.choices[0].message.content), dict)
     assert r.choices[0].message.content.lstrip().startswith("{")
-    assert Store(data_dir(policy)).get_turn("jo", 0)["constrained"] is True
+    assert Store(data_dir(policy)).get_turn("jo", 0).constrained is True
     parsed = c.chat.completions.parse(model="m", messages=MSGS, max_tokens=200, seed=4, response_format=Verdict)
     assert isinstance(parsed.choices[0].message.parsed, Verdict)
 
@@ -234,7 +234,7 @@ def test_logit_bias_reaches_a_direct_engine_and_is_400_behind_the_router(policy,
             r = c.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "bias", "X-Session-Done": "1"})
             bad = c.post("/v1/chat/completions", json={**body, "logit_bias": {"99999999": 1}})
         assert r.status_code == 200, r.text
-        assert Store(tmp_path / "data").get_turn("bias", 0)["response_ids"] == [65] * 5
+        assert Store(tmp_path / "data").get_turn("bias", 0).response_ids == [65] * 5
         assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]["message"]
     finally:
         direct.stop()
@@ -253,7 +253,7 @@ def test_reasoning_effort_none_renders_thinking_off(policy, tiny_model_dir):
             )
             assert r.status_code == 200, r.text
     st = Store(data_dir(policy))
-    off, on = (tok.decode(st.get_turn(s, 0)["prompt_ids"]) for s in ("re-none", "re-high"))
+    off, on = (tok.decode(st.get_turn(s, 0).prompt_ids) for s in ("re-none", "re-high"))
     assert off.rstrip().endswith("</think>") and "<think>" not in on
 
 

@@ -9,13 +9,13 @@ import pytest
 from policy_server.api.openai_fields import (
     PARALLEL_STOP,
     apply_extras,
+    chat_request_schema,
     chat_template_kwargs,
     hindsight_headers,
     known_fields,
     parse_extras,
     token_logprobs,
 )
-from policy_server.api.openai_schemas import chat_request_schema
 from policy_server.errors import InvalidRequest
 
 pytestmark = pytest.mark.unit

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from engine.records import TurnRecord
 from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseTrajectoryScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, held_outcomes, session_turns
@@ -272,7 +273,7 @@ def _record(store: Store, sid: str, text: str) -> int:
         "tools": None,
         "weight_version": "v0",
     }
-    return store.record_turn(sid, rec, session_done=False)
+    return store.record_turn(sid, TurnRecord.model_validate(rec), session_done=False)
 
 
 def _sample_id(store: Store, sid: str, idx: int) -> str:

@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from engine.errors import EngineUnavailable
-from engine.records import PipelineOutcome, PrmVerdict, Sample
+from engine.records import PipelineOutcome, PrmVerdict, Sample, Turn
 from judge_server.errors import JudgeUnavailable
 from judge_server.prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
@@ -275,6 +275,11 @@ def _turn(**over: Any) -> dict:
     return t
 
 
+def _stored(**over: Any) -> Turn:
+    """:func:`_turn` as the store hands it out (``Store.get_turn``: a Turn, with its creation time)."""
+    return Turn.model_validate({**_turn(**over), "created_at": 1.0})
+
+
 async def _scoring(scorer: BaseScorer) -> PRMScoring:
     config = PRMFileConfig(prm=PRMConfig(scorers=[scorer]))  # a borrowed scorer instance
     return PRMScoring(await PRMRunner.create(config), "<test>", config)
@@ -283,19 +288,19 @@ async def _scoring(scorer: BaseScorer) -> PRMScoring:
 @pytest.mark.unit
 async def test_outcomes_in_process():
     ok = await _scoring(_Fixed(0.25))
-    out = await ok.score_turn(_turn(), {"score": 1})
+    out = await ok.score_turn(_stored(), {"score": 1})
     assert out == ScoreOutcome("scored", token_rewards=[0.5, 0.5, 0.5])
-    bad = await ok.score_turn(_turn(prompt_ids=[]))
+    bad = await ok.score_turn(_stored(prompt_ids=[]))
     assert bad.kind == "rejected" and bad.reason.startswith("prm_rejected: not scorable: ")
-    none = await (await _scoring(_Fixed(None))).score_turn(_turn())
+    none = await (await _scoring(_Fixed(None))).score_turn(_stored())
     assert none.kind == "rejected" and none.reason == "prm_rejected: scorer 'fixed' returned None for 1/1 turns"
-    boom = await (await _scoring(_Fixed(error=ValueError("nope")))).score_turn(_turn())
+    boom = await (await _scoring(_Fixed(error=ValueError("nope")))).score_turn(_stored())
     assert boom.kind == "rejected" and "ValueError('nope')" in boom.reason
     for exc in (JudgeUnavailable("judge down"), EngineUnavailable("engine down")):
-        down = await (await _scoring(_Fixed(error=exc))).score_turn(_turn())
+        down = await (await _scoring(_Fixed(error=exc))).score_turn(_stored())
         assert down.kind == "retry" and type(exc).__name__ in down.reason
     await ok.aclose()
-    closed = await ok.score_turn(_turn())
+    closed = await ok.score_turn(_stored())
     assert closed.kind == "retry" and "PRMRunnerClosed" in closed.reason
     assert ok.outcomes == {"scored": 1, "rejected": 1, "retry": 1}
 

@@ -81,9 +81,9 @@ def test_openai_streaming_real_chunks(policy):
     # the recorded turn holds exactly the streamed tokens
     st = Store(data_dir(policy))
     turn = st.get_turn("stream-1", 0)
-    assert turn is not None and len(turn["response_ids"]) == chunks[-1].usage.completion_tokens
-    assert len(turn["rollout_logprobs"]) == len(turn["response_ids"])
-    assert turn["pairing"] == "session_end"
+    assert turn is not None and len(turn.response_ids) == chunks[-1].usage.completion_tokens
+    assert len(turn.rollout_logprobs) == len(turn.response_ids)
+    assert turn.pairing == "session_end"
 
 
 def test_openai_tool_call_round_trip(policy):
@@ -120,7 +120,7 @@ def test_openai_tool_call_round_trip(policy):
     assert calls and calls[0].function.name == "get_weather" and '"city"' in calls[0].function.arguments
     st = Store(data_dir(policy))
     first = st.get_turn("tools-1", 0)
-    assert first["pairing"] == "paired" and first["next_state"] == [
+    assert first.pairing == "paired" and first.next_state == [
         {"role": "tool", "tool_call_id": call.id, "content": "18C and sunny"}
     ]
 
@@ -140,13 +140,13 @@ def test_token_exact_against_engine_and_torch(policy, engine, tiny_model_dir):
         r = c.post("/v1/chat/completions", json=body, headers=h)
     assert r.status_code == 200, r.text
     turn = Store(data_dir(policy)).get_turn("exact", 0)
-    ids, lps = turn["response_ids"], turn["rollout_logprobs"]
+    ids, lps = turn.response_ids, turn.rollout_logprobs
     assert len(ids) == len(lps) == r.json()["usage"]["completion_tokens"]
     # the engine itself, same prompt ids and seed: the same sample, the same log-probs
     direct = httpx.post(
         engine.url + "/generate",
         json={
-            "input_ids": turn["prompt_ids"],
+            "input_ids": turn.prompt_ids,
             "return_logprob": True,
             "sampling_params": {"max_new_tokens": 16, "temperature": 1.0, "sampling_seed": 11},
         },
@@ -158,10 +158,10 @@ def test_token_exact_against_engine_and_torch(policy, engine, tiny_model_dir):
     if direct["meta_info"]["finish_reason"]["type"] == "stop":
         assert ids[-1] == direct["meta_info"]["finish_reason"]["matched"]  # stop token kept
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    full = torch.tensor([turn["prompt_ids"] + ids])
+    full = torch.tensor([turn.prompt_ids + ids])
     with torch.no_grad():
         logp = torch.log_softmax(model(full).logits[0, :-1].float(), dim=-1)
-    p = len(turn["prompt_ids"])
+    p = len(turn.prompt_ids)
     recomputed = logp[p - 1 :, :].gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
     # One full forward pass vs the engine's cached decode steps: other reductions over the same float32 weights.
     atol = reorder_atol(forward_terms(model.config, full.shape[1]), max(abs(x) for x in lps))
@@ -186,8 +186,8 @@ def test_pairing_user_reply_side_turns_rewrite_and_idle(policy):
         m += [{"role": "assistant", "content": a["content"]}, {"role": "user", "content": "thanks, that worked"}]
         a2 = _chat(c, m, "pair")
         t0 = st.get_turn("pair", 0)
-        assert t0["pairing"] == "paired" and t0["next_state"] == [{"role": "user", "content": "thanks, that worked"}]
-        assert st.get_turn("pair", 1)["pairing"] == "awaiting" and st.get_turn("pair", 2) is None
+        assert t0.pairing == "paired" and t0.next_state == [{"role": "user", "content": "thanks, that worked"}]
+        assert st.get_turn("pair", 1).pairing == "awaiting" and st.get_turn("pair", 2) is None
         # rewritten history under the same header, the awaiting reply not in it: a different conversation of that
         # key, so a new session of its family (policy_server.serving.identity) instead of rejecting the awaiting turn
         # as a mismatch (a rewrite that still ends with the recorded reply and new messages is a compaction, which
@@ -204,16 +204,16 @@ def test_pairing_user_reply_side_turns_rewrite_and_idle(policy):
         )
         assert r.status_code == 200, r.text
         split = r.headers["x-hindsight-session-id"]
-        assert split.startswith("pair~") and st.get_turn(split, 0)["pairing"] == "awaiting"
+        assert split.startswith("pair~") and st.get_turn(split, 0).pairing == "awaiting"
         assert st.get_turn("pair", 2) is None
         # the idle timeout (5 s in this module) ends both sessions: their last turns get no next state, none is lost
         for sid, idx in (("pair", 1), (split, 0)):
             turn = wait_until(
-                lambda sid=sid, idx=idx: (t := st.get_turn(sid, idx))["pairing"] != "awaiting" and t,
+                lambda sid=sid, idx=idx: (t := st.get_turn(sid, idx)) is not None and t.pairing != "awaiting" and t,
                 timeout_s=30,
                 interval_s=0.2,
             )
-            assert turn["pairing"] == "session_end" and turn["session_done"] and turn["next_state"] is None
+            assert turn.pairing == "session_end" and turn.session_done and turn.next_state is None
         rows = {s["turn_index"]: s for s in samples_of(st, "pair")}
         assert rows[0]["status"] == "pending_judge"  # no judge configured: stays pending, never dropped
         stats = admin(policy.url).get("/v1/samples/stats").json()

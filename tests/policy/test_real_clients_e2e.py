@@ -95,10 +95,10 @@ def check_typed(calls: list[dict]) -> None:
 def check_recorded_and_paired(policy, sid: str) -> None:
     st = Store(data_dir(policy))
     first = st.get_turn(sid, 0)
-    assert first["response"]["tool_calls"] and first["constrained"] is True
-    assert first["pairing"] == "paired", first.get("pairing_note")
-    assert [m["role"] for m in first["next_state"]] == ["tool"]
-    assert first["next_state"][0]["content"] == "order placed"
+    assert first.response["tool_calls"] and first.constrained is True
+    assert first.pairing == "paired", first.pairing_note
+    assert [m["role"] for m in first.next_state] == ["tool"]
+    assert first.next_state[0]["content"] == "order placed"
     assert st.get_turn(sid, 1) is not None  # the answer after the tool result, ended by the side request
 
 
@@ -164,7 +164,7 @@ def test_langchain_bind_tools_forced_call_is_typed(policy):
     args = call["args"]
     assert isinstance(args["ids"], list) and all(isinstance(i, int) for i in args["ids"])
     assert isinstance(args["exact"], bool) and (args["note"] is None or isinstance(args["note"], str))
-    assert Store(data_dir(policy)).get_turn("lc-tools", 0)["constrained"] is True
+    assert Store(data_dir(policy)).get_turn("lc-tools", 0).constrained is True
 
 
 class Grade(pydantic.BaseModel):
@@ -213,4 +213,4 @@ def test_litellm_forced_tool_call_and_session(policy, monkeypatch):
     [call] = r.choices[0].message.tool_calls
     args = json.loads(call.function.arguments)
     assert all(isinstance(i, int) for i in args["ids"]) and isinstance(args["exact"], bool)
-    assert Store(data_dir(policy)).get_turn("litellm", 0)["constrained"] is True
+    assert Store(data_dir(policy)).get_turn("litellm", 0).constrained is True

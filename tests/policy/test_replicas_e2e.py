@@ -194,7 +194,7 @@ def test_kill9_loses_no_answered_turn_and_the_other_replica_finishes(tiny_model_
         wait_until(lambda: stats(b.url)["samples"]["pending_judge"] == 0 and _claimed_by(store, "A") == 0, timeout_s=60)
         for sid, k, text in answered:
             turn = store.get_turn(sid, k)
-            assert turn is not None and turn["response"]["content"] == text, (sid, k)
+            assert turn is not None and turn.response["content"] == text, (sid, k)
         s = stats(b.url)
         assert s["turns"] >= len(answered) and s["history_mismatches"] == 0
     finally:

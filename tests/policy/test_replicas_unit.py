@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from engine.records import TurnRecord
 from policy_server.rewards.modes import ModeState
 from policy_server.serving.replicas import ReplicaSync
 from policy_server.serving.sessions import SessionTracker
@@ -47,12 +48,14 @@ async def test_sweep_spares_a_session_in_flight_at_another_replica(pg_url):
         )
         tracker_a = SessionTracker(a, idle_timeout_s=10.0)
         tracker_a.remote_in_flight = sync_a.remote_in_flight
-        a.record_turn("s", _record(), session_done=False, now=time.time() - 60)  # idle for a minute
+        a.record_turn(
+            "s", TurnRecord.model_validate(_record()), session_done=False, now=time.time() - 60
+        )  # idle for a minute
         await sync_b.refresh()  # B's heartbeat: a request of "s" is being generated there
-        assert await tracker_a.sweep_idle() == 0 and a.session("s")["done"] == 0
+        assert await tracker_a.sweep_idle() == 0 and a.session("s").done == 0
         busy.clear()
         await sync_b.refresh()
-        assert await tracker_a.sweep_idle() == 1 and a.session("s")["done"] == 1
+        assert await tracker_a.sweep_idle() == 1 and a.session("s").done == 1
     finally:
         a.close()
         b.close()

@@ -11,6 +11,7 @@ import json
 import httpx
 import pytest
 
+from engine.records import TurnRecord
 from policy_server.metrics import Metrics
 from policy_server.serving.identity import (
     AFFINITY,
@@ -190,7 +191,9 @@ async def test_key_families_split_instead_of_mismatching(tmp_path):
 
         async def turn(messages: list[dict], reply: str, *, done: bool = False):
             ident = await resolver.resolve(hint, messages, main=True, done=done)
-            await tracker.on_main_turn(ident.sid, _record(messages, reply), done=done, arrival=ident.arrival)
+            await tracker.on_main_turn(
+                ident.sid, TurnRecord.model_validate(_record(messages, reply)), done=done, arrival=ident.arrival
+            )
             return ident
 
         a1 = await turn([U("task A")], "A1")
@@ -200,8 +203,8 @@ async def test_key_families_split_instead_of_mismatching(tmp_path):
         a2 = await turn([U("task A"), A("A1"), U("more A")], "A2")
         b2 = await turn([U("task B"), A("B1"), U("more B")], "B2", done=True)
         assert (a2.sid, a2.decision, b2.sid, b2.decision) == ("static", "continued", b1.sid, "continued")
-        assert store.get_turn("static", 0)["pairing"] == "paired"
-        assert store.get_turn(b1.sid, 0)["next_state"] == [U("more B")]
+        assert store.get_turn("static", 0).pairing == "paired"
+        assert store.get_turn(b1.sid, 0).next_state == [U("more B")]
         assert not any(t["pairing"] == "mismatch" for t in store.awaiting_open_turns())
         # after X-Session-Done, the same key with a fresh conversation starts a new session
         store.end_session("static")
@@ -287,7 +290,7 @@ def test_stock_client_hints_side_rules_and_admin_view(engine, tiny_model_dir, tm
             second = store.get_turn("oc-session-1", 1)
         finally:
             store.close()
-        assert (second["session_rule"], second["session_decision"]) == (PROMPT_CACHE_KEY, "continued")
+        assert second is not None and (second.session_rule, second.session_decision) == (PROMPT_CACHE_KEY, "continued")
         side = adm.get("/v1/side_turns").json()["side_turns"]
         assert [(s["rule"], s["session_id"]) for s in side] == [("openclaw_heartbeat", "oc-session-1")]
         assert side[0]["record"]["response_ids"] and side[0]["record"]["messages"] == [U(OPENCLAW_HEARTBEAT)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from engine.records import TurnRecord
 from policy_server.serving.session_inference import INFERRED_PREFIX, choose_session
 from policy_server.store import Store
 from tests.testkit.servers import CLIENT_KEY, admin, client, start_policy
@@ -82,9 +83,9 @@ def test_header_less_sessions_are_inferred_paired_and_counted(engine, tiny_model
             stats = a.get("/v1/samples/stats").json()
         st = Store(tmp_path / "data")
         t0, t1 = st.get_turn(sid, 0), st.get_turn(sid, 1)
-        assert t0["pairing"] == "paired" and t0["next_state"] == [{"role": "user", "content": "to Paris"}]
-        assert t1["pairing"] == "paired" and t1["next_state"] == [{"role": "user", "content": "in May"}]
-        assert st.get_turn(sid3, 0)["pairing"] == "awaiting"
+        assert t0.pairing == "paired" and t0.next_state == [{"role": "user", "content": "to Paris"}]
+        assert t1.pairing == "paired" and t1.next_state == [{"role": "user", "content": "in May"}]
+        assert st.get_turn(sid3, 0).pairing == "awaiting"
         assert stats["inferred_sessions"] == 2
         assert 'hindsight_policy_inferred_sessions_total{outcome="continued"} 2.0' in metrics
         assert 'hindsight_policy_inferred_sessions_total{outcome="started"} 2.0' in metrics
@@ -127,7 +128,7 @@ async def test_a_session_being_continued_is_not_claimed_twice(tmp_path):
             "weight_versions": ["v0"],
             "sampling_params": {},
         }
-        store.record_turn("s1", rec, session_done=False)
+        store.record_turn("s1", TurnRecord.model_validate(rec), session_done=False)
         tracker = SessionTracker(store, idle_timeout_s=60)
         inferrer = SessionInferrer(store, tracker, Metrics())
         follow_up = [U("hi"), A("hello"), U("thanks")]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.records import TurnRecord
 from policy_server.store import LeaseError, Store
 
 pytestmark = pytest.mark.unit
@@ -32,39 +33,41 @@ def _record(n: int = 3) -> dict:
 
 
 def _ready_sample(store: Store, sid: str) -> str:
-    store.record_turn(sid, _record(), session_done=True)
-    [job] = [j for j in store.pending_jobs() if j["session_id"] == sid]
+    store.record_turn(sid, TurnRecord.model_validate(_record()), session_done=True)
+    [job] = [j for j in store.pending_jobs() if j.session_id == sid]
     assert store.complete_judge(
-        job["sample_id"],
+        job.sample_id,
         status="ready",
         reject_reason=None,
         included=True,
-        data={"sample_id": job["sample_id"], "session_id": sid},
+        data={"sample_id": job.sample_id, "session_id": sid},
     )
-    return job["sample_id"]
+    return job.sample_id
 
 
 def test_store_turns_pairing_and_session_end(store_factory):
     st = store_factory()
-    assert st.record_turn("s", _record(), session_done=False) == 0
-    assert st.awaiting_turn("s")["turn_index"] == 0
+    assert st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False) == 0
+    assert st.awaiting_turn("s").turn_index == 0
     sid = st.resolve_turn("s", 0, pairing="paired", next_state=[{"role": "user", "content": "ok"}], session_done=False)
     assert sid and st.resolve_turn("s", 0, pairing="paired", next_state=None, session_done=False) is None
-    assert st.record_turn("s", _record(), session_done=True) == 1  # last turn: resolved with no next state
-    assert st.get_turn("s", 1)["pairing"] == "session_end"
-    assert [j["turn_index"] for j in st.pending_jobs()] == [0, 1]
+    assert (
+        st.record_turn("s", TurnRecord.model_validate(_record()), session_done=True) == 1
+    )  # last turn: resolved with no next state
+    assert st.get_turn("s", 1).pairing == "session_end"
+    assert [j.turn_index for j in st.pending_jobs()] == [0, 1]
     st.close()
     st2 = store_factory()  # durable across reopen
-    assert [j["turn_index"] for j in st2.pending_jobs()] == [0, 1]
+    assert [j.turn_index for j in st2.pending_jobs()] == [0, 1]
     assert st2.stats()["samples"]["pending_judge"] == 2
 
 
 def test_store_concurrent_turns_reject_the_overtaken(store_factory):
     st = store_factory()
-    st.record_turn("s", _record(), session_done=False)
-    st.record_turn("s", _record(), session_done=False)
+    st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False)
+    st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False)
     assert st.stats()["reject_reasons"] == {"concurrent_turns": 1}
-    assert st.awaiting_turn("s")["turn_index"] == 1
+    assert st.awaiting_turn("s").turn_index == 1
 
 
 def test_lease_ack_exactly_once_and_expiry(store_factory):
@@ -104,7 +107,7 @@ def test_replicas_take_consecutive_turn_indexes(store_factory):
 
     def record(st: Store) -> None:
         for _ in range(10):
-            got.append(st.record_turn("s", _record(), session_done=False))
+            got.append(st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False))
 
     threads = [threading.Thread(target=record, args=(st,)) for st in (a, b)]
     for t in threads:
@@ -147,22 +150,22 @@ def test_lease_taken_at_one_replica_is_acked_at_another(store_factory):
 
 def test_idle_sweep_ends_a_session_once_and_spares_a_fresh_one(store_factory):
     a, b = store_factory(), store_factory()
-    a.record_turn("s", _record(), session_done=False, now=100.0)
+    a.record_turn("s", TurnRecord.model_validate(_record()), session_done=False, now=100.0)
     assert a.idle_sessions(150.0) == ["s"] and b.idle_sessions(150.0) == ["s"]
     ended = [st.end_session("s", now=151.0, idle_before=150.0) for st in (a, b)]
     assert sorted(len(e) for e in ended) == [0, 1]  # exactly one replica closed it
-    b.record_turn("t", _record(), session_done=False, now=100.0)
+    b.record_turn("t", TurnRecord.model_validate(_record()), session_done=False, now=100.0)
     a.touch_session("t", now=160.0)  # a request arrived at another replica after the sweep listed it
-    assert b.end_session("t", now=161.0, idle_before=150.0) == [] and b.session("t")["done"] == 0
+    assert b.end_session("t", now=161.0, idle_before=150.0) == [] and b.session("t").done == 0
 
 
 def test_judge_claims_are_exclusive_and_expire(store_factory):
     a, b = store_factory(), store_factory()
-    a.record_turn("s", _record(), session_done=True, now=100.0)
-    assert [j["session_id"] for j in b.pending_jobs("B", now=100.0)] == ["s"]
+    a.record_turn("s", TurnRecord.model_validate(_record()), session_done=True, now=100.0)
+    assert [j.session_id for j in b.pending_jobs("B", now=100.0)] == ["s"]
     assert a.claim_session("s", "A", 10.0, now=100.0) is True
     assert b.claim_session("s", "B", 10.0, now=101.0) is False
-    assert b.pending_jobs("B", now=101.0) == [] and [j["turn_index"] for j in a.pending_jobs("A", now=101.0)] == [0]
+    assert b.pending_jobs("B", now=101.0) == [] and [j.turn_index for j in a.pending_jobs("A", now=101.0)] == [0]
     assert a.claim_session("s", "A", 10.0, now=105.0) is True  # renewal: now until 115
     assert b.claim_session("s", "B", 10.0, now=112.0) is False
     assert b.claim_session("s", "B", 10.0, now=116.0) is True  # A died: its claim expired, B takes over
@@ -190,17 +193,17 @@ def test_postgres_lock_wait_is_bounded_then_serves_again(pg_url):
 
     st = open_store(pg_url, "", busy_timeout_s=0.5)
     try:
-        st.record_turn("s", _record(), session_done=False)
+        st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False)
         with psycopg.connect(pg_url) as other:
             other.execute("SELECT * FROM sessions WHERE session_id='s' FOR UPDATE")
             t0 = time.monotonic()
             with pytest.raises(StoreBusy):
-                st.record_turn("s", _record(), session_done=False)
+                st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False)
             assert (
                 time.monotonic() - t0 < 0.5 + 3.0
             )  # busy_timeout_s + loaded-machine slack; the lock is never released
             assert st.probe(0.5) is None  # the database itself answers: only that row is locked
             other.rollback()
-        assert st.record_turn("s", _record(), session_done=False) == 1
+        assert st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False) == 1
     finally:
         st.close()

@@ -12,6 +12,7 @@ import threading
 
 import pytest
 
+from engine.records import TurnRecord
 from policy_server.store import LATEST_VERSION, SchemaError, Store, open_store
 
 pytestmark = pytest.mark.unit
@@ -94,14 +95,16 @@ def test_release_data_dir_opens_after_the_upgrade_with_nothing_lost(tmp_path):
         "rejected": 1,
     }
     assert stats["turns"] == 4 and stats["turns_awaiting_next_state"] == 1 and stats["history_mismatches"] == 1
-    assert st.get_turn("a", 0)["next_state"] == [{"role": "user", "content": "ok"}]
-    assert st.get_turn("b", 0)["messages"][0]["content"] == "b0"
+    assert st.get_turn("a", 0).next_state == [{"role": "user", "content": "ok"}]
+    assert st.get_turn("b", 0).messages[0]["content"] == "b0"
     assert st.get_runtime("mode") == {"mode": "opd", "w_rl": 1.0, "w_opd": 2.0}
-    assert [j["sample_id"] for j in st.pending_jobs("replica-1")] == ["s-pending"]
+    assert [j.sample_id for j in st.pending_jobs("replica-1")] == ["s-pending"]
     assert st.sample_row("s-pending")["attempts"] == 2
     lease_id, [sample] = st.lease(10, lease_s=60)
     assert sample.reward == 1.0 and st.ack(lease_id)["acked"] == 1
-    assert st.record_turn("b", json.loads(_record("b1")), session_done=False) == 1  # the session goes on
+    assert (
+        st.record_turn("b", TurnRecord.model_validate(json.loads(_record("b1"))), session_done=False) == 1
+    )  # the session goes on
     st.close()
     db = sqlite3.connect(data / "hindsight.sqlite3")
     versions = [r[0] for r in db.execute("SELECT version FROM schema_migrations ORDER BY version")]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
+from engine.records import TurnRecord
 from policy_server.store import Store
 from tests.testkit.records import USER_HI, turn_record
 from tests.testkit.servers import samples_of
@@ -61,23 +62,25 @@ def _count_commits(st) -> Callable[[], int]:
 
 def test_record_turn_is_one_transaction_with_overtaken_turn_and_session_end(store_factory):
     st = store_factory()
-    st.record_turn("s", _record(), session_done=False)
+    st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False)
     commits = _count_commits(st)
-    idx = st.record_turn("s", _record(), session_done=True)  # overtakes turn 0, ends the session
+    idx = st.record_turn(
+        "s", TurnRecord.model_validate(_record()), session_done=True
+    )  # overtakes turn 0, ends the session
     assert commits() == 1 and idx == 1
     rows = {r["turn_index"]: r for r in samples_of(st, "s")}
     assert rows[0]["status"] == "rejected" and rows[0]["reject_reason"] == "concurrent_turns"
-    assert rows[1]["status"] == "pending_judge" and st.get_turn("s", 1)["pairing"] == "session_end"
-    assert st.session("s")["done"] == 1
+    assert rows[1]["status"] == "pending_judge" and st.get_turn("s", 1).pairing == "session_end"
+    assert st.session("s").done == 1
 
 
 def test_resolve_with_touch_is_one_transaction(store_factory):
     st = store_factory()
-    st.record_turn("s", _record(), session_done=False, now=100.0)
+    st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False, now=100.0)
     commits = _count_commits(st)
     sid = st.resolve_turn("s", 0, pairing="paired", next_state=[U], session_done=False, touch=True, now=200.0)
     assert commits() == 1 and sid
-    assert st.session("s")["last_activity"] == 200.0
+    assert st.session("s").last_activity == 200.0
     assert st.resolve_turn("s", 0, pairing="paired", next_state=[U], session_done=False) is None  # idempotent
 
 
@@ -86,8 +89,8 @@ def test_record_reopens_a_session_ended_while_generating(store_factory):
     st.touch_session("s", now=1.0)
     assert st.idle_sessions(10.0) == ["s"]
     st.end_session("s", now=10.0)  # the idle sweep ended it while its turn was being generated
-    st.record_turn("s", _record(), session_done=False, now=11.0)
-    assert st.session("s")["done"] == 0 and st.awaiting_turn("s") is not None
+    st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False, now=11.0)
+    assert st.session("s").done == 0 and st.awaiting_turn("s") is not None
     assert st.idle_sessions(12.0 + 1) == ["s"]  # the sweep sees it again later, so the turn is not stranded
 
 
@@ -104,18 +107,23 @@ def test_record_with_resolution_is_one_transaction(store_factory):
     from policy_server.store import Resolution
 
     st = store_factory()
-    st.record_turn("s", _record(), session_done=False, now=100.0)
+    st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False, now=100.0)
     commits = _count_commits(st)
     idx = st.record_turn(
-        "s", _record(), session_done=False, now=200.0, resolve=Resolution(0, "paired", [U])
+        "s", TurnRecord.model_validate(_record()), session_done=False, now=200.0, resolve=Resolution(0, "paired", [U])
     )  # the next turn answers turn 0
     assert commits() == 1 and idx == 1
-    assert st.get_turn("s", 0)["pairing"] == "paired" and st.get_turn("s", 0)["next_state"] == [U]
+    assert st.get_turn("s", 0).pairing == "paired" and st.get_turn("s", 0).next_state == [U]
     rows = {r["turn_index"]: r for r in samples_of(st, "s")}
     assert rows[0]["status"] == "pending_judge" and 1 not in rows  # turn 1 awaits its own next state
     # a resolution that lost a race (turn already resolved) is a no-op, not an error
-    st.record_turn("s", _record(), session_done=False, resolve=Resolution(0, "mismatch", None, "x", "history_mismatch"))
-    assert st.get_turn("s", 0)["pairing"] == "paired"
+    st.record_turn(
+        "s",
+        TurnRecord.model_validate(_record()),
+        session_done=False,
+        resolve=Resolution(0, "mismatch", None, "x", "history_mismatch"),
+    )
+    assert st.get_turn("s", 0).pairing == "paired"
 
 
 async def test_tracker_commits_once_per_continuing_turn(store_factory):
@@ -124,17 +132,19 @@ async def test_tracker_commits_once_per_continuing_turn(store_factory):
     st = store_factory()
     tracker = SessionTracker(st, idle_timeout_s=5.0)
     first = await tracker.on_request("s", [U], main=True, done=False)
-    await tracker.on_main_turn("s", _record(), done=False, arrival=first)
+    await tracker.on_main_turn("s", TurnRecord.model_validate(_record()), done=False, arrival=first)
     commits = _count_commits(st)
     follow = [U, {"role": "assistant", "content": "x"}, {"role": "user", "content": "thanks"}]
     arrival = await tracker.on_request("s", follow, main=True, done=False)
     assert commits() == 0 and arrival.resolution.pairing == "paired"  # a read only at arrival
     assert await tracker.sweep_idle(now=10**10) == 0  # in flight: not idle, however old its activity
-    await tracker.on_main_turn("s", {**_record(), "messages": follow}, done=False, arrival=arrival)
+    await tracker.on_main_turn(
+        "s", TurnRecord.model_validate({**_record(), "messages": follow}), done=False, arrival=arrival
+    )
     tracker.settle_later(arrival)  # already written with the turn: nothing more
     await tracker.drain_settles()
     assert commits() == 1
-    assert st.get_turn("s", 0)["next_state"] == [{"role": "user", "content": "thanks"}]
+    assert st.get_turn("s", 0).next_state == [{"role": "user", "content": "thanks"}]
 
 
 async def test_pairing_written_alone_when_no_turn_is_recorded(store_factory):
@@ -143,13 +153,16 @@ async def test_pairing_written_alone_when_no_turn_is_recorded(store_factory):
     st = store_factory()
     tracker = SessionTracker(st, idle_timeout_s=5.0)
     await tracker.on_main_turn(
-        "s", _record(), done=False, arrival=await tracker.on_request("s", [U], main=True, done=False)
+        "s",
+        TurnRecord.model_validate(_record()),
+        done=False,
+        arrival=await tracker.on_request("s", [U], main=True, done=False),
     )
     follow = [U, {"role": "assistant", "content": "x"}, {"role": "user", "content": "wrong"}]
     arrival = await tracker.on_request("s", follow, main=True, done=False)
     tracker.settle_later(arrival)  # e.g. the engine failed: no turn 1, but turn 0's next state is known
     tracker.settle_later(arrival)  # idempotent
     await tracker.drain_settles()
-    assert st.get_turn("s", 0)["pairing"] == "paired" and st.awaiting_turn("s") is None
+    assert st.get_turn("s", 0).pairing == "paired" and st.awaiting_turn("s") is None
     assert [r["status"] for r in samples_of(st, "s")] == ["pending_judge"]
     assert await tracker.sweep_idle(now=10**10) == 1  # released: the idle sweep may end it now

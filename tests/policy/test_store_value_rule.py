@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from engine.records import Sample
+from engine.records import Sample, TurnRecord
 from engine.records import SampleState as S
 from policy_server.store import Store
 
@@ -25,9 +25,9 @@ def _record() -> dict:
 
 def _judged_later(store: Store, sid: str) -> str:
     """A session's only turn, resolved and waiting for its judge (pending_judge); returns its sample id."""
-    store.record_turn(sid, _record(), session_done=True)
-    [job] = [j for j in store.pending_jobs() if j["session_id"] == sid]
-    return job["sample_id"]
+    store.record_turn(sid, TurnRecord.model_validate(_record()), session_done=True)
+    [job] = [j for j in store.pending_jobs() if j.session_id == sid]
+    return job.sample_id
 
 
 def _good(sample_id: str, **over) -> dict:
@@ -76,21 +76,21 @@ def test_an_invalid_values_rejection_never_counts_as_included(store_factory):
     store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_good(sid, reward=math.nan))
     [row] = store.list_samples(session_id="s", status=None, limit=10)
     assert row["status"] == S.REJECTED and row["reject_reason"].startswith("invalid_values: reward")
-    assert store.session("s")["has_included"] == 0
+    assert store.session("s").has_included == 0
 
 
 def test_a_rejection_passed_as_included_never_counts(store_factory):
     store = store_factory()
     sid = _judged_later(store, "s")
     store.complete_judge(sid, status=S.REJECTED, reject_reason="prm_neutral", included=True, data=None)
-    assert store.session("s")["has_included"] == 0
+    assert store.session("s").has_included == 0
 
 
 def test_an_accepted_sample_counts_as_included(store_factory):
     store = store_factory()
     sid = _judged_later(store, "s")
     store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_good(sid))
-    assert store.session("s")["has_included"] == 1
+    assert store.session("s").has_included == 1
 
 
 def test_a_poisoned_ready_row_is_set_aside_by_the_lease(store_factory):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.records import Turn, TurnRecord
 from policy_server.serving.sessions import pair_next_state
 from policy_server.serving.side_rules import SideRules
 from policy_server.store import Resolution
@@ -58,7 +59,7 @@ def _record_session(store, sid: str, records: list[dict]) -> None:
         if t:
             store.awaiting_turn(sid)  # what serving does before recording: the awaiting turn is read
             resolve = Resolution(t - 1, "paired", [{"role": "user", "content": f"go {t - 1}"}])
-        assert store.record_turn(sid, rec, session_done=False, resolve=resolve) == t
+        assert store.record_turn(sid, TurnRecord.model_validate(rec), session_done=False, resolve=resolve) == t
 
 
 def _raw(store, sid: str) -> list[tuple[str, str | None]]:
@@ -69,9 +70,11 @@ def _raw(store, sid: str) -> list[tuple[str, str | None]]:
     return [(r["record"], r["record_base"]) for r in rows]
 
 
-def _whole(turn: dict) -> dict:
-    keys = _record([], [], [], "x").keys()
-    return {k: turn[k] for k in keys}
+def _whole(turn: Turn | dict | None) -> dict:
+    """The record fields of a stored turn (a ``Turn``, or ``awaiting_open_turns``' JSON)."""
+    assert turn is not None
+    recorded = turn if isinstance(turn, dict) else turn.to_json()
+    return {k: recorded[k] for k in _record([], [], [], "x")}
 
 
 def test_continuing_turns_store_their_tails_and_every_reader_gets_whole_records(store_factory):
@@ -111,7 +114,7 @@ def test_turns_recorded_at_alternating_replicas_read_back_whole_everywhere(store
         if t:
             st.awaiting_turn("r")
             resolve = Resolution(t - 1, "paired", [{"role": "user", "content": "go"}])
-        st.record_turn("r", rec, session_done=False, resolve=resolve)
+        st.record_turn("r", TurnRecord.model_validate(rec), session_done=False, resolve=resolve)
     for st in (a, b, store_factory()):
         assert [_whole(st.get_turn("r", t)) for t in range(5)] == records
 

@@ -89,7 +89,7 @@ def test_update_under_steady_traffic(pause_mode, tiny_model_dir, router, engine,
     assert later and all(v == "v1" for v in later)
     st = Store(tmp_path / "data")
     turns = [st.get_turn(f"w{i}-{n}", 0) for i in range(4) for n in range(1, 200)]
-    turns = [t for t in turns if t]
+    turns = [t.to_json() for t in turns if t]
     versions = {tuple(t["weight_versions"]) for t in turns}
     assert ("v0",) in versions and ("v1",) in versions
     for t in turns:

@@ -16,6 +16,7 @@ import pytest
 from starlette.requests import Request
 
 from engine.http_guard import BadJSON, check_json_value, parse_json_body
+from engine.records import TurnRecord
 from policy_server.api.auth import is_admin, require_admin
 from policy_server.errors import Unauthorized
 from policy_server.serving.generation import prompt_token_floor
@@ -113,9 +114,9 @@ def test_session_lock_is_dropped_when_the_session_ends(tmp_path):
     }
 
     async def run() -> None:
-        await tracker.on_main_turn("s1", rec, done=False)
+        await tracker.on_main_turn("s1", TurnRecord.model_validate(rec), done=False)
         assert "s1" in tracker._locks
-        await tracker.on_main_turn("s1", rec, done=True)
+        await tracker.on_main_turn("s1", TurnRecord.model_validate(rec), done=True)
         assert "s1" not in tracker._locks
         await tracker.on_request("s2", [{"role": "user", "content": "hi"}], main=False, done=True)
         assert "s2" not in tracker._locks

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from engine.records import TurnRecord
 from policy_server.errors import StoreBusy
 from policy_server.store import Store
 from tests.testkit.records import USER_HI, turn_record
@@ -76,13 +77,13 @@ def test_locked_database_is_a_bounded_store_busy_and_the_store_recovers(tmp_path
     for _ in range(3):  # each failure must release the store lock, or the 2nd try would wait on it
         t0 = time.monotonic()
         with pytest.raises(StoreBusy):
-            st.record_turn("s", _record(), session_done=False)
+            st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False)
         assert time.monotonic() - t0 < 0.3 + 3.0  # busy_timeout_s + loaded-machine slack; the lock stays held
     assert st.probe(0.1) is not None
     assert st.stats()["samples"]["pending_judge"] == 0  # reads are not blocked by a writer in WAL mode
     other.execute("COMMIT")
     assert st.probe(0.1) is None
-    assert st.record_turn("s", _record(), session_done=False) == 0
+    assert st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False) == 0
     st.close()
 
 

@@ -136,6 +136,7 @@ def main_turns(data_dir: str) -> list[dict]:
     try:
         with store._read() as db:
             keys = db.execute("SELECT session_id, turn_index FROM turns ORDER BY created_at").fetchall()
-        return [store.get_turn(sid, idx) for sid, idx in keys]
+        turns = [store.get_turn(sid, idx) for sid, idx in keys]
+        return [t.to_json() for t in turns if t is not None]
     finally:
         store.close()

@@ -60,6 +60,7 @@ def test_typed_samples_sets_aside_what_breaks_the_schema() -> None:
         ({"weight_version": "abc"}, 5, None),  # a named version has no staleness, never 0
         ({"weight_version": None}, 5, None),
         ({"weight_version": "3"}, "latest", None),
+        ({"weight_version": "3", "weight_versions": ["x", "3"]}, 5, None),  # an unknown part: unknown, not 2
     ],
 )
 def test_staleness(fields: dict, current: object, expected: int | None) -> None:
@@ -67,10 +68,28 @@ def test_staleness(fields: dict, current: object, expected: int | None) -> None:
     assert staleness(s, current) == expected  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"weight_version": "default"}, 5),  # the engine's initial weights, as the embedded trainer reads them
+        ({"weight_version": None}, 5),
+        ({"weight_version": "default", "weight_versions": ["default", "2"]}, 5),  # the oldest part counts
+        ({"weight_version": "2", "weight_versions": ["2", "4"]}, 3),
+    ],
+)
+def test_staleness_with_a_known_initial_version(fields: dict, expected: int) -> None:
+    """One rule for both callers: the trainer only says which number a non-integer version stands for."""
+    s = Sample.model_validate(rl_sample(**fields))
+    assert staleness(s, 5, initial_version=0) == expected
+    assert staleness(s, 5) == (None if expected == 5 else expected)
+
+
 def test_version_numbers() -> None:
     assert version_number(" 12 ") == 12
     assert version_number("v12") is None
-    assert oldest_version(Sample.model_validate(rl_sample(weight_versions=["9", "x", "7"]))) == 7
+    assert oldest_version(Sample.model_validate(rl_sample(weight_versions=["9", "11", "7"]))) == 7
+    assert oldest_version(Sample.model_validate(rl_sample(weight_versions=["9", "x", "7"]))) is None
+    assert oldest_version(Sample.model_validate(rl_sample(weight_versions=["9", "x", "7"])), initial_version=0) == 0
 
 
 def test_iter_batches_steps_and_acks(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from tests.trainer.conftest import rl_record, train_config
-from trainer.train import LeasedBatch, PrmWindows
+from trainer.train import AdmittedBatch, PrmWindows
 from trainer.update import classify_samples, count_after_rejection, plan_minibatches, sample_rewards
 
 
@@ -93,6 +93,6 @@ def test_prm_windows_fold_until_the_next_logged_step():
 
 def test_a_batch_without_any_learning_term_is_no_step():
     cfg = train_config()
-    assert LeasedBatch([rl_record("a"), rl_record("b")], [False, True]).has_learning_term(cfg)
-    assert not LeasedBatch([rl_record("a"), rl_record("b")], [True, True]).has_learning_term(cfg)
-    assert not LeasedBatch([rl_record("a", reward=None, has_reward=False)], [False]).has_learning_term(cfg)
+    assert AdmittedBatch([rl_record("a"), rl_record("b")], [False, True]).has_learning_term(cfg)
+    assert not AdmittedBatch([rl_record("a"), rl_record("b")], [True, True]).has_learning_term(cfg)
+    assert not AdmittedBatch([rl_record("a", reward=None, has_reward=False)], [False]).has_learning_term(cfg)

@@ -23,10 +23,11 @@ from engine.records import Sample
 from judge_server.prm import PRMConfigError
 from trainer.advantages import rl_sample_advantages
 from trainer.batch import check_sample, collate
+from trainer.cli import parse_config
 from trainer.lease_client import Lease, typed_samples
 from trainer.objective import outcome_advantages, shape, token_advantages
 from trainer.prm import resolve_prm_config
-from trainer.settings import TrainConfig, parse_config
+from trainer.settings import TrainConfig
 
 
 def sample(

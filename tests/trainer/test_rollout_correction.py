@@ -17,10 +17,11 @@ import torch
 
 from engine.records import Sample
 from trainer.batch import check_sample, collate
+from trainer.cli import parse_config
 from trainer.lease_client import typed_samples
 from trainer.objective import micro_loss
 from trainer.rollout_correction import is_metrics, rollout_is_weights, sample_temperature, temperature_logprobs
-from trainer.settings import TrainConfig, parse_config
+from trainer.settings import TrainConfig
 
 pytestmark = pytest.mark.unit
 T = torch.tensor

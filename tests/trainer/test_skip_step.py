@@ -22,7 +22,7 @@ from tests.trainer.conftest import write_samples
 from trainer.checkpoint import latest_checkpoint
 from trainer.lease_client import FileSampleSource
 from trainer.settings import TrainConfig
-from trainer.train import SKIPPED_STEPS_FILE, sample_version, train
+from trainer.train import SKIPPED_STEPS_FILE, train
 
 pytestmark = pytest.mark.slow
 
@@ -171,7 +171,3 @@ def test_a_samples_file_has_no_staleness_bound(tiny_model_dir, tmp_path, real_sa
     f = tmp_path / "run.jsonl"  # where _run writes them
     result, _ = _run(tiny_model_dir, out, samples, batch_size=4, max_staleness=0, baseline="none", samples_file=str(f))
     assert result["step"] == 3 and _skipped(out) == []
-
-
-def test_sample_version():
-    assert sample_version("7") == 7 and sample_version("default") == 0 and sample_version(None) == 0

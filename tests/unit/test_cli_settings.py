@@ -28,9 +28,10 @@ from policy_server.cli import MigrateSettings, settings_from_args
 from policy_server.cli import main as policy_main
 from policy_server.settings import PolicySettings
 from trainer.cli import main as train_main
+from trainer.cli import parse_config
 from trainer.report.cli import ReportSettings
 from trainer.report.cli import main as report_main
-from trainer.settings import UNBOUNDED_STEPS, TrainConfig, parse_config
+from trainer.settings import UNBOUNDED_STEPS, TrainConfig
 
 pytestmark = pytest.mark.unit
 

@@ -6,12 +6,26 @@ Contract (docs/FLOW.md): ``policy_server.api`` (the HTTP shapes) depends on ``po
 serving, rewards, store or the shared policy-server modules does, and neither does ``engine``, the judge or the
 trainer. ``engine`` imports no service at all. Every import counts: module level, inside functions, and
 under ``TYPE_CHECKING``.
+
+No import circles among the production packages (``engine``, ``policy_server``, ``judge_server``, ``trainer``,
+``prompts``), at two grains:
+
+- modules: no two modules reach each other through imports;
+- rooms: a service's subpackage (``policy_server.store``, ``trainer.lease_client``) or one of its top-level
+  modules (``policy_server.state``, ``trainer.settings``) is one room; no two rooms reach each other.
+
+A ``TYPE_CHECKING`` or function-level import counts like any other: it does not run at import time, but it
+is a dependency a reader has to hold in mind, and a circle hidden that way is still a circle (the cure is a
+protocol in the lower module, or the shared definition moved down). An import names the most specific
+production module it reaches (``from a.b import c`` is ``a.b.c`` when that is a module, else ``a.b``); the
+parent packages Python runs on the way are not counted, so a submodule importing its sibling does not
+circle through the package ``__init__`` that re-exports both.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -22,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 API = "policy_server.api"
 API_IMPORTERS = {"policy_server.app", "policy_server.cli"}  # the composition root
 SERVICES = ("policy_server", "judge_server", "trainer")
+PRODUCTION = ("engine", "policy_server", "judge_server", "trainer", "prompts")
 
 
 def module_name(path: Path) -> str:
@@ -94,3 +109,111 @@ def test_only_the_api_and_the_composition_root_import_the_api() -> None:
 
 def test_engine_imports_no_service() -> None:
     assert offenders(modules("engine"), SERVICES) == []
+
+
+# ----------------------------------------------------------------------------- import circles
+def import_graph(imports: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
+    """``module -> modules it imports``, each imported name resolved to the most specific module of ``imports``
+    (names outside them, the standard library and third parties, are dropped; so is a module importing itself)."""
+    known = set(imports)
+
+    def resolve(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {m: {r for n in names if (r := resolve(n)) is not None and r != m} for m, names in imports.items()}
+
+
+def room_of(module: str) -> str:
+    """The room of a module: its service's subpackage or top-level module (the first two name parts)."""
+    return ".".join(module.split(".")[:2])
+
+
+def room_graph(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {room_of(m): set() for m in graph}
+    for module, names in graph.items():
+        rooms[room_of(module)] |= {room_of(n) for n in names} - {room_of(module)}
+    return rooms
+
+
+def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of ``graph`` with more than one node (each sorted), i.e. every import
+    circle; an acyclic graph has none. Tarjan's algorithm, iterative (no recursion limit on a deep chain)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            nxt = next(successors, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                part = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    part.append(top)
+                    if top == node:
+                        break
+                if len(part) > 1:
+                    found.append(sorted(part))
+    return sorted(found)
+
+
+def production_graph() -> dict[str, set[str]]:
+    return import_graph({module_name(p): set(imported_modules(p)) for p in modules(*PRODUCTION)})
+
+
+def test_the_circle_check_finds_circles_at_both_grains() -> None:
+    """The check itself: a two-module circle (one side only under TYPE_CHECKING), a longer one, and a circle
+    between rooms whose modules form none are each found; an acyclic graph has none."""
+    sources = {
+        "svc.a.x": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from svc.a.y import Y\n",
+        "svc.a.y": "from svc.a import x\n",
+        "svc.b.p": "from svc.b.q import Q\n",
+        "svc.b.q": "def f():\n    from svc.c import r\n",
+        "svc.c.r": "import svc.b.p\n",
+        "svc.d.s": "from svc.e.t import T\n",
+        "svc.e.t": "import json\n",
+        "svc.e.u": "from svc.d.s import S\n",
+        "svc.f": "from svc.d.s import S\nimport svc.e.t\n",
+    }
+    graph = import_graph({m: set(imports_of(src, m)) for m, src in sources.items()})
+    assert circles(graph) == [["svc.a.x", "svc.a.y"], ["svc.b.p", "svc.b.q", "svc.c.r"]]
+    rooms = room_graph(graph)
+    assert circles(rooms) == [["svc.b", "svc.c"], ["svc.d", "svc.e"]]
+    del graph["svc.a.x"], graph["svc.c.r"], graph["svc.e.u"]
+    assert circles(room_graph(graph)) == [] and circles(graph) == []
+
+
+def test_no_module_imports_itself_back() -> None:
+    graph = production_graph()
+    assert {"policy_server.store.sessions", "trainer.train", "judge_server.prm.scorer"} <= set(graph)
+    assert circles(graph) == []
+
+
+def test_no_room_imports_itself_back() -> None:
+    rooms = room_graph(production_graph())
+    assert {"policy_server.store", "policy_server.rewards", "policy_server.state", "trainer.lease_client"} <= set(rooms)
+    assert circles(rooms) == []

@@ -221,7 +221,7 @@ def test_dispatcher_builds_the_same_sample_as_before(mode, prm, hint, reward, te
     old = dict(fields)
     old.update(TURN_PART)
     old.update(ORIGIN)
-    new = Sample.model_validate(_sample_json(fields, TURN, "smp-1")).to_json()
+    new = Sample.model_validate(_sample_json(fields, Turn.model_validate(TURN), "smp-1")).to_json()
     assert json.dumps(new) == json.dumps(old)
 
 

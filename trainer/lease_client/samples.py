@@ -7,9 +7,12 @@ acked with its lease, as our trainer trains such a sample with mask 0: nothing l
 forever); :func:`iter_batches` is the lease -> step -> ack iterator over a ``SampleSource``.
 
 Weight versions: the embedded trainer pushes ``weight_version = str(step)``, so versions are decimal integers
-in the usual deployment; :func:`staleness` is then how many weight updates happened since the OLDEST version
-that sampled part of the reply (``weight_versions`` when a reply crossed an update, else ``weight_version``).
-A version that is not an integer (a framework naming its own versions) has no staleness: None, never 0.
+in the usual deployment. :func:`staleness` is THE staleness rule, for every trainer: how many weight updates
+happened since the OLDEST version that sampled any token of the reply (``weight_versions`` when a reply crossed
+an update, else ``weight_version``). A version that is not an integer (the engine's initial ``default``, a
+framework naming its own versions) is unknown, so the staleness is None, never 0; only a caller that knows
+which number such a version stands for says so (``initial_version``: our trainer publishes every version
+after the engine's initial weights, so for it they are version 0).
 """
 
 from __future__ import annotations
@@ -56,17 +59,20 @@ def version_number(version: str | None) -> int | None:
     return int(text) if text.lstrip("-").isdigit() else None
 
 
-def oldest_version(sample: Sample) -> int | None:
-    """The oldest integer weight version that sampled part of the reply (None when none is an integer)."""
+def oldest_version(sample: Sample, *, initial_version: int | None = None) -> int | None:
+    """The oldest weight version that sampled any token of the reply; a non-integer version counts as
+    ``initial_version``, and makes the answer None (unknown) when that is None."""
     versions: list[str | None] = list(sample.weight_versions or []) or [sample.weight_version]
-    numbers = [n for n in (version_number(v) for v in versions) if n is not None]
-    return min(numbers) if numbers else None
+    numbers = [version_number(v) for v in versions]
+    known = [initial_version if n is None else n for n in numbers]
+    return None if any(n is None for n in known) else min(n for n in known if n is not None)
 
 
-def staleness(sample: Sample, current_version: str | int) -> int | None:
-    """Weight updates between the oldest version behind ``sample`` and ``current_version`` (None: unknown)."""
+def staleness(sample: Sample, current_version: str | int, *, initial_version: int | None = None) -> int | None:
+    """Weight updates between the oldest version behind ``sample`` and ``current_version`` (None: unknown).
+    ``initial_version``: the number a non-integer sample version stands for, when the caller knows it."""
     now = version_number(str(current_version))
-    then = oldest_version(sample)
+    then = oldest_version(sample, initial_version=initial_version)
     return None if now is None or then is None else now - then
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from engine.records import TurnRecord
 from policy_server.metrics import Metrics
 from policy_server.serving.identity import HEADER, INFERRED, PROMPT_CACHE_KEY, SessionHint, SessionResolver
 from policy_server.serving.session_inference import INFERRED_PREFIX, find_compacted
@@ -152,15 +153,15 @@ def test_the_turn_whose_messages_were_kept_most_wins():
 # --- the session rules, against a store ---------------------------------------------------------------
 
 
-def _record(messages: list[dict], reply: str) -> dict:
-    return {
-        "messages": messages,
-        "prompt_ids": [1, 2],
-        "response_ids": [3, 4],
-        "rollout_logprobs": [-0.1, -0.2],
-        "response": {"content": reply, "tool_calls": None},
-        "weight_version": "v0",
-    }
+def _record(messages: list[dict], reply: str) -> TurnRecord:
+    return TurnRecord(
+        messages=messages,
+        prompt_ids=[1, 2],
+        response_ids=[3, 4],
+        rollout_logprobs=[-0.1, -0.2],
+        response={"content": reply, "tool_calls": None},
+        weight_version="v0",
+    )
 
 
 @pytest.mark.unit
@@ -197,8 +198,8 @@ async def test_a_compaction_pairs_the_turn_before_and_starts_the_next_session(tm
         assert nxt.arrival is None or nxt.arrival.prior is None  # a full render: the summary broke token continuity
         await tracker.drain_settles()
         paired = store.get_turn(first.sid, 1)
-        assert paired["pairing"] == "paired" and paired["next_state"] == [U("Book it.")]
-        assert nxt.sid in paired["pairing_note"] and not tracker.in_flight(first.sid)
+        assert paired.pairing == "paired" and paired.next_state == [U("Book it.")]
+        assert nxt.sid in paired.pairing_note and not tracker.in_flight(first.sid)
         assert store.get_turn(stranger.sid, 0).pairing == "awaiting"
         assert tracker.compactions == 1
         # the conversation goes on in its new session, by the ordinary rule
@@ -270,9 +271,9 @@ def test_openclaw_shaped_compaction_over_http(engine, tiny_model_dir, tmp_path):
             before, after = store.get_turn("oc-task:0", 1), store.get_turn("oc-task:1", 0)
         finally:
             store.close()
-        assert before["pairing"] == "paired", before["pairing_note"]
-        assert before["next_state"] == [U("Book it.")] and "oc-task:1" in before["pairing_note"]
-        assert (after["session_rule"], after["session_decision"]) == (PROMPT_CACHE_KEY, "compacted")
+        assert before.pairing == "paired", before.pairing_note
+        assert before.next_state == [U("Book it.")] and "oc-task:1" in before.pairing_note
+        assert (after.session_rule, after.session_decision) == (PROMPT_CACHE_KEY, "compacted")
         stats = adm.get("/v1/samples/stats").json()
         assert stats["turns_by_session_rule"]["prompt_cache_key:compacted"] == 1
         assert stats["side_turns"] == {"openclaw_compaction_summary": 1}

@@ -78,8 +78,8 @@ def _continuous(store: Store, sid: str, turns: int) -> int:
     for k in range(1, turns):
         prev, cur = store.get_turn(sid, k - 1), store.get_turn(sid, k)
         assert prev is not None and cur is not None
-        ids = prev["prompt_ids"] + prev["response_ids"]
-        kept += cur["prompt_ids"][: len(ids)] == ids
+        ids = prev.prompt_ids + prev.response_ids
+        kept += cur.prompt_ids[: len(ids)] == ids
     return kept
 
 
@@ -110,7 +110,7 @@ def test_qwen3_sampled_history_is_continuous_and_template_history_is_the_render(
             turn = store.get_turn("think-off", k)
             assert turn is not None
             kw = {"enable_thinking": False}
-            assert turn["prompt_ids"] == render_prompt_ids(tok, turn["messages"], chat_template_kwargs=kw)
+            assert turn.prompt_ids == render_prompt_ids(tok, turn.messages, chat_template_kwargs=kw)
 
 
 def test_template_refusals_are_400s_and_mistral_tool_loops_run(
@@ -142,4 +142,4 @@ def test_template_refusals_are_400s_and_mistral_tool_loops_run(
         turn = store.get_turn("m", 0)
         assert turn is not None
         tok = load_tokenizer(str(tiny_model_dir))
-        assert tok.decode(turn["response_ids"]).startswith('[TOOL_CALLS][{"name": "rename", "arguments": ')
+        assert tok.decode(turn.response_ids).startswith('[TOOL_CALLS][{"name": "rename", "arguments": ')

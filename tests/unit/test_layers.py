@@ -4,11 +4,12 @@ Contract (docs/FLOW.md): ``policy_server.api`` (the HTTP shapes) depends on ``po
 (sessions, generation, records), never the reverse. Only the API package itself and the composition root
 (``policy_server.app``, which wires routes, and ``policy_server.cli``) import ``policy_server.api``: no module of
 serving, rewards, store or the shared policy-server modules does, and neither does ``engine``, the judge or the
-trainer. ``engine`` imports no service at all. Every import counts: module level, inside functions, and
+trainer. ``engine`` imports no service at all, and the judge service does not import ``prm`` (the scorer
+framework). Every import counts: module level, inside functions, and
 under ``TYPE_CHECKING``.
 
 No import circles among the production packages (``engine``, ``policy_server``, ``judge_server``, ``trainer``,
-``prompts``), at two grains:
+``prompts``, ``prm``), at two grains:
 
 - modules: no two modules reach each other through imports;
 - rooms: a service's subpackage (``policy_server.store``, ``trainer.lease_client``) or one of its top-level
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 API = "policy_server.api"
 API_IMPORTERS = {"policy_server.app", "policy_server.cli"}  # the composition root
 SERVICES = ("policy_server", "judge_server", "trainer")
-PRODUCTION = ("engine", "policy_server", "judge_server", "trainer", "prompts")
+PRODUCTION = ("engine", "policy_server", "judge_server", "trainer", "prompts", "prm")
 
 
 def module_name(path: Path) -> str:
@@ -109,6 +110,11 @@ def test_only_the_api_and_the_composition_root_import_the_api() -> None:
 
 def test_engine_imports_no_service() -> None:
     assert offenders(modules("engine"), SERVICES) == []
+
+
+def test_the_judge_service_does_not_import_the_scorer_framework() -> None:
+    """``prm`` (the scorer framework) serves the policy server and the trainer; the judge service never loads it."""
+    assert offenders(modules("judge_server"), ("prm",)) == []
 
 
 # ----------------------------------------------------------------------------- import circles
@@ -209,7 +215,7 @@ def test_the_circle_check_finds_circles_at_both_grains() -> None:
 
 def test_no_module_imports_itself_back() -> None:
     graph = production_graph()
-    assert {"policy_server.store.sessions", "trainer.train", "judge_server.prm.scorer"} <= set(graph)
+    assert {"policy_server.store.sessions", "trainer.train", "prm.scorer"} <= set(graph)
     assert circles(graph) == []
 
 

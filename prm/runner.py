@@ -37,13 +37,13 @@ from typing import Any
 
 import torch
 
-from judge_server.prm.cache import TurnCache
-from judge_server.prm.config import PRMConfig, PRMFileConfig, PRMScorerConfig, coerce_prm_config
-from judge_server.prm.errors import PRMConfigError, PRMRejected, PRMRunnerClosed
-from judge_server.prm.metrics import PRMMetrics, build_stats
-from judge_server.prm.scorer import BaseScorer, BaseTrajectoryScorer
-from judge_server.prm.types import Interaction, PRMScorerResult, PRMTurnResult, freeze
-from judge_server.prm.validation import check_observations, to_token_rewards
+from prm.cache import TurnCache
+from prm.config import PRMConfig, PRMFileConfig, PRMScorerConfig, coerce_prm_config
+from prm.errors import PRMConfigError, PRMRejected, PRMRunnerClosed
+from prm.metrics import PRMMetrics, build_stats
+from prm.scorer import BaseScorer, BaseTrajectoryScorer
+from prm.types import Interaction, PRMScorerResult, PRMTurnResult, freeze
+from prm.validation import check_observations, to_token_rewards
 
 logger = logging.getLogger(__name__)
 

@@ -23,18 +23,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
-from judge_server.prm.types import Interaction, PRMScorerResult, RawReward
+from prm.types import Interaction, PRMScorerResult, RawReward
 
 
 class ShapingView(Protocol):
-    """What a scorer may read of the advantage shaping (judge_server.prm.config.PRMAdvantageShapingConfig)."""
+    """What a scorer may read of the advantage shaping (prm.config.PRMAdvantageShapingConfig)."""
 
     @property
     def mode(self) -> str: ...
 
 
 class PRMConfigView(Protocol):
-    """What a scorer may read of the ``prm`` section it serves (judge_server.prm.config.PRMConfig has it): the
+    """What a scorer may read of the ``prm`` section it serves (prm.config.PRMConfig has it): the
     config builds scorers, so the scorer contract names only these fields, not the config module."""
 
     @property

@@ -2,15 +2,15 @@
 
 Public API::
 
-    from judge_server.prm import BaseScorer, BaseTrajectoryScorer, PRMRunner, PRMScorerResult, PRMMetricObservation
+    from prm import BaseScorer, BaseTrajectoryScorer, PRMRunner, PRMScorerResult, PRMMetricObservation
 
 The policy server builds one runner at startup (``await PRMRunner.create(load_prm_config(path))``), calls
 ``await score_session(runner, turns)`` when a session's turns are ready, exposes ``runner.metrics`` with
 ``register_prometheus(registry, runner.metrics)``, and ``await runner.aclose()`` in its lifespan shutdown.
 """
 
-from judge_server.prm.cache import TurnCache
-from judge_server.prm.config import (
+from prm.cache import TurnCache
+from prm.config import (
     ActorConfig,
     PRMAdvantageShapingConfig,
     PRMConfig,
@@ -19,7 +19,7 @@ from judge_server.prm.config import (
     load_prm_config,
     parse_prm_config,
 )
-from judge_server.prm.errors import (
+from prm.errors import (
     PRMConfigError,
     PRMError,
     PRMInputError,
@@ -27,18 +27,18 @@ from judge_server.prm.errors import (
     PRMRunnerClosed,
     PRMTrajectoryUnavailable,
 )
-from judge_server.prm.export import BranchScore, SessionScore, score_branches, score_session
-from judge_server.prm.groups import (
+from prm.export import BranchScore, SessionScore, score_branches, score_session
+from prm.groups import (
     GroupResult,
     ReadyTrajectories,
     filter_mixed_or_penalized_all_wrong,
     filter_mixed_or_penalized_all_wrong_mask_no_eos,
     score_group,
 )
-from judge_server.prm.metrics import PRMMetrics, PRMStats, combine_stats, register_prometheus
-from judge_server.prm.runner import PRMRunner
-from judge_server.prm.scorer import BaseScorer, BaseTrajectoryScorer
-from judge_server.prm.types import Interaction, PRMMetricObservation, PRMScorerResult, PRMTurnResult
+from prm.metrics import PRMMetrics, PRMStats, combine_stats, register_prometheus
+from prm.runner import PRMRunner
+from prm.scorer import BaseScorer, BaseTrajectoryScorer
+from prm.types import Interaction, PRMMetricObservation, PRMScorerResult, PRMTurnResult
 
 __all__ = [
     "ActorConfig",

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from judge_server.prm.types import PRMMetricObservation
+from prm.types import PRMMetricObservation
 
 Schema = tuple[str, tuple[str, ...]]
 

@@ -27,10 +27,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from judge_server.prm.cache import TurnCache
-from judge_server.prm.errors import PRMError, PRMTrajectoryUnavailable
-from judge_server.prm.export import SessionScore, score_branches
-from judge_server.prm.runner import PRMRunner
+from prm.cache import TurnCache
+from prm.errors import PRMError, PRMTrajectoryUnavailable
+from prm.export import SessionScore, score_branches
+from prm.runner import PRMRunner
 
 
 class ReadyTrajectories:

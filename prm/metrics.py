@@ -25,7 +25,7 @@ from urllib.parse import quote
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from judge_server.prm.types import PRMTurnResult
+from prm.types import PRMTurnResult
 
 TRAIN_NAMESPACE = "rollout"
 EVAL_NAMESPACE = "eval-rollout"

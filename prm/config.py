@@ -10,7 +10,7 @@ File shape (``examples/prm.yaml``; the AReaL nesting ``rollout.agent.prm`` is ac
         zero_penalty: 0.4               # gvpo only; finite, >= 0
         zero_eps: 1.0e-6                # finite, >= 0
       scorers:
-        - path: judge_server.prm.scorers.LengthBudgetScorer   # dotted path to a BaseScorer subclass
+        - path: prm.scorers.LengthBudgetScorer   # dotted path to a BaseScorer subclass
           weight: 1.0
           enabled: true
           kwargs: {max_output_tokens: 128}
@@ -38,8 +38,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.validation import describe_validation_errors
-from judge_server.prm.errors import PRMConfigError
-from judge_server.prm.scorer import BaseScorer
+from prm.errors import PRMConfigError
+from prm.scorer import BaseScorer
 
 ShapingMode = Literal["additive", "gvpo", "process_weighted"]
 
@@ -58,6 +58,11 @@ class PRMScorerConfig(BaseModel):
     @classmethod
     def _dotted(cls, v: str) -> str:
         parts = v.strip().split(".")
+        if parts[:2] == ["judge_server", "prm"]:  # the framework's home before it became its own package
+            moved = ".".join(["prm", *parts[2:]])
+            raise ValueError(
+                f"scorer path {v.strip()!r}: judge_server.prm moved to the top-level package prm; write {moved!r}"
+            )
         if len(parts) < 2 or not all(p.isidentifier() for p in parts):
             raise ValueError(f"scorer path must be a dotted Python path like 'pkg.module.Class', got {v!r}")
         return v.strip()

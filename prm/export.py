@@ -1,7 +1,7 @@
 """Branch-isolated scoring of one session, and ``score_session``: the policy server's entry point.
 
 ``await score_session(runner, turns, is_eval=False) -> dict[int, list[float]]``
-    ``turns``: the session's token-backed turn dicts (shape in ``judge_server.prm.cache``). Returns
+    ``turns``: the session's token-backed turn dicts (shape in ``prm.cache``). Returns
     ``turn_index -> token_rewards`` with ``len(token_rewards) == len(response_ids)`` (generated tokens only;
     prompt tokens carry no process reward), each the weighted sum of all enabled scorers. ``{}`` when the
     runner has no active scorer (store ``token_rewards: null``). Raises ``PRMInputError`` for turns that are
@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from judge_server.prm.cache import TurnCache
-from judge_server.prm.errors import PRMError, PRMRunnerClosed
-from judge_server.prm.metrics import PRMStats, build_stats
-from judge_server.prm.runner import PRMRunner, branch_messages
-from judge_server.prm.types import PRMTurnResult
+from prm.cache import TurnCache
+from prm.errors import PRMError, PRMRunnerClosed
+from prm.metrics import PRMStats, build_stats
+from prm.runner import PRMRunner, branch_messages
+from prm.types import PRMTurnResult
 
 logger = logging.getLogger(__name__)
 

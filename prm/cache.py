@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from engine.records import SCORING_TURN_KEYS
-from judge_server.prm.errors import PRMInputError
-from judge_server.prm.types import Interaction, freeze
+from prm.errors import PRMInputError
+from prm.types import Interaction, freeze
 
 
 def interaction_id_for(session_id: str, turn_index: int) -> str:

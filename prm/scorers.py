@@ -24,8 +24,8 @@ from dataclasses import replace
 from typing import Any, Literal, Protocol
 
 from engine.records import STATUS_FAILED, STATUS_TIE, JudgeVerdicts
-from judge_server.prm.scorer import BaseScorer, PRMConfigView
-from judge_server.prm.types import Interaction, PRMMetricObservation, PRMScorerResult, RawReward, thaw
+from prm.scorer import BaseScorer, PRMConfigView
+from prm.types import Interaction, PRMMetricObservation, PRMScorerResult, RawReward, thaw
 
 
 class VerdictSource(Protocol):

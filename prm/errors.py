@@ -1,4 +1,4 @@
-"""Errors of the process-reward scorer framework (``judge_server.prm``).
+"""Errors of the process-reward scorer framework (``prm``).
 
 One tree, so the policy server can map it to HTTP (or to a sample's ``reject_reason``) in one place:
 

@@ -4,12 +4,13 @@ Contract (docs/FLOW.md): ``policy_server.api`` (the HTTP shapes) depends on ``po
 (sessions, generation, records), never the reverse. Only the API package itself and the composition root
 (``policy_server.app``, which wires routes, and ``policy_server.cli``) import ``policy_server.api``: no module of
 serving, rewards, store or the shared policy-server modules does, and neither does ``engine``, the judge or the
-trainer. ``engine`` imports no service at all, and the judge service does not import ``prm`` (the scorer
+trainer. ``engine`` imports no service at all, production imports nothing of ``devkit`` (the development tooling,
+which imports ``engine`` and no service), and the judge service does not import ``prm`` (the scorer
 framework). Every import counts: module level, inside functions, and
 under ``TYPE_CHECKING``.
 
 No import circles among the production packages (``engine``, ``policy_server``, ``judge_server``, ``trainer``,
-``prompts``, ``prm``), at two grains:
+``prompts``, ``prm``) and ``devkit``, at two grains:
 
 - modules: no two modules reach each other through imports;
 - rooms: a service's subpackage (``policy_server.store``, ``trainer.lease_client``) or one of its top-level
@@ -38,6 +39,7 @@ API = "policy_server.api"
 API_IMPORTERS = {"policy_server.app", "policy_server.cli"}  # the composition root
 SERVICES = ("policy_server", "judge_server", "trainer")
 PRODUCTION = ("engine", "policy_server", "judge_server", "trainer", "prompts", "prm")
+DEVKIT = "devkit"  # development tooling: tests, benches and the dev stack import it, production never does
 
 
 def module_name(path: Path) -> str:
@@ -110,6 +112,12 @@ def test_only_the_api_and_the_composition_root_import_the_api() -> None:
 
 def test_engine_imports_no_service() -> None:
     assert offenders(modules("engine"), SERVICES) == []
+
+
+def test_production_imports_no_development_tooling() -> None:
+    assert {module_name(p) for p in modules(DEVKIT)} >= {"devkit.dev_server.cli", "devkit.tiny_model"}
+    assert offenders(modules(*PRODUCTION), (DEVKIT,)) == []
+    assert offenders(modules(DEVKIT), SERVICES) == []
 
 
 def test_the_judge_service_does_not_import_the_scorer_framework() -> None:
@@ -188,7 +196,7 @@ def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
 
 
 def production_graph() -> dict[str, set[str]]:
-    return import_graph({module_name(p): set(imported_modules(p)) for p in modules(*PRODUCTION)})
+    return import_graph({module_name(p): set(imported_modules(p)) for p in modules(*PRODUCTION, DEVKIT)})
 
 
 def test_the_circle_check_finds_circles_at_both_grains() -> None:

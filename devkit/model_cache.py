@@ -5,7 +5,7 @@ always gives the same weights: tests, benches and the dev stack take them from
 ``$HINDSIGHT_MODEL_CACHE`` (default ``~/.cache/hindsight/tiny-models``) instead of rebuilding them.
 
 Contract: :func:`cached_build` returns a folder that a builder produced from exactly these inputs. The
-key hashes the builder's name and keyword inputs, the source of ``engine/tiny_model.py`` and of the chat
+key hashes the builder's name and keyword inputs, the source of ``devkit/tiny_model.py`` and of the chat
 template, and the torch / transformers / tokenizers versions, so any change to what the builder does gives
 a new entry (stale entries are never read, only left behind). An entry is built in a private temporary
 folder and renamed into place with a completion marker, so a crash mid-build never exposes a half-written
@@ -41,7 +41,7 @@ def cache_root() -> Path:
 
 def cache_key(kind: str, inputs: dict[str, Any]) -> str:
     """``kind-<hash>`` of the builder's inputs, its source and the libraries that shape its output."""
-    from engine import tiny_model
+    from devkit import tiny_model
 
     digest = hashlib.sha256()
     digest.update(Path(tiny_model.__file__).read_bytes())
@@ -80,8 +80,8 @@ def cached_build(kind: str, inputs: dict[str, Any], build: Callable[[Path], Path
 
 
 def tiny_policy(*, seed: int = 0, root: Path | None = None, **options: Any) -> Path:
-    """The cached :func:`engine.tiny_model.build_tiny_model` output for ``seed`` and ``options``."""
-    from engine.tiny_model import build_tiny_model
+    """The cached :func:`devkit.tiny_model.build_tiny_model` output for ``seed`` and ``options``."""
+    from devkit.tiny_model import build_tiny_model
 
     # Every keyword the builder takes is in the key, defaults included: a caller that names a default and
     # one that leaves it out get the same entry.
@@ -95,9 +95,9 @@ def tiny_policy(*, seed: int = 0, root: Path | None = None, **options: Any) -> P
 
 
 def tiny_teacher(student: Path, prefer_text: str, *, seed: int = 0, root: Path | None = None) -> Path:
-    """The cached :func:`engine.tiny_model.build_teacher` output; the key covers the student's files (any
+    """The cached :func:`devkit.tiny_model.build_teacher` output; the key covers the student's files (any
     folder: a cache entry, a copy of one, or a model built elsewhere)."""
-    from engine.tiny_model import build_teacher
+    from devkit.tiny_model import build_teacher
 
     inputs = {"student": folder_digest(Path(student)), "prefer_text": prefer_text, "seed": seed}
     return cached_build("teacher", inputs, lambda out: build_teacher(student, out, prefer_text, seed=seed), root=root)
@@ -120,11 +120,11 @@ TOOL_POLICY_LOGIT_SCALE = 4.0
 
 
 def tiny_tool_policy(student: Path, *, seed: int = 0, root: Path | None = None) -> Path:
-    """The cached :func:`engine.tiny_tool_model.build_tool_policy` output (a policy trained to call a tool on a
+    """The cached :func:`devkit.tiny_tool_model.build_tool_policy` output (a policy trained to call a tool on a
     trigger word), its logits scaled by :data:`TOOL_POLICY_LOGIT_SCALE`. Like the teacher's, the trained entry's
     key covers the student's files and also that builder's own source; the scaled entry's covers the trained
     files and the scale, so changing the scale never retrains."""
-    from engine import tiny_tool_model
+    from devkit import tiny_tool_model
 
     builder = hashlib.sha256(Path(tiny_tool_model.__file__).read_bytes()).hexdigest()[:16]
     inputs = {"student": folder_digest(Path(student)), "seed": seed, "builder": builder}

@@ -39,12 +39,12 @@ from typing import Any
 
 import torch
 
+from devkit.dev_server import prefill
+from devkit.dev_server.control import EngineControl, RequestHandle
+from devkit.dev_server.grammar import GrammarBackend
+from devkit.dev_server.prefix_cache import PrefixCache
+from devkit.dev_server.sampling import SamplingConfig, apply_penalties, sample_tokens, scaled_logprobs, top_logprobs
 from engine.chat import load_tokenizer
-from engine.dev_server import prefill
-from engine.dev_server.control import EngineControl, RequestHandle
-from engine.dev_server.grammar import GrammarBackend
-from engine.dev_server.prefix_cache import PrefixCache
-from engine.dev_server.sampling import SamplingConfig, apply_penalties, sample_tokens, scaled_logprobs, top_logprobs
 from engine.validation import bounded_message, clip
 
 logger = logging.getLogger(__name__)

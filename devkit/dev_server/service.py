@@ -21,11 +21,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from engine.dev_server.control import PAUSE_MODES, EngineControl, RequestHandle
-from engine.dev_server.grammar import GrammarError
-from engine.dev_server.metrics import EngineMetrics
-from engine.dev_server.model_runner import Job, ModelRunner, RunResult, StepCallback, WeightLoadError
-from engine.dev_server.protocol import (
+from devkit.dev_server.control import PAUSE_MODES, EngineControl, RequestHandle
+from devkit.dev_server.grammar import GrammarError
+from devkit.dev_server.metrics import EngineMetrics
+from devkit.dev_server.model_runner import Job, ModelRunner, RunResult, StepCallback, WeightLoadError
+from devkit.dev_server.protocol import (
     GenerateSpec,
     ProtocolError,
     build_meta,
@@ -36,7 +36,7 @@ from engine.dev_server.protocol import (
     top_rows,
     triples,
 )
-from engine.dev_server.settings import DevEngineSettings
+from devkit.dev_server.settings import DevEngineSettings
 from engine.validation import clip
 
 logger = logging.getLogger(__name__)

@@ -31,16 +31,16 @@ from typing import TYPE_CHECKING, Any
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from devkit.dev_server.protocol import NEG_INF_LOGPROB, ProtocolError, build_meta, triples
+from devkit.dev_server.service import sse
 from engine.chat import parse_assistant_output, prompt_opens_think, render_prompt_ids
-from engine.dev_server.protocol import NEG_INF_LOGPROB, ProtocolError, build_meta, triples
-from engine.dev_server.service import sse
 from engine.template_inputs import TemplateRefused
 from engine.tool_grammar import GRAMMAR_KEYS, GrammarRefused, forced_tool_grammar
 from engine.validation import bounded_message, clip, most_specific_error
 
 if TYPE_CHECKING:
-    from engine.dev_server.model_runner import RunResult, SequenceOutput
-    from engine.dev_server.service import DevEngine, Prepared
+    from devkit.dev_server.model_runner import RunResult, SequenceOutput
+    from devkit.dev_server.service import DevEngine, Prepared
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # SGLang's message types
 ROUTER_MODEL_PLACEHOLDER = "unknown"  # sglang-router forwards a request without "model" with this name

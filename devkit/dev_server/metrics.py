@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from engine.dev_server.control import EngineControl
+from devkit.dev_server.control import EngineControl
 
 E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 60, 120, 300)
 

@@ -2,7 +2,7 @@
 
     hindsight-dev-engine --model-path DIR [--host 127.0.0.1] [--port N] [--api-key KEY]
                          [--admin-api-key KEY] [--served-model-name NAME] [--seed N] [--log-json] [--config FILE]
-    python -m engine.dev_server.cli ...   (what engine.procs.start_dev_engine runs)
+    python -m devkit.dev_server.cli ...   (what devkit.engine_procs.start_dev_engine runs)
 
 The command line comes from DevEngineSettings (engine.cli_settings): every setting is a flag and an
 environment variable ``HINDSIGHT_DEV_ENGINE_<NAME>``, and may be set in a ``--config`` file; flags >
@@ -11,8 +11,8 @@ environment > file > defaults; an invalid configuration exits 2.
 
 from __future__ import annotations
 
+from devkit.dev_server.settings import DevEngineSettings
 from engine.cli_settings import parse_cli
-from engine.dev_server.settings import DevEngineSettings
 from engine.observability import configure_logging
 
 PROG = "hindsight-dev-engine"
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(settings.log_level, json_logs=settings.log_json)
     import uvicorn
 
-    from engine.dev_server.app import create_app
+    from devkit.dev_server.app import create_app
 
     # log_config=None: uvicorn's own loggers go through the handler above (request ids, JSON when asked).
     uvicorn.run(

@@ -4,8 +4,8 @@
     hindsight-tiny-model OUT_DIR --teacher-of STUDENT_DIR --prefer-text TEXT [--seed N]
 
 The first form builds a tiny Qwen3-architecture policy with its own tokenizer and ChatML template; the second
-fine-tunes a copy of STUDENT_DIR into a teacher that clearly prefers TEXT (engine.tiny_model). By default
-the build is taken from engine.model_cache, built there once: the same inputs give the same bytes. The
+fine-tunes a copy of STUDENT_DIR into a teacher that clearly prefers TEXT (devkit.tiny_model). By default
+the build is taken from devkit.model_cache, built there once: the same inputs give the same bytes. The
 command line lives apart from the builders so that editing it does not change the cache keys.
 """
 
@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from engine import tiny_model
+from devkit import tiny_model
 from engine.cli_settings import CliSettings, Positional, parse_cli
 
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         "max_position_embeddings": args.max_position_embeddings,
     }
     if args.cache:
-        from engine import model_cache
+        from devkit import model_cache
 
         if args.teacher_of and args.prefer_text:
             entry = model_cache.tiny_teacher(Path(args.teacher_of), args.prefer_text, seed=args.seed)

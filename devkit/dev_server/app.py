@@ -28,12 +28,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
+from devkit.dev_server.openai_chat import ChatError, chat_completions
+from devkit.dev_server.protocol import ProtocolError
+from devkit.dev_server.recording import RequestRecorder
+from devkit.dev_server.service import DevEngine
+from devkit.dev_server.settings import DevEngineSettings
 from engine.auth import bearer_problem
-from engine.dev_server.openai_chat import ChatError, chat_completions
-from engine.dev_server.protocol import ProtocolError
-from engine.dev_server.recording import RequestRecorder
-from engine.dev_server.service import DevEngine
-from engine.dev_server.settings import DevEngineSettings
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
 from engine.http_guard import AdmissionMiddleware, BadJSON, BodyLimitMiddleware, parse_json_body
 from engine.observability import RequestContextMiddleware, RouteMetrics, log_settings

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.dev_server.sampling import SamplingConfig
+from devkit.dev_server.sampling import SamplingConfig
 from engine.validation import bounded_message
 
 # Every key of SGLang 0.5.23's SamplingParams contract; anything else is rejected like msgspec does.

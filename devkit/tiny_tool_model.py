@@ -1,8 +1,8 @@
 """A tiny policy trained to call a tool on a trigger word, whatever the length of the prompt before it.
 
-    build_tool_policy(student_dir, out_dir)    (cached: engine.model_cache.tiny_tool_policy)
+    build_tool_policy(student_dir, out_dir)    (cached: devkit.model_cache.tiny_tool_policy)
 
-Contract: copies a tiny policy (:mod:`engine.tiny_model`; same tokenizer and chat template, so the tiny teacher
+Contract: copies a tiny policy (:mod:`devkit.tiny_model`; same tokenizer and chat template, so the tiny teacher
 built from that policy still fits it), switches every layer to sliding-window attention of
 :data:`WINDOW_TOKENS`, and fine-tunes it, offline and seeded, towards this rule:
 
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.tiny_model import _WORDS, copy_model_files
+from devkit.tiny_model import _WORDS, copy_model_files
 
 TRIGGER_WORD = " tomorrow"
 TOOL_CALL = {"name": "read", "arguments": {"path": "NOTE.md"}}

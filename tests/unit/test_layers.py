@@ -1,7 +1,8 @@
 """The import layering of the production packages, read from the source with ``ast`` (nothing is imported).
 
-Contract (docs/FLOW.md): ``policy_server.api`` (the HTTP shapes) depends on ``policy_server.serving``
-(sessions, generation, records), never the reverse. Only the API package itself and the composition root
+Contract (docs/FLOW.md): ``policy_server.api`` is grouped by API shape (``chat/``, ``responses/``, ``messages/``:
+the two adapters may use the chat shape, never each other) with the trainer's lease protocol apart (``lease.py``,
+no shape); it depends on ``policy_server.serving`` (sessions, generation, records), never the reverse. Only the API package itself and the composition root
 (``policy_server.app``, which wires routes, and ``policy_server.cli``) import ``policy_server.api``: no module of
 serving, rewards, store or the shared policy-server modules does, and neither does ``engine``, the judge or the
 trainer. ``engine`` imports no service at all, production imports nothing of ``devkit`` (the development tooling,
@@ -108,6 +109,21 @@ def test_only_the_api_and_the_composition_root_import_the_api() -> None:
     assert {module_name(p) for p in below} >= {"policy_server.serving.chat_turn", "policy_server.errors"}
     assert offenders(below, (API,)) == []
     assert offenders(modules("engine", "judge_server", "trainer"), (API,)) == []
+
+
+SHAPES = {shape: f"{API}.{shape}" for shape in ("chat", "responses", "messages")}
+SHAPE_USES = {"chat": (), "responses": ("chat",), "messages": ("chat",)}  # the adapters run a chat turn
+
+
+def test_each_api_shape_keeps_to_itself() -> None:
+    """``api/`` is grouped by API shape: the Responses and Messages adapters may use the chat shape (they run a
+    chat turn) but never each other, the chat shape uses neither, and the trainer's lease protocol
+    (``api/lease.py``) uses no shape at all."""
+    for shape, package in SHAPES.items():
+        others = tuple(p for s, p in SHAPES.items() if s != shape and s not in SHAPE_USES[shape])
+        assert modules(package.replace(".", "/")), package
+        assert offenders(modules(package.replace(".", "/")), others) == []
+    assert offenders([ROOT / "policy_server/api/lease.py"], tuple(SHAPES.values())) == []
 
 
 def test_engine_imports_no_service() -> None:

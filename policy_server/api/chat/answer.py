@@ -4,7 +4,7 @@ Role: the API half of a chat request. :class:`ChatCall` is the request as the ch
 OpenAI request, its extra fields, and the :class:`~policy_server.serving.chat_turn.ChatInput` the serving
 layer gets); :meth:`ChatReply.begin` begins the serving layer's turn (session, render) and
 :meth:`ChatReply.respond` generates and answers it once, as JSON or as an SSE stream
-(policy_server.api.streaming). The turn's record is committed before the client receives the end of the
+(policy_server.api.chat.streaming). The turn's record is committed before the client receives the end of the
 answer (the final chunk when streaming).
 
 Client disconnects: a client that hangs up must abort its engine work upstream. A reply nobody reads
@@ -37,7 +37,7 @@ from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnec
 from engine.errors import EngineError
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
-from policy_server.api.streaming import ChatStream, assistant_message, logprob_entries, sse_events
+from policy_server.api.chat.streaming import ChatStream, assistant_message, logprob_entries, sse_events
 from policy_server.serving.chat_turn import ChatInput, ChatTurn
 from policy_server.state import PolicyState
 

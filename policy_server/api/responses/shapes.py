@@ -19,7 +19,7 @@ Contract (``POST /v1/responses``, as OpenAI's typed models in ``openai.types.res
   ``prompt_cache_key`` is accepted (no prompt cache is keyed by it); ``include: ["reasoning.encrypted_content"]``
   is served by reasoning items whose text is in clear. Any other field is a 400 naming it (nothing is
   silently dropped).
-- The answer (policy_server.api.responses_output) is the Responses shape of the chat answer.
+- The answer (policy_server.api.responses.output) is the Responses shape of the chat answer.
 """
 
 from __future__ import annotations

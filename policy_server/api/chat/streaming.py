@@ -8,7 +8,7 @@ before the final chunk, its engine failure, and ``abandon_stream`` from its ``fi
 get to ``[DONE]``, i.e. it was cancelled at an await (Starlette's StreamingResponse saw ``http.disconnect``)
 or closed at a yield (the response's background ``aclose``)). ``engine.disconnect.unless_disconnected``
 runs work next to a watcher of the ASGI ``receive`` channel (see its docstring). Both are used by
-policy_server.api.chat_answer.
+policy_server.api.chat.answer.
 
 :class:`StreamSplitter` (pure) lets the policy server stream real token-by-token deltas while ending with
 exactly what ``engine.chat.parse_assistant_output`` says about the whole text, under the same rule (whether

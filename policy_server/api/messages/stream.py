@@ -14,7 +14,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from policy_server.api import messages_shapes as ms
+from policy_server.api.messages import shapes as ms
 
 
 def _event(kind: str, **payload: Any) -> str:

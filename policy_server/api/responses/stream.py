@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from policy_server.api import responses_output as ro
+from policy_server.api.responses import output as ro
 from policy_server.errors import PolicyError
 
 BuildResponse = Callable[..., dict[str, Any]]

@@ -1,11 +1,11 @@
 """The OpenAI Responses route, ``POST /v1/responses`` (thin): an adapter onto the one chat turn.
 
 Key check, body, the session the chat route's way (headers, body fallbacks), the typed request
-(policy_server.api.responses_shapes), then the conversation as chat messages: the stored conversation of
+(policy_server.api.responses.shapes), then the conversation as chat messages: the stored conversation of
 ``previous_response_id`` (policy_server.store.responses), ``instructions`` as a leading system message, the
 new input items. policy_server.api.chat_bridge answers it as one chat turn (same render, record, pairing,
 judging, training as ``/v1/chat/completions``), and the answer is converted back: a ``response`` object
-(policy_server.api.responses_output), or the Responses event stream (policy_server.api.responses_stream).
+(policy_server.api.responses.output), or the Responses event stream (policy_server.api.responses.stream).
 
 ``store`` (default true) keeps the answer's conversation under its id, with its session: a request that
 continues it with ``previous_response_id`` and no session of its own continues that session
@@ -30,10 +30,8 @@ from fastapi.responses import JSONResponse
 
 from engine.validation import clip
 from policy_server.api import openai_schemas as oa
-from policy_server.api import responses_output as ro
-from policy_server.api import responses_shapes as rs
-from policy_server.api import routes
 from policy_server.api.auth import require_client
+from policy_server.api.bodies import read_json_object
 from policy_server.api.chat_bridge import (
     ChainInstructions,
     ChatAnswer,
@@ -43,7 +41,9 @@ from policy_server.api.chat_bridge import (
 )
 from policy_server.api.openai_fields import hindsight_extension
 from policy_server.api.response_models_shapes import ResponseObject
-from policy_server.api.responses_stream import ResponseEvents, response_events
+from policy_server.api.responses import output as ro
+from policy_server.api.responses import shapes as rs
+from policy_server.api.responses.stream import ResponseEvents, response_events
 from policy_server.errors import NotFound
 from policy_server.state import PolicyState
 
@@ -110,7 +110,7 @@ def _assistant(message: dict[str, Any]) -> dict[str, Any]:
 async def create_response(request: Request) -> Response:
     st: PolicyState = request.app.state.policy
     require_client(request, st.settings)
-    body = await routes._read_json(request, st.settings.max_json_depth)
+    body = await read_json_object(request, st.settings.max_json_depth)
     session = request_session(request, st, body)
     req = rs.parse_request(body)
     prefix: list[dict[str, Any]] = []

@@ -1,5 +1,5 @@
 """The chat route, ``/v1/chat/completions`` (thin): key check, body, session headers, validation, then
-policy_server.api.chat_answer answers it (through policy_server.serving.chat_turn's turn).
+policy_server.api.chat.answer answers it (through policy_server.serving.chat_turn's turn).
 
 Session protocol: ``X-Session-Id``, ``X-Turn-Type: main|side``, ``X-Session-Done``
 headers, with body fallbacks ``session_id``/``turn_type``/``session_done`` removed before use. The
@@ -15,7 +15,7 @@ a prompt that cannot fit the engine's context is refused before any per-message 
 shapes of openai_schemas.ChatRequest are checked, all as 400s that name the field and never echo it.
 Nothing is recorded for a request that is refused. ``X-Session-Id`` is read as UTF-8.
 
-Client disconnects and what becomes of an answer nobody receives: policy_server.api.chat_answer and
+Client disconnects and what becomes of an answer nobody receives: policy_server.api.chat.answer and
 policy_server.serving.undelivered.
 """
 
@@ -26,14 +26,14 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
-from engine.http_guard import BadJSON, parse_json_body
 from engine.observability import valid_session_id
 from engine.validation import bool_word, clip, most_specific_error
 from policy_server.api import model_names
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import require_client
-from policy_server.api.chat_answer import ChatCall, ChatReply
+from policy_server.api.bodies import read_json_object
+from policy_server.api.chat.answer import ChatCall, ChatReply
 from policy_server.errors import InvalidRequest
 from policy_server.serving.chat_turn import ChatInput
 from policy_server.serving.identity import SessionHint, session_hint
@@ -100,18 +100,6 @@ def request_session(
     return session_hint(request.headers, body, sid), turn_type, typed, done
 
 
-async def _read_json(request: Request, max_depth: int) -> dict[str, Any]:
-    """The JSON object body. Its size was bounded while reading (engine.http_guard.BodyLimitMiddleware);
-    deep nesting and unpaired surrogates are a 400 here, before any template or tokenizer sees them."""
-    try:
-        body = parse_json_body(await request.body(), max_depth=max_depth)
-    except BadJSON as exc:
-        raise InvalidRequest(str(exc)) from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("body must be a JSON object")
-    return body
-
-
 def _chat_input(
     st: PolicyState,
     body: dict[str, Any],
@@ -175,7 +163,7 @@ def _chat_input(
 async def chat_completions(request: Request) -> Response:
     st = _state(request)
     require_client(request, st.settings)
-    body = await _read_json(request, st.settings.max_json_depth)
+    body = await read_json_object(request, st.settings.max_json_depth)
     hint, turn_type, typed, done = request_session(request, body, st.settings.default_turn_type)
     reply = await ChatReply.begin(st, _chat_input(st, body, hint, turn_type, done, typed))
     return await reply.respond(request)

@@ -1,10 +1,10 @@
 """The Anthropic Messages route, ``POST /v1/messages`` (thin): an adapter onto the one chat turn.
 
 Key check (``x-api-key``, as Anthropic's clients send it, or ``Authorization: Bearer``), body, the session
-the chat route's way (headers, body fallbacks), the typed request (policy_server.api.messages_shapes), its
+the chat route's way (headers, body fallbacks), the typed request (policy_server.api.messages.shapes), its
 chat body; policy_server.api.chat_bridge answers it as one chat turn (same render, record, pairing,
 judging, training as ``/v1/chat/completions``), and the answer is converted back: a ``message`` object, or
-the Messages event stream (policy_server.api.messages_stream). ``POST /v1/messages/count_tokens`` answers
+the Messages event stream (policy_server.api.messages.stream). ``POST /v1/messages/count_tokens`` answers
 the prompt's token count (:func:`count_message_tokens`). Every error of these routes, and of any other path
 under ``/v1/messages``, has Anthropic's error shape (policy_server.errors.ErrorShapeMiddleware).
 """
@@ -16,12 +16,13 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from policy_server.api import messages_shapes as ms
 from policy_server.api import openai_schemas as oa
-from policy_server.api import routes
 from policy_server.api.auth import require_client_any_header
+from policy_server.api.bodies import read_json_object
+from policy_server.api.chat import routes
 from policy_server.api.chat_bridge import engine_stop, hindsight_headers, request_session, run_chat_turn
-from policy_server.api.messages_stream import message_events
+from policy_server.api.messages import shapes as ms
+from policy_server.api.messages.stream import message_events
 from policy_server.api.response_models_shapes import MessageObject, TokenCount
 from policy_server.serving.identity import NONE, SessionHint
 from policy_server.state import PolicyState
@@ -54,7 +55,7 @@ MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
 async def create_message(request: Request) -> Response:
     st: PolicyState = request.app.state.policy
     require_client_any_header(request, st.settings)
-    body = await routes._read_json(request, st.settings.max_json_depth)
+    body = await read_json_object(request, st.settings.max_json_depth)
     session = request_session(request, st, body)
     req = ms.parse_request(body)
     answer = await run_chat_turn(request, st, ms.chat_body(req), session, id_prefix="msg_")
@@ -105,7 +106,7 @@ async def count_message_tokens(request: Request) -> TokenCount:
     by the policy's tokenizer. Nothing is generated or recorded; session headers are ignored."""
     st: PolicyState = request.app.state.policy
     require_client_any_header(request, st.settings)
-    body = await routes._read_json(request, st.settings.max_json_depth)
+    body = await read_json_object(request, st.settings.max_json_depth)
     prompt = ms.parse_prompt(body)
     # Validated as /v1/messages validates it, with no session: nothing is generated or recorded.
     no_session = SessionHint(None, NONE)

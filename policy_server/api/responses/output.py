@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from policy_server.api.responses_shapes import ResponsesRequest
+from policy_server.api.responses.shapes import ResponsesRequest
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

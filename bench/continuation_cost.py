@@ -28,8 +28,8 @@ from pathlib import Path
 import httpx
 
 from bench.proxy_overhead import _cpu_s, start_instant_engine
+from devkit.tiny_model import build_tiny_model
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.tiny_model import build_tiny_model
 from tests.long_context import long_context
 from tests.testkit.servers import CLIENT_KEY, start_policy
 

@@ -72,8 +72,8 @@ async def run_layout(url: str, model_dir: Path, tok, turns: list[dict], *, v2: b
 
 
 async def main_async(args: argparse.Namespace) -> None:
+    from devkit.tiny_model import build_tiny_model
     from engine.chat import load_tokenizer
-    from engine.tiny_model import build_tiny_model
     from tests.testkit.procs import start_dev_engine
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument("--policy", default="cache_aware", help="sglang-router policy")
     args = p.parse_args()
 
-    from engine.tiny_model import build_tiny_model
+    from devkit.tiny_model import build_tiny_model
     from tests.testkit.procs import start_dev_engine, start_router
 
     cores = sorted(os.sched_getaffinity(0))

@@ -136,9 +136,9 @@ async def bench_policies(turns: int, seed: int, unparseable: float = 0.05, wrong
 
 
 async def bench_engine(m: int) -> None:
+    from devkit.tiny_model import build_tiny_model
     from engine.chat import load_tokenizer, render_prompt_ids
     from engine.client import EngineClient
-    from engine.tiny_model import build_tiny_model
     from prompts import TokenCounter, load_template, render_judge_messages
     from tests.testkit.procs import start_dev_engine
 

@@ -149,8 +149,8 @@ CLOSED_LOOP_LR = "2e-2"
 
 def closed_loop(names: list[str], sessions: int, turns: int, pause_s: float) -> None:
     """Run each candidate's closed loop on a fresh stack and print one table row per candidate."""
+    from devkit.tiny_model import build_tiny_model
     from engine.chat import load_tokenizer
-    from engine.tiny_model import build_tiny_model
     from tests.testkit.stack import run_trickle, start_stack
     from tests.trainer.test_learning_e2e import MAX_TOKENS, PROMPTS, has_target, target_frequency
 

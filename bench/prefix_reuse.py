@@ -22,8 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from devkit.tiny_model import build_tiny_model
 from engine.chat import load_tokenizer
-from engine.tiny_model import build_tiny_model
 from tests.long_context import WORDS
 from tests.testkit.procs import start_dev_engine
 from tests.testkit.servers import CLIENT_KEY, start_policy

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import httpx
 
+from devkit.tiny_model import build_tiny_model
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.tiny_model import build_tiny_model
 from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine, start_process
 from tests.testkit.servers import CLIENT_KEY, start_policy
 

@@ -3,7 +3,7 @@
 Run:  python -m bench.store_throughput [--sessions 64] [--turns 8] [--threads 4] [--batch 16]
 
 Each replica is its own process with its own store (SQLite: the data dir's file; PostgreSQL: a pool on a
-throwaway cluster started here with engine.pgcluster, durable defaults: fsync on). Two measurements:
+throwaway cluster started here with devkit.pgcluster, durable defaults: fsync on). Two measurements:
 
 - turns recorded per second: ``--threads`` threads per replica each drive their share of ``--sessions``
   sessions of ``--turns`` continuing turns; every turn after the first carries the pairing of the one it answers
@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from engine.pgcluster import PgCluster, PgUnavailable
+from devkit.pgcluster import PgCluster, PgUnavailable
 from engine.records import Sample, SampleState, TurnRecord
 from policy_server.store import Resolution, open_store
 

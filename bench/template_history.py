@@ -25,9 +25,9 @@ from typing import Any
 
 import httpx
 
+from devkit.engine_procs import start_dev_engine
 from engine.chat import load_tokenizer, render_prompt_ids
 from engine.continuation import ContinuationRenderer, PriorTurn
-from engine.procs import start_dev_engine
 from policy_server.store import Store
 from tests.testkit.cached_models import policy
 from tests.testkit.servers import CLIENT_KEY, start_policy

@@ -74,7 +74,7 @@ def main() -> None:
     model_path = args.model_path
     tmp = tempfile.TemporaryDirectory()
     if not model_path:
-        from engine.tiny_model import build_tiny_model
+        from devkit.tiny_model import build_tiny_model
 
         model_path = str(build_tiny_model(Path(tmp.name) / "tiny", seed=0))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
+from devkit.tiny_model import build_tiny_model
 from engine.records import Sample
-from engine.tiny_model import build_tiny_model
 from trainer.batch import collate
 from trainer.objective import micro_loss, old_logprobs, token_advantages
 from trainer.settings import TrainConfig

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.tiny_model import build_tiny_model
+from devkit.tiny_model import build_tiny_model
 from tests.testkit.procs import start_dev_engine
 from tests.testkit.servers import ADMIN_KEY, CLIENT_KEY, start_policy
 

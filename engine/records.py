@@ -312,7 +312,7 @@ class PipelineTurn(_Record):
 
 
 class ScoringTurn(_Record):
-    """A turn as the PRM scorers take it (judge_server.prm.score_session): these fields become the
+    """A turn as the PRM scorers take it (prm.score_session): these fields become the
     Interaction's own, every other key of the turn dict (tools, weight_version, judge_prm, ...) its ``extra``.
     A field the stored turn lacks gets its empty value (a turn scored alone has no parent)."""
 

@@ -231,9 +231,9 @@ async def slime_reward(
     return slime_reply(result, _failed_reward(service, failed_reward))
 
 
-@router.get("/health", response_model=None, responses={200: {"model": JudgeHealth, "description": "alive"}})
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+@router.get("/health", response_model=JudgeHealth, responses={200: {"model": JudgeHealth, "description": "alive"}})
+async def health() -> JudgeHealth:
+    return JudgeHealth(status="ok")
 
 
 async def _engine_ready(service: JudgeService) -> bool:
@@ -268,18 +268,19 @@ async def _engine_ready(service: JudgeService) -> bool:
 async def ready(request: Request) -> JSONResponse:
     service = _service(request)
     ok = await _engine_ready(service)
-    body: dict[str, Any] = {"ready": ok}
+    detail: dict[str, Any] = {}
     if has_key(request):  # paths and URLs only for the key's holder (open when no key is configured)
-        body.update(
-            backend=service.settings.backend,
-            prompt_versions=service.prompt_versions,
-            guards=service.settings.guards,
-            tokenizer_path=request.app.state.tokenizer_path,
-            engine_url={"llm": service.settings.engine_url, "openai": service.settings.base_url}.get(
+        detail = {
+            "backend": service.settings.backend,
+            "prompt_versions": service.prompt_versions,
+            "guards": service.settings.guards,
+            "tokenizer_path": request.app.state.tokenizer_path,
+            "engine_url": {"llm": service.settings.engine_url, "openai": service.settings.base_url}.get(
                 service.settings.backend
             ),
-        )
-    return JSONResponse(body, status_code=200 if ok else 503)
+        }
+    body = JudgeReady(ready=ok, **detail)  # the detail fields set only above (exclude_unset): the key's holder's
+    return JSONResponse(body.model_dump(exclude_unset=True), status_code=200 if ok else 503)
 
 
 @router.get(

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import httpx
 
-from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, start_router, wait_http
+from devkit.engine_procs import start_dev_engine, start_router
+from engine.procs import ManagedProcess, free_port, spawn, wait_http
 
 TEACHER_PREFERRED_TEXT = "Thanks, that worked."
 # Context of the dev models in tokens: a real agent's prompt fits (OpenClaw's default system prompt and 12 tools
@@ -180,7 +181,7 @@ def flag_if_set(flag: str, value: str | None) -> list[str]:
 def build_models(run_dir: Path) -> tuple[Path, Path]:
     models = run_dir / "models"
     policy, teacher = models / "policy", models / "teacher"
-    tool = console_script("hindsight-tiny-model")
+    tool = [sys.executable, "-m", "devkit.tiny_model_cli"]  # hindsight-tiny-model, from this checkout
     log = run_dir / "logs" / "models.log"
     for out, extra, what in (
         (
@@ -201,7 +202,7 @@ def build_models(run_dir: Path) -> tuple[Path, Path]:
         say(f"building the {what} in {out} ...")
         t0 = time.monotonic()
         with open(log, "ab") as fh:
-            res = subprocess.run([tool, str(out), "--seed", "0", *extra], stdout=fh, stderr=subprocess.STDOUT)
+            res = subprocess.run([*tool, str(out), "--seed", "0", *extra], stdout=fh, stderr=subprocess.STDOUT)
         if res.returncode != 0:
             raise RuntimeError(f"hindsight-tiny-model failed for {out} (see {log})")
         say(f"  done in {time.monotonic() - t0:.1f}s")

@@ -52,7 +52,11 @@ from engine.observability import (
     log_settings,
 )
 from policy_server import components
-from policy_server.api import admin, feedback, messages, messages_shapes, ops, responses, routes
+from policy_server.api import admin, feedback, lease, ops
+from policy_server.api.chat import routes as chat_routes
+from policy_server.api.messages import routes as messages_routes
+from policy_server.api.messages import shapes as messages_shapes
+from policy_server.api.responses import routes as responses_routes
 from policy_server.errors import (
     RETRY_AFTER_S,
     ErrorShapeMiddleware,
@@ -218,17 +222,18 @@ def create_app(settings: PolicySettings) -> FastAPI:
         error_body=lambda status, msg: error_body(status, msg, "internal_error"),
     )
     # Around every guard above, so their 413/415/429/500/503 leave the Messages routes in Anthropic's shape too.
-    app.add_middleware(ErrorShapeMiddleware, shapes={messages.MESSAGES_PATH: messages_shapes.error_body})
+    app.add_middleware(ErrorShapeMiddleware, shapes={messages_routes.MESSAGES_PATH: messages_shapes.error_body})
     # Added last, so outermost: request/session ids, access line and route metrics for every response,
     # the drain 503s included (engine.observability).
     app.add_middleware(
         RequestContextMiddleware, route_metrics=RouteMetrics(app.state.metrics.registry, prefix="hindsight_policy")
     )
     install_error_handlers(app)
-    app.include_router(routes.router)
-    app.include_router(responses.router)
-    app.include_router(messages.router)
+    app.include_router(chat_routes.router)
+    app.include_router(responses_routes.router)
+    app.include_router(messages_routes.router)
     app.include_router(ops.router)
+    app.include_router(lease.router)
     app.include_router(admin.router)
     app.include_router(feedback.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -257,6 +262,6 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                 if responses.pop("422", None) is not None:
                     responses.setdefault("400", error_ref)
         settings: PolicySettings = app.state.settings
-        admin.declare_limits(schema, settings.max_lease_size, settings.max_lease_wait_s)
+        lease.declare_limits(schema, settings.max_lease_size, settings.max_lease_wait_s)
         app.openapi_schema = schema
     return app.openapi_schema

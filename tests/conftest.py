@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny models built offline once (engine.model_cache) and copied per session, and per-test run
+"""Shared fixtures: tiny models built offline once (devkit.model_cache) and copied per session, and per-test run
 directories.
 
 Area-specific fixtures (engines, routers, servers) live in each area's own conftest.py and use the test kit
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.model_cache import copy_of
+from devkit.model_cache import copy_of
 from launch.devstack import TEACHER_PREFERRED_TEXT
 from tests.testkit import cached_models
 
@@ -63,8 +63,8 @@ def rules_judge(tmp_path_factory: pytest.TempPathFactory):
 # ---------------------------------------------------------------- store backends
 @pytest.fixture(scope="session")
 def pg_cluster():
-    """One throwaway PostgreSQL cluster for the whole run (engine.pgcluster); tests get their own databases."""
-    from engine.pgcluster import PgCluster, PgUnavailable
+    """One throwaway PostgreSQL cluster for the whole run (devkit.pgcluster); tests get their own databases."""
+    from devkit.pgcluster import PgCluster, PgUnavailable
 
     try:
         cluster = PgCluster.start(fsync=False)  # no test crashes the host: durability of the OS is not tested

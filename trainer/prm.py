@@ -1,7 +1,7 @@
 """The trainer side of process rewards: which AReaL shaping applies, from flags or the PRM YAML.
 
 Role: turn ``--prm-config YAML`` (the same file the policy server gets) into the trainer's shaping settings,
-so both sides read one file and cannot disagree. The file is parsed ONLY by ``judge_server.prm``'s loader
+so both sides read one file and cannot disagree. The file is parsed ONLY by ``prm``'s loader
 (``load_prm_config``: pydantic, its validation rules, ``PRMConfigError`` naming each broken key).
 
 Contract (docs/SCORERS.md; AReaL's advantage shaping):
@@ -38,7 +38,7 @@ _FROM_FILE = {
 
 def shaping_from_file(path: str) -> dict[str, Any]:
     """The TrainConfig values the PRM YAML at ``path`` implies (raises ``PRMConfigError``, a ValueError)."""
-    from judge_server.prm import load_prm_config
+    from prm import load_prm_config
 
     fc = load_prm_config(path)
     on = fc.prm.active and fc.actor.token_rewards_as_adv

@@ -8,6 +8,8 @@ when no key is set at all. The check itself is engine.auth's (constant-time comp
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 
 from engine.auth import bearer_problem
@@ -41,6 +43,13 @@ def require_client_any_header(request: Request, settings: PolicySettings) -> Non
 def require_admin(request: Request, settings: PolicySettings) -> None:
     key = settings.admin_api_key or (settings.api_key if settings.allow_client_key_for_admin else None)
     _check(request, key, "admin")
+
+
+def admin_state(request: Request) -> Any:
+    """The app's policy state, once the request passed the admin-key check (every admin and lease route)."""
+    st = request.app.state.policy
+    require_admin(request, st.settings)
+    return st
 
 
 def is_admin(request: Request, settings: PolicySettings) -> bool:

@@ -4,7 +4,7 @@ Role: the one way an adapter reaches the pipeline. An adapter converts its reque
 body (messages, tools, tool_choice and sampling fields only); :func:`run_chat_turn` validates that body with
 the chat route's own validation, obtains the session the chat route's way (``session_info``, on the
 adapter's original body, so the same headers and body fallbacks apply) and answers it with the one
-:class:`~policy_server.api.chat_answer.ChatReply` lifecycle: the same render, the same engine path, the
+:class:`~policy_server.api.chat.answer.ChatReply` lifecycle: the same render, the same engine path, the
 same turn record, pairing, backpressure and disconnect handling as ``/v1/chat/completions``. The adapter
 then converts the chat answer back (:class:`ChatAnswer`): the completion JSON, or the chat SSE stream as
 parsed chunks, which it re-emits in its own event shape. Nothing here records, renders or generates.
@@ -21,8 +21,8 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
-from policy_server.api import routes
-from policy_server.api.chat_answer import ChatReply
+from policy_server.api.chat import routes
+from policy_server.api.chat.answer import ChatReply
 from policy_server.serving.chat_turn import ChatTurn
 from policy_server.serving.identity import SessionHint
 from policy_server.state import PolicyState
@@ -32,7 +32,7 @@ SSE_DONE = "[DONE]"
 
 @dataclass(frozen=True)
 class SessionHeaders:
-    """The session part of one request (policy_server.api.routes.request_session): the session hint by the
+    """The session part of one request (policy_server.api.chat.routes.request_session): the session hint by the
     one precedence (policy_server.serving.identity), the turn type, whether the client typed it, done."""
 
     hint: SessionHint

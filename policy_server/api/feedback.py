@@ -30,9 +30,9 @@ from engine.observability import valid_session_id
 from engine.validation import clip, describe_validation_errors
 from policy_server.api import response_models as rm
 from policy_server.api.auth import require_admin, require_client
+from policy_server.api.bodies import read_json_object
 from policy_server.api.openai_schemas import error_responses
 from policy_server.api.response_models import ok
-from policy_server.api.routes import _read_json
 from policy_server.errors import Conflict, InvalidRequest, NotFound
 from policy_server.rewards.feedback import InvalidFeedback, feedback_value
 from policy_server.state import PolicyState
@@ -70,7 +70,7 @@ def _state(request: Request) -> PolicyState:
 async def post_feedback(request: Request) -> dict[str, Any]:
     st = _state(request)
     require_client(request, st.settings)
-    raw = await _read_json(request, st.settings.max_json_depth)
+    raw = await read_json_object(request, st.settings.max_json_depth)
     try:
         body = FeedbackBody.model_validate(raw)
     except ValidationError as exc:

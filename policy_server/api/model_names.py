@@ -8,10 +8,9 @@ Aliases (``--model-aliases``) exist for clients that insist on a model name of t
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine.chat_families import ChatFamily
 from engine.validation import clip
+from policy_server.api.response_models import ModelCard
 from policy_server.errors import NotFound
 from policy_server.settings import PolicySettings
 
@@ -34,17 +33,17 @@ def check_model(settings: PolicySettings, name: str | None) -> None:
 
 def model_card(
     settings: PolicySettings, name: str, created_s: int, weight_version: str | None, family: ChatFamily
-) -> dict[str, Any]:
+) -> ModelCard:
     """One ``model`` object of ``/v1/models``; ``root`` is the served model an alias stands for; the chat
     format (history mode, the parsers chosen for the template) says how turns are rendered and read."""
-    return {
-        "id": name,
-        "object": "model",
-        "created": created_s,
-        "owned_by": "hindsight",
-        "root": settings.served_model_name,
-        "weight_version": weight_version,
-        "history": settings.history,
-        "tool_call_parser": family.tool_call_parser,
-        "reasoning_parser": family.reasoning_parser,
-    }
+    return ModelCard(
+        id=name,
+        object="model",
+        created=created_s,
+        owned_by="hindsight",
+        root=settings.served_model_name,
+        weight_version=weight_version,
+        history=settings.history,
+        tool_call_parser=family.tool_call_parser,
+        reasoning_parser=family.reasoning_parser,
+    )

@@ -22,25 +22,25 @@ def _state(request: Request) -> PolicyState:
     return request.app.state.policy
 
 
-@router.get("/v1/models", response_model=None, responses={**ok(ModelList), **oa.error_responses(401)})
-async def models(request: Request) -> dict[str, Any]:
+@router.get("/v1/models", response_model=ModelList, responses={**ok(ModelList), **oa.error_responses(401)})
+async def models(request: Request) -> ModelList:
     """Every model name this server answers to (the served name, then its aliases)."""
     st = _state(request)
     require_client(request, st.settings)
     created = request.app.state.started_at_s
-    return {
-        "object": "list",
-        "data": [
+    return ModelList(
+        object="list",
+        data=[
             model_names.model_card(st.settings, name, created, st.gate.version, st.generator.family)
             for name in model_names.served_models(st.settings)
         ],
-    }
+    )
 
 
 @router.get(
-    "/v1/models/{model_id:path}", response_model=None, responses={**ok(ModelCard), **oa.error_responses(401, 404)}
+    "/v1/models/{model_id:path}", response_model=ModelCard, responses={**ok(ModelCard), **oa.error_responses(401, 404)}
 )
-async def model(request: Request, model_id: str) -> dict[str, Any]:
+async def model(request: Request, model_id: str) -> ModelCard:
     """One model name of :func:`models`; any other is a 404 ``model_not_found``."""
     st = _state(request)
     require_client(request, st.settings)
@@ -50,9 +50,9 @@ async def model(request: Request, model_id: str) -> dict[str, Any]:
     )
 
 
-@router.get("/health", response_model=None, responses=ok(Health))
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+@router.get("/health", response_model=Health, responses=ok(Health))
+async def health() -> Health:
+    return Health(status="ok")
 
 
 @router.get(
@@ -72,16 +72,19 @@ async def ready(request: Request) -> JSONResponse:
     engine_ok = await st.engine.health(timeout_s=2.0)
     store_problem = await asyncio.to_thread(st.store.probe, min(0.5, st.settings.store_busy_timeout_s))
     ok = not draining and engine_ok and store_problem is None
-    body: dict[str, Any] = {"ready": ok, "engine": engine_ok, "store": store_problem is None, "draining": draining}
-    if is_admin(request, st.settings):
-        body.update(
-            engine_url=st.settings.engine_url,
-            weight_version=st.gate.version,
-            gate_open=st.gate.is_open,
-            judge=bool(st.pipeline),
-            store_detail=store_problem,
-        )
-    return JSONResponse(body, status_code=200 if ok else 503, headers={} if ok else {"Retry-After": "5"})
+    detail: dict[str, Any] = {}
+    if is_admin(request, st.settings):  # set only here (exclude_unset below): only the admin's body has them
+        detail = {
+            "engine_url": st.settings.engine_url,
+            "weight_version": st.gate.version,
+            "gate_open": st.gate.is_open,
+            "judge": bool(st.pipeline),
+            "store_detail": store_problem,
+        }
+    body = Ready(ready=ok, engine=engine_ok, store=store_problem is None, draining=draining, **detail)
+    return JSONResponse(
+        body.model_dump(exclude_unset=True), status_code=200 if ok else 503, headers={} if ok else {"Retry-After": "5"}
+    )
 
 
 @router.get(

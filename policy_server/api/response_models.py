@@ -1,8 +1,9 @@
 """The policy server's 200 bodies as OpenAPI documents them: one model per route, each as exact as the route.
 
-Role: documentation and conformance only. Routes keep returning their plain dicts (no response_model
-filtering on the hot path); tests/reliability/test_schemathesis.py checks every answer against these
-models, so a body that drifts from its model fails there. Nullable where the route may send null,
+Role: the ops routes (``/v1/models``, ``/v1/models/{id}``, ``/health``, ``/ready``) build their bodies as these
+models, so each of those bodies is written once; the other routes still return plain dicts (the chat answer on
+the hot path) and their models document and check them: tests/reliability/test_schemathesis.py checks every
+answer against these models, so a body that drifts from its model fails there. Nullable where the route may send null,
 closed (no extra fields) where the route's body is fixed.
 """
 

@@ -2,7 +2,7 @@
 documents them (non-streaming; the event streams are documented as ``text/event-stream``).
 
 Role: documentation and conformance only, like :mod:`policy_server.api.response_models`: the routes build
-plain dicts (policy_server.api.responses_output, policy_server.api.messages_shapes) and
+plain dicts (policy_server.api.responses.output, policy_server.api.messages.shapes) and
 tests/reliability/test_schemathesis.py checks every answer against these models. Closed where the body is
 fixed; the request settings the Responses API echoes keep the request's own types.
 """

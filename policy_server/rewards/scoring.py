@@ -2,7 +2,7 @@
 
 Role: when ``--prm-config YAML`` is set and scoring is active (``prm.enabled`` and at least one enabled
 scorer), every sample the reward pipeline accepts gets ``token_rewards`` from the configured scorers
-(``judge_server.prm``, docs/SCORERS.md) before it can be leased.
+(``prm``, docs/SCORERS.md) before it can be leased.
 
 Contract:
 
@@ -71,8 +71,8 @@ from engine.records import (
 from judge_server.errors import JudgeUnavailable
 
 if TYPE_CHECKING:  # the PRM package loads only when --prm-config is given (PRMScoring.start)
-    from judge_server.prm import PRMRunner
-    from judge_server.prm.config import PRMFileConfig
+    from prm import PRMRunner
+    from prm.config import PRMFileConfig
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ class PRMScoring:
         """Build the runner from ``path``; None when no path is given or scoring is disabled there."""
         if not path:
             return None
-        from judge_server.prm import PRMRunner, load_prm_config
+        from prm import PRMRunner, load_prm_config
 
         try:
             config = load_prm_config(path)
@@ -226,13 +226,13 @@ class PRMScoring:
         return cls(runner, path, config, scope=scope)
 
     def register(self, registry: Any) -> None:
-        from judge_server.prm import register_prometheus
+        from prm import register_prometheus
 
         register_prometheus(registry, self.runner.metrics)
 
     async def score_turn(self, turn: Turn, judge_prm: PrmVerdict | dict[str, Any] | None = None) -> ScoreOutcome:
         """Score one judged turn (a stored turn with its ``next_state``); see the module contract."""
-        from judge_server.prm import score_session
+        from prm import score_session
 
         idx = turn.turn_index
         try:
@@ -255,7 +255,7 @@ class PRMScoring:
         """Score a finished session at once (``prm_scope: session``); ``trajectory`` is
         ``Store.session_trajectory``. Every decided turn is part of the trajectory; only the held
         (``pending_score``) ones get rewards. All-or-nothing: a rejection covers every held sample."""
-        from judge_server.prm import score_session
+        from prm import score_session
 
         turns = session_turns(trajectory)
         held = [t for t in trajectory if (t.get("sample") or {}).get("status") == SampleState.PENDING_SCORE]
@@ -284,7 +284,7 @@ class PRMScoring:
 
     def _failure(self, exc: BaseException, where: str) -> ScoreOutcome:
         """Map a scoring exception: dependency unreachable or runner closing -> retry, else a rejection."""
-        from judge_server.prm import PRMError, PRMInputError, PRMRunnerClosed
+        from prm import PRMError, PRMInputError, PRMRunnerClosed
 
         if isinstance(exc, PRMRunnerClosed):
             return ScoreOutcome("retry", reason=f"PRMRunnerClosed: {exc}")

@@ -3,7 +3,7 @@
 :meth:`ChatTurn.begin` takes a :class:`ChatInput` (validated by the API layer) and does what must happen
 before generating: the backlog check (a main turn is refused with 429 while the store holds too many
 unconsumed samples), the session's arrival (or the inferred session's claim) and the prompt's render. A
-render that fails still writes the pairing the request owes. The API layer (policy_server.api.chat_answer)
+render that fails still writes the pairing the request owes. The API layer (policy_server.api.chat.answer)
 then generates through ``st.generator`` with the turn's ``prompt_ids``, ``sp`` and ``res``, and answers as
 JSON or SSE. Only main turns of a session are recorded (:meth:`ChatTurn.finish_turn`); the record is
 committed before the client receives the end of the answer (the final chunk when streaming). A client

@@ -1,7 +1,7 @@
 """Leases and acks: the consumer end of the sample state machine, exactly-once (a Store role class).
 
 Role: how the trainer takes training samples (``POST /v1/samples/lease`` and ``/v1/samples/ack``,
-policy_server.api.admin). Contract (docs/CONTRACTS.md):
+policy_server.api.lease). Contract (docs/CONTRACTS.md):
 
 - :meth:`StoreLeases.lease` first expires overdue leases, then, when at least ``min_n`` (default 1)
   samples are ``ready``, moves up to ``max_n`` of them (oldest first) to ``leased`` under a new lease

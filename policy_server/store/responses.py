@@ -6,7 +6,7 @@ the request's new input messages (never its ``instructions``) and the assistant 
 answer that continued a stored one (``previous_id``) keeps only what it added, so a chain of N answers
 stores O(N) messages, not O(N^2); :meth:`get_response` rebuilds the whole conversation by walking the chain.
 A later request naming the answer as ``previous_response_id`` continues that conversation
-(policy_server.api.responses), so its prompt, turn record and pairing are exactly those of a client that
+(policy_server.api.responses.routes), so its prompt, turn record and pairing are exactly those of a client that
 resent the whole history. Rows are written once and never changed.
 """
 

@@ -2,7 +2,7 @@
 
 OpenClaw's own model runtime (``@openclaw/ai``, installed with the ``openclaw`` CLI by install_openclaw.sh) runs two
 turns against a loopback server that streams a reply exactly as the policy server splits it
-(policy_server.api.streaming.StreamSplitter and the OpenAI chunk shape), then captures the second request. Asserted
+(policy_server.api.chat.streaming.StreamSplitter and the OpenAI chunk shape), then captures the second request. Asserted
 for each reply: the history OpenClaw resends pairs with the turn the policy server records
 (policy_server.serving.sessions.pair_next_state), so the reply is judged instead of splitting the session. The
 replies: a stray ``</think>`` (the random tiny policy writes them; before the splitter and the parser shared one rule,
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from policy_server.api import openai_schemas as oa
-from policy_server.api.streaming import StreamSplitter, assistant_message
+from policy_server.api.chat.streaming import StreamSplitter, assistant_message
 from policy_server.serving.sessions import pair_next_state
 from tests.testkit.openclaw import OPENCLAW_DIR, openclaw_binaries
 

@@ -1,13 +1,13 @@
 """One tool round trip of the real, unmodified OpenClaw agent through the dev stack, with a policy that calls a tool.
 
-The stack's policy is the tool-calling tiny policy (engine.tiny_tool_model, placed where ``launch/dev.sh start``
+The stack's policy is the tool-calling tiny policy (devkit.tiny_tool_model, placed where ``launch/dev.sh start``
 keeps its models): it should emit a call of OpenClaw's ``read`` tool when the user's message holds its trigger word.
 Asserted: OpenClaw runs the call on its workspace and sends the result as the next request; both requests are
 recorded token-exact in one session and the call turn's next state is role-typed ``tool``.
 
-The policy windows its attention (engine.tiny_tool_model), so its decision rests on the request tail alone and
+The policy windows its attention (devkit.tiny_tool_model), so its decision rests on the request tail alone and
 OpenClaw's 33k-token system prompt and tools cannot drown the trigger word; its logits are scaled after training
-(engine.model_cache.TOOL_POLICY_LOGIT_SCALE), so OpenClaw's temperature-1 sampling takes the call on every run, not
+(devkit.model_cache.TOOL_POLICY_LOGIT_SCALE), so OpenClaw's temperature-1 sampling takes the call on every run, not
 on 97 % of them; the dev engine's decode path is the usual one.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from devkit.model_cache import copy_of
+from devkit.tiny_tool_model import TOOL_CALL, TRIGGER_WORD
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.model_cache import copy_of
-from engine.tiny_tool_model import TOOL_CALL, TRIGGER_WORD
 from launch.openclaw import write_config
 from policy_server.serving.generation import context_length
 from tests.testkit import cached_models

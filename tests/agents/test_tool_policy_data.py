@@ -1,4 +1,4 @@
-"""The training data of the tool-calling tiny policy (engine.tiny_tool_model) follows its documented rule.
+"""The training data of the tool-calling tiny policy (devkit.tiny_tool_model) follows its documented rule.
 
 The rule: a tool call exactly when the request tail holds the trigger word and no tool result; otherwise text.
 These tests check the examples, the fixed-length tails cut from them, and that a windowed Qwen3 depends only on
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from engine import tiny_tool_model as ttm
-from engine.model_cache import tiny_policy
+from devkit import tiny_tool_model as ttm
+from devkit.model_cache import tiny_policy
 
 pytestmark = pytest.mark.unit
 

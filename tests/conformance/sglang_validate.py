@@ -2,7 +2,7 @@
 
 Runs INSIDE the separate SGLang venv (tests/conformance/make_sglang_venv.sh), never in the project venv, so
 it imports nothing of the project. Input on stdin: ``{"vocab_size": int, "stop_token_ids": {str: [int]},
-"records": [{"method", "path", "body"}]}`` (records as engine.dev_server.recording writes them; the stop
+"records": [{"method", "path", "body"}]}`` (records as devkit.dev_server.recording writes them; the stop
 table is the tokenizer's ``encode(s, add_special_tokens=False)`` of each stop string, computed by the test
 with the real tokenizer because this venv has none of the tiny model's). Output on stdout: one JSON list,
 ``[{"index", "path", "ok", "error"}]``, one entry per record.

@@ -1,7 +1,7 @@
 """SGLang conformance: every body the judge and the policy server send to an engine is one SGLang 0.5.23 accepts.
 
 An e2e run (real processes on 127.0.0.1: a dev engine recording every POST body it receives, see
-engine/dev_server/recording.py; the LLM judge with constrained votes on it; the policy server in
+devkit/dev_server/recording.py; the LLM judge with constrained votes on it; the policy server in
 ``combine`` mode on it, with the same engine as teacher and a rules-backend judge, whose verdicts on
 the tiny model's replies are decided, so a turn gets a hint and is teacher-scored) exercises what the
 services send:

@@ -17,7 +17,7 @@ from tests.testkit.procs import ManagedProcess, start_dev_engine
 @pytest.fixture(scope="session")
 def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Same architecture and tokenizer as the tiny model, different (seed 1) weights."""
-    from engine.model_cache import copy_of
+    from devkit.model_cache import copy_of
     from tests.testkit import cached_models
 
     return copy_of(cached_models.other_policy(), tmp_path_factory.mktemp("models") / "tiny-other")

@@ -1,4 +1,4 @@
-"""The dev engine's hostile-input guards (engine.http_guard, engine/dev_server/app.py), on a real process.
+"""The dev engine's hostile-input guards (engine.http_guard, devkit/dev_server/app.py), on a real process.
 
 Contract: a body over ``max_body_bytes`` is a 413 while it is read, before the key is checked (declared or
 chunked); JSON nested beyond ``max_json_depth`` is a 400; a missing or wrong key is a 401 (compared in constant

@@ -1,6 +1,6 @@
 """Dev engine operations, end to end on a real process: /metrics, X-Request-ID, the startup config log.
 
-Contract (engine/dev_server/metrics.py, engine/observability.py): ``GET /metrics`` is open even with an api
+Contract (devkit/dev_server/metrics.py, engine/observability.py): ``GET /metrics`` is open even with an api
 key and serves ``sglang:*`` counters that move by exactly the tokens/requests served (prompt tokens per
 sample, output tokens, one request per sample) plus ``hindsight_dev_engine_http_*`` by route template;
 every response echoes (or creates) ``X-Request-ID`` and that request's log line carries it; the resolved

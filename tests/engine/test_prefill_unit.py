@@ -1,4 +1,4 @@
-"""The dev engine's prefill plan (engine/dev_server/prefill.py): chunked for an all-windowed model, one pass
+"""The dev engine's prefill plan (devkit/dev_server/prefill.py): chunked for an all-windowed model, one pass
 otherwise; a prefix hit dropped when its full-attention remainder would cost more than the whole prompt.
 
 Asserted: the plan's rules (pure); a windowed model prefilled in chunks gives the logits and the KV of one pass
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.dev_server import prefill
+from devkit.dev_server import prefill
 from tests.testkit.models import windowed_qwen3
 
 pytestmark = pytest.mark.unit
@@ -95,10 +95,10 @@ def test_chunked_remainder_after_a_held_prefix(windowed_model: torch.nn.Module) 
 
 def test_served_path_samples_the_same_with_and_without_chunks(tmp_path: Path) -> None:
     """ModelRunner over a windowed copy of the tiny policy: a prompt of several chunks, sampled with one seed."""
-    from engine.dev_server.control import EngineControl, RequestHandle
-    from engine.dev_server.model_runner import Job, ModelRunner
-    from engine.dev_server.sampling import SamplingConfig
-    from engine.model_cache import tiny_policy
+    from devkit.dev_server.control import EngineControl, RequestHandle
+    from devkit.dev_server.model_runner import Job, ModelRunner
+    from devkit.dev_server.sampling import SamplingConfig
+    from devkit.model_cache import tiny_policy
 
     model = tmp_path / "windowed"
     shutil.copytree(tiny_policy(seed=0), model)

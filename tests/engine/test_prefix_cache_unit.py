@@ -1,4 +1,4 @@
-"""Unit tests of the dev engine's prefix cache index (engine/dev_server/prefix_cache.py).
+"""Unit tests of the dev engine's prefix cache index (devkit/dev_server/prefix_cache.py).
 
 Contract: the longest held prefix is found (capped by ``max_reuse``), a private copy cropped to it is returned
 (the held entry is never mutated), an entry that is a prefix of a newly stored prompt is dropped, the total
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.dev_server.prefix_cache import PrefixCache, common_prefix_len
+from devkit.dev_server.prefix_cache import PrefixCache, common_prefix_len
 
 pytestmark = pytest.mark.unit
 

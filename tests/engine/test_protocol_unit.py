@@ -1,6 +1,6 @@
 """Unit tests of the dev engine's pure parts: /generate validation, sampling, auth rule, control state.
 
-Contract under test: engine/dev_server/protocol.py (SGLang 0.5.23 error shapes and ranges),
+Contract under test: devkit/dev_server/protocol.py (SGLang 0.5.23 error shapes and ranges),
 sampling.py (greedy normalisation, truncation), app.decide_auth (which key each endpoint needs), control.py (pause/abort).
 """
 
@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 
-from engine.dev_server.app import decide_auth
-from engine.dev_server.control import EngineControl, RequestHandle
-from engine.dev_server.protocol import ProtocolError, check_prompt, parse_generate, resolve_sampling, triples
-from engine.dev_server.sampling import SamplingConfig, sample_tokens, scaled_logprobs
+from devkit.dev_server.app import decide_auth
+from devkit.dev_server.control import EngineControl, RequestHandle
+from devkit.dev_server.protocol import ProtocolError, check_prompt, parse_generate, resolve_sampling, triples
+from devkit.dev_server.sampling import SamplingConfig, sample_tokens, scaled_logprobs
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""engine.dev_server.recording.RequestRecorder (ASGI, in-process): what the conformance test relies on.
+"""devkit.dev_server.recording.RequestRecorder (ASGI, in-process): what the conformance test relies on.
 
 Contract: one JSON line per POST/PUT, written once the body is read in full (chunked bodies joined), with
 ``body`` the parsed JSON, ``{"_unparsed": text}`` for non-JSON, null for an empty body; GET requests and
@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from engine.dev_server.recording import RequestRecorder
+from devkit.dev_server.recording import RequestRecorder
 
 pytestmark = pytest.mark.unit
 

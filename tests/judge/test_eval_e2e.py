@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from engine.model_cache import copy_of
+from devkit.model_cache import copy_of
 from judge_server.eval import cli
 from judge_server.eval.dataset import load_dataset
 from judge_server.eval.metrics import score

@@ -4,7 +4,7 @@ Contract (launch/common.sh): engines are pinned with CUDA_VISIBLE_DEVICES (one t
 waited on, the real sglang-router is waited on /readiness, hindsight-judge on /ready; the script stays in
 the foreground; on Ctrl-C (SIGINT) it stops exactly the process groups it started, leaves no PID
 file and no listening port behind, and exits 130. `SGLANG_PYTHON` is the seam: here a shim that
-translates `-m sglang.launch_server ...` into `-m engine.dev_server.cli ...` (flags the dev engine
+translates `-m sglang.launch_server ...` into `-m devkit.dev_server.cli ...` (flags the dev engine
 does not have, like --tp-size, are dropped and recorded).
 """
 
@@ -35,7 +35,7 @@ flags = dict(zip(args[2::2], args[3::2]))
 with open(os.environ["FAKE_SGLANG_RECORD"], "a") as fh:
     fh.write(json.dumps({{"cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "flags": flags}}) + "\\n")
 keep = ["--model-path", "--host", "--port", "--served-model-name", "--api-key"]
-argv = [sys.executable, "-m", "engine.dev_server.cli", "--torch-threads", "1"]
+argv = [sys.executable, "-m", "devkit.dev_server.cli", "--torch-threads", "1"]
 for k in keep:
     if k in flags:
         argv += [k, flags[k]]

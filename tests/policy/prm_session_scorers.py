@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from judge_server.errors import JudgeUnavailable
-from judge_server.prm import BaseTrajectoryScorer
+from prm import BaseTrajectoryScorer
 
 
 class TrajectoryProbe(BaseTrajectoryScorer):

@@ -1,6 +1,6 @@
 """Unit: the Responses and Messages event streams built from chat chunks (pure; no server).
 
-Contract (policy_server.api.responses_stream, policy_server.api.messages_stream): reasoning, text and tool
+Contract (policy_server.api.responses.stream, policy_server.api.messages.stream): reasoning, text and tool
 calls of one chat stream become the SDKs' event sequences, every event valid under the SDKs' own typed
 models; an in-band chat error becomes ``response.failed`` / an Anthropic ``error`` event; the chat stream is
 read to its end in every case (it settles its turn there).
@@ -16,11 +16,11 @@ from typing import Any
 import pydantic
 import pytest
 
-from policy_server.api import messages_shapes as ms
-from policy_server.api import responses_output as ro
-from policy_server.api import responses_shapes as rs
-from policy_server.api.messages_stream import message_events
-from policy_server.api.responses_stream import ResponseEvents, response_events
+from policy_server.api.messages import shapes as ms
+from policy_server.api.messages.stream import message_events
+from policy_server.api.responses import output as ro
+from policy_server.api.responses import shapes as rs
+from policy_server.api.responses.stream import ResponseEvents, response_events
 
 pytestmark = pytest.mark.unit
 

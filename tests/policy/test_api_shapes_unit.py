@@ -1,6 +1,6 @@
 """Unit: the Responses and Anthropic Messages adapters' conversions onto the one chat input (pure).
 
-Contract (policy_server.api.responses_shapes, policy_server.api.messages_shapes): input items / blocks
+Contract (policy_server.api.responses.shapes, policy_server.api.messages.shapes): input items / blocks
 become the chat messages a client of chat completions would have sent, so the render and the pairing
 rule are the chat ones; an assistant reply sent back in either shape equals the recorded chat reply
 under the pairing rule's message key; unsupported items, blocks, tools and fields are 400s naming them.
@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from policy_server.api import messages_shapes as ms
-from policy_server.api import responses_output as ro
-from policy_server.api import responses_shapes as rs
+from policy_server.api.messages import shapes as ms
+from policy_server.api.responses import output as ro
+from policy_server.api.responses import shapes as rs
 from policy_server.errors import InvalidRequest
 from policy_server.serving.sessions import message_key
 

@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from engine.cli_settings import parse_bool
 from engine.validation import bool_word
-from policy_server.api.routes import session_info
+from policy_server.api.chat.routes import session_info
 from policy_server.errors import InvalidRequest
 
 pytestmark = pytest.mark.unit

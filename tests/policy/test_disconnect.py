@@ -1,4 +1,4 @@
-"""Client disconnects propagate to the engine (policy_server.api.routes, .generation).
+"""Client disconnects propagate to the engine (policy_server.api.chat.routes, .generation).
 
 Contract pinned here:
 - e2e (policy server -> real sglang-router -> dev engine, aborts sent to the engine WORKER URL): a client that
@@ -26,7 +26,7 @@ import pytest
 from engine.client import EngineClient, RetryPolicy
 from engine.disconnect import abort_engine_requests
 from engine.records import TurnRecord
-from policy_server.api.routes import DISCONNECT_REASON, _reject_turn
+from policy_server.api.chat.routes import DISCONNECT_REASON, _reject_turn
 from policy_server.serving.generation import GenerationAbandoned, Generator, GenResult
 from policy_server.serving.weight_sync import WeightGate
 from policy_server.store import Store

@@ -14,7 +14,7 @@ import pytest
 from fastapi import FastAPI
 
 from engine.http_guard import AdmissionMiddleware, BodyLimitMiddleware, UnexpectedErrorMiddleware
-from policy_server.api.messages_shapes import error_body as anthropic_body
+from policy_server.api.messages.shapes import error_body as anthropic_body
 from policy_server.errors import (
     ErrorShapeMiddleware,
     ServiceUnavailable,

@@ -1,7 +1,7 @@
 """``GET /v1/samples/lease?max=N&min=M&wait_s=S`` over HTTP: policy server -> dev engine, judged by the real
 judge service (rules backend: "thanks" scores +1), all on loopback ports.
 
-Contract (policy_server.api.admin): always 200 for valid parameters; an empty queue answers after ``wait_s`` with
+Contract (policy_server.api.lease): always 200 for valid parameters; an empty queue answers after ``wait_s`` with
 no samples; ``min`` holds the answer until that many are ready; a sample that becomes ready wakes a waiting
 lease (measured here from the chat answer that made it judgeable); concurrent leasers never share a sample."""
 

@@ -27,9 +27,9 @@ import pytest
 
 from engine.records import TurnRecord
 from judge_server.errors import JudgeUnavailable
-from judge_server.prm import BaseTrajectoryScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, held_outcomes, session_turns
 from policy_server.store import Store
+from prm import BaseTrajectoryScorer, PRMConfig, PRMFileConfig, PRMRunner
 from tests.testkit.procs import free_port
 from tests.testkit.servers import (
     admin,
@@ -63,7 +63,7 @@ prm:
     - path: tests.policy.prm_session_scorers.TrajectoryProbe
       weight: 1.0
       kwargs: {{record_path: "{record}", reject_marker: "REJECT-ME"{flag_kw}}}
-    - path: judge_server.prm.scorers.LengthBudgetScorer
+    - path: prm.scorers.LengthBudgetScorer
       weight: {W_LEN}
       kwargs: {{max_output_tokens: {BUDGET}}}
 actor:

@@ -29,9 +29,9 @@ import pytest
 from engine.errors import EngineUnavailable
 from engine.records import PipelineOutcome, PrmVerdict, Sample, Turn
 from judge_server.errors import JudgeUnavailable
-from judge_server.prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
 from policy_server.rewards.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
 from policy_server.store import Store
+from prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
 from tests.testkit.procs import free_port, spawn
 from tests.testkit.servers import (
     chat,
@@ -59,10 +59,10 @@ prm:
   enabled: true
   advantage_shaping: {{mode: additive}}
   scorers:
-    - path: judge_server.prm.scorers.LengthBudgetScorer
+    - path: prm.scorers.LengthBudgetScorer
       weight: {W_LEN}
       kwargs: {{max_output_tokens: {BUDGET}}}
-    - path: judge_server.prm.scorers.LLMJudgeScorer
+    - path: prm.scorers.LLMJudgeScorer
       weight: {W_JUDGE}
       kwargs: {{judge_url: "{judge_url}", m: {m}, timeout_s: 5, deadline_s: {deadline_s}}}
 actor:

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from policy_server.api.chat.streaming import StreamSplitter
 from policy_server.api.openai_schemas import validate_messages
-from policy_server.api.streaming import StreamSplitter
 from policy_server.cli import settings_from_args
 from policy_server.errors import InvalidRequest
 from policy_server.serving.sessions import pair_next_state

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from judge_server.prm import BaseScorer, BaseTrajectoryScorer, PRMMetricObservation, PRMScorerResult
+from prm import BaseScorer, BaseTrajectoryScorer, PRMMetricObservation, PRMScorerResult
 
 LOG: list[tuple[str, str]] = []
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from judge_server.prm import (
+from prm import (
     BaseScorer,
     PRMRejected,
     PRMRunner,

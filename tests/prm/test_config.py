@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from judge_server.prm import PRMConfigError, PRMRunner, load_prm_config, parse_prm_config, score_session
+from prm import PRMConfigError, PRMRunner, load_prm_config, parse_prm_config, score_session
 from tests.prm.prm_test_scorers import make_turns
 
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
-LB = {"path": "judge_server.prm.scorers.LengthBudgetScorer", "kwargs": {"max_output_tokens": 4}}
+LB = {"path": "prm.scorers.LengthBudgetScorer", "kwargs": {"max_output_tokens": 4}}
 
 
 def test_example_file_loads():
@@ -45,6 +45,10 @@ def test_example_file_loads():
             "prm.advantage_shaping.zero_penalty: must be finite and >= 0",
         ),
         ({"prm": {"scorers": [{"path": "LengthBudgetScorer"}]}}, "prm.scorers.0.*dotted Python path"),
+        (
+            {"prm": {"scorers": [{"path": "judge_server.prm.scorers.LengthBudgetScorer"}]}},
+            "judge_server.prm moved to the top-level package prm; write 'prm.scorers.LengthBudgetScorer'",
+        ),
         ({"prm": {"scorers": [{**LB, "weight": float("inf")}]}}, "weight must be finite"),
         ({"prm": {"scorers": [{**LB, "kwargs": {"weight": 2}}]}}, "not inside kwargs"),
         ({"prm": {"scorers": [{**LB, "wieght": 2}]}}, "prm.scorers.0.*wieght"),

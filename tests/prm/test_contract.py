@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from judge_server.prm import (
+from prm import (
     BaseScorer,
     BaseTrajectoryScorer,
     PRMInputError,

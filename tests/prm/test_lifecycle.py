@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from judge_server.prm import PRMConfigError, PRMRunner, PRMRunnerClosed, score_session
+from prm import PRMConfigError, PRMRunner, PRMRunnerClosed, score_session
 from tests.prm.prm_test_scorers import A, C, make_turns
 from tests.waiting import async_wait_until
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from judge_server.prm import (
+from prm import (
     PRMMetricObservation,
     PRMRejected,
     PRMRunner,
@@ -16,8 +16,8 @@ from judge_server.prm import (
     register_prometheus,
     score_session,
 )
-from judge_server.prm.metrics import MetricKey
-from judge_server.prm.scorers import LengthBudgetScorer
+from prm.metrics import MetricKey
+from prm.scorers import LengthBudgetScorer
 from tests.prm.prm_test_scorers import Observing, make_turns, obs
 
 pytestmark = pytest.mark.unit

@@ -8,13 +8,13 @@ import httpx
 import pytest
 
 from engine.http_client import RetryPolicy
-from judge_server.prm import PRMRejected, PRMRunner, score_session
-from judge_server.prm.scorers import LengthBudgetScorer, LLMJudgeScorer
+from prm import PRMRejected, PRMRunner, score_session
+from prm.scorers import LengthBudgetScorer, LLMJudgeScorer
 from tests.prm.prm_test_scorers import make_turns
 from tests.testkit.procs import free_port
 from tests.testkit.servers import JUDGE_KEY, start_judge
 
-JUDGE_PATH = "judge_server.prm.scorers.LLMJudgeScorer"
+JUDGE_PATH = "prm.scorers.LLMJudgeScorer"
 
 
 @pytest.mark.unit
@@ -110,7 +110,7 @@ async def test_llm_judge_over_http_with_length_budget(judge_url):
                     },
                 },
                 {
-                    "path": "judge_server.prm.scorers.LengthBudgetScorer",
+                    "path": "prm.scorers.LengthBudgetScorer",
                     "weight": 0.5,
                     "kwargs": {"max_output_tokens": 3},
                 },

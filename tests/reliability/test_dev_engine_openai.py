@@ -1,6 +1,6 @@
 """The dev engine's own ``/v1/chat/completions`` rejects what SGLang rejects and constrains forced calls.
 
-Real dev engine subprocess (module fixture), HTTP on loopback. Contract: engine.dev_server.openai_chat.
+Real dev engine subprocess (module fixture), HTTP on loopback. Contract: devkit.dev_server.openai_chat.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every tiny model the suite uses, from the build-once cache (engine.model_cache), in one list.
+"""Every tiny model the suite uses, from the build-once cache (devkit.model_cache), in one list.
 
 The session fixtures and the tests that need a model take it from here (each call returns the cache entry,
 building it on first use); ``python -m tests.testkit.cached_models`` builds every entry that is missing and says
@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.model_cache import tiny_policy, tiny_teacher, tiny_tool_policy
+from devkit.model_cache import tiny_policy, tiny_teacher, tiny_tool_policy
 from launch.devstack import DEV_CONTEXT_TOKENS, DEV_POLICY_LAYERS, TEACHER_PREFERRED_TEXT
 
 
@@ -47,7 +47,7 @@ def long_context_policy() -> Path:
 
 
 def tool_policy() -> Path:
-    """The policy trained to call OpenClaw's ``read`` tool on a trigger word (engine.tiny_tool_model)."""
+    """The policy trained to call OpenClaw's ``read`` tool on a trigger word (devkit.tiny_tool_model)."""
     return tiny_tool_policy(long_context_policy(), seed=0)
 
 

@@ -41,13 +41,13 @@ from engine import procs as _procs
 # Started by fork when asked (the services' CLIs, and torchrun, whose ranks start fresh or are forked by torchrun
 # itself: tests.testkit.trainer_cli). The fork server imports what they import on start-up, never these modules
 # themselves: `python -m` runs a module that nothing imported before (runpy warns otherwise).
-PRELOADED = ("engine.dev_server.cli", "policy_server.cli", "judge_server.cli", "trainer.cli", "torch.distributed.run")
+PRELOADED = ("devkit.dev_server.cli", "policy_server.cli", "judge_server.cli", "trainer.cli", "torch.distributed.run")
 _IMPORTED_BY_STARTUP = (
     "uvicorn",
     "engine.cli_settings",
     "engine.observability",
-    "engine.dev_server.app",
-    "engine.dev_server.settings",
+    "devkit.dev_server.app",
+    "devkit.dev_server.settings",
     "transformers.models.qwen3.modeling_qwen3",  # the dev models' architecture, loaded by from_pretrained
     "policy_server.app",
     "policy_server.settings",

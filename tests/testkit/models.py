@@ -8,7 +8,7 @@ from typing import Any
 def windowed_qwen3(window: int, *, layers: int = 2, vocab_size: int = 97, seed: int = 0) -> Any:
     """A random Qwen3ForCausalLM (eval mode) whose every layer attends through a ``window``-token sliding window.
 
-    Not engine.tiny_model.build_tiny_model (the same kind of config): that one saves a folder with a trained
+    Not devkit.tiny_model.build_tiny_model (the same kind of config): that one saves a folder with a trained
     tokenizer for servers to load; this one lives in memory with a 97-token vocabulary for tests of the attention
     arithmetic alone."""
     import torch

@@ -1,10 +1,10 @@
-"""Server processes for tests and benches: engine.procs' helpers, with every process tied to this one.
+"""Server processes for tests and benches: engine.procs' and devkit.engine_procs' helpers, with every process tied to this one.
 
 Each process is started in a process group of its own with a parent-death signal (``die_with_parent``), so
 whatever this Python process is (pytest, a bench) and however it ends (an exception, Ctrl-C, ``kill -9``),
 the kernel kills what it started; ``ManagedProcess.stop`` stops the whole group. The dev engine, policy, judge
 and trainer CLIs are forked from a fork server that has imported them (``tests.testkit.forkserver``). The names mirror
-engine.procs, so a test imports them from here and nothing else changes.
+those modules', so a test imports them from here and nothing else changes.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from devkit import engine_procs
 from engine import procs as _procs
 from engine.procs import ManagedProcess, free_port, wait_http
 from tests.testkit import forkserver
@@ -27,8 +28,8 @@ from tests.testkit import forkserver
 # way forkserver.launch ties it to this process (the parent-death signal).
 spawn = partial(_procs.spawn, launch=forkserver.launch)
 start_process = partial(_procs.start_process, launch=forkserver.launch)
-start_dev_engine = partial(_procs.start_dev_engine, launch=forkserver.launch)
-start_router = partial(_procs.start_router, launch=forkserver.launch)
+start_dev_engine = partial(engine_procs.start_dev_engine, launch=forkserver.launch)
+start_router = partial(engine_procs.start_router, launch=forkserver.launch)
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -42,10 +42,10 @@ prm:
   enabled: true
   advantage_shaping: {{mode: process_weighted}}
   scorers:
-    - path: judge_server.prm.scorers.LengthBudgetScorer
+    - path: prm.scorers.LengthBudgetScorer
       weight: 0.5
       kwargs: {{max_output_tokens: {BUDGET}}}
-    - path: judge_server.prm.scorers.LLMJudgeScorer
+    - path: prm.scorers.LLMJudgeScorer
       weight: 0.5
       kwargs: {{judge_url: "{{judge_url}}", m: 1, reward_range: unit, timeout_s: 10, deadline_s: 20}}
 actor:

@@ -6,7 +6,7 @@ Contract under test (trainer/prm.py, trainer/objective.py, trainer/batch.py):
 - shaping runs after the outcome advantage (whole-batch baseline / std), only on loss-mask tokens of samples
   that carry token_rewards, with AReaL's exact formulas;
 - bad token_rewards (wrong length, non-finite, outside [0, 1] under process_weighted) set the sample aside;
-- ``--prm-config`` is read by judge_server.prm's loader only; flags that contradict it are errors;
+- ``--prm-config`` is read by prm's loader only; flags that contradict it are errors;
 - the training loop logs unshaped vs shaped advantage statistics and the lease's PRM metrics window.
 """
 
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from engine.records import Sample
-from judge_server.prm import PRMConfigError
+from prm import PRMConfigError
 from trainer.advantages import rl_sample_advantages
 from trainer.batch import check_sample, collate
 from trainer.cli import parse_config
@@ -74,7 +74,7 @@ def yaml_file(
     if scorers:
         lines += [
             "  scorers:",
-            "    - path: judge_server.prm.scorers.LengthBudgetScorer",
+            "    - path: prm.scorers.LengthBudgetScorer",
             "      weight: 1.0",
             "      kwargs: {max_output_tokens: 4}",
         ]

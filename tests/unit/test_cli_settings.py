@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from pydantic import Field
 
+from devkit.dev_server.cli import main as dev_engine_main
+from devkit.dev_server.settings import DevEngineSettings
+from devkit.tiny_model_cli import TinyModelSettings
+from devkit.tiny_model_cli import main as tiny_model_main
 from engine.cli_settings import CliSettings, EnvOnly, build_parser, parse_cli, parse_settings
-from engine.dev_server.cli import main as dev_engine_main
-from engine.dev_server.settings import DevEngineSettings
-from engine.tiny_model_cli import TinyModelSettings
-from engine.tiny_model_cli import main as tiny_model_main
 from judge_server.cli import main as judge_main
 from judge_server.settings import JudgeSettings
 from policy_server.cli import MigrateSettings, settings_from_args

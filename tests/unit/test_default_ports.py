@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.dev_server.settings import DevEngineSettings
+from devkit.dev_server.settings import DevEngineSettings
 from judge_server.settings import JudgeSettings
 from policy_server.settings import PolicySettings
 

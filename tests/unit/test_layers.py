@@ -1,14 +1,17 @@
 """The import layering of the production packages, read from the source with ``ast`` (nothing is imported).
 
-Contract (docs/FLOW.md): ``policy_server.api`` (the HTTP shapes) depends on ``policy_server.serving``
-(sessions, generation, records), never the reverse. Only the API package itself and the composition root
+Contract (docs/FLOW.md): ``policy_server.api`` is grouped by API shape (``chat/``, ``responses/``, ``messages/``:
+the two adapters may use the chat shape, never each other) with the trainer's lease protocol apart (``lease.py``,
+no shape); it depends on ``policy_server.serving`` (sessions, generation, records), never the reverse. Only the API package itself and the composition root
 (``policy_server.app``, which wires routes, and ``policy_server.cli``) import ``policy_server.api``: no module of
 serving, rewards, store or the shared policy-server modules does, and neither does ``engine``, the judge or the
-trainer. ``engine`` imports no service at all. Every import counts: module level, inside functions, and
+trainer. ``engine`` imports no service at all, production imports nothing of ``devkit`` (the development tooling,
+which imports ``engine`` and no service), and the judge service does not import ``prm`` (the scorer
+framework). Every import counts: module level, inside functions, and
 under ``TYPE_CHECKING``.
 
 No import circles among the production packages (``engine``, ``policy_server``, ``judge_server``, ``trainer``,
-``prompts``), at two grains:
+``prompts``, ``prm``) and ``devkit``, at two grains:
 
 - modules: no two modules reach each other through imports;
 - rooms: a service's subpackage (``policy_server.store``, ``trainer.lease_client``) or one of its top-level
@@ -36,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 API = "policy_server.api"
 API_IMPORTERS = {"policy_server.app", "policy_server.cli"}  # the composition root
 SERVICES = ("policy_server", "judge_server", "trainer")
-PRODUCTION = ("engine", "policy_server", "judge_server", "trainer", "prompts")
+PRODUCTION = ("engine", "policy_server", "judge_server", "trainer", "prompts", "prm")
+DEVKIT = "devkit"  # development tooling: tests, benches and the dev stack import it, production never does
 
 
 def module_name(path: Path) -> str:
@@ -107,8 +111,34 @@ def test_only_the_api_and_the_composition_root_import_the_api() -> None:
     assert offenders(modules("engine", "judge_server", "trainer"), (API,)) == []
 
 
+SHAPES = {shape: f"{API}.{shape}" for shape in ("chat", "responses", "messages")}
+SHAPE_USES = {"chat": (), "responses": ("chat",), "messages": ("chat",)}  # the adapters run a chat turn
+
+
+def test_each_api_shape_keeps_to_itself() -> None:
+    """``api/`` is grouped by API shape: the Responses and Messages adapters may use the chat shape (they run a
+    chat turn) but never each other, the chat shape uses neither, and the trainer's lease protocol
+    (``api/lease.py``) uses no shape at all."""
+    for shape, package in SHAPES.items():
+        others = tuple(p for s, p in SHAPES.items() if s != shape and s not in SHAPE_USES[shape])
+        assert modules(package.replace(".", "/")), package
+        assert offenders(modules(package.replace(".", "/")), others) == []
+    assert offenders([ROOT / "policy_server/api/lease.py"], tuple(SHAPES.values())) == []
+
+
 def test_engine_imports_no_service() -> None:
     assert offenders(modules("engine"), SERVICES) == []
+
+
+def test_production_imports_no_development_tooling() -> None:
+    assert {module_name(p) for p in modules(DEVKIT)} >= {"devkit.dev_server.cli", "devkit.tiny_model"}
+    assert offenders(modules(*PRODUCTION), (DEVKIT,)) == []
+    assert offenders(modules(DEVKIT), SERVICES) == []
+
+
+def test_the_judge_service_does_not_import_the_scorer_framework() -> None:
+    """``prm`` (the scorer framework) serves the policy server and the trainer; the judge service never loads it."""
+    assert offenders(modules("judge_server"), ("prm",)) == []
 
 
 # ----------------------------------------------------------------------------- import circles
@@ -182,7 +212,7 @@ def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
 
 
 def production_graph() -> dict[str, set[str]]:
-    return import_graph({module_name(p): set(imported_modules(p)) for p in modules(*PRODUCTION)})
+    return import_graph({module_name(p): set(imported_modules(p)) for p in modules(*PRODUCTION, DEVKIT)})
 
 
 def test_the_circle_check_finds_circles_at_both_grains() -> None:
@@ -209,7 +239,7 @@ def test_the_circle_check_finds_circles_at_both_grains() -> None:
 
 def test_no_module_imports_itself_back() -> None:
     graph = production_graph()
-    assert {"policy_server.store.sessions", "trainer.train", "judge_server.prm.scorer"} <= set(graph)
+    assert {"policy_server.store.sessions", "trainer.train", "prm.scorer"} <= set(graph)
     assert circles(graph) == []
 
 

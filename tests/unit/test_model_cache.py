@@ -1,4 +1,4 @@
-"""engine.model_cache: one build per key (also when builders race), keys that change with every input, no
+"""devkit.model_cache: one build per key (also when builders race), keys that change with every input, no
 half-written entry exposed."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.model_cache import cache_key, cached_build, copy_of, folder_digest
+from devkit.model_cache import cache_key, cached_build, copy_of, folder_digest
 
 pytestmark = pytest.mark.unit
 
@@ -113,7 +113,7 @@ def test_folder_digest_covers_names_and_bytes_not_the_marker(tmp_path):
 def test_the_cli_copies_one_cached_build_into_each_folder(tmp_path, monkeypatch):
     """``hindsight-tiny-model`` builds into the cache once; a second folder gets a byte-identical copy without a
     build, and ``--no-cache`` builds afresh (same seed, same bytes)."""
-    from engine import tiny_model, tiny_model_cli
+    from devkit import tiny_model, tiny_model_cli
 
     monkeypatch.setenv("HINDSIGHT_MODEL_CACHE", str(tmp_path / "cache"))
     built: list[Path] = []
@@ -129,7 +129,7 @@ def test_the_cli_copies_one_cached_build_into_each_folder(tmp_path, monkeypatch)
 
 
 def test_naming_a_default_gives_the_same_entry(tmp_path, monkeypatch):
-    from engine import model_cache, tiny_model
+    from devkit import model_cache, tiny_model
 
     built: list[dict] = []
 
@@ -150,7 +150,7 @@ def test_scaled_logits_are_the_originals_times_the_scale(tiny_model_dir, tmp_pat
     import torch
     from transformers import AutoModelForCausalLM
 
-    from engine.model_cache import scale_logits
+    from devkit.model_cache import scale_logits
 
     scaled = scale_logits(Path(tiny_model_dir), tmp_path / "scaled", 4.0)
     ids = torch.tensor([[1, 5, 9, 200, 31, 7]])

@@ -46,7 +46,7 @@ def test_allowed_combinations(host, key, allow):
     "cmd",
     [
         ["-m", "judge_server.cli", "--backend", "rules", "--host", "0.0.0.0"],
-        ["-m", "engine.dev_server.cli", "--model-path", "/nonexistent", "--host", "0.0.0.0"],
+        ["-m", "devkit.dev_server.cli", "--model-path", "/nonexistent", "--host", "0.0.0.0"],
     ],
 )
 @pytest.mark.process

@@ -1,4 +1,4 @@
-"""engine.tiny_model: offline, seeded, loadable by AutoTokenizer/AutoModelForCausalLM; teachers prefer their text."""
+"""devkit.tiny_model: offline, seeded, loadable by AutoTokenizer/AutoModelForCausalLM; teachers prefer their text."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_same_seed_same_weights(tiny_model_dir, tmp_path):
-    from engine.tiny_model import build_tiny_model
+    from devkit.tiny_model import build_tiny_model
 
     again = build_tiny_model(tmp_path / "again", seed=0)
     other = build_tiny_model(tmp_path / "other", seed=1)

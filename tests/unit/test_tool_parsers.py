@@ -139,7 +139,7 @@ def test_operator_names_override_detection() -> None:
     ],
 )
 def test_streaming_holds_a_call_from_the_family_marker(name: str, text: str) -> None:
-    from policy_server.api.streaming import StreamSplitter
+    from policy_server.api.chat.streaming import StreamSplitter
 
     splitter = StreamSplitter(tool_parser=tool_call_parser(name), reasoning_parser=None)
     sent = [d for i in range(0, len(text), 3) for kind, d in splitter.feed(text[i : i + 3]) if kind == "content"]
@@ -150,7 +150,7 @@ def test_streaming_holds_a_call_from_the_family_marker(name: str, text: str) -> 
 
 
 def test_streaming_harmony_holds_the_channels_and_splits_them_at_the_end() -> None:
-    from policy_server.api.streaming import StreamSplitter
+    from policy_server.api.chat.streaming import StreamSplitter
 
     text = "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>42"
     splitter = StreamSplitter(tool_parser=tool_call_parser("gpt-oss"), reasoning_parser=reasoning_parser("gpt-oss"))

@@ -280,8 +280,9 @@ def start_dev_engine(
     deadline_s: float = 90.0,
     die_with_parent: bool = False,
     launch: Launcher | None = None,
+    host: str = "127.0.0.1",
 ) -> ManagedProcess:
-    """Start ``hindsight-dev-engine`` on 127.0.0.1 and wait for /health."""
+    """Start ``hindsight-dev-engine`` on ``host`` (a loopback address, 127.0.0.1 by default) and wait for /health."""
     port = port or free_port()
     cmd = [
         sys.executable,
@@ -290,7 +291,7 @@ def start_dev_engine(
         "--model-path",
         str(model_path),
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
     ]
@@ -300,7 +301,7 @@ def start_dev_engine(
     return start_process(
         name,
         cmd,
-        url=f"http://127.0.0.1:{port}",
+        url=f"http://{host}:{port}",
         log_dir=log_dir,
         deadline_s=deadline_s,
         die_with_parent=die_with_parent,
@@ -321,8 +322,10 @@ def start_router(
     extra_args: list[str] | None = None,
     die_with_parent: bool = False,
     launch: Launcher | None = None,
+    host: str = "127.0.0.1",
 ) -> ManagedProcess:
-    """Start the real ``sglang-router`` (0.3.2) on 127.0.0.1 and wait on /readiness (not /health)."""
+    """Start the real ``sglang-router`` (0.3.2) on ``host`` (a loopback address, 127.0.0.1 by default) and wait on
+    /readiness (not /health)."""
     port = port or free_port()
     prom_port = free_port()
     cmd = [
@@ -330,7 +333,7 @@ def start_router(
         "-m",
         "sglang_router.launch_router",
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--worker-urls",
@@ -338,7 +341,7 @@ def start_router(
         "--policy",
         policy,
         "--prometheus-host",
-        "127.0.0.1",
+        host,
         "--prometheus-port",
         str(prom_port),
         "--shutdown-grace-period-secs",
@@ -359,7 +362,7 @@ def start_router(
     mp = start_process(
         name,
         cmd,
-        url=f"http://127.0.0.1:{port}",
+        url=f"http://{host}:{port}",
         log_dir=log_dir,
         ready_path="/readiness",
         deadline_s=deadline_s,

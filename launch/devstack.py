@@ -161,8 +161,10 @@ class Stack:
         write_json(self.run_dir / "pids.json", self.entries)
         return mp
 
-    def service(self, name: str, cmd: list[str], env: dict[str, str], ready_path: str, port: int) -> ManagedProcess:
-        mp = self.record(spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=self.log_dir, env=env))
+    def service(
+        self, name: str, cmd: list[str], env: dict[str, str], ready_path: str, port: int, host: str = "127.0.0.1"
+    ) -> ManagedProcess:
+        mp = self.record(spawn(name, cmd, url=f"http://{host}:{port}", log_dir=self.log_dir, env=env))
         try:
             wait_http(mp.url + ready_path, deadline_s=READY_DEADLINE_S, proc=mp.proc)
         except (RuntimeError, TimeoutError) as exc:

@@ -132,7 +132,22 @@ class PgCluster:
 
     def restart(self) -> None:
         """``pg_ctl restart -m fast``: every connection is cut, the server is back when this returns."""
-        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "60", "restart"])
+        log = str(self.data_dir.parent / "postgres.log")  # the server's output, never pg_ctl's (piped) stdout
+        self._run(
+            [
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.data_dir),
+                "-l",
+                log,
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                "60",
+                "restart",
+            ]
+        )
 
     def stop(self) -> None:
         try:

@@ -15,7 +15,7 @@ Contract (docs/LAUNCH.md "Cluster on one machine"):
   (launch/devstack.py's ``stop_entries``), then stops PostgreSQL with ``pg_ctl stop`` on its own data dir and
   removes that dir; nothing is looked up by name. A failed ``start`` stops what it had started.
 - ``HINDSIGHT_CLUSTER_SESSION_IDLE_TIMEOUT_S`` (default 600) is the policy replicas' idle timeout (the soak
-  sets a short one so its sessions close); ``HINDSIGHT_CLUSTER_TRAINER=0`` leaves the trainer out.
+  sets a short one so its sessions close); ``HINDSIGHT_CLUSTER_TRAINER=0`` leaves the trainer out; ``HINDSIGHT_CLUSTER_TRAINER_ARGS`` adds ``hindsight-train`` flags.
 - HAProxy missing: ``start`` fails at once saying so (``apt-get install haproxy``), before starting anything.
 """
 
@@ -43,6 +43,7 @@ from launch.devstack import (
     build_models,
     console_script,
     is_ours,
+    proc_start_ticks,
     read_pids,
     say,
     stop_entries,
@@ -248,6 +249,7 @@ def start(run_dir: Path) -> dict:
                 *("-m", "trainer.cli", "--policy-url", lb.url, "--model-path", str(policy_model)),
                 *("--out-dir", str(run_dir / "checkpoints"), "--steps", "0", "--no-progress"),
                 *("--batch-size", "8", "--micro-batch-size", "2", "--lr", "1e-2"),
+                *os.environ.get("HINDSIGHT_CLUSTER_TRAINER_ARGS", "").split(),
             ]
             env = {
                 "HINDSIGHT_TRAIN_ADMIN_API_KEY": admin_api_key,
@@ -305,10 +307,28 @@ def pg_cluster(run_dir: Path) -> PgCluster | None:
     return PgCluster(Path(info["data_dir"]), info["port"], pg_bindir(), as_user, info["host"])
 
 
+def restart_postgres(run_dir: Path) -> int:
+    """``pg_ctl restart -m fast`` on the recorded cluster; records the new postmaster PID, returns it."""
+    pg = pg_cluster(run_dir)
+    if pg is None:
+        raise RuntimeError(f"no PostgreSQL recorded in {run_dir}")
+    pg.restart()
+    entries = read_pids(run_dir)
+    pid = pg.postmaster_pid()
+    for e in entries:
+        if e["name"] == "postgres":
+            e["pid"], e["start_ticks"] = pid, proc_start_ticks(pid)
+    write_json(run_dir / "pids.json", entries)
+    return pid
+
+
 def stop(run_dir: Path) -> None:
     entries = read_pids(run_dir)
     services = [e for e in entries if e["name"] != "postgres"]
     stopped = stop_entries(services)
+    end = time.monotonic() + 10  # a SIGKILLed group is gone once its parent (init, here) has reaped it
+    while time.monotonic() < end and any(is_ours(e) for e in services):
+        time.sleep(0.1)
     pg = pg_cluster(run_dir)
     if pg is not None:
         if pg.data_dir.exists():

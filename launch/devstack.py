@@ -107,7 +107,16 @@ def write_json(path: Path, data: object) -> None:
 
 
 def is_ours(entry: dict) -> bool:
-    return proc_start_ticks(entry["pid"]) == entry["start_ticks"]
+    """The recorded process still runs: same PID and start time, and not a zombie (exited, not yet reaped by
+    its parent, e.g. a container's PID 1 that reaps nothing; it holds no port and takes no signal)."""
+    return proc_start_ticks(entry["pid"]) == entry["start_ticks"] and not _is_zombie(entry["pid"])
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
 
 
 def stop_entries(entries: list[dict]) -> list[str]:

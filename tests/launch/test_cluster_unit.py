@@ -1,6 +1,6 @@
 """launch/cluster.py's pure parts: every "host" on its own loopback address, HAProxy's configuration (both
 backends round robin with a ``/ready`` check on every server, frontends on the load balancer's address only) and
-the script's usage. The live start/stop (every part ready, stop leaves nothing) is tests/bench/test_soak.py."""
+the script's usage. The live start/stop (every part ready, stop leaves nothing) is tests/launch/test_soak.py."""
 
 from __future__ import annotations
 

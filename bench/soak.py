@@ -84,6 +84,7 @@ class Soak:
     feedback: Counter = field(default_factory=Counter)
     header_sessions: set[str] = field(default_factory=set)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    think_s: float = 0.0
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -204,6 +205,7 @@ async def user_loop(soak: Soak, http: httpx.AsyncClient, user: int, tokenizer: A
                     soak.feedback[str(fb.status_code)] += 1
                 except httpx.HTTPError as exc:
                     soak.feedback[type(exc).__name__] += 1
+            await asyncio.sleep(soak.think_s)  # the user reads the answer (and the agent runs its tool)
             history = [*history, {"role": "assistant", "content": text}]
             history.append({"role": "user", "content": f"thanks; now step {turn + 2}"})
         n += 1
@@ -348,6 +350,7 @@ def drain_and_check(soak: Soak, run_dir: Path, idle_s: float) -> dict[str, Any]:
             if open_s == 0 and pending == 0:
                 break
             time.sleep(1)
+    say(f"  sessions closed and judging done at +{time.monotonic() - end + max(120.0, 6 * idle_s):.1f}s")
     # The trainer holds partial batches: stop it, then lease what is ready here (its unacked leases expire).
     stop_entries([e for e in read_pids(run_dir) if e["name"] == "trainer"])
     leased_here = 0
@@ -517,6 +520,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--users", type=int, default=6)
     parser.add_argument("--weight-update-every-s", type=float, default=60)
     parser.add_argument("--session-idle-s", type=float, default=8)
+    parser.add_argument("--dispatch-claim-s", type=float, default=10)
+    parser.add_argument("--think-s", type=float, default=0.5, help="a user's pause between an answer and its next turn")
     parser.add_argument("--short", action="store_true", help="60 s, every fault once, weight updates every 15 s")
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -531,6 +536,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "HINDSIGHT_CLUSTER_SESSION_IDLE_TIMEOUT_S": str(args.session_idle_s),
         # The soak pushes the weight updates (every --weight-update-every-s); the trainer only leases and trains.
         "HINDSIGHT_CLUSTER_TRAINER_ARGS": "--no-weight-sync",
+        # A killed replica's judge work goes to another replica after this (default 30 s): the drain waits for it.
+        "HINDSIGHT_POLICY_DISPATCH_CLAIM_S": str(args.dispatch_claim_s),
     }
     say(f"starting the cluster in {run_dir} ...")
     t = time.monotonic()
@@ -542,12 +549,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         tokenizer = load_tokenizer(endpoints["policy_model_path"])
         say(f"load: {args.users} users for {args.duration_s:.0f}s; faults {fault_schedule(args.duration_s)}")
-        soak = Soak(endpoints)
+        soak = Soak(endpoints, think_s=args.think_s)
         asyncio.run(drive(soak, run_dir, args, tokenizer))
         explain(soak)
         t = time.monotonic()
         checks = drain_and_check(soak, run_dir, args.session_idle_s)
-        say(f"drained and checked in {time.monotonic() - t:.1f}s")
+        checks["drain_s"] = round(time.monotonic() - t, 1)
+        say(f"drained and checked in {checks['drain_s']}s")
     finally:
         from launch.devstack import is_ours, read_pids
 

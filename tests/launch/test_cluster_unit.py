@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,25 @@ def test_script_usage_and_refusals() -> None:
     assert "127.0.0.11" in out and "stop" in out
     bad = subprocess.run([ROOT / "launch/cluster.sh", "restart"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2
+
+
+def test_a_zombie_is_not_running() -> None:
+    """A process that exited but was not reaped (a container's PID 1 may reap nothing) is not ours to stop."""
+    import signal
+
+    from launch import devstack
+
+    child = subprocess.Popen(["sleep", "30"])
+    entry = {"pid": child.pid, "start_ticks": devstack.proc_start_ticks(child.pid)}
+    try:
+        assert devstack.is_ours(entry)
+        child.send_signal(signal.SIGKILL)
+        for _ in range(100):  # not waited for: a zombie until the wait below
+            if Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.02)
+        assert devstack.proc_start_ticks(child.pid) == entry["start_ticks"]
+        assert not devstack.is_ours(entry)
+    finally:
+        child.kill()
+        child.wait()

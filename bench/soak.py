@@ -10,7 +10,7 @@ then for the duration:
   transcripts (a system prompt, tools, an earlier tool call and its result; identified by the policy server's
   session inference, closed by the idle timeout), sending explicit feedback on some answers.
 - Faults, each at its point of the run (:func:`fault_schedule`): kill -9 a policy replica, a judge server and
-  a judge engine (the policy engines stay: a weight update needs every engine on the replicas' worker list);
+  a judge engine (once each, not restarted: the run goes on with 2 replicas, 1 judge server, 1 judge engine) (the policy engines stay: a weight update needs every engine on the replicas' worker list);
   restart PostgreSQL (``pg_ctl restart -m fast``); a weight update (``POST /admin/weights/update`` through the
   load balancer) every ``--weight-update-every-s``, timed until every live replica reports the new version.
 - Added latency: every chat turn's rendered prompt is also sent straight to the policy router's ``/generate``

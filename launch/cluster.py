@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 # The dev tooling this launcher uses, imported in one place (the package may move).
-from engine.pgcluster import PgCluster
+from engine.pgcluster import PgCluster, pg_bindir
 from engine.procs import ManagedProcess, free_port, spawn, start_dev_engine, start_router, wait_http
 from launch.devstack import (
     DEV_JUDGE_ENV,
@@ -302,8 +302,6 @@ def pg_cluster(run_dir: Path) -> PgCluster | None:
     except FileNotFoundError:
         return None
     as_user = "postgres" if os.geteuid() == 0 else None
-    from engine.pgcluster import pg_bindir
-
     return PgCluster(Path(info["data_dir"]), info["port"], pg_bindir(), as_user, info["host"])
 
 

@@ -1,6 +1,6 @@
 """Start the local engines of the dev stack, tests and benches: the CPU dev engine and the real sglang-router.
 
-Both go through :func:`engine.procs.start_process` (a process group of their own, 127.0.0.1 on a free port,
+Both go through :func:`engine.procs.start_process` (a process group of their own, on a loopback address and a free port,
 stopped through that group only) and are ready when their health route answers.
 """
 
@@ -23,8 +23,9 @@ def start_dev_engine(
     deadline_s: float = 90.0,
     die_with_parent: bool = False,
     launch: Launcher | None = None,
+    host: str = "127.0.0.1",
 ) -> ManagedProcess:
-    """Start ``hindsight-dev-engine`` on 127.0.0.1 and wait for /health."""
+    """Start ``hindsight-dev-engine`` on ``host`` (a loopback address, 127.0.0.1 by default) and wait for /health."""
     port = port or free_port()
     cmd = [
         sys.executable,
@@ -33,7 +34,7 @@ def start_dev_engine(
         "--model-path",
         str(model_path),
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
     ]
@@ -43,7 +44,7 @@ def start_dev_engine(
     return start_process(
         name,
         cmd,
-        url=f"http://127.0.0.1:{port}",
+        url=f"http://{host}:{port}",
         log_dir=log_dir,
         deadline_s=deadline_s,
         die_with_parent=die_with_parent,
@@ -64,8 +65,10 @@ def start_router(
     extra_args: list[str] | None = None,
     die_with_parent: bool = False,
     launch: Launcher | None = None,
+    host: str = "127.0.0.1",
 ) -> ManagedProcess:
-    """Start the real ``sglang-router`` (0.3.2) on 127.0.0.1 and wait on /readiness (not /health)."""
+    """Start the real ``sglang-router`` (0.3.2) on ``host`` (a loopback address, 127.0.0.1 by default) and wait on
+    /readiness (not /health)."""
     port = port or free_port()
     prom_port = free_port()
     cmd = [
@@ -73,7 +76,7 @@ def start_router(
         "-m",
         "sglang_router.launch_router",
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--worker-urls",
@@ -81,7 +84,7 @@ def start_router(
         "--policy",
         policy,
         "--prometheus-host",
-        "127.0.0.1",
+        host,
         "--prometheus-port",
         str(prom_port),
         "--shutdown-grace-period-secs",
@@ -102,7 +105,7 @@ def start_router(
     mp = start_process(
         name,
         cmd,
-        url=f"http://127.0.0.1:{port}",
+        url=f"http://{host}:{port}",
         log_dir=log_dir,
         ready_path="/readiness",
         deadline_s=deadline_s,

@@ -49,10 +49,12 @@ class PgCluster:
     port: int
     bindir: Path
     as_user: str | None
+    host: str = "127.0.0.1"
 
     @classmethod
-    def start(cls, *, fsync: bool = True) -> PgCluster:
-        """Create and start a cluster; ``fsync=False`` for tests and benches that never crash the host."""
+    def start(cls, *, fsync: bool = True, host: str = "127.0.0.1") -> PgCluster:
+        """Create and start a cluster listening on ``host`` (a loopback address); ``fsync=False`` for tests and
+        benches that never crash the host."""
         bindir = pg_bindir()
         as_user = None
         if os.geteuid() == 0:
@@ -70,7 +72,7 @@ class PgCluster:
         if as_user:
             os.chown(base_dir, pw.pw_uid, pw.pw_gid)
             base_dir.chmod(0o700)
-        cluster = cls(data_dir=data_dir, port=free_port(), bindir=bindir, as_user=as_user)
+        cluster = cls(data_dir=data_dir, port=free_port(), bindir=bindir, as_user=as_user, host=host)
         cluster._run(
             [
                 str(bindir / "initdb"),
@@ -84,9 +86,9 @@ class PgCluster:
             ]
         )
         with (data_dir / "pg_hba.conf").open("w") as f:  # trust on loopback only, nothing else
-            f.write("local all all trust\nhost all all 127.0.0.1/32 trust\n")
+            f.write(f"local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all {host}/32 trust\n")
         opts = (
-            f"-c listen_addresses=127.0.0.1 -c port={cluster.port} -c unix_socket_directories={base_dir} "
+            f"-c listen_addresses={host} -c port={cluster.port} -c unix_socket_directories={base_dir} "
             f"-c max_connections=200 -c fsync={'on' if fsync else 'off'}"
         )
         cluster._run(
@@ -114,7 +116,7 @@ class PgCluster:
             raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
 
     def url(self, dbname: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+        return f"postgresql://postgres@{self.host}:{self.port}/{dbname}"
 
     def create_database(self, dbname: str) -> str:
         """A new empty database; returns its URL."""
@@ -123,6 +125,29 @@ class PgCluster:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{dbname}"')
         return self.url(dbname)
+
+    def postmaster_pid(self) -> int:
+        """The server's PID (first line of ``postmaster.pid``)."""
+        return int((self.data_dir / "postmaster.pid").read_text().split()[0])
+
+    def restart(self) -> None:
+        """``pg_ctl restart -m fast``: every connection is cut, the server is back when this returns."""
+        log = str(self.data_dir.parent / "postgres.log")  # the server's output, never pg_ctl's (piped) stdout
+        self._run(
+            [
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.data_dir),
+                "-l",
+                log,
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                "60",
+                "restart",
+            ]
+        )
 
     def stop(self) -> None:
         try:

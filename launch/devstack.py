@@ -108,7 +108,16 @@ def write_json(path: Path, data: object) -> None:
 
 
 def is_ours(entry: dict) -> bool:
-    return proc_start_ticks(entry["pid"]) == entry["start_ticks"]
+    """The recorded process still runs: same PID and start time, and not a zombie (exited, not yet reaped by
+    its parent, e.g. a container's PID 1 that reaps nothing; it holds no port and takes no signal)."""
+    return proc_start_ticks(entry["pid"]) == entry["start_ticks"] and not _is_zombie(entry["pid"])
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
 
 
 def stop_entries(entries: list[dict]) -> list[str]:
@@ -162,8 +171,10 @@ class Stack:
         write_json(self.run_dir / "pids.json", self.entries)
         return mp
 
-    def service(self, name: str, cmd: list[str], env: dict[str, str], ready_path: str, port: int) -> ManagedProcess:
-        mp = self.record(spawn(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=self.log_dir, env=env))
+    def service(
+        self, name: str, cmd: list[str], env: dict[str, str], ready_path: str, port: int, host: str = "127.0.0.1"
+    ) -> ManagedProcess:
+        mp = self.record(spawn(name, cmd, url=f"http://{host}:{port}", log_dir=self.log_dir, env=env))
         try:
             wait_http(mp.url + ready_path, deadline_s=READY_DEADLINE_S, proc=mp.proc)
         except (RuntimeError, TimeoutError) as exc:

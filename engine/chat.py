@@ -221,27 +221,25 @@ def render_prompt_text(
     concatenates them as strings) gets them as written, learned once per template text."""
     source = template_source(tokenizer)
     id_form = _family_of(source).id_form
-    mapping = source not in _STRING_ARGUMENT_TEMPLATES
     tools_in = template_tools(tools)
-    try:
-        text = tokenizer.apply_chat_template(
-            template_messages(messages, id_form, arguments_mapping=mapping),
+
+    def render(arguments_mapping: bool) -> Any:
+        return tokenizer.apply_chat_template(
+            template_messages(messages, id_form, arguments_mapping=arguments_mapping),
             tools=tools_in,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             **(chat_template_kwargs or {}),
         )
+
+    mapping = source not in _STRING_ARGUMENT_TEMPLATES
+    try:
+        text = render(mapping)
     except TEMPLATE_FAILURES as exc:
         if not mapping or not any(m.get("tool_calls") for m in messages):
             raise refusal(exc) from exc
         try:
-            text = tokenizer.apply_chat_template(
-                template_messages(messages, id_form, arguments_mapping=False),
-                tools=tools_in,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                **(chat_template_kwargs or {}),
-            )
+            text = render(False)
         except TEMPLATE_FAILURES:
             raise refusal(exc) from exc
         _STRING_ARGUMENT_TEMPLATES.add(source)

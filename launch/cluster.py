@@ -43,6 +43,7 @@ from launch.devstack import (
     Stack,
     build_models,
     console_script,
+    forget_stopped,
     is_ours,
     proc_start_ticks,
     read_pids,
@@ -50,6 +51,7 @@ from launch.devstack import (
     stop_entries,
     write_json,
 )
+from launch.devstack import status as devstack_status
 
 # One loopback address per "host" (127.0.0.0/8 is all local on Linux).
 HOSTS = {
@@ -334,22 +336,11 @@ def stop(run_dir: Path) -> None:
             pg.stop()
             stopped.append("postgres")
         (run_dir / "postgres.json").unlink(missing_ok=True)
-    left = [e for e in services if is_ours(e)]
-    if left:
-        raise SystemExit(f"error: still running: {', '.join(e['name'] + ' ' + str(e['pid']) for e in left)}")
-    (run_dir / "pids.json").unlink(missing_ok=True)
-    (run_dir / "endpoints.json").unlink(missing_ok=True)
-    say(f"stopped {', '.join(stopped) if stopped else 'nothing (all had already exited)'}")
+    forget_stopped(run_dir, services, stopped)
 
 
 def status(run_dir: Path) -> int:
-    entries = read_pids(run_dir)
-    if not entries:
-        say(f"no cluster recorded in {run_dir}")
-        return 1
-    for e in entries:
-        say(f"  {e['name']:16s} pid {e['pid']:<8d} {'running' if is_ours(e) else 'NOT running':12s} {e['url']}")
-    return 0 if all(is_ours(e) for e in entries) else 1
+    return devstack_status(run_dir, "cluster")
 
 
 def main(argv: list[str] | None = None) -> int:

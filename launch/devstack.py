@@ -418,22 +418,27 @@ def stop(run_dir: Path) -> None:
     if not entries:
         say(f"no dev stack recorded in {run_dir}")
         return
-    stopped = stop_entries(entries)
-    gone = [e for e in entries if is_ours(e)]
-    if gone:
-        raise SystemExit(f"error: still running: {', '.join(e['name'] + ' ' + str(e['pid']) for e in gone)}")
+    forget_stopped(run_dir, entries, stop_entries(entries))
+
+
+def forget_stopped(run_dir: Path, entries: list[dict], stopped: list[str]) -> None:
+    """After a stop: fail naming whatever of ``entries`` still runs, else drop the run files and say what stopped."""
+    left = [e for e in entries if is_ours(e)]
+    if left:
+        raise SystemExit(f"error: still running: {', '.join(e['name'] + ' ' + str(e['pid']) for e in left)}")
     (run_dir / "pids.json").unlink(missing_ok=True)
     (run_dir / "endpoints.json").unlink(missing_ok=True)
     say(f"stopped {', '.join(stopped) if stopped else 'nothing (all had already exited)'}")
 
 
-def status(run_dir: Path) -> int:
+def status(run_dir: Path, what: str = "dev stack") -> int:
+    """One line per recorded process (running or not); 0 when all run, 1 otherwise or when none is recorded."""
     entries = read_pids(run_dir)
     if not entries:
-        say(f"no dev stack recorded in {run_dir}")
+        say(f"no {what} recorded in {run_dir}")
         return 1
     for e in entries:
-        say(f"  {e['name']:14s} pid {e['pid']:<8d} {'running' if is_ours(e) else 'NOT running':12s} {e['url']}")
+        say(f"  {e['name']:16s} pid {e['pid']:<8d} {'running' if is_ours(e) else 'NOT running':12s} {e['url']}")
     return 0 if all(is_ours(e) for e in entries) else 1
 
 

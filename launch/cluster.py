@@ -46,7 +46,9 @@ from launch.devstack import (
     forget_stopped,
     is_ours,
     proc_start_ticks,
+    publish_endpoints,
     read_pids,
+    running_endpoints,
     say,
     stop_entries,
     write_json,
@@ -132,10 +134,10 @@ def start_parallel(*starters):  # type: ignore[no-untyped-def]
 
 def start(run_dir: Path) -> dict:
     entries = read_pids(run_dir)
-    endpoints_path = run_dir / "endpoints.json"
-    if entries and all(is_ours(e) for e in entries) and endpoints_path.exists():
+    running = running_endpoints(run_dir, entries)
+    if running is not None:
         say("cluster already running; `launch/cluster.sh stop` first to restart it")
-        return json.loads(endpoints_path.read_text())
+        return running
     if entries:
         stop(run_dir)
     haproxy = haproxy_binary()
@@ -289,12 +291,8 @@ def start(run_dir: Path) -> dict:
         "checkpoint_dir": str(run_dir / "checkpoints"),
         "log_dir": str(stack.log_dir),
     }
-    write_json(endpoints_path, endpoints)
-    os.chmod(endpoints_path, 0o600)  # it holds the keys
-    say(f"cluster ready in {time.monotonic() - t0:.1f}s")
-    for name in ("policy_url", "judge_url", "policy_router_url", "judge_router_url", "store_url"):
-        say(f"  {name:18s} {endpoints[name]}")
-    say(f"  endpoints + keys   {endpoints_path}")
+    shown = ("policy_url", "judge_url", "policy_router_url", "judge_router_url", "store_url")
+    publish_endpoints(run_dir, endpoints, f"cluster ready in {time.monotonic() - t0:.1f}s", shown)
     return endpoints
 
 

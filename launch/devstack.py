@@ -222,11 +222,11 @@ def build_models(run_dir: Path) -> tuple[Path, Path]:
 
 def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
     entries = read_pids(run_dir)
+    running = running_endpoints(run_dir, entries)
+    if running is not None:
+        say(f"dev stack already running (mode {running['mode']}); `launch/dev.sh stop` first to restart it")
+        return running
     endpoints_path = run_dir / "endpoints.json"
-    if entries and all(is_ours(e) for e in entries) and endpoints_path.exists():
-        endpoints = json.loads(endpoints_path.read_text())
-        say(f"dev stack already running (mode {endpoints['mode']}); `launch/dev.sh stop` first to restart it")
-        return endpoints
     if entries:
         stopped = stop_entries(entries)
         say(f"stopped leftovers of an earlier dev stack: {', '.join(stopped) or 'none alive'}")
@@ -378,13 +378,29 @@ def start(run_dir: Path, mode: str | None, judge_backend: str | None) -> dict:
         "checkpoint_dir": str(run_dir / "checkpoints"),
         "log_dir": str(stack.log_dir),
     }
+    ready = f"dev stack ready in {time.monotonic() - t0:.1f}s (mode {mode}, judge backend {judge_backend})"
+    publish_endpoints(run_dir, endpoints, ready, ("policy_url", "judge_url", "policy_engine_url", "judge_router_url"))
+    return endpoints
+
+
+def running_endpoints(run_dir: Path, entries: list[dict]) -> dict | None:
+    """The recorded endpoints when every recorded process still runs (a start has nothing to do), else None."""
+    endpoints_path = run_dir / "endpoints.json"
+    if entries and all(is_ours(e) for e in entries) and endpoints_path.exists():
+        endpoints: dict = json.loads(endpoints_path.read_text())
+        return endpoints
+    return None
+
+
+def publish_endpoints(run_dir: Path, endpoints: dict, ready_line: str, shown: tuple[str, ...]) -> None:
+    """Write endpoints.json (owner-only: it holds the keys) and say the ready line with the ``shown`` URLs."""
+    endpoints_path = run_dir / "endpoints.json"
     write_json(endpoints_path, endpoints)
-    os.chmod(endpoints_path, 0o600)  # it holds the keys
-    say(f"dev stack ready in {time.monotonic() - t0:.1f}s (mode {mode}, judge backend {judge_backend})")
-    for name in ("policy_url", "judge_url", "policy_engine_url", "judge_router_url"):
+    os.chmod(endpoints_path, 0o600)
+    say(ready_line)
+    for name in shown:
         say(f"  {name:18s} {endpoints[name]}")
     say(f"  endpoints + keys   {endpoints_path}")
-    return endpoints
 
 
 # --- owner watchdog ---------------------------------------------------------------------------------

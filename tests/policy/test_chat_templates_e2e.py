@@ -21,20 +21,11 @@ import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids
 from policy_server.store import Store
+from tests.testkit.chat_templates import TEMPLATES_DIR, TOOLS
 from tests.testkit.procs import ManagedProcess
 from tests.testkit.servers import CLIENT_KEY, client, start_policy
 
 pytestmark = pytest.mark.e2e
-TEMPLATES_DIR = Path(__file__).parents[1] / "data" / "chat-templates"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "rename",
-            "parameters": {"type": "object", "properties": {"to": {"type": "string", "maxLength": 8}}},
-        },
-    }
-]
 FORCE = {"type": "function", "function": {"name": "rename"}}
 
 

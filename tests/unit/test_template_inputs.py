@@ -20,9 +20,10 @@ from fastapi import FastAPI
 from engine.chat import load_tokenizer, render_prompt_text
 from engine.template_inputs import TemplateRefused, mistral_tool_call_id, template_messages
 from policy_server.errors import install_error_handlers
+from tests.testkit.chat_templates import TEMPLATES_DIR
 
 pytestmark = pytest.mark.unit
-TEMPLATES_DIR = Path(__file__).parents[1] / "data" / "chat-templates"
+
 TOOLS = [{"type": "function", "function": {"name": "rename", "parameters": {"type": "object", "properties": {}}}}]
 CALL_ID = "call_0123456789abcdef01234567"  # the form this server issues
 TOOL_LOOP = [

@@ -18,8 +18,8 @@ import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids, render_prompt_text
 from engine.continuation import CONTINUED, CONTINUED_OVER_REWRITE, ContinuationRenderer, PriorTurn
+from tests.testkit.chat_templates import TEMPLATES_DIR
 
-TEMPLATES_DIR = Path(__file__).parents[1] / "data" / "chat-templates"
 TEMPLATES = sorted(p.name for p in TEMPLATES_DIR.glob("*.jinja"))
 SCENARIOS = ("plain", "thinking_off", "tool_loop")
 TOOLS = [

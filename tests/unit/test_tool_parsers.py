@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,18 +19,9 @@ from engine.chat import parse_assistant_output
 from engine.chat_families import TOOL_CALL_PARSERS, ChatFamily, detect_family, resolve_family
 from engine.tool_grammar import forced_tool_grammar
 from engine.tool_parsers import call_markup, reasoning_parser, tool_call_parser
+from tests.testkit.chat_templates import TEMPLATES_DIR, TOOLS
 
 pytestmark = pytest.mark.unit
-TEMPLATES_DIR = Path(__file__).parents[1] / "data" / "chat-templates"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "rename",
-            "parameters": {"type": "object", "properties": {"to": {"type": "string", "maxLength": 8}}},
-        },
-    }
-]
 ARGS = {"to": "b.txt"}
 
 

@@ -6,10 +6,11 @@ One session: a long system prompt, then ``--turns`` turns, each answered by the 
 plays SGLang's radix cache: a finished request leaves the KV of its prompt and reply) and continued with
 a short user message. Printed per turn: ``cached_tokens / prompt_tokens`` as the engine reported them
 (``usage.prompt_tokens_details.cached_tokens``), and how the prompt was made (the policy server's
-``hindsight_policy_prompt_renders_total``). Two runs: the default template (append-only: every continuing
-turn is token-continuous), and thinking off (``reasoning_effort: none``), where the template rewrites
-history (the generation prompt's empty think block is not in the rendered reply), so every turn is a full
-render and the cache stops where the re-rendered reply starts. The target is >= 0.95 from turn 2 on.
+``hindsight_policy_prompt_renders_total``). Two runs over the tiny model's own template, Qwen3's: thinking on
+(its default) and thinking off (``reasoning_effort: none``, whose generation prompt opens an empty think block
+the template drops from past replies). Qwen3's template rewrites history either way, so with the policy's
+default ``--history sampled`` every continuing turn keeps the previous prompt and the sampled ids
+(``continued_over_rewrite``); the cache then reaches the new messages. The target is >= 0.95 from turn 2 on.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def main() -> None:
     try:
         with httpx.Client(base_url=pol.url, timeout=300, trust_env=False) as http:
             for label, extra in (
-                ("append-only template", {}),
-                ("thinking off (rewrites history)", {"reasoning_effort": "none"}),
+                ("thinking on (the template's default)", {}),
+                ("thinking off (reasoning_effort: none)", {"reasoning_effort": "none"}),
             ):
                 print(f"{label}:")
                 ratios = session(http, pol.url, system, a.turns, a.max_tokens, **extra)

@@ -329,7 +329,10 @@ def explain(soak: Soak) -> None:
         if o.status == 200:
             continue
         recent = [name for t, name in events if t - 1.0 <= o.t + o.latency_s and o.t <= t + EXPLAIN_WINDOW_S]
-        o.cause = recent[-1] if recent else "unexplained"
+        # A fault explains a failure before a weight update does: an update is meant to cost nothing, so one that
+        # shares the window with a fault (they are scheduled on the same minute) must not take the blame.
+        faults = [name for name in recent if name != "weight_update"]
+        o.cause = (faults or recent or ["unexplained"])[-1]
 
 
 def drain_and_check(soak: Soak, run_dir: Path, idle_s: float) -> dict[str, Any]:
@@ -340,17 +343,14 @@ def drain_and_check(soak: Soak, run_dir: Path, idle_s: float) -> dict[str, Any]:
     ep = soak.endpoints
     admin = {"Authorization": f"Bearer {ep['admin_api_key']}"}
     say("draining: sessions close, judging finishes ...")
-    end = time.monotonic() + max(120.0, 6 * idle_s)
-    with psycopg.connect(ep["store_url"], autocommit=True) as db:
-        while time.monotonic() < end:
-            open_s = db.execute("SELECT count(*) FROM sessions WHERE done=0").fetchone()[0]
-            pending = db.execute(
-                "SELECT count(*) FROM samples WHERE status IN ('pending_judge','pending_score')"
-            ).fetchone()[0]
-            if open_s == 0 and pending == 0:
-                break
-            time.sleep(1)
-    say(f"  sessions closed and judging done at +{time.monotonic() - end + max(120.0, 6 * idle_s):.1f}s")
+    drain = wait_for_drain(ep["store_url"], first_s=max(120.0, 6 * idle_s))
+    if drain["drained"]:
+        say(f"  sessions closed and judging done at +{drain['took_s']:.1f}s")
+    else:
+        say(
+            f"  drain gave up at +{drain['took_s']:.1f}s with {drain['open_sessions']} open sessions and "
+            f"{drain['pending']} samples awaiting the judge (the backlog stopped shrinking)"
+        )
     # The trainer holds partial batches: stop it, then lease what is ready here (its unacked leases expire).
     stop_entries([e for e in read_pids(run_dir) if e["name"] == "trainer"])
     leased_here = 0
@@ -368,7 +368,36 @@ def drain_and_check(soak: Soak, run_dir: Path, idle_s: float) -> dict[str, Any]:
                     break
             time.sleep(1)
     with psycopg.connect(ep["store_url"], autocommit=True) as db:
-        return store_checks(soak, db, leased_here)
+        checks = store_checks(soak, db, leased_here)
+    checks["drain"] = drain
+    return checks
+
+
+def wait_for_drain(store_url: str, first_s: float, stall_s: float = 60.0, cap_s: float = 1800.0) -> dict[str, Any]:
+    """Wait until every session is closed and nothing awaits the judge: at least ``first_s``, then as long as the
+    backlog still shrinks (a loaded judge catches up after the load stops: that is not a loss), at most ``cap_s``.
+    Progress is printed every 15 s. Returns what was left and how long it took."""
+    import psycopg
+
+    start = time.monotonic()
+    last_progress, best, said = start, None, start
+    with psycopg.connect(store_url, autocommit=True) as db:
+        while True:
+            open_s = db.execute("SELECT count(*) FROM sessions WHERE done=0").fetchone()[0]
+            pending = db.execute(
+                "SELECT count(*) FROM samples WHERE status IN ('pending_judge','pending_score')"
+            ).fetchone()[0]
+            now = time.monotonic()
+            if open_s == 0 and pending == 0:
+                return {"drained": True, "took_s": round(now - start, 1), "open_sessions": 0, "pending": 0}
+            if best is None or open_s + pending < best:
+                best, last_progress = open_s + pending, now
+            if now - said >= 15:
+                say(f"  +{now - start:.0f}s: {open_s} sessions open, {pending} samples awaiting the judge")
+                said = now
+            if now - start >= cap_s or (now - start >= first_s and now - last_progress >= stall_s):
+                return {"drained": False, "took_s": round(now - start, 1), "open_sessions": open_s, "pending": pending}
+            time.sleep(1)
 
 
 def store_checks(soak: Soak, db: Any, leased_here: int) -> dict[str, Any]:

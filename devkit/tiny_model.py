@@ -4,9 +4,12 @@ The builders behind ``hindsight-tiny-model`` (engine.tiny_model_cli) and engine.
 cover this file's source: only what shapes a model lives here.
 
 ``build_tiny_model`` trains a byte-level BPE tokenizer on a deterministic built-in corpus (no network, no
-files outside this package), attaches the ChatML template in ``chat_template.jinja`` (system/user/
-assistant/tool roles, ``tools``, ``<think>``), and saves a randomly initialised Qwen3ForCausalLM
-(head_dim 32) as an ordinary Hugging Face folder. The same seed gives byte-identical weights.
+files outside this package), attaches Qwen3's own chat template (``chat_template.jinja``, byte for byte the
+``chat_template`` of Qwen/Qwen3-0.6B, Apache-2.0: thinking on by default, ``enable_thinking=False`` opens an
+empty think block, earlier turns' reasoning dropped, Hermes ``<tool_call>`` markup), and saves a randomly
+initialised Qwen3ForCausalLM (head_dim 32) as an ordinary Hugging Face folder. As in Qwen3's tokenizer, every
+marker that template writes is one token: ChatML's specials, and the think / tool-call / tool-response tags
+as added tokens that decoding keeps. The same seed gives byte-identical weights.
 
 ``build_teacher`` copies the student and fine-tunes it briefly (a few hundred tiny AdamW steps on
 chat prompts answered with TEXT) so that its output distribution clearly prefers TEXT's tokens while
@@ -23,7 +26,8 @@ from typing import Any
 
 CHAT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
-# Markers that must stay single tokens and survive decoding (not "special" in skip_special_tokens terms).
+# Markers that must stay single tokens and survive decoding (not "special" in skip_special_tokens terms), as in
+# Qwen3's own tokenizer.
 MARKER_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|pad|>"

@@ -3,7 +3,7 @@
     hindsight-tiny-model OUT_DIR [--seed N]
     hindsight-tiny-model OUT_DIR --teacher-of STUDENT_DIR --prefer-text TEXT [--seed N]
 
-The first form builds a tiny Qwen3-architecture policy with its own tokenizer and ChatML template; the second
+The first form builds a tiny Qwen3-architecture policy with its own tokenizer and Qwen3's chat template; the second
 fine-tunes a copy of STUDENT_DIR into a teacher that clearly prefers TEXT (devkit.tiny_model). By default
 the build is taken from devkit.model_cache, built there once: the same inputs give the same bytes. The
 command line lives apart from the builders so that editing it does not change the cache keys.

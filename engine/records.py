@@ -99,6 +99,7 @@ class RejectReason:
     FEEDBACK_GATE = "feedback_gate"  # explicit feedback disagreed with the judge under the gate policy
     PRM_ABSTAINED = "prm_abstained"  # a guard withheld the PRM score: "prm_abstained: <rule>"
     DEGENERATE = "degenerate"  # a guard quarantined the reply: "degenerate: <rule>: <detail>"
+    SECRET = "secret"  # the turn held a secret, redacted in the store: "secret: <kinds>"
 
     @staticmethod
     def with_detail(prefix: str, detail: str) -> str:
@@ -113,6 +114,17 @@ class _Record(BaseModel):
     def to_json(self) -> dict[str, Any]:
         """The record as the JSON object it travels as (absent keys stay absent)."""
         return self.model_dump(mode="json", exclude_unset=True)
+
+
+class ModeSnapshot(BaseModel):
+    """The reward mode and combine weights in force (policy_server.rewards.modes.ModeState): read once per judged
+    turn, persisted as the ``mode`` runtime setting and answered by ``/admin/mode``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Mode
+    w_rl: float
+    w_opd: float
 
 
 # ---------------------------------------------------------------------------- judge verdicts
@@ -380,6 +392,9 @@ class Sample(_Record):
     # Explicit feedback applied to this sample (policy_server.store.feedback_rule): {value, text, policy,
     # judge_reward, count}; absent when the turn got none.
     feedback: dict[str, Any] | None = None
+    # Set when leased if a weight version that made it was rolled back (the trainer sets such a sample aside);
+    # absent otherwise.
+    rolled_back: bool | None = None
 
     def value_problem(self) -> str | None:
         """None when every learning signal is a usable number, else why not (engine.sample_values)."""
@@ -447,3 +462,50 @@ class MergedTrajectory(_Record):
     session_id: str
     token_ids: list[int]
     turns: list[MergedTurn]
+
+
+# ---------------------------------------------------------------------------- weight versions
+# A weight version's state in the ledger (policy_server.store.versions): ``candidate`` while its weights load,
+# ``canary`` while it proves itself on live traffic, ``live`` once everyone gets it (one at a time),
+# ``retired`` when a newer version replaced it, ``rolled_back`` when it was judged (or declared) worse.
+VersionState = Literal["candidate", "canary", "live", "rolled_back", "retired"]
+VERSION_STATES: tuple[str, ...] = get_args(VersionState)
+
+
+class WeightVersion(_Record):
+    """One row of the weight-version ledger: the checkpoint the engines load for ``version``, the version it
+    was trained from (``parent``), the samples it was trained on (count and the smallest and largest sample id),
+    when it was made, its state and why that state last changed (``note``)."""
+
+    version: str
+    checkpoint: str
+    parent: str | None = None
+    state: VersionState = "candidate"
+    created_at: float
+    updated_at: float
+    sample_count: int | None = None
+    sample_id_min: str | None = None
+    sample_id_max: str | None = None
+    note: str | None = None
+
+
+class SessionReward(_Record):
+    """One finished, fully judged session of one weight version, as the canary test counts it: the mean of its
+    main-turn judge verdicts and explicit feedback values (``signals`` of them), in [-1, 1]."""
+
+    session_id: str
+    version: str
+    reward: float
+    signals: int
+    pinned_at: float
+
+
+class CanaryDrain(BaseModel):
+    """A canary decision being carried out (the ``canary_drain`` runtime setting, policy_server.serving.canary):
+    new sessions get the surviving version while the losing version's open sessions finish."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    canary: str
+    decision: Literal["promote", "rollback"]
+    at: float

@@ -52,7 +52,7 @@ from engine.records import (
 from engine.validation import describe_validation_errors
 from judge_server.chat_markup import has_markup, prompt_messages, reply_fields, split_query, strip_markup
 from judge_server.errors import InvalidRequest, RewardUnavailable
-from judge_server.schemas import JudgeRequest
+from judge_server.schemas import JudgeRequest, OpenRLHFRewards, SlimeReward
 
 # extra_logs name per PRM status: one-hot floats, so a trainer's tensor conversion and mean() both work.
 STATUS_LOG_NAMES = {
@@ -175,7 +175,7 @@ def _reward_of(prm: PrmVerdict, failed_reward: float | None) -> float:
     return float(failed_reward)
 
 
-def openrlhf_reply(results: list[JudgeVerdicts], failed_reward: float | None) -> dict[str, Any]:
+def openrlhf_reply(results: list[JudgeVerdicts], failed_reward: float | None) -> OpenRLHFRewards:
     """The /get_reward answer for judge results (one per query): numbers only, see the module docstring.
 
     Raises RewardUnavailable (503) when an item failed and no ``failed_reward`` fallback is configured.
@@ -186,16 +186,17 @@ def openrlhf_reply(results: list[JudgeVerdicts], failed_reward: float | None) ->
         name: [1.0 if prm.status == status else 0.0 for prm in prms] for status, name in STATUS_LOG_NAMES.items()
     }
     extra_logs["judge_confidence"] = [0.0 if prm.status == STATUS_FAILED else float(prm.confidence) for prm in prms]
-    return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra_logs}
+    return OpenRLHFRewards(rewards=rewards, scores=list(rewards), extra_logs=extra_logs)
 
 
-def slime_reply(result: JudgeVerdicts, failed_reward: float | None) -> dict[str, Any]:
-    """The /slime/reward answer (read by slime with ``--reward-key reward``); RewardUnavailable as above."""
+def slime_reply(result: JudgeVerdicts, failed_reward: float | None) -> SlimeReward:
+    """The /slime/reward answer (read by slime with ``--reward-key reward``); RewardUnavailable as above. ``prm``
+    travels as its JSON (the route answers without unset fields)."""
     prm = _prm_of(result)
-    return {
-        "reward": _reward_of(prm, failed_reward),
-        "status": prm.status,
-        "confidence": 0.0 if prm.status == STATUS_FAILED else float(prm.confidence),
-        "prm": prm.to_json(),
-        "prompt_versions": result.prompt_versions,
-    }
+    return SlimeReward(
+        reward=_reward_of(prm, failed_reward),
+        status=prm.status,
+        confidence=0.0 if prm.status == STATUS_FAILED else float(prm.confidence),
+        prm=prm,
+        prompt_versions=result.prompt_versions,
+    )

@@ -30,7 +30,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 
 from engine.auth import bearer_problem, key_matches
 from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnected
@@ -187,7 +187,7 @@ def _failed_reward(service: JudgeService, from_url: float | None) -> float | Non
 @router.post(
     "/get_reward",
     dependencies=compat_guarded,
-    response_model=None,
+    response_model=OpenRLHFRewards,
     responses={
         200: {"model": OpenRLHFRewards, "description": "one reward per query"},
         **JUDGE_ERRORS,
@@ -196,7 +196,7 @@ def _failed_reward(service: JudgeService, from_url: float | None) -> float | Non
 )
 async def openrlhf_reward(
     body: OpenRLHFRequest, request: Request, failed_reward: float | None = FAILED_REWARD
-) -> dict[str, Any] | Response:
+) -> OpenRLHFRewards | Response:
     service = _service(request)
     items = openrlhf_items(body.query, body.prompts, body.labels)
     if len(items) > service.settings.max_batch_items:
@@ -212,7 +212,8 @@ async def openrlhf_reward(
 @router.post(
     "/slime/reward",
     dependencies=compat_guarded,
-    response_model=None,
+    response_model=SlimeReward,
+    response_model_exclude_unset=True,  # the verdict travels as its JSON (absent keys stay absent)
     responses={
         200: {"model": SlimeReward, "description": "the reward and its verdict"},
         **JUDGE_ERRORS,
@@ -221,7 +222,7 @@ async def openrlhf_reward(
 )
 async def slime_reward(
     body: SlimeRequest, request: Request, failed_reward: float | None = FAILED_REWARD
-) -> dict[str, Any] | Response:
+) -> SlimeReward | Response:
     service = _service(request)
     item = slime_item(body.prompt, body.response, body.label)
     _check_item(service, item)
@@ -259,28 +260,28 @@ async def _engine_ready(service: JudgeService) -> bool:
 
 @router.get(
     "/ready",
-    response_model=None,
+    response_model=JudgeReady,
+    response_model_exclude_unset=True,  # the detail fields are set only for the key's holder
     responses={
         200: {"model": JudgeReady, "description": "the judge engine answers"},
         503: {"model": JudgeReady, "description": "judge engine unreachable"},
     },
 )
-async def ready(request: Request) -> JSONResponse:
+async def ready(request: Request, response: Response) -> JudgeReady:
     service = _service(request)
     ok = await _engine_ready(service)
-    detail: dict[str, Any] = {}
+    body = JudgeReady(ready=ok)
     if has_key(request):  # paths and URLs only for the key's holder (open when no key is configured)
-        detail = {
-            "backend": service.settings.backend,
-            "prompt_versions": service.prompt_versions,
-            "guards": service.settings.guards,
-            "tokenizer_path": request.app.state.tokenizer_path,
-            "engine_url": {"llm": service.settings.engine_url, "openai": service.settings.base_url}.get(
-                service.settings.backend
-            ),
-        }
-    body = JudgeReady(ready=ok, **detail)  # the detail fields set only above (exclude_unset): the key's holder's
-    return JSONResponse(body.model_dump(exclude_unset=True), status_code=200 if ok else 503)
+        body.backend = service.settings.backend
+        body.prompt_versions = service.prompt_versions
+        body.guards = service.settings.guards
+        body.tokenizer_path = request.app.state.tokenizer_path
+        body.engine_url = {"llm": service.settings.engine_url, "openai": service.settings.base_url}.get(
+            service.settings.backend
+        )
+    if not ok:
+        response.status_code = 503
+    return body
 
 
 @router.get(

@@ -13,11 +13,9 @@
 # the interpreter. HINDSIGHT_CLUSTER_TRAINER=0 leaves the trainer out.
 set -euo pipefail
 HS_LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-PYTHON=${PYTHON:-$(command -v python || command -v python3)}
 export HINDSIGHT_RUN_DIR=${HINDSIGHT_RUN_DIR:-.hindsight/cluster}
-# Loopback servers must never be reached through a proxy from the environment; nothing goes online.
-unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NO_COLOR=1
+# shellcheck source=launch/local_env.sh
+source "$HS_LAUNCH_DIR/local_env.sh"
 
 usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 

@@ -16,12 +16,10 @@
 # HINDSIGHT_DEV_STOP_WITH_PID=<pid> at start: the stack stops itself once that process is gone.
 set -euo pipefail
 HS_LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-PYTHON=${PYTHON:-$(command -v python || command -v python3)}
 export HINDSIGHT_RUN_DIR=${HINDSIGHT_RUN_DIR:-.hindsight/dev}
 # MODE and JUDGE_BACKEND pass through when set; unset, the services' own defaults apply.
-# Loopback servers must never be reached through a proxy from the environment; nothing goes online.
-unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NO_COLOR=1
+# shellcheck source=launch/local_env.sh
+source "$HS_LAUNCH_DIR/local_env.sh"
 
 usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 

@@ -39,6 +39,7 @@ from pathlib import Path
 import httpx
 
 from devkit.engine_procs import start_dev_engine, start_router
+from devkit.tiny_model import CHAT_TEMPLATE_PATH
 from engine.procs import ManagedProcess, free_port, spawn, wait_http
 
 TEACHER_PREFERRED_TEXT = "Thanks, that worked."
@@ -189,6 +190,16 @@ def flag_if_set(flag: str, value: str | None) -> list[str]:
     return [flag, value] if value else []
 
 
+def _stale_model(out: Path) -> str | None:
+    """Why the model an earlier dev stack left in ``out`` is not today's (its context, its chat template), or None."""
+    if json.loads((out / "config.json").read_text()).get("max_position_embeddings") != DEV_CONTEXT_TOKENS:
+        return f"holds fewer than {DEV_CONTEXT_TOKENS} tokens"
+    template = out / "chat_template.jinja"
+    if not template.is_file() or template.read_bytes() != CHAT_TEMPLATE_PATH.read_bytes():
+        return "has another chat template than the tiny models' (Qwen3's)"
+    return None
+
+
 def build_models(run_dir: Path) -> tuple[Path, Path]:
     models = run_dir / "models"
     policy, teacher = models / "policy", models / "teacher"
@@ -207,9 +218,10 @@ def build_models(run_dir: Path) -> tuple[Path, Path]:
         ),
     ):
         if (out / "config.json").exists() and any(out.glob("*.safetensors")):
-            if json.loads((out / "config.json").read_text()).get("max_position_embeddings") == DEV_CONTEXT_TOKENS:
+            stale = _stale_model(out)
+            if stale is None:
                 continue
-            say(f"{out} holds fewer than {DEV_CONTEXT_TOKENS} tokens (an older dev stack's): rebuilding it")
+            say(f"{out} {stale} (an older dev stack's): rebuilding it")
         say(f"building the {what} in {out} ...")
         t0 = time.monotonic()
         with open(log, "ab") as fh:

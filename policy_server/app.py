@@ -52,7 +52,8 @@ from engine.observability import (
     log_settings,
 )
 from policy_server import components
-from policy_server.api import admin, feedback, lease, ops
+from policy_server.api import admin, feedback, lease, ops, weights
+from policy_server.api import sessions as sessions_routes
 from policy_server.api.chat import routes as chat_routes
 from policy_server.api.messages import routes as messages_routes
 from policy_server.api.messages import shapes as messages_shapes
@@ -66,8 +67,11 @@ from policy_server.errors import (
 from policy_server.metrics import Metrics
 from policy_server.rewards.dispatch import Dispatcher
 from policy_server.rewards.scoring import PRMScoring
+from policy_server.serving.deletion_tokens import DeletionTokens
 from policy_server.serving.generation import Generator, context_length
 from policy_server.serving.identity import SessionResolver
+from policy_server.serving.retention import run_retention
+from policy_server.serving.secrets import SecretScanner
 from policy_server.serving.sessions import SessionTracker
 from policy_server.serving.shutdown import DrainMiddleware, DrainState
 from policy_server.serving.side_rules import SideRules
@@ -97,15 +101,17 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 tokenizer.chat_template = await asyncio.to_thread(Path(settings.chat_template).read_text)
             family = resolve_family(tokenizer, settings.tool_call_parser, settings.reasoning_parser)
             logger.info(
-                "chat format: history=%s tool_call_parser=%s reasoning_parser=%s tool_call_ids=%s",
+                "chat format: history=%s tool_call_parser=%s reasoning_parser=%s tool_call_ids=%s reasoning_switch=%s",
                 settings.history,
                 family.tool_call_parser,
                 family.reasoning_parser,
                 family.id_form,
+                family.reasoning_switch,
             )
             # First, so a broken --side-rules-file or --prm-config fails the startup before anything else is opened.
             try:
                 side_rules = SideRules.load(settings.side_rules_file)
+                secrets = SecretScanner(settings.secret_patterns_path)
                 scoring = await PRMScoring.start(settings.prm_config, scope=settings.prm_scope)
             except Exception as exc:
                 logger.error("policy server not started: %s", exc)
@@ -193,8 +199,13 @@ def create_app(settings: PolicySettings) -> FastAPI:
                 ready=ready,
                 resolver=resolver,
                 side_rules=side_rules,
+                secrets=secrets,
+                deletion_tokens=DeletionTokens(await asyncio.to_thread(store.deletion_key)),
             )
-            await components.start_background(stack, settings, store, dispatcher, sessions, replicas)
+            state.versions, state.canary = await components.version_control(settings, store, state.weight_sync, metrics)
+            await components.start_background(stack, settings, store, dispatcher, sessions, replicas, state.canary)
+            retention = asyncio.create_task(run_retention(store, settings, metrics), name="retention")
+            stack.callback(retention.cancel)
             app.state.policy = state
             await components.log_resumed_work(settings, store, version, scoring)
             yield
@@ -235,7 +246,9 @@ def create_app(settings: PolicySettings) -> FastAPI:
     app.include_router(ops.router)
     app.include_router(lease.router)
     app.include_router(admin.router)
+    app.include_router(weights.router)
     app.include_router(feedback.router)
+    app.include_router(sessions_routes.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -21,17 +21,21 @@ from engine.http_client import build_async_http
 from engine.observability import (
     propagate_request_id,
 )
+from engine.records import ModeSnapshot
 from engine.records import SampleState as S
 from judge_server.client import JudgeClient
 from policy_server.errors import (
     StoreBusy,
 )
+from policy_server.metrics import Metrics
 from policy_server.rewards.dispatch import Dispatcher
 from policy_server.rewards.modes import ModeState, RewardPipeline
 from policy_server.rewards.scoring import PRMScoring
+from policy_server.serving.canary import Canary, CanaryPolicy
 from policy_server.serving.replicas import ReplicaSync
 from policy_server.serving.sessions import SessionTracker
-from policy_server.serving.weight_sync import WeightGate
+from policy_server.serving.versions import VersionControl
+from policy_server.serving.weight_sync import WeightGate, WeightSync
 from policy_server.settings import PolicySettings
 from policy_server.store import PostgresStore, SampleStore, Store, sqlite_dir
 
@@ -91,7 +95,7 @@ async def stop_background(
     """Graceful part (policy_server.serving.shutdown): chat requests are finished by now; the sweeper stops first (no
     new work), pairings still being written land, then the dispatcher judges for at most shutdown_drain_s and
     what is left stays pending."""
-    for task in tasks[1:]:  # the idle sweeper, and the replica sync when there is one
+    for task in tasks[1:]:  # the idle sweeper, the replica sync and the canary test when there are
         task.cancel()
     await asyncio.gather(*tasks[1:], return_exceptions=True)
     await sessions.drain_settles()
@@ -99,7 +103,7 @@ async def stop_background(
     tasks[0].cancel()
     await asyncio.gather(tasks[0], return_exceptions=True)
     try:
-        counts = (await asyncio.to_thread(store.stats))["samples"]
+        counts = (await asyncio.to_thread(store.stats)).samples
     except StoreBusy as exc:  # the shutdown goes on: everything pending is in the store anyway
         logger.warning(
             "shutdown: %d turn(s) judged while draining; pending counts unknown (%s)", drained["judged"], exc
@@ -159,14 +163,43 @@ def replica_sync(
     return replicas
 
 
+async def version_control(
+    settings: PolicySettings, store: SampleStore, weight_sync: WeightSync, metrics: Metrics
+) -> tuple[VersionControl, Canary | None]:
+    """The weight-version ledger's control (the engines' startup weights recorded live, with ``--model-path`` as
+    their checkpoint) and, with ``--safe-updates``, the canary: on the last worker when there are two or more."""
+    workers = weight_sync.workers
+    canary_workers = workers[-1:] if settings.safe_updates and len(workers) >= 2 else []
+    control = VersionControl(store, weight_sync, safe_updates=settings.safe_updates, canary_workers=canary_workers)
+    control.on_state = lambda current: setattr(metrics.versions, "current", current)
+    await control.start(checkpoint=settings.model_path)
+    if not settings.safe_updates:
+        return control, None
+    policy = CanaryPolicy(
+        share=settings.canary_share,
+        alpha=settings.canary_alpha,
+        margin=settings.canary_margin,
+        min_sessions=settings.canary_min_sessions,
+        max_sessions=settings.canary_max_sessions,
+        reference_sessions=settings.canary_reference_sessions,
+        check_interval_s=settings.canary_check_interval_s,
+        drain_s=settings.canary_drain_s,
+        session_idle_s=settings.session_idle_timeout_s,
+    )
+    canary = Canary(store, control, policy, metrics)
+    control.after_change = canary.refresh
+    await canary.refresh()
+    return control, canary
+
+
 async def restore_mode(settings: PolicySettings, store: SampleStore, mode_state: ModeState) -> None:
     """A mode set through ``POST /admin/mode`` before a restart stays in force over the flags."""
-    persisted = await asyncio.to_thread(store.get_runtime, "mode")
+    persisted = await asyncio.to_thread(store.get_runtime, "mode", ModeSnapshot)
     if persisted is None:
         return
-    mode_state.set(persisted["mode"], persisted["w_rl"], persisted["w_opd"])
-    flags = {"mode": settings.mode, "w_rl": settings.w_rl, "w_opd": settings.w_opd}
-    if flags != mode_state.to_dict():
+    mode_state.set(persisted.mode, persisted.w_rl, persisted.w_opd)
+    flags = ModeState.from_settings(settings).snapshot()
+    if flags != mode_state.snapshot():
         logger.warning("reward mode %s set through /admin/mode overrides the flags %s", persisted, flags)
 
 
@@ -177,8 +210,10 @@ async def start_background(
     dispatcher: Dispatcher,
     sessions: SessionTracker,
     replicas: ReplicaSync | None,
+    canary: Canary | None = None,
 ) -> None:
-    """Start the dispatcher, the idle sweeper and (with replicas) the replica sync; ``stack`` stops them first."""
+    """Start the dispatcher, the idle sweeper, (with replicas) the replica sync and (safe updates) the canary
+    test; ``stack`` stops them first."""
     tasks = [
         asyncio.create_task(dispatcher.run(), name="dispatcher"),
         asyncio.create_task(sessions.run_sweeper(), name="idle-sweeper"),
@@ -187,13 +222,15 @@ async def start_background(
         await replicas.refresh()  # a mode or pause set at another replica holds from the first request
         tasks.append(asyncio.create_task(replicas.run(), name="replica-sync"))
         stack.push_async_callback(leave, replicas)  # runs after the background tasks stopped
+    if canary is not None:
+        tasks.append(asyncio.create_task(canary.run(), name="canary"))
     stack.push_async_callback(stop_background, settings, store, dispatcher, tasks, sessions)
 
 
 async def log_resumed_work(
     settings: PolicySettings, store: SampleStore, version: str | None, scoring: PRMScoring | None
 ) -> None:
-    counts = (await asyncio.to_thread(store.stats))["samples"]
+    counts = (await asyncio.to_thread(store.stats)).samples
     logger.info(
         "policy server ready: engine %s, weight_version %s, %d pending judge job(s) and %d held "
         "sample(s) awaiting session scoring resumed",

@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from engine.records import RejectReason
 from policy_server.store.feedback import JudgeAgreement, SignCounts
+from policy_server.store.rows import StoreCounts
 
 # Scrapes closer together than this (several Prometheus servers, a dashboard refresh) share one store read.
 AGREEMENT_MAX_AGE_S = 10.0
@@ -75,6 +76,36 @@ class JudgeFeedbackCollector(Collector):
         for v, f, n in cells:  # all nine, zeros included: rate() needs the series before its first increase
             outcomes.add_metric(["agree" if v == f else "disagree", SIGN_LABELS[v], SIGN_LABELS[f]], n)
         yield outcomes
+
+
+class VersionCollector(Collector):
+    """The weight-version ledger's current state (policy_server.serving.versions and .canary keep it current):
+    ``hindsight_policy_weight_version{version, state}`` is 1 for the live and the canary version (a version
+    timeline), ``hindsight_policy_canary_reward{arm, bound}`` the canary test's mean and interval per arm (NaN
+    while no canary runs, so the series exist for the dashboard without one)."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, str] = {}  # state -> version, for "live" and "canary"
+        self.arms: dict[tuple[str, str], float] = {}  # (arm, bound) -> value
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "hindsight_policy_weight_version",
+            "1 for the live and the canary weight version",
+            labels=["version", "state"],
+        )
+        for state, version in sorted(self.current.items()):
+            info.add_metric([version, state], 1)
+        yield info
+        reward = GaugeMetricFamily(
+            "hindsight_policy_canary_reward",
+            "canary test: per-session reward mean and always-valid interval bounds per arm (NaN: no canary)",
+            labels=["arm", "bound"],
+        )
+        for arm in ("canary", "live"):
+            for bound in ("mean", "lo", "hi"):
+                reward.add_metric([arm, bound], self.arms.get((arm, bound), math.nan))
+        yield reward
 
 
 class Metrics:
@@ -133,6 +164,25 @@ class Metrics:
             ["rule"],
             registry=r,
         )
+        # Users' data (docs/USERS_DATA.md): opt-outs, session deletions and the retention sweeper's purges.
+        self.opted_out = Counter(
+            "hindsight_policy_opted_out_requests_total",
+            "requests opted out of training (X-Hindsight-Train off, or none: nothing stored)",
+            ["train"],
+            registry=r,
+        )
+        self.deleted_rows = Counter(
+            "hindsight_policy_deleted_rows_total",
+            "rows removed by session deletions and retention sweeps, by table and cause",
+            ["table", "cause"],
+            registry=r,
+        )
+        self.retention_sweeps = Counter("hindsight_policy_retention_sweeps_total", "retention sweeps run", registry=r)
+        self.retention_reclaimed_bytes = Counter(
+            "hindsight_policy_retention_reclaimed_bytes_total",
+            "bytes of database file returned to the filesystem by retention sweeps (SQLite)",
+            registry=r,
+        )
         self.samples = Gauge("hindsight_policy_samples", "samples by status", ["status"], registry=r)
         # Read from the store at each scrape (like ``samples``): exact across restarts and replicas.
         self.rejected = Gauge(
@@ -154,6 +204,13 @@ class Metrics:
         )
         self.judge_feedback = JudgeFeedbackCollector()
         r.register(self.judge_feedback)
+        self.versions = VersionCollector()
+        r.register(self.versions)
+        self.canary_decisions = Counter(
+            "hindsight_policy_canary_decisions_total", "automatic canary decisions", ["decision"], registry=r
+        )
+        for decision in ("promote", "rollback"):  # zeros exported: rate() needs the series before it moves
+            self.canary_decisions.labels(decision=decision)
 
     async def refresh_judge_feedback(
         self, read: Callable[[], JudgeAgreement], max_age_s: float = AGREEMENT_MAX_AGE_S
@@ -164,18 +221,13 @@ class Metrics:
         self.judge_feedback.latest = await asyncio.to_thread(read)
         self.judge_feedback.read_at_s = time.monotonic()
 
-    def render(self, stats: dict[str, object] | None = None) -> bytes:
-        stats = stats or {}
-        samples = stats.get("samples")
-        if isinstance(samples, dict):
-            for status, n in samples.items():
+    def render(self, stats: StoreCounts | None = None) -> bytes:
+        """The Prometheus text, the store's counters (when given) set first."""
+        if stats is not None:
+            for status, n in stats.samples.items():
                 self.samples.labels(status=status).set(n)
-        reasons = stats.get("reject_reasons")
-        if isinstance(reasons, dict):
-            self._set_rejections(reasons)
-        without = stats.get("sessions_without_sample")
-        if isinstance(without, int):
-            self.sessions_without_sample.set(without)
+            self._set_rejections(stats.reject_reasons)
+            self.sessions_without_sample.set(stats.sessions_without_sample)
         return generate_latest(self.registry)
 
     def _set_rejections(self, reasons: dict[str, int]) -> None:

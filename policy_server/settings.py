@@ -123,6 +123,20 @@ class PolicySettings(CliSettings):
         None,
         description="JSON/YAML side-turn rules tried before the shipped ones (policy_server.serving.side_rules)",
     )
+    secret_patterns_path: str | None = Field(
+        None,
+        description="YAML secret patterns redacted on top of the shipped ones (policy_server.serving.secrets)",
+    )
+    consumed_text_retention_s: float | None = Field(
+        None,
+        gt=0,
+        description="seconds the raw text of a consumed sample's session is kept after its last consumption "
+        "(None: kept; policy_server.store.privacy)",
+    )
+    side_turn_retention_s: float | None = Field(
+        None, gt=0, description="seconds a side turn (opt_out included) is kept (None: kept)"
+    )
+    retention_sweep_interval_s: float = Field(60.0, gt=0, description="seconds between retention sweeps")
     allow_unauthenticated: bool = Field(
         False, description="serve a non-loopback host without an API key (only behind an authenticating gateway)"
     )
@@ -212,6 +226,41 @@ class PolicySettings(CliSettings):
     gate_timeout_s: float = Field(120.0, description="longest a request waits at the gate while weights update")
     weight_update_deadline_s: float = Field(
         600.0, description="total time of one weight update (pause, load, continue on every worker)"
+    )
+    # Off by default so a pushed version goes live at once, as before the ledger; on, every push must prove
+    # itself (docs/SAFE_UPDATES.md).
+    safe_updates: bool = Field(
+        False,
+        description="a pushed weight version becomes canary, served to a share of new sessions (every session "
+        "with one engine) until the sequential test or POST /admin/weights/promote|rollback decides; off: it "
+        "goes live at once (the ledger records it either way)",
+    )
+    canary_share: float = Field(
+        0.2, gt=0, le=1, description="share of new sessions the canary engine serves (two or more engines)"
+    )
+    canary_alpha: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="error rate of the canary test: a not-worse canary is rolled back (and a "
+        "canary worse by the margin promoted) with at most this probability, however long it runs",
+    )
+    canary_margin: float = Field(
+        0.2, ge=0, le=2, description="how much lower (reward in [-1, 1]) a canary may be and still count as not worse"
+    )
+    canary_min_sessions: int = Field(20, ge=1, description="judged canary sessions before a promotion")
+    canary_max_sessions: int | None = Field(
+        None, ge=1, description="judged canary sessions after which an undecided canary is rolled back (none: no cap)"
+    )
+    canary_reference_sessions: int = Field(
+        200, ge=1, description="with one engine: the live version's last sessions the canary is compared with"
+    )
+    canary_check_interval_s: float = Field(1.0, gt=0, description="how often the canary test looks at the rewards")
+    canary_drain_s: float = Field(
+        120.0,
+        ge=0,
+        description="after a decision, the longest the transition waits for the losing version's open sessions to "
+        "close (new sessions already get the surviving version); sessions still open then change version",
     )
 
     # --- sample store / dispatch

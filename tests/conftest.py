@@ -26,7 +26,7 @@ for _var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_prox
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The seeded tiny policy model (Qwen3 architecture, ChatML template): a private copy of the cached build."""
+    """The seeded tiny policy model (Qwen3 architecture and chat template): a private copy of the cached build."""
     return copy_of(cached_models.policy(), tmp_path_factory.mktemp("models") / "tiny-policy")
 
 
@@ -63,13 +63,10 @@ def rules_judge(tmp_path_factory: pytest.TempPathFactory):
 # ---------------------------------------------------------------- store backends
 @pytest.fixture(scope="session")
 def pg_cluster():
-    """One throwaway PostgreSQL cluster for the whole run (devkit.pgcluster); tests get their own databases."""
-    from devkit.pgcluster import PgCluster, PgUnavailable
+    """One throwaway PostgreSQL cluster for the whole run (tests.testkit.postgres); tests get their own databases."""
+    from tests.testkit.postgres import start_pg_cluster
 
-    try:
-        cluster = PgCluster.start(fsync=False)  # no test crashes the host: durability of the OS is not tested
-    except PgUnavailable as exc:
-        pytest.skip(f"PostgreSQL tests need the server binaries: {exc}")
+    cluster = start_pg_cluster()
     yield cluster
     cluster.stop()
 

@@ -93,3 +93,18 @@ def load_policy(cfg: TrainConfig, ckpt: Path | None, device: torch.device, world
         model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay
     )
     return Policy(model, wrapped, ref_model, opt, eos_id)
+
+
+def reload_weights(policy: Policy, checkpoint: str | Path, parallel_mode: str, world: int) -> None:
+    """Every rank: replace the trained weights by ``checkpoint``'s (HF layout) and clear Adam's moments, which
+    were accumulated along the path being abandoned (a rollback); the reference model is untouched."""
+    from transformers import AutoModelForCausalLM
+
+    full = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).state_dict()
+    if parallel_mode == "fsdp2" and world > 1:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(policy.model, full, options=StateDictOptions(full_state_dict=True))
+    else:
+        policy.model.load_state_dict(full)
+    policy.opt.state.clear()

@@ -16,7 +16,10 @@ Each step (docs/CONTRACTS.md "Trainer"):
      rollout importance weights before any update (trainer/old_pass.py), process-reward shaping,
      ppo_epochs x minibatches optimizer steps of PPO-clip with global token denominators.
   4. every save_every steps ``save_and_publish``: checkpoint (HF safetensors + tokenizer) -> ack the leases it
-     contains -> POST /admin/weights/update {model_path, weight_version=str(step)}.
+     contains -> POST /admin/weights/update {model_path, weight_version=str(step), parent_version, samples}.
+     A push the server defers (a version is on trial as canary) leaves the weights unpublished until the next
+     checkpoint; a push refused because its parent was rolled back reloads the restored version's weights on
+     every rank (Adam's moments cleared: they followed the rejected path) and trains on from there.
   5. ``log_step``: the update's metrics, timings and the PRM metrics windows of the leases since the last step.
 
 Resume: the latest complete checkpoint is loaded (weights, optimizer, baseline, recent sample ids), its
@@ -58,23 +61,37 @@ from trainer.checkpoint import (
 from trainer.lease_client import (
     Lease,
     PolicyRejected,
+    PublishDeferred,
     SampleSource,
     SourceExhausted,
     TrainerError,
+    WeightsRolledBack,
     collect_leases,
 )
 from trainer.lease_client.samples import SetAside, staleness, typed_samples
+from trainer.lineage import Reload, RunLineage
 from trainer.metrics import MetricsLogger
 from trainer.objective import carries_learning_term
 from trainer.prm import resolve_prm_config
 from trainer.settings import UNBOUNDED_STEPS, TrainConfig
-from trainer.start import broadcast, compute_init, load_policy, make_source
+from trainer.start import broadcast, compute_init, load_policy, make_source, reload_weights
 from trainer.update import train_on_batch
 
 logger = logging.getLogger(__name__)
 
 
 SKIPPED_STEPS_FILE = "skipped_steps.jsonl"  # one line per batch that had no gradient (trainer/report reads it)
+
+
+def rolled_back_problem(sample: Sample) -> str | None:
+    """Why a sample made by a rolled-back weight version is not trained (None for any other sample).
+
+    Its tokens were sampled by weights the server rejected and the trainer no longer holds (it reloaded the
+    restored version): off-policy by a distance no version count measures (a discarded branch), and its reward
+    scores a policy already judged worse. It is trained with mask 0 and acked, so it is never leased again."""
+    if sample.rolled_back:
+        return f"made by rolled-back weight version {sample.weight_version}"
+    return None
 
 
 # ----------------------------------------------------------------------------- one admitted batch
@@ -146,13 +163,17 @@ class TrainingRun:
         self.skipped_steps = 0  # batches with no gradient since this process started (skipped_steps.jsonl: all)
         self.stale_samples = 0  # samples set aside by max_staleness since this process started
         self.prm_windows = PrmWindows()
+        self.lineage = RunLineage.load(self.out_dir)  # the next push's parent (trainer/lineage.py)
         resume_leases = self.restore(self.checkpoint) if self.checkpoint is not None else []
         self.metrics = MetricsLogger(self.out_dir, enabled=rank == 0)
         self.source = source
+        restored = None
         if rank == 0:
             self.source = source or make_source(cfg)
             if self.checkpoint is not None:
-                self.finish_interrupted_save(self.checkpoint, resume_leases)
+                restored = self.finish_interrupted_save(self.checkpoint, resume_leases)
+        if self.checkpoint is not None:
+            self.reload_if(broadcast(restored, world))
         self.bar = None
         if rank == 0 and cfg.progress:
             from tqdm import tqdm
@@ -189,7 +210,7 @@ class TrainingRun:
             raise RuntimeError("only rank 0 talks to the sample source")
         return self.source
 
-    def finish_interrupted_save(self, ckpt: Path, leases: list[str]) -> None:
+    def finish_interrupted_save(self, ckpt: Path, leases: list[str]) -> str | None:
         """Rank 0: re-ack the checkpoint's leases when the crash fell between checkpoint and ack, then push its weights."""
         if read_acked_step(self.out_dir) < self.step:
             for lease_id in leases:
@@ -200,8 +221,35 @@ class TrainingRun:
                         "re-ack of lease %s after resume refused (%s); its samples are in %s", lease_id, exc, ckpt
                     )
             write_acked_step(self.out_dir, self.step)
+        reload = self.lineage.reload_due(self.step)
+        if reload is not None:  # the checkpoint holds weights off the rejected path
+            return reload
         if self.cfg.weight_sync and self.cfg.sync_on_resume:
-            self.leader_source.update_weights(str(ckpt.resolve()), str(self.step))
+            return self.publish(ckpt)
+        return None
+
+    def publish(self, ckpt: Path) -> str | None:
+        """Rank 0: push ``ckpt`` as version str(step) with its lineage; returns the checkpoint to reload when the
+        server rolled back the version these weights descend from (None otherwise)."""
+        version = str(self.step)
+        try:
+            sync = self.leader_source.update_weights(str(ckpt.resolve()), version, self.lineage.push_lineage())
+        except PublishDeferred as exc:
+            logger.warning("weights of step %d not published now (%s); the next checkpoint tries again", self.step, exc)
+            return None
+        except WeightsRolledBack as exc:
+            logger.warning("%s: reloading %s", exc, exc.live.checkpoint)
+            self.lineage.remember(self.out_dir, exc.live.version, Reload(self.step, exc.live.checkpoint))
+            return exc.live.checkpoint
+        self.lineage.remember(self.out_dir, version)
+        logger.info("weights of step %d pushed: %s", self.step, sync)
+        return None
+
+    def reload_if(self, checkpoint: str | None) -> None:
+        """Every rank: restart from the restored weights (``checkpoint``) after a rollback, if there was one."""
+        if checkpoint is not None:
+            reload_weights(self.policy, checkpoint, self.cfg.parallel, self.world)
+            logger.warning("step %d: weights reloaded from %s; optimizer moments cleared", self.step, checkpoint)
 
     def collect_leases(self) -> tuple[list[Lease], bool]:
         """(leases, stop) on every rank: rank 0 leases from live traffic (lease_client.collect_leases); stop when
@@ -240,7 +288,7 @@ class TrainingRun:
         reasons: list[str | None] = []
         stale: list[bool] = []
         for sample in samples:
-            why = check_sample(sample, shaping=self.cfg.shaping)
+            why = check_sample(sample, shaping=self.cfg.shaping) or rolled_back_problem(sample)
             too_old = None if why else self.staleness_problem(sample)
             reasons.append(why or too_old)
             stale.append(too_old is not None)
@@ -256,6 +304,9 @@ class TrainingRun:
                     "sample %s not trained: %s", sample.sample_id, why or "already trained (re-leased duplicate)"
                 )
         self.pending_leases.extend(lease.lease_id for lease in leases)
+        self.lineage.unpublished_ids.extend(
+            str(s.sample_id) for s, why, dup in zip(samples, reasons, duplicate, strict=True) if not (why or dup)
+        )
         return AdmittedBatch(
             samples,
             [bool(why) or dup for why, dup in zip(reasons, duplicate, strict=True)],
@@ -316,7 +367,7 @@ class TrainingRun:
 
     def save_and_publish(self) -> None:
         """Checkpoint -> ack its leases -> push weights; rank 0 does the I/O, every rank waits for it."""
-        path = None
+        path = restored = None  # rank 0's, broadcast to every rank below
         started = time.monotonic()
         policy, cfg = self.policy, self.cfg
         model_state, optim_state = parallel.gather_for_checkpoint(
@@ -351,18 +402,19 @@ class TrainingRun:
                     logger.warning("lease %s expired before its ack (%s)", lease_id, exc)
             write_acked_step(self.out_dir, self.step)
             saved = time.monotonic()
-            sync = self.leader_source.update_weights(str(path.resolve()), str(self.step)) if cfg.weight_sync else {}
+            restored = self.publish(path) if cfg.weight_sync else None
             logger.info(
-                "step %d saved to %s (%.2fs), acked %d lease(s), weights pushed in %.2fs %s",
+                "step %d saved to %s (%.2fs), acked %d lease(s), publish took %.2fs",
                 self.step,
                 path,
                 saved - started,
                 len(self.pending_leases),
                 time.monotonic() - saved,
-                sync,
             )
         self.pending_leases.clear()
-        self.checkpoint, self.last_saved = broadcast(path, self.world), self.step
+        path, restored = broadcast((path, restored), self.world)
+        self.checkpoint, self.last_saved = path, self.step
+        self.reload_if(restored)
 
     def skip_step(self, leases: list[Lease], batch: AdmittedBatch) -> None:
         """A batch with no gradient: count it, append it to skipped_steps.jsonl and ack its leases.

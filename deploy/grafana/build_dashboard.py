@@ -4,7 +4,7 @@
 
 Rows: traffic and latency (policy server, routers, engines), sample pipeline, judge (verdict mix,
 failures, votes and tokens per turn), weights (version updates and pause), trainer throughput (samples
-consumed, updates). Every query reads the Prometheus data source ``${datasource}`` with the job names
+consumed, updates), safe updates (the version timeline, canary vs live reward with intervals, decisions). Every query reads the Prometheus data source ``${datasource}`` with the job names
 of ``deploy/prometheus/prometheus.yml`` (hindsight-policy, hindsight-judge, sglang-router, sglang-engine;
 routers and engines carry a ``role`` label: policy|judge). Every metric a panel queries exists on a
 running dev stack after the dev demo (judged sessions, a trainer step, a weight update;
@@ -19,7 +19,7 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parent / "hindsight.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
-# (row title, [(panel title, unit, [(legend, PromQL), ...], kind), ...]); kind: timeseries|stat|bars
+# (row title, [(panel title, unit, [(legend, PromQL), ...], kind), ...]); kind: timeseries|stat|bars|state-timeline
 ROWS = [
     (
         "Traffic and latency",
@@ -326,6 +326,44 @@ ROWS = [
                     )
                 ],
                 "timeseries",
+            ),
+        ],
+    ),
+    (
+        "Safe updates (docs/SAFE_UPDATES.md)",
+        [
+            (
+                "Weight version timeline (live, canary)",
+                "short",
+                [
+                    (
+                        "{{state}} {{version}}",
+                        'max by (version, state) (hindsight_policy_weight_version{job="hindsight-policy"})',
+                    )
+                ],
+                "state-timeline",
+            ),
+            (
+                "Canary vs live reward per session, always-valid intervals",
+                "short",
+                [
+                    (
+                        "{{arm}} {{bound}}",
+                        'max by (arm, bound) (hindsight_policy_canary_reward{job="hindsight-policy"})',
+                    )
+                ],
+                "timeseries",
+            ),
+            (
+                "Automatic canary decisions",
+                "short",
+                [
+                    (
+                        "{{decision}}",
+                        'sum by (decision) (increase(hindsight_policy_canary_decisions_total{job="hindsight-policy"}[$__range]))',
+                    )
+                ],
+                "stat",
             ),
         ],
     ),

@@ -18,18 +18,18 @@ The lease protocol (lease, ack) is policy_server.api.lease.
   the ``policy`` in force (policy_server.api.feedback).
 - ``GET|POST /admin/mode {"mode", "w_rl", "w_opd"}``: the reward mode used for turns judged from now on;
   persisted in the store, so it survives a restart (it then overrides the ``--mode``/``--w-*`` flags).
-- ``POST /admin/weights/update {"model_path", "weight_version"}`` -> ``{"success", "weight_version", "paused_s"}``.
+
+The weight routes (``/admin/weights``: the ledger, update, promote, rollback) are policy_server.api.weights.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict
-from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
+from engine.records import ModeSnapshot
 from policy_server.api import response_models as rm
 from policy_server.api.auth import admin_state
 from policy_server.api.lease import check_count
@@ -48,92 +48,76 @@ class ModeBody(BaseModel):
     w_opd: float | None = None
 
 
-class WeightsBody(BaseModel):
-    # PATH_MAX, and no NUL: a path the OS cannot even look up is the caller's error (400), never the engine's
-    model_path: str = Field(..., min_length=1, max_length=4096, pattern=r"^[^\x00]+$")
-    weight_version: str = Field(..., min_length=1, max_length=256)
-
-
-@router.get("/v1/samples", response_model=None, responses={**ok(rm.SampleList), **error_responses(400, 401)})
+@router.get("/v1/samples", response_model=rm.SampleList, responses={**ok(rm.SampleList), **error_responses(400, 401)})
 async def list_samples(
     request: Request,
     session_id: str | None = None,
     status: str | None = None,
     limit: int = Query(100, ge=1, description="rows at most, <= max_lease_size"),
-) -> dict[str, Any]:
+) -> rm.SampleList:
     st = admin_state(request)
     check_count(limit, st.settings.max_lease_size, "limit")
     if status is not None and status not in SAMPLE_STATUSES:
         raise InvalidRequest(f"status must be one of {', '.join(SAMPLE_STATUSES)}", param="status")
     rows = await asyncio.to_thread(st.store.list_samples, session_id=session_id, status=status, limit=limit)
-    return {"samples": rows}
+    return rm.SampleList(samples=rows)
 
 
-@router.get("/v1/side_turns", response_model=None, responses={**ok(rm.SideTurnList), **error_responses(400, 401)})
+@router.get(
+    "/v1/side_turns", response_model=rm.SideTurnList, responses={**ok(rm.SideTurnList), **error_responses(400, 401)}
+)
 async def list_side_turns(
     request: Request,
     session_id: str | None = None,
     limit: int = Query(100, ge=1, description="rows at most, <= max_lease_size"),
-) -> dict[str, Any]:
+) -> rm.SideTurnList:
     st = admin_state(request)
     check_count(limit, st.settings.max_lease_size, "limit")
     rows = await asyncio.to_thread(st.store.list_side_turns, session_id=session_id, limit=limit)
-    return {"side_turns": rows}
+    return rm.SideTurnList(side_turns=rows)
 
 
-@router.get("/v1/samples/stats", response_model=None, responses={**ok(rm.SampleStats), **error_responses(401)})
-async def stats(request: Request) -> dict[str, Any]:
+@router.get(
+    "/v1/samples/stats", response_model=rm.SampleStats, responses={**ok(rm.SampleStats), **error_responses(401)}
+)
+async def stats(request: Request) -> rm.SampleStats:
     st = admin_state(request)
-    out = await asyncio.to_thread(st.store.stats)
-    out.update(
-        mode=st.mode_state.to_dict(),
+    counts = await asyncio.to_thread(st.store.stats)
+    feedback = await asyncio.to_thread(st.store.feedback_stats)
+    return rm.SampleStats(
+        **dict(counts),
+        mode=st.mode_state.snapshot(),
         judge_configured=st.pipeline is not None,
-        dispatch={
-            "processed": st.dispatcher.processed,
-            "retries": st.dispatcher.retries,
-            "running_sessions": st.dispatcher.running_sessions,
-        },
+        dispatch=rm.Dispatch(
+            processed=st.dispatcher.processed,
+            retries=st.dispatcher.retries,
+            running_sessions=st.dispatcher.running_sessions,
+        ),
         weight_version=st.gate.version,
         weight_updates=st.weight_sync.updates,
         max_unconsumed_samples=st.settings.max_unconsumed_samples,
         prm=st.scoring.summary() if st.scoring is not None else {"enabled": False},
-        feedback={**await asyncio.to_thread(st.store.feedback_stats), "policy": st.settings.feedback_policy},
+        feedback=rm.FeedbackStats(**dict(feedback), policy=st.settings.feedback_policy),
     )
-    return out
 
 
-@router.get("/admin/mode", response_model=None, responses={**ok(rm.ModeResult), **error_responses(401)})
-async def get_mode(request: Request) -> dict[str, Any]:
-    return admin_state(request).mode_state.to_dict()
-
-
-@router.post("/admin/mode", response_model=None, responses={**ok(rm.ModeResult), **error_responses(400, 401, 415)})
-async def set_mode(request: Request, body: ModeBody) -> dict[str, Any]:
-    st = admin_state(request)
-    from policy_server.rewards.modes import InvalidMode, ModeState
-
-    try:  # validated on a copy, persisted, then applied: a mode in force is always the persisted one
-        snap = ModeState(**st.mode_state.to_dict()).set(body.mode, body.w_rl, body.w_opd)
-    except InvalidMode as exc:
-        raise InvalidRequest(str(exc)) from None
-    await asyncio.to_thread(st.store.set_runtime, "mode", asdict(snap))
-    await asyncio.to_thread(st.store.notify_admin)  # the other replicas follow at once
-    st.mode_state.set(snap.mode, snap.w_rl, snap.w_opd)
-    return st.mode_state.to_dict()
+@router.get("/admin/mode", response_model=ModeSnapshot, responses={**ok(ModeSnapshot), **error_responses(401)})
+async def get_mode(request: Request) -> ModeSnapshot:
+    return admin_state(request).mode_state.snapshot()
 
 
 @router.post(
-    "/admin/weights/update",
-    response_model=None,
-    responses={**ok(rm.WeightsUpdated), **error_responses(400, 401, 415, 502, 503)},
+    "/admin/mode", response_model=ModeSnapshot, responses={**ok(ModeSnapshot), **error_responses(400, 401, 415)}
 )
-async def update_weights(request: Request, body: WeightsBody) -> dict[str, Any]:
+async def set_mode(request: Request, body: ModeBody) -> ModeSnapshot:
     st = admin_state(request)
-    try:
-        result = await st.weight_sync.update(body.model_path, body.weight_version)
-    except Exception:
-        st.metrics.weight_updates.labels(outcome="failed").inc()
-        raise
-    st.metrics.weight_updates.labels(outcome="ok").inc()
-    st.metrics.paused_s.set(result["paused_s"])
-    return result
+    from policy_server.rewards.modes import InvalidMode, ModeState
+
+    current = st.mode_state.snapshot()
+    try:  # validated on a copy, persisted, then applied: a mode in force is always the persisted one
+        snap = ModeState(current.mode, current.w_rl, current.w_opd).set(body.mode, body.w_rl, body.w_opd)
+    except InvalidMode as exc:
+        raise InvalidRequest(str(exc)) from None
+    await asyncio.to_thread(st.store.set_runtime, "mode", snap)
+    await asyncio.to_thread(st.store.notify_admin)  # the other replicas follow at once
+    return st.mode_state.set(snap.mode, snap.w_rl, snap.w_opd)

@@ -31,7 +31,7 @@ from engine.validation import clip, describe_validation_errors
 from policy_server.api import response_models as rm
 from policy_server.api.auth import require_admin, require_client
 from policy_server.api.bodies import read_json_object
-from policy_server.api.openai_schemas import error_responses
+from policy_server.api.openai_schemas import error_responses, json_request_body
 from policy_server.api.response_models import ok
 from policy_server.errors import Conflict, InvalidRequest, NotFound
 from policy_server.rewards.feedback import InvalidFeedback, feedback_value
@@ -61,13 +61,11 @@ def _state(request: Request) -> PolicyState:
 
 @router.post(
     "/v1/feedback",
-    response_model=None,
+    response_model=rm.FeedbackResult,
     responses={**ok(rm.FeedbackResult), **error_responses(400, 404, 409, 415)},
-    openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": FeedbackBody.model_json_schema()}}}
-    },
+    openapi_extra=json_request_body(FeedbackBody.model_json_schema()),
 )
-async def post_feedback(request: Request) -> dict[str, Any]:
+async def post_feedback(request: Request) -> rm.FeedbackResult:
     st = _state(request)
     require_client(request, st.settings)
     raw = await read_json_object(request, st.settings.max_json_depth)
@@ -84,6 +82,8 @@ async def post_feedback(request: Request) -> dict[str, Any]:
         raise InvalidRequest("idempotency key must be 1-256 characters", param="idempotency_key")
     target = await _target(st, body)
     text = body.text.strip() if body.text and body.text.strip() else None
+    if text is not None and st.secrets is not None:  # a secret in feedback never reaches the store or the judge
+        text = (await asyncio.to_thread(st.secrets.redact_text, text))[0]
     try:
         out = await asyncio.to_thread(
             st.store.add_feedback,
@@ -98,9 +98,9 @@ async def post_feedback(request: Request) -> dict[str, Any]:
         raise Conflict(str(exc), param="idempotency_key") from None
     if out is None:
         raise NotFound(f"no recorded turn {target[1]} in session {clip(target[0])}")
-    if not out["duplicate"]:
-        st.metrics.feedback.labels(state=out["state"]).inc()
-    return {**out, "policy": st.settings.feedback_policy}
+    if not out.duplicate:
+        st.metrics.feedback.labels(state=out.state).inc()
+    return rm.FeedbackResult(**dict(out), policy=st.settings.feedback_policy)
 
 
 async def _target(st: PolicyState, body: FeedbackBody) -> tuple[str, int]:
@@ -121,13 +121,15 @@ async def _target(st: PolicyState, body: FeedbackBody) -> tuple[str, int]:
     return sid, body.turn_index
 
 
-@router.get("/admin/feedback", response_model=None, responses={**ok(rm.FeedbackList), **error_responses(400)})
+@router.get(
+    "/admin/feedback", response_model=rm.FeedbackList, responses={**ok(rm.FeedbackList), **error_responses(400)}
+)
 async def list_feedback(
     request: Request,
     session_id: str | None = None,
     limit: int = Query(100, ge=1, le=4096, description="rows at most, newest first"),
-) -> dict[str, Any]:
+) -> rm.FeedbackList:
     st = _state(request)
     require_admin(request, st.settings)
     rows = await asyncio.to_thread(st.store.list_feedback, session_id, limit)
-    return {"feedback": rows, "stats": await asyncio.to_thread(st.store.feedback_stats)}
+    return rm.FeedbackList(feedback=rows, stats=await asyncio.to_thread(st.store.feedback_stats))

@@ -11,7 +11,9 @@
   ``merge=true`` adds ``trajectories``: the leased samples' token-continuous session turns merged into
   ``engine.records.MergedTrajectory`` entries (engine/trajectories.py; rows of two or more samples only), so
   a trainer can run each session's shared prompt once. The samples themselves are unchanged.
-- ``POST /v1/samples/ack {"lease_id"}``: consume; idempotent (a second ack answers ``already_acked``);
+- ``POST /v1/samples/ack {"lease_id", "weight_version"?}``: consume; idempotent (a second ack answers
+  ``already_acked``); ``revoked`` lists the lease's samples whose session was deleted meanwhile (never consumed:
+  the trainer drops them; docs/USERS_DATA.md);
   404 for an unknown lease, 409 for an expired one (its samples went back to ready).
 """
 
@@ -30,8 +32,10 @@ from policy_server.api.auth import admin_state
 from policy_server.api.openai_schemas import error_responses
 from policy_server.api.response_models import ok
 from policy_server.errors import Conflict, InvalidRequest, NotFound
+from policy_server.serving.versions import flag_rolled_back
 from policy_server.store import LeaseError
 from policy_server.store.ready_notifier import lease_when_ready
+from policy_server.store.rows import AckResult
 
 # Every lease route may answer these (auth, body limit, admission, busy store); route-specific ones below.
 router = APIRouter(responses=error_responses(401, 413, 429, 503))
@@ -39,6 +43,8 @@ router = APIRouter(responses=error_responses(401, 413, 429, 503))
 
 class AckBody(BaseModel):
     lease_id: str = Field(..., min_length=1)
+    # The weights the trainer consumed the samples into (the audit's trained_weight_version); optional.
+    weight_version: str | None = Field(None, min_length=1, max_length=256)
 
 
 def check_count(value: int, most: int, param: str) -> None:
@@ -69,7 +75,8 @@ _LEASE_TO_ACK = {
 
 @router.get(
     "/v1/samples/lease",
-    response_model=None,
+    response_model=rm.Lease,
+    response_model_exclude_unset=True,  # a Sample travels as its JSON (absent keys stay absent), as does the lease
     responses={200: {**ok(rm.Lease)[200], "links": _LEASE_TO_ACK}, **error_responses(400, 401)},
 )
 async def lease(
@@ -78,7 +85,7 @@ async def lease(
     min_n: int = Query(1, alias="min", ge=1, description="return as soon as this many are ready, <= max"),
     wait_s: float = Query(0.0, ge=0, description="seconds to wait for min samples, <= max_lease_wait_s"),
     merge: bool = Query(False, description="also return the samples' merged session trajectories"),
-) -> dict[str, Any]:
+) -> rm.Lease:
     st = admin_state(request)
     check_count(max_n, st.settings.max_lease_size, "max")
     if not 1 <= min_n <= max_n:
@@ -89,26 +96,29 @@ async def lease(
         st.store, st.ready, max_n=max_n, min_n=min_n, wait_s=wait_s, lease_s=st.settings.lease_timeout_s
     )
     lease_id, samples = got if got is not None else (None, [])
+    if samples:  # made by a version since rolled back: flagged (the trainer sets it aside, docs/SAFE_UPDATES.md)
+        samples = flag_rolled_back(samples, await asyncio.to_thread(st.store.rolled_back_versions))
     # Only a lease that hands out samples drains the PRM window (those samples' metrics).
     prm_metrics = st.scoring.drain_window() if st.scoring is not None and samples else {}
-    body = {
-        "lease_id": lease_id,
-        "samples": [s.to_json() for s in samples],
-        "lease_timeout_s": st.settings.lease_timeout_s,
-        "prm_metrics": prm_metrics,
-    }
+    body = rm.Lease(
+        lease_id=lease_id, samples=samples, lease_timeout_s=st.settings.lease_timeout_s, prm_metrics=prm_metrics
+    )
     if merge:
-        merged = await asyncio.to_thread(merged_trajectories, samples)  # compares whole sequences: off the loop
-        body["trajectories"] = [t.to_json() for t in merged]
+        # Set only with merge, so the answer without it has no ``trajectories`` key. Compares whole sequences:
+        # off the loop.
+        body.trajectories = await asyncio.to_thread(merged_trajectories, samples)
     return body
 
 
 @router.post(
-    "/v1/samples/ack", response_model=None, responses={**ok(rm.AckResult), **error_responses(400, 401, 404, 409, 415)}
+    "/v1/samples/ack",
+    response_model=AckResult,
+    response_model_exclude_unset=True,  # ``revoked`` only when a session deletion revoked some of the lease's samples
+    responses={**ok(AckResult), **error_responses(400, 401, 404, 409, 415)},
 )
-async def ack(request: Request, body: AckBody) -> dict[str, Any]:
+async def ack(request: Request, body: AckBody) -> AckResult:
     st = admin_state(request)
     try:
-        return await asyncio.to_thread(st.store.ack, body.lease_id)
+        return await asyncio.to_thread(st.store.ack, body.lease_id, weight_version=body.weight_version)
     except LeaseError as exc:
         raise (NotFound if exc.kind == "unknown" else Conflict)(str(exc)) from None

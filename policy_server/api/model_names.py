@@ -46,4 +46,5 @@ def model_card(
         history=settings.history,
         tool_call_parser=family.tool_call_parser,
         reasoning_parser=family.reasoning_parser,
+        reasoning_switch=family.reasoning_switch,
     )

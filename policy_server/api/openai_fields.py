@@ -21,9 +21,12 @@ Contract (CONTRACTS.md "OpenAI fields"):
   stops apply to text after it (policy_server.serving.tool_choice).
 - ``parallel_tool_calls: false``: a forced call is always exactly one; with ``tool_choice: auto`` the
   engine stops at the first ``</tool_call>`` (kept in the text), so at most one call is returned.
-- ``reasoning_effort``: one of ``none minimal low medium high xhigh``. The policy's chat template only has
-  thinking on/off (``enable_thinking``): ``none``/``minimal`` render the prompt with thinking off (an empty
-  ``<think></think>`` block, so the reply has no reasoning), every other value leaves the template default.
+- ``reasoning_effort``: one of ``none minimal low medium high xhigh``, mapped onto the variable the policy's chat
+  template switches its reasoning with (engine.chat_families.reasoning_template_kwargs): Qwen3's
+  ``enable_thinking`` and DeepSeek-V3.1's ``thinking`` are off for ``none``/``minimal`` and on otherwise;
+  gpt-oss's ``reasoning_effort`` takes the level (``xhigh`` -> ``high``; ``none``/``minimal`` -> ``low``, the
+  least it has); a template without such a variable renders the same whatever the field says. Without the
+  field the template's own default applies.
 - ``stream_options`` (``include_usage``, ``continuous_usage_stats``: every chunk then carries the usage so
   far) only together with ``stream: true``; otherwise a 400, as vLLM answers.
 - ``prompt_cache_key`` is accepted (the engine's prefix cache needs no key) and read as a session hint
@@ -39,6 +42,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from engine.chat_families import reasoning_template_kwargs
 from engine.validation import clip, clip_name, most_specific_error
 from policy_server.api.openai_schemas import ChatRequest, ChatRequestDoc, inline_schema
 from policy_server.errors import InvalidRequest
@@ -48,7 +52,6 @@ from policy_server.serving.tool_choice import (
 )
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
-THINKING_OFF_EFFORTS = ("none", "minimal")
 PARALLEL_STOP = "</tool_call>"
 
 
@@ -155,9 +158,19 @@ def apply_constraints(
 
 
 def apply_extras(
-    extras: ChatExtras, sp: dict[str, Any], *, vocab_size: int, forced_tools: bool, tools: bool, behind_router: bool
+    extras: ChatExtras,
+    sp: dict[str, Any],
+    *,
+    vocab_size: int,
+    forced_tools: bool,
+    tools: bool,
+    behind_router: bool,
+    keep_special_tokens: bool,
 ) -> None:
-    """Add this module's engine sampling parameters to ``sp`` (in place)."""
+    """Add this module's engine sampling parameters to ``sp`` (in place); ``keep_special_tokens``: the family's
+    markup in the reply may be special tokens (engine.chat_families.ChatFamily.keeps_special_tokens)."""
+    if keep_special_tokens:
+        sp["skip_special_tokens"] = False
     if extras.logit_bias:
         if behind_router:
             raise InvalidRequest(
@@ -176,10 +189,10 @@ def apply_extras(
         sp["no_stop_trim"] = True  # the closing tag must stay in the text for the call to parse
 
 
-def chat_template_kwargs(extras: ChatExtras) -> dict[str, Any] | None:
-    if extras.reasoning_effort in THINKING_OFF_EFFORTS:
-        return {"enable_thinking": False}
-    return None
+def chat_template_kwargs(extras: ChatExtras, reasoning_switch: str | None) -> dict[str, Any] | None:
+    """The chat template's arguments for the request: ``reasoning_effort`` through the template's own
+    ``reasoning_switch`` (engine.chat_families)."""
+    return reasoning_template_kwargs(reasoning_switch, extras.reasoning_effort)
 
 
 def token_logprobs(
@@ -203,8 +216,14 @@ def hindsight_extension(weight_version: str | None, session_id: str | None) -> d
     return {"weight_version": weight_version, "session_id": session_id}
 
 
-def hindsight_headers(weight_version: str | None, session_id: str | None) -> dict[str, str]:
+def hindsight_headers(
+    weight_version: str | None, session_id: str | None, deletion_token: str | None = None
+) -> dict[str, str]:
+    """The ``X-Hindsight-*`` answer headers: weight version, session id and the session's deletion token
+    (policy_server.serving.deletion_tokens)."""
     headers = {}
+    if deletion_token is not None:
+        headers["X-Hindsight-Deletion-Token"] = deletion_token
     if weight_version is not None:
         headers["X-Hindsight-Weight-Version"] = str(weight_version)
     if session_id is not None and session_id.isascii():  # HTTP headers are latin-1; the body field has it all

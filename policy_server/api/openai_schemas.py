@@ -267,6 +267,12 @@ def body_schema(model: type[BaseModel]) -> dict[str, Any]:
     return inline_schema(TypeAdapter(model))
 
 
+def json_request_body(schema: dict[str, Any]) -> dict[str, Any]:
+    """A route's ``openapi_extra`` for a required JSON body of ``schema`` (routes that read the raw body, so
+    FastAPI does not document it from a parameter)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
 def request_schema(model: type[BaseModel]) -> dict[str, Any]:
     """:func:`body_schema` with the session fallbacks every client route accepts (removed before the model sees
     the body)."""

@@ -4,10 +4,9 @@ the engine answers and the store can write, and while draining) and ``/metrics``
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 
 from policy_server.api import model_names
 from policy_server.api import openai_schemas as oa
@@ -57,13 +56,14 @@ async def health() -> Health:
 
 @router.get(
     "/ready",
-    response_model=None,
+    response_model=Ready,
+    response_model_exclude_unset=True,  # the detail fields are set only for the admin key's holder
     responses={
         **ok(Ready, "ready (same body as the 503)"),
         503: {"model": Ready, "description": "engine down, store busy or draining"},
     },
 )
-async def ready(request: Request) -> JSONResponse:
+async def ready(request: Request, response: Response) -> Ready:
     """200 when the engine answers, the store can start a write now and the server is not draining, else 503.
     Anyone sees the three checks; the detail (engine URL, weight version, gate, why the store is busy) only
     the admin key's holder."""
@@ -72,19 +72,17 @@ async def ready(request: Request) -> JSONResponse:
     engine_ok = await st.engine.health(timeout_s=2.0)
     store_problem = await asyncio.to_thread(st.store.probe, min(0.5, st.settings.store_busy_timeout_s))
     ok = not draining and engine_ok and store_problem is None
-    detail: dict[str, Any] = {}
-    if is_admin(request, st.settings):  # set only here (exclude_unset below): only the admin's body has them
-        detail = {
-            "engine_url": st.settings.engine_url,
-            "weight_version": st.gate.version,
-            "gate_open": st.gate.is_open,
-            "judge": bool(st.pipeline),
-            "store_detail": store_problem,
-        }
-    body = Ready(ready=ok, engine=engine_ok, store=store_problem is None, draining=draining, **detail)
-    return JSONResponse(
-        body.model_dump(exclude_unset=True), status_code=200 if ok else 503, headers={} if ok else {"Retry-After": "5"}
-    )
+    body = Ready(ready=ok, engine=engine_ok, store=store_problem is None, draining=draining)
+    if is_admin(request, st.settings):  # set only here (exclude_unset): only the admin's body has them
+        body.engine_url = st.settings.engine_url
+        body.weight_version = st.gate.version
+        body.gate_open = st.gate.is_open
+        body.judge = bool(st.pipeline)
+        body.store_detail = store_problem
+    if not ok:
+        response.status_code = 503
+        response.headers["Retry-After"] = "5"
+    return body
 
 
 @router.get(

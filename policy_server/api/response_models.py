@@ -1,9 +1,10 @@
 """The policy server's 200 bodies as OpenAPI documents them: one model per route, each as exact as the route.
 
-Role: the ops routes (``/v1/models``, ``/v1/models/{id}``, ``/health``, ``/ready``) build their bodies as these
-models, so each of those bodies is written once; the other routes still return plain dicts (the chat answer on
-the hot path) and their models document and check them: tests/reliability/test_schemathesis.py checks every
-answer against these models, so a body that drifts from its model fails there. Nullable where the route may send null,
+Role: the ops, admin, lease and feedback routes return their bodies as these models (the route's
+``response_model``), so each of those bodies is written once; where the store's record is the body as it is
+(an ack, a sample row, a side turn, a feedback row) the model is that record (policy_server.store.rows). The chat
+answer on the hot path is still a plain dict that its model documents and checks:
+tests/reliability/test_schemathesis.py checks every answer against these models. Nullable where the route may send null,
 closed (no extra fields) where the route's body is fixed.
 """
 
@@ -12,6 +13,16 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from engine.records import MergedTrajectory, ModeSnapshot, Sample
+from policy_server.store.rows import (
+    FeedbackAnswer,
+    FeedbackCounts,
+    FeedbackRow,
+    SampleRow,
+    SideTurn,
+    StoreCounts,
+)
 
 
 class _Closed(BaseModel):
@@ -99,6 +110,7 @@ class ModelCard(_Closed):
     history: Literal["sampled", "template"]  # how a continuing turn's history is rendered (docs/LONG_SESSIONS.md)
     tool_call_parser: str  # the markup tool calls are read and forced in (SGLang's parser names)
     reasoning_parser: str | None
+    reasoning_switch: str | None  # the template variable ``reasoning_effort`` is passed as (engine.chat_families)
 
 
 class ModelList(_Closed):
@@ -107,31 +119,14 @@ class ModelList(_Closed):
 
 
 class Lease(_Closed):
-    """A lease: ``lease_id`` null and ``samples`` empty when nothing was ready within ``wait_s``."""
+    """A lease: ``lease_id`` null and ``samples`` empty when nothing was ready within ``wait_s``; ``trajectories``
+    only with ``merge=true`` (the merged session trajectories), absent otherwise."""
 
     lease_id: str | None
-    samples: list[dict[str, Any]]  # engine.records.SampleRecord JSON (CONTRACTS.md)
+    samples: list[Sample]  # each as its JSON (CONTRACTS.md): the route answers without unset fields
     lease_timeout_s: float
     prm_metrics: dict[str, float]
-    trajectories: list[dict[str, Any]] | None = None  # with merge=true: the merged session trajectories
-
-
-class AckResult(_Closed):
-    lease_id: str
-    acked: int = Field(..., ge=0)
-    already_acked: bool
-
-
-class ModeResult(_Closed):
-    mode: str
-    w_rl: float
-    w_opd: float
-
-
-class WeightsUpdated(_Closed):
-    success: Literal[True]
-    weight_version: str
-    paused_s: float = Field(..., ge=0)
+    trajectories: list[MergedTrajectory] | None = None
 
 
 class Health(_Closed):
@@ -152,80 +147,24 @@ class Ready(_Closed):
     store_detail: str | None = None
 
 
-class SampleTurn(_Closed):
-    pairing: str | None
-    pairing_note: str | None
-    next_state: list[dict[str, Any]] | None
-    session_rule: str | None
-    session_decision: str | None
-
-
-class SampleRow(_Closed):
-    """A sample row of ``/v1/samples`` (read-only view; ``sample`` is the Sample JSON once judged)."""
-
-    sample_id: str
-    session_id: str
-    turn_index: int = Field(..., ge=0)
-    status: str
-    reject_reason: str | None
-    attempts: int = Field(..., ge=0)
-    last_error: str | None
-    created_at: float
-    updated_at: float
-    sample: dict[str, Any] | None
-    turn: SampleTurn
-
-
 class SampleList(_Closed):
     samples: list[SampleRow]
-
-
-class SideTurn(_Closed):
-    side_id: str
-    session_id: str | None
-    created_at: float
-    rule: str
-    record: dict[str, Any]  # engine.records.TurnRecord JSON
 
 
 class SideTurnList(_Closed):
     side_turns: list[SideTurn]
 
 
-class FeedbackCounts(BaseModel):
-    """Feedback counts by state (every state listed) and ``total``."""
-
-    model_config = ConfigDict(extra="allow")
-    total: int = Field(..., ge=0)
-
-
 class FeedbackStats(FeedbackCounts):
+    """Feedback counts and the feedback policy in force."""
+
     policy: str
 
 
-class FeedbackResult(_Closed):
-    feedback_id: str
-    session_id: str
-    turn_index: int = Field(..., ge=0)
-    state: str
-    sample_status: str | None
-    duplicate: bool
+class FeedbackResult(FeedbackAnswer):
+    """``POST /v1/feedback``: what the store did, and the feedback policy in force."""
+
     policy: str
-
-
-class FeedbackRow(_Closed):
-    feedback_id: str
-    session_id: str
-    turn_index: int = Field(..., ge=0)
-    value: float
-    text: str | None
-    idempotency_key: str | None
-    state: str
-    created_at: float
-    applied_at: float | None
-    judge_sign: int | None = Field(
-        None, ge=-1, le=1, description="sign of the turn's PRM verdict once settled; null without one"
-    )
 
 
 class FeedbackList(_Closed):
@@ -239,25 +178,10 @@ class Dispatch(_Closed):
     running_sessions: int = Field(..., ge=0)
 
 
-class SampleStats(_Closed):
+class SampleStats(StoreCounts):
     """``/v1/samples/stats``: the store's counters, the mode, dispatch, weights, PRM and feedback."""
 
-    samples: dict[str, int]
-    reject_reasons: dict[str, int]
-    turns: int = Field(..., ge=0)
-    turns_awaiting_next_state: int = Field(..., ge=0)
-    sessions: int = Field(..., ge=0)
-    sessions_open: int = Field(..., ge=0)
-    history_mismatches: int = Field(..., ge=0)
-    active_leases: int = Field(..., ge=0)
-    pending_judge_retrying: int = Field(..., ge=0)
-    pending_score_retrying: int = Field(..., ge=0)
-    inferred_sessions: int = Field(..., ge=0)
-    # ended sessions, every turn decided, none included: at-least-one found nothing trainable to promote
-    sessions_without_sample: int = Field(..., ge=0)
-    side_turns: dict[str, int]
-    turns_by_session_rule: dict[str, int]
-    mode: ModeResult
+    mode: ModeSnapshot
     judge_configured: bool
     dispatch: Dispatch
     weight_version: str | None

@@ -51,7 +51,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from pydantic import ValidationError
 
@@ -74,7 +74,7 @@ from engine.tool_grammar import is_constrained as grammar_constrained
 from engine.validation import describe_validation_errors
 from judge_server.errors import JudgeUnavailable
 from policy_server.errors import StoreBusy
-from policy_server.rewards.scoring import PRMScoring, apply_outcome, held_outcomes
+from policy_server.rewards.scoring import PRMScoring, apply_outcome, held_outcomes, held_samples
 from policy_server.store import SampleStore
 from policy_server.store.feedback_rule import applicable, apply_feedback
 from policy_server.store.rows import JudgeJob
@@ -104,7 +104,7 @@ class TurnPipeline(Protocol):
     async def process(
         self,
         turn: PipelineTurn,
-        next_state: list[dict[str, Any]] | None,
+        next_state: list[dict[str, object]] | None,
         *,
         session_has_included: bool,
         session_done: bool,
@@ -316,7 +316,8 @@ class Dispatcher:
         """Judge one turn; returns False when it must be retried later."""
         turn = await asyncio.to_thread(self.store.get_turn, job.session_id, job.turn_index)
         session = await asyncio.to_thread(self.store.session, job.session_id)
-        assert turn is not None and session is not None, "a pending sample always has its turn and session"
+        if turn is None or session is None:  # the session was deleted meanwhile: nothing left to judge
+            return True
         assert self.pipeline is not None, "pending jobs are only processed with a pipeline"
         feedback = await asyncio.to_thread(self.store.turn_feedback, job.session_id, job.turn_index)
         hint = feedback.text if feedback is not None and feedback.text and self.feedback_hint else None
@@ -357,16 +358,19 @@ class Dispatcher:
             )
             included = status in (S.READY, S.PENDING_SCORE)
             result = result.model_copy(update={"status": status, "reject_reason": why, "included": included})
-        data: Sample | SampleJSON = raw
         try:
             data = Sample.model_validate(raw)
         except ValidationError as exc:
-            # An unusable value is rejected by the store with its own reason (invalid_values: ...); any other
-            # departure from the schema is a pipeline bug: reject it visibly, keeping only the turn's fields.
-            if value_problem(raw) is None:
+            # Off the schema, the sample cannot be stored: an unusable value is rejected with its own reason
+            # (invalid_values: ..., as the store names it for a value the schema admits); any other departure is a
+            # pipeline bug. Either is rejected visibly, keeping only the turn's fields.
+            why = value_problem(raw)
+            if why is None:
                 logger.error("sample of %s/%s is off the schema: %s", job.session_id, job.turn_index, exc)
                 result = _pipeline_error(exc)
-                data = Sample.model_validate(_sample_json({}, turn, job.sample_id))
+            else:
+                result = PipelineOutcome.rejected(RejectReason.with_detail(RejectReason.INVALID_VALUES, why))
+            data = Sample.model_validate(_sample_json({}, turn, job.sample_id))
         await asyncio.to_thread(
             self.store.complete_judge,
             job.sample_id,
@@ -389,14 +393,14 @@ class Dispatcher:
         if not await asyncio.to_thread(self.store.scorable_sessions, session_id):
             return None
         trajectory = await asyncio.to_thread(self.store.session_trajectory, session_id)
-        held = [t["sample"] for t in trajectory if (t.get("sample") or {}).get("status") == S.PENDING_SCORE]
+        held = [sample for _, sample in held_samples(trajectory)]
         if not held:
             return None
         assert self.scoring is not None, "held samples are only scored with PRM scoring on"
         outcome = await self.scoring.score_held_session(trajectory)
         if outcome.kind == "retry":
             self.retries += 1
-            attempts = max(s["attempts"] for s in held)
+            attempts = max(s.attempts for s in held)
             logger.warning(
                 "scoring session %s deferred (attempt %d, %d held): %s",
                 session_id,

@@ -9,7 +9,6 @@ docs/REWARD_MODES.md ("Explicit feedback") is the user-facing contract.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 VALUE_WORDS = {"up": 1.0, "down": -1.0}
 
@@ -18,7 +17,7 @@ class InvalidFeedback(ValueError):
     """A feedback value the route must answer with 400."""
 
 
-def feedback_value(value: Any) -> float:
+def feedback_value(value: object) -> float:
     """``up`` / ``down`` or a finite number in [-1, 1] as a float; InvalidFeedback otherwise."""
     if isinstance(value, str):
         if value.strip().lower() in VALUE_WORDS:

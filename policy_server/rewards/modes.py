@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass
 from typing import Any, Protocol, cast
 
 from engine.records import (
@@ -56,6 +55,7 @@ from engine.records import (
     JudgeUsage,
     JudgeVerdicts,
     Mode,
+    ModeSnapshot,
     PipelineOutcome,
     PipelineTurn,
     PrmVerdict,
@@ -104,13 +104,13 @@ class Judge(Protocol):
 
     async def judge(
         self,
-        context: list[dict[str, Any]],
-        response: dict[str, Any],
-        next_state: list[dict[str, Any]],
+        context: list[dict[str, object]],
+        response: dict[str, object],
+        next_state: list[dict[str, object]],
         tasks: list[str],
         m: int | None = None,
         *,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, object]] | None = None,
     ) -> JudgeVerdicts: ...
 
 
@@ -135,15 +135,6 @@ class RewardSettings(Protocol):
     def teacher_max_concurrency(self) -> int: ...
     @property
     def teacher_deadline_s(self) -> float | None: ...
-
-
-@dataclass(frozen=True)
-class ModeSnapshot:
-    """The mode and combine weights in force for one turn (read once per process() call)."""
-
-    mode: Mode
-    w_rl: float
-    w_opd: float
 
 
 def _check_weight(name: str, value: float) -> float:
@@ -191,9 +182,6 @@ class ModeState:
 
     def snapshot(self) -> ModeSnapshot:
         return self._snap
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self._snap)
 
     @property
     def mode(self) -> str:
@@ -295,7 +283,7 @@ class RewardPipeline:
     async def process(
         self,
         turn: PipelineTurn,
-        next_state: list[dict[str, Any]] | None,
+        next_state: list[dict[str, object]] | None,
         *,
         session_has_included: bool,
         session_done: bool,

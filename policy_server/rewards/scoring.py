@@ -54,7 +54,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
+
+from prometheus_client import CollectorRegistry
 
 from engine.errors import EngineTimeout, EngineUnavailable
 from engine.records import (
@@ -64,11 +66,11 @@ from engine.records import (
     RejectReason,
     Sample,
     SampleState,
-    SampleStatus,
     ScoringTurn,
     Turn,
 )
 from judge_server.errors import JudgeUnavailable
+from policy_server.store.rows import SampleRow, ScoredSample, TrajectoryTurn
 
 if TYPE_CHECKING:  # the PRM package loads only when --prm-config is given (PRMScoring.start)
     from prm import PRMRunner
@@ -117,23 +119,25 @@ def unreachable_cause(exc: BaseException) -> BaseException | None:
     return None
 
 
-def scoring_turn(turn: dict[str, Any], judge_prm: PrmVerdict | dict[str, Any] | None = None) -> dict[str, Any]:
+def scoring_turn(turn: Turn, judge_prm: object = None) -> dict[str, object]:
     """The ``score_session`` turn dict of one stored turn, scored alone (no parent, its own next state): the
     :class:`~engine.records.ScoringTurn` fields (copied), then its ``extra``: tools, weight version and the
-    pipeline's PRM verdict as its JSON (a stored verdict is already JSON)."""
+    pipeline's PRM verdict as its JSON (a stored verdict is already JSON; anything else is no verdict). The dict is the scorer framework's
+    input (prm.score_session), built here and nowhere else."""
     if isinstance(judge_prm, PrmVerdict):
         judge_prm = judge_prm.to_json()
-    own = {k: turn[k] for k in SCORING_TURN_KEYS - {"parent_turn_index"} if turn.get(k) is not None}
+    recorded = turn.to_json()
+    own = {k: recorded[k] for k in SCORING_TURN_KEYS - {"parent_turn_index"} if recorded.get(k) is not None}
     return {
         **ScoringTurn.model_validate(own).model_dump(),
-        "tools": turn.get("tools"),
-        "weight_version": turn.get("weight_version"),
+        "tools": turn.tools,
+        "weight_version": turn.weight_version,
         "judge_prm": judge_prm if isinstance(judge_prm, dict) else None,
     }
 
 
-def session_turns(trajectory: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ``score_session`` turn dicts of a finished session (``Store.session_trajectory`` rows).
+def session_turns(trajectory: list[TrajectoryTurn]) -> list[dict[str, object]]:
+    """The ``score_session`` turn dicts of a finished session (``Store.session_trajectory``).
 
     Every turn whose pairing is resolved is in, decided or not trained on alike (rejected turns and the final
     turn without a next state are context); a turn still awaiting its next state (recorded after the session
@@ -141,36 +145,36 @@ def session_turns(trajectory: list[dict[str, Any]]) -> list[dict[str, Any]]:
     is the previous recorded turn; ``next_state`` is the stored one (``[]`` when there is none). ``extra``
     adds the sample's ``sample_status`` and ``reject_reason`` so a scorer can tell context from trained turns.
     """
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     prev: int | None = None
     for t in trajectory:
-        sample = t.get("sample")
-        if sample is None:
+        if t.sample is None:
             continue
-        data = sample.get("data") or {}
-        d = scoring_turn(t, data.get("prm"))
-        d.update(parent_turn_index=prev, sample_status=sample.get("status"), reject_reason=sample.get("reject_reason"))
+        d = scoring_turn(t.turn, (t.sample.sample or {}).get("prm"))
+        d.update(parent_turn_index=prev, sample_status=t.sample.status, reject_reason=t.sample.reject_reason)
         out.append(d)
-        prev = t["turn_index"]
+        prev = t.turn.turn_index
     return out
 
 
-def held_outcomes(
-    trajectory: list[dict[str, Any]], outcome: SessionOutcome
-) -> list[tuple[str, SampleStatus, str | None, Sample]]:
+def held_samples(trajectory: list[TrajectoryTurn]) -> list[tuple[Turn, SampleRow]]:
+    """The trajectory's turns held ``pending_score``, each with its sample row."""
+    return [
+        (t.turn, t.sample) for t in trajectory if t.sample is not None and t.sample.status == SampleState.PENDING_SCORE
+    ]
+
+
+def held_outcomes(trajectory: list[TrajectoryTurn], outcome: SessionOutcome) -> list[ScoredSample]:
     """``Store.complete_score`` rows for the held samples of a ``scored`` or ``rejected`` session outcome."""
     rows = []
-    for t in trajectory:
-        sample = t.get("sample") or {}
-        if sample.get("status") != SampleState.PENDING_SCORE:
-            continue
+    for turn, sample in held_samples(trajectory):
         one = (
-            ScoreOutcome("scored", token_rewards=outcome.token_rewards[t["turn_index"]])
+            ScoreOutcome("scored", token_rewards=outcome.token_rewards[turn.turn_index])
             if outcome.kind == "scored"
             else ScoreOutcome("rejected", reason=outcome.reason)
         )
-        res = apply_outcome(PipelineOutcome.ready(Sample.model_validate(sample.get("data") or {})), one)
-        rows.append((sample["sample_id"], res.status, res.reject_reason, res.sample))
+        res = apply_outcome(PipelineOutcome.ready(Sample.model_validate(sample.sample or {})), one)
+        rows.append(ScoredSample(sample.sample_id, res.status, res.reject_reason, res.sample))
     return rows
 
 
@@ -225,18 +229,18 @@ class PRMScoring:
         )
         return cls(runner, path, config, scope=scope)
 
-    def register(self, registry: Any) -> None:
+    def register(self, registry: CollectorRegistry) -> None:
         from prm import register_prometheus
 
         register_prometheus(registry, self.runner.metrics)
 
-    async def score_turn(self, turn: Turn, judge_prm: PrmVerdict | dict[str, Any] | None = None) -> ScoreOutcome:
+    async def score_turn(self, turn: Turn, judge_prm: PrmVerdict | dict[str, object] | None = None) -> ScoreOutcome:
         """Score one judged turn (a stored turn with its ``next_state``); see the module contract."""
         from prm import score_session
 
         idx = turn.turn_index
         try:
-            rewards = await score_session(self.runner, [scoring_turn(turn.to_json(), judge_prm)], is_eval=False)
+            rewards = await score_session(self.runner, [scoring_turn(turn, judge_prm)], is_eval=False)
         except Exception as exc:  # noqa: BLE001 (user scorer code: any failure becomes an explicit outcome)
             return self._count(self._failure(exc, f"{turn.session_id}/{idx}"))
         got = rewards.get(idx)
@@ -251,23 +255,23 @@ class PRMScoring:
             )
         return self._count(ScoreOutcome("scored", token_rewards=[float(v) for v in got]))
 
-    async def score_held_session(self, trajectory: list[dict[str, Any]]) -> SessionOutcome:
+    async def score_held_session(self, trajectory: list[TrajectoryTurn]) -> SessionOutcome:
         """Score a finished session at once (``prm_scope: session``); ``trajectory`` is
         ``Store.session_trajectory``. Every decided turn is part of the trajectory; only the held
         (``pending_score``) ones get rewards. All-or-nothing: a rejection covers every held sample."""
         from prm import score_session
 
         turns = session_turns(trajectory)
-        held = [t for t in trajectory if (t.get("sample") or {}).get("status") == SampleState.PENDING_SCORE]
-        sid = trajectory[0]["session_id"] if trajectory else "?"
+        held = held_samples(trajectory)
+        sid = trajectory[0].turn.session_id if trajectory else "?"
         try:
             rewards = await score_session(self.runner, turns, is_eval=False)
         except Exception as exc:  # noqa: BLE001 (user scorer code: any failure becomes an explicit outcome)
             out = self._failure(exc, sid)
             return self._count_session(SessionOutcome(out.kind, reason=out.reason), len(held))
         per_turn: dict[int, list[float]] = {}
-        for t in held:
-            idx, n = t["turn_index"], len(t.get("response_ids") or [])
+        for turn, _ in held:
+            idx, n = turn.turn_index, len(turn.response_ids)
             got = rewards.get(idx)
             # The per-turn check of score() above, for a whole session (each counts its own outcome).
             if got is None or len(got) != n:
@@ -310,7 +314,7 @@ class PRMScoring:
     def drain_window(self) -> dict[str, float]:
         return self.runner.metrics.drain_window()
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """Cumulative view for GET /v1/samples/stats (does not drain the window)."""
         return {
             "enabled": True,

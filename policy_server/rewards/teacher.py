@@ -61,7 +61,7 @@ def load_hint_template(name: str = TEMPLATE_NAME) -> HintTemplate:
     return HintTemplate(name=name, text=tpl.content, version=tpl.version)
 
 
-def append_hint(messages: list[dict[str, Any]], hint: str, template: HintTemplate) -> list[dict[str, Any]]:
+def append_hint(messages: list[dict[str, object]], hint: str, template: HintTemplate) -> list[dict[str, object]]:
     """Messages with ``hint`` appended to the last user message (a new user message if there is none).
 
     The input is never mutated. Content parts are flattened to text first (normalize_messages), as
@@ -78,12 +78,12 @@ def append_hint(messages: list[dict[str, Any]], hint: str, template: HintTemplat
 
 def build_teacher_prompt_ids(
     tokenizer: Any,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
+    messages: list[dict[str, object]],
+    tools: list[dict[str, object]] | None,
     hint: str,
     template: HintTemplate,
     *,
-    chat_template_kwargs: dict[str, Any] | None = None,
+    chat_template_kwargs: dict[str, object] | None = None,
 ) -> list[int]:
     """Token ids of the hint-augmented prompt, rendered exactly like a policy prompt (generation prompt on)."""
     return render_prompt_ids(

@@ -5,7 +5,9 @@ before generating: the backlog check (a main turn is refused with 429 while the 
 unconsumed samples), the session's arrival (or the inferred session's claim) and the prompt's render. A
 render that fails still writes the pairing the request owes. The API layer (policy_server.api.chat.answer)
 then generates through ``st.generator`` with the turn's ``prompt_ids``, ``sp`` and ``res``, and answers as
-JSON or SSE. Only main turns of a session are recorded (:meth:`ChatTurn.finish_turn`); the record is
+JSON or SSE. Opted-out requests (policy_server.serving.opt_out) are served as side turns (``off``) or
+recorded nowhere (``none``); secrets are redacted out of every record before it is stored
+(policy_server.serving.secrets). Only main turns of a session are recorded (:meth:`ChatTurn.finish_turn`); the record is
 committed before the client receives the end of the answer (the final chunk when streaming). A client
 that leaves, or an engine that fails, ends the turn through policy_server.serving.undelivered
 (:meth:`ChatTurn.engine_failed`, :meth:`ChatTurn.abandon_stream`). Nothing here knows an API shape.
@@ -19,7 +21,6 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any
 
 from engine.errors import EngineError
 from engine.records import TurnRecord
@@ -27,6 +28,8 @@ from engine.tool_grammar import is_constrained
 from policy_server.errors import Backpressure
 from policy_server.serving.generation import GenResult
 from policy_server.serving.identity import HEADER, INFERRED, Identity, SessionHint
+from policy_server.serving.opt_out import NONE, OFF, ON, OPT_OUT_RULE
+from policy_server.serving.secrets import redact_record
 from policy_server.serving.sessions import Arrival
 from policy_server.serving.side_rules import HEADER_RULE
 from policy_server.serving.turn_state import ServingState
@@ -39,11 +42,11 @@ logger = logging.getLogger(__name__)
 class ChatInput:
     """What the serving layer needs of a chat request the API layer validated, with its session headers."""
 
-    messages: list[dict[str, Any]]  # validated, in the shape the chat template renders
-    tools: list[dict[str, Any]] | None  # the request's tool definitions (rendered, and kept in the record)
-    template_kwargs: dict[str, Any] | None  # chat template switches (e.g. thinking off), also for the teacher
+    messages: list[dict[str, object]]  # validated, in the shape the chat template renders
+    tools: list[dict[str, object]] | None  # the request's tool definitions (rendered, and kept in the record)
+    template_kwargs: dict[str, object] | None  # chat template switches (e.g. thinking off), also for the teacher
     top_logprobs_num: int  # alternatives per token the engine reports (the client's top_logprobs)
-    sp: dict[str, Any]  # the engine's sampling params, any grammar included
+    sp: dict[str, object]  # the engine's sampling params, any grammar included
     forced: bool  # tool_choice forces a call
     sid: str | None
     turn_type: str  # "main" or "side"
@@ -57,7 +60,7 @@ class ChatInput:
     # The messages pairing and session choice compare (None: ``messages``). A Responses chain compares its
     # conversation under the instructions of the turn it continues: instructions belong to one request only.
     # Set only when it differs from ``messages``; the prompt is then a full render, never a continuation.
-    transcript: list[dict[str, Any]] | None = None
+    transcript: list[dict[str, object]] | None = None
 
 
 async def check_backlog(st: ServingState) -> None:
@@ -75,12 +78,12 @@ async def check_backlog(st: ServingState) -> None:
 
 
 def turn_record(
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
+    messages: list[dict[str, object]],
+    tools: list[dict[str, object]] | None,
     res: GenResult,
-    message: dict[str, Any],
-    sp: dict[str, Any],
-    template_kwargs: dict[str, Any] | None,
+    message: dict[str, object],
+    sp: dict[str, object],
+    template_kwargs: dict[str, object] | None,
     response_id: str | None = None,
     identity: Identity | None = None,
 ) -> TurnRecord:
@@ -132,7 +135,7 @@ class ChatTurn:
         sid: str | None,
         record: bool,
         arrival: Arrival | None,
-        template_kwargs: dict[str, Any] | None,
+        template_kwargs: dict[str, object] | None,
         prompt_ids: list[int],
         identity: Identity | None = None,
         side_rule: str | None = None,
@@ -147,6 +150,9 @@ class ChatTurn:
             prompt_ids=list(prompt_ids), rid_prefix=f"hs-{hexid}-", top_logprobs_num=chat.top_logprobs_num
         )
         self.record_task: asyncio.Task[int] | None = None  # the turn record on its way into the store
+        # A session that keeps this turn's text gets the token that deletes it (serving.deletion_tokens).
+        tokens = st.deletion_tokens
+        self.deletion_token = tokens.token(sid) if tokens is not None and sid is not None else None
 
     @classmethod
     async def begin(cls, st: ServingState, chat: ChatInput) -> ChatTurn:
@@ -154,25 +160,38 @@ class ChatTurn:
         ready to generate."""
         hint = chat.hint or (SessionHint(chat.sid, HEADER) if chat.sid is not None else SessionHint(None, INFERRED))
         side_rule = None
-        if chat.turn_type == "side":
+        if hint.train == OFF:
+            side_rule = OPT_OUT_RULE
+        elif chat.turn_type == "side":
             side_rule = HEADER_RULE if chat.typed else "default_turn_type"
         elif not chat.typed and st.side_rules is not None:
             side_rule = st.side_rules.match(chat.messages)
-        main = side_rule is None
+        main = side_rule is None and hint.train == ON
         assert st.resolver is not None
         if main and (hint.key is not None or hint.previous_response_id is not None or st.resolver.inferrer):
             await check_backlog(st)
         transcript = chat.messages if chat.transcript is None else chat.transcript
-        ident = await st.resolver.resolve(hint, transcript, main=main, done=chat.done)
+        secret = False
+        if st.secrets is not None and hint.train != NONE:
+            # Pairing and session choice compare the transcript as the store keeps it: redacted the same way.
+            transcript, kinds = await asyncio.to_thread(st.secrets.redact, transcript)
+            secret = bool(kinds)
+        if hint.train == NONE:  # store nothing: not even the session's row
+            ident = Identity(None, None, OPT_OUT_RULE, NONE)
+        else:
+            ident = await st.resolver.resolve(hint, transcript, main=main, done=chat.done)
         record = main and ident.sid is not None
         st.metrics.turns.labels(turn_type="main" if record else "side").inc()
         if side_rule is not None:
             st.metrics.side_turns.labels(rule=side_rule).inc()
+        if hint.train != ON:
+            st.metrics.opted_out.labels(train=hint.train).inc()
         template_kwargs = chat.template_kwargs
         # The paired turn's ids are continued only when the pairing compared the messages the model sees: under
         # another transcript (other instructions) the prompt's start differs from that turn's, so it is rendered
-        # in full (engine.continuation trusts the pairing for the history it continues).
-        prior = ident.arrival.prior if ident.arrival is not None and chat.transcript is None else None
+        # in full (engine.continuation trusts the pairing for the history it continues). A prompt holding a secret
+        # is rendered in full too: the turn it continues was stored without ids.
+        prior = ident.arrival.prior if ident.arrival is not None and chat.transcript is None and not secret else None
         try:
             rendered = await st.generator.render(chat.messages, chat.tools, template_kwargs, prior)
         except BaseException:
@@ -182,7 +201,7 @@ class ChatTurn:
         st.metrics.prompt_tokens.labels(kind="reused").inc(rendered.reused_tokens)
         st.metrics.prompt_tokens.labels(kind="rendered").inc(len(rendered.ids) - rendered.reused_tokens)
         prompt_ids = rendered.ids
-        return cls(
+        turn = cls(
             st,
             chat,
             sid=ident.sid,
@@ -193,37 +212,36 @@ class ChatTurn:
             identity=ident,
             side_rule=side_rule,
         )
+        if record and st.canary is not None:  # a main turn goes to its session's version (safe updates)
+            turn.res.engine = await st.canary.engine_for(ident.sid)
+        return turn
 
-    async def finish_turn(self, res: GenResult, message: dict[str, Any]) -> None:
+    async def finish_turn(self, res: GenResult, message: dict[str, object]) -> None:
         """Count resumes and, for a recorded turn, commit its record before the client gets the end."""
         st, chat = self.st, self.chat
         st.metrics.resumes.inc(res.resumes)
         st.metrics.prompt_tokens.labels(kind="cached").inc(res.cached_tokens or 0)
         if self.record:
             assert self.sid is not None
+            record, kinds = await asyncio.to_thread(
+                redact_record,
+                st.secrets,
+                turn_record(
+                    chat.messages, chat.tools, res, message, chat.sp, self.template_kwargs, self.rid, self.identity
+                ),
+            )
             self.record_task = asyncio.ensure_future(
-                st.sessions.on_main_turn(
-                    self.sid,
-                    turn_record(
-                        chat.messages,
-                        chat.tools,
-                        res,
-                        message,
-                        chat.sp,
-                        self.template_kwargs,
-                        self.rid,
-                        self.identity,
-                    ),
-                    done=chat.done,
-                    arrival=self.arrival,
-                )
+                st.sessions.on_main_turn(self.sid, record, done=chat.done, arrival=self.arrival, redacted=kinds)
             )
             # Shielded: a disconnect now must not lose track of a write that commits anyway (see undelivered).
             await asyncio.shield(self.record_task)
         elif self.side_rule is not None:
             record = turn_record(chat.messages, chat.tools, res, message, chat.sp, self.template_kwargs)
             try:  # kept for operators; a failed write must not fail an answer that trains nothing
-                await asyncio.shield(asyncio.to_thread(st.store.record_side_turn, self.sid, self.side_rule, record))
+                record, kinds = await asyncio.to_thread(redact_record, st.secrets, record)
+                await asyncio.shield(
+                    asyncio.to_thread(st.store.record_side_turn, self.sid, self.side_rule, record, redacted=kinds)
+                )
             except Exception:
                 logger.exception("recording a side turn (rule %s) failed", self.side_rule)
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ INLINE_RENDER_MAX_CHARS = 2048
 DEFAULT_RENDER_CONCURRENCY = 2
 
 
-def _prompt_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+def _prompt_chars(messages: list[dict[str, object]], tools: list[dict[str, object]] | None) -> int:
     """About how many characters the prompt renders to (the strings it holds), stopping once past the
     inline threshold: a long tool description or text part counts at its real length."""
     n = _string_chars(tools) if tools else 0
@@ -71,7 +71,7 @@ def _prompt_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
     return n
 
 
-def _string_chars(value: Any) -> int:
+def _string_chars(value: object) -> int:
     """Characters of every string (keys included) in a JSON value; iterative, so any nesting is safe."""
     total, stack = 0, [value]
     while stack:
@@ -86,7 +86,9 @@ def _string_chars(value: Any) -> int:
     return total
 
 
-def prompt_token_floor(messages: list[dict[str, Any]], max_token_chars: int, tools: list[Any] | None = None) -> int:
+def prompt_token_floor(
+    messages: list[dict[str, object]], max_token_chars: int, tools: Sequence[object] | None = None
+) -> int:
     """A lower bound of the rendered prompt's length in tokens, without rendering it: every message adds at
     least one token, and no token covers more than ``max_token_chars`` characters of its text.
 
@@ -116,6 +118,15 @@ def longest_token_chars(tokenizer: Any) -> int:
     return max((len(t) for t in tokenizer.get_vocab()), default=1)
 
 
+def max_new_tokens(sp: dict[str, object]) -> int:
+    """The sampling params' token budget: always set, as an int, by the request's validation (an engine call
+    without one is a bug, never a request to fix)."""
+    n = sp.get("max_new_tokens")
+    if not isinstance(n, int):
+        raise TypeError(f"sampling params without an integer max_new_tokens: {n!r}")
+    return n
+
+
 def context_length(model_path: str) -> int | None:
     """``max_position_embeddings`` of the model's config.json, or None when the folder does not say."""
     try:
@@ -139,7 +150,7 @@ class GenResult:
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     text: str = ""
-    finish: dict[str, Any] = field(default_factory=dict)
+    finish: dict[str, object] = field(default_factory=dict)
     weight_versions: list[str] = field(default_factory=list)
     resumes: int = 0
     segments: int = 0  # engine submissions so far (the next rid's suffix)
@@ -147,6 +158,7 @@ class GenResult:
     top_logprobs_num: int = 0  # the client's top_logprobs: the engine reports that many alternatives per token
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)  # [len(response_ids)][K]
     cached_tokens: int | None = None  # the first submission's meta_info.cached_tokens (engine prefix-cache hit)
+    engine: EngineClient | None = None  # the engine its session is pinned to (a canary); None: the generator's
 
     def next_rid(self) -> str | None:
         """The rid of the next engine submission (one per segment, so a resume never reuses an rid)."""
@@ -169,12 +181,12 @@ class GenResult:
 class _Segment:
     """How one engine submission ended: its finish reason and the weight version the engine reported."""
 
-    finish: dict[str, Any] = field(default_factory=dict)
+    finish: dict[str, object] = field(default_factory=dict)
     weight_version: str | None = None
 
 
 # Sends one segment (its sampling params) for a result, filling the result and the segment; yields text deltas.
-Submit = Callable[[dict[str, Any], GenResult, _Segment], AsyncGenerator[str, None]]
+Submit = Callable[[dict[str, object], GenResult, _Segment], AsyncGenerator[str, None]]
 
 
 class Generator:
@@ -219,7 +231,7 @@ class Generator:
             code="context_length_exceeded",
         )
 
-    def check_fits(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> None:
+    def check_fits(self, messages: list[dict[str, object]], tools: Sequence[object] | None = None) -> None:
         """400 ``context_length_exceeded`` before any rendering when the prompt (its messages and its tools)
         cannot fit the engine's context: a multi-megabyte history or tool description would otherwise be
         rendered and tokenized (seconds of CPU, gigabytes) only for the engine to refuse it. The cheap
@@ -232,9 +244,9 @@ class Generator:
 
     async def render(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        messages: list[dict[str, object]],
+        tools: list[dict[str, object]] | None,
+        chat_template_kwargs: dict[str, object] | None = None,
         prior: PriorTurn | None = None,
     ) -> Rendered:
         """The prompt (engine.continuation): a continuation of ``prior`` when the template allows, else a full
@@ -261,9 +273,9 @@ class Generator:
 
     def _continues_cheaply(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        chat_template_kwargs: dict[str, Any] | None,
+        messages: list[dict[str, object]],
+        tools: list[dict[str, object]] | None,
+        chat_template_kwargs: dict[str, object] | None,
         prior: PriorTurn | None,
     ) -> bool:
         """A continuation whose new messages are short renders only those: inline, like a short prompt (a
@@ -274,9 +286,9 @@ class Generator:
             return False
         return self.renderer.continues_cheaply(messages, tools, chat_template_kwargs, prior)
 
-    def _segment_params(self, sp: dict[str, Any], produced: int) -> dict[str, Any]:
+    def _segment_params(self, sp: dict[str, object], produced: int) -> dict[str, object]:
         out = dict(sp)
-        out["max_new_tokens"] = int(sp["max_new_tokens"]) - produced
+        out["max_new_tokens"] = max_new_tokens(sp) - produced
         return out
 
     def _note_epoch(self, res: GenResult, start_epoch: int, start_version: str | None) -> None:
@@ -284,7 +296,7 @@ class Generator:
         if self.gate.epoch != start_epoch and start_version is not None and start_version not in res.weight_versions:
             res.weight_versions.insert(0, start_version)
 
-    def _resume_or_fail(self, res: GenResult, finish: dict[str, Any]) -> None:
+    def _resume_or_fail(self, res: GenResult, finish: dict[str, object]) -> None:
         if res.abandoned:  # our own abort (the client left), not a weight-sync pause: never resubmit
             raise GenerationAbandoned(
                 f"generation {res.rid_prefix} aborted after its client left ({finish.get('message')})"
@@ -298,7 +310,7 @@ class Generator:
             "generation aborted after %d tokens (%s); resubmitting", len(res.response_ids), finish.get("message")
         )
 
-    async def _segments(self, sp: dict[str, Any], res: GenResult, submit: Submit) -> AsyncGenerator[str, None]:
+    async def _segments(self, sp: dict[str, object], res: GenResult, submit: Submit) -> AsyncGenerator[str, None]:
         """The one abort-and-resume loop of both paths: ``submit`` sends one segment (``prompt + ids so far``,
         ``max_new_tokens`` less what was produced) and fills ``res`` and its :class:`_Segment`; an aborted
         segment is resubmitted (at most ``max_resumes`` times), anything else ends the generation. A
@@ -317,24 +329,24 @@ class Generator:
                 res.finish = seg.finish
                 return
             self._resume_or_fail(res, seg.finish)
-            if sp["max_new_tokens"] - len(res.response_ids) <= 0:
-                res.finish = {"type": "length", "length": sp["max_new_tokens"]}
+            if max_new_tokens(sp) - len(res.response_ids) <= 0:
+                res.finish = {"type": "length", "length": max_new_tokens(sp)}
                 return
 
-    async def generate(self, prompt_ids: list[int], sp: dict[str, Any], res: GenResult | None = None) -> GenResult:
+    async def generate(self, prompt_ids: list[int], sp: dict[str, object], res: GenResult | None = None) -> GenResult:
         """Non-streaming generation with transparent resume; fills ``res`` (made here when not given)."""
         res = res if res is not None else GenResult(prompt_ids=list(prompt_ids))
         async for _ in self._segments(sp, res, self._submit_once):
             pass
         return res
 
-    def stream(self, prompt_ids: list[int], sp: dict[str, Any], res: GenResult) -> AsyncGenerator[str, None]:
+    def stream(self, prompt_ids: list[int], sp: dict[str, object], res: GenResult) -> AsyncGenerator[str, None]:
         """Streaming generation: yields text deltas as tokens arrive; fills ``res`` (token-exact) as it goes."""
         return self._segments(sp, res, self._submit_streaming)
 
-    async def _submit_once(self, seg_sp: dict[str, Any], res: GenResult, seg: _Segment) -> AsyncGenerator[str, None]:
+    async def _submit_once(self, seg_sp: dict[str, object], res: GenResult, seg: _Segment) -> AsyncGenerator[str, None]:
         """One segment through ``/generate`` (non-streaming): yields nothing."""
-        gens = await self.engine.generate_ids(
+        gens = await (res.engine or self.engine).generate_ids(
             res.prompt_ids + res.response_ids,
             seg_sp,
             return_logprob=True,
@@ -357,14 +369,14 @@ class Generator:
         yield  # an async generator that yields nothing (the loop's one shape for both paths)
 
     async def _submit_streaming(
-        self, seg_sp: dict[str, Any], res: GenResult, seg: _Segment
+        self, seg_sp: dict[str, object], res: GenResult, seg: _Segment
     ) -> AsyncGenerator[str, None]:
         """One segment through streaming ``/generate``: yields text deltas as tokens arrive.
 
         SGLang chunks are cumulative per submission, so each chunk's new ids/log-probs/text are the
         suffix beyond the previous chunk of the same submission.
         """
-        payload: dict[str, Any] = {
+        payload: dict[str, object] = {
             "input_ids": res.prompt_ids + res.response_ids,
             "sampling_params": seg_sp,
             "return_logprob": True,
@@ -375,8 +387,8 @@ class Generator:
         if res.top_logprobs_num:
             payload["top_logprobs_num"] = res.top_logprobs_num
         seen_ids = seen_text = 0
-        finish: dict[str, Any] | None = None
-        async for chunk in self.engine.stream_generate(payload, deadline_s=self.deadline_s):
+        finish: dict[str, object] | None = None
+        async for chunk in (res.engine or self.engine).stream_generate(payload, deadline_s=self.deadline_s):
             meta = chunk.get("meta_info") or {}
             if res.cached_tokens is None and isinstance(meta.get("cached_tokens"), int):
                 res.cached_tokens = meta["cached_tokens"]

@@ -41,12 +41,12 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from engine.observability import valid_session_id
+from engine.records import Turn
 from policy_server.metrics import Metrics
 from policy_server.serving.session_inference import SessionInferrer, choose_session, find_compacted
-from policy_server.serving.sessions import Arrival, SessionTracker
+from policy_server.serving.sessions import Arrival, CompactionMatch, SessionTracker
 from policy_server.store import SampleStore
 
 HEADER, PROMPT_CACHE_KEY, AFFINITY, METADATA = "header", "prompt_cache_key", "session_affinity", "metadata"
@@ -62,6 +62,7 @@ class SessionHint:
     key: str | None
     rule: str
     previous_response_id: str | None = None
+    train: str = "on"  # on | off | none: whether the request may become training data (serving.opt_out)
 
 
 @dataclass
@@ -74,11 +75,11 @@ class Identity:
     decision: str
 
 
-def _valid(value: Any) -> str | None:
+def _valid(value: object) -> str | None:
     return valid_session_id(value) if isinstance(value, str) else None
 
 
-def session_hint(headers: Mapping[str, str], body: Mapping[str, Any], explicit_sid: str | None) -> SessionHint:
+def session_hint(headers: Mapping[str, str], body: Mapping[str, object], explicit_sid: str | None) -> SessionHint:
     """The request's session key by the precedence of the module docstring (pure; ``body`` is not changed).
 
     ``explicit_sid`` is the validated ``X-Session-Id`` / body ``session_id``. A hint that is not a valid session
@@ -129,7 +130,9 @@ class SessionResolver:
         self.previous_response_session: Callable[[str], Awaitable[str | None]] | None = None
         self._lock = asyncio.Lock()
 
-    async def resolve(self, hint: SessionHint, messages: list[dict[str, Any]], *, main: bool, done: bool) -> Identity:
+    async def resolve(
+        self, hint: SessionHint, messages: list[dict[str, object]], *, main: bool, done: bool
+    ) -> Identity:
         """The session of a request; a main request's arrival must go to ``on_main_turn`` / ``settle_later``."""
         key, rule = hint.key, hint.rule
         if key is None and hint.previous_response_id is not None and self.previous_response_session is not None:
@@ -141,7 +144,7 @@ class SessionResolver:
         return ident
 
     async def _resolve(
-        self, key: str | None, rule: str, messages: list[dict[str, Any]], *, main: bool, done: bool
+        self, key: str | None, rule: str, messages: list[dict[str, object]], *, main: bool, done: bool
     ) -> Identity:
         if key is None:
             if rule == INFERRED:
@@ -163,43 +166,41 @@ class SessionResolver:
         return Identity(sid, arrival, rule, decision)
 
     async def _compacted(
-        self, key: str, family_free: list[dict[str, Any]], messages: list[dict[str, Any]]
-    ) -> dict[str, Any] | None:
-        """The awaiting turn (with ``match``: its CompactionMatch) the request pairs across a compaction: the
-        family's free turns first, then every other open session's; the caller holds the lock."""
+        self, key: str, family_free: list[Turn], messages: list[dict[str, object]]
+    ) -> tuple[Turn, CompactionMatch] | None:
+        """The awaiting turn the request pairs across a compaction, with its match: the family's free turns
+        first, then every other open session's; the caller holds the lock."""
         side_rules = self.sessions.side_rules
         # Filtered again: a turn may have been claimed (by inference, under its own lock) since the caller's read.
         # From here to the caller's claim nothing awaits once a turn is found, so the check and the claim are atomic.
-        family_free = [t for t in family_free if not self.sessions.in_flight(t["session_id"])]
+        family_free = [t for t in family_free if not self.sessions.in_flight(t.session_id)]
         found = find_compacted(family_free, messages, side_rules)
         if found is None and any(m.get("role") == "assistant" for m in messages):
             others = await asyncio.to_thread(self.store.awaiting_open_turns)
             others = [
-                t
-                for t in others
-                if not in_family(t["session_id"], key) and not self.sessions.in_flight(t["session_id"])
+                t for t in others if not in_family(t.session_id, key) and not self.sessions.in_flight(t.session_id)
             ]
             found = find_compacted(others, messages, side_rules, key=key)
-        return {**found[0], "match": found[1]} if found is not None else None
+        return (found[0], found[1]) if found is not None else None
 
-    async def _choose(self, key: str, messages: list[dict[str, Any]]) -> tuple[str, str]:
+    async def _choose(self, key: str, messages: list[dict[str, object]]) -> tuple[str, str]:
         """(session id, decision) for a main request of ``key``'s family; the caller holds the lock."""
         awaiting = await asyncio.to_thread(self.store.awaiting_open_turns, family=key)
-        awaiting = [t for t in awaiting if in_family(t["session_id"], key)]
-        free = [t for t in awaiting if not self.sessions.in_flight(t["session_id"])]
+        awaiting = [t for t in awaiting if in_family(t.session_id, key)]
+        free = [t for t in awaiting if not self.sessions.in_flight(t.session_id)]
         sid, tied = choose_session(free, messages, self.sessions.side_rules)
         if sid is not None:
             return sid, "tied" if tied else "continued"
         row = await asyncio.to_thread(self.store.session, key)
-        key_busy = self.sessions.in_flight(key) or any(t["session_id"] == key for t in awaiting)
+        key_busy = self.sessions.in_flight(key) or any(t.session_id == key for t in awaiting)
         compacted = await self._compacted(key, free, messages)
         if compacted is not None:
             # A compaction starts the conversation's next session; the turn before it gets its next state. The key's
             # own session when it is free: new, or only touched by side requests (OpenClaw's compaction summary call).
             free_key = not key_busy and (row is None or not row.done)
             new = key if free_key else f"{key}{FAMILY_SEP}{uuid.uuid4().hex[:12]}"
-            match = compacted["match"]
-            self.sessions.pair_compacted(compacted["session_id"], compacted["turn_index"], match.pairing, new)
+            turn, match = compacted
+            self.sessions.pair_compacted(turn.session_id, turn.turn_index, match.pairing, new)
             return new, "compacted"
         if row is None and not key_busy:
             return key, "started"

@@ -26,8 +26,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from pydantic import BaseModel, ConfigDict
+
+from engine.records import ModeSnapshot
 from policy_server.errors import StoreBusy
 from policy_server.serving.weight_sync import WeightGate
 
@@ -36,6 +39,45 @@ if TYPE_CHECKING:  # types only: the store and reward packages do not import thi
     from policy_server.store import SampleStore
 
 logger = logging.getLogger(__name__)
+
+
+class WeightsAnnouncement(BaseModel):
+    """``runtime["weights"]``: whether a weight update pauses the engines now, its epoch (one per update), the
+    weight version in force, when and by which replica it was written."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    paused: bool
+    epoch: int
+    version: str | None
+    at: float
+    by: str
+
+
+class WeightsSeen(BaseModel):
+    """``runtime["weights_seen:<replica>"]``: the latest pause epoch the replica acknowledged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epoch: int
+
+
+class ReplicaBeat(BaseModel):
+    """``runtime["replica:<replica>"]``: the replica's last refresh time and its sessions with a main request in
+    flight."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: float
+    in_flight: list[str]
+
+
+def _beat_at(beat: ReplicaBeat | None) -> float:
+    return 0.0 if beat is None else beat.at
+
+
+def _seen_epoch(seen: WeightsSeen | None) -> int:
+    return 0 if seen is None else seen.epoch
 
 
 class ReplicaSync:
@@ -87,22 +129,22 @@ class ReplicaSync:
 
     async def refresh(self) -> None:
         mode, weights = await asyncio.to_thread(self._read)
-        if mode is not None and mode != self.mode_state.to_dict():
-            self.mode_state.set(mode["mode"], mode["w_rl"], mode["w_opd"])
+        if mode is not None and mode != self.mode_state.snapshot():
+            self.mode_state.set(mode.mode, mode.w_rl, mode.w_opd)
             logger.info("reward mode changed at another replica: %s", mode)
         if weights is not None and not self.local_update:
-            fresh = time.time() - weights.get("at", 0.0) < self.max_pause_s
-            if weights.get("paused") and fresh:
+            fresh = time.time() - weights.at < self.max_pause_s
+            if weights.paused and fresh:
                 if not self._remote_paused:
                     self._remote_paused = True
                     self.gate.close()
                     logger.info("weight update at another replica: new chat requests wait")
                 await asyncio.to_thread(
-                    self.store.set_runtime, f"weights_seen:{self.replica_id}", {"epoch": weights["epoch"]}
+                    self.store.set_runtime, f"weights_seen:{self.replica_id}", WeightsSeen(epoch=weights.epoch)
                 )
             else:
-                if weights.get("version") is not None:
-                    self.gate.version = weights["version"]
+                if weights.version is not None:
+                    self.gate.version = weights.version
                 if self._remote_paused:
                     self._remote_paused = False
                     self.gate.epoch += 1
@@ -111,7 +153,7 @@ class ReplicaSync:
         await asyncio.to_thread(
             self.store.set_runtime,
             f"replica:{self.replica_id}",
-            {"at": time.time(), "in_flight": self.in_flight() if self.in_flight else []},
+            ReplicaBeat(at=time.time(), in_flight=self.in_flight() if self.in_flight else []),
         )
 
     async def remote_in_flight(self) -> set[str]:
@@ -122,13 +164,13 @@ class ReplicaSync:
         live_after = time.time() - 3 * self.interval_s
         out: set[str] = set()
         for r in self.store.runtime_keys("replica:"):
-            beat = self.store.get_runtime(f"replica:{r}") or {}
-            if r != self.replica_id and beat.get("at", 0) > live_after:
-                out.update(beat.get("in_flight", []))
+            beat = self.store.get_runtime(f"replica:{r}", ReplicaBeat)
+            if r != self.replica_id and beat is not None and beat.at > live_after:
+                out.update(beat.in_flight)
         return out
 
-    def _read(self) -> tuple[Any, Any]:
-        return self.store.get_runtime("mode"), self.store.get_runtime("weights")
+    def _read(self) -> tuple[ModeSnapshot | None, WeightsAnnouncement | None]:
+        return self.store.get_runtime("mode", ModeSnapshot), self.store.get_runtime("weights", WeightsAnnouncement)
 
     async def leave(self) -> None:
         """At shutdown: this replica no longer counts as live (an update does not wait for its acknowledgement)."""
@@ -139,13 +181,9 @@ class ReplicaSync:
     async def announce_pause(self) -> int:
         """Before the engines pause: every live replica holds new requests (acknowledged, bounded wait)."""
         self.local_update = True
-        current = await asyncio.to_thread(self.store.get_runtime, "weights") or {}
-        epoch = int(current.get("epoch", 0)) + 1
-        await asyncio.to_thread(
-            self.store.set_runtime,
-            "weights",
-            {"paused": True, "epoch": epoch, "version": self.gate.version, "at": time.time(), "by": self.replica_id},
-        )
+        current = await asyncio.to_thread(self.store.get_runtime, "weights", WeightsAnnouncement)
+        epoch = (0 if current is None else current.epoch) + 1
+        await asyncio.to_thread(self.store.set_runtime, "weights", self._announcement(paused=True, epoch=epoch))
         await asyncio.to_thread(self.store.notify_admin)
         end = time.monotonic() + self.ack_timeout_s
         while True:
@@ -167,24 +205,19 @@ class ReplicaSync:
             r
             for r in self.store.runtime_keys("replica:")
             if r != self.replica_id
-            and (self.store.get_runtime(f"replica:{r}") or {}).get("at", 0) > live_after
-            and (self.store.get_runtime(f"weights_seen:{r}") or {}).get("epoch", 0) < epoch
+            and _beat_at(self.store.get_runtime(f"replica:{r}", ReplicaBeat)) > live_after
+            and _seen_epoch(self.store.get_runtime(f"weights_seen:{r}", WeightsSeen)) < epoch
         ]
+
+    def _announcement(self, *, paused: bool, epoch: int) -> WeightsAnnouncement:
+        return WeightsAnnouncement(
+            paused=paused, epoch=epoch, version=self.gate.version, at=time.time(), by=self.replica_id
+        )
 
     async def announce_done(self, epoch: int) -> None:
         """After continue_generation (also after a failed update): publish the version, open every gate."""
         try:
-            await asyncio.to_thread(
-                self.store.set_runtime,
-                "weights",
-                {
-                    "paused": False,
-                    "epoch": epoch,
-                    "version": self.gate.version,
-                    "at": time.time(),
-                    "by": self.replica_id,
-                },
-            )
+            await asyncio.to_thread(self.store.set_runtime, "weights", self._announcement(paused=False, epoch=epoch))
             await asyncio.to_thread(self.store.notify_admin)
         finally:
             self.local_update = False

@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
 
+from engine.records import Turn
 from policy_server.metrics import Metrics
 from policy_server.serving.sessions import (
     Arrival,
@@ -57,49 +57,49 @@ INFERRED_PREFIX = "inferred-"
 
 
 def choose_session(
-    awaiting: list[dict[str, Any]], messages: list[dict[str, Any]], side_rules: SideRules | None = None
+    awaiting: list[Turn], messages: list[dict[str, object]], side_rules: SideRules | None = None
 ) -> tuple[str | None, bool]:
     """(session id to continue or None, whether the best match was a tie); ``awaiting`` oldest first (pure)."""
     best: list[str] = []
     best_len = -1
     first = message_key(messages[0]) if messages else None
     for turn in awaiting:
-        prev = turn["messages"]
+        prev = turn.messages
         # (ephemeral messages change the counts; a reply with nothing visible may be left out)
         short = side_rules is None and len(messages) < len(prev) + 1
         if len(prev) < best_len or short or message_key(prev[0]) != first:
             continue  # cheap rejections before the full pairing comparison
-        if pair_next_state(prev, turn["response"], messages, side_rules).kind != "paired":
+        if pair_next_state(prev, turn.response, messages, side_rules).kind != "paired":
             continue
         if len(prev) > best_len:
-            best, best_len = [turn["session_id"]], len(prev)
+            best, best_len = [turn.session_id], len(prev)
         else:
-            best.append(turn["session_id"])
+            best.append(turn.session_id)
     return (best[0] if best else None), len(best) > 1
 
 
 def find_compacted(
-    awaiting: list[dict[str, Any]],
-    messages: list[dict[str, Any]],
+    awaiting: list[Turn],
+    messages: list[dict[str, object]],
     side_rules: SideRules | None = None,
     key: str | None = None,
-) -> tuple[dict[str, Any], CompactionMatch, bool] | None:
+) -> tuple[Turn, CompactionMatch, bool] | None:
     """The awaiting turn ``messages`` pairs across a compaction, its match, and whether the best match was a tie
     (pure); ``awaiting`` oldest first. The turn whose recorded messages the request kept most of wins, then one
     whose opening message it kept, then, with the request's session ``key``, the session whose id shares the
     longest start with it (OpenClaw's ``id:1`` after ``id:0``); ties go to the oldest, as in
     :func:`choose_session`."""
     replies = {message_key(m) for m in messages if m.get("role") == "assistant"}
-    best: tuple[dict[str, Any], CompactionMatch] | None = None
+    best: tuple[Turn, CompactionMatch] | None = None
     best_rank = (-1, False, -1)
     tied = False
     for turn in awaiting:
-        if message_key({"role": "assistant", **turn["response"]}) not in replies:
+        if message_key({"role": "assistant", **turn.response}) not in replies:
             continue  # cheap rejection: the request does not hold this reply at all
-        match = pair_across_compaction(turn["messages"], turn["response"], messages, side_rules)
+        match = pair_across_compaction(turn.messages, turn.response, messages, side_rules)
         if match is None:
             continue
-        rank = (match.kept, match.same_opening, _shared_start(turn["session_id"], key) if key is not None else 0)
+        rank = (match.kept, match.same_opening, _shared_start(turn.session_id, key) if key is not None else 0)
         if rank > best_rank:
             best, best_rank, tied = (turn, match), rank, False
         elif rank == best_rank:
@@ -126,7 +126,7 @@ class SessionInferrer:
         self.metrics = metrics
         self._lock = asyncio.Lock()
 
-    async def claim(self, messages: list[dict[str, Any]], *, done: bool) -> tuple[str, Arrival | None]:
+    async def claim(self, messages: list[dict[str, object]], *, done: bool) -> tuple[str, Arrival | None]:
         """The session this request continues with its arrival (as SessionTracker.on_request), or a new id.
 
         The caller owns the arrival exactly as one from ``on_request``: it goes to ``on_main_turn`` and, whatever
@@ -136,19 +136,19 @@ class SessionInferrer:
         return sid, arrival
 
     async def claim_with_outcome(
-        self, messages: list[dict[str, Any]], *, done: bool
+        self, messages: list[dict[str, object]], *, done: bool
     ) -> tuple[str, Arrival | None, str]:
         """:meth:`claim` and its outcome: ``continued``, ``tied`` (continued, the best match was a tie), ``compacted``
         (a new session, the turn before the compaction paired) or ``started``."""
         async with self._lock:
             awaiting = await asyncio.to_thread(self.store.awaiting_open_turns)
             # A session whose awaiting turn is already being continued is claimed (pairing written with that turn).
-            awaiting = [t for t in awaiting if not self.sessions.in_flight(t["session_id"])]
+            awaiting = [t for t in awaiting if not self.sessions.in_flight(t.session_id)]
             sid, tied = choose_session(awaiting, messages, self.sessions.side_rules)
             if sid is None and (found := find_compacted(awaiting, messages, self.sessions.side_rules)) is not None:
                 turn, match, _ = found
                 new = f"{INFERRED_PREFIX}{uuid.uuid4().hex}"
-                self.sessions.pair_compacted(turn["session_id"], turn["turn_index"], match.pairing, new)
+                self.sessions.pair_compacted(turn.session_id, turn.turn_index, match.pairing, new)
                 self.metrics.inferred_sessions.labels(outcome="compacted").inc()
                 return new, None, "compacted"
             if sid is None:

@@ -59,7 +59,6 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from engine.continuation import PriorTurn
 from engine.records import RejectReason, TurnRecord
@@ -76,12 +75,12 @@ class Pairing:
     """Outcome of comparing a new request with the awaiting turn."""
 
     kind: str  # "paired" | "mismatch"
-    next_state: list[dict[str, Any]] | None = None
+    next_state: list[dict[str, object]] | None = None
     note: str | None = None
     dropped: list[str] = field(default_factory=list)
 
 
-def _args(value: Any) -> Any:
+def _args(value: object) -> object:
     if isinstance(value, str):
         try:
             return json.loads(value)
@@ -90,10 +89,10 @@ def _args(value: Any) -> Any:
     return value
 
 
-def _text(content: Any) -> str:
+def _text(content: object) -> str:
     if isinstance(content, list):
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return (content or "").strip()
+    return content.strip() if isinstance(content, str) else ""
 
 
 # Inline reasoning blocks a client may hide from a resent reply (a stray closing tag stays: clients keep it).
@@ -108,12 +107,21 @@ def visible_text(text: str) -> str:
     return _SPACES.sub(" ", text).strip()
 
 
-def message_key(msg: dict[str, Any]) -> tuple[Any, ...]:
+def _items(value: object) -> list[object]:
+    """A JSON list (tool calls, content parts); ``[]`` when absent or null."""
+    return value if isinstance(value, list) else []
+
+
+def _call_key(call: object) -> tuple[object, str]:
+    """A tool call's name and its arguments as canonical JSON (a call off the shape keys as no name, no args)."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    fn = fn if isinstance(fn, dict) else {}
+    return fn.get("name"), json.dumps(_args(fn.get("arguments")), sort_keys=True)
+
+
+def message_key(msg: dict[str, object]) -> tuple[object, ...]:
     """What must stay equal for two messages to count as the same history entry."""
-    calls = tuple(
-        (tc.get("function", {}).get("name"), json.dumps(_args(tc.get("function", {}).get("arguments")), sort_keys=True))
-        for tc in (msg.get("tool_calls") or [])
-    )
+    calls = tuple(_call_key(tc) for tc in _items(msg.get("tool_calls")))
     text = _text(msg.get("content"))
     return (
         msg.get("role"),
@@ -124,8 +132,8 @@ def message_key(msg: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def drop_side_exchanges(
-    tail: list[dict[str, Any]], side_rules: SideRules | None
-) -> tuple[list[dict[str, Any]], list[str]]:
+    tail: list[dict[str, object]], side_rules: SideRules | None
+) -> tuple[list[dict[str, object]], list[str]]:
     """``tail`` without the exchanges a side rule claims (a user message the rules match, and the assistant/tool
     messages after it up to the next user message), and the names of the rules that matched (pure).
 
@@ -134,7 +142,7 @@ def drop_side_exchanges(
     """
     if side_rules is None:
         return tail, []
-    kept: list[dict[str, Any]] = []
+    kept: list[dict[str, object]] = []
     names: list[str] = []
     i = 0
     while i < len(tail):
@@ -151,9 +159,9 @@ def drop_side_exchanges(
 
 
 def pair_next_state(
-    prev_messages: list[dict[str, Any]],
-    prev_response: dict[str, Any],
-    new_messages: list[dict[str, Any]],
+    prev_messages: list[dict[str, object]],
+    prev_response: dict[str, object],
+    new_messages: list[dict[str, object]],
     side_rules: SideRules | None = None,
 ) -> Pairing:
     """Apply the pairing rule of the module docstring (pure); with ``side_rules``, side exchanges after the recorded
@@ -197,9 +205,9 @@ class CompactionMatch:
 
 
 def pair_across_compaction(
-    prev_messages: list[dict[str, Any]],
-    prev_response: dict[str, Any],
-    new_messages: list[dict[str, Any]],
+    prev_messages: list[dict[str, object]],
+    prev_response: dict[str, object],
+    new_messages: list[dict[str, object]],
     side_rules: SideRules | None = None,
 ) -> CompactionMatch | None:
     """Rule 3 of the module docstring (pure): the match, or None when ``new_messages`` does not end with the
@@ -240,11 +248,11 @@ def pair_across_compaction(
 
 
 def _after_history(
-    prev_messages: list[dict[str, Any]],
-    new_messages: list[dict[str, Any]],
+    prev_messages: list[dict[str, object]],
+    new_messages: list[dict[str, object]],
     side_rules: SideRules | None,
     min_after: int = 2,
-) -> list[dict[str, Any]] | Pairing:
+) -> list[dict[str, object]] | Pairing:
     """The (non-ephemeral) messages of ``new_messages`` after the recorded history, at least ``min_after``, or
     the mismatch that says why there are none (pure)."""
     k = len(prev_messages)
@@ -293,7 +301,12 @@ class SessionTracker:
     """
 
     def __init__(
-        self, store: SampleStore, *, idle_timeout_s: float, sweep_interval_s: float = 1.0, on_new_work: Any = None
+        self,
+        store: SampleStore,
+        *,
+        idle_timeout_s: float,
+        sweep_interval_s: float = 1.0,
+        on_new_work: Callable[[], object] | None = None,
     ):
         self.store = store
         self.side_rules: SideRules | None = None  # side exchanges inside a resent transcript are no feedback
@@ -326,7 +339,7 @@ class SessionTracker:
             entry.users -= 1
 
     async def on_request(
-        self, session_id: str, messages: list[dict[str, Any]], *, main: bool, done: bool
+        self, session_id: str, messages: list[dict[str, object]], *, main: bool, done: bool
     ) -> Arrival | None:
         """Called when a request arrives (before generation).
 
@@ -357,7 +370,7 @@ class SessionTracker:
         self.store.touch_session(session_id)
         return False
 
-    def _pair(self, session_id: str, messages: list[dict[str, Any]]) -> tuple[Resolution | None, PriorTurn | None]:
+    def _pair(self, session_id: str, messages: list[dict[str, object]]) -> tuple[Resolution | None, PriorTurn | None]:
         """Blocking part of :meth:`on_request` for a main request (worker thread): the pairing to write, and
         the awaiting turn as the prompt to continue when the request extends it."""
         awaiting = self.store.awaiting_turn(session_id)
@@ -382,9 +395,16 @@ class SessionTracker:
         return resolution, PriorTurn.from_turn(awaiting.to_json()) if p.kind == "paired" else None
 
     async def on_main_turn(
-        self, session_id: str, record: TurnRecord, *, done: bool, arrival: Arrival | None = None
+        self,
+        session_id: str,
+        record: TurnRecord,
+        *,
+        done: bool,
+        arrival: Arrival | None = None,
+        redacted: list[str] | None = None,
     ) -> int:
-        """Record a generated main turn with its arrival's pairing: ONE commit, before the client gets the answer."""
+        """Record a generated main turn with its arrival's pairing: ONE commit, before the client gets the answer.
+        ``redacted``: the secret kinds redacted out of ``record`` (its sample is then rejected ``secret``)."""
         owned = arrival is not None and not arrival.settled
         if arrival is not None and owned:
             arrival.settled = True
@@ -396,6 +416,7 @@ class SessionTracker:
                     record,
                     session_done=done,
                     resolve=arrival.resolution if arrival is not None and owned else None,
+                    redacted=redacted,
                 )
         except BaseException:
             if arrival is not None and owned:
@@ -433,17 +454,7 @@ class SessionTracker:
             if r is None:
                 return
             async with self._lock(arrival.session_id):
-                sample_id = await asyncio.to_thread(
-                    self.store.resolve_turn,
-                    arrival.session_id,
-                    r.turn_index,
-                    pairing=r.pairing,
-                    next_state=r.next_state,
-                    session_done=False,
-                    note=r.note,
-                    reject_reason=r.reject_reason,
-                    touch=True,
-                )
+                sample_id = await asyncio.to_thread(self.store.resolve_turn, arrival.session_id, r, touch=True)
             if sample_id is not None:
                 self.on_new_work()
         except Exception:  # a store failure here must not be silent; the turn stays awaiting (sweep ends it)

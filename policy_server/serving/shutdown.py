@@ -33,9 +33,9 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from policy_server.errors import error_body
 
@@ -71,11 +71,11 @@ class DrainState:
 class DrainMiddleware:
     """Pure ASGI: counts chat requests in flight (until the response ends) and refuses new ones when draining."""
 
-    def __init__(self, app: Any, state: DrainState):
+    def __init__(self, app: ASGIApp, state: DrainState):
         self.app = app
         self.state = state
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") not in DRAINED_PATHS:
             await self.app(scope, receive, send)
             return

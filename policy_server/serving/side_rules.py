@@ -34,7 +34,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 HEADER_RULE = "header"
 
@@ -80,7 +80,7 @@ class SideRulesError(ValueError):
     """The side rules file cannot be used (the server refuses to start)."""
 
 
-def message_text(message: dict[str, Any]) -> str:
+def message_text(message: dict[str, object]) -> str:
     """The text of a message: its string content, or its text parts joined."""
     content = message.get("content")
     if isinstance(content, list):
@@ -88,7 +88,7 @@ def message_text(message: dict[str, Any]) -> str:
     return content if isinstance(content, str) else ""
 
 
-def _system(messages: list[dict[str, Any]]) -> str:
+def _system(messages: list[dict[str, object]]) -> str:
     return "\n".join(message_text(m) for m in messages if m.get("role") in ("system", "developer"))
 
 
@@ -101,7 +101,7 @@ class SideRules:
         self.rules = rules
         self.ephemeral_rules = ephemeral
 
-    def is_ephemeral(self, message: dict[str, Any]) -> bool:
+    def is_ephemeral(self, message: dict[str, object]) -> bool:
         """Whether a user message is per-request context the client never keeps in its history (pure)."""
         if message.get("role") != "user":
             return False
@@ -131,7 +131,7 @@ class SideRules:
             return cls(extra, eph)
         return cls(extra + DEFAULT_RULES, eph + DEFAULT_EPHEMERAL)
 
-    def last_user(self, messages: list[dict[str, Any]]) -> str:
+    def last_user(self, messages: list[dict[str, object]]) -> str:
         """The text of the last user message the client keeps in its history (ephemeral ones are skipped: stock
         OpenClaw ends every request, its heartbeat too, with a per-request context message)."""
         for m in reversed(messages):
@@ -139,7 +139,7 @@ class SideRules:
                 return message_text(m)
         return ""
 
-    def match(self, messages: list[dict[str, Any]]) -> str | None:
+    def match(self, messages: list[dict[str, object]]) -> str | None:
         """The name of the first rule the request matches, or None (a main turn)."""
         texts: dict[str, str] = {}
         for rule in self.rules:
@@ -150,7 +150,7 @@ class SideRules:
         return None
 
 
-def _parse_rule(raw: Any, i: int, path: str) -> SideRule:
+def _parse_rule(raw: object, i: int, path: str) -> SideRule:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not isinstance(raw.get("pattern"), str):
         raise SideRulesError(f"side rules file {path}: rule {i} needs a string 'name' and 'pattern'")
     field = raw.get("field", "last_user")

@@ -10,8 +10,6 @@ the field.
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine import tool_grammar
 from engine.tool_grammar import GrammarRefused, exclude_markup_from_strings
 from policy_server.errors import InvalidRequest
@@ -19,7 +17,9 @@ from policy_server.errors import InvalidRequest
 __all__ = ["exclude_markup_from_strings", "forced_tool_grammar", "response_format_grammar"]
 
 
-def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any, parser: str = "qwen25") -> str | None:
+def forced_tool_grammar(
+    tools: list[dict[str, object]] | None, tool_choice: object, parser: str = "qwen25"
+) -> str | None:
     """The ``ebnf`` source for ``tool_choice`` in tool-call parser ``parser``'s markup, or None when the model
     chooses freely (auto/none/absent)."""
     try:
@@ -28,7 +28,7 @@ def forced_tool_grammar(tools: list[dict[str, Any]] | None, tool_choice: Any, pa
         raise InvalidRequest(exc.message, param=exc.param) from None
 
 
-def response_format_grammar(response_format: dict[str, Any] | None) -> str | None:
+def response_format_grammar(response_format: dict[str, object] | None) -> str | None:
     """SGLang's ``ebnf`` sampling parameter for ``response_format``, or None for text/absent."""
     try:
         return tool_grammar.response_format_grammar(response_format)

@@ -10,8 +10,11 @@ from __future__ import annotations
 from typing import Protocol
 
 from policy_server.metrics import Metrics
+from policy_server.serving.canary import Canary
+from policy_server.serving.deletion_tokens import DeletionTokens
 from policy_server.serving.generation import Generator
 from policy_server.serving.identity import SessionResolver
+from policy_server.serving.secrets import SecretScanner
 from policy_server.serving.sessions import SessionTracker
 from policy_server.serving.side_rules import SideRules
 from policy_server.serving.weight_sync import WeightSync
@@ -31,3 +34,6 @@ class ServingState(Protocol):
     backlog_cache: list[float]  # [value, checked_at_monotonic]: the backlog check's once-a-second cache
     resolver: SessionResolver | None
     side_rules: SideRules | None
+    secrets: SecretScanner | None
+    deletion_tokens: DeletionTokens | None
+    canary: Canary | None  # pins sessions to a weight version, routes them while a canary runs

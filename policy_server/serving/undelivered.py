@@ -25,7 +25,7 @@ from engine.errors import EngineError, EngineTimeout
 from engine.records import RejectReason, SampleState
 from policy_server.serving.generation import GenResult
 from policy_server.serving.turn_state import ServingState
-from policy_server.store import SampleStore
+from policy_server.store import Resolution, SampleStore
 
 logger = logging.getLogger(__name__)
 DISCONNECT_REASON = RejectReason.CLIENT_DISCONNECTED
@@ -43,24 +43,13 @@ class TurnInFlight(Protocol):
 def reject_turn(store: SampleStore, sid: str, turn_index: int) -> str:
     """Keep a recorded but undelivered turn out of training (worker thread): which outcome applied."""
     note = "client disconnected before the reply was delivered"
-    if (
-        store.resolve_turn(
-            sid,
-            turn_index,
-            pairing="mismatch",
-            next_state=None,
-            session_done=False,
-            note=note,
-            reject_reason=DISCONNECT_REASON,
-        )
-        is not None
-    ):
+    if store.resolve_turn(sid, Resolution(turn_index, "mismatch", None, note, DISCONNECT_REASON)) is not None:
         return SampleState.REJECTED
     # Already resolved: the request ended its session (or the idle sweep did), so its sample was created
     # pending_judge in the same transaction; reject it unless the judge has decided it in the meantime.
     for row in store.list_samples(session_id=sid, status=SampleState.PENDING_JUDGE, limit=10_000):
-        if row["turn_index"] == turn_index and store.complete_judge(
-            row["sample_id"], status=SampleState.REJECTED, reject_reason=DISCONNECT_REASON, included=False, data=None
+        if row.turn_index == turn_index and store.complete_judge(
+            row.sample_id, status=SampleState.REJECTED, reject_reason=DISCONNECT_REASON, included=False, data=None
         ):  # no Sample JSON, like every pairing rejection
             return SampleState.REJECTED
     return "already decided"

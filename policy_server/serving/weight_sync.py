@@ -14,7 +14,9 @@ Contract (docs/CONTRACTS.md ``POST /admin/weights/update``; SGLang's control end
    then open the gate and bump the epoch. The result is ``{"success", "weight_version", "paused_s"}``;
    a failed step raises with the workers that failed named: 400 when every failing engine refused the
    request itself (EngineRejected, e.g. a model_path that does not exist), else 502.
-Only one update runs at a time (a lock); a second waits for the first. With replicas on a shared store,
+Only one update runs at a time: a second one, sent while the first runs, is refused (409 ``Conflict``, code
+``update_in_progress``) rather than queued, since it would load weights trained without the first's outcome
+(policy_server.serving.versions refuses it across replicas too). With replicas on a shared store,
 step 1 also closes the gate of every replica and step 4 opens them and gives them the new version
 (policy_server.serving.replicas), so no replica sends work into a paused engine.
 """
@@ -24,13 +26,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Protocol
+from collections.abc import Awaitable
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from engine.client import EngineClient
 from engine.errors import EngineError, EngineRejected
-from policy_server.errors import InvalidRequest, ServiceUnavailable, UpstreamFailed
+from policy_server.errors import Conflict, InvalidRequest, ServiceUnavailable, UpstreamFailed
 
 logger = logging.getLogger(__name__)
+
+
+class WeightsUpdated(BaseModel):
+    """A weight update that went through: the version now served and how long new requests were held."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    success: Literal[True]
+    weight_version: str
+    paused_s: float = Field(..., ge=0)
 
 
 class PauseAnnouncer(Protocol):
@@ -100,10 +115,21 @@ class WeightSync:
         self.failures = 0
         self.last_paused_s = 0.0
 
-    async def _all(self, step: str, calls: list[Any], errors: list[BaseException] | None = None) -> list[str]:
+    @property
+    def busy(self) -> bool:
+        """An update is running at this replica."""
+        return self._lock.locked()
+
+    async def _all(
+        self,
+        step: str,
+        calls: list[Awaitable[object]],
+        errors: list[BaseException] | None = None,
+        workers: list[EngineClient] | None = None,
+    ) -> list[str]:
         results = await asyncio.gather(*calls, return_exceptions=True)
         failed = []
-        for w, r in zip(self.workers, results, strict=True):
+        for w, r in zip(workers or self.workers, results, strict=True):
             if isinstance(r, BaseException):
                 if not isinstance(r, (EngineError, TimeoutError)):
                     raise r
@@ -113,7 +139,14 @@ class WeightSync:
                     errors.append(r)
         return failed
 
-    async def update(self, model_path: str, weight_version: str) -> dict[str, Any]:
+    async def update(
+        self, model_path: str, weight_version: str, workers: list[EngineClient] | None = None
+    ) -> WeightsUpdated:
+        """Load ``model_path`` as ``weight_version`` on ``workers`` (default: every worker); Conflict while another
+        update runs. The gate and the replicas' pause cover every worker either way (one short pause)."""
+        if self._lock.locked():
+            raise Conflict("a weight update is in progress; retry when it is done", code="update_in_progress")
+        targets = workers or self.workers
         async with self._lock:
             self.gate.close()
             t0 = time.monotonic()
@@ -133,14 +166,16 @@ class WeightSync:
                             w.update_weights_from_disk(
                                 model_path, weight_version=weight_version, deadline_s=self.deadline_s
                             )
-                            for w in self.workers
+                            for w in targets
                         ],
                         errors,
+                        targets,
                     )
             finally:
                 cont = await self._all("continue_generation", [w.continue_generation() for w in self.workers])
                 if not failed and not cont:
-                    self.gate.version = weight_version
+                    if targets is self.workers:  # the version every engine serves
+                        self.gate.version = weight_version
                     self.updates += 1
                 self.gate.epoch += 1
                 self.gate.open()
@@ -163,7 +198,7 @@ class WeightSync:
                 paused_s,
                 self.pause_mode,
             )
-            return {"success": True, "weight_version": weight_version, "paused_s": round(paused_s, 4)}
+            return WeightsUpdated(success=True, weight_version=weight_version, paused_s=round(paused_s, 4))
 
 
-__all__ = ["WeightGate", "WeightSync", "ServiceUnavailable"]
+__all__ = ["WeightGate", "WeightSync", "WeightsUpdated", "ServiceUnavailable"]

@@ -37,6 +37,8 @@ Layout: a store is assembled from one class per role over a backend:
 - policy_server.store.leases: ``ready`` -> ``leased`` -> ``consumed`` (or back to ``ready`` on expiry);
 - policy_server.store.reads: stats, backlog and the read-only admin views;
 - policy_server.store.feedback: explicit feedback on turns and when it applies to their samples;
+- policy_server.store.privacy: users' data: session deletion (leased samples revoked), audit, retention;
+- policy_server.store.versions: the weight-version ledger (candidate, canary, live, rolled_back, retired);
 - policy_server.store.base / sqlite / postgres / migrations: the connection layer.
 """
 
@@ -49,11 +51,13 @@ from policy_server.store.feedback import FeedbackConflict, StoreFeedback
 from policy_server.store.leases import LeaseError, StoreLeases
 from policy_server.store.migrations import LATEST_VERSION, SchemaError
 from policy_server.store.postgres import PostgresDB
+from policy_server.store.privacy import StorePrivacy
 from policy_server.store.reads import StoreReads
 from policy_server.store.responses import StoreResponses
 from policy_server.store.samples import StoreSamples
 from policy_server.store.sessions import Resolution, StoreSessions
 from policy_server.store.sqlite import SqliteDB
+from policy_server.store.versions import StoreVersions, UnknownVersion, VersionConflict
 
 __all__ = [
     "LATEST_VERSION",
@@ -66,12 +70,16 @@ __all__ = [
     "SchemaError",
     "Store",
     "StoreDB",
+    "UnknownVersion",
+    "VersionConflict",
     "open_store",
     "sqlite_dir",
 ]
 
 
-class SampleStore(StoreSessions, StoreSamples, StoreLeases, StoreReads, StoreResponses, StoreFeedback):
+class SampleStore(
+    StoreSessions, StoreSamples, StoreLeases, StoreReads, StoreResponses, StoreFeedback, StorePrivacy, StoreVersions
+):
     """The whole store interface (every role above) over either backend: the type the services hold."""
 
 

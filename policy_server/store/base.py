@@ -26,18 +26,22 @@ admin state (policy_server.serving.replicas). Both must not block; with PostgreS
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel
 
 from engine import fastjson
 from engine.records import SAMPLE_STATUSES
+from policy_server.store.rows import DB, Cursor, DBRow
 
 if TYPE_CHECKING:
     from policy_server.store.turn_records import TurnRecords
 
-__all__ = ["SAMPLE_STATUSES", "Row", "StoreDB", "dump_json"]
+__all__ = ["DB", "SAMPLE_STATUSES", "Cursor", "DBRow", "Row", "StoreDB", "dump_json"]
+
+R = TypeVar("R", bound=BaseModel)  # a runtime setting's record
 
 
 class StoreDB:
@@ -50,16 +54,16 @@ class StoreDB:
     on_ready: Callable[[], None] | None = None
     on_admin: Callable[[], None] | None = None
 
-    def _tx(self) -> AbstractContextManager[Any]:
+    def _tx(self) -> AbstractContextManager[DB]:
         raise NotImplementedError
 
-    def _read(self) -> AbstractContextManager[Any]:
+    def _read(self) -> AbstractContextManager[DB]:
         raise NotImplementedError
 
     def _has_table(self, name: str) -> bool:
         raise NotImplementedError
 
-    def _lock_schema(self, db: Any) -> None:
+    def _lock_schema(self, db: DB) -> None:
         """Inside a migration transaction: wait until no other process migrates this database."""
         raise NotImplementedError
 
@@ -68,6 +72,14 @@ class StoreDB:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    def _return_space(self, *, vacuum: bool) -> None:
+        """After rows were deleted: no old copy of them left in a log, and with ``vacuum`` the freed space
+        given back to the filesystem, where the backend can (SQLite); PostgreSQL's autovacuum reuses it."""
+
+    def file_bytes(self) -> int | None:
+        """The database file's size in bytes (SQLite), None where the backend has no such file."""
+        return None
 
     def _emit_ready(self) -> None:
         if self.on_ready is not None:
@@ -89,32 +101,34 @@ class StoreDB:
             rows = db.execute("SELECT key FROM runtime WHERE key LIKE ?", (prefix + "%",)).fetchall()
         return sorted(r[0][len(prefix) :] for r in rows if r[0].startswith(prefix))
 
-    def get_runtime(self, key: str) -> Any:
-        """A runtime setting changed through the admin API (e.g. the reward mode), or None if never set."""
+    def get_runtime(self, key: str, kind: type[R]) -> R | None:
+        """A runtime setting (e.g. the reward mode) read as its record ``kind``, or None if never set. A stored
+        value off ``kind``'s schema raises ``pydantic.ValidationError`` (loud, never half-read)."""
         with self._read() as db:
             row = db.execute("SELECT value FROM runtime WHERE key=?", (key,)).fetchone()
-        return json.loads(row["value"]) if row else None
+        return kind.model_validate_json(row["value"]) if row else None
 
     def delete_runtime(self, key: str) -> None:
         """Forget a runtime setting (one transaction; nothing happens when it is not set)."""
         with self._tx() as db:
             db.execute("DELETE FROM runtime WHERE key=?", (key,))
 
-    def set_runtime(self, key: str, value: Any) -> None:
-        """Persist a runtime setting, so it survives a restart and every replica sees it (one transaction)."""
+    def set_runtime(self, key: str, value: BaseModel) -> None:
+        """Persist a runtime setting (its record's JSON), so it survives a restart and every replica sees it
+        (one transaction)."""
         with self._tx() as db:
             db.execute(
                 "INSERT INTO runtime (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                (key, json.dumps(value)),
+                (key, value.model_dump_json()),
             )
 
 
-class Row(tuple[Any, ...]):
+class Row(tuple[object, ...]):
     """A result row readable by position, by column name, and as a mapping (``dict(row)``)."""
 
     _names: tuple[str, ...]
 
-    def __new__(cls, values: Any, names: tuple[str, ...]) -> Row:
+    def __new__(cls, values: Iterable[object], names: tuple[str, ...]) -> Row:
         row = super().__new__(cls, values)
         row._names = names
         return row
@@ -122,12 +136,12 @@ class Row(tuple[Any, ...]):
     def keys(self) -> tuple[str, ...]:
         return self._names
 
-    def __getitem__(self, key: Any) -> Any:
+    def __getitem__(self, key: str | int) -> Any:  # type: ignore[override]  # by name too, one column at a time
         if isinstance(key, str):
             return tuple.__getitem__(self, self._names.index(key))
         return tuple.__getitem__(self, key)
 
 
-def dump_json(obj: Any) -> str | None:
+def dump_json(obj: object) -> str | None:
     """JSON text of a column value (None stays NULL); a record's prompt ids by the fast encoder."""
     return None if obj is None else fastjson.dumps(obj, ensure_ascii=False)

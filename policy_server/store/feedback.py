@@ -37,10 +37,9 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from engine.records import SampleState as S
-from policy_server.store.base import StoreDB, dump_json
+from policy_server.store.base import DB, DBRow, StoreDB, dump_json
 from policy_server.store.feedback_rule import (
     PROMOTABLE,
     applicable,
@@ -50,7 +49,14 @@ from policy_server.store.feedback_rule import (
     promote,
     value_sign,
 )
-from policy_server.store.rows import TurnFeedback
+from policy_server.store.rows import (
+    FeedbackAnswer,
+    FeedbackCounts,
+    FeedbackRow,
+    TurnFeedback,
+    counts_by,
+    feedback_row,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -121,11 +127,10 @@ class StoreFeedback(StoreDB):
         policy: str,
         at_least_one: bool = True,
         now: float | None = None,
-    ) -> dict[str, Any] | None:
+    ) -> FeedbackAnswer | None:
         """Record feedback on a turn and apply it if the turn's sample can still change; None when no such
         turn was recorded. ``at_least_one``: the rule is on (re-run when this feedback excludes the session's
-        last included sample). Returns ``{"feedback_id", "session_id", "turn_index", "state", "duplicate",
-        "sample_status"}``. Raises FeedbackConflict for a key already used on another turn."""
+        last included sample). Raises FeedbackConflict for a key already used on another turn."""
         now = time.time() if now is None else now
         became_ready = 0
         with self._tx() as db:
@@ -139,7 +144,7 @@ class StoreFeedback(StoreDB):
                         raise FeedbackConflict(
                             "idempotency_key was already used for feedback on another turn: use a new key"
                         )
-                    return {**_answer(db, row), "duplicate": True}
+                    return _answer(db, row, duplicate=True)
             if not db.execute(
                 "SELECT 1 FROM turns WHERE session_id=? AND turn_index=?", (session_id, turn_index)
             ).fetchone():
@@ -154,7 +159,7 @@ class StoreFeedback(StoreDB):
             row = db.execute(
                 "SELECT feedback_id, session_id, turn_index, state FROM feedback WHERE feedback_id=?", (feedback_id,)
             ).fetchone()
-            out = {**_answer(db, row), "duplicate": False}
+            out = _answer(db, row, duplicate=False)
         self._ready_changed(became_ready)
         return out
 
@@ -184,14 +189,11 @@ class StoreFeedback(StoreDB):
         self._ready_changed(became_ready)
         return str(state)
 
-    def feedback_stats(self) -> dict[str, int]:
+    def feedback_stats(self) -> FeedbackCounts:
         """Feedback counts by state (every state listed) and in total."""
-        out = dict.fromkeys(FEEDBACK_STATES, 0)
         with self._read() as db:
-            for state, n in db.execute("SELECT state, COUNT(*) FROM feedback GROUP BY state"):
-                out[state] = n
-        out["total"] = sum(out.values())
-        return out
+            out = counts_by(db.execute("SELECT state, COUNT(*) FROM feedback GROUP BY state"), FEEDBACK_STATES)
+        return FeedbackCounts(**out, total=sum(out.values()))
 
     def judge_agreement(self, window: int) -> JudgeAgreement:
         """The judge/feedback agreement over the latest ``window`` paired turns and over all feedback."""
@@ -213,7 +215,7 @@ class StoreFeedback(StoreDB):
             total=SignCounts.of({(int(v), int(f)): int(n) for v, f, n in totals}),
         )
 
-    def list_feedback(self, session_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def list_feedback(self, session_id: str | None = None, limit: int = 100) -> list[FeedbackRow]:
         """Feedback rows, newest first (the admin view): id, target, value, text, state, times, and the sign
         of the judge's verdict on the turn (``judge_sign``, None while not judged or without a verdict)."""
         where, args = ("WHERE session_id=? ", (session_id,)) if session_id is not None else ("", ())
@@ -223,9 +225,9 @@ class StoreFeedback(StoreDB):
                 "applied_at, judge_sign FROM feedback " + where + "ORDER BY created_at DESC LIMIT ?",
                 (*args, limit),
             ).fetchall()
-        return [dict(r) for r in rows]
+        return [feedback_row(r) for r in rows]
 
-    def _settle(self, db: Any, session_id: str, turn_index: int, policy: str, at_least_one: bool, now: float) -> int:
+    def _settle(self, db: DB, session_id: str, turn_index: int, policy: str, at_least_one: bool, now: float) -> int:
         """Inside a transaction: decide the turn's pending feedback against its sample's state now, keep the
         at-least-one rule (module docstring); returns how many samples became ready."""
         sample = db.execute(
@@ -276,7 +278,7 @@ class StoreFeedback(StoreDB):
             became_ready += self._rerun_at_least_one(db, session_id, at_least_one, now)
         return became_ready
 
-    def _rerun_at_least_one(self, db: Any, session_id: str, at_least_one: bool, now: float) -> int:
+    def _rerun_at_least_one(self, db: DB, session_id: str, at_least_one: bool, now: float) -> int:
         """Inside :meth:`_settle`, after feedback excluded an included sample: when the session has none left,
         include its earliest promotable turn (the one judging in turn order would have promoted) and set the
         session's flag to whether one was; returns 1 when a sample became ready."""
@@ -315,7 +317,7 @@ class StoreFeedback(StoreDB):
         return promoted
 
 
-def _latest(db: Any, session_id: str, turn_index: int) -> TurnFeedback | None:
+def _latest(db: DB, session_id: str, turn_index: int) -> TurnFeedback | None:
     rows = db.execute(
         "SELECT value, text FROM feedback WHERE session_id=? AND turn_index=? ORDER BY created_at, feedback_id",
         (session_id, turn_index),
@@ -326,14 +328,15 @@ def _latest(db: Any, session_id: str, turn_index: int) -> TurnFeedback | None:
     return TurnFeedback(value=float(rows[-1]["value"]), text=texts[-1] if texts else None, count=len(rows))
 
 
-def _answer(db: Any, row: Any) -> dict[str, Any]:
+def _answer(db: DB, row: DBRow, *, duplicate: bool) -> FeedbackAnswer:
     sample = db.execute(
         "SELECT status FROM samples WHERE session_id=? AND turn_index=?", (row["session_id"], row["turn_index"])
     ).fetchone()
-    return {
-        "feedback_id": row["feedback_id"],
-        "session_id": row["session_id"],
-        "turn_index": int(row["turn_index"]),
-        "state": row["state"],
-        "sample_status": None if sample is None else sample[0],
-    }
+    return FeedbackAnswer(
+        feedback_id=row["feedback_id"],
+        session_id=row["session_id"],
+        turn_index=int(row["turn_index"]),
+        state=row["state"],
+        sample_status=None if sample is None else sample[0],
+        duplicate=duplicate,
+    )

@@ -33,7 +33,7 @@ user-facing contract.
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from engine.records import STATUS_OK, STATUS_TIE, SampleJSON
 from engine.records import RejectReason as R
@@ -56,7 +56,7 @@ REDECIDABLE: tuple[str, ...] = (
 PROMOTABLE: tuple[str, ...] = (R.PRM_NEUTRAL, R.PRM_TIE, R.NO_SIGNAL)
 
 
-def judge_reward(prm: Any) -> float | None:
+def judge_reward(prm: object) -> float | None:
     """The reward the judge's stored PRM verdict gives: its score when ``ok``, 0 for a ``tie``, else None."""
     if not isinstance(prm, dict):
         return None
@@ -73,7 +73,7 @@ def value_sign(value: float) -> int:
     return (value > 0) - (value < 0)
 
 
-def judge_sign(prm: Any) -> int | None:
+def judge_sign(prm: object) -> int | None:
     """The sign of the judge's stored PRM verdict (0 for a neutral or tied one), None without a verdict
     (opd, judge_failed, no_valid_votes): such a turn makes no agreement pair."""
     judge = judge_reward(prm)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -39,6 +38,8 @@ from engine.records import SampleState as S
 from engine.sample_values import value_problem
 from engine.validation import clip, describe_validation_errors
 from policy_server.store.base import StoreDB
+from policy_server.store.privacy import revoked_of
+from policy_server.store.rows import AckResult
 
 
 def _read_sample(data: str | None) -> Sample | str:
@@ -52,6 +53,14 @@ def _read_sample(data: str | None) -> Sample | str:
         return Sample.model_validate(raw)
     except ValidationError as exc:
         return f"off the Sample schema: {describe_validation_errors(exc.errors(), limit=1)}"
+
+
+def _answer(lease_id: str, acked: int, already: bool, revoked: list[str]) -> AckResult:
+    """The ack answer; ``revoked`` set (so on the wire) only when a session deletion revoked some of the lease's
+    samples."""
+    if revoked:
+        return AckResult(lease_id=lease_id, acked=acked, already_acked=already, revoked=revoked)
+    return AckResult(lease_id=lease_id, acked=acked, already_acked=already)
 
 
 class LeaseError(Exception):
@@ -134,8 +143,10 @@ class StoreLeases(StoreDB):
             )
         return lease_id, [data for _, data in samples]
 
-    def ack(self, lease_id: str, now: float | None = None) -> dict[str, Any]:
-        """Consume a lease's samples. Idempotent for an acked lease; LeaseError if unknown or expired."""
+    def ack(self, lease_id: str, now: float | None = None, *, weight_version: str | None = None) -> AckResult:
+        """Consume a lease's samples. Idempotent for an acked lease; LeaseError if unknown or expired.
+        ``weight_version``: the weights the trainer consumed them into (kept per sample for the audit); the
+        answer's ``revoked`` lists the lease's samples a session deletion removed (never consumed)."""
         now = time.time() if now is None else now
         self.expire_leases(now)
         with self._tx() as db:
@@ -145,12 +156,13 @@ class StoreLeases(StoreDB):
             if row is None:
                 raise LeaseError("unknown", f"unknown lease_id {clip(lease_id)}")
             if row["state"] == "acked":
-                return {"lease_id": lease_id, "acked": 0, "already_acked": True}
+                return _answer(lease_id, 0, True, revoked_of(db, lease_id))
             if row["state"] == "expired":
                 raise LeaseError("expired", f"lease {lease_id} expired; its samples were returned to ready")
             n = db.execute(
-                "UPDATE samples SET status=?, updated_at=? WHERE lease_id=? AND status=?",
-                (S.CONSUMED, now, lease_id, S.LEASED),
+                "UPDATE samples SET status=?, updated_at=?, trained_weight_version=? WHERE lease_id=? AND status=?",
+                (S.CONSUMED, now, weight_version, lease_id, S.LEASED),
             ).rowcount
             db.execute("UPDATE leases SET state='acked' WHERE lease_id=?", (lease_id,))
-        return {"lease_id": lease_id, "acked": n, "already_acked": False}
+            revoked = revoked_of(db, lease_id)  # deleted with their session while leased: the trainer drops them
+        return _answer(lease_id, n, False, revoked)

@@ -15,9 +15,8 @@ Several replicas starting at once serialise on the backend's schema lock (``_loc
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from policy_server.store.base import StoreDB
+from policy_server.store.base import DB, StoreDB
 
 MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
@@ -139,6 +138,58 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "CREATE INDEX IF NOT EXISTS feedback_created ON feedback (created_at, feedback_id)",
         ),
     ),
+    # Users' data (docs/USERS_DATA.md): the secret kinds redacted out of a turn (its sample is rejected
+    # ``secret``), the leased samples a session deletion revoked (their ack tells the trainer), the weight
+    # version an ack consumed a sample into, and the session indexes deletion and retention read by.
+    (
+        "users data",
+        (
+            "ALTER TABLE turns ADD COLUMN redacted TEXT",
+            "ALTER TABLE side_turns ADD COLUMN redacted TEXT",
+            "ALTER TABLE samples ADD COLUMN trained_weight_version TEXT",
+            """CREATE TABLE IF NOT EXISTS revoked_samples (
+            sample_id TEXT PRIMARY KEY,
+            lease_id TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            revoked_at {real} NOT NULL)""",
+            "CREATE INDEX IF NOT EXISTS revoked_samples_lease ON revoked_samples (lease_id)",
+            "CREATE INDEX IF NOT EXISTS side_turns_session ON side_turns (session_id)",
+            "CREATE INDEX IF NOT EXISTS responses_session ON responses (session_id)",
+            "CREATE INDEX IF NOT EXISTS samples_consumed ON samples (status, updated_at)",
+        ),
+    ),
+    # The weight-version ledger and the sessions' version pins (policy_server.store.versions). ``pending`` is 1
+    # while a version is a candidate or a canary and NULL otherwise: its unique index lets one version at a time
+    # be pending, so of two pushes (at any replicas) one is refused; ``seq`` orders the versions as made.
+    (
+        "weight version ledger",
+        (
+            """CREATE TABLE IF NOT EXISTS weight_versions (
+            version TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            checkpoint TEXT NOT NULL,
+            parent TEXT,
+            state TEXT NOT NULL,
+            pending INTEGER,
+            created_at {real} NOT NULL,
+            updated_at {real} NOT NULL,
+            sample_count INTEGER,
+            sample_id_min TEXT,
+            sample_id_max TEXT,
+            note TEXT)""",
+            "CREATE UNIQUE INDEX IF NOT EXISTS weight_versions_one_pending ON weight_versions (pending)",
+            "CREATE INDEX IF NOT EXISTS weight_versions_seq ON weight_versions (seq)",
+            # With safe updates each session is pinned to the version that served its first turn.
+            """CREATE TABLE IF NOT EXISTS session_pins (
+            session_id TEXT PRIMARY KEY,
+            version TEXT NOT NULL,
+            pinned_at {real} NOT NULL)""",
+            "CREATE INDEX IF NOT EXISTS session_pins_version ON session_pins (version, pinned_at)",
+            # A loaded version is what the consumed samples no ack named a version for were trained into: the
+            # partial index holds only those, so stamping them reads no older row.
+            "CREATE INDEX IF NOT EXISTS samples_untrained ON samples (status) WHERE trained_weight_version IS NULL",
+        ),
+    ),
 )
 
 LATEST_VERSION = len(MIGRATIONS)
@@ -148,7 +199,7 @@ class SchemaError(RuntimeError):
     """The database's schema version is not one this release can use."""
 
 
-def schema_version(db: Any) -> int:
+def schema_version(db: DB) -> int:
     """The version recorded in ``schema_migrations`` (0 for a database that has none)."""
     row = db.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
     return int(row[0] or 0)

@@ -14,6 +14,8 @@ guarded by ``WHERE status=...`` is decided by whichever transaction commits firs
 Waits: a pool connection, a row lock (``lock_timeout``) or a statement (``statement_timeout``) waits
 at most ``busy_timeout_s``; a database that is down, slow or deadlocked ends in
 :class:`~policy_server.errors.StoreBusy` (HTTP 503 with Retry-After), and the transaction is rolled back.
+A pooled connection is checked as it is handed out (a server restart leaves the idle ones dead), so a
+restart that is over is invisible to requests.
 
 Wake-ups: a commit that made samples ``ready`` sends ``NOTIFY hindsight_ready``; a listener thread per
 replica (``LISTEN`` on its own connection, reconnecting with a back-off) calls ``on_ready``, so a lease
@@ -26,17 +28,17 @@ Shared admin changes (reward mode, weight-sync pause: policy_server.serving.repl
 from __future__ import annotations
 
 import logging
+import select
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from policy_server.errors import StoreBusy
-from policy_server.store.base import Row, StoreDB
+from policy_server.store.base import DB, Row, StoreDB
 from policy_server.store.migrations import apply_migrations
 from policy_server.store.turn_records import TurnCache, TurnRecords
 
@@ -47,7 +49,7 @@ ADMIN_CHANNEL = "hindsight_admin"
 _SCHEMA_LOCK_KEY = 0x48696E64  # arbitrary constant: the advisory lock that serialises migrations
 
 
-def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
+def _row_factory(cursor: psycopg.Cursor[Row]) -> Callable[[Sequence[object]], Row]:
     names = tuple(d.name for d in cursor.description or ())
     return lambda values: Row(values, names)
 
@@ -61,17 +63,30 @@ def _pg_sql(sql: str) -> str:
 class _Conn:
     """A psycopg connection with the sqlite3-style ``execute(sql, params)`` the role classes use."""
 
-    def __init__(self, conn: psycopg.Connection[Any]):
+    def __init__(self, conn: psycopg.Connection[Row]):
         self._conn = conn
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+    def execute(self, sql: str, params: Sequence[object] = ()) -> psycopg.Cursor[Row]:
         if params:
             return self._conn.execute(_pg_sql(sql), tuple(params))
         return self._conn.execute(sql)
 
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    def executemany(self, sql: str, rows: Iterable[Sequence[object]]) -> None:
         with self._conn.cursor() as cur:
             cur.executemany(_pg_sql(sql), rows)
+
+
+def _check_idle_connection(conn: psycopg.Connection[Row]) -> None:
+    """The pool's check as it hands out a connection: raise when the server has closed it.
+
+    A restart or an operator's ``pg_terminate_backend`` leaves every idle pooled connection dead, and the first
+    transaction on each would fail (a 503 to a live agent per pooled connection). The server says goodbye before it
+    closes (or the kernel's end-of-file arrives): an idle connection that has anything to read is suspect and gets one
+    round trip to tell; a quiet one costs a zero-timeout ``select`` and no round trip, so the hot path pays nothing.
+    """
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        ConnectionPool.check_connection(conn)
 
 
 class PostgresDB(StoreDB):
@@ -90,16 +105,17 @@ class PostgresDB(StoreDB):
         self.on_ready = None
         timeout_ms = int(busy_timeout_s * 1000)
 
-        def configure(conn: psycopg.Connection[Any]) -> None:
+        def configure(conn: psycopg.Connection[Row]) -> None:
             conn.execute(f"SET lock_timeout = {timeout_ms}")
             conn.execute(f"SET statement_timeout = {timeout_ms * 2}")
 
-        self._pool: ConnectionPool[Any] = ConnectionPool(
+        self._pool: ConnectionPool[psycopg.Connection[Row]] = ConnectionPool(
             url,
             min_size=1,
             max_size=pool_size,
             timeout=busy_timeout_s,
             configure=configure,
+            check=_check_idle_connection,
             open=False,
             kwargs={"autocommit": True, "row_factory": _row_factory},
             name="hindsight-store",
@@ -142,7 +158,7 @@ class PostgresDB(StoreDB):
             row = db.execute("SELECT to_regclass(?)", (name,)).fetchone()  # always one row: NULL when absent
             return row is not None and row[0] is not None
 
-    def _lock_schema(self, db: _Conn) -> None:
+    def _lock_schema(self, db: DB) -> None:
         db.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK_KEY,))
 
     def probe(self, timeout_s: float = 0.5) -> str | None:

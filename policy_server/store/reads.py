@@ -2,33 +2,44 @@
 
 Role: what ``GET /v1/samples/stats``, ``GET /v1/samples`` and the main-turn backpressure check
 (``unconsumed_backlog``, policy_server.serving.chat_turn) read. Nothing here changes state or takes a
-transaction; each method takes the store lock for a consistent snapshot of its queries. Sample rows come back with the Sample JSON decoded (``data`` or ``sample``; None before
-the sample is judged). Statuses are those of policy_server.store (``SAMPLE_STATUSES``).
+transaction; each method takes the store lock for a consistent snapshot of its queries. Sample rows come back as
+:class:`~policy_server.store.rows.SampleRow` records with the Sample JSON decoded (``sample``; None before the
+sample is judged). Statuses are those of policy_server.store (``SAMPLE_STATUSES``).
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-from engine.records import UNCONSUMED_STATUSES
+from engine.records import UNCONSUMED_STATUSES, Turn
 from engine.records import SampleState as S
 from engine.validation import clip
 from policy_server.store.base import SAMPLE_STATUSES, StoreDB
-from policy_server.store.rows import turn_dict
+from policy_server.store.rows import (
+    SampleRow,
+    SideTurn,
+    StoreCounts,
+    counts_by,
+    listed_sample,
+    side_turn,
+    turn_of,
+)
 
+# A sample row with its turn's pairing columns (rows.listed_sample reads it).
+SAMPLE_WITH_TURN = (
+    "SELECT s.sample_id, s.session_id, s.turn_index, s.status, s.reject_reason, s.attempts, s.last_error, "
+    "s.created_at, s.updated_at, s.data, t.pairing, t.pairing_note, t.next_state, t.session_rule, "
+    "t.session_decision FROM samples s "
+    "LEFT JOIN turns t ON t.session_id=s.session_id AND t.turn_index=s.turn_index"
+)
 _COUNT_UNCONSUMED = f"SELECT COUNT(*) FROM samples WHERE status IN ({', '.join('?' * len(UNCONSUMED_STATUSES))})"
 
 
 class StoreReads(StoreDB):
     """Counters and read-only sample views (see the module docstring)."""
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> StoreCounts:
         with self._read() as db:
-            by_status = dict.fromkeys(SAMPLE_STATUSES, 0)
-            for status, n in db.execute("SELECT status, COUNT(*) FROM samples GROUP BY status"):
-                by_status[status] = n
-            reasons = dict(
+            by_status = counts_by(db.execute("SELECT status, COUNT(*) FROM samples GROUP BY status"), SAMPLE_STATUSES)
+            reasons = counts_by(
                 db.execute(
                     "SELECT reject_reason, COUNT(*) FROM samples WHERE status=? GROUP BY reject_reason", (S.REJECTED,)
                 )
@@ -54,32 +65,32 @@ class StoreReads(StoreDB):
                 "AND NOT EXISTS (SELECT 1 FROM samples s WHERE s.session_id=x.session_id AND s.status=?)",
                 (S.PENDING_JUDGE,),
             ).fetchone()[0]
-            side = dict(db.execute("SELECT rule, COUNT(*) FROM side_turns GROUP BY rule"))
+            side = counts_by(db.execute("SELECT rule, COUNT(*) FROM side_turns GROUP BY rule"))
             rules = {
-                f"{r}:{d}": n
+                f"{r}:{d}": int(n)
                 for r, d, n in db.execute(
                     "SELECT session_rule, session_decision, COUNT(*) FROM turns "
                     "WHERE session_rule IS NOT NULL GROUP BY session_rule, session_decision"
                 )
             }
-        return {
-            "samples": by_status,
-            "reject_reasons": reasons,
-            "turns": turns,
-            "turns_awaiting_next_state": awaiting,
-            "sessions": sessions[0],
-            "sessions_open": sessions[1] or 0,
-            "history_mismatches": sessions[2] or 0,
-            "active_leases": leases,
-            "pending_judge_retrying": retrying,
-            "pending_score_retrying": score_retrying,
-            "inferred_sessions": inferred,
-            "sessions_without_sample": without_sample,
-            "side_turns": side,
-            "turns_by_session_rule": rules,
-        }
+        return StoreCounts(
+            samples=by_status,
+            reject_reasons=reasons,
+            turns=int(turns),
+            turns_awaiting_next_state=int(awaiting),
+            sessions=int(sessions[0]),
+            sessions_open=int(sessions[1] or 0),
+            history_mismatches=int(sessions[2] or 0),
+            active_leases=int(leases),
+            pending_judge_retrying=int(retrying),
+            pending_score_retrying=int(score_retrying),
+            inferred_sessions=int(inferred),
+            sessions_without_sample=int(without_sample),
+            side_turns=side,
+            turns_by_session_rule=rules,
+        )
 
-    def awaiting_open_turns(self, family: str | None = None) -> list[dict[str, Any]]:
+    def awaiting_open_turns(self, family: str | None = None) -> list[Turn]:
         """Awaiting turns of open sessions, oldest first: what session inference matches against.
 
         ``family``: only the sessions ``family`` and ``family~...`` (a client key's sessions,
@@ -89,13 +100,13 @@ class StoreReads(StoreDB):
             "SELECT t.* FROM turns t JOIN sessions s ON s.session_id=t.session_id "
             "WHERE s.done=0 AND t.pairing='awaiting'"
         )
-        args: tuple[Any, ...] = ()
+        args: tuple[str | int, ...] = ()
         if family is not None:
             sql += " AND (t.session_id=? OR substr(t.session_id, 1, ?)=?)"
             args = (family, len(family) + 1, family + "~")
         with self._read() as db:
             rows = db.execute(sql + " ORDER BY t.created_at", args).fetchall()
-            return [turn_dict(r, self.turn_records.whole(db, r)) for r in rows]
+            return [turn_of(r, self.turn_records.whole(db, r)) for r in rows]
 
     def open_family_sessions(self, family: str) -> list[str]:
         """Open sessions named ``family`` or ``family~...``, most recently active first."""
@@ -114,18 +125,9 @@ class StoreReads(StoreDB):
             a = db.execute("SELECT COUNT(*) FROM turns WHERE pairing='awaiting'").fetchone()[0]
         return int(n) + int(a)
 
-    def sample_row(self, sample_id: str) -> dict[str, Any] | None:
-        with self._read() as db:
-            row = db.execute("SELECT * FROM samples WHERE sample_id=?", (sample_id,)).fetchone()
-        if row is None:
-            return None
-        out = dict(row)
-        out["data"] = json.loads(out["data"]) if out["data"] else None
-        return out
-
     def list_samples(
         self, *, session_id: str | None = None, status: str | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
+    ) -> list[SampleRow]:
         """Read-only view of sample rows (no lease, no state change), oldest first, with their Sample JSON.
 
         Each row: sample_id, session_id, turn_index, status, reject_reason, attempts, last_error,
@@ -135,7 +137,8 @@ class StoreReads(StoreDB):
         """
         if status is not None and status not in SAMPLE_STATUSES:
             raise ValueError(f"status must be one of {', '.join(SAMPLE_STATUSES)}, not {clip(status)}")
-        where, args = [], []
+        where: list[str] = []
+        args: list[str | int] = []
         if session_id is not None:
             where.append("s.session_id=?")
             args.append(session_id)
@@ -143,10 +146,7 @@ class StoreReads(StoreDB):
             where.append("s.status=?")
             args.append(status)
         sql = (
-            "SELECT s.sample_id, s.session_id, s.turn_index, s.status, s.reject_reason, s.attempts, s.last_error, "
-            "s.created_at, s.updated_at, s.data, t.pairing, t.pairing_note, t.next_state, t.session_rule, "
-            "t.session_decision FROM samples s "
-            "LEFT JOIN turns t ON t.session_id=s.session_id AND t.turn_index=s.turn_index"
+            SAMPLE_WITH_TURN
             + (" WHERE " + " AND ".join(where) if where else "")
             + (
                 " ORDER BY s.turn_index"
@@ -157,23 +157,9 @@ class StoreReads(StoreDB):
         )
         with self._read() as db:
             rows = db.execute(sql, (*args, int(limit))).fetchall()
-        out = []
-        for r in rows:
-            d = dict(r)
-            data = d.pop("data")
-            d["sample"] = json.loads(data) if data else None
-            next_state = d.pop("next_state")
-            d["turn"] = {
-                "pairing": d.pop("pairing"),
-                "pairing_note": d.pop("pairing_note"),
-                "next_state": json.loads(next_state) if next_state else None,
-                "session_rule": d.pop("session_rule"),
-                "session_decision": d.pop("session_decision"),
-            }
-            out.append(d)
-        return out
+        return [listed_sample(r) for r in rows]
 
-    def list_side_turns(self, *, session_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def list_side_turns(self, *, session_id: str | None = None, limit: int = 100) -> list[SideTurn]:
         """Side turns (served, never trained), newest first: ``side_id, session_id, created_at, rule`` and
         ``record`` (the turn's TurnRecord JSON, token-exact like a main turn's)."""
         where, args = ("WHERE session_id=? ", (session_id,)) if session_id is not None else ("", ())
@@ -184,4 +170,4 @@ class StoreReads(StoreDB):
                 + "ORDER BY created_at DESC LIMIT ?",
                 (*args, int(limit)),
             ).fetchall()
-        return [{**dict(r), "record": json.loads(r["record"])} for r in rows]
+        return [side_turn(r) for r in rows]

@@ -12,11 +12,10 @@ resent the whole history. Rows are written once and never changed.
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any
 
 from policy_server.store.base import StoreDB
+from policy_server.store.rows import StoredConversation, StoredResponse, messages_json, messages_of
 
 # A chain deeper than this is refused rather than walked (a conversation of that many stored answers).
 MAX_CHAIN = 10_000
@@ -25,15 +24,19 @@ MAX_CHAIN = 10_000
 class StoreResponses(StoreDB):
     """``put_response`` / ``get_response`` (see the module docstring)."""
 
-    def put_response(
-        self, response_id: str, session_id: str | None, previous_id: str | None, messages: list[dict[str, Any]]
-    ) -> None:
+    def put_response(self, response: StoredResponse) -> None:
         """Keep what one answer added to its conversation (one transaction); an id is written once."""
         with self._tx() as db:
             db.execute(
                 "INSERT INTO responses (response_id, session_id, previous_id, created_at, messages) "
                 "VALUES (?, ?, ?, ?, ?)",
-                (response_id, session_id, previous_id, time.time(), json.dumps(messages, ensure_ascii=False)),
+                (
+                    response.response_id,
+                    response.session_id,
+                    response.previous_id,
+                    time.time(),
+                    messages_json(response.messages),
+                ),
             )
 
     def response_session(self, response_id: str) -> str | None:
@@ -42,10 +45,10 @@ class StoreResponses(StoreDB):
             row = db.execute("SELECT session_id FROM responses WHERE response_id=?", (response_id,)).fetchone()
         return None if row is None else row["session_id"]
 
-    def get_response(self, response_id: str) -> dict[str, Any] | None:
-        """``{"session_id", "conversation"}`` of a stored answer (the whole chain's messages, oldest first), or
-        None when no answer has that id."""
-        parts: list[list[dict[str, Any]]] = []
+    def get_response(self, response_id: str) -> StoredConversation | None:
+        """A stored answer's session and whole conversation (the chain's messages, oldest first), or None when
+        no answer has that id."""
+        parts: list[list[dict[str, object]]] = []
         session_id: str | None = None
         with self._read() as db:
             current: str | None = response_id
@@ -59,9 +62,9 @@ class StoreResponses(StoreDB):
                     raise LookupError(f"stored response {response_id} continues {current}, which is not stored")
                 if not parts:
                     session_id = row["session_id"]
-                parts.append(json.loads(row["messages"]))
+                parts.append(messages_of(row["messages"]))
                 current = row["previous_id"]
                 if len(parts) > MAX_CHAIN:
                     raise LookupError(f"stored response {response_id} ends a chain of more than {MAX_CHAIN} answers")
         conversation = [m for part in reversed(parts) for m in part]
-        return {"session_id": session_id, "conversation": conversation}
+        return StoredConversation(session_id=session_id, conversation=conversation)

@@ -22,16 +22,22 @@ Every write is one transaction (policy_server.store.base); ``pending_score`` sam
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from engine.records import JUDGE_OUTCOME_STATUSES, SCORE_OUTCOME_STATUSES, RejectReason, Sample, SampleJSON
 from engine.records import SampleState as S
 from engine.sample_values import value_problem
 from policy_server.store.base import StoreDB, dump_json
-from policy_server.store.rows import JudgeJob, judge_job, turn_dict
+from policy_server.store.rows import (
+    JudgeJob,
+    ScoredSample,
+    TrajectoryTurn,
+    judge_job,
+    sample_row,
+    sample_turn,
+    turn_of,
+)
 
 
 class StoreSamples(StoreDB):
@@ -89,11 +95,11 @@ class StoreSamples(StoreDB):
         status: str,
         reject_reason: str | None,
         included: bool,
-        data: Sample | SampleJSON | None,
+        data: Sample | None,
     ) -> bool:
         """Persist a judge outcome atomically with the sample's status and the session's at-least-one flag.
 
-        ``data`` is the :class:`~engine.records.Sample` (or its JSON); None for a turn rejected before judging.
+        ``data`` is the :class:`~engine.records.Sample`; None for a turn rejected before judging.
 
         ``pending_score`` (session-scope PRM) holds an accepted sample until its session is scored; it counts
         as included for the at-least-one rule, which follows the pipeline's decisions in judging order; a
@@ -101,13 +107,12 @@ class StoreSamples(StoreDB):
         """
         if status not in JUDGE_OUTCOME_STATUSES:
             raise ValueError(f"judge outcome status must be ready, rejected or pending_score, not {status!r}")
-        if isinstance(data, Sample):
-            data = data.to_json()
-        status, reject_reason = _checked(status, reject_reason, data)
+        raw = None if data is None else data.to_json()
+        status, reject_reason = _checked(status, reject_reason, raw)
         with self._tx() as db:
             cur = db.execute(
                 "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? WHERE sample_id=? AND status=?",
-                (status, reject_reason, dump_json(data), time.time(), sample_id, S.PENDING_JUDGE),
+                (status, reject_reason, dump_json(raw), time.time(), sample_id, S.PENDING_JUDGE),
             )
             # A rejected outcome never counts for at-least-one, whatever the caller passed: the value check
             # above may have just turned an accepted sample into ``invalid_values``.
@@ -142,24 +147,21 @@ class StoreSamples(StoreDB):
             ).fetchall()
         return [r[0] for r in rows]
 
-    def session_trajectory(self, session_id: str) -> list[dict[str, Any]]:
-        """Every recorded turn of the session in turn order, each a turn dict plus ``sample`` (its sample row
-        with the Sample JSON in ``data``, or None while the turn awaits its next state)."""
+    def session_trajectory(self, session_id: str) -> list[TrajectoryTurn]:
+        """Every recorded turn of the session in turn order, each with its sample row (the Sample JSON as stored,
+        or None while the turn awaits its next state)."""
         with self._read() as db:
             turns = db.execute("SELECT * FROM turns WHERE session_id=? ORDER BY turn_index", (session_id,)).fetchall()
             samples = {
-                r["turn_index"]: dict(r)
+                r["turn_index"]: r
                 for r in db.execute("SELECT * FROM samples WHERE session_id=?", (session_id,)).fetchall()
             }
             records = self.turn_records.session(db, turns)
         out = []
         for row, record in zip(turns, records, strict=True):
-            turn = turn_dict(row, record)
+            turn = turn_of(row, record)
             sample = samples.get(row["turn_index"])
-            if sample is not None:
-                sample["data"] = json.loads(sample["data"]) if sample["data"] else None
-            turn["sample"] = sample
-            out.append(turn)
+            out.append(TrajectoryTurn(turn, None if sample is None else sample_row(sample, sample_turn(turn))))
         return out
 
     def note_score_attempt(self, session_id: str, error: str) -> int:
@@ -172,25 +174,24 @@ class StoreSamples(StoreDB):
                 ).rowcount
             )
 
-    def complete_score(self, outcomes: Sequence[tuple[str, str, str | None, Sample | SampleJSON]]) -> int:
-        """Decide held samples in ONE transaction: each ``(sample_id, status, reject_reason, data)`` with status
-        ``ready`` or ``rejected`` and the :class:`~engine.records.Sample` (or its JSON); a sample no longer
-        ``pending_score`` is left alone. Returns how many moved."""
-        for _, status, _, _ in outcomes:
-            if status not in SCORE_OUTCOME_STATUSES:
-                raise ValueError(f"score outcome status must be ready or rejected, not {status!r}")
-        rows = [(sid, data.to_json() if isinstance(data, Sample) else data) for sid, _, _, data in outcomes]
-        checked = [
-            (sid, *_checked(status, reason, data), data)
-            for (sid, data), (_, status, reason, _) in zip(rows, outcomes, strict=True)
-        ]
+    def complete_score(self, outcomes: Sequence[ScoredSample]) -> int:
+        """Decide held samples in ONE transaction: each with status ``ready`` or ``rejected`` and its
+        :class:`~engine.records.Sample`; a sample no longer ``pending_score`` is left alone. Returns how many
+        moved."""
+        for outcome in outcomes:
+            if outcome.status not in SCORE_OUTCOME_STATUSES:
+                raise ValueError(f"score outcome status must be ready or rejected, not {outcome.status!r}")
+        checked = []
+        for outcome in outcomes:
+            raw = outcome.sample.to_json()
+            checked.append((outcome.sample_id, *_checked(outcome.status, outcome.reject_reason, raw), raw))
         now = time.time()
         moved: dict[str, int] = dict.fromkeys(SCORE_OUTCOME_STATUSES, 0)
         with self._tx() as db:
-            for sample_id, status, reason, data in checked:
+            for sample_id, status, reason, raw in checked:
                 moved[status] += db.execute(
                     "UPDATE samples SET status=?, reject_reason=?, data=?, updated_at=? WHERE sample_id=? AND status=?",
-                    (status, reason, dump_json(data), now, sample_id, S.PENDING_SCORE),
+                    (status, reason, dump_json(raw), now, sample_id, S.PENDING_SCORE),
                 ).rowcount
         self._ready_changed(moved[S.READY])
         return sum(moved.values())
@@ -205,7 +206,7 @@ def _checked(status: str, reject_reason: str | None, data: SampleJSON | None) ->
     return (S.REJECTED, RejectReason.with_detail(RejectReason.INVALID_VALUES, why)) if why else (status, reject_reason)
 
 
-def _claim_filter(available_to: str | None, now: float | None) -> tuple[str, tuple[Any, ...]]:
+def _claim_filter(available_to: str | None, now: float | None) -> tuple[str, tuple[str | float, ...]]:
     """SQL (``AND ...`` on the sessions alias ``x``) leaving out sessions another replica holds a live claim on."""
     if available_to is None:
         return "", ()

@@ -19,11 +19,10 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from engine.records import RejectReason, Turn, TurnRecord
 from engine.records import SampleState as S
-from policy_server.store.base import StoreDB, dump_json
+from policy_server.store.base import DB, StoreDB, dump_json
 from policy_server.store.rows import SessionState, session_state, turn_of
 from policy_server.store.turn_records import pack
 
@@ -34,7 +33,7 @@ class Resolution:
 
     turn_index: int
     pairing: str
-    next_state: list[dict[str, Any]] | None
+    next_state: list[dict[str, object]] | None
     note: str | None = None
     reject_reason: str | None = None
 
@@ -48,14 +47,24 @@ class StoreSessions(StoreDB):
         with self._tx() as db:
             _touch(db, session_id, now)
 
-    def record_side_turn(self, session_id: str | None, rule: str, record: TurnRecord, now: float | None = None) -> str:
-        """Keep a side turn (served, never paired or trained) with the rule that made it side; returns its id."""
+    def record_side_turn(
+        self,
+        session_id: str | None,
+        rule: str,
+        record: TurnRecord,
+        now: float | None = None,
+        *,
+        redacted: list[str] | None = None,
+    ) -> str:
+        """Keep a side turn (served, never paired or trained) with the rule that made it side; returns its id.
+        ``redacted``: the secret kinds already redacted out of ``record`` (policy_server.serving.secrets)."""
         now = time.time() if now is None else now
         side_id = f"side-{uuid.uuid4().hex}"
         with self._tx() as db:
             db.execute(
-                "INSERT INTO side_turns (side_id, session_id, created_at, rule, record) VALUES (?, ?, ?, ?, ?)",
-                (side_id, session_id, now, rule, dump_json(record.to_json())),
+                "INSERT INTO side_turns (side_id, session_id, created_at, rule, record, redacted) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (side_id, session_id, now, rule, dump_json(record.to_json()), ",".join(redacted or []) or None),
             )
         return side_id
 
@@ -71,17 +80,14 @@ class StoreSessions(StoreDB):
     def resolve_turn(
         self,
         session_id: str,
-        turn_index: int,
+        resolution: Resolution,
         *,
-        pairing: str,
-        next_state: list[dict[str, Any]] | None,
-        session_done: bool,
-        note: str | None = None,
-        reject_reason: str | None = None,
+        session_done: bool = False,
         now: float | None = None,
         touch: bool = False,
     ) -> str | None:
-        """Close a turn's pairing and create its sample (pending_judge, or rejected with a reason).
+        """Close a turn's pairing as ``resolution`` says and create its sample (pending_judge, or rejected with
+        the resolution's reason).
 
         ``touch`` also refreshes the session's activity time (and reopens it) in the same transaction.
         Returns the sample id, or None when the turn was already resolved (idempotent under races).
@@ -90,17 +96,7 @@ class StoreSessions(StoreDB):
         with self._tx() as db:
             if touch:
                 _touch(db, session_id, now)
-            return _resolve(
-                db,
-                session_id,
-                turn_index,
-                pairing=pairing,
-                next_state=next_state,
-                session_done=session_done,
-                note=note,
-                reject_reason=reject_reason,
-                now=now,
-            )
+            return _resolve(db, session_id, resolution, session_done=session_done, now=now)
 
     def record_turn(
         self,
@@ -110,6 +106,7 @@ class StoreSessions(StoreDB):
         session_done: bool,
         now: float | None = None,
         resolve: Resolution | None = None,
+        redacted: list[str] | None = None,
     ) -> int:
         """Insert a main turn (its :class:`~engine.records.TurnRecord`) with the next turn index;
         returns that index. One transaction.
@@ -121,6 +118,8 @@ class StoreSessions(StoreDB):
         the turn was generated). A turn still ``awaiting`` in the same session at this point was overtaken
         by a concurrent request of the same session: it can no longer be paired reliably and is rejected
         explicitly. With ``session_done`` the new turn is the session's last: resolved with no next state.
+        ``redacted``: the secret kinds already redacted out of ``record``; such a turn's sample is rejected
+        ``secret`` whenever its pairing closes (its token ids are not stored: they would encode the secret).
         """
         now = time.time() if now is None else now
         whole = record.to_json()
@@ -143,20 +142,10 @@ class StoreSessions(StoreDB):
                 - 1
             )
             if resolve is not None:
-                _resolve(
-                    db,
-                    session_id,
-                    resolve.turn_index,
-                    pairing=resolve.pairing,
-                    next_state=resolve.next_state,
-                    session_done=False,
-                    note=resolve.note,
-                    reject_reason=resolve.reject_reason,
-                    now=now,
-                )
+                _resolve(db, session_id, resolve, session_done=False, now=now)
             db.execute(
                 "INSERT INTO turns (session_id, turn_index, created_at, record, record_base, pairing, response_id, "
-                "session_rule, session_decision) VALUES (?, ?, ?, ?, ?, 'awaiting', ?, ?, ?)",
+                "session_rule, session_decision, redacted) VALUES (?, ?, ?, ?, ?, 'awaiting', ?, ?, ?, ?)",
                 (
                     session_id,
                     idx,
@@ -166,6 +155,7 @@ class StoreSessions(StoreDB):
                     record.response_id,
                     record.session_rule,
                     record.session_decision,
+                    ",".join(redacted or []) or None,
                 ),
             )
             older = db.execute(
@@ -173,17 +163,14 @@ class StoreSessions(StoreDB):
                 (session_id, idx),
             ).fetchall()
             for (o,) in older:
-                _resolve(
-                    db,
-                    session_id,
+                overtaken = Resolution(
                     o,
-                    pairing="mismatch",
-                    next_state=None,
-                    session_done=False,
+                    "mismatch",
+                    None,
                     note="overtaken by a concurrent turn",
                     reject_reason=RejectReason.CONCURRENT_TURNS,
-                    now=now,
                 )
+                _resolve(db, session_id, overtaken, session_done=False, now=now)
             if session_done:
                 _end(db, session_id, now)
         self.turn_records.cache.put(session_id, idx, whole)  # committed: the row's record from now on
@@ -227,7 +214,7 @@ class StoreSessions(StoreDB):
         return session_state(row) if row else None
 
 
-def _touch(db: Any, session_id: str, now: float) -> None:
+def _touch(db: DB, session_id: str, now: float) -> None:
     db.execute(
         "INSERT INTO sessions (session_id, last_activity) VALUES (?, ?) "
         "ON CONFLICT(session_id) DO UPDATE SET last_activity=excluded.last_activity, done=0",
@@ -235,39 +222,31 @@ def _touch(db: Any, session_id: str, now: float) -> None:
     )
 
 
-def _resolve(
-    db: Any,
-    session_id: str,
-    turn_index: int,
-    *,
-    pairing: str,
-    next_state: list[dict[str, Any]] | None,
-    session_done: bool,
-    note: str | None,
-    reject_reason: str | None,
-    now: float,
-) -> str | None:
+def _resolve(db: DB, session_id: str, r: Resolution, *, session_done: bool, now: float) -> str | None:
     """Inside a transaction: see Store.resolve_turn."""
-    cur = db.execute(
+    row = db.execute(
         "UPDATE turns SET pairing=?, pairing_note=?, next_state=?, session_done=? "
-        "WHERE session_id=? AND turn_index=? AND pairing='awaiting'",
-        (pairing, note, dump_json(next_state), int(session_done), session_id, turn_index),
-    )
-    if cur.rowcount == 0:
+        "WHERE session_id=? AND turn_index=? AND pairing='awaiting' RETURNING redacted",
+        (r.pairing, r.note, dump_json(r.next_state), int(session_done), session_id, r.turn_index),
+    ).fetchone()
+    if row is None:
         return None
-    if pairing == "mismatch":
+    reject_reason = r.reject_reason
+    if row[0]:  # its token ids would encode a secret: never trained, whatever else is wrong with it
+        reject_reason = RejectReason.with_detail(RejectReason.SECRET, row[0])
+    if r.pairing == "mismatch":
         db.execute("UPDATE sessions SET mismatches=mismatches+1 WHERE session_id=?", (session_id,))
     sample_id = uuid.uuid4().hex
     status = S.REJECTED if reject_reason else S.PENDING_JUDGE
     db.execute(
         "INSERT INTO samples (sample_id, session_id, turn_index, status, reject_reason, created_at, updated_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (sample_id, session_id, turn_index, status, reject_reason, now, now),
+        (sample_id, session_id, r.turn_index, status, reject_reason, now, now),
     )
     return sample_id
 
 
-def _end(db: Any, session_id: str, now: float) -> list[str]:
+def _end(db: DB, session_id: str, now: float) -> list[str]:
     """Inside a transaction: see Store.end_session."""
     db.execute("UPDATE sessions SET done=1 WHERE session_id=?", (session_id,))
     rows = db.execute(
@@ -275,17 +254,7 @@ def _end(db: Any, session_id: str, now: float) -> list[str]:
     ).fetchall()
     out = []
     for (idx,) in rows:
-        sid = _resolve(
-            db,
-            session_id,
-            idx,
-            pairing="session_end",
-            next_state=None,
-            session_done=True,
-            note=None,
-            reject_reason=None,
-            now=now,
-        )
+        sid = _resolve(db, session_id, Resolution(idx, "session_end", None), session_done=True, now=now)
         if sid:
             out.append(sid)
     return out

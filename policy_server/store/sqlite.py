@@ -31,12 +31,13 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from policy_server.errors import StoreBusy
-from policy_server.store.base import StoreDB
+from policy_server.store.base import DB, StoreDB
 from policy_server.store.migrations import apply_migrations
 from policy_server.store.turn_records import TurnCache, TurnRecords
+
+VACUUM_FREE_FRACTION = 0.25  # free share of the SQLite file at which a retention sweep rebuilds it (VACUUM)
 
 
 class SqliteDB(StoreDB):
@@ -66,6 +67,9 @@ class SqliteDB(StoreDB):
         self._db.execute("PRAGMA journal_mode=WAL")
         # See the module docstring: NORMAL survives a killed process, FULL also power loss.
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        # A deleted or purged row is overwritten, not just unlinked: users' deleted text must not linger in free
+        # pages (docs/USERS_DATA.md).
+        self._db.execute("PRAGMA secure_delete=ON")
         try:
             apply_migrations(self, real_type="REAL")
         except BaseException:
@@ -82,7 +86,7 @@ class SqliteDB(StoreDB):
                 db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone() is not None
             )
 
-    def _lock_schema(self, db: sqlite3.Connection) -> None:
+    def _lock_schema(self, db: DB) -> None:
         """Migrations run inside BEGIN IMMEDIATE, which already excludes every other writer."""
 
     def close(self) -> None:
@@ -109,6 +113,25 @@ class SqliteDB(StoreDB):
             return None
         finally:
             self._lock.release()
+
+    def _return_space(self, *, vacuum: bool) -> None:
+        """Checkpoint the WAL into the file and truncate it (old page images of deleted rows go with it); with
+        ``vacuum`` also rebuild the file so its freed pages return to the filesystem, once at least
+        :data:`VACUUM_FREE_FRACTION` of it is free.
+
+        VACUUM rewrites the whole file while holding the store lock (every turn waits for it), so it is not run for
+        each sweep's handful of pages: the threshold bounds its cost to a rewrite per quarter of the file freed.
+        Freed pages hold no deleted text meanwhile (``secure_delete`` zeroes them) and are reused by new rows."""
+        with self._lock:
+            if vacuum:
+                free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+                pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+                if pages and free >= VACUUM_FREE_FRACTION * pages:
+                    self._db.execute("VACUUM")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def file_bytes(self) -> int | None:
+        return self.path.stat().st_size
 
     def _tx(self) -> _Tx:
         return _Tx(self)
@@ -151,7 +174,7 @@ class _Tx:
     def __init__(self, store: SqliteDB):
         self.store = store
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> DB:
         self.store._lock.__enter__()
         try:
             self.store._db.execute("BEGIN IMMEDIATE")

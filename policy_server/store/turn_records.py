@@ -27,9 +27,10 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Sequence
 
 from engine import fastjson
+from policy_server.store.rows import DB, DBRow
 
 # The cache holds at most this many prompt tokens' worth of whole records (about 40 turns of 30k tokens).
 DEFAULT_CACHE_TOKENS = 1_200_000
@@ -41,17 +42,17 @@ class TurnCache:
 
     def __init__(self, max_tokens: int = DEFAULT_CACHE_TOKENS, max_turns: int = DEFAULT_CACHE_TURNS) -> None:
         self.max_tokens, self.max_turns = max_tokens, max_turns
-        self._items: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, int], dict[str, object]] = OrderedDict()
         self._tokens = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     @staticmethod
-    def _size(record: dict[str, Any]) -> int:
-        return len(record.get("prompt_ids") or ()) + len(record.get("response_ids") or ()) + 1
+    def _size(record: dict[str, object]) -> int:
+        return len(_seq(record, "prompt_ids")) + len(_seq(record, "response_ids")) + 1
 
-    def get(self, session_id: str, turn_index: int, response_id: str | None = None) -> dict[str, Any] | None:
+    def get(self, session_id: str, turn_index: int, response_id: str | None = None) -> dict[str, object] | None:
         """The cached whole record, or None; a record whose ``response_id`` differs from the row's is no hit."""
         key = (session_id, turn_index)
         with self._lock:
@@ -63,12 +64,12 @@ class TurnCache:
             self.hits += 1
             return rec
 
-    def peek(self, session_id: str, turn_index: int) -> dict[str, Any] | None:
+    def peek(self, session_id: str, turn_index: int) -> dict[str, object] | None:
         """The cached whole record without a row to check it against (the writer's own base turn)."""
         with self._lock:
             return self._items.get((session_id, turn_index))
 
-    def put(self, session_id: str, turn_index: int, record: dict[str, Any]) -> None:
+    def put(self, session_id: str, turn_index: int, record: dict[str, object]) -> None:
         size = self._size(record)
         if size > self.max_tokens:
             return
@@ -89,13 +90,15 @@ class TurnCache:
             self._tokens = 0
 
 
-def pack(record: dict[str, Any], base_index: int, base: dict[str, Any] | None) -> tuple[dict[str, Any], str | None]:
+def pack(
+    record: dict[str, object], base_index: int, base: dict[str, object] | None
+) -> tuple[dict[str, object], str | None]:
     """(what to store in ``turns.record``, ``turns.record_base`` JSON or None) for a whole ``record`` whose
     session's turn ``base_index`` has the whole record ``base`` (None: unknown here, store it whole)."""
     if base is None:
         return record, None
-    messages, prompt_ids = record.get("messages") or [], record.get("prompt_ids") or []
-    bm, bp, br = base.get("messages") or [], base.get("prompt_ids") or [], base.get("response_ids") or []
+    messages, prompt_ids = _seq(record, "messages"), _seq(record, "prompt_ids")
+    bm, bp, br = _seq(base, "messages"), _seq(base, "prompt_ids"), _seq(base, "response_ids")
     # Exact equality (not the pairing's looser message comparison): the rebuilt record is the recorded one.
     n = len(bm) if len(messages) >= len(bm) and messages[: len(bm)] == bm else 0
     m = 0
@@ -109,7 +112,7 @@ def pack(record: dict[str, Any], base_index: int, base: dict[str, Any] | None) -
     return stored, json.dumps({"turn_index": base_index, "messages": n, "prompt_ids": m})
 
 
-def unpack(stored: dict[str, Any], base_json: str | None, whole_base: dict[str, Any] | None) -> dict[str, Any]:
+def unpack(stored: dict[str, object], base_json: str | None, whole_base: dict[str, object] | None) -> dict[str, object]:
     """The whole record from its stored form and (when it has a base) its base turn's whole record."""
     if not base_json:
         return stored
@@ -117,13 +120,19 @@ def unpack(stored: dict[str, Any], base_json: str | None, whole_base: dict[str, 
         raise ValueError("a turn record stored as a continuation needs its base turn's record")
     ref = json.loads(base_json)
     n, m = int(ref["messages"]), int(ref["prompt_ids"])
-    bp = whole_base.get("prompt_ids") or []
-    head = bp[:m] if m <= len(bp) else bp + (whole_base.get("response_ids") or [])[: m - len(bp)]
+    bp = _seq(whole_base, "prompt_ids")
+    head = bp[:m] if m <= len(bp) else bp + _seq(whole_base, "response_ids")[: m - len(bp)]
     return dict(
         stored,
-        messages=(whole_base.get("messages") or [])[:n] + (stored.get("messages") or []),
-        prompt_ids=head + (stored.get("prompt_ids") or []),
+        messages=_seq(whole_base, "messages")[:n] + _seq(stored, "messages"),
+        prompt_ids=head + _seq(stored, "prompt_ids"),
     )
+
+
+def _seq(record: dict[str, object], key: str) -> list[object]:
+    """A list field of a record's JSON (messages, ids); ``[]`` when absent or null."""
+    value = record.get(key)
+    return value if isinstance(value, list) else []
 
 
 def base_index(base_json: str | None) -> int | None:
@@ -136,7 +145,7 @@ class TurnRecords:
     def __init__(self, cache: TurnCache) -> None:
         self.cache = cache
 
-    def whole(self, db: Any, row: Any) -> dict[str, Any]:
+    def whole(self, db: DB, row: DBRow) -> dict[str, object]:
         """The whole record of a ``turns`` row (a cached copy, else rebuilt from the database).
 
         ``row`` needs ``session_id``, ``turn_index`` and ``response_id``; its ``record`` and ``record_base``
@@ -147,13 +156,13 @@ class TurnRecords:
             return hit
         keys = row.keys()
         if "record" in keys and not ("record_base" in keys and row["record_base"]):
-            rec: dict[str, Any] = fastjson.loads(row["record"])  # stored whole: no chain to follow
+            rec: dict[str, object] = fastjson.loads(row["record"])  # stored whole: no chain to follow
         else:
             rec = self._rebuild(db, sid, idx)
         self.cache.put(sid, idx, rec)
         return rec
 
-    def _rebuild(self, db: Any, session_id: str, turn_index: int) -> dict[str, Any]:
+    def _rebuild(self, db: DB, session_id: str, turn_index: int) -> dict[str, object]:
         """Follow the base chain of one turn back to a whole or cached record, then apply the tails. One query:
         the session's rows up to the turn (tails, and the whole records the chain starts from)."""
         rows = {
@@ -163,9 +172,9 @@ class TurnRecords:
                 (session_id, turn_index),
             ).fetchall()
         }
-        chain: list[tuple[dict[str, Any], str | None]] = []
+        chain: list[tuple[dict[str, object], str | None]] = []
         idx: int | None = turn_index
-        whole: dict[str, Any] | None = None
+        whole: dict[str, object] | None = None
         while idx is not None:
             r = rows.get(idx)
             if r is None:
@@ -181,10 +190,10 @@ class TurnRecords:
         assert whole is not None
         return whole
 
-    def session(self, db: Any, rows: list[Any]) -> list[dict[str, Any]]:
+    def session(self, db: DB, rows: Sequence[DBRow]) -> list[dict[str, object]]:
         """Whole records of every row of one session, ``rows`` in turn order with ``record`` and
         ``record_base``: each base is an earlier row, so one pass rebuilds them all."""
-        done: dict[int, dict[str, Any]] = {}
+        done: dict[int, dict[str, object]] = {}
         out = []
         for row in rows:
             idx = row["turn_index"]

@@ -15,6 +15,7 @@ import pytest
 
 from devkit import tiny_tool_model as ttm
 from devkit.model_cache import tiny_policy
+from engine.chat import render_prompt_text
 
 pytestmark = pytest.mark.unit
 
@@ -37,7 +38,7 @@ def test_examples_follow_the_rule(tokenizer: Any) -> None:
     seen = set()
     for _ in range(300):
         messages, tools, target = ttm.training_example(rng)
-        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        text = render_prompt_text(tokenizer, messages, tools)  # the builder's render (None content as "")
         ids = tokenizer.encode(text.replace(ttm._FILLER_SLOT, ""), add_special_tokens=False)
         wants_call = trigger in ids and result not in ids
         assert target.startswith("<tool_call>") == wants_call, (text, target)

@@ -36,7 +36,7 @@ from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_pad
 from engine.records import Sample
 from trainer.adapters.verl_rollout import HindsightAgentLoopManager, HindsightVerlError, VerlLeaseSettings
 from trainer.lease_client import FileSampleSource, SourceExhausted
-from trainer.lease_client.tensors import sample_tensors
+from trainer.sample_tensors import sample_tensors
 
 PROMPT_LEN, RESPONSE_LEN = 6, 5
 CHECKS: list[str] = []

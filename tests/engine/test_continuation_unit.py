@@ -11,6 +11,7 @@ import pytest
 from engine import continuation as cont
 from engine.chat import load_tokenizer, render_prompt_ids, render_prompt_text
 from engine.continuation import ContinuationRenderer, PriorTurn
+from tests.testkit.chat_templates import TEMPLATES_DIR
 
 pytestmark = pytest.mark.unit
 ALWAYS = 10**9  # a verification budget that covers every turn
@@ -29,8 +30,19 @@ CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_model_dir: Path) -> Any:
+def qwen3(tiny_model_dir: Path) -> Any:
+    """The tiny tokenizer with its own template, Qwen3's: it rewrites history (the last reply gets an empty think
+    block), so its turns continue over the rewrite (every shared template's are: tests/unit/test_template_matrix.py)."""
     return load_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def tok(qwen3: Any) -> Any:
+    """The tiny tokenizer under Qwen2.5's template: Qwen3's markup (ChatML, Hermes tool calls) without thinking,
+    append-only, so the tests of the append-only path (``continued``, its checks and its cost) have one."""
+    t = copy.copy(qwen3)
+    t.chat_template = (TEMPLATES_DIR / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    return t
 
 
 def _eos(tok: Any) -> int:
@@ -86,7 +98,8 @@ def test_a_reply_cut_without_its_stop_token_gets_the_template_closing(tok: Any) 
     out = r.render(msgs, None, None, PriorTurn(m, None, None, p, resp))
     assert out.reason == cont.CONTINUED
     assert out.ids == render_prompt_ids(tok, msgs)  # the closing <|im_end|> was added once
-    assert out.ids.count(_eos(tok)) == 3  # user, the cut reply (closed here), user
+    # The template's default system message, the user's, the cut reply (closed here), the user's.
+    assert out.ids.count(_eos(tok)) == 4
 
 
 def test_every_turn_of_a_session_continues_the_previous_exactly(tok: Any) -> None:
@@ -135,8 +148,9 @@ def test_refusals_fall_back_to_the_full_render(tok: Any) -> None:
         assert out.ids == render_prompt_ids(tok, msgs, tools, chat_template_kwargs=kwargs)
 
 
-def test_thinking_off_rewrites_history_in_the_tiny_template(tok: Any) -> None:
+def test_thinking_off_rewrites_history_in_the_tiny_template(qwen3: Any) -> None:
     # The generation prompt opens an empty <think></think> block that the template drops from past replies.
+    tok = qwen3
     r = ContinuationRenderer(tok, verify_tokens_per_turn=0)
     kw = {"enable_thinking": False}
     m = [{"role": "user", "content": "hi"}]

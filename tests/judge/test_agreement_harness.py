@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from bench import judge_agreement as ja
+from tests.testkit.openai_stub import start_openai_stub
 from tests.testkit.procs import free_port
 from tests.testkit.servers import JUDGE_KEY, start_judge
 
@@ -149,11 +150,9 @@ def test_harness_against_the_rules_backend(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_harness_starts_an_openai_backend_judge(tmp_path: Path) -> None:
     """``--judge-args`` runs the harness on a judge it starts itself, here the openai backend against a chat
-    endpoint without n or constraints (tests/judge/openai_stub.py) that, once re-asked, always answers +1:
+    endpoint without n or constraints (tests/testkit/openai_stub.py) that, once re-asked, always answers +1:
     every setting's accuracy is then exactly the share of +1 gold verdicts, and the line naming the judge
     says which backend was measured."""
-    from tests.testkit.procs import start_process
-
     lines = ja.DEFAULT_TURNS.read_text().splitlines()
     picked = [line for c in ja.CATEGORIES for line in [x for x in lines if json.loads(x)["category"] == c][:2]]
     turns = tmp_path / "turns.jsonl"
@@ -161,13 +160,7 @@ def test_harness_starts_an_openai_backend_judge(tmp_path: Path) -> None:
     gold_plus = sum(json.loads(line)["gold"] == 1 for line in picked)
     key_file = tmp_path / "endpoint.key"
     key_file.write_text("stub-key")
-    port = free_port()
-    stub = start_process(
-        "openai-stub",
-        [sys.executable, "-m", "tests.judge.openai_stub", "--port", str(port), "--calls", str(tmp_path / "calls")],
-        url=f"http://127.0.0.1:{port}",
-        log_dir=tmp_path,
-    )
+    stub = start_openai_stub(tmp_path, tmp_path / "calls")
     try:
         out = tmp_path / "figures.json"
         judge_args = f"--backend openai --base-url {stub.url}/v1 --model stub-judge --api-key-file {key_file}"

@@ -26,6 +26,7 @@ from judge_server.rules import RuleJudge
 from judge_server.settings import DEFAULT_NEGATIVE, DEFAULT_POSITIVE
 from launch.devstack import DEV_JUDGE_ENV
 from tests.testkit import cached_models
+from tests.testkit.openai_stub import start_openai_stub
 from tests.testkit.procs import ManagedProcess, metric_value
 from tests.testkit.servers import JUDGE_KEY, llm_judge_stack, start_judge
 
@@ -126,26 +127,15 @@ def test_tiny_llm_judge_slice(tmp_path: Path) -> None:
 
 def test_one_command_measures_an_openai_compatible_endpoint(tmp_path: Path) -> None:
     """``--judge-args`` starts the judge for the run: here the openai backend on a chat endpoint that answers
-    one choice without constraints and, once re-asked, always ``\\boxed{1}`` (tests/judge/openai_stub.py). Every
+    one choice without constraints and, once re-asked, always ``\\boxed{1}`` (tests/testkit/openai_stub.py). Every
     step is then +1, so the judge's figures are exactly the base rate's on the slice, its backend is reported as
     openai, the endpoint really saw the judge's prompts, and the started judge is gone afterwards."""
-    import sys
-
     import httpx
-
-    from engine.procs import free_port
-    from tests.testkit.procs import start_process
 
     key_file = tmp_path / "endpoint.key"
     key_file.write_text("stub-key")
     calls = tmp_path / "calls.jsonl"
-    port = free_port()
-    stub = start_process(
-        "openai-stub",
-        [sys.executable, "-m", "tests.judge.openai_stub", "--port", str(port), "--calls", str(calls)],
-        url=f"http://127.0.0.1:{port}",
-        log_dir=tmp_path,
-    )
+    stub = start_openai_stub(tmp_path, calls)
     out = tmp_path / "openai.json"
     judge_args = f"--backend openai --base-url {stub.url}/v1 --model stub-judge --api-key-file {key_file}"
     try:

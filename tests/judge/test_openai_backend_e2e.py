@@ -14,15 +14,15 @@ Contract (judge_server/openai_backend.py, docs/JUDGE_BACKENDS.md):
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine, start_process
-from tests.testkit.servers import start_judge
+from tests.testkit.openai_stub import start_openai_stub
+from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine
+from tests.testkit.servers import start_judge, start_openai_judge
 
 pytestmark = pytest.mark.e2e
 
@@ -31,11 +31,6 @@ ITEM = {
     "response": {"content": "Renamed it."},
     "next_state": [{"role": "user", "content": "Thanks, that worked."}],
 }
-
-
-def start_openai_judge(name: str, log_dir: Path, *args: str) -> ManagedProcess:
-    """A judge with the openai backend, ready once its endpoint answers (``/ready``)."""
-    return start_judge(log_dir, name, backend="openai", args=args, ready_path="/ready")
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +60,8 @@ def dev_endpoint(tiny_model_dir: Path, log_dir: Path) -> Iterator[ManagedProcess
 
 @pytest.fixture(scope="module")
 def stub(log_dir: Path) -> Iterator[ManagedProcess]:
-    port = free_port()
-    calls = log_dir / "stub-calls.jsonl"
-    cmd = [sys.executable, "-m", "tests.judge.openai_stub", "--port", str(port), "--calls", str(calls)]
-    mp = start_process("openai-stub", cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir)
-    mp.extra["calls"] = calls
-    yield mp
-    mp.stop()
+    with start_openai_stub(log_dir, log_dir / "stub-calls.jsonl") as mp:
+        yield mp
 
 
 def chat_calls(path: Path) -> list[dict]:
@@ -83,8 +73,8 @@ def chat_calls(path: Path) -> list[dict]:
 
 def test_dev_engine_chat_endpoint_with_n_and_regex(dev_endpoint, key_file, log_dir):
     judge = start_openai_judge(
-        "judge-openai-dev",
         log_dir,
+        "judge-openai-dev",
         *("--base-url", dev_endpoint.url + "/v1", "--model", "tiny-judge", "--api-key-file", str(key_file)),
         *("--constrain-output", "--reasoning-max-chars", "4", "--max-new-tokens", "64", "--m", "3"),
     )
@@ -106,8 +96,8 @@ def test_dev_engine_chat_endpoint_with_n_and_regex(dev_endpoint, key_file, log_d
 
 def test_stub_without_n_or_constraints_gets_concurrent_calls_and_reasks(stub, key_file, log_dir):
     judge = start_openai_judge(
-        "judge-openai-stub",
         log_dir,
+        "judge-openai-stub",
         *("--base-url", stub.url, "--model", "stub-judge", "--api-key-file", str(key_file)),
         *("--constrain-output", "--m", "3"),
     )

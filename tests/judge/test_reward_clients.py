@@ -112,8 +112,8 @@ def _result(status: str, score: int | None, confidence: float) -> JudgeVerdicts:
 def test_openrlhf_reply_is_numbers_only() -> None:
     results = [_result("ok", 1, 1.0), _result("tie", 0, 0.5), _result("no_valid_votes", 0, 0.0)]
     reply = openrlhf_reply(results, failed_reward=None)
-    assert reply["rewards"] == [1.0, 0.0, 0.0] and reply["scores"] == [1.0, 0.0, 0.0]
-    assert reply["extra_logs"] == {
+    assert reply.rewards == [1.0, 0.0, 0.0] and reply.scores == [1.0, 0.0, 0.0]
+    assert reply.extra_logs == {
         "judge_ok": [1.0, 0.0, 0.0],
         "judge_tie": [0.0, 1.0, 0.0],
         "judge_no_valid_votes": [0.0, 0.0, 1.0],
@@ -130,12 +130,12 @@ def test_guarded_items_are_a_flagged_neutral_never_a_503() -> None:
     like no_valid_votes: a deterministic rule would answer the same to a retry, so no 503."""
     results = [_result("ok", 1, 1.0), _result("abstained", None, 0.0), _result("quarantined", None, 0.0)]
     reply = openrlhf_reply(results, failed_reward=None)
-    assert reply["rewards"] == [1.0, 0.0, 0.0]
-    assert reply["extra_logs"]["judge_abstained"] == [0.0, 1.0, 0.0]
-    assert reply["extra_logs"]["judge_quarantined"] == [0.0, 0.0, 1.0]
-    assert reply["extra_logs"]["judge_ok"] == [1.0, 0.0, 0.0]
+    assert reply.rewards == [1.0, 0.0, 0.0]
+    assert reply.extra_logs["judge_abstained"] == [0.0, 1.0, 0.0]
+    assert reply.extra_logs["judge_quarantined"] == [0.0, 0.0, 1.0]
+    assert reply.extra_logs["judge_ok"] == [1.0, 0.0, 0.0]
     slime = slime_reply(results[2], failed_reward=None)
-    assert (slime["reward"], slime["status"], slime["confidence"]) == (0.0, "quarantined", 0.0)
+    assert (slime.reward, slime.status, slime.confidence) == (0.0, "quarantined", 0.0)
 
 
 @pytest.mark.unit
@@ -145,30 +145,24 @@ def test_failed_item_is_503_or_the_configured_fallback() -> None:
         openrlhf_reply(results, failed_reward=None)
     assert err.value.status_code == 503
     reply = openrlhf_reply(results, failed_reward=0.25)
-    assert reply["rewards"] == [-1.0, 0.25]
-    assert reply["extra_logs"]["judge_failed"] == [0.0, 1.0] and reply["extra_logs"]["judge_confidence"][1] == 0.0
+    assert reply.rewards == [-1.0, 0.25]
+    assert reply.extra_logs["judge_failed"] == [0.0, 1.0] and reply.extra_logs["judge_confidence"][1] == 0.0
     with pytest.raises(RewardUnavailable):
         slime_reply(results[1], failed_reward=None)
-    assert slime_reply(results[1], failed_reward=-0.5)["reward"] == -0.5
-    assert slime_reply(results[0], failed_reward=None)["reward"] == -1.0
+    assert slime_reply(results[1], failed_reward=-0.5).reward == -0.5
+    assert slime_reply(results[0], failed_reward=None).reward == -1.0
 
 
 # ------------------------------------------------------------------------ end to end
 JUDGE_ENV = {"HINDSIGHT_JUDGE_API_KEY": KEY, "HINDSIGHT_JUDGE_LOG_JSON": "1"}
 
 
-def _start_judge(log_dir: Path, name: str, args: list[str]) -> ManagedProcess:
-    return start_judge(log_dir, name, backend=None, args=args, env=JUDGE_ENV)
-
-
 @pytest.fixture(scope="module")
 def rules_judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
     """A keyed judge with the rules backend: deterministic verdicts from the next state's wording."""
-    judge = _start_judge(
-        tmp_path_factory.mktemp("judge-rules"), "judge-rules", ["--backend", "rules", "--log-level", "debug"]
-    )
-    yield judge
-    judge.stop()
+    log_dir = tmp_path_factory.mktemp("judge-rules")
+    with start_judge(log_dir, "judge-rules", args=["--log-level", "debug"], env=JUDGE_ENV) as judge:
+        yield judge
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,8 @@ import httpx
 import pytest
 
 from launch import devstack
-from tests.launch.chromium_check import check_rendered, require_chromium
 from tests.launch.dashboard_check import missing_dashboard_metrics
+from tests.testkit.chromium import check_rendered, require_chromium
 from tests.testkit.procs import dev_sh as dev
 
 ROOT = Path(__file__).resolve().parents[2]

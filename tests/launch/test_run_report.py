@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.chromium_check import check_rendered, inspect_page, require_chromium
+from tests.testkit.chromium import check_rendered, inspect_page, require_chromium
 from trainer.report import data as d
 from trainer.report.cli import main as report_main
 from trainer.report.page import PLOTS
@@ -251,3 +251,33 @@ def test_agreement_plot_and_summary(tmp_path: Path) -> None:
     plot = empty.split('data-plot="judge_feedback_agreement"')[1].split("</figure>")[0]
     assert "no data in this run" in plot and "no pair in this run." in plot
     assert "judge/feedback agreement</th>" not in empty
+
+
+@pytest.mark.unit
+def test_version_timeline_and_session_reward_intervals_hand_counted() -> None:
+    from engine.sequential import interval, rho_for
+
+    versions = [
+        {"version": "2", "state": "rolled_back", "created_at": 180.0, "updated_at": 300.0},
+        {"version": "1", "state": "live", "created_at": 60.0, "updated_at": 120.0},
+    ]
+    assert d.version_timeline(versions, now_s=600.0) == {
+        "1 (live)": [(0.0, 0.0), (9.0, 0.0)],
+        "2 (rolled_back)": [(2.0, 1.0), (4.0, 1.0)],
+    }
+    ok = {"status": "ok", "score": 1}
+    bad = {"status": "ok", "score": -1}
+    rows = [
+        {**row("ready", version="1", prm=ok), "session_id": "a"},
+        {**row("ready", version="1", prm=bad), "session_id": "a"},  # session a: mean 0
+        {**row("ready", version="1", prm=ok), "session_id": "b"},  # session b: 1
+        {**row("rejected", version="1", prm=None), "session_id": "b"},  # no verdict: not counted
+        {**row("ready", version="2", prm=bad), "session_id": "c"},  # session c: -1
+        {**row("ready", version="1", prm=ok), "session_id": "m"},  # m mixes versions: not counted
+        {**row("ready", version="2", prm=ok), "session_id": "m"},
+    ]
+    names, series = d.session_reward_intervals(rows, ["1", "2"])
+    assert names == ["1", "2"]
+    assert [y for _, y in series["mean"]] == [0.5, -1.0]
+    rho = rho_for(50, 0.025)
+    assert series["lo"][0][1] == interval(d.ArmStats(2, 1.0), 0.025, rho).lo

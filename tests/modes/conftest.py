@@ -2,6 +2,7 @@
 
 Everything runs on 127.0.0.1 ephemeral ports and is stopped by PID at the end of the session.
 - ``teacher_engine``: the dev engine serving the ``teacher_model_dir`` checkpoint.
+- ``policy_engine``: the dev engine serving ``tiny_model_dir``, one per test module.
 - ``rules_judge`` (tests/conftest.py): the judge service with the deterministic keyword backend.
 - ``broken_judge``: the judge service with the LLM backend pointed at a closed port, so every task
   ends ``judge_failed`` quickly (a real failing dependency, not a fake).
@@ -16,8 +17,8 @@ from typing import Any
 import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids
-from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine
-from tests.testkit.servers import start_judge
+from tests.testkit.procs import ManagedProcess, start_dev_engine
+from tests.testkit.servers import start_failing_judge
 
 HINT_MARKER = "[user's hint / instruction]"
 
@@ -34,21 +35,20 @@ def teacher_engine(teacher_model_dir: Path, modes_log_dir: Path) -> Iterator[Man
     mp.stop()
 
 
+@pytest.fixture(scope="module")
+def policy_engine(
+    request: pytest.FixtureRequest, tiny_model_dir: Path, modes_log_dir: Path
+) -> Iterator[ManagedProcess]:
+    """The tiny policy on a dev engine of each test module's own (its log named after the module)."""
+    name = f"policy-engine-{request.module.__name__.rpartition('.')[2]}"
+    with start_dev_engine(tiny_model_dir, log_dir=modes_log_dir, name=name) as mp:
+        yield mp
+
+
 @pytest.fixture(scope="session")
-def broken_judge(modes_log_dir: Path, tiny_model_dir: Path) -> Iterator[ManagedProcess]:
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens here
-    env = {
-        "HINDSIGHT_JUDGE_BACKEND": "llm",
-        "HINDSIGHT_JUDGE_ENGINE_URL": dead,
-        "HINDSIGHT_JUDGE_TOKENIZER_PATH": str(tiny_model_dir),
-        "HINDSIGHT_JUDGE_M": "1",
-        "HINDSIGHT_JUDGE_ENGINE_MAX_ATTEMPTS": "1",
-        "HINDSIGHT_JUDGE_ENGINE_CONNECT_TIMEOUT_S": "1",
-        "HINDSIGHT_JUDGE_REQUEST_DEADLINE_S": "3",
-    }
-    mp = start_judge(modes_log_dir, "judge-broken", backend=None, env=env, ready_path="/health")
-    yield mp
-    mp.stop()
+def broken_judge(modes_log_dir: Path) -> Iterator[ManagedProcess]:
+    with start_failing_judge(modes_log_dir, "judge-broken") as mp:
+        yield mp
 
 
 @pytest.fixture(scope="session")

@@ -133,8 +133,8 @@ def test_decide_unknown_mode():
 def test_mode_state_validates_and_keeps_unset_values():
     st = ModeState("rl", 1.0, 1.0)
     snap = st.set("combine", w_rl=0.5)
-    assert snap == ModeSnapshot("combine", 0.5, 1.0)
-    assert st.to_dict() == {"mode": "combine", "w_rl": 0.5, "w_opd": 1.0}
+    assert snap == ModeSnapshot(mode="combine", w_rl=0.5, w_opd=1.0)
+    assert st.snapshot().model_dump() == {"mode": "combine", "w_rl": 0.5, "w_opd": 1.0}
     bad_sets = [
         ("sft", None, None),
         (None, -1.0, None),
@@ -145,7 +145,7 @@ def test_mode_state_validates_and_keeps_unset_values():
     for bad in bad_sets:
         with pytest.raises(InvalidMode):
             st.set(*bad)
-    assert st.snapshot() == ModeSnapshot("combine", 0.5, 1.0)  # a rejected set changes nothing
+    assert st.snapshot() == ModeSnapshot(mode="combine", w_rl=0.5, w_opd=1.0)  # a rejected set changes nothing
     with pytest.raises(InvalidMode):
         ModeState("rlhf")
 
@@ -154,11 +154,11 @@ def test_mode_state_from_settings_defaults():
     # The defaults of the fields not given come from the settings class itself.
     settings = PolicySettings.model_construct(mode="opd", w_opd=2.0)
 
-    assert ModeState.from_settings(settings).snapshot() == ModeSnapshot("opd", 1.0, 2.0)
+    assert ModeState.from_settings(settings).snapshot() == ModeSnapshot(mode="opd", w_rl=1.0, w_opd=2.0)
 
 
 def test_build_sample_shapes_and_flags():
-    snap = ModeSnapshot("combine", 0.3, 0.7)
+    snap = ModeSnapshot(mode="combine", w_rl=0.3, w_opd=0.7)
     s = build_sample(
         snap,
         4,

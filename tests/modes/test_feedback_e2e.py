@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import math
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.modes.test_modes_e2e import session_samples
-from tests.testkit.procs import start_dev_engine
-from tests.testkit.servers import ADMIN_KEY
-from tests.testkit.servers import start_policy as start_policy_process
+from tests.testkit.servers import ADMIN_KEY, start_judged_policy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -30,40 +27,16 @@ POSITIVE = "Thanks, that worked."
 NEUTRAL = "Now list the folder."
 
 
-@pytest.fixture(scope="module")
-def policy_engine(tiny_model_dir, modes_log_dir):
-    mp = start_dev_engine(tiny_model_dir, log_dir=modes_log_dir, name="feedback-policy-engine")
-    yield mp
-    mp.stop()
-
-
-def start_policy(tiny_model_dir: Path, engine: str, judge: str, teacher: str, data: Path, logs: Path, policy: str):
-    extra = ["--judge-url", judge, "--teacher-url", teacher, "--mode", "rl", "--feedback-policy", policy]
-    extra += ["--dispatch-retry-max-s", "1", "--session-idle-timeout-s", "600"]
-    mp = start_policy_process(
-        tiny_model_dir,
-        engine,
-        data,
-        logs,
-        name=f"policy-feedback-{policy}",
-        extra=extra,
-        client_key=None,
-        fail_fast=False,
-    )
-    mp.extra["data_dir"] = data
-    return mp
-
-
 @pytest.fixture(scope="module", params=["override", "average", "gate"])
 def policy(request, tiny_model_dir, policy_engine, rules_judge, teacher_engine, modes_log_dir, tmp_path_factory):
-    mp = start_policy(
-        tiny_model_dir,
-        policy_engine.url,
-        rules_judge.url,
-        teacher_engine.url,
-        tmp_path_factory.mktemp(f"feedback-{request.param}"),
-        modes_log_dir,
-        request.param,
+    data = tmp_path_factory.mktemp(f"feedback-{request.param}")
+    mp = start_judged_policy(
+        *(tiny_model_dir, policy_engine.url, rules_judge.url, data, modes_log_dir),
+        name=f"policy-feedback-{request.param}",
+        teacher_url=teacher_engine.url,
+        extra=["--mode", "rl", "--feedback-policy", request.param, "--session-idle-timeout-s", "600"],
+        client_key=None,
+        fail_fast=False,
     )
     mp.extra["policy"] = request.param
     yield mp
@@ -259,22 +232,16 @@ def test_feedback_names_responses_and_messages_turns_by_their_own_ids(policy):
 def combine_policy(tiny_model_dir, policy_engine, rules_judge, teacher_engine, modes_log_dir, tmp_path_factory):
     """A policy server of its own (its store holds only this test's feedback): combine, --feedback-policy average."""
     data = tmp_path_factory.mktemp("feedback-combine")
-    extra = ["--judge-url", rules_judge.url, "--teacher-url", teacher_engine.url, "--mode", "combine"]
-    extra += ["--w-opd", "0.5", "--feedback-policy", "average", "--dispatch-retry-max-s", "1"]
-    extra += ["--session-idle-timeout-s", "600"]
-    mp = start_policy_process(
-        tiny_model_dir,
-        policy_engine.url,
-        data,
-        modes_log_dir,
+    extra = ["--mode", "combine", "--w-opd", "0.5", "--feedback-policy", "average", "--session-idle-timeout-s", "600"]
+    with start_judged_policy(
+        *(tiny_model_dir, policy_engine.url, rules_judge.url, data, modes_log_dir),
         name="policy-feedback-combine",
+        teacher_url=teacher_engine.url,
         extra=extra,
         client_key=None,
         fail_fast=False,
-    )
-    mp.extra["data_dir"] = data
-    yield mp
-    mp.stop()
+    ) as mp:
+        yield mp
 
 
 def session_of(client: httpx.Client, replies: list[str]) -> str:

@@ -23,9 +23,8 @@ import httpx
 import pytest
 
 from tests.numerics import logprob_atol
-from tests.testkit.procs import ManagedProcess, start_dev_engine
-from tests.testkit.servers import ADMIN_KEY
-from tests.testkit.servers import start_policy as start_policy_process
+from tests.testkit.procs import ManagedProcess
+from tests.testkit.servers import ADMIN_KEY, start_judged_policy
 from tests.waiting import wait_until
 
 # The teacher reads the policy's prompt plus the hint: a bound on the positions that adds for the tolerance
@@ -41,25 +40,6 @@ NEGATIVE = "No, that is wrong. Use the other file in /tmp."
 NEUTRAL = "Now list the folder."
 
 
-def start_policy(
-    tiny_model_dir: Path, engine_url: str, judge_url: str, teacher_url: str, data_dir: Path, log_dir: Path, name: str
-) -> ManagedProcess:
-    extra = ["--judge-url", judge_url, "--teacher-url", teacher_url, "--mode", "rl", "--w-rl", "1.0", "--w-opd", "0.5"]
-    extra += ["--teacher-top-k", str(TOP_K), "--dispatch-retry-max-s", "1"]
-    mp = start_policy_process(
-        tiny_model_dir, engine_url, data_dir, log_dir, name=name, extra=extra, client_key=None, fail_fast=False
-    )
-    mp.extra["data_dir"] = data_dir
-    return mp
-
-
-@pytest.fixture(scope="module")
-def policy_engine(tiny_model_dir, modes_log_dir):
-    mp = start_dev_engine(tiny_model_dir, log_dir=modes_log_dir, name="policy-engine")
-    yield mp
-    mp.stop()
-
-
 @pytest.fixture(scope="module")
 def judged_policy(tiny_model_dir, policy_engine, teacher_engine, modes_log_dir, tmp_path_factory):
     """``start(judge, name)``: a policy server of these tests judged by ``judge``; all stop with the module."""
@@ -67,8 +47,13 @@ def judged_policy(tiny_model_dir, policy_engine, teacher_engine, modes_log_dir, 
 
         def start(judge: ManagedProcess, name: str) -> ManagedProcess:
             data = tmp_path_factory.mktemp(f"{name}-data")
-            mp = start_policy(
-                tiny_model_dir, policy_engine.url, judge.url, teacher_engine.url, data, modes_log_dir, name
+            mp = start_judged_policy(
+                *(tiny_model_dir, policy_engine.url, judge.url, data, modes_log_dir),
+                name=name,
+                teacher_url=teacher_engine.url,
+                extra=["--mode", "rl", "--w-rl", "1.0", "--w-opd", "0.5", "--teacher-top-k", str(TOP_K)],
+                client_key=None,
+                fail_fast=False,
             )
             return started.enter_context(mp)
 

@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.testkit.procs import ManagedProcess, metric_value, start_dev_engine
-from tests.testkit.servers import ADMIN_KEY, start_judge, start_policy
+from tests.testkit.procs import ManagedProcess, metric_value
+from tests.testkit.servers import ADMIN_KEY, start_judge, start_judged_policy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -37,36 +37,37 @@ NEUTRAL = "Now list the folder."  # the rules judge's 0: at-least-one would prom
 BANG = {"4": 100}  # logit_bias: always "!"
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir: Path, modes_log_dir: Path) -> Iterator[ManagedProcess]:
-    mp = start_dev_engine(tiny_model_dir, log_dir=modes_log_dir, name="quarantine-engine")
-    yield mp
-    mp.stop()
-
-
 def _stack(
     name: str, judge_args: list[str], tiny_model_dir: Path, engine: ManagedProcess, teacher: ManagedProcess, tmp: Path
 ) -> tuple[ManagedProcess, ManagedProcess]:
     judge = start_judge(tmp, f"{name}-judge", m=3, args=judge_args)
-    extra = ["--judge-url", judge.url, "--teacher-url", teacher.url, "--mode", "rl", "--dispatch-retry-max-s", "1"]
-    policy = start_policy(tiny_model_dir, engine.url, tmp / "data", tmp, name=name, extra=extra, client_key=None)
-    policy.extra["data_dir"] = tmp / "data"
+    policy = start_judged_policy(
+        *(tiny_model_dir, engine.url, judge.url, tmp / "data", tmp),
+        name=name,
+        teacher_url=teacher.url,
+        extra=["--mode", "rl"],
+        client_key=None,
+    )
     return judge, policy
 
 
 @pytest.fixture(scope="module")
-def degenerate_policy(tiny_model_dir, engine, teacher_engine, tmp_path_factory) -> Iterator[ManagedProcess]:
+def degenerate_policy(tiny_model_dir, policy_engine, teacher_engine, tmp_path_factory) -> Iterator[ManagedProcess]:
     """Judged with the service's default guards (``degenerate`` quarantine, ``truncated`` off)."""
-    judge, policy = _stack("q-degenerate", [], tiny_model_dir, engine, teacher_engine, tmp_path_factory.mktemp("qd"))
+    judge, policy = _stack(
+        "q-degenerate", [], tiny_model_dir, policy_engine, teacher_engine, tmp_path_factory.mktemp("qd")
+    )
     with judge, policy:
         yield policy
 
 
 @pytest.fixture(scope="module")
-def default_policy(tiny_model_dir, engine, teacher_engine, tmp_path_factory) -> Iterator[ManagedProcess]:
+def default_policy(tiny_model_dir, policy_engine, teacher_engine, tmp_path_factory) -> Iterator[ManagedProcess]:
     """Judged with ``truncated`` switched on as well (quarantine), as overlong filtering would run it."""
     args = ["--guards", "truncated=quarantine,degenerate=quarantine"]
-    judge, policy = _stack("q-default", args, tiny_model_dir, engine, teacher_engine, tmp_path_factory.mktemp("qt"))
+    judge, policy = _stack(
+        "q-default", args, tiny_model_dir, policy_engine, teacher_engine, tmp_path_factory.mktemp("qt")
+    )
     with judge, policy:
         yield policy
 

@@ -89,6 +89,17 @@ def test_responses_request_fields():
         rs.chat_tools([{"type": "web_search"}])
 
 
+def test_messages_thinking_becomes_reasoning_effort():
+    def effort(thinking: dict | None) -> str | None:
+        extra = {} if thinking is None else {"thinking": thinking}
+        req = ms.parse_request({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], **extra})
+        return ms.prompt_body(req).get("reasoning_effort")
+
+    assert effort({"type": "disabled"}) == "none"
+    assert effort({"type": "enabled", "budget_tokens": 1024}) == "medium"
+    assert effort({"type": "adaptive"}) is None and effort(None) is None
+
+
 def test_messages_blocks_become_chat_messages():
     req = ms.parse_request(
         {

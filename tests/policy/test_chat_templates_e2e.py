@@ -5,7 +5,9 @@ turn's prompt ids + sampled ids, through plain chat with thinking off and a forc
 template (which rewrites history); ``--history template`` records exactly the template's render. A template's
 own refusal is a 400 ``template_refused`` (Gemma 2 and a system message, Hermes-3's tool-use template
 without tools), never a 500; Mistral-Nemo's tool loop runs with its 9-alphanumeric ids, its forced calls in its
-own ``[TOOL_CALLS]`` markup. ``/v1/models`` says which history mode and parsers the server chose.
+own ``[TOOL_CALLS]`` markup. ``/v1/models`` says which history mode, parsers and reasoning switch the server
+chose; ``reasoning_effort`` reaches DeepSeek-V3.1's ``thinking`` and gpt-oss's levels as it reaches Qwen3's
+``enable_thinking``, and their sessions stay continuous.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def test_qwen3_sampled_history_is_continuous_and_template_history_is_the_render(
         ).json()
         card = models["data"][0]
         assert (card["history"], card["tool_call_parser"], card["reasoning_parser"]) == ("sampled", "qwen25", "qwen3")
+        assert card["reasoning_switch"] == "enable_thinking"
         with client(pol.url) as c:
             _loop(c, "think-off", 5, reasoning_effort="none")
             replies = _loop(c, "tools", 5, tools=TOOLS, tool_choice=FORCE, max_tokens=64)
@@ -134,3 +137,37 @@ def test_template_refusals_are_400s_and_mistral_tool_loops_run(
         assert turn is not None
         tok = load_tokenizer(str(tiny_model_dir))
         assert tok.decode(turn.response_ids).startswith('[TOOL_CALLS][{"name": "rename", "arguments": ')
+
+
+@pytest.mark.parametrize(
+    ("template", "switch", "effort", "prompt_mark"),
+    [
+        ("deepseek-ai-DeepSeek-V3.1.jinja", "thinking", "high", "<｜Assistant｜><think>"),
+        ("deepseek-ai-DeepSeek-V3.1.jinja", "thinking", "none", "<｜Assistant｜></think>"),
+        ("openai-gpt-oss-120b.jinja", "reasoning_effort", "none", "Reasoning: low\n"),
+        ("openai-gpt-oss-120b.jinja", "reasoning_effort", "xhigh", "Reasoning: high\n"),
+    ],
+)
+def test_reasoning_effort_reaches_each_familys_own_switch(
+    tiny_model_dir: Path,
+    engine: ManagedProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+    template: str,
+    switch: str,
+    effort: str,
+    prompt_mark: str,
+) -> None:
+    tok = load_tokenizer(str(tiny_model_dir))
+    with _policy(tiny_model_dir, engine, tmp_path_factory.mktemp("effort"), template) as pol:
+        models = httpx.get(
+            pol.url + "/v1/models", headers={"Authorization": f"Bearer {CLIENT_KEY}"}, trust_env=False, timeout=10
+        ).json()
+        assert models["data"][0]["reasoning_switch"] == switch
+        with client(pol.url) as c:
+            _loop(c, "e", 5, reasoning_effort=effort)
+        store = Store(pol.log_path.parent / "data")
+        assert _continuous(store, "e", 5) == 4
+        turn = store.get_turn("e", 0)
+        assert turn is not None and turn.chat_template_kwargs is not None
+        prompt = tok.decode(turn.prompt_ids, skip_special_tokens=False)
+        assert prompt_mark in prompt and (prompt.endswith(prompt_mark) or switch == "reasoning_effort"), prompt[-200:]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from engine.records import TurnRecord
+from engine.records import Turn, TurnRecord
 from policy_server.metrics import Metrics
 from policy_server.serving.identity import HEADER, INFERRED, PROMPT_CACHE_KEY, SessionHint, SessionResolver
 from policy_server.serving.session_inference import INFERRED_PREFIX, find_compacted
@@ -124,8 +124,8 @@ def test_no_pairing_across_a_compaction(after, reply):
 
 @pytest.mark.unit
 def test_the_turn_whose_messages_were_kept_most_wins():
-    def turn(sid: str, messages: list[dict]) -> dict:
-        return {"session_id": sid, "turn_index": 0, "messages": messages, "response": REPLY}
+    def turn(sid: str, messages: list[dict]) -> Turn:
+        return Turn(session_id=sid, turn_index=0, created_at=0.0, messages=messages, response=REPLY)
 
     # the same agent's other conversation whose reply reads the same: it pairs too (the reply is the evidence), but
     # a turn whose recorded messages were kept, or whose opening was, ranks above it
@@ -135,18 +135,18 @@ def test_the_turn_whose_messages_were_kept_most_wins():
     strong = turn("strong", [SYSTEM, A("Sure: when?"), U("In May. Compare flights.")])
     after = [SYSTEM, U(SUMMARY), A("Sure: when?"), U("In May. Compare flights."), A(REPLY["content"]), U("ok")]
     found = find_compacted([stranger, opening, weak, strong], after)
-    assert found is not None and found[0]["session_id"] == "strong" and found[1].kept == 2 and not found[2]
+    assert found is not None and found[0].session_id == "strong" and found[1].kept == 2 and not found[2]
     found = find_compacted([stranger, opening], after)
-    assert found is not None and found[0]["session_id"] == "opening" and found[1].same_opening and not found[2]
+    assert found is not None and found[0].session_id == "opening" and found[1].same_opening and not found[2]
     twin = turn("twin", [SYSTEM, A("Sure: when?"), U("In May. Compare flights.")])
     found = find_compacted([strong, twin], after)
-    assert found is not None and found[0]["session_id"] == "strong" and found[2]  # a tie: the oldest
+    assert found is not None and found[0].session_id == "strong" and found[2]  # a tie: the oldest
     found = find_compacted([weak, opening], SPLIT_TURN)  # nothing but the reply left: a tie, the oldest
-    assert found is not None and found[0]["session_id"] == "weak" and found[1].kept == 0 and found[2]
+    assert found is not None and found[0].session_id == "weak" and found[1].kept == 0 and found[2]
     # two OpenClaw sessions of one agent awaiting replies that read the same: the key's predecessor wins the tie
-    other, mine = turn("task-a:0", weak["messages"]), turn("task-b:0", weak["messages"])
+    other, mine = turn("task-a:0", weak.messages), turn("task-b:0", weak.messages)
     found = find_compacted([other, mine], SPLIT_TURN, key="task-b:1")
-    assert found is not None and found[0]["session_id"] == "task-b:0" and not found[2]
+    assert found is not None and found[0].session_id == "task-b:0" and not found[2]
     assert find_compacted([weak], [U("In May. Compare flights.")]) is None
 
 

@@ -2,9 +2,11 @@
 
 A session's continuing turn is sent to the engine as the previous turn's exact prompt ids, its exact sampled
 ids, then only the new messages rendered; the engine's prefix cache then reuses everything up to the new
-messages (``usage.prompt_tokens_details.cached_tokens``). Every continued prompt is also checked against the
-template's full render (``--render-verify-tokens-per-turn`` large enough for every turn). A template that rewrites history (thinking off in the
-tiny template) keeps the sampled ids too (history=sampled) and is counted apart.
+messages (``usage.prompt_tokens_details.cached_tokens``), written as the template's own full render ends. Under an
+append-only template (Qwen2.5's) every continued prompt is also checked against the template's full render
+(``--render-verify-tokens-per-turn`` large enough for every turn). The tiny model's own template, Qwen3's, rewrites
+history (the last reply gets an empty think block; thinking off opens one the template drops from past replies): its
+turns keep the sampled ids too (history=sampled) and are counted apart (``continued_over_rewrite``).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.chat import load_tokenizer, render_prompt_ids
+from engine.chat import load_tokenizer, render_prompt_ids, render_prompt_text
 from policy_server.store import Store
+from tests.testkit.chat_templates import TEMPLATES_DIR
 from tests.testkit.procs import ManagedProcess
 from tests.testkit.servers import admin, chat, client, judged_policy_stack, start_routed_policy, stats
 from tests.waiting import wait_until
@@ -45,6 +48,18 @@ def verifying_policy(
         yield mp
 
 
+@pytest.fixture(scope="module")
+def append_only_policy(
+    tiny_model_dir: Path, router: ManagedProcess, engine: ManagedProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ManagedProcess]:
+    """The verifying policy under Qwen2.5's template: Qwen3's markup without thinking, append-only."""
+    d = tmp_path_factory.mktemp("policy-append-only")
+    template = TEMPLATES_DIR / "Qwen-Qwen2.5-7B-Instruct.jinja"
+    extra = ["--render-verify-tokens-per-turn", "1000000000", "--chat-template", str(template)]
+    with start_routed_policy(tiny_model_dir, router, engine, d, extra=extra) as mp:
+        yield mp
+
+
 def _metric(policy: ManagedProcess, reason: str) -> float:
     text = httpx.get(policy.url + "/metrics", trust_env=False, timeout=10).text
     m = re.search(rf'^hindsight_policy_prompt_renders_total\{{reason="{reason}"\}} (\S+)$', text, re.M)
@@ -58,15 +73,24 @@ def _turn(c: httpx.Client, messages: list[dict], sid: str, **extra) -> dict:
     return r.json()
 
 
-def test_a_session_is_token_continuous_and_hits_the_prefix_cache(verifying_policy, tiny_model_dir):
+@pytest.mark.parametrize(
+    ("policy_fixture", "reason"),
+    [("verifying_policy", "continued_over_rewrite"), ("append_only_policy", "continued")],
+    ids=["qwen3-tiny-default", "qwen25-append-only"],
+)
+def test_a_session_is_token_continuous_and_hits_the_prefix_cache(request, policy_fixture, reason, tiny_model_dir):
+    verifying_policy = request.getfixturevalue(policy_fixture)
     store = Store(verifying_policy.log_path.parent / "data")
-    messages: list[dict] = [
-        {"role": "system", "content": "You manage files."},
+    tok = load_tokenizer(str(tiny_model_dir))
+    if policy_fixture == "append_only_policy":
+        tok.chat_template = (TEMPLATES_DIR / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    messages: list[dict] = [  # a system prompt of its own per case: the engine's prefix cache is shared
+        {"role": "system", "content": f"You manage files ({reason})."},
         {"role": "user", "content": "list the report folder"},
     ]
     feedback = ["now rename it", None, "thanks, check the error output", "again please"]
     force = {"type": "function", "function": {"name": "rename"}}
-    continued_before = _metric(verifying_policy, "continued")
+    continued_before = _metric(verifying_policy, reason)
     with client(verifying_policy.url) as c:
         for k in range(5):
             # Turn 1 is a forced tool call (its reply and the tool result travel in the suffix); the tools stay.
@@ -81,6 +105,9 @@ def test_a_session_is_token_continuous_and_hits_the_prefix_cache(verifying_polic
                 assert len(cur.prompt_ids) > len(kept)
                 assert out["usage"]["prompt_tokens"] == len(cur.prompt_ids)
                 assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(kept) - 1
+                # The new messages in the template's own words: what its full render of them ends with.
+                added = tok.decode(cur.prompt_ids[len(kept) :], skip_special_tokens=False)
+                assert render_prompt_text(tok, cur.messages, TOOLS).endswith(added), added
             if k < 4:
                 reply = dict(out["choices"][0]["message"])
                 calls = reply.get("tool_calls") or []
@@ -90,10 +117,9 @@ def test_a_session_is_token_continuous_and_hits_the_prefix_cache(verifying_polic
                 else:
                     nxt = {"role": "user", "content": feedback[k]}
                 messages += [reply, nxt]
-    assert _metric(verifying_policy, "continued") - continued_before == 4
+    assert _metric(verifying_policy, reason) - continued_before == 4
     assert _metric(verifying_policy, "verify_mismatch") == 0
     # The first prompt is the template's full render, as before.
-    tok = load_tokenizer(str(tiny_model_dir))
     first = store.get_turn("cont", 0)
     assert first is not None and first.prompt_ids == render_prompt_ids(tok, first.messages, TOOLS)
 

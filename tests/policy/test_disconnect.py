@@ -263,7 +263,7 @@ def test_turn_recorded_as_the_client_left_is_rejected(tmp_path: Path):
         )  # the request ended its session: pending_judge
         assert _reject_turn(st, "s2", idx2) == "rejected"
         rows = st.list_samples(session_id="s1") + st.list_samples(session_id="s2")
-        assert [(r["status"], r["reject_reason"]) for r in rows] == [("rejected", DISCONNECT_REASON)] * 2
+        assert [(r.status, r.reject_reason) for r in rows] == [("rejected", DISCONNECT_REASON)] * 2
         assert _reject_turn(st, "s2", idx2) == "already decided"  # idempotent
     finally:
         st.close()

@@ -17,6 +17,7 @@ import pytest
 from engine.records import PipelineOutcome, PrmVerdict, Sample, TurnRecord
 from policy_server.rewards.dispatch import Dispatcher
 from policy_server.rewards.modes import ModeSnapshot, build_sample
+from policy_server.store.rows import SampleRow
 
 pytestmark = pytest.mark.unit
 
@@ -61,7 +62,7 @@ def _dispatcher(store, fields: dict) -> Dispatcher:
 
 def _good_fields() -> dict:
     fields = build_sample(
-        ModeSnapshot("rl", 1.0, 1.0),
+        ModeSnapshot(mode="rl", w_rl=1.0, w_opd=1.0),
         2,
         include=True,
         prm=PrmVerdict.model_validate(PRM),
@@ -79,11 +80,11 @@ def store(store_factory):
     return store_factory()
 
 
-def _row(store, turn_index: int) -> dict:
-    return next(r for r in store.list_samples(session_id="s", status=None, limit=10) if r["turn_index"] == turn_index)
+def _row(store, turn_index: int) -> SampleRow:
+    return next(r for r in store.list_samples(session_id="s", status=None, limit=10) if r.turn_index == turn_index)
 
 
-async def _process_last_turn(store, fields: dict) -> dict:
+async def _process_last_turn(store, fields: dict) -> SampleRow:
     store.record_turn(
         "s", TurnRecord.model_validate(RECORD), session_done=True
     )  # the session's only turn: resolved, pending_judge
@@ -95,8 +96,8 @@ async def _process_last_turn(store, fields: dict) -> dict:
 
 async def test_stored_sample_is_the_record_json(store):
     row = await _process_last_turn(store, _good_fields())
-    assert row["status"] == "ready"
-    stored = row["sample"]
+    assert row.status == "ready"
+    stored = row.sample
     assert Sample.model_validate(stored).to_json() == stored
     assert list(stored)[:13] == list(_good_fields())
     assert list(stored)[13:] == [
@@ -128,8 +129,8 @@ async def test_turn_fields_are_copied_as_recorded(store):
     [job] = store.pending_jobs()
     assert await _dispatcher(store, _good_fields())._process(job)
     row = _row(store, 0)
-    assert (row["status"], row["reject_reason"]) == ("ready", None)
-    stored = row["sample"]
+    assert (row.status, row.reject_reason) == ("ready", None)
+    stored = row.sample
     assert (stored["rollout_logprobs"], stored["weight_version"], stored["sampling_params"]) == (None, None, None)
     assert Sample.model_validate(stored).to_json() == stored
 
@@ -137,13 +138,13 @@ async def test_turn_fields_are_copied_as_recorded(store):
 async def test_unusable_number_keeps_its_invalid_values_reason(store):
     # A NaN is a float (the typed outcome carries it as written): the store rejects it with the value's reason.
     row = await _process_last_turn(store, {**_good_fields(), "reward": math.nan})
-    assert row["status"] == "rejected"
-    assert row["reject_reason"] == "invalid_values: reward is not a finite number (nan)"
+    assert row.status == "rejected"
+    assert row.reject_reason == "invalid_values: reward is not a finite number (nan)"
 
 
 async def test_result_off_the_schema_is_rejected_visibly(store):
     # The pipeline's Sample cannot be built off the schema: its ValidationError is a visible pipeline error.
     row = await _process_last_turn(store, {**_good_fields(), "mode": "rlhf"})
-    assert row["status"] == "rejected"
-    assert row["reject_reason"].startswith("pipeline_error: sample off the schema: mode: ")
-    assert "loss_mask" not in row["sample"] and row["sample"]["response_ids"] == [3, 4]
+    assert row.status == "rejected"
+    assert row.reject_reason.startswith("pipeline_error: sample off the schema: mode: ")
+    assert "loss_mask" not in row.sample and row.sample["response_ids"] == [3, 4]

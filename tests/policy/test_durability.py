@@ -55,31 +55,32 @@ def test_kill9_restart_resumes_and_honours_leases(tiny_model_dir, router, tmp_pa
         a2 = _chat(pol.url, u2, "d2")
         st = Store(data)
         # the judge is down: the paired turn stays pending_judge and is retried, never dropped
-        wait_until(lambda: st.stats()["pending_judge_retrying"] >= 1)
+        wait_until(lambda: st.stats().pending_judge_retrying >= 1)
         pol.kill()  # kill -9 mid-session
 
         judge = start_judge(tmp_path, port=judge_port)
         pol = start_policy(tiny_model_dir, router.url, data, tmp_path, name="policy-b", extra=extra)
         # pending work resumes after the restart
-        wait_until(lambda: st.stats()["samples"]["ready"] >= 1)
+        wait_until(lambda: st.stats().samples["ready"] >= 1)
         row = samples_of(st, "d1")[0]
-        assert row["status"] == "ready" and row["data"]["reward"] == 1.0 and row["data"]["mode"] == "rl"
+        assert row.status == "ready" and row.sample is not None
+        assert row.sample["reward"] == 1.0 and row.sample["mode"] == "rl"
         turn = st.get_turn("d1", 0)
-        assert row["data"]["response_ids"] == turn.response_ids
-        assert row["data"]["rollout_logprobs"] == turn.rollout_logprobs
-        assert row["data"]["prompt_ids"] == turn.prompt_ids
+        assert row.sample["response_ids"] == turn.response_ids
+        assert row.sample["rollout_logprobs"] == turn.rollout_logprobs
+        assert row.sample["prompt_ids"] == turn.prompt_ids
         # pairing state survived the crash: d2's awaiting turn pairs with the next request
         _chat(
             pol.url,
             u2 + [{"role": "assistant", "content": a2["content"]}, {"role": "user", "content": "No, that is wrong."}],
             "d2",
         )
-        wait_until(lambda: {s["status"] for s in samples_of(st, "d2")} - {"pending_judge"} != set())
+        wait_until(lambda: {s.status for s in samples_of(st, "d2")} - {"pending_judge"} != set())
         with admin(pol.url) as a:
             lease = a.get("/v1/samples/lease", params={"max": 10, "wait_s": 5}).json()
         leased_at = time.monotonic()
         leased = {s["sample_id"] for s in lease["samples"]}
-        assert row["sample_id"] in leased
+        assert row.sample_id in leased
         for s in lease["samples"]:
             assert len(s["response_ids"]) == len(s["rollout_logprobs"]) == len(s["loss_mask"])
         pol.kill()

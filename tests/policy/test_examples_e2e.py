@@ -33,6 +33,6 @@ def test_example_runs_and_records_its_session(policy, script, session_prefix):
     rows = [
         r
         for r in Store(policy.log_path.parent / "data").list_samples(limit=10_000)
-        if r["session_id"].startswith(session_prefix)
+        if r.session_id.startswith(session_prefix)
     ]
     assert rows, f"{script} recorded no turn"

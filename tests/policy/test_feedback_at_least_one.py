@@ -15,8 +15,10 @@ from __future__ import annotations
 import pytest
 
 from engine.records import RejectReason as R
-from engine.records import TurnRecord
+from engine.records import Sample, TurnRecord
+from policy_server.store import Resolution
 from policy_server.store.feedback_rule import judge_sign, promotable, promote, value_sign
+from policy_server.store.rows import FeedbackAnswer
 from tests.policy.test_feedback_store import _prm, _record, _sample
 
 pytestmark = pytest.mark.unit
@@ -29,7 +31,7 @@ def _session(store, sid: str, outcomes: list[tuple[str, str | None, dict]]) -> l
     turn order (as the dispatcher writes them); returns the sample ids."""
     for i in range(len(outcomes)):
         if i:
-            store.resolve_turn(sid, i - 1, pairing="paired", next_state=NEXT, session_done=False)
+            store.resolve_turn(sid, Resolution(i - 1, "paired", NEXT))
         store.record_turn(
             sid, TurnRecord.model_validate(_record(f"chatcmpl-{sid}-{i}")), session_done=i == len(outcomes) - 1
         )
@@ -37,17 +39,21 @@ def _session(store, sid: str, outcomes: list[tuple[str, str | None, dict]]) -> l
     assert len(jobs) == len(outcomes)
     for job, (status, reason, sample) in zip(jobs, outcomes, strict=True):
         store.complete_judge(
-            job.sample_id, status=status, reject_reason=reason, included=status == "ready", data=sample
+            job.sample_id,
+            status=status,
+            reject_reason=reason,
+            included=status == "ready",
+            data=Sample.model_validate(sample),
         )
     return [j.sample_id for j in jobs]
 
 
 def _rows(store, sid: str) -> list[tuple[str, str | None, float | None]]:
-    rows = sorted(store.list_samples(session_id=sid, limit=50), key=lambda r: r["turn_index"])
-    return [(r["status"], r["reject_reason"], r["sample"]["reward"]) for r in rows]
+    rows = sorted(store.list_samples(session_id=sid, limit=50), key=lambda r: r.turn_index)
+    return [(r.status, r.reject_reason, (r.sample or {})["reward"]) for r in rows]
 
 
-def _down(store, sid: str, turn: int, policy: str = "gate", **kw) -> dict:
+def _down(store, sid: str, turn: int, policy: str = "gate", **kw) -> FeedbackAnswer:
     return store.add_feedback(sid, turn, value=-1.0, text=None, idempotency_key=None, policy=policy, **kw)
 
 
@@ -94,7 +100,7 @@ def test_feedback_excluding_the_last_included_sample_promotes_the_earliest_neutr
     st = store_factory()
     _session(st, "a", [NO_VALID, POS, DEGENERATE, TIE, NEUTRAL])
     out = _down(st, "a", 1)
-    assert (out["state"], out["sample_status"]) == ("applied", "rejected")
+    assert (out.state, out.sample_status) == ("applied", "rejected")
     assert (
         _rows(st, "a")
         == [
@@ -132,7 +138,7 @@ def test_leased_sample_counts_as_included_and_is_never_changed(store_factory):
     lease_id, _ = st.lease(1, 60.0)
     leased = next(i for i, r in enumerate(_rows(st, "d")) if r[0] == "leased")
     other = 2 - leased  # the other +1 turn (0 or 2)
-    assert _down(st, "d", leased)["state"] == "late"
+    assert _down(st, "d", leased).state == "late"
     _down(st, "d", other)
     rows = _rows(st, "d")
     assert rows[leased] == ("leased", None, 1.0) and rows[1] == NEUTRAL[:2] + (None,)
@@ -175,16 +181,22 @@ def test_feedback_settled_after_judging_reruns_the_rule(store_factory):
     """Feedback sent while the judge ran is settled by the dispatcher right after the outcome is written."""
     st = store_factory()
     st.record_turn("h", TurnRecord.model_validate(_record("chatcmpl-h0")), session_done=False)
-    st.resolve_turn("h", 0, pairing="paired", next_state=NEXT, session_done=False)
+    st.resolve_turn("h", Resolution(0, "paired", NEXT))
     st.record_turn("h", TurnRecord.model_validate(_record("chatcmpl-h1")), session_done=True)
     jobs = sorted((j for j in st.pending_jobs() if j.session_id == "h"), key=lambda j: j.turn_index)
-    st.complete_judge(jobs[0].sample_id, status="ready", reject_reason=None, included=True, data=POS[2])
-    assert _down(st, "h", 1)["state"] == "pending"  # turn 1 not judged yet
     st.complete_judge(
-        jobs[1].sample_id, status="rejected", reject_reason=R.PRM_NEUTRAL, included=False, data=NEUTRAL[2]
+        jobs[0].sample_id, status="ready", reject_reason=None, included=True, data=Sample.model_validate(POS[2])
+    )
+    assert _down(st, "h", 1).state == "pending"  # turn 1 not judged yet
+    st.complete_judge(
+        jobs[1].sample_id,
+        status="rejected",
+        reject_reason=R.PRM_NEUTRAL,
+        included=False,
+        data=Sample.model_validate(NEUTRAL[2]),
     )
     assert st.settle_feedback("h", 1, "gate") == "applied"  # gate on a neutral verdict: still rejected
-    assert _down(st, "h", 0)["state"] == "applied"
+    assert _down(st, "h", 0).state == "applied"
     # turn 1's reason is now feedback_gate (decided by its feedback): nothing left to promote
     assert [r[:2] for r in _rows(st, "h")] == [
         ("rejected", "feedback_gate: judge +1, feedback -1"),
@@ -234,8 +246,8 @@ def test_agreement_pairs_the_latest_feedback_of_each_judged_turn(store_factory):
     # the window keeps the latest turns by their latest feedback: p2 (106) and p3 (102)
     latest_two = st.judge_agreement(2).window
     assert {(v, f) for v, f, n in latest_two.cells if n} == {(-1, -1), (0, 0)}
-    assert [r["judge_sign"] for r in st.list_feedback("p2")] == [-1, -1]
-    assert [r["judge_sign"] for r in st.list_feedback("p6")] == [None]
+    assert [r.judge_sign for r in st.list_feedback("p2")] == [-1, -1]
+    assert [r.judge_sign for r in st.list_feedback("p6")] == [None]
 
 
 def test_metrics_show_the_agreement_read_and_reuse_a_recent_one():

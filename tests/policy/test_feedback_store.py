@@ -14,11 +14,11 @@ import math
 import pytest
 
 from engine.records import RejectReason as R
-from engine.records import TurnRecord
+from engine.records import Sample, TurnRecord
 from policy_server.rewards.feedback import InvalidFeedback, feedback_value
-from policy_server.store import FeedbackConflict
+from policy_server.store import FeedbackConflict, Resolution
 from policy_server.store.feedback_rule import apply_feedback, combined_reward, judge_reward
-from policy_server.store.rows import TurnFeedback
+from policy_server.store.rows import FeedbackCounts, SampleRow, TurnFeedback
 
 pytestmark = pytest.mark.unit
 
@@ -112,11 +112,17 @@ def test_apply_feedback_can_include_a_neutral_turn_and_exclude_a_rewarded_one():
 def _judged(store, sid: str, rid: str, *, status: str, reason: str | None, sample: dict) -> str:
     store.record_turn(sid, TurnRecord.model_validate(_record(rid)), session_done=True)
     [job] = [j for j in store.pending_jobs() if j.session_id == sid]
-    store.complete_judge(job.sample_id, status=status, reject_reason=reason, included=status == "ready", data=sample)
+    store.complete_judge(
+        job.sample_id,
+        status=status,
+        reject_reason=reason,
+        included=status == "ready",
+        data=Sample.model_validate(sample),
+    )
     return job.sample_id
 
 
-def _row(store, sid: str) -> dict:
+def _row(store, sid: str) -> SampleRow:
     [row] = store.list_samples(session_id=sid, limit=10)
     return row
 
@@ -126,18 +132,22 @@ def test_feedback_before_judging_stays_pending_then_settles(store_factory):
     st.record_turn("s1", TurnRecord.model_validate(_record("chatcmpl-a")), session_done=False)
     assert st.turn_by_response_id("chatcmpl-a") == ("s1", 0)
     out = st.add_feedback("s1", 0, value=-1.0, text="use 51", idempotency_key=None, policy="override")
-    assert (out["state"], out["sample_status"], out["duplicate"]) == ("pending", None, False)
+    assert (out.state, out.sample_status, out.duplicate) == ("pending", None, False)
     assert st.turn_feedback("s1", 0) == TurnFeedback(value=-1.0, text="use 51", count=1)
-    st.resolve_turn("s1", 0, pairing="paired", next_state=[{"role": "user", "content": "thanks"}], session_done=False)
+    st.resolve_turn("s1", Resolution(0, "paired", [{"role": "user", "content": "thanks"}]))
     [job] = st.pending_jobs()
     st.complete_judge(
-        job.sample_id, status="ready", reject_reason=None, included=True, data=_sample("rl", _prm(1), 1.0)
+        job.sample_id,
+        status="ready",
+        reject_reason=None,
+        included=True,
+        data=Sample.model_validate(_sample("rl", _prm(1), 1.0)),
     )
     assert st.settle_feedback("s1", 0, "override") == "applied"
     row = _row(st, "s1")
-    assert row["sample"]["reward"] == -1.0 and row["status"] == "ready"
+    assert row.sample["reward"] == -1.0 and row.status == "ready"
     assert st.settle_feedback("s1", 0, "override") is None  # nothing pending any more
-    assert st.feedback_stats()["applied"] == 1
+    assert st.feedback_stats().applied == 1
 
 
 @pytest.mark.parametrize(
@@ -148,11 +158,11 @@ def test_feedback_after_judging_applies_per_policy(store_factory, policy, status
     st = store_factory()
     _judged(st, "s2", "chatcmpl-b", status="rejected", reason=R.PRM_NEUTRAL, sample=_sample("rl", _prm(0), None))
     out = st.add_feedback("s2", 0, value=-1.0, text=None, idempotency_key=None, policy=policy)
-    assert out["state"] == "applied" and out["sample_status"] == status
+    assert out.state == "applied" and out.sample_status == status
     row = _row(st, "s2")
-    assert row["status"] == status and row["sample"]["reward"] == reward
+    assert row.status == status and row.sample["reward"] == reward
     if status == "rejected":
-        assert row["reject_reason"] == "feedback_gate: judge +0, feedback -1"
+        assert row.reject_reason == "feedback_gate: judge +0, feedback -1"
     else:
         assert st.lease(10, 60.0)[1][0].reward == reward  # now leasable, with the feedback's reward
 
@@ -162,9 +172,9 @@ def test_feedback_after_leasing_is_late_and_changes_nothing(store_factory):
     _judged(st, "s3", "chatcmpl-c", status="ready", reason=None, sample=_sample("rl", _prm(1), 1.0))
     lease_id, [leased] = st.lease(10, 60.0)
     out = st.add_feedback("s3", 0, value=-1.0, text=None, idempotency_key=None, policy="override")
-    assert (out["state"], out["sample_status"]) == ("late", "leased")
-    assert _row(st, "s3")["sample"]["reward"] == 1.0
-    assert st.feedback_stats() == {"pending": 0, "applied": 0, "late": 1, "recorded": 0, "total": 1}
+    assert (out.state, out.sample_status) == ("late", "leased")
+    assert _row(st, "s3").sample["reward"] == 1.0
+    assert st.feedback_stats() == FeedbackCounts(pending=0, applied=0, late=1, recorded=0, total=1)
 
 
 def test_same_idempotency_key_counts_once_and_conflicts_elsewhere(store_factory):
@@ -172,16 +182,16 @@ def test_same_idempotency_key_counts_once_and_conflicts_elsewhere(store_factory)
     _judged(st, "s4", "chatcmpl-d", status="ready", reason=None, sample=_sample("rl", _prm(1), 1.0))
     first = st.add_feedback("s4", 0, value=0.5, text=None, idempotency_key="k1", policy="average")
     again = st.add_feedback("s4", 0, value=0.5, text=None, idempotency_key="k1", policy="average")
-    assert again == {**first, "duplicate": True}
-    assert st.turn_feedback("s4", 0).count == 1 and _row(st, "s4")["sample"]["reward"] == 0.75
+    assert again == first.model_copy(update={"duplicate": True})
+    assert st.turn_feedback("s4", 0).count == 1 and _row(st, "s4").sample["reward"] == 0.75
     st.record_turn("s5", TurnRecord.model_validate(_record("chatcmpl-e")), session_done=True)
     with pytest.raises(FeedbackConflict):
         st.add_feedback("s5", 0, value=1.0, text=None, idempotency_key="k1", policy="average")
     # a second, distinct feedback replaces the value (the latest counts) and is re-applied from the verdict
     st.add_feedback("s4", 0, value=-1.0, text=None, idempotency_key="k2", policy="average")
     row = _row(st, "s4")
-    assert (row["status"], row["reject_reason"], row["sample"]["reward"]) == ("rejected", R.FEEDBACK_NEUTRAL, None)
-    assert row["sample"]["feedback"]["count"] == 2
+    assert (row.status, row.reject_reason, row.sample["reward"]) == ("rejected", R.FEEDBACK_NEUTRAL, None)
+    assert row.sample["feedback"]["count"] == 2
 
 
 def test_unknown_turn_and_defective_turn(store_factory):
@@ -190,5 +200,5 @@ def test_unknown_turn_and_defective_turn(store_factory):
     assert st.turn_by_response_id("chatcmpl-none") is None
     _judged(st, "s6", "chatcmpl-f", status="rejected", reason=R.HISTORY_MISMATCH, sample=_sample("rl", None, None))
     out = st.add_feedback("s6", 0, value=1.0, text=None, idempotency_key=None, policy="override")
-    assert out["state"] == "recorded" and _row(st, "s6")["status"] == "rejected"
-    assert [r["state"] for r in st.list_feedback("s6")] == ["recorded"]
+    assert out.state == "recorded" and _row(st, "s6").status == "rejected"
+    assert [r.state for r in st.list_feedback("s6")] == ["recorded"]

@@ -18,9 +18,10 @@ import time
 
 import pytest
 
-from engine.records import TurnRecord
+from engine.records import Sample, TurnRecord
 from policy_server.store import Store
 from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_ready
+from policy_server.store.rows import ScoredSample
 from tests.waiting import async_wait_until
 
 # Scheduling delay a loaded 2-core machine may add to any wake-up; every bound using it stays well below the
@@ -41,7 +42,7 @@ def _judged_later(store: Store, sid: str, data: dict | None = None) -> str:
 
 def _ready(store: Store, sample_id: str, **data) -> bool:
     return store.complete_judge(
-        sample_id, status="ready", reject_reason=None, included=True, data={"sample_id": sample_id, **data}
+        sample_id, status="ready", reject_reason=None, included=True, data=Sample(sample_id=sample_id, **data)
     )
 
 
@@ -183,11 +184,10 @@ def test_concurrent_waiters_get_disjoint_samples(store_factory):
     "data, why",
     [
         ({"reward": math.nan}, "reward is not a finite number"),
-        ({"reward": "1"}, "reward is not a finite number"),
         ({"reward": math.inf}, "reward is not a finite number"),
         ({"reward": 1.0, "teacher_logprobs": [-0.1, math.nan]}, "teacher_logprobs holds a non-finite"),
         ({"teacher_logprobs": [-0.1, 0.5]}, "teacher_logprobs holds a positive"),
-        ({"token_rewards": [0.1, None]}, "token_rewards holds a non-finite"),
+        ({"token_rewards": [0.1, math.nan]}, "token_rewards holds a non-finite"),
         ({"teacher_topk": {"ids": [[1]], "logprobs": [[math.inf]]}}, "teacher_topk.logprobs holds a non-finite"),
     ],
 )
@@ -197,7 +197,7 @@ def test_unusable_values_are_rejected_before_they_can_be_leased(store_factory, d
     sid = _judged_later(store, "s")
     assert _ready(store, sid, **data)
     [row] = store.list_samples(session_id="s", status=None, limit=10)
-    assert row["status"] == "rejected" and row["reject_reason"].startswith(f"invalid_values: {why}")
+    assert row.status == "rejected" and (row.reject_reason or "").startswith(f"invalid_values: {why}")
     assert store.lease(8, 60) is None and notified == []  # never leasable, nobody woken
 
 
@@ -206,17 +206,17 @@ def test_session_scoring_with_a_nan_token_reward_is_rejected(store_factory):
     good, bad = _judged_later(store, "g"), _judged_later(store, "b")
     for sid in (good, bad):
         store.complete_judge(
-            sid, status="pending_score", reject_reason=None, included=True, data={"sample_id": sid, "reward": 1.0}
+            sid, status="pending_score", reject_reason=None, included=True, data=Sample(sample_id=sid, reward=1.0)
         )
     assert (
         store.complete_score(
             [
-                (good, "ready", None, {"sample_id": good, "token_rewards": [0.5]}),
-                (bad, "ready", None, {"sample_id": bad, "token_rewards": [math.nan]}),
+                ScoredSample(good, "ready", None, Sample(sample_id=good, token_rewards=[0.5])),
+                ScoredSample(bad, "ready", None, Sample(sample_id=bad, token_rewards=[math.nan])),
             ]
         )
         == 2
     )
-    statuses = {r["sample_id"]: (r["status"], r["reject_reason"]) for r in store.list_samples(limit=10)}
+    statuses = {r.sample_id: (r.status, r.reject_reason) for r in store.list_samples(limit=10)}
     assert statuses[good] == ("ready", None)
     assert statuses[bad][0] == "rejected" and statuses[bad][1].startswith("invalid_values: token_rewards")

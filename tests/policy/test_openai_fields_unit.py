@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.chat_families import ChatFamily
 from policy_server.api.openai_fields import (
     PARALLEL_STOP,
     apply_extras,
@@ -84,8 +85,15 @@ def test_apply_extras_maps_to_engine_params():
         forced_tools=False,
         tools=True,
         behind_router=False,
+        keep_special_tokens=True,
     )
-    assert sp == {"max_new_tokens": 8, "stop": ["END", PARALLEL_STOP], "no_stop_trim": True, "logit_bias": {"7": 2.0}}
+    assert sp == {
+        "max_new_tokens": 8,
+        "stop": ["END", PARALLEL_STOP],
+        "no_stop_trim": True,
+        "logit_bias": {"7": 2.0},
+        "skip_special_tokens": False,
+    }
     sp = {"max_new_tokens": 8}
     apply_extras(
         parse_extras({**BASE, "parallel_tool_calls": False}),
@@ -94,18 +102,45 @@ def test_apply_extras_maps_to_engine_params():
         forced_tools=True,
         tools=True,
         behind_router=False,
+        keep_special_tokens=False,
     )
     assert sp == {"max_new_tokens": 8}  # a forced call is exactly one already
     for kw in ({"vocab_size": 7, "behind_router": False}, {"vocab_size": 10, "behind_router": True}):
         with pytest.raises(InvalidRequest):
-            apply_extras(parse_extras({**BASE, "logit_bias": {"7": 2}}), {}, forced_tools=False, tools=False, **kw)
+            apply_extras(
+                parse_extras({**BASE, "logit_bias": {"7": 2}}),
+                {},
+                forced_tools=False,
+                tools=False,
+                keep_special_tokens=False,
+                **kw,
+            )
+
+
+@pytest.mark.parametrize(
+    ("parser", "reasoning", "tools_active", "keep"),
+    [
+        ("mistral", None, True, True),  # [TOOL_CALLS] is a special token of Mistral's tokenizers
+        ("qwen25", "qwen3", True, True),
+        ("qwen25", "qwen3", False, False),  # plain chat decodes as the engine's default
+        ("gpt-oss", "gpt-oss", False, True),  # its channels are special tokens, with or without tools
+    ],
+)
+def test_special_tokens_kept_where_the_markup_needs_them(parser, reasoning, tools_active, keep):
+    assert ChatFamily(parser, reasoning).keeps_special_tokens(tools_active) is keep
 
 
 def test_reasoning_effort_template_kwargs():
-    assert chat_template_kwargs(parse_extras({**BASE, "reasoning_effort": "none"})) == {"enable_thinking": False}
-    assert chat_template_kwargs(parse_extras({**BASE, "reasoning_effort": "minimal"})) == {"enable_thinking": False}
-    assert chat_template_kwargs(parse_extras({**BASE, "reasoning_effort": "high"})) is None
-    assert chat_template_kwargs(parse_extras(BASE)) is None
+    def kwargs(switch: str | None, **effort: str) -> object:
+        return chat_template_kwargs(parse_extras({**BASE, **effort}), switch)
+
+    assert kwargs("enable_thinking", reasoning_effort="none") == {"enable_thinking": False}
+    assert kwargs("enable_thinking", reasoning_effort="minimal") == {"enable_thinking": False}
+    assert kwargs("enable_thinking", reasoning_effort="high") == {"enable_thinking": True}
+    assert kwargs("thinking", reasoning_effort="low") == {"thinking": True}
+    assert kwargs("reasoning_effort", reasoning_effort="none") == {"reasoning_effort": "low"}
+    assert kwargs(None, reasoning_effort="none") is None  # a template without a switch
+    assert kwargs("enable_thinking") is None  # no field: the template's default
 
 
 class _Tok:

@@ -25,10 +25,11 @@ from typing import Any
 
 import pytest
 
-from engine.records import TurnRecord
+from engine.records import Sample, TurnRecord
 from judge_server.errors import JudgeUnavailable
 from policy_server.rewards.scoring import PRMScoring, held_outcomes, session_turns
-from policy_server.store import Store
+from policy_server.store import Resolution, Store
+from policy_server.store.rows import ScoredSample
 from prm import BaseTrajectoryScorer, PRMConfig, PRMFileConfig, PRMRunner
 from tests.testkit.procs import free_port
 from tests.testkit.servers import (
@@ -238,11 +239,11 @@ def test_unreachable_scorer_keeps_held_across_kill9_then_scores_once(
         assert st["prm"]["turns"]["retry"] >= 1 and st["prm"]["turns"]["scored"] == 0
         assert lease_all(pol.url)["samples"] == []
         pol.kill()
-        held = {r["turn_index"]: r for r in stored_samples(data, ended)}
-        opened = {r["turn_index"]: r for r in stored_samples(data, open_sid)}
-        assert [held[i]["status"] for i in (0, 1, 2)] == ["pending_score", "pending_score", "rejected"]
-        assert held[0]["attempts"] >= 1 and held[0]["last_error"].startswith("prm: JudgeUnavailable: ")
-        assert opened[0]["status"] == "pending_score"
+        held = {r.turn_index: r for r in stored_samples(data, ended)}
+        opened = {r.turn_index: r for r in stored_samples(data, open_sid)}
+        assert [held[i].status for i in (0, 1, 2)] == ["pending_score", "pending_score", "rejected"]
+        assert held[0].attempts >= 1 and (held[0].last_error or "").startswith("prm: JudgeUnavailable: ")
+        assert opened[0].status == "pending_score"
         assert probe_calls(record, ended) == []
         flag.unlink()
         pol = _policy(tiny_model_dir, engine, rules_judge, data, logs, "policy-session-b", cfg, port=port)
@@ -277,17 +278,21 @@ def _record(store: Store, sid: str, text: str) -> int:
 
 
 def _sample_id(store: Store, sid: str, idx: int) -> str:
-    return next(r["sample_id"] for r in samples_of(store, sid) if r["turn_index"] == idx)
+    return next(r.sample_id for r in samples_of(store, sid) if r.turn_index == idx)
 
 
 def _held_session(store: Store, sid: str = "s") -> None:
     """Turn 0 held pending_score, turn 1 (the session's last) rejected no_next_state, session done."""
     _record(store, sid, "hi")
-    store.resolve_turn(sid, 0, pairing="paired", next_state=[{"role": "user", "content": "thanks"}], session_done=False)
+    store.resolve_turn(sid, Resolution(0, "paired", [{"role": "user", "content": "thanks"}]))
     _record(store, sid, "more")
     data = {"loss_mask": [1, 1], "reward": 1.0, "token_rewards": None, "prm": {"score": 1}, "response_ids": [7, 8]}
     assert store.complete_judge(
-        _sample_id(store, sid, 0), status="pending_score", reject_reason=None, included=True, data=data
+        _sample_id(store, sid, 0),
+        status="pending_score",
+        reject_reason=None,
+        included=True,
+        data=Sample.model_validate(data),
     )
     assert store.scorable_sessions() == []  # the session is still open
     store.end_session(sid)
@@ -297,7 +302,7 @@ def _held_session(store: Store, sid: str = "s") -> None:
         status="rejected",
         reject_reason="no_next_state",
         included=False,
-        data={"loss_mask": [0, 0]},
+        data=Sample(loss_mask=[0, 0]),
     )
 
 
@@ -307,7 +312,7 @@ def test_store_pending_score_state_machine(store_factory):
     try:
         _held_session(store)
         st = store.stats()
-        assert st["samples"]["pending_score"] == 1 and st["pending_score_retrying"] == 0
+        assert st.samples["pending_score"] == 1 and st.pending_score_retrying == 0
         assert store.lease(10, 60.0) is None  # held samples are never leased
         assert store.unconsumed_backlog() == 1
         assert store.scorable_sessions() == ["s"] and store.scorable_sessions("s") == ["s"]
@@ -318,20 +323,25 @@ def test_store_pending_score_state_machine(store_factory):
         assert store.scorable_sessions(available_to="A", now=101.0) == ["s"]
         assert store.scorable_sessions(available_to="B", now=111.0) == ["s"]  # A's claim expired: B may finish it
         store.release_session("s", "A")
-        assert [r["turn_index"] for r in store.list_samples(status="pending_score")] == [0]
+        assert [r.turn_index for r in store.list_samples(status="pending_score")] == [0]
         assert store.note_score_attempt("s", "prm: JudgeUnavailable: down") == 1
-        assert store.stats()["pending_score_retrying"] == 1
+        assert store.stats().pending_score_retrying == 1
         traj = store.session_trajectory("s")
-        assert [(t["turn_index"], t["sample"]["status"]) for t in traj] == [(0, "pending_score"), (1, "rejected")]
+        assert [(t.turn.turn_index, t.sample and t.sample.status) for t in traj] == [
+            (0, "pending_score"),
+            (1, "rejected"),
+        ]
         sid0 = _sample_id(store, "s", 0)
-        data = {**traj[0]["sample"]["data"], "token_rewards": [0.5, 0.5]}
-        assert store.complete_score([(sid0, "ready", None, data)]) == 1
-        assert store.complete_score([(sid0, "rejected", "prm_rejected: late", data)]) == 0  # decided once
+        held = traj[0].sample
+        assert held is not None and held.sample is not None
+        data = Sample.model_validate({**held.sample, "token_rewards": [0.5, 0.5]})
+        assert store.complete_score([ScoredSample(sid0, "ready", None, data)]) == 1
+        assert store.complete_score([ScoredSample(sid0, "rejected", "prm_rejected: late", data)]) == 0  # decided once
         assert store.scorable_sessions() == []
         _, leased = store.lease(10, 60.0)
         assert [s.token_rewards for s in leased] == [[0.5, 0.5]]
         with pytest.raises(ValueError):
-            store.complete_score([(sid0, "pending_score", None, data)])
+            store.complete_score([ScoredSample(sid0, "pending_score", None, data)])
         # a reopened session holds again until it ends again
         _held_session(store, "r")
         store.touch_session("r")
@@ -379,13 +389,23 @@ async def test_session_outcomes_in_process(store_factory):
     out = await ok.score_held_session(traj)
     assert out.kind == "scored" and out.token_rewards == {0: [2.0, 2.0]}  # weight 2 x (0 + 1); turn 1 gets none
     assert probe.seen == [[(0, None, "pending_score"), (1, "s:0", "rejected")]]
-    [(sample_id, status, reason, data)] = held_outcomes(traj, out)
-    assert (status, reason, data.token_rewards, data.loss_mask) == ("ready", None, [2.0, 2.0], [1, 1])
+    [scored] = held_outcomes(traj, out)
+    assert (scored.status, scored.reject_reason, scored.sample.token_rewards, scored.sample.loss_mask) == (
+        "ready",
+        None,
+        [2.0, 2.0],
+        [1, 1],
+    )
 
     rej = await (await _scoring(_Probe(result=None))).score_held_session(traj)
     assert rej.kind == "rejected" and rej.reason.startswith("prm_rejected: trajectory scorer 'probe' returned None")
-    [(_, status, reason, data)] = held_outcomes(traj, rej)
-    assert (status, reason, data.token_rewards, data.loss_mask) == ("rejected", rej.reason, None, [0, 0])
+    [scored] = held_outcomes(traj, rej)
+    assert (scored.status, scored.reject_reason, scored.sample.token_rewards, scored.sample.loss_mask) == (
+        "rejected",
+        rej.reason,
+        None,
+        [0, 0],
+    )
 
     down = await _scoring(_Probe(error=JudgeUnavailable("judge down")))
     retry = await down.score_held_session(traj)

@@ -18,6 +18,7 @@ Unit tests cover the outcome mapping of policy_server.rewards.scoring in process
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from functools import partial
 from pathlib import Path
@@ -32,7 +33,7 @@ from judge_server.errors import JudgeUnavailable
 from policy_server.rewards.scoring import PRMScoring, ScoreOutcome, apply_outcome, scoring_turn, unreachable_cause
 from policy_server.store import Store
 from prm import BaseScorer, PRMConfig, PRMFileConfig, PRMRunner
-from tests.testkit.procs import free_port, spawn
+from tests.testkit.procs import free_port
 from tests.testkit.servers import (
     chat,
     lease_all,
@@ -164,8 +165,9 @@ def test_scorer_rejection_rejects_the_sample_with_reason(tiny_model_dir, engine,
             row = samples_of(store, sid)[0]
         finally:
             store.close()
-        assert row["status"] == "rejected" and row["reject_reason"] == reasons[0]
-        d = row["data"]
+        assert row.status == "rejected" and row.reject_reason == reasons[0]
+        d = row.sample
+        assert d is not None
         assert d["token_rewards"] is None and d["loss_mask"] == [0] * len(d["response_ids"])
         assert d["prm"]["score"] == 1  # the pipeline's verdict is kept for audit, not trained on
     finally:
@@ -192,24 +194,14 @@ def test_without_prm_config_token_rewards_are_null(tiny_model_dir, engine, rules
 def test_broken_prm_config_stops_startup(tiny_model_dir, engine, logs, tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("prm:\n  scorers:\n    - path: no_such_pkg.scorers.Nope\n")
-    port = free_port()
     cmd = policy_command(
         str(tiny_model_dir),
         engine.url,
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--port",
-        str(port),
-        "--prm-config",
-        str(cfg),
+        *("--data-dir", str(tmp_path / "data"), "--port", str(free_port()), "--prm-config", str(cfg)),
     )
-    mp = spawn("policy-bad-prm", cmd, url=f"http://127.0.0.1:{port}", log_dir=tmp_path)
-    try:
-        rc = mp.proc.wait(timeout=90)
-    finally:
-        mp.stop()
-    assert rc != 0
-    log = mp.log_path.read_text()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    assert proc.returncode != 0
+    log = proc.stdout + proc.stderr
     assert f"--prm-config {cfg}: cannot start the PRM scorers" in log and "no_such_pkg" in log, log[-3000:]
 
 
@@ -230,7 +222,7 @@ def test_unreachable_scorer_judge_keeps_pending_across_kill9(tiny_model_dir, eng
         assert lease_all(pol.url)["samples"] == []  # not leasable before its token_rewards exist
         pol.kill()
         row = stored_samples(data, sid)[0]
-        assert row["status"] == "pending_judge" and row["last_error"].startswith("prm: JudgeUnavailable: "), row
+        assert row.status == "pending_judge" and (row.last_error or "").startswith("prm: JudgeUnavailable: "), row
         prm_judge = start_judge(logs, "judge-prm-late", m=3, port=prm_judge_port)
         pol = _policy(tiny_model_dir, engine, rules_judge, data, logs, "policy-prm-b", cfg, port=port)
         wait_settled(pol.url)
@@ -314,7 +306,7 @@ def test_apply_outcome_and_turn_shape():
     assert (rej.status, rej.reject_reason, rej.included) == ("rejected", "prm_rejected: x", False)
     assert rej.sample.to_json() == {"loss_mask": [0, 0], "reward": 1.0, "token_rewards": None}
     assert result.sample.loss_mask == [1, 1]  # the input is not modified
-    t = scoring_turn(_turn(), {"score": -1})
+    t = scoring_turn(_stored(), {"score": -1})
     assert t["parent_turn_index"] is None and t["judge_prm"] == {"score": -1} and "record_only_key" not in t
     wrapped = RuntimeError("outer")
     wrapped.__cause__ = JudgeUnavailable("inner")
@@ -323,6 +315,6 @@ def test_apply_outcome_and_turn_shape():
 
 def test_scoring_turn_reads_the_verdict_record_or_its_stored_json_alike():
     verdict = PrmVerdict.model_validate({"score": 1, "status": "ok", "votes": [1], "confidence": 1.0, "reason": None})
-    from_record = scoring_turn(_turn(), verdict)["judge_prm"]
-    assert from_record == verdict.to_json() == scoring_turn(_turn(), verdict.to_json())["judge_prm"]
-    assert scoring_turn(_turn())["judge_prm"] is None
+    from_record = scoring_turn(_stored(), verdict)["judge_prm"]
+    assert from_record == verdict.to_json() == scoring_turn(_stored(), verdict.to_json())["judge_prm"]
+    assert scoring_turn(_stored())["judge_prm"] is None

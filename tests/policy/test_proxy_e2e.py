@@ -214,8 +214,8 @@ def test_pairing_user_reply_side_turns_rewrite_and_idle(policy):
                 interval_s=0.2,
             )
             assert turn.pairing == "session_end" and turn.session_done and turn.next_state is None
-        rows = {s["turn_index"]: s for s in samples_of(st, "pair")}
-        assert rows[0]["status"] == "pending_judge"  # no judge configured: stays pending, never dropped
+        rows = {s.turn_index: s for s in samples_of(st, "pair")}
+        assert rows[0].status == "pending_judge"  # no judge configured: stays pending, never dropped
         stats = admin(policy.url).get("/v1/samples/stats").json()
         assert stats["turns_by_session_rule"]["header:diverged"] >= 1
 

@@ -22,7 +22,7 @@ import pytest
 
 from policy_server.store import open_store
 from tests.testkit.procs import free_port, metric_value
-from tests.testkit.servers import admin, chat, client, start_judge, start_policy, stats
+from tests.testkit.servers import admin, chat, client, start_judge, start_judged_policy, stats
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -38,27 +38,12 @@ def _replica(
     name: str,
     extra: list[str] | None = None,
 ):
-    return start_policy(
-        tiny_model_dir,
-        router_url,
-        tmp / f"data-{name}",
-        tmp,
+    return start_judged_policy(
+        *(tiny_model_dir, router_url, judge_url, tmp / f"data-{name}", tmp),
         name=f"policy-{name}",
         extra=[
-            "--store-url",
-            pg_url,
-            "--judge-url",
-            judge_url,
-            "--replica-id",
-            name,
-            "--dispatch-claim-s",
-            str(CLAIM_S),
-            "--dispatch-retry-initial-s",
-            "0.2",
-            "--dispatch-retry-max-s",
-            "1",
-            "--idle-sweep-interval-s",
-            "0.2",
+            *("--store-url", pg_url, "--replica-id", name, "--dispatch-claim-s", str(CLAIM_S)),
+            *("--dispatch-retry-initial-s", "0.2", "--idle-sweep-interval-s", "0.2"),
             *(extra or []),
         ],
     )

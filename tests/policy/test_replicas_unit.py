@@ -14,7 +14,7 @@ import pytest
 
 from engine.records import TurnRecord
 from policy_server.rewards.modes import ModeState
-from policy_server.serving.replicas import ReplicaSync
+from policy_server.serving.replicas import ReplicaBeat, ReplicaSync
 from policy_server.serving.sessions import SessionTracker
 from policy_server.serving.weight_sync import WeightGate
 from policy_server.store import open_store
@@ -64,7 +64,7 @@ async def test_sweep_spares_a_session_in_flight_at_another_replica(pg_url):
 async def test_a_silent_replica_protects_nothing(pg_url):
     a = open_store(pg_url, "")
     try:
-        a.set_runtime("replica:dead", {"at": time.time() - 60, "in_flight": ["s"]})
+        a.set_runtime("replica:dead", ReplicaBeat(at=time.time() - 60, in_flight=["s"]))
         sync_a = ReplicaSync(a, replica_id="A", mode_state=ModeState(), gate=WeightGate(5.0), interval_s=0.5)
         assert await sync_a.remote_in_flight() == set()
     finally:

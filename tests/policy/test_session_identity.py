@@ -205,7 +205,7 @@ async def test_key_families_split_instead_of_mismatching(tmp_path):
         assert (a2.sid, a2.decision, b2.sid, b2.decision) == ("static", "continued", b1.sid, "continued")
         assert store.get_turn("static", 0).pairing == "paired"
         assert store.get_turn(b1.sid, 0).next_state == [U("more B")]
-        assert not any(t["pairing"] == "mismatch" for t in store.awaiting_open_turns())
+        assert not any(t.pairing == "mismatch" for t in store.awaiting_open_turns())
         # after X-Session-Done, the same key with a fresh conversation starts a new session
         store.end_session("static")
         c1 = await turn([U("task C")], "C1")

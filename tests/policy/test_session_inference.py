@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from engine.records import TurnRecord
+from engine.records import Turn, TurnRecord
 from policy_server.serving.session_inference import INFERRED_PREFIX, choose_session
 from policy_server.store import Store
 from tests.testkit.servers import CLIENT_KEY, admin, client, start_policy
@@ -23,8 +23,10 @@ def A(text: str) -> dict:
     return {"role": "assistant", "content": text}
 
 
-def awaiting(sid: str, messages: list[dict], reply: str) -> dict:
-    return {"session_id": sid, "messages": messages, "response": {"content": reply, "tool_calls": None}}
+def awaiting(sid: str, messages: list[dict], reply: str) -> Turn:
+    return Turn(
+        session_id=sid, turn_index=0, created_at=0.0, messages=messages, response={"content": reply, "tool_calls": None}
+    )
 
 
 @pytest.mark.unit

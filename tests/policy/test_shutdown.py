@@ -137,17 +137,17 @@ def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
 
         st = Store(data)
         [s1] = samples_of(st, "s1")
-        assert s1["status"] == "pending_judge" and s1["data"] is None  # left pending, not half-written
+        assert s1.status == "pending_judge" and s1.sample is None  # left pending, not half-written
         assert st.get_turn("s2", 0) is not None  # the in-flight turn was recorded before its answer
         assert st.get_turn("s3", 0) is None  # the refused one was not
-        assert st.stats()["turns"] == 3
+        assert st.stats().turns == 3
 
         # restart: the judge is fast again; the pending turn is judged, nothing lost
         judge_proxy.delays.clear()
         eng_proxy.delays.clear()
         pol = start_policy(tiny_model_dir, eng_proxy.url, data, tmp_path, name="policy-b", extra=extra)
-        wait_until(lambda: samples_of(st, "s1")[0]["status"] == "ready")
-        assert samples_of(st, "s1")[0]["data"]["reward"] == 1.0
+        wait_until(lambda: samples_of(st, "s1")[0].status == "ready")
+        assert (samples_of(st, "s1")[0].sample or {})["reward"] == 1.0
         with admin(pol.url) as a:
             stats = a.get("/v1/samples/stats").json()
         assert stats["turns"] == 3 and stats["turns_awaiting_next_state"] == 2  # s1 turn 1 and s2 turn 0 await
@@ -166,7 +166,7 @@ def test_sigterm_drains_then_restart_resumes(tiny_model_dir, engine, tmp_path):
         wait_until(lambda: judge_proxy.arrived["/v1/judge"] > judge_calls)  # s2's judge call is in flight
         pol.proc.send_signal(signal.SIGTERM)
         assert pol.proc.wait(timeout=30) == 0
-        assert samples_of(st, "s2")[0]["status"] == "ready"  # completed while draining
+        assert samples_of(st, "s2")[0].status == "ready"  # completed while draining
     finally:
         if pol:
             pol.stop()

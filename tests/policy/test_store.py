@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.records import TurnRecord
-from policy_server.store import LeaseError, Store
+from engine.records import ModeSnapshot, Sample, TurnRecord
+from policy_server.store import LeaseError, Resolution, Store
+from policy_server.store.rows import AckResult
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +41,7 @@ def _ready_sample(store: Store, sid: str) -> str:
         status="ready",
         reject_reason=None,
         included=True,
-        data={"sample_id": job.sample_id, "session_id": sid},
+        data=Sample(sample_id=job.sample_id, session_id=sid),
     )
     return job.sample_id
 
@@ -49,8 +50,8 @@ def test_store_turns_pairing_and_session_end(store_factory):
     st = store_factory()
     assert st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False) == 0
     assert st.awaiting_turn("s").turn_index == 0
-    sid = st.resolve_turn("s", 0, pairing="paired", next_state=[{"role": "user", "content": "ok"}], session_done=False)
-    assert sid and st.resolve_turn("s", 0, pairing="paired", next_state=None, session_done=False) is None
+    sid = st.resolve_turn("s", Resolution(0, "paired", [{"role": "user", "content": "ok"}]))
+    assert sid and st.resolve_turn("s", Resolution(0, "paired", None)) is None
     assert (
         st.record_turn("s", TurnRecord.model_validate(_record()), session_done=True) == 1
     )  # last turn: resolved with no next state
@@ -59,14 +60,14 @@ def test_store_turns_pairing_and_session_end(store_factory):
     st.close()
     st2 = store_factory()  # durable across reopen
     assert [j.turn_index for j in st2.pending_jobs()] == [0, 1]
-    assert st2.stats()["samples"]["pending_judge"] == 2
+    assert st2.stats().samples["pending_judge"] == 2
 
 
 def test_store_concurrent_turns_reject_the_overtaken(store_factory):
     st = store_factory()
     st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False)
     st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False)
-    assert st.stats()["reject_reasons"] == {"concurrent_turns": 1}
+    assert st.stats().reject_reasons == {"concurrent_turns": 1}
     assert st.awaiting_turn("s").turn_index == 1
 
 
@@ -78,8 +79,8 @@ def test_lease_ack_exactly_once_and_expiry(store_factory):
     lease2, samples2 = st.lease(10, lease_s=10, now=101.0)
     assert [s.sample_id for s in samples2] == [b]  # a is leased: never handed out twice
     assert st.lease(10, lease_s=10, now=102.0) is None
-    assert st.ack(lease_id, now=103.0) == {"lease_id": lease_id, "acked": 1, "already_acked": False}
-    assert st.ack(lease_id, now=104.0)["already_acked"] is True  # idempotent
+    assert st.ack(lease_id, now=103.0) == AckResult(lease_id=lease_id, acked=1, already_acked=False)
+    assert st.ack(lease_id, now=104.0).already_acked is True  # idempotent
     # lease2 expires: b comes back, the old lease can no longer be acked, a (acked) never returns
     lease3, samples3 = st.lease(10, lease_s=10, now=120.0)
     assert [s.sample_id for s in samples3] == [b]
@@ -89,13 +90,13 @@ def test_lease_ack_exactly_once_and_expiry(store_factory):
     with pytest.raises(LeaseError):
         st.ack("nope", now=121.5)
     st.ack(lease3, now=122.0)
-    assert st.stats()["samples"]["consumed"] == 2 and st.lease(10, 10, now=500.0) is None
+    assert st.stats().samples["consumed"] == 2 and st.lease(10, 10, now=500.0) is None
 
 
 def test_complete_judge_rejects_bad_status(store_factory):
     st = store_factory()
     with pytest.raises(ValueError):
-        st.complete_judge("x", status="leased", reject_reason=None, included=False, data={})
+        st.complete_judge("x", status="leased", reject_reason=None, included=False, data=Sample())
 
 
 # ---------------------------------------------------------------- several stores on one database (replicas)
@@ -115,7 +116,7 @@ def test_replicas_take_consecutive_turn_indexes(store_factory):
     for t in threads:
         t.join()
     assert sorted(got) == list(range(20))  # no index taken twice, none skipped
-    assert a.stats()["turns"] == 20 and b.stats()["reject_reasons"] == {"concurrent_turns": 19}
+    assert a.stats().turns == 20 and b.stats().reject_reasons == {"concurrent_turns": 19}
 
 
 def test_replicas_never_lease_the_same_sample(store_factory):
@@ -128,7 +129,7 @@ def test_replicas_never_lease_the_same_sample(store_factory):
     def take(st: Store, out: list[str]) -> None:
         while (got := st.lease(3, lease_s=60)) is not None:
             out.extend(str(s.sample_id) for s in got[1])
-            assert st.ack(got[0])["acked"] == len(got[1])
+            assert st.ack(got[0]).acked == len(got[1])
 
     threads = [threading.Thread(target=take, args=(st, out)) for st, out in ((a, leased[0]), (b, leased[1]))]
     for t in threads:
@@ -137,14 +138,14 @@ def test_replicas_never_lease_the_same_sample(store_factory):
         t.join()
     assert not set(leased[0]) & set(leased[1])
     assert sorted(leased[0] + leased[1]) == sorted(ids)  # every sample exactly once
-    assert b.stats()["samples"]["consumed"] == 40
+    assert b.stats().samples["consumed"] == 40
 
 
 def test_lease_taken_at_one_replica_is_acked_at_another(store_factory):
     a, b = store_factory(), store_factory()
     _ready_sample(a, "s")
     lease_id, [sample] = a.lease(5, lease_s=60)
-    assert b.ack(lease_id)["acked"] == 1 and a.ack(lease_id)["already_acked"] is True
+    assert b.ack(lease_id).acked == 1 and a.ack(lease_id).already_acked is True
     assert b.lease(5, lease_s=60) is None
 
 
@@ -177,8 +178,8 @@ def test_judge_claims_are_exclusive_and_expire(store_factory):
 
 def test_runtime_settings_are_shared(store_factory):
     a, b = store_factory(), store_factory()
-    a.set_runtime("mode", {"mode": "opd", "w_rl": 1.0, "w_opd": 0.5})
-    assert b.get_runtime("mode") == {"mode": "opd", "w_rl": 1.0, "w_opd": 0.5}
+    a.set_runtime("mode", ModeSnapshot(mode="opd", w_rl=1.0, w_opd=0.5))
+    assert b.get_runtime("mode", ModeSnapshot) == ModeSnapshot(mode="opd", w_rl=1.0, w_opd=0.5)
 
 
 def test_postgres_lock_wait_is_bounded_then_serves_again(pg_url):

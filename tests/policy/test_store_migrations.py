@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from engine.records import TurnRecord
+from engine.records import ModeSnapshot, TurnRecord
 from policy_server.store import LATEST_VERSION, SchemaError, Store, open_store
 
 pytestmark = pytest.mark.unit
@@ -86,7 +86,7 @@ def test_release_data_dir_opens_after_the_upgrade_with_nothing_lost(tmp_path):
     _release_data_dir(data)
     st = Store(data)
     stats = st.stats()
-    assert stats["samples"] == {
+    assert stats.samples == {
         "pending_judge": 1,
         "pending_score": 0,
         "ready": 1,
@@ -94,14 +94,14 @@ def test_release_data_dir_opens_after_the_upgrade_with_nothing_lost(tmp_path):
         "consumed": 0,
         "rejected": 1,
     }
-    assert stats["turns"] == 4 and stats["turns_awaiting_next_state"] == 1 and stats["history_mismatches"] == 1
+    assert stats.turns == 4 and stats.turns_awaiting_next_state == 1 and stats.history_mismatches == 1
     assert st.get_turn("a", 0).next_state == [{"role": "user", "content": "ok"}]
     assert st.get_turn("b", 0).messages[0]["content"] == "b0"
-    assert st.get_runtime("mode") == {"mode": "opd", "w_rl": 1.0, "w_opd": 2.0}
+    assert st.get_runtime("mode", ModeSnapshot) == ModeSnapshot(mode="opd", w_rl=1.0, w_opd=2.0)
     assert [j.sample_id for j in st.pending_jobs("replica-1")] == ["s-pending"]
-    assert st.sample_row("s-pending")["attempts"] == 2
+    assert [r.attempts for r in st.list_samples() if r.sample_id == "s-pending"] == [2]
     lease_id, [sample] = st.lease(10, lease_s=60)
-    assert sample.reward == 1.0 and st.ack(lease_id)["acked"] == 1
+    assert sample.reward == 1.0 and st.ack(lease_id).acked == 1
     assert (
         st.record_turn("b", TurnRecord.model_validate(json.loads(_record("b1"))), session_done=False) == 1
     )  # the session goes on
@@ -111,7 +111,7 @@ def test_release_data_dir_opens_after_the_upgrade_with_nothing_lost(tmp_path):
     db.close()
     assert versions == list(range(1, LATEST_VERSION + 1))
     st = Store(data)  # reopening applies nothing and keeps everything
-    assert st.stats()["samples"]["consumed"] == 1 and st.stats()["turns"] == 5
+    assert st.stats().samples["consumed"] == 1 and st.stats().turns == 5
     st.close()
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from policy_server.store.rows import StoredConversation, StoredResponse
+
 
 def test_chain_rebuilds_the_conversation(store_factory):
     st = store_factory()
@@ -20,11 +22,11 @@ def test_chain_rebuilds_the_conversation(store_factory):
     }
     result = {"role": "tool", "tool_call_id": "c1", "content": "ok"}
     final = {"role": "assistant", "content": "done"}
-    st.put_response("resp_1", "s1", None, [user, reply])
-    st.put_response("resp_2", "s1", "resp_1", [result, final])
-    assert st.get_response("resp_1") == {"session_id": "s1", "conversation": [user, reply]}
-    assert st.get_response("resp_2") == {"session_id": "s1", "conversation": [user, reply, result, final]}
+    st.put_response(StoredResponse("resp_1", "s1", None, [user, reply]))
+    st.put_response(StoredResponse("resp_2", "s1", "resp_1", [result, final]))
+    assert st.get_response("resp_1") == StoredConversation(session_id="s1", conversation=[user, reply])
+    assert st.get_response("resp_2") == StoredConversation(session_id="s1", conversation=[user, reply, result, final])
     assert st.get_response("resp_nope") is None
-    st.put_response("resp_3", None, "resp_gone", [user])
+    st.put_response(StoredResponse("resp_3", None, "resp_gone", [user]))
     with pytest.raises(LookupError, match="resp_gone"):
         st.get_response("resp_3")

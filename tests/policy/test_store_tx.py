@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from engine.records import TurnRecord
-from policy_server.store import Store
+from policy_server.store import Resolution, Store
 from tests.testkit.records import USER_HI, turn_record
 from tests.testkit.servers import samples_of
 
@@ -68,9 +68,9 @@ def test_record_turn_is_one_transaction_with_overtaken_turn_and_session_end(stor
         "s", TurnRecord.model_validate(_record()), session_done=True
     )  # overtakes turn 0, ends the session
     assert commits() == 1 and idx == 1
-    rows = {r["turn_index"]: r for r in samples_of(st, "s")}
-    assert rows[0]["status"] == "rejected" and rows[0]["reject_reason"] == "concurrent_turns"
-    assert rows[1]["status"] == "pending_judge" and st.get_turn("s", 1).pairing == "session_end"
+    rows = {r.turn_index: r for r in samples_of(st, "s")}
+    assert rows[0].status == "rejected" and rows[0].reject_reason == "concurrent_turns"
+    assert rows[1].status == "pending_judge" and st.get_turn("s", 1).pairing == "session_end"
     assert st.session("s").done == 1
 
 
@@ -78,10 +78,10 @@ def test_resolve_with_touch_is_one_transaction(store_factory):
     st = store_factory()
     st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False, now=100.0)
     commits = _count_commits(st)
-    sid = st.resolve_turn("s", 0, pairing="paired", next_state=[U], session_done=False, touch=True, now=200.0)
+    sid = st.resolve_turn("s", Resolution(0, "paired", [U]), touch=True, now=200.0)
     assert commits() == 1 and sid
     assert st.session("s").last_activity == 200.0
-    assert st.resolve_turn("s", 0, pairing="paired", next_state=[U], session_done=False) is None  # idempotent
+    assert st.resolve_turn("s", Resolution(0, "paired", [U])) is None  # idempotent
 
 
 def test_record_reopens_a_session_ended_while_generating(store_factory):
@@ -104,8 +104,6 @@ def test_synchronous_setting(tmp_path, mode, expected):
 
 
 def test_record_with_resolution_is_one_transaction(store_factory):
-    from policy_server.store import Resolution
-
     st = store_factory()
     st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False, now=100.0)
     commits = _count_commits(st)
@@ -114,8 +112,8 @@ def test_record_with_resolution_is_one_transaction(store_factory):
     )  # the next turn answers turn 0
     assert commits() == 1 and idx == 1
     assert st.get_turn("s", 0).pairing == "paired" and st.get_turn("s", 0).next_state == [U]
-    rows = {r["turn_index"]: r for r in samples_of(st, "s")}
-    assert rows[0]["status"] == "pending_judge" and 1 not in rows  # turn 1 awaits its own next state
+    rows = {r.turn_index: r for r in samples_of(st, "s")}
+    assert rows[0].status == "pending_judge" and 1 not in rows  # turn 1 awaits its own next state
     # a resolution that lost a race (turn already resolved) is a no-op, not an error
     st.record_turn(
         "s",
@@ -164,5 +162,5 @@ async def test_pairing_written_alone_when_no_turn_is_recorded(store_factory):
     tracker.settle_later(arrival)  # idempotent
     await tracker.drain_settles()
     assert st.get_turn("s", 0).pairing == "paired" and st.awaiting_turn("s") is None
-    assert [r["status"] for r in samples_of(st, "s")] == ["pending_judge"]
+    assert [r.status for r in samples_of(st, "s")] == ["pending_judge"]
     assert await tracker.sweep_idle(now=10**10) == 1  # released: the idle sweep may end it now

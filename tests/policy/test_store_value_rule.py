@@ -13,9 +13,11 @@ import json
 import math
 
 import pytest
+from pydantic import ValidationError
 
 from engine.records import Sample, TurnRecord
 from engine.records import SampleState as S
+from engine.sample_values import value_problem
 from policy_server.store import Store
 
 
@@ -34,15 +36,16 @@ def _good(sample_id: str, **over) -> dict:
     return {"sample_id": sample_id, "reward": 1.0, "has_reward": True, "loss_mask": [1, 1], **_record(), **over}
 
 
+def _sample(sample_id: str, **over) -> Sample:
+    return Sample.model_validate(_good(sample_id, **over))
+
+
 @pytest.mark.parametrize(
     "over, why",
     [
         ({"w_rl": math.nan}, "w_rl is not a finite number"),
-        ({"w_rl": None}, "w_rl is not a finite number"),
         ({"w_opd": math.inf}, "w_opd is not a finite number"),
-        ({"w_opd": "1"}, "w_opd is not a finite number"),
         ({"rollout_logprobs": [-0.5, math.nan]}, "rollout_logprobs holds a non-finite"),
-        ({"rollout_logprobs": [-0.5, None]}, "rollout_logprobs holds a non-finite"),
         ({"rollout_logprobs": [-0.5, 0.7]}, "rollout_logprobs holds a positive"),
         ({"teacher_logprobs": [-0.1, -math.inf], "has_teacher": True}, "teacher_logprobs holds a non-finite"),
         ({"teacher_temperature": 0.6}, "teacher_temperature must be 1.0"),
@@ -53,17 +56,33 @@ def _good(sample_id: str, **over) -> dict:
 def test_every_writer_refuses_unusable_values(store_factory, over, why):
     store = store_factory()
     sid = _judged_later(store, "s")
-    store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_good(sid, **over))
+    store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_sample(sid, **over))
     [row] = store.list_samples(session_id="s", status=None, limit=10)
-    assert row["status"] == S.REJECTED and row["reject_reason"].startswith(f"invalid_values: {why}")
+    assert row.status == S.REJECTED and (row.reject_reason or "").startswith(f"invalid_values: {why}")
     assert store.lease(8, 60) is None
+
+
+@pytest.mark.parametrize(
+    "over, why",
+    [
+        ({"w_rl": None}, "w_rl is not a finite number"),
+        ({"w_opd": "1"}, "w_opd is not a finite number"),
+        ({"rollout_logprobs": [-0.5, None]}, "rollout_logprobs holds a non-finite"),
+    ],
+)
+def test_an_unusable_value_off_the_schema_cannot_reach_a_writer(over, why):
+    """The writers take Sample records: a value the record refuses never reaches the store, and the value rule
+    names it all the same (the reason the dispatcher rejects such a sample with)."""
+    with pytest.raises(ValidationError):
+        _sample("s", **over)
+    assert (value_problem(_good("s", **over)) or "").startswith(why)
 
 
 def test_a_usable_sample_with_every_field_is_leasable(store_factory):
     store = store_factory()
     sid = _judged_later(store, "s")
     data = _good(sid, w_rl=0.5, w_opd=0.0, teacher_logprobs=[-0.1, 0.0], teacher_temperature=1.0, has_teacher=True)
-    store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=data)
+    store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=Sample.model_validate(data))
     got = store.lease(8, 60)
     assert got is not None and [s.sample_id for s in got[1]] == [sid]
 
@@ -73,9 +92,9 @@ def test_an_invalid_values_rejection_never_counts_as_included(store_factory):
     no included sample, so at-least-one may promote a later neutral turn."""
     store = store_factory()
     sid = _judged_later(store, "s")
-    store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_good(sid, reward=math.nan))
+    store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_sample(sid, reward=math.nan))
     [row] = store.list_samples(session_id="s", status=None, limit=10)
-    assert row["status"] == S.REJECTED and row["reject_reason"].startswith("invalid_values: reward")
+    assert row.status == S.REJECTED and (row.reject_reason or "").startswith("invalid_values: reward")
     assert store.session("s").has_included == 0
 
 
@@ -89,7 +108,7 @@ def test_a_rejection_passed_as_included_never_counts(store_factory):
 def test_an_accepted_sample_counts_as_included(store_factory):
     store = store_factory()
     sid = _judged_later(store, "s")
-    store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_good(sid))
+    store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_sample(sid))
     assert store.session("s").has_included == 1
 
 
@@ -99,13 +118,13 @@ def test_a_poisoned_ready_row_is_set_aside_by_the_lease(store_factory):
     store = store_factory()
     good, bad = _judged_later(store, "a"), _judged_later(store, "b")
     for sid in (good, bad):
-        store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_good(sid))
+        store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_sample(sid))
     poisoned = json.dumps(_good(bad, w_rl=math.nan, rollout_logprobs=[math.nan, -0.1]))
     with store._tx() as db:  # bypasses every writer, as an older release or a hand edit would
         db.execute("UPDATE samples SET data=? WHERE sample_id=?", (poisoned, bad))
     got = store.lease(8, 60)
     assert got is not None and [s.sample_id for s in got[1]] == [good]
-    statuses = {r["sample_id"]: (r["status"], r["reject_reason"]) for r in store.list_samples(status=None, limit=10)}
+    statuses = {r.sample_id: (r.status, r.reject_reason) for r in store.list_samples(status=None, limit=10)}
     assert statuses[bad][0] == S.REJECTED and statuses[bad][1].startswith("invalid_values: rollout_logprobs")
     assert store.lease(8, 60) is None  # never handed out later either
 
@@ -114,7 +133,7 @@ def test_a_lease_of_only_poisoned_rows_is_none_and_min_n_counts_good_rows(store_
     store = store_factory()
     ids = [_judged_later(store, f"s{i}") for i in range(3)]
     for sid in ids:
-        store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_good(sid))
+        store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_sample(sid))
     with store._tx() as db:
         db.execute("UPDATE samples SET data=? WHERE sample_id=?", (json.dumps(_good(ids[0], w_opd=None)), ids[0]))
     assert store.lease(8, 60, min_n=3) is None  # two good rows are fewer than min_n
@@ -129,7 +148,7 @@ def test_a_ready_row_off_the_sample_schema_is_set_aside_and_the_lease_hands_out_
     store = store_factory()
     good, mode, flag = (_judged_later(store, s) for s in ("a", "b", "c"))
     for sid in (good, mode, flag):
-        store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_good(sid))
+        store.complete_judge(sid, status=S.READY, reject_reason=None, included=True, data=_sample(sid))
     with store._tx() as db:  # bypasses every writer, as an older release or a hand edit would
         db.execute("UPDATE samples SET data=? WHERE sample_id=?", (json.dumps(_good(mode, mode="sft")), mode))
         db.execute("UPDATE samples SET data=? WHERE sample_id=?", (json.dumps(_good(flag, constrained="yes")), flag))
@@ -137,7 +156,7 @@ def test_a_ready_row_off_the_sample_schema_is_set_aside_and_the_lease_hands_out_
     assert got is not None
     [sample] = got[1]
     assert isinstance(sample, Sample) and sample.to_json() == _good(good) and sample.reward == 1.0
-    statuses = {r["sample_id"]: (r["status"], r["reject_reason"]) for r in store.list_samples(status=None, limit=10)}
+    statuses = {r.sample_id: (r.status, r.reject_reason) for r in store.list_samples(status=None, limit=10)}
     assert statuses[mode][0] == statuses[flag][0] == S.REJECTED
     assert statuses[mode][1].startswith("invalid_values: off the Sample schema: mode: ")
     assert statuses[flag][1].startswith("invalid_values: off the Sample schema: constrained: ")

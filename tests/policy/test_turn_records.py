@@ -70,10 +70,10 @@ def _raw(store, sid: str) -> list[tuple[str, str | None]]:
     return [(r["record"], r["record_base"]) for r in rows]
 
 
-def _whole(turn: Turn | dict | None) -> dict:
-    """The record fields of a stored turn (a ``Turn``, or ``awaiting_open_turns``' JSON)."""
+def _whole(turn: Turn | None) -> dict:
+    """The record fields of a stored turn."""
     assert turn is not None
-    recorded = turn if isinstance(turn, dict) else turn.to_json()
+    recorded = turn.to_json()
     return {k: recorded[k] for k in _record([], [], [], "x")}
 
 
@@ -89,10 +89,10 @@ def test_continuing_turns_store_their_tails_and_every_reader_gets_whole_records(
     for st in (writer, replica):
         assert [_whole(st.get_turn("s", t)) for t in range(4)] == records
         assert _whole(st.awaiting_turn("s")) == records[3]
-        [open_turn] = [t for t in st.awaiting_open_turns() if t["session_id"] == "s"]
+        [open_turn] = [t for t in st.awaiting_open_turns() if t.session_id == "s"]
         assert _whole(open_turn) == records[3]
     cold = store_factory()
-    assert [_whole(t) for t in cold.session_trajectory("s")] == records
+    assert [_whole(t.turn) for t in cold.session_trajectory("s")] == records
 
 
 def test_a_rewritten_history_is_stored_whole(store_factory):

@@ -63,7 +63,7 @@ def test_update_under_steady_traffic(pause_mode, tiny_model_dir, router, engine,
             t.start()
         wait_until(lambda: len(results) >= 8, timeout_s=60)  # steady traffic is flowing
         with admin(pol.url) as a:
-            before = Store(tmp_path / "data").stats()["turns"]
+            before = Store(tmp_path / "data").stats().turns
             r = a.post("/admin/weights/update", json={"model_path": str(tiny_model_dir), "weight_version": "v1"})
             assert r.status_code == 200, r.text
             t_done = time.monotonic()

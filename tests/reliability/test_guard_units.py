@@ -16,7 +16,7 @@ import pytest
 from starlette.requests import Request
 
 from engine.http_guard import BadJSON, check_json_value, parse_json_body
-from engine.records import TurnRecord
+from engine.records import ModeSnapshot, TurnRecord
 from policy_server.api.auth import is_admin, require_admin
 from policy_server.errors import Unauthorized
 from policy_server.serving.generation import prompt_token_floor
@@ -128,12 +128,12 @@ def test_session_lock_is_dropped_when_the_session_ends(tmp_path):
 def test_store_runtime_settings_and_private_files(tmp_path):
     data = tmp_path / "data"
     st = Store(data)
-    assert st.get_runtime("mode") is None
-    st.set_runtime("mode", {"mode": "opd", "w_rl": 1.0, "w_opd": 0.5})
-    st.set_runtime("mode", {"mode": "combine", "w_rl": 1.0, "w_opd": 0.5})
+    assert st.get_runtime("mode", ModeSnapshot) is None
+    st.set_runtime("mode", ModeSnapshot(mode="opd", w_rl=1.0, w_opd=0.5))
+    st.set_runtime("mode", ModeSnapshot(mode="combine", w_rl=1.0, w_opd=0.5))
     st.close()
     st = Store(data)
-    assert st.get_runtime("mode") == {"mode": "combine", "w_rl": 1.0, "w_opd": 0.5}
+    assert st.get_runtime("mode", ModeSnapshot) == ModeSnapshot(mode="combine", w_rl=1.0, w_opd=0.5)
     st.close()
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     for f in data.iterdir():

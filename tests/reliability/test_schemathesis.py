@@ -99,7 +99,7 @@ def _cap_generation(case) -> None:
 
 
 def _policy_key(path: str) -> str:
-    return ADMIN_KEY if path.startswith(("/v1/samples", "/v1/side_turns", "/admin")) else CLIENT_KEY
+    return ADMIN_KEY if path.startswith(("/v1/samples", "/v1/side_turns", "/v1/sessions", "/admin")) else CLIENT_KEY
 
 
 def _lease_then_ack(url: str) -> dict[str, list[int]]:
@@ -234,6 +234,15 @@ def _other_success_paths(url: str) -> dict[str, list[int]]:
     assert call("/admin/feedback", "GET", admin, query={"limit": 8})["feedback"]
     call("/v1/samples/stats", "GET", admin)
     assert "engine_url" in call("/ready", "GET", admin)
+    # A recorded session's audit trail, then its deletion (generated session ids name no stored session: 404).
+    sid = {"X-Session-Id": "schemathesis-users-data"}
+    call("/v1/chat/completions", "POST", {**client, **sid}, body={"messages": user, "max_tokens": 4})
+    path = {"session_id": sid["X-Session-Id"]}
+    assert call("/v1/sessions/{session_id}/audit", "GET", admin, path_parameters=path)["turns"]
+    assert call("/v1/sessions/{session_id}", "DELETE", admin, path_parameters=path)["deleted"]["turns"] == 1
+    # The ledger, and a rollback to the live version (the engines reload the weights they serve).
+    live = call("/admin/weights", "GET", admin)["live"]
+    call("/admin/weights/rollback", "POST", admin, body={"to": live})
     return out
 
 
@@ -252,7 +261,9 @@ def test_policy_openapi(policy):
     # The documented schemas are exact enough that generated data reaches the success paths; every check
     # above asserted no 5xx and no schema violation on each answer.
     for op in ops:
-        if op not in ("POST /admin/weights/update",):  # the dev engine has no weights to load from a fuzzed path
+        # update: the dev engine has no weights to load from a fuzzed path; promote: this server runs without
+        # --safe-updates, so there is never a canary (409; its 200 is tests/policy/test_weights_admin_e2e.py's)
+        if op not in ("POST /admin/weights/update", "POST /admin/weights/promote"):
             assert 200 in ops[op], (op, sorted(set(ops[op])))
     for op in ("POST /v1/chat/completions", "GET /v1/samples/lease", "POST /v1/samples/ack"):
         assert 200 in ops[op], op

@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -30,41 +27,12 @@ from policy_server.errors import StoreBusy
 from policy_server.store import Store
 from tests.testkit.records import USER_HI, turn_record
 from tests.testkit.servers import admin, client, ready_status, start_policy
+from tests.testkit.store_lock import ExternalLock
 from tests.waiting import wait_until
 
 BUSY_TIMEOUT_S = 2.0
 HOLD_S = 12.0
 U = USER_HI
-
-LOCKER = """
-import sqlite3, sys, time
-db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=5)
-db.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
-db.execute("COMMIT")
-print("released", flush=True)
-"""
-
-
-class ExternalLock:
-    """Another PROCESS holding the SQLite write lock of ``db_path`` for ``hold_s`` seconds."""
-
-    def __init__(self, db_path: Path, hold_s: float):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", LOCKER, str(db_path), str(hold_s)], stdout=subprocess.PIPE, text=True
-        )
-        assert self.proc.stdout is not None
-        assert self.proc.stdout.readline().strip() == "locked"  # synchronise on the lock being taken
-
-    def wait_released(self, timeout_s: float) -> None:
-        assert self.proc.wait(timeout=timeout_s) == 0
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-
 
 _record = turn_record
 
@@ -80,7 +48,7 @@ def test_locked_database_is_a_bounded_store_busy_and_the_store_recovers(tmp_path
             st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False)
         assert time.monotonic() - t0 < 0.3 + 3.0  # busy_timeout_s + loaded-machine slack; the lock stays held
     assert st.probe(0.1) is not None
-    assert st.stats()["samples"]["pending_judge"] == 0  # reads are not blocked by a writer in WAL mode
+    assert st.stats().samples["pending_judge"] == 0  # reads are not blocked by a writer in WAL mode
     other.execute("COMMIT")
     assert st.probe(0.1) is None
     assert st.record_turn("s", TurnRecord.model_validate(_record()), session_done=False) == 0

@@ -18,7 +18,7 @@ from launch.devstack import DEV_CONTEXT_TOKENS, DEV_POLICY_LAYERS, TEACHER_PREFE
 
 
 def policy() -> Path:
-    """The seeded tiny policy most tests serve and train (Qwen3 architecture, ChatML template)."""
+    """The seeded tiny policy most tests serve and train (Qwen3 architecture and chat template)."""
     return tiny_policy(seed=0)
 
 

@@ -175,7 +175,7 @@ class LocalSampleSource:
     def ack(self, lease_id: str) -> None:
         self.acked.append(lease_id)
 
-    def update_weights(self, model_path: str, weight_version: str) -> dict[str, Any]:
+    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> dict[str, Any]:
         from transformers import AutoModelForCausalLM
 
         self.policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -30,6 +30,10 @@ from tests.testkit.procs import (
     start_router,
 )
 from tests.waiting import wait_until
+
+if TYPE_CHECKING:  # the store loads only where a test reads one
+    from policy_server.store import SampleStore
+    from policy_server.store.rows import SampleRow
 
 ADMIN_KEY = "admin-secret"
 CLIENT_KEY = "client-secret"
@@ -87,6 +91,29 @@ def start_routed_policy(
     return start_policy(model_dir, router.url, work / "data", work, extra=args)
 
 
+def start_judged_policy(
+    model_dir: Path,
+    engine_url: str,
+    judge_url: str,
+    data_dir: Path,
+    log_dir: Path,
+    *,
+    name: str = "policy",
+    teacher_url: str | None = None,
+    extra: Sequence[str] = (),
+    **options: Any,
+) -> ManagedProcess:
+    """``start_policy`` judged by ``judge_url``, its judge calls retried quickly (at most 1 s apart) and, when given,
+    scored by the OPD teacher at ``teacher_url``; its data folder is ``extra["data_dir"]``. ``extra`` comes last;
+    ``options`` are start_policy's (``client_key``, ``fail_fast``, ``port``, ``env``)."""
+    args = ["--judge-url", judge_url, "--dispatch-retry-max-s", "1"]
+    if teacher_url is not None:
+        args += ["--teacher-url", teacher_url]
+    mp = start_policy(model_dir, engine_url, data_dir, log_dir, name=name, extra=[*args, *extra], **options)
+    mp.extra["data_dir"] = data_dir
+    return mp
+
+
 def start_prm_policy(
     model_dir: Path,
     engine: ManagedProcess,
@@ -100,12 +127,14 @@ def start_prm_policy(
     extra: Sequence[str] = (),
     env: dict[str, str] | None = None,
 ) -> ManagedProcess:
-    """``start_policy`` judged by ``judge`` with quick dispatch retries (0.2 s, at most 1 s) and, when given,
-    the PRM scorers of ``prm_config``; ``extra`` comes last."""
-    args = ["--judge-url", judge.url, "--dispatch-retry-initial-s", "0.2", "--dispatch-retry-max-s", "1"]
+    """``start_judged_policy`` with a first dispatch retry after 0.2 s and, when given, the PRM scorers of
+    ``prm_config``; ``extra`` comes last."""
+    args = ["--dispatch-retry-initial-s", "0.2"]
     if prm_config is not None:
         args += ["--prm-config", str(prm_config)]
-    return start_policy(model_dir, engine.url, data_dir, log_dir, name=name, extra=[*args, *extra], port=port, env=env)
+    return start_judged_policy(
+        model_dir, engine.url, judge.url, data_dir, log_dir, name=name, extra=[*args, *extra], port=port, env=env
+    )
 
 
 def pythonpath_with_repo() -> dict[str, str]:
@@ -166,6 +195,12 @@ def start_llm_judge(log_dir: Path, engine_url: str, tokenizer_path: str | Path, 
     return start_judge(log_dir, backend=None, engine_url=engine_url, tokenizer_path=tokenizer_path, **options)
 
 
+def start_openai_judge(log_dir: Path, name: str, *args: str) -> ManagedProcess:
+    """``start_judge`` with the ``openai`` backend (its endpoint and key in ``args``), ready on ``/ready`` (the
+    endpoint answers)."""
+    return start_judge(log_dir, name, backend="openai", args=args, ready_path="/ready")
+
+
 def start_failing_judge(
     log_dir: Path, name: str, *, args: Sequence[str] = (), env: dict[str, str] | None = None
 ) -> ManagedProcess:
@@ -192,10 +227,9 @@ def judged_policy_stack(
         judge.stop()
 
 
-def samples_of(store: Any, session_id: str) -> list[dict[str, Any]]:
-    """The stored sample rows of one session in turn order (``Store.sample_row`` shape: ``data`` decoded)."""
-    listed = store.list_samples(session_id=session_id, limit=100_000)
-    return [row for row in (store.sample_row(r["sample_id"]) for r in listed) if row is not None]
+def samples_of(store: SampleStore, session_id: str) -> list[SampleRow]:
+    """The stored sample rows of one session in turn order (``sample``: the Sample JSON as stored)."""
+    return store.list_samples(session_id=session_id, limit=100_000)
 
 
 def prm_pair(**over: Any) -> dict[str, Any]:
@@ -210,7 +244,7 @@ def prm_pair(**over: Any) -> dict[str, Any]:
     return {**body, **over}
 
 
-def stored_samples(data_dir: str | Path, session_id: str) -> list[dict[str, Any]]:
+def stored_samples(data_dir: str | Path, session_id: str) -> list[SampleRow]:
     """:func:`samples_of` read from a stopped (or killed) policy server's store folder, opened and closed here."""
     from policy_server.store import Store
 

@@ -104,7 +104,7 @@ class QuietThenFile:
     def ack(self, lease_id: str) -> None:
         self.inner.ack(lease_id)
 
-    def update_weights(self, model_path: str, weight_version: str) -> dict:
+    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> dict:
         return self.inner.update_weights(model_path, weight_version)
 
 

@@ -1,5 +1,5 @@
-"""The lease client package (trainer/lease_client/): importable alone, typed samples, staleness, step batches,
-per-sample tensors. Its HTTP half is tested in test_policy_client.py and test_collect_leases.py."""
+"""The lease client package (trainer/lease_client/): importable alone, typed samples, staleness, step batches;
+and a leased sample as per-sample tensors (trainer/sample_tensors.py). Its HTTP half is tested in test_policy_client.py and test_collect_leases.py."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from trainer.lease_client import (
     typed_samples,
     version_number,
 )
-from trainer.lease_client.tensors import SampleUnusable, sample_tensors
+from trainer.sample_tensors import SampleUnusable, sample_tensors
 
 pytestmark = pytest.mark.unit
 

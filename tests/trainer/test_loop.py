@@ -64,7 +64,7 @@ class RecordingSource(FileSampleSource):
         super().ack(lease_id)
         self.events.append(("ack", lease_id))
 
-    def update_weights(self, model_path: str, weight_version: str) -> dict:
+    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> dict:
         self.events.append(("update", model_path, weight_version))
         return super().update_weights(model_path, weight_version)
 

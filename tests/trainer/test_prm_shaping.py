@@ -214,7 +214,7 @@ class ListSource:
     def ack(self, lease_id: str) -> None:
         self.acked.append(lease_id)
 
-    def update_weights(self, model_path: str, weight_version: str) -> dict:
+    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> dict:
         self.weight_updates.append((model_path, weight_version))
         return {"success": True}
 

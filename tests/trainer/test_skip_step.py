@@ -39,7 +39,7 @@ class CountingSource(FileSampleSource):
         super().ack(lease_id)
         self.acks.append(lease_id)
 
-    def update_weights(self, model_path: str, weight_version: str) -> dict:
+    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> dict:
         self.pushes.append(weight_version)
         return super().update_weights(model_path, weight_version)
 

@@ -1,4 +1,4 @@
-"""engine.chat: the ChatML template renders every role, and sampled text splits into reasoning/content/tool calls."""
+"""engine.chat: the tiny model's template (Qwen3's own) renders every role, and sampled text splits into reasoning/content/tool calls."""
 
 from __future__ import annotations
 

@@ -17,6 +17,10 @@ No import circles among the production packages (``engine``, ``policy_server``, 
 - rooms: a service's subpackage (``policy_server.store``, ``trainer.lease_client``) or one of its top-level
   modules (``policy_server.state``, ``trainer.settings``) is one room; no two rooms reach each other.
 
+The lease client (``trainer.lease_client``) is the library other trainers (verl, slime, a user's loop) import: it
+imports nothing of this repository but itself and ``engine``, so the trainer package and its lease client form no
+circle either (the trainer's own reading of a sample as tensors is ``trainer.sample_tensors``, beside it).
+
 A ``TYPE_CHECKING`` or function-level import counts like any other: it does not run at import time, but it
 is a dependency a reader has to hold in mind, and a circle hidden that way is still a circle (the cure is a
 protocol in the lower module, or the shared definition moved down). An import names the most specific
@@ -247,3 +251,17 @@ def test_no_room_imports_itself_back() -> None:
     rooms = room_graph(production_graph())
     assert {"policy_server.store", "policy_server.rewards", "policy_server.state", "trainer.lease_client"} <= set(rooms)
     assert circles(rooms) == []
+
+
+def test_the_lease_client_stands_alone() -> None:
+    """Other trainers import ``trainer.lease_client`` without the trainer: it reaches only itself and ``engine``."""
+    lease_client = modules("trainer/lease_client")
+    assert {module_name(p) for p in lease_client} >= {"trainer.lease_client.client", "trainer.lease_client.samples"}
+    graph = production_graph()
+    outside = {
+        f"{module_name(p)} imports {name}"
+        for p in lease_client
+        for name in graph[module_name(p)]
+        if not within(name, "trainer.lease_client") and not within(name, "engine")
+    }
+    assert outside == set()

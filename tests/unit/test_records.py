@@ -207,7 +207,7 @@ def test_sample_round_trips_todays_json_byte_for_byte(name):
 )
 def test_dispatcher_builds_the_same_sample_as_before(mode, prm, hint, reward, teacher, topk):
     fields = build_sample(
-        ModeSnapshot(mode, 1.0, 0.5),
+        ModeSnapshot(mode=mode, w_rl=1.0, w_opd=0.5),
         3,
         include=True,
         prm=None if prm is None else PrmVerdict.model_validate(prm),
@@ -347,7 +347,8 @@ def test_sample_fields_are_the_pipelines_then_the_turns_then_the_origin():
         "w_opd",
         "prompt_versions",
     )
-    assert tuple(Sample.model_fields) == pipeline + SAMPLE_TURN_KEYS + SAMPLE_ORIGIN_KEYS + ("feedback",)
+    # "rolled_back": set at lease time when the version that made it was rolled back (docs/SAFE_UPDATES.md)
+    assert tuple(Sample.model_fields) == pipeline + SAMPLE_TURN_KEYS + SAMPLE_ORIGIN_KEYS + ("feedback", "rolled_back")
     assert {
         "session_id",
         "turn_index",

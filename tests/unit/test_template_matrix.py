@@ -1,8 +1,9 @@
 """Every shared real chat template (tests/data/chat-templates) over the tiny tokenizer, in both history modes.
 
 Contract (engine.continuation): with ``history="sampled"`` each continued turn's prompt ids start with the
-previous turn's prompt ids + its sampled ids, for 4 of 4 continued turns of plain chat, thinking off and a
-forced tool loop, whatever the template does to its history; what follows them is the template's own
+previous turn's prompt ids + its sampled ids, for 4 of 4 continued turns of plain chat, ``reasoning_effort``
+``none`` and ``high`` (each through the template's own switch: engine.chat_families) and a forced tool loop,
+whatever the template does to its history; what follows them is the template's own
 rendering of the new messages (a suffix of its full render of the conversation). With
 ``history="template"`` the prompt is exactly the template's full render. Sampled replies are stand-ins
 (text + the stop token), as the engine would return them: continuity does not depend on their content.
@@ -17,11 +18,13 @@ from typing import Any
 import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids, render_prompt_text
+from engine.chat_families import detect_family, reasoning_template_kwargs
 from engine.continuation import CONTINUED, CONTINUED_OVER_REWRITE, ContinuationRenderer, PriorTurn
 from tests.testkit.chat_templates import TEMPLATES_DIR
 
 TEMPLATES = sorted(p.name for p in TEMPLATES_DIR.glob("*.jinja"))
-SCENARIOS = ("plain", "thinking_off", "tool_loop")
+SCENARIOS = ("plain", "thinking_off", "thinking_high", "tool_loop")
+EFFORTS = {"thinking_off": "none", "thinking_high": "high"}  # the scenario's reasoning_effort
 TOOLS = [
     {
         "type": "function",
@@ -57,7 +60,8 @@ def _session(tokenizer: Any, name: str, scenario: str, history: str) -> list[tup
     """Runs the scenario; per continued turn: (rendered, previous prompt ids, previous sampled ids, full text)."""
     renderer = ContinuationRenderer(tokenizer, verify_tokens_per_turn=10**9, history=history)
     tools = TOOLS if scenario == "tool_loop" or name in TOOL_USE_ONLY else None
-    kwargs = {"enable_thinking": False} if scenario == "thinking_off" else None
+    switch = detect_family(tokenizer.chat_template).reasoning_switch
+    kwargs = reasoning_template_kwargs(switch, EFFORTS.get(scenario))
     messages: list[dict[str, Any]] = [] if name in NO_SYSTEM else [{"role": "system", "content": "You manage files."}]
     messages.append({"role": "user", "content": "list the report folder"})
     prior: PriorTurn | None = None
@@ -78,7 +82,9 @@ def _session(tokenizer: Any, name: str, scenario: str, history: str) -> list[tup
             }
             new = [{"role": "tool", "tool_call_id": call_id, "content": f"renamed to r{k}"}]
         else:
-            thought = "" if scenario == "thinking_off" else f"<think>\nstep {k}\n</think>\n\n"
+            # A reply after a prompt that opened the think block (DeepSeek-V3.1 thinking) closes it; others open it.
+            opened = tokenizer.decode(rendered.ids[-2:]).endswith("<think>")
+            thought = "" if scenario == "thinking_off" else f"{'' if opened else '<think>'}\nstep {k}\n</think>\n\n"
             response = _sampled(tokenizer, f"{thought}answer {k}")
             reply = {"role": "assistant", "content": f"answer {k}"}
             if thought:

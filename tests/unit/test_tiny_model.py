@@ -1,4 +1,5 @@
-"""devkit.tiny_model: offline, seeded, loadable by AutoTokenizer/AutoModelForCausalLM; teachers prefer their text."""
+"""devkit.tiny_model: offline, seeded, loadable by AutoTokenizer/AutoModelForCausalLM, carrying Qwen3's own chat
+template with every marker it writes one token; teachers prefer their text."""
 
 from __future__ import annotations
 
@@ -33,6 +34,31 @@ def test_loads_as_hugging_face_folder(tiny_model_dir):
     ids = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True, tokenize=False)
     out = model(input_ids=torch.tensor([tok.encode(ids, add_special_tokens=False)]))
     assert out.logits.shape[-1] == len(tok)
+
+
+def test_carries_qwen3_template_with_its_markers_as_single_tokens(tiny_model_dir):
+    from engine.chat import load_tokenizer
+    from engine.chat_families import detect_family
+    from tests.testkit.chat_templates import TEMPLATES_DIR
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    assert tok.chat_template == (TEMPLATES_DIR / "Qwen-Qwen3-0.6B.jinja").read_text()  # byte for byte the real one
+    family = detect_family(tok.chat_template)
+    assert (family.tool_call_parser, family.reasoning_parser, family.reasoning_switch) == (
+        "qwen25",
+        "qwen3",
+        "enable_thinking",
+    )
+    markers = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
+    markers += ["<tool_response>", "</tool_response>"]
+    for marker in markers:
+        assert marker in tok.chat_template
+        ids = tok.encode(marker, add_special_tokens=False)
+        assert len(ids) == 1 and tok.decode(ids, skip_special_tokens=True) in ("", marker), marker
+    # The tags are kept by a decode that skips specials (the reply parsers read them), ChatML's are not.
+    assert tok.decode(tok.encode("<think>a</think>", add_special_tokens=False), skip_special_tokens=True) == (
+        "<think>a</think>"
+    )
 
 
 def _answer_logprob(model_dir, tok, text):

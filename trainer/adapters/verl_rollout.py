@@ -62,7 +62,7 @@ from trainer.lease_client import (
     leased_batch,
     staleness,
 )
-from trainer.lease_client.tensors import SampleTensors, SampleUnusable, sample_tensors
+from trainer.sample_tensors import SampleTensors, SampleUnusable, sample_tensors
 
 logger = logging.getLogger(__name__)
 

@@ -7,20 +7,24 @@ trainer too:
   ``FileSampleSource`` (a JSONL file with the same semantics), ``collect_leases`` (one step's leases, held
   within half the lease timeout so none expires before its ack) and the error tree;
 - :mod:`.samples`: leased JSON as typed :class:`engine.records.Sample` records, the ``iter_batches``
-  lease -> step -> ack iterator, and the weight-version / staleness fields;
-- :mod:`.tensors` (imports torch, so not imported here): a Sample as tensors (prompt/response ids, loss
-  mask, rollout and teacher log-probs, token rewards, OPD advantages).
+  lease -> step -> ack iterator, and the weight-version / staleness fields.
+
+It imports nothing of the trainer around it: a Sample as tensors, which needs torch and the trainer's own checks,
+is :mod:`trainer.sample_tensors`.
 """
 
 from trainer.lease_client.client import (
     FileSampleSource,
     Lease,
+    Lineage,
     PolicyClient,
     PolicyRejected,
     PolicyUnavailable,
+    PublishDeferred,
     SampleSource,
     SourceExhausted,
     TrainerError,
+    WeightsRolledBack,
     collect_leases,
 )
 from trainer.lease_client.samples import (
@@ -38,13 +42,16 @@ __all__ = [
     "FileSampleSource",
     "Lease",
     "LeasedBatch",
+    "Lineage",
     "PolicyClient",
     "PolicyRejected",
     "PolicyUnavailable",
+    "PublishDeferred",
     "SampleSource",
     "SetAside",
     "SourceExhausted",
     "TrainerError",
+    "WeightsRolledBack",
     "collect_leases",
     "iter_batches",
     "leased_batch",

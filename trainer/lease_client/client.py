@@ -4,7 +4,14 @@ A ``SampleSource`` has three calls, mirroring the policy server's admin API (doc
 
     lease(max_samples, wait_s, min_samples)  GET  /v1/samples/lease?max=N&min=M&wait_s=S -> {"lease_id", "samples", "prm_metrics"}
     ack(lease_id)                            POST /v1/samples/ack {"lease_id"}
-    update_weights(model_path, version)      POST /admin/weights/update {"model_path", "weight_version"}
+    update_weights(model_path, version, lineage)
+                                             POST /admin/weights/update {"model_path", "weight_version",
+                                             "parent_version", "sample_count", "sample_id_min", "sample_id_max"}
+
+A push the server refuses with 409 is read against its version ledger (``GET /admin/weights``): when the
+pushed weights descend from a version that was rolled back, ``WeightsRolledBack`` names the restored live
+version (the trainer reloads its checkpoint and pushes from there); otherwise (another version is being
+loaded or on trial as canary) ``PublishDeferred``: the weights stay unpublished until the next checkpoint.
 
 The trainer acks a lease only after the checkpoint that contains its samples is on disk, so a lease
 that is never acked (crash) goes back to the server's pool and is trained exactly once.
@@ -29,13 +36,14 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
 from engine.http_client import CallError, CallRejected, RetryPolicy, bearer_headers, build_sync_http, send_sync
+from engine.records import WeightVersion
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +64,28 @@ class PolicyRejected(TrainerError):
         self.status_code = status_code
 
 
+class PublishDeferred(TrainerError):
+    """The server did not take this push now (another version is loading or on trial); train on, push later."""
+
+
+class WeightsRolledBack(TrainerError):
+    """The pushed weights descend from a rolled-back version: reload ``live`` (the restored version) first."""
+
+    def __init__(self, message: str, live: WeightVersion):
+        super().__init__(message)
+        self.live = live
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Where pushed weights come from: the version they were trained from and the samples trained since."""
+
+    parent_version: str | None = None
+    sample_count: int | None = None
+    sample_id_min: str | None = None
+    sample_id_max: str | None = None
+
+
 class SourceExhausted(TrainerError):
     """A finite source (a samples file) has nothing left to lease."""
 
@@ -74,7 +104,9 @@ class SampleSource(Protocol):
 
     def ack(self, lease_id: str) -> None: ...
 
-    def update_weights(self, model_path: str, weight_version: str) -> dict[str, Any]: ...
+    def update_weights(
+        self, model_path: str, weight_version: str, lineage: Lineage | None = None
+    ) -> dict[str, Any]: ...
 
 
 class PolicyClient:
@@ -93,6 +125,7 @@ class PolicyClient:
     ):
         self.timeout_s = timeout_s
         self.deadline_s = deadline_s
+        self.revoked: set[str] = set()  # sample ids a session deletion revoked (their acks said so)
         self.weight_sync_timeout_s = weight_sync_timeout_s
         self.retry = RetryPolicy(
             max_attempts=max_attempts, initial_backoff_s=0.25, max_backoff_s=8.0, jitter_s=0.25, deadline_s=deadline_s
@@ -139,27 +172,56 @@ class PolicyClient:
         timeout = body.get("lease_timeout_s")
         return Lease(
             lease_id=str(body.get("lease_id") or ""),
-            samples=body.get("samples") or [],
+            samples=[
+                s for s in body.get("samples") or [] if not (isinstance(s, dict) and s.get("sample_id") in self.revoked)
+            ],
             prm_metrics=prm_metrics,
             lease_timeout_s=float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else None,
         )
 
     def ack(self, lease_id: str) -> None:
         # A 4xx raises PolicyRejected; the loop tolerates it only when re-acking after a resume.
-        self._call("POST", "/v1/samples/ack", json={"lease_id": lease_id})
+        body = self._call("POST", "/v1/samples/ack", json={"lease_id": lease_id})
+        # Samples whose session a user deleted while they were leased: the server consumed none of them; they
+        # are dropped here (``revoked``: never counted as trained, skipped should they ever be offered again).
+        revoked = body.get("revoked") if isinstance(body, dict) else None
+        if revoked:
+            self.revoked.update(str(s) for s in revoked)
+            logger.warning("lease %s: %d sample(s) revoked by a session deletion, dropped", lease_id, len(revoked))
 
-    def update_weights(self, model_path: str, weight_version: str) -> dict[str, Any]:
-        body = self._call(
-            "POST",
-            "/admin/weights/update",
-            json={"model_path": model_path, "weight_version": weight_version},
-            read_s=self.weight_sync_timeout_s,
-        )
+    def update_weights(self, model_path: str, weight_version: str, lineage: Lineage | None = None) -> dict[str, Any]:
+        push: dict[str, Any] = {"model_path": model_path, "weight_version": weight_version}
+        if lineage is not None:
+            push.update({k: v for k, v in asdict(lineage).items() if v is not None})
+        try:
+            body = self._call("POST", "/admin/weights/update", json=push, read_s=self.weight_sync_timeout_s)
+        except PolicyRejected as exc:
+            if exc.status_code != 409:
+                raise
+            self._explain_refusal(exc, lineage)
+            raise
         if not isinstance(body, dict):
             raise TrainerError(f"weights update answer is not an object: {str(body)[:200]}")
         if body.get("success") is False:
             raise TrainerError(f"weights update refused: {body}")
         return body
+
+    def weight_ledger(self) -> list[WeightVersion]:
+        """The server's version ledger (``GET /admin/weights``), newest first."""
+        body = self._call("GET", "/admin/weights")
+        if not isinstance(body, dict) or not isinstance(body.get("versions"), list):
+            raise TrainerError(f"weights ledger answer is not {{versions}}: {str(body)[:200]}")
+        return [WeightVersion.model_validate(v, strict=False) for v in body["versions"]]
+
+    def _explain_refusal(self, exc: PolicyRejected, lineage: Lineage | None) -> None:
+        """A 409 on a push: WeightsRolledBack when its parent was rolled back, else PublishDeferred."""
+        ledger = self.weight_ledger()
+        live = next((v for v in ledger if v.state == "live"), None)
+        parent = lineage.parent_version if lineage else None
+        rolled = {v.version for v in ledger if v.state == "rolled_back"}
+        if live is not None and parent in rolled:
+            raise WeightsRolledBack(f"{exc}: restart from the restored version {live.version}", live) from exc
+        raise PublishDeferred(str(exc)) from exc
 
 
 def collect_leases(source: SampleSource, batch_size: int, min_batch: int, wait_s: float) -> list[Lease]:
@@ -219,6 +281,6 @@ class FileSampleSource:
         tmp.write_text(json.dumps({"acked": self.acked}))
         os.replace(tmp, self.state_path)
 
-    def update_weights(self, model_path: str, weight_version: str) -> dict[str, Any]:
+    def update_weights(self, model_path: str, weight_version: str, lineage: Lineage | None = None) -> dict[str, Any]:
         self.weight_updates.append((model_path, weight_version))
         return {"success": True, "weight_version": weight_version, "paused_s": 0.0}

@@ -3,8 +3,8 @@
 Inputs (``collect``): the trainer's out dir (``metrics.jsonl``, later line wins for a step that was redone
 after a crash; ``config.json``), and optionally the policy server's admin API (``GET /v1/samples/stats``
 and the non-consuming ``GET /v1/samples?status=S&limit=N`` for every status the stats list, so reading
-changes nothing for the trainer, and ``GET /admin/feedback``: the newest explicit feedback with the sign of
-the judge's verdict on its turn) and the judge's ``/metrics`` text (judge tokens and votes per turn).
+changes nothing for the trainer, ``GET /admin/feedback``: the newest explicit feedback with the sign of
+the judge's verdict on its turn, and ``GET /admin/weights``: the weight-version ledger and canary test) and the judge's ``/metrics`` text (judge tokens and votes per turn).
 Those reads use engine.http_client's retry policy (transport errors, 408/429 and 5xx retried within a total
 deadline); a service that stays down raises ``engine.http_client.CallError``.
 The summaries below are pure functions of those rows; each is what one plot draws.
@@ -37,6 +37,7 @@ from engine.records import (
     STATUS_TIE,
     SampleState,
 )
+from engine.sequential import ArmStats, interval, rho_for
 
 # The PRM score classes, then every verdict status that carries no score (engine.records), then a sample without one.
 VERDICT_CLASSES = (
@@ -53,6 +54,7 @@ VERDICT_CLASSES = (
 ROWS_PER_STATUS = 4096  # the policy server's default max_lease_size: the most one read may return
 FEEDBACK_ROWS = 4096  # the most GET /admin/feedback returns
 AGREEMENT_WINDOW = 200  # the policy server's default --feedback-agreement-window (its /metrics gauge)
+CANARY_ALPHA = 0.05  # the policy server's default --canary-alpha
 
 
 @dataclass
@@ -64,6 +66,8 @@ class RunData:
     stats: dict[str, Any] | None = None
     judge_metrics: str | None = None
     feedback: list[dict[str, Any]] = field(default_factory=list)  # GET /admin/feedback rows, newest first
+    versions: list[dict[str, Any]] = field(default_factory=list)  # GET /admin/weights: the ledger, newest first
+    comparison: dict[str, Any] | None = None  # GET /admin/weights: the canary test now (None: no canary)
     notes: list[str] = field(default_factory=list)
     skipped_steps: int = 0  # batches that had no gradient (skipped_steps.jsonl): no optimizer step, no publish
 
@@ -111,6 +115,8 @@ def collect(
                     data.notes.append(f"{n} samples are {status}: the plots use the oldest {ROWS_PER_STATUS}")
             got = send_sync(c, "GET", "/admin/feedback", policy=retry, params={"limit": FEEDBACK_ROWS})
             data.feedback = got.json()["feedback"]
+            ledger = send_sync(c, "GET", "/admin/weights", policy=retry).json()
+            data.versions, data.comparison = ledger["versions"], ledger.get("comparison")
             if len(data.feedback) >= FEEDBACK_ROWS:
                 data.notes.append(f"the judge/feedback agreement uses the newest {FEEDBACK_ROWS} feedback")
     else:
@@ -253,3 +259,50 @@ def agreement_series(feedback: list[dict[str, Any]], window: int = AGREEMENT_WIN
         recent = list(latest.values())[-window:]
         points.append(((r["created_at"] - ordered[0]["created_at"]) / 60.0, sum(recent) / len(recent)))
     return points
+
+
+def version_timeline(versions: list[dict[str, Any]], now_s: float) -> dict[str, list[tuple[float, float]]]:
+    """One horizontal segment per ledger version (y: its place in creation order), from when it was made to when
+    its state last changed (to ``now_s`` while it is live or canary); x in minutes since the first version."""
+    ordered = sorted(versions, key=lambda v: v["created_at"])
+    if not ordered:
+        return {}
+    t0 = ordered[0]["created_at"]
+    out: dict[str, list[tuple[float, float]]] = {}
+    for i, v in enumerate(ordered):
+        end = now_s if v["state"] in ("live", "canary") else v["updated_at"]
+        out[f"{v['version']} ({v['state']})"] = [((v["created_at"] - t0) / 60, float(i)), ((end - t0) / 60, float(i))]
+    return out
+
+
+def session_reward_intervals(
+    rows: list[dict[str, Any]], order: list[str], alpha: float = CANARY_ALPHA
+) -> tuple[list[str], dict[str, list[tuple[float, float]]]]:
+    """Per weight version (in ``order``, then any other): the mean per-session judge reward and the canary test's
+    always-valid interval (engine.sequential, level ``1 - alpha / 2`` per arm as the test uses it). A session
+    counts once, as the mean of its turns' ok/tie verdicts, and only when all its samples share one version."""
+    by_session: dict[str, tuple[set[str], list[float]]] = {}
+    for r in rows:
+        s = r.get("sample") or {}
+        versions, values = by_session.setdefault(str(r.get("session_id")), (set(), []))
+        if s.get("weight_version"):
+            versions.add(str(s["weight_version"]))
+        prm = s.get("prm") or {}
+        if prm.get("status") == STATUS_OK and isinstance(prm.get("score"), (int, float)):
+            values.append(float(prm["score"]))
+        elif prm.get("status") == STATUS_TIE:
+            values.append(0.0)
+    arms: dict[str, ArmStats] = {}
+    for versions, values in by_session.values():
+        if len(versions) == 1 and values:
+            v = next(iter(versions))
+            arms[v] = arms.get(v, ArmStats()).add(sum(values) / len(values))
+    names = [v for v in order if v in arms] + sorted(set(arms) - set(order), key=version_key)
+    rho = rho_for(50, alpha / 2)
+    series: dict[str, list[tuple[float, float]]] = {"mean": [], "lo": [], "hi": []}
+    for i, v in enumerate(names):
+        iv = interval(arms[v], alpha / 2, rho)
+        series["mean"].append((float(i), arms[v].mean))
+        series["lo"].append((float(i), iv.lo))
+        series["hi"].append((float(i), iv.hi))
+    return names, series

@@ -30,6 +30,8 @@ PLOTS = (
     "ppo_advantages",
     "trainer_throughput",
     "trainer_tokens_per_turn",
+    "version_timeline",
+    "version_session_reward",
 )
 
 CSS = (
@@ -54,7 +56,33 @@ def _plots(data: d.RunData) -> dict[str, str]:
     token_tasks, tokens = d.judge_tokens_per_turn(data.judge_metrics)
     ordered = sorted(by_version, key=d.version_key)
     agreement = d.agreement_series(data.feedback)
+    ledger_order = [v["version"] for v in sorted(data.versions, key=lambda v: v["created_at"])]
+    states = {v["version"]: v["state"] for v in data.versions}
+    reward_versions, reward_series = d.session_reward_intervals(rows, ledger_order)
     return {
+        "version_timeline": _figure(
+            "version_timeline",
+            line_chart("Weight version timeline", d.version_timeline(data.versions, time.time()), x_label="minutes"),
+            "Each version of the ledger (GET /admin/weights) from when it was pushed to its last state change "
+            "(still running: live or canary); the legend names its state now.",
+        ),
+        "version_session_reward": _figure(
+            "version_session_reward",
+            line_chart(
+                "Per-session reward by version, always-valid interval",
+                reward_series,
+                x_label="version #: "
+                + ", ".join(f"{i}={v} ({states.get(v, '?')})" for i, v in enumerate(reward_versions))[:90],
+            ),
+            "Mean judge reward per session of each version with the canary test's confidence sequence "
+            "(engine.sequential): canary vs live is the gap between two versions' bands. "
+            + (
+                f"Canary now: canary - live in [{data.comparison['diff_lo']:.3f}, {data.comparison['diff_hi']:.3f}], "
+                f"decision {data.comparison['decision']}."
+                if data.comparison
+                else "No canary now."
+            ),
+        ),
         "reward_per_step": _figure(
             "reward_per_step",
             line_chart("Mean reward per trained step", d.step_series(steps, "reward_mean")),
@@ -185,7 +213,8 @@ def render(data: d.RunData) -> str:
         ("Reward and verdicts", PLOTS[:4]),
         ("Samples", PLOTS[4:6]),
         ("Judge cost", PLOTS[6:8]),
-        ("PPO", PLOTS[8:]),
+        ("PPO", PLOTS[8:14]),
+        ("Weight versions", PLOTS[14:]),
     ]
     body = "".join(
         f'<h2>{escape(title)}</h2><div class="grid">{"".join(plots[n] for n in names)}</div>'

@@ -103,7 +103,7 @@ class ChatReply:
                 metadata=extras.metadata,
                 hindsight=fields.hindsight_extension(res.weight_version, turn.sid),
             ),
-            headers=fields.hindsight_headers(res.weight_version, turn.sid),
+            headers=fields.hindsight_headers(res.weight_version, turn.sid, turn.deletion_token),
         )
 
     async def respond(self, request: Request) -> Response:
@@ -150,7 +150,10 @@ class ChatReply:
         )
         # The background task runs after the body ends or the client left (Starlette cancels the body on
         # http.disconnect, then runs it): closing the iterator there runs its finally in every case.
-        headers = {"Cache-Control": "no-cache", **fields.hindsight_headers(turn.res.weight_version, turn.sid)}
+        headers = {
+            "Cache-Control": "no-cache",
+            **fields.hindsight_headers(turn.res.weight_version, turn.sid, turn.deletion_token),
+        }
         return StreamingResponse(
             events,
             media_type="text/event-stream",

@@ -21,6 +21,7 @@ policy_server.serving.undelivered.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -37,6 +38,7 @@ from policy_server.api.chat.answer import ChatCall, ChatReply
 from policy_server.errors import InvalidRequest
 from policy_server.serving.chat_turn import ChatInput
 from policy_server.serving.identity import SessionHint, session_hint
+from policy_server.serving.opt_out import BadTrainHeader, train_choice
 from policy_server.serving.undelivered import DISCONNECT_REASON as DISCONNECT_REASON
 from policy_server.serving.undelivered import reject_turn as _reject_turn  # noqa: F401  # tests reach it here
 from policy_server.state import PolicyState
@@ -97,7 +99,12 @@ def request_session(
     policy_server.serving.identity holds for all of them."""
     typed = "x-turn-type" in request.headers or "turn_type" in body
     sid, turn_type, done = session_info(request, body, default_turn_type)
-    return session_hint(request.headers, body, sid), turn_type, typed, done
+    hint = session_hint(request.headers, body, sid)
+    try:
+        train = train_choice(request.headers, hint.key)
+    except BadTrainHeader as exc:
+        raise InvalidRequest(str(exc), param="X-Hindsight-Train") from None
+    return dataclasses.replace(hint, train=train), turn_type, typed, done
 
 
 def _chat_input(
@@ -128,18 +135,20 @@ def _chat_input(
     extras = fields.parse_extras(body)
     sp = oa.sampling_params(req, st.settings.default_max_tokens, st.settings.default_temperature)
     forced = fields.apply_constraints(extras, sp, req.tools, req.tool_choice, st.generator.family.tool_call_parser)
+    tools_active = bool(req.tools) and req.tool_choice != "none"
     fields.apply_extras(
         extras,
         sp,
         vocab_size=len(st.generator.tokenizer),
         forced_tools=forced,
-        tools=bool(req.tools) and req.tool_choice != "none",
+        tools=tools_active,
         behind_router=st.settings.engine_url not in st.settings.engine_worker_urls,
+        keep_special_tokens=st.generator.family.keeps_special_tokens(tools_active),
     )
     turn = ChatInput(
         messages=messages,
         tools=req.tools,
-        template_kwargs=fields.chat_template_kwargs(extras),
+        template_kwargs=fields.chat_template_kwargs(extras, st.generator.family.reasoning_switch),
         top_logprobs_num=extras.top_logprobs or 0,
         sp=sp,
         forced=forced,
@@ -155,9 +164,7 @@ def _chat_input(
 
 @router.post(
     "/v1/chat/completions",
-    openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": fields.chat_request_schema()}}}
-    },
+    openapi_extra=oa.json_request_body(fields.chat_request_schema()),
     responses=oa.CHAT_RESPONSES,
 )
 async def chat_completions(request: Request) -> Response:

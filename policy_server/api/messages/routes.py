@@ -44,12 +44,7 @@ MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 @router.post(
     MESSAGES_PATH,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": oa.request_schema(ms.MessagesRequest)}},
-        }
-    },
+    openapi_extra=oa.json_request_body(oa.request_schema(ms.MessagesRequest)),
     responses=MESSAGES_RESPONSES,
 )
 async def create_message(request: Request) -> Response:
@@ -91,13 +86,9 @@ async def create_message(request: Request) -> Response:
 
 @router.post(
     COUNT_TOKENS_PATH,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            # No session fallbacks: a count is no turn of any session.
-            "content": {"application/json": {"schema": oa.body_schema(ms.MessagesPrompt)}},
-        }
-    },
+    response_model=TokenCount,
+    # No session fallbacks: a count is no turn of any session.
+    openapi_extra=oa.json_request_body(oa.body_schema(ms.MessagesPrompt)),
     responses={**dict.fromkeys((400, 401, 404, 413, 429), _ERROR)},
 )
 async def count_message_tokens(request: Request) -> TokenCount:

@@ -11,8 +11,9 @@ Contract (``POST /v1/messages``, as the typed models in ``anthropic.types`` desc
 - ``tools`` carry ``input_schema``; ``tool_choice`` is auto, any (a call is required), tool (that tool is
   forced, decoded under its schema as on chat) or none; ``disable_parallel_tool_use`` is
   ``parallel_tool_calls: false``. ``max_tokens`` is required; ``stop_sequences``, ``temperature``, ``top_p``,
-  ``metadata.user_id`` and ``thinking`` (disabled renders the prompt with thinking off) are honoured; any
-  other field is a 400 naming it.
+  ``metadata.user_id`` and ``thinking`` (``reasoning_effort`` ``none`` when disabled, ``medium`` when enabled,
+  through the template's own switch; adaptive leaves the template's default) are honoured; any other field is a
+  400 naming it.
 - The answer's content lists a ``thinking`` block (the model's ``<think>`` text, empty signature), a ``text``
   block and one ``tool_use`` block per call (``id`` is the chat tool-call id, ``input`` the parsed
   arguments). ``stop_reason`` is ``tool_use``, ``max_tokens``, ``stop_sequence`` (with the matched
@@ -205,8 +206,9 @@ def prompt_body(req: MessagesPrompt) -> dict[str, Any]:
             raise InvalidRequest("tool_choice must be auto, any, none or {type: tool, name}", param="tool_choice")
         if choice.get("disable_parallel_tool_use") is True and kind != "none":
             body["parallel_tool_calls"] = False
-    if req.thinking is not None and req.thinking.type == "disabled":
-        body["reasoning_effort"] = "none"
+    if req.thinking is not None and req.thinking.type != "adaptive":
+        # Through the template's own reasoning switch (engine.chat_families): off, or on at the usual level.
+        body["reasoning_effort"] = "none" if req.thinking.type == "disabled" else "medium"
     return body
 
 

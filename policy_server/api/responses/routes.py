@@ -45,7 +45,9 @@ from policy_server.api.responses import output as ro
 from policy_server.api.responses import shapes as rs
 from policy_server.api.responses.stream import ResponseEvents, response_events
 from policy_server.errors import NotFound
+from policy_server.serving.opt_out import NONE
 from policy_server.state import PolicyState
+from policy_server.store.rows import StoredResponse
 
 router = APIRouter()
 
@@ -68,7 +70,7 @@ async def previous_response(st: PolicyState, response_id: str) -> tuple[list[dic
         raise NotFound(str(exc), param="previous_response_id") from None
     if stored is None:
         raise NotFound(f"previous response with id {clip(response_id)} not found", param="previous_response_id")
-    return stored["conversation"], stored["session_id"]
+    return stored.conversation, stored.session_id
 
 
 def chain_instructions(st: PolicyState, response_id: str, conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -99,12 +101,7 @@ def _assistant(message: dict[str, Any]) -> dict[str, Any]:
 
 @router.post(
     "/v1/responses",
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": oa.request_schema(rs.ResponsesRequest)}},
-        }
-    },
+    openapi_extra=oa.json_request_body(oa.request_schema(rs.ResponsesRequest)),
     responses=RESPONSES_RESPONSES,
 )
 async def create_response(request: Request) -> Response:
@@ -135,9 +132,12 @@ async def create_response(request: Request) -> Response:
     )
 
     async def store(message: dict[str, Any]) -> None:
-        if req.store:
+        if req.store and session.hint.train != NONE:  # "store nothing" keeps no answer either
             added = [*new_messages, _assistant(message)]  # what this answer adds to the stored chain
-            await asyncio.to_thread(st.store.put_response, rid, answer.turn.sid, req.previous_response_id, added)
+            if st.secrets is not None:
+                added = (await asyncio.to_thread(st.secrets.redact, added))[0]
+            stored = StoredResponse(rid, answer.turn.sid, req.previous_response_id, added)
+            await asyncio.to_thread(st.store.put_response, stored)
 
     if answer.chunks is not None:
         events = ResponseEvents(build, hexid, logprobs=rs.LOGPROBS_INCLUDE in (req.include or []))

@@ -1,6 +1,8 @@
 """A leased :class:`engine.records.Sample` as per-sample torch tensors, for trainers that pad and batch
 themselves (verl, slime); our own trainer pads a whole step at once with :func:`trainer.batch.collate`,
-re-exported here as :func:`collate` so both read the same layout.
+re-exported here as :func:`collate` so both read the same layout. It lives with the trainer, not in the lease
+client, because it is the trainer's own reading of a sample (its structural check and its OPD advantage): the
+lease client stays importable alone, without torch and without the trainer.
 
 Layout (one sample, T response ids, response-aligned):
 
@@ -14,7 +16,7 @@ Layout (one sample, T response ids, response-aligned):
   none); zeros when the sample has neither, with ``has_reward`` false;
 - ``opd_advantages`` (T,) float or None: teacher - rollout log-prob on trained tokens (0 elsewhere), the
   on-policy-distillation advantage of trainer.advantages.opd_advantages with the rollout as old policy;
-- ``w_rl`` / ``w_opd``: the combine weights the sample carries; ``oldest_version``: see samples.staleness.
+- ``w_rl`` / ``w_opd``: the combine weights the sample carries; ``oldest_version``: see trainer.lease_client.samples.staleness.
 
 The structural check is the trainer's own (trainer.batch.check_sample): a sample that fails it raises
 :class:`SampleUnusable` with the same reason, never a tensor of made-up values.

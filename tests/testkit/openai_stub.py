@@ -1,6 +1,7 @@
-"""A minimal OpenAI-compatible chat endpoint WITHOUT ``n`` and WITHOUT output constraints, for judge tests.
+"""A minimal OpenAI-compatible chat endpoint WITHOUT ``n`` and WITHOUT output constraints, for judge tests, and
+:func:`start_openai_stub`, which starts it as a process the way the test kit starts every server.
 
-``python -m tests.judge.openai_stub --port N --calls FILE``: ``POST /v1/chat/completions`` answers ONE choice
+``python -m tests.testkit.openai_stub --port N --calls FILE``: ``POST /v1/chat/completions`` answers ONE choice
 whatever ``n`` asks; a body with ``regex``, ``structured_outputs`` or ``guided_regex`` is refused 400 the way
 OpenAI refuses an unknown argument. The first answer to a judge prompt has no verdict; an answer to a re-ask
 (the conversation's last message comes after an assistant message) carries ``\\boxed{1}`` and, for a hint
@@ -11,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+
+from tests.testkit.procs import ManagedProcess, free_port, start_process
 
 HINT = "Check which folder the user means before renaming."
 
@@ -66,6 +71,16 @@ def create_app(calls_path: str) -> FastAPI:
         )
 
     return app
+
+
+def start_openai_stub(log_dir: Path, calls_path: Path, name: str = "openai-stub") -> ManagedProcess:
+    """The stub on a 127.0.0.1 ephemeral port, ready; every request body it gets is a JSON line of ``calls_path``
+    (also ``extra["calls"]``)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "tests.testkit.openai_stub", "--port", str(port), "--calls", str(calls_path)]
+    mp = start_process(name, cmd, url=f"http://127.0.0.1:{port}", log_dir=log_dir)
+    mp.extra["calls"] = calls_path
+    return mp
 
 
 if __name__ == "__main__":

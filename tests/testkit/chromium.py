@@ -2,8 +2,8 @@
 what rendered: each ``figure.plot``'s size, its ``.mark`` count, how many pixels of its screenshot differ
 from the background, and every console error / uncaught exception / error log entry of the page.
 
-Used by the run-report tests (``check_rendered``: every plot of ``trainer.report.page.PLOTS`` rendered). Chromium runs in its own session with a private profile; ``stop`` ends only
-that process group.
+Used by the run-report and dev-stack tests (``check_rendered``: every plot of ``trainer.report.page.PLOTS``
+rendered). Chromium runs in its own session with a private profile; ``stop`` ends only that process group.
 """
 
 from __future__ import annotations

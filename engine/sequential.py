@@ -1,0 +1,121 @@
+"""The always-valid comparison of a canary weight version against the live one, on per-session rewards.
+
+Role: decide, after every judged session, whether a new version is worse than the live one (roll back),
+not worse (promote), or not known yet (keep testing), with error rates that hold however often it looks.
+
+Data: one reward per session (the unit that is independent across users; the turns of one session are not),
+in [-1, 1]: the mean of the session's main-turn judge verdicts and explicit feedback values
+(policy_server.store.version_rewards). Each arm keeps only its count and sum (:class:`ArmStats`).
+
+Test: a confidence sequence for each arm's mean from Robbins' normal mixture (Howard, Ramdas, McAuliffe and
+Sekhon 2021, "Time-uniform, nonparametric, nonasymptotic confidence sequences", eq. (14)): a reward in
+[-1, 1] is 1-sub-Gaussian around its mean, so with S_n the centred sum and V_n = n,
+
+    P( exists n >= 1 : |S_n| >= sqrt((V_n + rho) * (log((V_n + rho) / rho) + 2 log(1 / a))) ) <= a
+
+(Ville's inequality on the mixture supermartingale). Each arm gets a = alpha / 2, so with probability at
+least 1 - alpha BOTH sequences cover their means at every n simultaneously, and then
+[lo_canary - hi_live, hi_canary - lo_live] covers the difference d = mean_canary - mean_live at every
+moment, whatever the arms' sample sizes and however they grew.
+
+Decisions (:func:`decide`), from that interval:
+
+- ``rollback`` when its upper end is below 0 (the canary is worse): if d >= 0, this happens at ANY time with
+  probability at most alpha (the false-alarm guarantee, tested by simulation in tests/unit);
+- ``promote`` when its lower end is above ``-margin`` and the canary has ``min_sessions``: if d <= -margin,
+  this happens with probability at most alpha;
+- ``continue`` otherwise; ``max_sessions`` (if set) ends the trial as ``rollback`` (an undecided canary is
+  not shown to be safe: the cautious default), which only ever adds rollbacks.
+
+``rho`` tunes where the boundary is tightest; :func:`rho_for` picks it for an expected trial length.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+Decision = Literal["continue", "promote", "rollback"]
+REWARD_LO, REWARD_HI = -1.0, 1.0
+SIGMA = (REWARD_HI - REWARD_LO) / 2  # Hoeffding: a variable in [lo, hi] is (hi - lo) / 2 sub-Gaussian
+
+
+@dataclass(frozen=True)
+class ArmStats:
+    """One arm's sessions: their count and the sum of their rewards (each clipped to [-1, 1])."""
+
+    n: int = 0
+    total: float = 0.0
+
+    def add(self, reward: float) -> ArmStats:
+        return ArmStats(self.n + 1, self.total + min(REWARD_HI, max(REWARD_LO, reward)))
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.n if self.n else 0.0
+
+
+@dataclass(frozen=True)
+class Interval:
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The state of a trial: each arm's interval, the interval for canary minus live, and the decision."""
+
+    canary: ArmStats
+    live: ArmStats
+    canary_interval: Interval
+    live_interval: Interval
+    diff: Interval
+    decision: Decision
+
+
+def radius(n: int, alpha: float, rho: float) -> float:
+    """Half-width of the time-uniform (level ``1 - alpha``) confidence sequence for a mean of ``n`` rewards in
+    [-1, 1] (infinite at n = 0)."""
+    if n <= 0:
+        return math.inf
+    v = SIGMA * SIGMA * n
+    return math.sqrt((v + rho) * (math.log((v + rho) / rho) + 2 * math.log(1 / alpha))) / n
+
+
+def interval(arm: ArmStats, alpha: float, rho: float) -> Interval:
+    r = radius(arm.n, alpha, rho)
+    return Interval(max(REWARD_LO, arm.mean - r), min(REWARD_HI, arm.mean + r))
+
+
+def rho_for(n_sessions: int, alpha: float) -> float:
+    """The mixture parameter that makes the boundary tightest at ``n_sessions`` (a search over a log grid: the
+    radius is smooth and unimodal in rho)."""
+    grid = [10 ** (k / 20) for k in range(-40, 81)]  # 0.01 .. 10_000
+    return min(grid, key=lambda rho: radius(n_sessions, alpha, rho))
+
+
+def decide(
+    canary: ArmStats,
+    live: ArmStats,
+    *,
+    alpha: float,
+    margin: float,
+    min_sessions: int,
+    max_sessions: int | None = None,
+    rho: float,
+) -> Comparison:
+    """Compare the arms now (see the module docstring for the rule and its guarantees)."""
+    if not 0 < alpha < 1:
+        raise ValueError("alpha must be in (0, 1)")
+    ci = interval(canary, alpha / 2, rho)
+    li = interval(live, alpha / 2, rho)
+    diff = Interval(ci.lo - li.hi, ci.hi - li.lo)
+    decision: Decision = "continue"
+    if diff.hi < 0:
+        decision = "rollback"
+    elif diff.lo > -margin and canary.n >= min_sessions:
+        decision = "promote"
+    elif max_sessions is not None and canary.n >= max_sessions:
+        decision = "rollback"
+    return Comparison(canary, live, ci, li, diff, decision)

@@ -1,0 +1,302 @@
+"""The weight-version ledger (a Store role class): every version the engines were given, and its state.
+
+Role: the shared, durable record of which weights serve traffic, so every replica and every restart (even
+after ``kill -9``) agrees on it. One row per version (:class:`~engine.records.WeightVersion`): its
+checkpoint and parent, the samples it was trained on, when it was made, its state and why it changed.
+
+State machine (each arrow one transaction):
+
+- :meth:`add_version`: a push is recorded ``candidate`` while its weights load. At most one version is
+  pending (``candidate`` or ``canary``) at a time, enforced by a unique index, so of two concurrent pushes
+  at any replicas one gets :class:`VersionConflict`. A push naming a ``parent`` must descend from the
+  ``live`` version: after a rollback the trainer's next push is refused until it restarts from the
+  restored weights (code ``weights_rolled_back``).
+- :meth:`finish_push`: ``candidate -> canary`` (it must prove itself) or ``candidate -> live`` (the previous
+  live one becomes ``retired``); :meth:`drop_candidate` forgets a candidate whose weights did not load.
+- :meth:`promote`: ``canary -> live``, the previous live one ``retired``.
+- :meth:`roll_back`: the target (``live`` or ``retired``) becomes ``live``; every live or canary version
+  made after it becomes ``rolled_back``. Samples of a rolled-back version are flagged when leased.
+
+Session pins (safe updates): :meth:`pin_session` records, once, the version a session's first turn was served
+by; every replica then routes the session's turns to that version while it is served. :meth:`session_rewards`
+reads what the canary test counts: per finished, fully judged session of a version, the mean of its turns'
+judge verdicts (the stored PRM verdict: its score when ok, 0 for a tie) and its explicit feedback values. A
+session with a turn sampled by another version (it outlived its version) is not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from engine.records import SampleState, SessionReward, VersionState, WeightVersion
+from policy_server.store.base import StoreDB
+from policy_server.store.feedback_rule import judge_reward
+
+_COLUMNS = (
+    "version, checkpoint, parent, state, created_at, updated_at, sample_count, sample_id_min, sample_id_max, note"
+)
+PENDING_STATES: tuple[VersionState, ...] = ("candidate", "canary")
+
+
+class VersionConflict(ValueError):
+    """A ledger change the current state refuses (HTTP 409); ``code`` names why."""
+
+    def __init__(self, message: str, code: str):
+        super().__init__(message)
+        self.code = code
+
+
+class UnknownVersion(LookupError):
+    """No ledger row has that version (HTTP 404)."""
+
+
+def _version(row: Any) -> WeightVersion:
+    return WeightVersion(**dict(row))
+
+
+class StoreVersions(StoreDB):
+    """The ledger's reads and transitions (see the module docstring)."""
+
+    def list_versions(self, limit: int = 100) -> list[WeightVersion]:
+        """The newest ``limit`` versions, newest first."""
+        with self._read() as db:
+            rows = db.execute(f"SELECT {_COLUMNS} FROM weight_versions ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
+        return [_version(r) for r in rows]
+
+    def get_version(self, version: str) -> WeightVersion | None:
+        with self._read() as db:
+            row = db.execute(f"SELECT {_COLUMNS} FROM weight_versions WHERE version=?", (version,)).fetchone()
+        return None if row is None else _version(row)
+
+    def version_in_state(self, state: VersionState) -> WeightVersion | None:
+        """The newest version in ``state`` (there is at most one ``live`` and one pending version)."""
+        with self._read() as db:
+            row = db.execute(
+                f"SELECT {_COLUMNS} FROM weight_versions WHERE state=? ORDER BY seq DESC LIMIT 1", (state,)
+            ).fetchone()
+        return None if row is None else _version(row)
+
+    def rolled_back_versions(self) -> set[str]:
+        """Every version that was rolled back (their samples are flagged when leased)."""
+        with self._read() as db:
+            rows = db.execute("SELECT version FROM weight_versions WHERE state='rolled_back'").fetchall()
+        return {r[0] for r in rows}
+
+    def ensure_live(self, version: str, checkpoint: str) -> WeightVersion:
+        """At startup: the ledger's live version, recording the engines' current weights as live when the ledger
+        has none yet (a new store, or one from before the ledger)."""
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute(
+                f"SELECT {_COLUMNS} FROM weight_versions WHERE state='live' ORDER BY seq DESC LIMIT 1{self._for_update}"
+            ).fetchone()
+            if row is not None:
+                return _version(row)
+            db.execute(
+                "INSERT INTO weight_versions (version, seq, checkpoint, state, created_at, updated_at, note) "
+                "SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, 'live', ?, ?, ? FROM weight_versions WHERE 1 = 1 ON CONFLICT DO NOTHING",
+                (version, checkpoint, now, now, "the engines' weights when the ledger started"),
+            )
+            row = db.execute(f"SELECT {_COLUMNS} FROM weight_versions WHERE version=?", (version,)).fetchone()
+        return _version(row)
+
+    def add_version(self, push: WeightVersion, *, stale_after_s: float) -> WeightVersion:
+        """Record a push as ``candidate`` (one transaction), or raise :class:`VersionConflict`: another version is
+        pending (``update_in_progress`` / ``canary_in_progress``), the version exists (``version_exists``), or its
+        parent is not the live version (``weights_rolled_back`` when the parent was rolled back, else
+        ``parent_not_live``). A candidate older than ``stale_after_s`` (its pusher died mid-load) is dropped first."""
+        now = time.time()
+        with self._tx() as db:
+            db.execute("DELETE FROM weight_versions WHERE state='candidate' AND created_at < ?", (now - stale_after_s,))
+            same = db.execute("SELECT state FROM weight_versions WHERE version=?", (push.version,)).fetchone()
+            if same is not None:
+                raise VersionConflict(f"version {push.version} exists ({same['state']})", "version_exists")
+            pending = db.execute("SELECT version, state FROM weight_versions WHERE pending=1").fetchone()
+            if pending is not None:
+                kind = "canary" if pending["state"] == "canary" else "update"
+                raise VersionConflict(
+                    f"version {pending['version']} is {pending['state']}: promote or roll it back first"
+                    if kind == "canary"
+                    else f"version {pending['version']} is being loaded; retry when it is done",
+                    f"{kind}_in_progress",
+                )
+            if push.parent is not None:
+                parent = db.execute("SELECT state FROM weight_versions WHERE version=?", (push.parent,)).fetchone()
+                live = db.execute("SELECT version FROM weight_versions WHERE state='live'").fetchone()
+                if parent is not None and parent["state"] != "live":
+                    rolled = parent["state"] == "rolled_back"
+                    raise VersionConflict(
+                        f"parent version {push.parent} is {parent['state']}; the live version is "
+                        f"{live['version'] if live else None}: reload its weights before pushing",
+                        "weights_rolled_back" if rolled else "parent_not_live",
+                    )
+            inserted = db.execute(
+                "INSERT INTO weight_versions (version, seq, checkpoint, parent, state, pending, created_at, "
+                "updated_at, sample_count, sample_id_min, sample_id_max) "
+                "SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, 'candidate', 1, ?, ?, ?, ?, ? FROM weight_versions "
+                "WHERE 1 = 1 ON CONFLICT DO NOTHING",  # WHERE: SQLite parses ON after a bare SELECT as a join
+                (
+                    push.version,
+                    push.checkpoint,
+                    push.parent,
+                    now,
+                    now,
+                    push.sample_count,
+                    push.sample_id_min,
+                    push.sample_id_max,
+                ),
+            ).rowcount
+            if not inserted:  # the version exists, or a concurrent push became pending first
+                raise VersionConflict(
+                    f"version {push.version} exists or another push is in progress", "update_in_progress"
+                )
+            row = db.execute(f"SELECT {_COLUMNS} FROM weight_versions WHERE version=?", (push.version,)).fetchone()
+        return _version(row)
+
+    def finish_push(self, version: str, state: VersionState, note: str) -> WeightVersion:
+        """The candidate's weights loaded: it becomes ``canary`` or ``live`` (the previous live one ``retired``).
+
+        In the same transaction, every consumed sample whose ack named no version is recorded as trained into this
+        one (the audit's ``trained_weight_version``): a trainer acks a step's samples after its checkpoint and then
+        pushes those weights, so the first version loaded after an ack holds that ack's samples."""
+        if state not in ("canary", "live"):
+            raise ValueError(f"a loaded candidate becomes canary or live, not {state}")
+        with self._tx() as db:
+            if state == "live":
+                self._retire_live(db, note=f"replaced by {version}")
+            done = self._set(db, version, state, note, expect=("candidate",))
+            db.execute(
+                "UPDATE samples SET trained_weight_version=? WHERE status=? AND trained_weight_version IS NULL",
+                (version, SampleState.CONSUMED),
+            )
+            return done
+
+    def drop_candidate(self, version: str) -> None:
+        """A candidate whose weights did not load never served: forget it."""
+        with self._tx() as db:
+            db.execute("DELETE FROM weight_versions WHERE version=? AND state='candidate'", (version,))
+
+    def promote(self, note: str) -> WeightVersion:
+        """``canary -> live`` (the previous live one ``retired``); :class:`VersionConflict` (``no_canary``) without one."""
+        with self._tx() as db:
+            row = db.execute(f"SELECT version FROM weight_versions WHERE state='canary'{self._for_update}").fetchone()
+            if row is None:
+                raise VersionConflict("no version is canary: nothing to promote", "no_canary")
+            self._retire_live(db, note=f"replaced by {row['version']}")
+            return self._set(db, row["version"], "live", note, expect=("canary",))
+
+    def roll_back(self, to: str, note: str) -> list[WeightVersion]:
+        """Make ``to`` live again and every live or canary version made after it ``rolled_back`` (one transaction);
+        returns the changed rows, ``to`` first. :class:`UnknownVersion` for a version never recorded,
+        :class:`VersionConflict` (``not_restorable``) for one that is not live or retired."""
+        with self._tx() as db:
+            target = db.execute(
+                f"SELECT seq, state FROM weight_versions WHERE version=?{self._for_update}", (to,)
+            ).fetchone()
+            if target is None:
+                raise UnknownVersion(f"no weight version {to!r} in the ledger")
+            if target["state"] not in ("live", "retired"):
+                raise VersionConflict(
+                    f"version {to} is {target['state']}: only a live or retired version can be restored",
+                    "not_restorable",
+                )
+            newer = db.execute(
+                "SELECT version FROM weight_versions WHERE seq > ? AND state IN ('live', 'canary') ORDER BY seq",
+                (target["seq"],),
+            ).fetchall()
+            if target["state"] == "live":  # already live (a canary is dropped): its own note stays
+                row = db.execute(f"SELECT {_COLUMNS} FROM weight_versions WHERE version=?", (to,)).fetchone()
+                changed = [_version(row)]
+            else:
+                changed = [self._set(db, to, "live", note, expect=("retired",))]
+            for r in newer:
+                changed.append(self._set(db, r["version"], "rolled_back", note, expect=("live", "canary")))
+        return changed
+
+    # ------------------------------------------------------------------ session pins and their rewards
+    def pin_session(self, session_id: str, version: str) -> str:
+        """The version ``session_id`` is pinned to: ``version`` when the session had no pin yet (one transaction;
+        of two replicas pinning at once the first wins and both get its pin)."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO session_pins (session_id, version, pinned_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                (session_id, version, time.time()),
+            )
+            row = db.execute("SELECT version FROM session_pins WHERE session_id=?", (session_id,)).fetchone()
+        return str(row[0])
+
+    def session_pin(self, session_id: str) -> str | None:
+        with self._read() as db:
+            row = db.execute("SELECT version FROM session_pins WHERE session_id=?", (session_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def open_pinned_sessions(self, version: str, active_since: float) -> int:
+        """Sessions pinned to ``version`` that are not done and were active after ``active_since`` (a session whose
+        first turn is still being generated has a pin and no row yet: it counts as open)."""
+        with self._read() as db:
+            row = db.execute(
+                "SELECT COUNT(*) FROM session_pins p LEFT JOIN sessions x ON x.session_id = p.session_id "
+                "WHERE p.version=? AND (x.session_id IS NULL OR x.done=0) "
+                "AND COALESCE(x.last_activity, p.pinned_at) >= ?",
+                (version, active_since),
+            ).fetchone()
+        return int(row[0])
+
+    def session_rewards(
+        self, version: str, *, since: float = 0.0, before: float | None = None, limit: int = 10_000
+    ) -> list[SessionReward]:
+        """The newest ``limit`` finished sessions pinned to ``version`` between ``since`` and ``before`` (pin
+        times) whose turns are all judged and all sampled by ``version``, with at least one reward signal."""
+        with self._read() as db:
+            pins = db.execute(
+                "SELECT p.session_id, p.pinned_at FROM session_pins p JOIN sessions x ON x.session_id = p.session_id "
+                "WHERE p.version=? AND p.pinned_at >= ? AND p.pinned_at < ? AND x.done=1 "
+                "AND NOT EXISTS (SELECT 1 FROM samples s WHERE s.session_id = p.session_id "
+                "AND s.status IN ('pending_judge', 'pending_score')) "
+                "ORDER BY p.pinned_at DESC LIMIT ?",
+                (version, since, before if before is not None else 1e300, limit),
+            ).fetchall()
+            out = []
+            for pin in pins:
+                sid = pin["session_id"]
+                rows = db.execute("SELECT data FROM samples WHERE session_id=?", (sid,)).fetchall()
+                values: list[float] = []
+                mixed = False
+                for r in rows:
+                    sample = json.loads(r["data"]) if r["data"] else {}
+                    versions = {sample.get("weight_version"), *(sample.get("weight_versions") or [])} - {None}
+                    mixed = mixed or bool(versions - {version})
+                    j = judge_reward(sample.get("prm"))
+                    if j is not None:
+                        values.append(j)
+                feedback = db.execute("SELECT value FROM feedback WHERE session_id=?", (sid,)).fetchall()
+                values += [float(f[0]) for f in feedback]
+                if mixed or not values:
+                    continue
+                reward = max(-1.0, min(1.0, sum(values) / len(values)))
+                out.append(
+                    SessionReward(
+                        session_id=sid, version=version, reward=reward, signals=len(values), pinned_at=pin["pinned_at"]
+                    )
+                )
+        return out
+
+    # ------------------------------------------------------------------ inside a transaction
+    def _retire_live(self, db: Any, note: str) -> None:
+        db.execute(
+            "UPDATE weight_versions SET state='retired', pending=NULL, updated_at=?, note=? WHERE state='live'",
+            (time.time(), note),
+        )
+
+    def _set(self, db: Any, version: str, state: VersionState, note: str, expect: tuple[str, ...]) -> WeightVersion:
+        marks = ", ".join("?" for _ in expect)
+        changed = db.execute(
+            f"UPDATE weight_versions SET state=?, pending=?, updated_at=?, note=? WHERE version=? AND state IN ({marks})",
+            (state, 1 if state in PENDING_STATES else None, time.time(), note, version, *expect),
+        ).rowcount
+        if not changed:
+            raise VersionConflict(f"version {version} is not {' or '.join(expect)}", "state_changed")
+        row = db.execute(f"SELECT {_COLUMNS} FROM weight_versions WHERE version=?", (version,)).fetchone()
+        return _version(row)

@@ -19,7 +19,7 @@ and concurrent conversations (a session with a main request in flight is never c
 With ``split_diverged_sessions`` off a key names exactly one session again (a divergence is a mismatch).
 
 Across a compaction. A main request that continues no session but pairs an awaiting turn across a compaction
-(rule 3 of policy_server.serving.sessions: it ends with the recorded reply and feedback, the history before the
+(rule 3 of policy_server.serving.pairing: it ends with the recorded reply and feedback, the history before the
 reply rewritten) pairs that turn and starts a new session (decision ``compacted``): the key's own
 session when the key is new (OpenClaw's ``prompt_cache_key`` gets a new suffix at each compaction, ``id:0`` then
 ``id:1``), else a new member of the family. The summary breaks the token continuity and the transcript a
@@ -45,8 +45,9 @@ from dataclasses import dataclass
 from engine.observability import valid_session_id
 from engine.records import Turn
 from policy_server.metrics import Metrics
+from policy_server.serving.pairing import CompactionMatch
 from policy_server.serving.session_inference import SessionInferrer, choose_session, find_compacted
-from policy_server.serving.sessions import Arrival, CompactionMatch, SessionTracker
+from policy_server.serving.sessions import Arrival, SessionTracker
 from policy_server.store import SampleStore
 
 HEADER, PROMPT_CACHE_KEY, AFFINITY, METADATA = "header", "prompt_cache_key", "session_affinity", "metadata"

@@ -9,7 +9,7 @@ is enough to find the session a main request belongs to.
 Rule, for a main request without a session id and with messages ``N``:
 
 1. Candidates are the open sessions whose awaiting turn T (messages ``M``, reply ``R``) is extended by
-   ``N`` in the sense of the pairing rule (policy_server.serving.sessions.pair_next_state: ``N`` starts with ``M``
+   ``N`` in the sense of the pairing rule (policy_server.serving.pairing.pair_next_state: ``N`` starts with ``M``
    and ``R``, then brings user/tool feedback). Only a real extension counts.
 2. The candidate with the longest recorded transcript (``len(M)``) wins: a shorter one is a different
    conversation that happens to share an opening. Ties (same length, hence the same ``M`` and ``R``:
@@ -17,7 +17,7 @@ Rule, for a main request without a session id and with messages ``N``:
    are identical, so the reward signal is the same whichever wins, and the other session is matched by
    its own continuation.
 3. No candidate, but an awaiting turn the request pairs **across a compaction** (rule 3 of
-   policy_server.serving.sessions, :func:`find_compacted`): that turn is paired and claimed, and the request starts
+   policy_server.serving.pairing, :func:`find_compacted`): that turn is paired and claimed, and the request starts
    a new session ``inferred-<32 hex>`` (outcome ``compacted``). The summary breaks the token continuity and the
    transcript a session's turns extend, so the conversation after a compaction is a session of its own; its first
    turn's ``session_decision`` is ``compacted`` and the paired turn's note names it.
@@ -42,14 +42,8 @@ import uuid
 
 from engine.records import Turn
 from policy_server.metrics import Metrics
-from policy_server.serving.sessions import (
-    Arrival,
-    CompactionMatch,
-    SessionTracker,
-    message_key,
-    pair_across_compaction,
-    pair_next_state,
-)
+from policy_server.serving.pairing import CompactionMatch, message_key, pair_across_compaction, pair_next_state
+from policy_server.serving.sessions import Arrival, SessionTracker
 from policy_server.serving.side_rules import SideRules
 from policy_server.store import SampleStore
 

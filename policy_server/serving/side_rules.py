@@ -21,7 +21,7 @@ what stock OpenClaw (npm ``openclaw`` 2026.9) sends:
 
 *Ephemeral* messages are a second list: user messages a client adds to every request and never keeps in its
 history (stock OpenClaw's trailing ``<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>`` message); pairing compares
-transcripts without them (policy_server.serving.sessions.pair_next_state).
+transcripts without them (policy_server.serving.pairing.pair_next_state).
 
 Other agents add rules in a file (``side_rules_file``: JSON or YAML ``{"rules": [...], "ephemeral": [...],
 "replace_defaults": false}``); its rules are tried before the defaults, or alone with ``replace_defaults: true``. A malformed

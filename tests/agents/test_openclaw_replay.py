@@ -4,7 +4,7 @@ OpenClaw's own model runtime (``@openclaw/ai``, installed with the ``openclaw`` 
 turns against a loopback server that streams a reply exactly as the policy server splits it
 (policy_server.api.chat.streaming.StreamSplitter and the OpenAI chunk shape), then captures the second request. Asserted
 for each reply: the history OpenClaw resends pairs with the turn the policy server records
-(policy_server.serving.sessions.pair_next_state), so the reply is judged instead of splitting the session. The
+(policy_server.serving.pairing.pair_next_state), so the reply is judged instead of splitting the session. The
 replies: a stray ``</think>`` (the random tiny policy writes them; before the splitter and the parser shared one rule,
 the splitter sent the text before it again as reasoning after the content, and OpenClaw then dropped what it still held
 of that content), a leading think block, an inline think block
@@ -26,7 +26,7 @@ import pytest
 
 from policy_server.api import openai_schemas as oa
 from policy_server.api.chat.streaming import StreamSplitter, assistant_message
-from policy_server.serving.sessions import pair_next_state
+from policy_server.serving.pairing import pair_next_state
 from tests.testkit.openclaw import OPENCLAW_DIR, openclaw_binaries
 
 pytestmark = pytest.mark.e2e

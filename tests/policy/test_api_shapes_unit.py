@@ -16,7 +16,7 @@ from policy_server.api.messages import shapes as ms
 from policy_server.api.responses import output as ro
 from policy_server.api.responses import shapes as rs
 from policy_server.errors import InvalidRequest
-from policy_server.serving.sessions import message_key
+from policy_server.serving.pairing import message_key
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Pairing across a client's compaction (rule 3 of policy_server.serving.sessions; policy_server.serving.identity
+"""Pairing across a client's compaction (rule 3 of policy_server.serving.pairing; policy_server.serving.identity
 and session_inference decide the session): the turn before a compaction gets its next state when the request after
 it holds the recorded reply after the message it answered, then feedback; the request starts the conversation's next
 session (decision ``compacted``), found whatever rule named the session: OpenClaw's ``prompt_cache_key`` (a new
@@ -22,8 +22,9 @@ import pytest
 from engine.records import Turn, TurnRecord
 from policy_server.metrics import Metrics
 from policy_server.serving.identity import HEADER, INFERRED, PROMPT_CACHE_KEY, SessionHint, SessionResolver
+from policy_server.serving.pairing import pair_across_compaction, pair_next_state
 from policy_server.serving.session_inference import INFERRED_PREFIX, find_compacted
-from policy_server.serving.sessions import SessionTracker, pair_across_compaction, pair_next_state
+from policy_server.serving.sessions import SessionTracker
 from policy_server.serving.side_rules import SideRules
 from policy_server.store import Store
 from tests.policy.test_session_identity import OPENCLAW_CONTEXT, OPENCLAW_FLUSH

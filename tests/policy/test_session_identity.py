@@ -144,7 +144,7 @@ def test_side_rules_file(tmp_path):
 def test_side_exchanges_kept_in_the_transcript_are_no_feedback():
     """Stock OpenClaw keeps its memory flush (prompt and reply) in the conversation it resends: the next turn
     still pairs, with only the user's message as the next state."""
-    from policy_server.serving.sessions import pair_next_state
+    from policy_server.serving.pairing import pair_next_state
 
     prev = [{"role": "system", "content": "sys"}, U("hello")]
     new = [*prev, A("hi"), U(OPENCLAW_FLUSH), A("NO_REPLY"), U("now the time?")]
@@ -157,7 +157,7 @@ def test_side_exchanges_kept_in_the_transcript_are_no_feedback():
 @pytest.mark.unit
 def test_per_request_context_messages_are_ignored_by_pairing():
     """Stock OpenClaw appends a user message of runtime context to every request and never keeps it."""
-    from policy_server.serving.sessions import pair_next_state
+    from policy_server.serving.pairing import pair_next_state
 
     ctx = U([{"type": "text", "text": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nActive exec sessions: none"}])
     prev = [{"role": "system", "content": "sys"}, U("hello"), ctx]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from engine.records import Turn, TurnRecord
-from policy_server.serving.sessions import pair_next_state
+from policy_server.serving.pairing import pair_next_state
 from policy_server.serving.side_rules import SideRules
 from policy_server.store import Resolution
 from policy_server.store.turn_records import TurnCache, pack, unpack

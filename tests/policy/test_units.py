@@ -11,7 +11,7 @@ from policy_server.api.chat.streaming import StreamSplitter
 from policy_server.api.openai_schemas import validate_messages
 from policy_server.cli import settings_from_args
 from policy_server.errors import InvalidRequest
-from policy_server.serving.sessions import pair_next_state
+from policy_server.serving.pairing import pair_next_state
 from policy_server.serving.tool_choice import forced_tool_grammar, response_format_grammar
 
 pytestmark = pytest.mark.unit

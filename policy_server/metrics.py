@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 
 from engine.records import RejectReason
 from policy_server.store.feedback import JudgeAgreement, SignCounts
-from policy_server.store.rows import StoreCounts
+from policy_server.store.records import StoreCounts
 
 # Scrapes closer together than this (several Prometheus servers, a dashboard refresh) share one store read.
 AGREEMENT_MAX_AGE_S = 10.0

@@ -35,7 +35,7 @@ from policy_server.errors import Conflict, InvalidRequest, NotFound
 from policy_server.serving.versions import flag_rolled_back
 from policy_server.store import LeaseError
 from policy_server.store.ready_notifier import lease_when_ready
-from policy_server.store.rows import AckResult
+from policy_server.store.records import AckResult
 
 # Every lease route may answer these (auth, body limit, admission, busy store); route-specific ones below.
 router = APIRouter(responses=error_responses(401, 413, 429, 503))

@@ -2,7 +2,7 @@
 
 Role: the ops, admin, lease and feedback routes return their bodies as these models (the route's
 ``response_model``), so each of those bodies is written once; where the store's record is the body as it is
-(an ack, a sample row, a side turn, a feedback row) the model is that record (policy_server.store.rows). The chat
+(an ack, a sample row, a side turn, a feedback row) the model is that record (policy_server.store.records). The chat
 answer on the hot path is still a plain dict that its model documents and checks:
 tests/reliability/test_schemathesis.py checks every answer against these models. Nullable where the route may send null,
 closed (no extra fields) where the route's body is fixed.
@@ -15,14 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.records import MergedTrajectory, ModeSnapshot, Sample
-from policy_server.store.rows import (
-    FeedbackAnswer,
-    FeedbackCounts,
-    FeedbackRow,
-    SampleRow,
-    SideTurn,
-    StoreCounts,
-)
+from policy_server.store.records import FeedbackAnswer, FeedbackCounts, FeedbackRow, SampleRow, SideTurn, StoreCounts
 
 
 class _Closed(BaseModel):

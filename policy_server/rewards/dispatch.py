@@ -77,7 +77,7 @@ from policy_server.errors import StoreBusy
 from policy_server.rewards.scoring import PRMScoring, apply_outcome, held_outcomes, held_samples
 from policy_server.store import SampleStore
 from policy_server.store.feedback_rule import applicable, apply_feedback
-from policy_server.store.rows import JudgeJob
+from policy_server.store.records import JudgeJob
 
 logger = logging.getLogger(__name__)
 

@@ -70,7 +70,7 @@ from engine.records import (
     Turn,
 )
 from judge_server.errors import JudgeUnavailable
-from policy_server.store.rows import SampleRow, ScoredSample, TrajectoryTurn
+from policy_server.store.records import SampleRow, ScoredSample, TrajectoryTurn
 
 if TYPE_CHECKING:  # the PRM package loads only when --prm-config is given (PRMScoring.start)
     from prm import PRMRunner

@@ -34,12 +34,12 @@ from pydantic import BaseModel
 
 from engine import fastjson
 from engine.records import SAMPLE_STATUSES
-from policy_server.store.rows import DB, Cursor, DBRow
+from policy_server.store.connection import DB
 
 if TYPE_CHECKING:
     from policy_server.store.turn_records import TurnRecords
 
-__all__ = ["DB", "SAMPLE_STATUSES", "Cursor", "DBRow", "Row", "StoreDB", "dump_json"]
+__all__ = ["SAMPLE_STATUSES", "Row", "StoreDB", "dump_json"]
 
 R = TypeVar("R", bound=BaseModel)  # a runtime setting's record
 

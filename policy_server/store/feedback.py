@@ -39,7 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from engine.records import SampleState as S
-from policy_server.store.base import DB, DBRow, StoreDB, dump_json
+from policy_server.store.base import StoreDB, dump_json
+from policy_server.store.connection import DB, DBRow
 from policy_server.store.feedback_rule import (
     PROMOTABLE,
     applicable,
@@ -49,14 +50,8 @@ from policy_server.store.feedback_rule import (
     promote,
     value_sign,
 )
-from policy_server.store.rows import (
-    FeedbackAnswer,
-    FeedbackCounts,
-    FeedbackRow,
-    TurnFeedback,
-    counts_by,
-    feedback_row,
-)
+from policy_server.store.records import FeedbackAnswer, FeedbackCounts, FeedbackRow, TurnFeedback
+from policy_server.store.rows import counts_by, feedback_row
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from engine.sample_values import value_problem
 from engine.validation import clip, describe_validation_errors
 from policy_server.store.base import StoreDB
 from policy_server.store.privacy import revoked_of
-from policy_server.store.rows import AckResult
+from policy_server.store.records import AckResult
 
 
 def _read_sample(data: str | None) -> Sample | str:

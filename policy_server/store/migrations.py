@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import time
 
-from policy_server.store.base import DB, StoreDB
+from policy_server.store.base import StoreDB
+from policy_server.store.connection import DB
 
 MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (

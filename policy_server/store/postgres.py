@@ -38,7 +38,8 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from policy_server.errors import StoreBusy
-from policy_server.store.base import DB, Row, StoreDB
+from policy_server.store.base import Row, StoreDB
+from policy_server.store.connection import DB
 from policy_server.store.migrations import apply_migrations
 from policy_server.store.turn_records import TurnCache, TurnRecords
 

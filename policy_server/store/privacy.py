@@ -32,7 +32,8 @@ from engine import fastjson
 from engine.records import HintVerdict, Mode, PrmVerdict, Sample
 from engine.records import SampleState as S
 from policy_server.store.base import StoreDB
-from policy_server.store.rows import DB, DBRow, StoreRecord
+from policy_server.store.connection import DB, DBRow
+from policy_server.store.records import StoreRecord
 
 PURGED = '{"purged": true}'  # what a purged turn record holds: valid JSON, no text
 DELETION_KEY = "deletion_token_key"  # runtime key of the deletion tokens' HMAC key

@@ -3,7 +3,7 @@
 Role: what ``GET /v1/samples/stats``, ``GET /v1/samples`` and the main-turn backpressure check
 (``unconsumed_backlog``, policy_server.serving.chat_turn) read. Nothing here changes state or takes a
 transaction; each method takes the store lock for a consistent snapshot of its queries. Sample rows come back as
-:class:`~policy_server.store.rows.SampleRow` records with the Sample JSON decoded (``sample``; None before the
+:class:`~policy_server.store.records.SampleRow` records with the Sample JSON decoded (``sample``; None before the
 sample is judged). Statuses are those of policy_server.store (``SAMPLE_STATUSES``).
 """
 
@@ -13,15 +13,8 @@ from engine.records import UNCONSUMED_STATUSES, Turn
 from engine.records import SampleState as S
 from engine.validation import clip
 from policy_server.store.base import SAMPLE_STATUSES, StoreDB
-from policy_server.store.rows import (
-    SampleRow,
-    SideTurn,
-    StoreCounts,
-    counts_by,
-    listed_sample,
-    side_turn,
-    turn_of,
-)
+from policy_server.store.records import SampleRow, SideTurn, StoreCounts
+from policy_server.store.rows import counts_by, listed_sample, side_turn, turn_of
 
 # A sample row with its turn's pairing columns (rows.listed_sample reads it).
 SAMPLE_WITH_TURN = (

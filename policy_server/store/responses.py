@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 
 from policy_server.store.base import StoreDB
-from policy_server.store.rows import StoredConversation, StoredResponse, messages_json, messages_of
+from policy_server.store.records import StoredConversation, StoredResponse
+from policy_server.store.rows import messages_json, messages_of
 
 # A chain deeper than this is refused rather than walked (a conversation of that many stored answers).
 MAX_CHAIN = 10_000

@@ -1,11 +1,8 @@
-"""Row mapping: where a row becomes the record the store hands out, and the records of the store's edge.
+"""Row mapping: where a row becomes the record the store hands out, and where a record's JSON becomes a row's.
 
-Role: the store's public methods take and return records (engine.records, and the store's own below: acks,
-sample and side-turn rows, counters, feedback answers and rows, stored conversations, trajectories, scoring
-outcomes); the JSON of a row is built here and read into its record here, so the role classes (sessions,
-samples, leases, reads, responses, feedback) never hand a row dict out. A record that is also an HTTP body as it
-is (an ack, a sample row) is closed and constrained like one: policy_server.api.response_models uses it as such.
-The connection the role classes use is typed here too (:class:`DB`, :class:`Cursor`, :class:`DBRow`).
+Role: the store's public methods take and return records (engine.records, and the store's own:
+policy_server.store.records); the JSON of a row is built here and read into its record here, so the role classes
+(sessions, samples, leases, reads, responses, feedback) never hand a row dict out.
 
 A turn's JSON is its whole :class:`~engine.records.TurnRecord` (the ``record`` column, or the whole record
 rebuilt by policy_server.store.turn_records) plus its columns, in ``Turn``'s field order; the record is
@@ -15,50 +12,19 @@ validated as it is read (a row that breaks the schema fails loudly, never half-r
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
-
-from pydantic import BaseModel, ConfigDict, Field
+from collections.abc import Iterable
 
 from engine import fastjson
-from engine.records import Sample, Turn
-
-
-# ---------------------------------------------------------------------------- the connection the role classes use
-class DBRow(Protocol):
-    """A result row: a column by name or position, or the row unpacked in column order. A column holds whatever
-    SQL value its table declares, so its type is the one place a row stays untyped: the row mapping
-    (policy_server.store.rows) reads each into its record's field."""
-
-    def __getitem__(self, key: str | int, /) -> Any: ...
-
-    def __iter__(self) -> Iterator[Any]: ...
-
-    def keys(self) -> Iterable[str]: ...
-
-
-class Cursor(Protocol):
-    """The result of one statement."""
-
-    @property
-    def rowcount(self) -> int: ...
-
-    # A DBRow, or None when the statement returned no row: typed as sqlite3 and psycopg type it, since most
-    # reads are aggregates that always return their one row.
-    def fetchone(self) -> Any: ...
-
-    def fetchall(self) -> Sequence[DBRow]: ...
-
-    def __iter__(self) -> Iterator[DBRow]: ...
-
-
-class DB(Protocol):
-    """A connection inside ``_tx()`` or ``_read()``: SQLite-style SQL (``?`` placeholders) on either backend."""
-
-    def execute(self, sql: str, params: Sequence[object] = ..., /) -> Cursor: ...
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[object]], /) -> object: ...
+from engine.records import Turn
+from policy_server.store.connection import DBRow
+from policy_server.store.records import (
+    FeedbackRow,
+    JudgeJob,
+    SampleRow,
+    SampleTurn,
+    SessionState,
+    SideTurn,
+)
 
 
 # ---------------------------------------------------------------------------- turns
@@ -85,35 +51,10 @@ def turn_of(row: DBRow, record: dict[str, object] | None = None) -> Turn:
     return Turn.model_validate(turn_dict(row, record))
 
 
-@dataclass(frozen=True)
-class JudgeJob:
-    """A ``pending_judge`` sample waiting for the dispatcher: its row id, its turn, and the tries so far."""
-
-    sample_id: str
-    session_id: str
-    turn_index: int
-    attempts: int
-
-
+# ---------------------------------------------------------------------------- judge work and sessions
 def judge_job(row: DBRow) -> JudgeJob:
     """A ``samples`` row (sample_id, session_id, turn_index, attempts) as its :class:`JudgeJob`."""
     return JudgeJob(row["sample_id"], row["session_id"], int(row["turn_index"]), int(row["attempts"]))
-
-
-@dataclass(frozen=True)
-class SessionState:
-    """A ``sessions`` row: the next turn index, last activity, whether the session is done and already has an
-    included sample (the at-least-one rule), its history mismatches, and which replica claims its work until
-    when (None: unclaimed)."""
-
-    session_id: str
-    next_turn_index: int
-    last_activity: float
-    done: bool
-    has_included: bool
-    mismatches: int
-    claimed_by: str | None
-    claim_expires_at: float | None
 
 
 def session_state(row: DBRow) -> SessionState:
@@ -128,164 +69,6 @@ def session_state(row: DBRow) -> SessionState:
         claimed_by=row["claimed_by"],
         claim_expires_at=None if row["claim_expires_at"] is None else float(row["claim_expires_at"]),
     )
-
-
-@dataclass(frozen=True)
-class TurnFeedback:
-    """A turn's explicit feedback as it applies: the latest value, the latest non-empty text, how many."""
-
-    value: float
-    text: str | None
-    count: int
-
-
-# ---------------------------------------------------------------------------- records of the store's reads
-class StoreRecord(BaseModel):
-    """A record the store hands out; closed, as its JSON is also an HTTP body (policy_server.api.response_models)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class AckResult(StoreRecord):
-    """The answer of an ack: how many samples it consumed, or ``already_acked`` for a second ack (0 consumed)."""
-
-    lease_id: str
-    acked: int = Field(..., ge=0)
-    already_acked: bool
-    revoked: list[str] = []  # samples whose session was deleted while leased: dropped, never consumed
-
-
-class SampleTurn(StoreRecord):
-    """A sample row's turn: its pairing, the messages that followed the reply, and the session rule."""
-
-    pairing: str | None
-    pairing_note: str | None
-    next_state: list[dict[str, object]] | None
-    session_rule: str | None
-    session_decision: str | None
-
-
-class SampleRow(StoreRecord):
-    """A ``samples`` row as the read-only view shows it; ``sample`` is the Sample JSON as stored (None before
-    judging), kept as written so a row off the schema is still shown, not hidden by a failed read."""
-
-    sample_id: str
-    session_id: str
-    turn_index: int = Field(..., ge=0)
-    status: str
-    reject_reason: str | None
-    attempts: int = Field(..., ge=0)
-    last_error: str | None
-    created_at: float
-    updated_at: float
-    sample: dict[str, object] | None
-    turn: SampleTurn
-
-
-class SideTurn(StoreRecord):
-    """A side turn (served, never trained): the rule that made it side and its TurnRecord JSON."""
-
-    side_id: str
-    session_id: str | None
-    created_at: float
-    rule: str
-    record: dict[str, object]
-
-
-class StoreCounts(StoreRecord):
-    """The store's counters (``GET /v1/samples/stats`` before the server adds its own)."""
-
-    samples: dict[str, int]
-    reject_reasons: dict[str, int]
-    turns: int = Field(..., ge=0)
-    turns_awaiting_next_state: int = Field(..., ge=0)
-    sessions: int = Field(..., ge=0)
-    sessions_open: int = Field(..., ge=0)
-    history_mismatches: int = Field(..., ge=0)
-    active_leases: int = Field(..., ge=0)
-    pending_judge_retrying: int = Field(..., ge=0)
-    pending_score_retrying: int = Field(..., ge=0)
-    inferred_sessions: int = Field(..., ge=0)
-    # ended sessions, every turn decided, none included: at-least-one found nothing trainable to promote
-    sessions_without_sample: int = Field(..., ge=0)
-    side_turns: dict[str, int]
-    turns_by_session_rule: dict[str, int]
-
-
-class FeedbackCounts(StoreRecord):
-    """Feedback counts by state, every state listed, and in total."""
-
-    pending: int = Field(..., ge=0)
-    applied: int = Field(..., ge=0)
-    late: int = Field(..., ge=0)
-    recorded: int = Field(..., ge=0)
-    total: int = Field(..., ge=0)
-
-
-class FeedbackAnswer(StoreRecord):
-    """What recording a feedback did: its id and target, its state, the sample's status, and whether the
-    idempotency key made it a repeat of an earlier one (``duplicate``: that one's answer)."""
-
-    feedback_id: str
-    session_id: str
-    turn_index: int = Field(..., ge=0)
-    state: str
-    sample_status: str | None
-    duplicate: bool
-
-
-class FeedbackRow(StoreRecord):
-    """A ``feedback`` row (the admin view)."""
-
-    feedback_id: str
-    session_id: str
-    turn_index: int = Field(..., ge=0)
-    value: float
-    text: str | None
-    idempotency_key: str | None
-    state: str
-    created_at: float
-    applied_at: float | None
-    judge_sign: int | None = Field(
-        None, ge=-1, le=1, description="sign of the turn's PRM verdict once settled; null without one"
-    )
-
-
-class StoredConversation(StoreRecord):
-    """A stored Responses answer's whole conversation (its chain's messages, oldest first) and its session."""
-
-    session_id: str | None
-    conversation: list[dict[str, object]]
-
-
-@dataclass(frozen=True)
-class StoredResponse:
-    """What one Responses answer added to its conversation (written once): its id, session, the answer it
-    continued (None: it started the conversation) and its new messages in the chat shape."""
-
-    response_id: str
-    session_id: str | None
-    previous_id: str | None
-    messages: list[dict[str, object]]
-
-
-@dataclass(frozen=True)
-class TrajectoryTurn:
-    """One turn of a session trajectory (``session_trajectory``): the turn, and its sample row (None while the
-    turn awaits its next state) with the stored Sample JSON."""
-
-    turn: Turn
-    sample: SampleRow | None
-
-
-@dataclass(frozen=True)
-class ScoredSample:
-    """A held sample's scoring outcome for ``complete_score``: ``ready`` or ``rejected``, and its Sample."""
-
-    sample_id: str
-    status: str
-    reject_reason: str | None
-    sample: Sample
 
 
 # ---------------------------------------------------------------------------- row mapping of the reads

@@ -29,15 +29,8 @@ from engine.records import JUDGE_OUTCOME_STATUSES, SCORE_OUTCOME_STATUSES, Rejec
 from engine.records import SampleState as S
 from engine.sample_values import value_problem
 from policy_server.store.base import StoreDB, dump_json
-from policy_server.store.rows import (
-    JudgeJob,
-    ScoredSample,
-    TrajectoryTurn,
-    judge_job,
-    sample_row,
-    sample_turn,
-    turn_of,
-)
+from policy_server.store.records import JudgeJob, ScoredSample, TrajectoryTurn
+from policy_server.store.rows import judge_job, sample_row, sample_turn, turn_of
 
 
 class StoreSamples(StoreDB):

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 
 from engine.records import RejectReason, Turn, TurnRecord
 from engine.records import SampleState as S
-from policy_server.store.base import DB, StoreDB, dump_json
-from policy_server.store.rows import SessionState, session_state, turn_of
+from policy_server.store.base import StoreDB, dump_json
+from policy_server.store.connection import DB
+from policy_server.store.records import SessionState
+from policy_server.store.rows import session_state, turn_of
 from policy_server.store.turn_records import pack
 
 

@@ -33,7 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from policy_server.errors import StoreBusy
-from policy_server.store.base import DB, StoreDB
+from policy_server.store.base import StoreDB
+from policy_server.store.connection import DB
 from policy_server.store.migrations import apply_migrations
 from policy_server.store.turn_records import TurnCache, TurnRecords
 

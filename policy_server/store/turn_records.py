@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from engine import fastjson
-from policy_server.store.rows import DB, DBRow
+from policy_server.store.connection import DB, DBRow
 
 # The cache holds at most this many prompt tokens' worth of whole records (about 40 turns of 30k tokens).
 DEFAULT_CACHE_TOKENS = 1_200_000

@@ -17,7 +17,7 @@ import pytest
 from engine.records import PipelineOutcome, PrmVerdict, Sample, TurnRecord
 from policy_server.rewards.dispatch import Dispatcher
 from policy_server.rewards.modes import ModeSnapshot, build_sample
-from policy_server.store.rows import SampleRow
+from policy_server.store.records import SampleRow
 
 pytestmark = pytest.mark.unit
 

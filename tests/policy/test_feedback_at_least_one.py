@@ -18,7 +18,7 @@ from engine.records import RejectReason as R
 from engine.records import Sample, TurnRecord
 from policy_server.store import Resolution
 from policy_server.store.feedback_rule import judge_sign, promotable, promote, value_sign
-from policy_server.store.rows import FeedbackAnswer
+from policy_server.store.records import FeedbackAnswer
 from tests.policy.test_feedback_store import _prm, _record, _sample
 
 pytestmark = pytest.mark.unit

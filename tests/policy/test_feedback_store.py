@@ -18,7 +18,7 @@ from engine.records import Sample, TurnRecord
 from policy_server.rewards.feedback import InvalidFeedback, feedback_value
 from policy_server.store import FeedbackConflict, Resolution
 from policy_server.store.feedback_rule import apply_feedback, combined_reward, judge_reward
-from policy_server.store.rows import FeedbackCounts, SampleRow, TurnFeedback
+from policy_server.store.records import FeedbackCounts, SampleRow, TurnFeedback
 
 pytestmark = pytest.mark.unit
 

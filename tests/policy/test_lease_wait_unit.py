@@ -21,7 +21,7 @@ import pytest
 from engine.records import Sample, TurnRecord
 from policy_server.store import Store
 from policy_server.store.ready_notifier import LocalReadyNotifier, lease_when_ready
-from policy_server.store.rows import ScoredSample
+from policy_server.store.records import ScoredSample
 from tests.waiting import async_wait_until
 
 # Scheduling delay a loaded 2-core machine may add to any wake-up; every bound using it stays well below the

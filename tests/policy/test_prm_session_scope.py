@@ -29,7 +29,7 @@ from engine.records import Sample, TurnRecord
 from judge_server.errors import JudgeUnavailable
 from policy_server.rewards.scoring import PRMScoring, held_outcomes, session_turns
 from policy_server.store import Resolution, Store
-from policy_server.store.rows import ScoredSample
+from policy_server.store.records import ScoredSample
 from prm import BaseTrajectoryScorer, PRMConfig, PRMFileConfig, PRMRunner
 from tests.testkit.procs import free_port
 from tests.testkit.servers import (

@@ -12,7 +12,7 @@ import pytest
 
 from engine.records import ModeSnapshot, Sample, TurnRecord
 from policy_server.store import LeaseError, Resolution, Store
-from policy_server.store.rows import AckResult
+from policy_server.store.records import AckResult
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from policy_server.store.rows import StoredConversation, StoredResponse
+from policy_server.store.records import StoredConversation, StoredResponse
 
 
 def test_chain_rebuilds_the_conversation(store_factory):

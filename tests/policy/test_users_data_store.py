@@ -17,7 +17,7 @@ import pytest
 
 from engine.records import PrmVerdict, Sample, TurnRecord, WeightVersion
 from policy_server.store.privacy import PURGED, SessionAudit
-from policy_server.store.rows import StoredResponse
+from policy_server.store.records import StoredResponse
 from tests.testkit.deleting_child import DeletingChild
 from tests.testkit.records import turn_record
 

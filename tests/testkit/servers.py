@@ -33,7 +33,7 @@ from tests.waiting import wait_until
 
 if TYPE_CHECKING:  # the store loads only where a test reads one
     from policy_server.store import SampleStore
-    from policy_server.store.rows import SampleRow
+    from policy_server.store.records import SampleRow
 
 ADMIN_KEY = "admin-secret"
 CLIENT_KEY = "client-secret"

@@ -2,11 +2,11 @@
 
 Read from the source with ``ast`` (nothing is imported): every ``Any`` name (``Any``, ``typing.Any``) in the
 three packages, annotations and expressions alike, is counted; the count must stay under ``BUDGET``. What
-crosses those modules is a record (engine.records, policy_server.store.rows), so a new ``Any`` is a dict
+crosses those modules is a record (engine.records, policy_server.store.records), so a new ``Any`` is a dict
 in disguise: give it a type instead of raising the budget. A JSON object these modules only pass on or inspect
 (a chat message, a tool definition, sampling params) is ``dict[str, object]``: a value is narrowed before use.
-What is left is where a value is untyped by nature: a database column (policy_server.store.rows.DBRow) and the
-Hugging Face tokenizer.
+What is left is where a value is untyped by nature: a database column (policy_server.store.connection.DBRow) and
+the Hugging Face tokenizer.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Read from the source with ``ast`` (nothing is imported), over the role classes `
 from (policy_server/store/__init__.py) and their base ``StoreDB``: every public method's parameter and
 return annotations. An annotation that names ``dict``, ``Mapping``, ``SampleJSON`` or ``Any`` is a dict
 in disguise (``Any`` hides one as well as anything else). The JSON of a row is built only in the row-mapping
-module (policy_server/store/rows.py) and the records (engine.records) are what crosses the store's edge.
+module (policy_server/store/rows.py) and the records (engine.records, policy_server/store/records.py) are what
+crosses the store's edge.
 
 No method is excepted: a new one that takes or returns a dict fails here.
 """

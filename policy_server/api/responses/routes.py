@@ -47,7 +47,7 @@ from policy_server.api.responses.stream import ResponseEvents, response_events
 from policy_server.errors import NotFound
 from policy_server.serving.opt_out import NONE
 from policy_server.state import PolicyState
-from policy_server.store.rows import StoredResponse
+from policy_server.store.records import StoredResponse
 
 router = APIRouter()
 

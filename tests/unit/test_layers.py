@@ -11,11 +11,16 @@ framework). Every import counts: module level, inside functions, and
 under ``TYPE_CHECKING``.
 
 No import circles among the production packages (``engine``, ``policy_server``, ``judge_server``, ``trainer``,
-``prompts``, ``prm``) and ``devkit``, at two grains:
+``prompts``, ``prm``) and ``devkit``, at every grain:
 
 - modules: no two modules reach each other through imports;
 - rooms: a service's subpackage (``policy_server.store``, ``trainer.lease_client``) or one of its top-level
-  modules (``policy_server.state``, ``trainer.settings``) is one room; no two rooms reach each other.
+  modules (``policy_server.state``, ``trainer.settings``) is one room; no two rooms reach each other;
+- the grains around them: the top-level packages themselves, and below the rooms each deeper level of
+  subpackages (``policy_server.api.chat`` is one node of the third grain, ``policy_server.api.lease`` another).
+
+"Reach" is through any number of imports: a circle of three rooms (a imports b, b imports c, c imports a) is one
+as much as two rooms importing each other; the check finds the strongly connected parts of each grain's graph.
 
 The lease client (``trainer.lease_client``) is the library other trainers (verl, slime, a user's loop) import: it
 imports nothing of this repository but itself and ``engine``, so the trainer package and its lease client form no
@@ -159,16 +164,29 @@ def import_graph(imports: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
     return {m: {r for n in names if (r := resolve(n)) is not None and r != m} for m, names in imports.items()}
 
 
+def at_grain(module: str, depth: int) -> str:
+    """The node of ``module`` at a grain: its first ``depth`` name parts (the top-level package at 1, the room at 2;
+    a module shallower than that is its own node)."""
+    return ".".join(module.split(".")[:depth])
+
+
+def grain_graph(graph: Mapping[str, set[str]], depth: int) -> dict[str, set[str]]:
+    """``graph`` with every module replaced by its node at ``depth`` (:func:`at_grain`), imports inside one node
+    dropped."""
+    nodes: dict[str, set[str]] = {at_grain(m, depth): set() for m in graph}
+    for module, names in graph.items():
+        node = at_grain(module, depth)
+        nodes[node] |= {at_grain(n, depth) for n in names} - {node}
+    return nodes
+
+
 def room_of(module: str) -> str:
     """The room of a module: its service's subpackage or top-level module (the first two name parts)."""
-    return ".".join(module.split(".")[:2])
+    return at_grain(module, 2)
 
 
 def room_graph(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
-    rooms: dict[str, set[str]] = {room_of(m): set() for m in graph}
-    for module, names in graph.items():
-        rooms[room_of(module)] |= {room_of(n) for n in names} - {room_of(module)}
-    return rooms
+    return grain_graph(graph, 2)
 
 
 def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
@@ -219,7 +237,7 @@ def production_graph() -> dict[str, set[str]]:
     return import_graph({module_name(p): set(imported_modules(p)) for p in modules(*PRODUCTION, DEVKIT)})
 
 
-def test_the_circle_check_finds_circles_at_both_grains() -> None:
+def test_the_circle_check_finds_circles_at_every_grain() -> None:
     """The check itself: a two-module circle (one side only under TYPE_CHECKING), a longer one, and a circle
     between rooms whose modules form none are each found; an acyclic graph has none."""
     sources = {
@@ -241,6 +259,35 @@ def test_the_circle_check_finds_circles_at_both_grains() -> None:
     assert circles(room_graph(graph)) == [] and circles(graph) == []
 
 
+def test_the_circle_check_finds_long_circles_and_deeper_ones() -> None:
+    """The check itself: three rooms in a ring (no two of them import each other, their modules form no circle)
+    are one circle at the room grain; a ring of three top-level packages whose rooms form none is one at the first
+    grain; a ring of two subpackages inside one room is one at the third grain, where the room grain sees one node."""
+    sources = {
+        "svc.g.a": "from svc.h.b import B\n",
+        "svc.h.b": "import json\n",
+        "svc.h.c": "from svc.i import d\n",
+        "svc.i": "def f():\n    from svc.g.e import E\n",
+        "svc.g.e": "import json\n",
+        "top1.m": "import top2.m\n",
+        "top2.m": "import top3.m\n",
+        "top3.m": "import json\n",
+        "top3.n": "import top1\n",
+        "top1": "import json\n",
+        "svc.j.p.x": "from svc.j.q.y import Y\n",
+        "svc.j.q.y": "import json\n",
+        "svc.j.q.z": "from svc.j.p.w import W\n",
+        "svc.j.p.w": "import json\n",
+    }
+    graph = import_graph({m: set(imports_of(src, m)) for m, src in sources.items()})
+    assert circles(graph) == []
+    rooms = room_graph(graph)
+    assert all(a not in rooms[b] for a in rooms for b in rooms[a])  # no two rooms import each other
+    assert circles(rooms) == [["svc.g", "svc.h", "svc.i"]]
+    assert circles(grain_graph(graph, 1)) == [["top1", "top2", "top3"]]
+    assert circles(grain_graph(graph, 3)) == [["svc.j.p", "svc.j.q"]]
+
+
 def test_no_module_imports_itself_back() -> None:
     graph = production_graph()
     assert {"policy_server.store.sessions", "trainer.train", "prm.scorer"} <= set(graph)
@@ -251,6 +298,15 @@ def test_no_room_imports_itself_back() -> None:
     rooms = room_graph(production_graph())
     assert {"policy_server.store", "policy_server.rewards", "policy_server.state", "trainer.lease_client"} <= set(rooms)
     assert circles(rooms) == []
+
+
+def test_no_circle_at_any_grain() -> None:
+    """From the top-level packages down to the modules, every grain is free of circles."""
+    graph = production_graph()
+    deepest = max(len(m.split(".")) for m in graph)
+    assert deepest >= 4 and {"policy_server.api.chat", "policy_server.store.rows"} <= set(grain_graph(graph, 3))
+    found = {depth: c for depth in range(1, deepest + 1) if (c := circles(grain_graph(graph, depth)))}
+    assert found == {}
 
 
 def test_the_lease_client_stands_alone() -> None:

@@ -259,7 +259,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema is None:
         from fastapi.openapi.utils import get_openapi
 
-        from policy_server.api.openai_schemas import ErrorResponse
+        from policy_server.api.route_docs import ErrorResponse
 
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
         schema.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = (

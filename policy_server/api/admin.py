@@ -33,8 +33,8 @@ from engine.records import ModeSnapshot
 from policy_server.api import response_models as rm
 from policy_server.api.auth import admin_state
 from policy_server.api.lease import check_count
-from policy_server.api.openai_schemas import error_responses
 from policy_server.api.response_models import ok
+from policy_server.api.route_docs import error_responses
 from policy_server.errors import InvalidRequest
 from policy_server.store import SAMPLE_STATUSES
 

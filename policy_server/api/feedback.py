@@ -31,8 +31,8 @@ from engine.validation import clip, describe_validation_errors
 from policy_server.api import response_models as rm
 from policy_server.api.auth import require_admin, require_client
 from policy_server.api.bodies import read_json_object
-from policy_server.api.openai_schemas import error_responses, json_request_body
 from policy_server.api.response_models import ok
+from policy_server.api.route_docs import error_responses, json_request_body
 from policy_server.errors import Conflict, InvalidRequest, NotFound
 from policy_server.rewards.feedback import InvalidFeedback, feedback_value
 from policy_server.state import PolicyState

@@ -29,8 +29,8 @@ from pydantic import BaseModel, Field
 from engine.trajectories import merged_trajectories
 from policy_server.api import response_models as rm
 from policy_server.api.auth import admin_state
-from policy_server.api.openai_schemas import error_responses
 from policy_server.api.response_models import ok
+from policy_server.api.route_docs import error_responses
 from policy_server.errors import Conflict, InvalidRequest, NotFound
 from policy_server.serving.versions import flag_rolled_back
 from policy_server.store import LeaseError

@@ -44,7 +44,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from engine.chat_families import reasoning_template_kwargs
 from engine.validation import clip, clip_name, most_specific_error
-from policy_server.api.openai_schemas import ChatRequest, ChatRequestDoc, inline_schema
+from policy_server.api.openai_schemas import ChatRequest, ChatRequestDoc
+from policy_server.api.route_docs import inline_schema
 from policy_server.errors import InvalidRequest
 from policy_server.serving.tool_choice import (
     forced_tool_grammar,

@@ -1,34 +1,30 @@
-"""OpenAI chat-completions shapes at the HTTP edge: request validation, sampling mapping, responses.
+"""The OpenAI chat-completions request at the HTTP edge: its typed shapes, their validation, the sampling mapping.
 
-Contract (OpenAI chat completions, as SGLang's OpenAI server answers them): non-streaming ``chat.completion`` objects and streaming
-``chat.completion.chunk`` events (role chunk, content/reasoning/tool-call deltas, finish chunk, optional
-usage chunk with ``choices: []``, then ``[DONE]``). Wrong values of known fields are a 400 with a message
-naming the field; the further OpenAI fields and the rejection of unknown ones are policy_server.api.openai_fields.
-The body fallbacks ``session_id``/``turn_type``/``session_done`` are removed before anything else sees
-the request.
+Contract (OpenAI chat completions, as SGLang's OpenAI server reads them): the body is a :class:`ChatRequest`;
+wrong values of known fields are a 400 with a message naming the field (:func:`validate_messages`,
+:func:`validate_tools`); the further OpenAI fields and the rejection of unknown ones are
+policy_server.api.openai_fields. The body fallbacks ``session_id``/``turn_type``/``session_done`` are removed
+before anything else sees the request (:func:`request_schema` documents them). The OpenAI fields become SGLang
+``sampling_params`` here (:func:`sampling_params`). The answer bodies are policy_server.api.chat.completions.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     TypeAdapter,
-    ValidationError,
     WithJsonSchema,
     field_validator,
 )
 
-from engine.validation import clip, clip_name, most_specific_error
-from policy_server.api.response_models import ChatCompletion
+from engine.validation import clip
+from policy_server.api.route_docs import body_schema, inline_schema
 from policy_server.errors import InvalidRequest
-
-ModelT = TypeVar("ModelT", bound=BaseModel)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 CONTENT_PART_TYPES = ("text",)
@@ -102,24 +98,6 @@ class NamedToolChoice(_Open):
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
-
-
-def inline_schema(adapter: TypeAdapter[Any]) -> dict[str, Any]:
-    """The adapter's JSON schema with its ``$defs`` inlined (FastAPI's OpenAPI does not carry nested defs)."""
-    schema = adapter.json_schema()
-    defs = schema.pop("$defs", {})
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/$defs/"):
-                return walk(defs[ref.split("/")[-1]])
-            return {k: walk(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        return node
-
-    return walk(schema)
 
 
 _MESSAGES = TypeAdapter(list[ChatMessage])
@@ -222,57 +200,6 @@ class ChatRequestDoc(ChatRequest):
     session_done: bool | None = Field(None, description="fallback for X-Session-Done")
 
 
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | int | None = None
-
-
-class ErrorResponse(BaseModel):
-    """OpenAI's error envelope: every error of the policy server has this body."""
-
-    error: ErrorDetail
-
-
-def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` entries for the error statuses a route really answers."""
-    return {code: {"model": ErrorResponse, "description": _ERROR_TEXT[code]} for code in codes}
-
-
-_ERROR_TEXT = {
-    400: "invalid request (names the field)",
-    401: "missing or wrong bearer key",
-    404: "unknown object (a model not served: code model_not_found)",
-    409: "conflict (expired lease)",
-    413: "body over max_body_bytes (refused while reading)",
-    415: "Content-Type is not JSON",
-    429: "too many requests in flight, or sample backlog full (Retry-After)",
-    502: "engine answered badly",
-    503: "engine unreachable, store busy or shutting down (Retry-After)",
-    504: "engine timed out",
-}
-CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "chat.completion, or with stream: true chat.completion.chunk events",
-        "model": ChatCompletion,
-        "content": {"text/event-stream": {}},
-    },
-    **error_responses(400, 401, 404, 413, 415, 429, 502, 503, 504),
-}
-
-
-def body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The OpenAPI request-body schema of a route that reads its body itself with ``model`` (``$defs`` inlined)."""
-    return inline_schema(TypeAdapter(model))
-
-
-def json_request_body(schema: dict[str, Any]) -> dict[str, Any]:
-    """A route's ``openapi_extra`` for a required JSON body of ``schema`` (routes that read the raw body, so
-    FastAPI does not document it from a parameter)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
 def request_schema(model: type[BaseModel]) -> dict[str, Any]:
     """:func:`body_schema` with the session fallbacks every client route accepts (removed before the model sees
     the body)."""
@@ -280,31 +207,6 @@ def request_schema(model: type[BaseModel]) -> dict[str, Any]:
     doc = inline_schema(TypeAdapter(ChatRequestDoc))["properties"]
     schema["properties"].update({k: doc[k] for k in SESSION_BODY_KEYS})
     return schema
-
-
-def parse_strict(model: type[ModelT], body: dict[str, Any]) -> ModelT:
-    """``body`` as ``model`` for the routes of the other API shapes (Responses, Messages): a field the model
-    does not define is a 400 naming it (never silently dropped), and so is a wrong value."""
-    unknown = sorted(set(body) - set(model.model_fields))
-    if unknown:
-        raise InvalidRequest(
-            f"unsupported field(s): {', '.join(clip_name(k) for k in unknown[:8])}; Hindsight rejects fields it "
-            "does not implement instead of ignoring them",
-            param=clip_name(unknown[0]),
-        )
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        message, param = most_specific_error(exc.errors())
-        raise InvalidRequest(message, param=param) from None
-
-
-def tool_name(value: Any, param: str) -> str:
-    """A tool's name (a definition's, a call's, a forced choice's) in the other API shapes: a non-empty string,
-    else a 400 naming ``param``, the field as that shape spells it."""
-    if not isinstance(value, str) or not value:
-        raise InvalidRequest(f"{param} must be a non-empty string", param=param)
-    return value
 
 
 def _is_json(text: str) -> bool:
@@ -421,70 +323,3 @@ def sampling_params(req: ChatRequest, default_max_tokens: int, default_temperatu
     if req.frequency_penalty is not None:
         sp["frequency_penalty"] = req.frequency_penalty
     return sp
-
-
-def finish_reason(engine_finish: dict[str, Any], has_tool_calls: bool) -> str:
-    kind = engine_finish.get("type")
-    if kind == "length":
-        return "length"
-    return "tool_calls" if has_tool_calls else "stop"
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
-    """OpenAI usage; ``prompt_tokens_details.cached_tokens`` (the engine's prefix-cache hit) when the engine said."""
-    out: dict[str, Any] = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-    if cached_tokens is not None:
-        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-    return out
-
-
-def completion(
-    *,
-    rid: str,
-    model: str,
-    message: dict[str, Any],
-    finish: str,
-    prompt_tokens: int,
-    completion_tokens: int,
-    logprobs: dict[str, Any] | None = None,
-    metadata: dict[str, str] | None = None,
-    hindsight: dict[str, Any] | None = None,
-    cached_tokens: int | None = None,
-) -> dict[str, Any]:
-    """``metadata`` is the client's own (echoed); Hindsight's values go in the ``hindsight`` extension field."""
-    body: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
-        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
-    }
-    if metadata is not None:
-        body["metadata"] = metadata
-    if hindsight is not None:
-        body["hindsight"] = hindsight
-    return body
-
-
-def chunk(
-    *,
-    rid: str,
-    model: str,
-    created: int,
-    delta: dict[str, Any] | None = None,
-    finish: str | None = None,
-    usage_obj: dict[str, Any] | None = None,
-    logprobs: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-    if usage_obj is not None:
-        body["choices"] = []
-        body["usage"] = usage_obj
-    else:
-        body["choices"] = [{"index": 0, "delta": delta or {}, "logprobs": logprobs, "finish_reason": finish}]
-    return body

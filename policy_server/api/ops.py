@@ -9,9 +9,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse
 
 from policy_server.api import model_names
-from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import is_admin, require_client
 from policy_server.api.response_models import Health, ModelCard, ModelList, Ready, ok
+from policy_server.api.route_docs import error_responses
 from policy_server.state import PolicyState
 
 router = APIRouter()
@@ -21,7 +21,7 @@ def _state(request: Request) -> PolicyState:
     return request.app.state.policy
 
 
-@router.get("/v1/models", response_model=ModelList, responses={**ok(ModelList), **oa.error_responses(401)})
+@router.get("/v1/models", response_model=ModelList, responses={**ok(ModelList), **error_responses(401)})
 async def models(request: Request) -> ModelList:
     """Every model name this server answers to (the served name, then its aliases)."""
     st = _state(request)
@@ -37,7 +37,7 @@ async def models(request: Request) -> ModelList:
 
 
 @router.get(
-    "/v1/models/{model_id:path}", response_model=ModelCard, responses={**ok(ModelCard), **oa.error_responses(401, 404)}
+    "/v1/models/{model_id:path}", response_model=ModelCard, responses={**ok(ModelCard), **error_responses(401, 404)}
 )
 async def model(request: Request, model_id: str) -> ModelCard:
     """One model name of :func:`models`; any other is a 404 ``model_not_found``."""

@@ -18,8 +18,8 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from policy_server.api.auth import is_admin, require_admin
-from policy_server.api.openai_schemas import error_responses
 from policy_server.api.response_models import ok
+from policy_server.api.route_docs import error_responses
 from policy_server.errors import NotFound, Unauthorized
 from policy_server.serving.deletion_tokens import TOKEN_HEADER
 from policy_server.state import PolicyState

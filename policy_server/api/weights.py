@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.records import WeightVersion
 from engine.sequential import Comparison
 from policy_server.api.auth import admin_state
-from policy_server.api.openai_schemas import error_responses
 from policy_server.api.response_models import ok
+from policy_server.api.route_docs import error_responses
 from policy_server.serving.versions import Push, VersionControl
 from policy_server.serving.weight_sync import WeightsUpdated
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from policy_server.api import openai_schemas as oa
+from policy_server.api.chat import completions
 from policy_server.api.chat.streaming import StreamSplitter, assistant_message
 from policy_server.serving.pairing import pair_next_state
 from tests.testkit.openclaw import OPENCLAW_DIR, openclaw_binaries
@@ -44,13 +44,13 @@ def sse_body(text: str, chunk_chars: int = 3) -> tuple[str, dict]:
     pairs += tail
 
     def chunk(**kw: object) -> dict:
-        return oa.chunk(rid="chatcmpl-replay", model="hindsight-policy", created=0, **kw)  # type: ignore[arg-type]
+        return completions.chunk(rid="chatcmpl-replay", model="hindsight-policy", created=0, **kw)  # type: ignore[arg-type]
 
     events = [chunk(delta={"role": "assistant", "content": ""})]
     events += [chunk(delta={"reasoning_content" if k == "reasoning" else "content": t}) for k, t in pairs]
     if calls:
         events.append(chunk(delta={"tool_calls": [{**c, "index": i} for i, c in enumerate(calls)]}))
-    events.append(chunk(delta={}, finish=oa.finish_reason({"type": "stop"}, bool(calls))))
+    events.append(chunk(delta={}, finish=completions.finish_reason({"type": "stop"}, bool(calls))))
     body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
     record = assistant_message(sp.content, sp.reasoning or None, calls)
     return body, {k: record.get(k) for k in ("content", "reasoning_content", "tool_calls")}

@@ -37,6 +37,7 @@ from engine.disconnect import CLIENT_CLOSED_STATUS, ClientGone, unless_disconnec
 from engine.errors import EngineError
 from policy_server.api import openai_fields as fields
 from policy_server.api import openai_schemas as oa
+from policy_server.api.chat import completions
 from policy_server.api.chat.streaming import ChatStream, assistant_message, logprob_entries, sse_events
 from policy_server.serving.chat_turn import ChatInput, ChatTurn
 from policy_server.state import PolicyState
@@ -91,11 +92,11 @@ class ChatReply:
         await turn.finish_turn(res, message)
         extras = self.call.extras
         return JSONResponse(
-            oa.completion(
+            completions.completion(
                 rid=turn.rid,
                 model=self.model,
                 message=message,
-                finish=oa.finish_reason(res.finish, bool(parsed.tool_calls)),
+                finish=completions.finish_reason(res.finish, bool(parsed.tool_calls)),
                 prompt_tokens=len(turn.prompt_ids),
                 completion_tokens=len(res.response_ids),
                 cached_tokens=res.cached_tokens,

@@ -35,6 +35,8 @@ from policy_server.api import openai_schemas as oa
 from policy_server.api.auth import require_client
 from policy_server.api.bodies import read_json_object
 from policy_server.api.chat.answer import ChatCall, ChatReply
+from policy_server.api.response_models import ChatCompletion
+from policy_server.api.route_docs import error_responses, json_request_body
 from policy_server.errors import InvalidRequest
 from policy_server.serving.chat_turn import ChatInput
 from policy_server.serving.identity import SessionHint, session_hint
@@ -44,6 +46,15 @@ from policy_server.serving.undelivered import reject_turn as _reject_turn  # noq
 from policy_server.state import PolicyState
 
 router = APIRouter()
+
+CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "chat.completion, or with stream: true chat.completion.chunk events",
+        "model": ChatCompletion,
+        "content": {"text/event-stream": {}},
+    },
+    **error_responses(400, 401, 404, 413, 415, 429, 502, 503, 504),
+}
 
 
 def _state(request: Request) -> PolicyState:
@@ -164,8 +175,8 @@ def _chat_input(
 
 @router.post(
     "/v1/chat/completions",
-    openapi_extra=oa.json_request_body(fields.chat_request_schema()),
-    responses=oa.CHAT_RESPONSES,
+    openapi_extra=json_request_body(fields.chat_request_schema()),
+    responses=CHAT_RESPONSES,
 )
 async def chat_completions(request: Request) -> Response:
     st = _state(request)

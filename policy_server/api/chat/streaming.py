@@ -48,7 +48,7 @@ from engine.chat import (
 )
 from engine.errors import EngineError
 from policy_server.api import openai_fields as fields
-from policy_server.api import openai_schemas as oa
+from policy_server.api.chat import completions
 from policy_server.errors import PolicyError, engine_error_status, error_body
 from policy_server.serving.chat_turn import ChatTurn
 
@@ -246,13 +246,13 @@ async def sse_events(
 
     def event(obj: dict[str, Any]) -> str:
         if stream.continuous_usage and obj.get("choices"):
-            obj["usage"] = oa.usage(len(res.prompt_ids), len(res.response_ids))
+            obj["usage"] = completions.usage(len(res.prompt_ids), len(res.response_ids))
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
     def out(pairs: list[tuple[str, str]]) -> list[str]:
         return [
             event(
-                oa.chunk(
+                completions.chunk(
                     rid=rid,
                     model=model,
                     created=created,
@@ -273,7 +273,9 @@ async def sse_events(
     delivered = False
     try:
         try:
-            yield event(oa.chunk(rid=rid, model=model, created=created, delta={"role": "assistant", "content": ""}))
+            yield event(
+                completions.chunk(rid=rid, model=model, created=created, delta={"role": "assistant", "content": ""})
+            )
             pending = [first] if first is not None else []
             while True:
                 for text in pending:
@@ -301,26 +303,28 @@ async def sse_events(
                     for i, c in enumerate(calls)
                 ]
                 yield event(
-                    oa.chunk(rid=rid, model=model, created=created, delta={"tool_calls": delta_calls}, logprobs=lp())
+                    completions.chunk(
+                        rid=rid, model=model, created=created, delta={"tool_calls": delta_calls}, logprobs=lp()
+                    )
                 )
             await turn.finish_turn(res, message)
             yield event(
-                oa.chunk(
+                completions.chunk(
                     rid=rid,
                     model=model,
                     created=created,
                     delta={},
                     logprobs=lp(),
-                    finish=oa.finish_reason(res.finish, bool(calls)),
+                    finish=completions.finish_reason(res.finish, bool(calls)),
                 )
             )
             if stream.include_usage:
                 yield event(
-                    oa.chunk(
+                    completions.chunk(
                         rid=rid,
                         model=model,
                         created=created,
-                        usage_obj=oa.usage(len(res.prompt_ids), len(res.response_ids), res.cached_tokens),
+                        usage_obj=completions.usage(len(res.prompt_ids), len(res.response_ids), res.cached_tokens),
                     )
                 )
         except (EngineError, PolicyError) as exc:

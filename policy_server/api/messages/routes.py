@@ -24,6 +24,7 @@ from policy_server.api.chat_bridge import engine_stop, hindsight_headers, reques
 from policy_server.api.messages import shapes as ms
 from policy_server.api.messages.stream import message_events
 from policy_server.api.response_models_shapes import MessageObject, TokenCount
+from policy_server.api.route_docs import body_schema, json_request_body
 from policy_server.serving.identity import NONE, SessionHint
 from policy_server.state import PolicyState
 
@@ -44,7 +45,7 @@ MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 @router.post(
     MESSAGES_PATH,
-    openapi_extra=oa.json_request_body(oa.request_schema(ms.MessagesRequest)),
+    openapi_extra=json_request_body(oa.request_schema(ms.MessagesRequest)),
     responses=MESSAGES_RESPONSES,
 )
 async def create_message(request: Request) -> Response:
@@ -88,7 +89,7 @@ async def create_message(request: Request) -> Response:
     COUNT_TOKENS_PATH,
     response_model=TokenCount,
     # No session fallbacks: a count is no turn of any session.
-    openapi_extra=oa.json_request_body(oa.body_schema(ms.MessagesPrompt)),
+    openapi_extra=json_request_body(body_schema(ms.MessagesPrompt)),
     responses={**dict.fromkeys((400, 401, 404, 413, 429), _ERROR)},
 )
 async def count_message_tokens(request: Request) -> TokenCount:

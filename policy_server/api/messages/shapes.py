@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.validation import clip
-from policy_server.api import openai_schemas as oa
+from policy_server.api.bodies import parse_strict, tool_name
 from policy_server.errors import InvalidRequest
 
 # Anthropic's error type per HTTP status (its documented error shapes); any other status is a client's
@@ -91,12 +91,12 @@ class MessagesRequest(MessagesPrompt):
 
 def parse_request(body: dict[str, Any]) -> MessagesRequest:
     """The typed request; an unknown field or a wrong value is a 400 naming it."""
-    return oa.parse_strict(MessagesRequest, body)
+    return parse_strict(MessagesRequest, body)
 
 
 def parse_prompt(body: dict[str, Any]) -> MessagesPrompt:
     """The typed ``count_tokens`` request; an unknown field or a wrong value is a 400 naming it."""
-    return oa.parse_strict(MessagesPrompt, body)
+    return parse_strict(MessagesPrompt, body)
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
@@ -158,7 +158,7 @@ def chat_messages(req: MessagesPrompt) -> list[dict[str, Any]]:
             elif kind == "tool_use":
                 if not isinstance(block.get("id"), str):
                     raise InvalidRequest(f"{bw}.id must be a string", param=f"{bw}.id")
-                name = oa.tool_name(block.get("name"), f"{bw}.name")
+                name = tool_name(block.get("name"), f"{bw}.name")
                 args = json.dumps(block.get("input") or {}, ensure_ascii=False)
                 call = {"id": block["id"], "type": "function", "function": {"name": name, "arguments": args}}
                 assistant.setdefault("tool_calls", []).append(call)
@@ -179,7 +179,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
             raise InvalidRequest(
                 f"tools[{i}] is not supported (client tools with a name and input_schema only)", param=f"tools[{i}]"
             )
-        name = oa.tool_name(tool["name"], f"tools[{i}].name")
+        name = tool_name(tool["name"], f"tools[{i}].name")
         fn = {"name": name, "parameters": tool.get("input_schema") or {"type": "object"}}
         if tool.get("description") is not None:
             fn["description"] = tool["description"]
@@ -200,7 +200,7 @@ def prompt_body(req: MessagesPrompt) -> dict[str, Any]:
         elif kind == "any":
             body["tool_choice"] = "required"
         elif kind == "tool":
-            name = oa.tool_name(choice.get("name"), "tool_choice.name")
+            name = tool_name(choice.get("name"), "tool_choice.name")
             body["tool_choice"] = {"type": "function", "function": {"name": name}}
         else:
             raise InvalidRequest("tool_choice must be auto, any, none or {type: tool, name}", param="tool_choice")

@@ -44,6 +44,7 @@ from policy_server.api.response_models_shapes import ResponseObject
 from policy_server.api.responses import output as ro
 from policy_server.api.responses import shapes as rs
 from policy_server.api.responses.stream import ResponseEvents, response_events
+from policy_server.api.route_docs import error_responses, json_request_body
 from policy_server.errors import NotFound
 from policy_server.serving.opt_out import NONE
 from policy_server.state import PolicyState
@@ -57,7 +58,7 @@ RESPONSES_RESPONSES: dict[int | str, dict[str, Any]] = {
         "model": ResponseObject,
         "content": {"text/event-stream": {}},
     },
-    **oa.error_responses(400, 401, 404, 413, 429, 502, 503, 504),
+    **error_responses(400, 401, 404, 413, 429, 502, 503, 504),
 }
 
 
@@ -101,7 +102,7 @@ def _assistant(message: dict[str, Any]) -> dict[str, Any]:
 
 @router.post(
     "/v1/responses",
-    openapi_extra=oa.json_request_body(oa.request_schema(rs.ResponsesRequest)),
+    openapi_extra=json_request_body(oa.request_schema(rs.ResponsesRequest)),
     responses=RESPONSES_RESPONSES,
 )
 async def create_response(request: Request) -> Response:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.validation import clip
-from policy_server.api import openai_schemas as oa
+from policy_server.api.bodies import parse_strict, tool_name
 from policy_server.errors import InvalidRequest
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -91,7 +91,7 @@ class ResponsesRequest(_Strict):
 
 def parse_request(body: dict[str, Any]) -> ResponsesRequest:
     """The typed request; an unknown field, a wrong value or an unsupported ``include`` is a 400 naming it."""
-    req = oa.parse_strict(ResponsesRequest, body)
+    req = parse_strict(ResponsesRequest, body)
     for value in req.include or []:
         if value not in (LOGPROBS_INCLUDE, REASONING_INCLUDE):
             raise InvalidRequest(
@@ -157,7 +157,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             name, args, call_id = item.get("name"), item.get("arguments"), item.get("call_id")
             if not isinstance(name, str) or not isinstance(args, str) or not isinstance(call_id, str):
                 raise InvalidRequest(f"{where} needs name, arguments and call_id (strings)", param=where)
-            oa.tool_name(name, f"{where}.name")
+            tool_name(name, f"{where}.name")
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             assistant().setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
@@ -183,7 +183,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
                 f"tools[{i}] of type {clip(tool.get('type'))} is not supported (function tools with a name only)",
                 param=f"tools[{i}].type",
             )
-        oa.tool_name(tool["name"], f"tools[{i}].name")
+        tool_name(tool["name"], f"tools[{i}].name")
         fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
@@ -215,7 +215,7 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any
             "tool_choice must be auto, none, required, {type: function, name} or {type: allowed_tools, ...}",
             param="tool_choice",
         )
-    return {"type": "function", "function": {"name": oa.tool_name(choice["name"], "tool_choice.name")}}
+    return {"type": "function", "function": {"name": tool_name(choice["name"], "tool_choice.name")}}
 
 
 def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:

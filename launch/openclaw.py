@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no running dev stack in {run_dir}: run `launch/dev.sh start` first", file=sys.stderr)
         return 1
     out = Path(args.out).resolve() if args.out else run_dir / "openclaw"
-    from policy_server.serving.generation import context_length
+    from policy_server.serving.prompt_size import context_length
 
     # OpenClaw budgets its prompt (and compacts at about 3/4) from the window it is told: the engine's real one.
     window = context_length(endpoints["policy_model_path"]) or 65536

@@ -68,8 +68,9 @@ from policy_server.metrics import Metrics
 from policy_server.rewards.dispatch import Dispatcher
 from policy_server.rewards.scoring import PRMScoring
 from policy_server.serving.deletion_tokens import DeletionTokens
-from policy_server.serving.generation import Generator, context_length
+from policy_server.serving.generation import Generator
 from policy_server.serving.identity import SessionResolver
+from policy_server.serving.prompt_size import context_length
 from policy_server.serving.retention import run_retention
 from policy_server.serving.secrets import SecretScanner
 from policy_server.serving.sessions import SessionTracker

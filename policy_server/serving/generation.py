@@ -35,11 +35,9 @@ per worker, logged, never raised) on every engine WORKER URL: sglang-router 0.3.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from engine.chat_families import DEFAULT_FAMILY, ChatFamily
@@ -48,74 +46,15 @@ from engine.continuation import ContinuationRenderer, PriorTurn, Rendered
 from engine.errors import EngineBadResponse
 from engine.tool_parsers import reasoning_parser, tool_call_parser
 from policy_server.errors import InvalidRequest, ServiceUnavailable
+from policy_server.serving.prompt_size import longest_token_chars, prompt_chars, prompt_token_floor
 from policy_server.serving.weight_sync import WeightGate
 
 logger = logging.getLogger(__name__)
-
-# An abort is a cleanup call on behalf of a client that is gone: short, and never worth a long retry.
 
 # Below this many characters of message text (+ tool schemas) a prompt is rendered on the event loop.
 INLINE_RENDER_MAX_CHARS = 2048
 # Renders running in worker threads at once: more would only queue for the GIL and hold their memory at once.
 DEFAULT_RENDER_CONCURRENCY = 2
-
-
-def _prompt_chars(messages: list[dict[str, object]], tools: list[dict[str, object]] | None) -> int:
-    """About how many characters the prompt renders to (the strings it holds), stopping once past the
-    inline threshold: a long tool description or text part counts at its real length."""
-    n = _string_chars(tools) if tools else 0
-    for m in messages:
-        n += _string_chars(m.get("content")) + _string_chars(m.get("tool_calls")) + 16
-        if n > INLINE_RENDER_MAX_CHARS:
-            break
-    return n
-
-
-def _string_chars(value: object) -> int:
-    """Characters of every string (keys included) in a JSON value; iterative, so any nesting is safe."""
-    total, stack = 0, [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            total += len(node)
-        elif isinstance(node, dict):
-            total += sum(len(k) for k in node if isinstance(k, str))
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return total
-
-
-def prompt_token_floor(
-    messages: list[dict[str, object]], max_token_chars: int, tools: Sequence[object] | None = None
-) -> int:
-    """A lower bound of the rendered prompt's length in tokens, without rendering it: every message adds at
-    least one token, and no token covers more than ``max_token_chars`` characters of its text.
-
-    Counted: message text (string content, text parts), the names and arguments of history tool calls,
-    and every string of the tool definitions (templates render each tool whole, as JSON, whose escaping
-    only lengthens it). Cost: one pass over the values, no copies."""
-    chars = 0
-    for m in messages:
-        c = m.get("content")
-        if isinstance(c, str):
-            chars += len(c)
-        elif isinstance(c, list):
-            chars += sum(len(p["text"]) for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
-        calls = m.get("tool_calls")
-        if isinstance(calls, list):
-            for tc in calls:
-                fn = tc.get("function") if isinstance(tc, dict) else None
-                if isinstance(fn, dict):
-                    chars += _string_chars([fn.get("name"), fn.get("arguments")])
-    if isinstance(tools, list):
-        chars += _string_chars(tools)
-    return len(messages) + chars // max(1, max_token_chars)
-
-
-def longest_token_chars(tokenizer: Any) -> int:
-    """The most characters any vocabulary entry spells (byte-level BPE: one character per byte)."""
-    return max((len(t) for t in tokenizer.get_vocab()), default=1)
 
 
 def max_new_tokens(sp: dict[str, object]) -> int:
@@ -125,16 +64,6 @@ def max_new_tokens(sp: dict[str, object]) -> int:
     if not isinstance(n, int):
         raise TypeError(f"sampling params without an integer max_new_tokens: {n!r}")
     return n
-
-
-def context_length(model_path: str) -> int | None:
-    """``max_position_embeddings`` of the model's config.json, or None when the folder does not say."""
-    try:
-        with open(Path(model_path) / "config.json", encoding="utf-8") as f:
-            value = json.load(f).get("max_position_embeddings")
-    except (OSError, ValueError):
-        return None
-    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 class GenerationAbandoned(Exception):
@@ -260,7 +189,7 @@ class Generator:
         ``render_concurrency`` at once), because even with a prior turn the renderer may fall back to the full render, which would stall the
         other requests on the loop."""
         self.check_fits(messages, tools)
-        if _prompt_chars(messages, tools) <= INLINE_RENDER_MAX_CHARS or self._continues_cheaply(
+        if prompt_chars(messages, tools, INLINE_RENDER_MAX_CHARS) <= INLINE_RENDER_MAX_CHARS or self._continues_cheaply(
             messages, tools, chat_template_kwargs, prior
         ):
             rendered = self.renderer.render(messages, tools, chat_template_kwargs, prior)
@@ -282,7 +211,7 @@ class Generator:
         thread hand-off would cost more than the render)."""
         if prior is None or len(messages) <= len(prior.messages):
             return False
-        if _prompt_chars(messages[len(prior.messages) :], None) > INLINE_RENDER_MAX_CHARS:
+        if prompt_chars(messages[len(prior.messages) :], None, INLINE_RENDER_MAX_CHARS) > INLINE_RENDER_MAX_CHARS:
             return False
         return self.renderer.continues_cheaply(messages, tools, chat_template_kwargs, prior)
 

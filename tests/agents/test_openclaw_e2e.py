@@ -37,7 +37,7 @@ import pytest
 
 from engine.chat import load_tokenizer, render_prompt_ids
 from launch.openclaw import PROVIDER_ID, write_config
-from policy_server.serving.generation import context_length
+from policy_server.serving.prompt_size import context_length
 from tests.testkit.openclaw import dev_stack, main_turns, openclaw_binaries, openclaw_gateway, openclaw_turn
 from tests.testkit.procs import free_port
 from tests.testkit.trainer_cli import run_trainer_cli

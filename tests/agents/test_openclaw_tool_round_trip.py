@@ -24,7 +24,7 @@ from devkit.model_cache import copy_of
 from devkit.tiny_tool_model import TOOL_CALL, TRIGGER_WORD
 from engine.chat import load_tokenizer, render_prompt_ids
 from launch.openclaw import write_config
-from policy_server.serving.generation import context_length
+from policy_server.serving.prompt_size import context_length
 from tests.testkit import cached_models
 from tests.testkit.openclaw import dev_stack, main_turns, openclaw_binaries, openclaw_turn
 

@@ -19,7 +19,7 @@ from engine.http_guard import BadJSON, check_json_value, parse_json_body
 from engine.records import ModeSnapshot, TurnRecord
 from policy_server.api.auth import is_admin, require_admin
 from policy_server.errors import Unauthorized
-from policy_server.serving.generation import prompt_token_floor
+from policy_server.serving.prompt_size import prompt_token_floor
 from policy_server.serving.sessions import SessionTracker
 from policy_server.settings import PolicySettings
 from policy_server.store import Store

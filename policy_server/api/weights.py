@@ -3,9 +3,9 @@
 - ``POST /admin/weights/update {"model_path", "weight_version", "parent_version"?, "sample_count"?,
   "sample_id_min"?, "sample_id_max"?}`` -> ``{"success", "weight_version", "paused_s", "state"}``: records the
   version in the ledger and loads it (policy_server.serving.versions). 409 when another version is being
-  loaded or is canary (at any replica), when the version exists, or when ``parent_version`` is not the live
-  version (after a rollback: the trainer reloads the restored weights first); 400 when the engines refuse
-  the checkpoint; 502 when they fail.
+  loaded or is canary (at any replica), when the version exists, when ``parent_version`` is not the live
+  version, or when a rollback restored the live version and the push does not name it (after a rollback the
+  trainer reloads the restored weights first); 400 when the engines refuse the checkpoint; 502 when they fail.
 - ``GET /admin/weights?limit=N`` -> ``{"live", "canary", "comparison", "versions": [...]}``: the ledger, newest
   first, the live and canary versions' names (null when none) and, while a canary runs with --safe-updates, the
   canary test now (each arm's sessions, mean reward and interval; canary - live; the decision).

@@ -116,6 +116,16 @@ class _Record(BaseModel):
         return self.model_dump(mode="json", exclude_unset=True)
 
 
+class Interval(BaseModel):
+    """A closed interval ``[lo, hi]`` of a real quantity: the canary test's confidence sequences
+    (engine.sequential, answered by ``GET /admin/weights``) and the judge evaluation's bootstrap intervals."""
+
+    model_config = ConfigDict(frozen=True, strict=True)
+
+    lo: float
+    hi: float
+
+
 class ModeSnapshot(BaseModel):
     """The reward mode and combine weights in force (policy_server.rewards.modes.ModeState): read once per judged
     turn, persisted as the ``mode`` runtime setting and answered by ``/admin/mode``."""

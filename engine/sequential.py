@@ -7,6 +7,9 @@ Data: one reward per session (the unit that is independent across users; the tur
 in [-1, 1]: the mean of the session's main-turn judge verdicts and explicit feedback values
 (policy_server.store.version_rewards). Each arm keeps only its count and sum (:class:`ArmStats`).
 
+Record: :func:`decide` answers a :class:`Comparison` (each arm's sessions, mean and interval, the interval of
+canary - live, the decision), the same record ``GET /admin/weights`` answers as its ``comparison``.
+
 Test: a confidence sequence for each arm's mean from Robbins' normal mixture (Howard, Ramdas, McAuliffe and
 Sekhon 2021, "Time-uniform, nonparametric, nonasymptotic confidence sequences", eq. (14)): a reward in
 [-1, 1] is 1-sub-Gaussian around its mean, so with S_n the centred sum and V_n = n,
@@ -36,6 +39,10 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict
+
+from engine.records import Interval
+
 Decision = Literal["continue", "promote", "rollback"]
 REWARD_LO, REWARD_HI = -1.0, 1.0
 SIGMA = (REWARD_HI - REWARD_LO) / 2  # Hoeffding: a variable in [lo, hi] is (hi - lo) / 2 sub-Gaussian
@@ -56,20 +63,23 @@ class ArmStats:
         return self.total / self.n if self.n else 0.0
 
 
-@dataclass(frozen=True)
-class Interval:
-    lo: float
-    hi: float
+class Arm(BaseModel):
+    """One arm now: its judged sessions, their mean reward and the always-valid interval of its mean."""
+
+    model_config = ConfigDict(frozen=True, strict=True)
+
+    sessions: int
+    mean: float
+    interval: Interval
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """The state of a trial: each arm's interval, the interval for canary minus live, and the decision."""
+class Comparison(BaseModel):
+    """The state of a trial: each arm, the interval for canary minus live, and the decision."""
 
-    canary: ArmStats
-    live: ArmStats
-    canary_interval: Interval
-    live_interval: Interval
+    model_config = ConfigDict(frozen=True, strict=True)
+
+    canary: Arm
+    live: Arm
     diff: Interval
     decision: Decision
 
@@ -85,7 +95,7 @@ def radius(n: int, alpha: float, rho: float) -> float:
 
 def interval(arm: ArmStats, alpha: float, rho: float) -> Interval:
     r = radius(arm.n, alpha, rho)
-    return Interval(max(REWARD_LO, arm.mean - r), min(REWARD_HI, arm.mean + r))
+    return Interval(lo=max(REWARD_LO, arm.mean - r), hi=min(REWARD_HI, arm.mean + r))
 
 
 def rho_for(n_sessions: int, alpha: float) -> float:
@@ -110,7 +120,7 @@ def decide(
         raise ValueError("alpha must be in (0, 1)")
     ci = interval(canary, alpha / 2, rho)
     li = interval(live, alpha / 2, rho)
-    diff = Interval(ci.lo - li.hi, ci.hi - li.lo)
+    diff = Interval(lo=ci.lo - li.hi, hi=ci.hi - li.lo)
     decision: Decision = "continue"
     if diff.hi < 0:
         decision = "rollback"
@@ -118,4 +128,9 @@ def decide(
         decision = "promote"
     elif max_sessions is not None and canary.n >= max_sessions:
         decision = "rollback"
-    return Comparison(canary, live, ci, li, diff, decision)
+    return Comparison(
+        canary=Arm(sessions=canary.n, mean=canary.mean, interval=ci),
+        live=Arm(sessions=live.n, mean=live.mean, interval=li),
+        diff=diff,
+        decision=decision,
+    )

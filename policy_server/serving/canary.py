@@ -105,8 +105,8 @@ class Canary:
         c = self.last
         arms: dict[tuple[str, str], float] = {}
         if c is not None:
-            for arm, stats, iv in (("canary", c.canary, c.canary_interval), ("live", c.live, c.live_interval)):
-                arms.update({(arm, "mean"): stats.mean, (arm, "lo"): iv.lo, (arm, "hi"): iv.hi})
+            for name, arm in (("canary", c.canary), ("live", c.live)):
+                arms.update({(name, "mean"): arm.mean, (name, "lo"): arm.interval.lo, (name, "hi"): arm.interval.hi})
         self.metrics.versions.arms = arms
 
     async def engine_for(self, session_id: str | None) -> EngineClient | None:
@@ -186,7 +186,7 @@ class Canary:
         d = cmp.diff
         note = (
             f"automatic {cmp.decision}: canary - live reward in [{d.lo:.3f}, {d.hi:.3f}] after "
-            f"{cmp.canary.n} canary and {cmp.live.n} live sessions"
+            f"{cmp.canary.sessions} canary and {cmp.live.sessions} live sessions"
         )
         if (self.drain.decision if self.drain else cmp.decision) == "promote":
             await self.control.promote(note=note)

@@ -30,7 +30,9 @@ Decisions (:func:`decide`), from that interval:
 - ``continue`` otherwise; ``max_sessions`` (if set) ends the trial as ``rollback`` (an undecided canary is
   not shown to be safe: the cautious default), which only ever adds rollbacks.
 
-``rho`` tunes where the boundary is tightest; :func:`rho_for` picks it for an expected trial length.
+``rho`` tunes where the boundary is tightest; :func:`rho_for` picks it for an expected trial length and
+:func:`trial_rho` is the choice the server makes. The default parameters (``DEFAULT_*``, the server's
+``--canary-*`` defaults) were chosen by bench/canary_defaults.py (figures in docs/SAFE_UPDATES.md).
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ from engine.records import Interval
 
 Decision = Literal["continue", "promote", "rollback"]
 REWARD_LO, REWARD_HI = -1.0, 1.0
+DEFAULT_ALPHA = 0.05
+DEFAULT_MARGIN = 0.2
+DEFAULT_MIN_SESSIONS = 20
+TIGHTEST_AT_SESSIONS = 50  # per arm: where the boundary is tightest unless min_sessions is larger
 SIGMA = (REWARD_HI - REWARD_LO) / 2  # Hoeffding: a variable in [lo, hi] is (hi - lo) / 2 sub-Gaussian
 
 
@@ -103,6 +109,12 @@ def rho_for(n_sessions: int, alpha: float) -> float:
     radius is smooth and unimodal in rho)."""
     grid = [10 ** (k / 20) for k in range(-40, 81)]  # 0.01 .. 10_000
     return min(grid, key=lambda rho: radius(n_sessions, alpha, rho))
+
+
+def trial_rho(alpha: float, min_sessions: int) -> float:
+    """The mixture parameter of a trial at level ``alpha`` (each arm ``alpha / 2``): the boundary is tightest at
+    ``TIGHTEST_AT_SESSIONS`` sessions per arm, or at ``min_sessions`` when a promotion needs more."""
+    return rho_for(max(min_sessions, TIGHTEST_AT_SESSIONS), alpha / 2)
 
 
 def decide(

@@ -116,6 +116,16 @@ class _Record(BaseModel):
         return self.model_dump(mode="json", exclude_unset=True)
 
 
+class Interval(BaseModel):
+    """A closed interval ``[lo, hi]`` of a real quantity: the canary test's confidence sequences
+    (engine.sequential, answered by ``GET /admin/weights``) and the judge evaluation's bootstrap intervals."""
+
+    model_config = ConfigDict(frozen=True, strict=True)
+
+    lo: float
+    hi: float
+
+
 class ModeSnapshot(BaseModel):
     """The reward mode and combine weights in force (policy_server.rewards.modes.ModeState): read once per judged
     turn, persisted as the ``mode`` runtime setting and answered by ``/admin/mode``."""
@@ -475,7 +485,9 @@ VERSION_STATES: tuple[str, ...] = get_args(VersionState)
 class WeightVersion(_Record):
     """One row of the weight-version ledger: the checkpoint the engines load for ``version``, the version it
     was trained from (``parent``), the samples it was trained on (count and the smallest and largest sample id),
-    when it was made, its state and why that state last changed (``note``)."""
+    when it was made, its state and why that state last changed (``note``). ``parent_required``: a rollback made
+    this version live again, so a push must name it as ``parent_version`` (weights reloaded from it) until one
+    that does has loaded."""
 
     version: str
     checkpoint: str
@@ -487,6 +499,7 @@ class WeightVersion(_Record):
     sample_id_min: str | None = None
     sample_id_max: str | None = None
     note: str | None = None
+    parent_required: bool = False
 
 
 class SessionReward(_Record):

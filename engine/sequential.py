@@ -7,6 +7,9 @@ Data: one reward per session (the unit that is independent across users; the tur
 in [-1, 1]: the mean of the session's main-turn judge verdicts and explicit feedback values
 (policy_server.store.version_rewards). Each arm keeps only its count and sum (:class:`ArmStats`).
 
+Record: :func:`decide` answers a :class:`Comparison` (each arm's sessions, mean and interval, the interval of
+canary - live, the decision), the same record ``GET /admin/weights`` answers as its ``comparison``.
+
 Test: a confidence sequence for each arm's mean from Robbins' normal mixture (Howard, Ramdas, McAuliffe and
 Sekhon 2021, "Time-uniform, nonparametric, nonasymptotic confidence sequences", eq. (14)): a reward in
 [-1, 1] is 1-sub-Gaussian around its mean, so with S_n the centred sum and V_n = n,
@@ -27,7 +30,9 @@ Decisions (:func:`decide`), from that interval:
 - ``continue`` otherwise; ``max_sessions`` (if set) ends the trial as ``rollback`` (an undecided canary is
   not shown to be safe: the cautious default), which only ever adds rollbacks.
 
-``rho`` tunes where the boundary is tightest; :func:`rho_for` picks it for an expected trial length.
+``rho`` tunes where the boundary is tightest; :func:`rho_for` picks it for an expected trial length and
+:func:`trial_rho` is the choice the server makes. The default parameters (``DEFAULT_*``, the server's
+``--canary-*`` defaults) were chosen by bench/canary_defaults.py (figures in docs/SAFE_UPDATES.md).
 """
 
 from __future__ import annotations
@@ -36,8 +41,16 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict
+
+from engine.records import Interval
+
 Decision = Literal["continue", "promote", "rollback"]
 REWARD_LO, REWARD_HI = -1.0, 1.0
+DEFAULT_ALPHA = 0.05
+DEFAULT_MARGIN = 0.2
+DEFAULT_MIN_SESSIONS = 20
+TIGHTEST_AT_SESSIONS = 50  # per arm: where the boundary is tightest unless min_sessions is larger
 SIGMA = (REWARD_HI - REWARD_LO) / 2  # Hoeffding: a variable in [lo, hi] is (hi - lo) / 2 sub-Gaussian
 
 
@@ -56,20 +69,23 @@ class ArmStats:
         return self.total / self.n if self.n else 0.0
 
 
-@dataclass(frozen=True)
-class Interval:
-    lo: float
-    hi: float
+class Arm(BaseModel):
+    """One arm now: its judged sessions, their mean reward and the always-valid interval of its mean."""
+
+    model_config = ConfigDict(frozen=True, strict=True)
+
+    sessions: int
+    mean: float
+    interval: Interval
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """The state of a trial: each arm's interval, the interval for canary minus live, and the decision."""
+class Comparison(BaseModel):
+    """The state of a trial: each arm, the interval for canary minus live, and the decision."""
 
-    canary: ArmStats
-    live: ArmStats
-    canary_interval: Interval
-    live_interval: Interval
+    model_config = ConfigDict(frozen=True, strict=True)
+
+    canary: Arm
+    live: Arm
     diff: Interval
     decision: Decision
 
@@ -85,7 +101,7 @@ def radius(n: int, alpha: float, rho: float) -> float:
 
 def interval(arm: ArmStats, alpha: float, rho: float) -> Interval:
     r = radius(arm.n, alpha, rho)
-    return Interval(max(REWARD_LO, arm.mean - r), min(REWARD_HI, arm.mean + r))
+    return Interval(lo=max(REWARD_LO, arm.mean - r), hi=min(REWARD_HI, arm.mean + r))
 
 
 def rho_for(n_sessions: int, alpha: float) -> float:
@@ -93,6 +109,12 @@ def rho_for(n_sessions: int, alpha: float) -> float:
     radius is smooth and unimodal in rho)."""
     grid = [10 ** (k / 20) for k in range(-40, 81)]  # 0.01 .. 10_000
     return min(grid, key=lambda rho: radius(n_sessions, alpha, rho))
+
+
+def trial_rho(alpha: float, min_sessions: int) -> float:
+    """The mixture parameter of a trial at level ``alpha`` (each arm ``alpha / 2``): the boundary is tightest at
+    ``TIGHTEST_AT_SESSIONS`` sessions per arm, or at ``min_sessions`` when a promotion needs more."""
+    return rho_for(max(min_sessions, TIGHTEST_AT_SESSIONS), alpha / 2)
 
 
 def decide(
@@ -110,7 +132,7 @@ def decide(
         raise ValueError("alpha must be in (0, 1)")
     ci = interval(canary, alpha / 2, rho)
     li = interval(live, alpha / 2, rho)
-    diff = Interval(ci.lo - li.hi, ci.hi - li.lo)
+    diff = Interval(lo=ci.lo - li.hi, hi=ci.hi - li.lo)
     decision: Decision = "continue"
     if diff.hi < 0:
         decision = "rollback"
@@ -118,4 +140,9 @@ def decide(
         decision = "promote"
     elif max_sessions is not None and canary.n >= max_sessions:
         decision = "rollback"
-    return Comparison(canary, live, ci, li, diff, decision)
+    return Comparison(
+        canary=Arm(sessions=canary.n, mean=canary.mean, interval=ci),
+        live=Arm(sessions=live.n, mean=live.mean, interval=li),
+        diff=diff,
+        decision=decision,
+    )

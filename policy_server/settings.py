@@ -16,6 +16,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 from engine.cli_settings import CliSettings
 from engine.sample_values import TEACHER_TEMPERATURE
 from engine.security import check_exposure
+from engine.sequential import DEFAULT_ALPHA, DEFAULT_MARGIN, DEFAULT_MIN_SESSIONS
 
 
 class PolicySettings(CliSettings):
@@ -235,20 +236,26 @@ class PolicySettings(CliSettings):
         "with one engine) until the sequential test or POST /admin/weights/promote|rollback decides; off: it "
         "goes live at once (the ledger records it either way)",
     )
+    # The canary defaults: chosen by bench/canary_defaults.py (the rule and figures in docs/SAFE_UPDATES.md).
     canary_share: float = Field(
         0.2, gt=0, le=1, description="share of new sessions the canary engine serves (two or more engines)"
     )
     canary_alpha: float = Field(
-        0.05,
+        DEFAULT_ALPHA,
         gt=0,
         lt=1,
         description="error rate of the canary test: a not-worse canary is rolled back (and a "
         "canary worse by the margin promoted) with at most this probability, however long it runs",
     )
     canary_margin: float = Field(
-        0.2, ge=0, le=2, description="how much lower (reward in [-1, 1]) a canary may be and still count as not worse"
+        DEFAULT_MARGIN,
+        ge=0,
+        le=2,
+        description="how much lower (reward in [-1, 1]) a canary may be and still count as not worse",
     )
-    canary_min_sessions: int = Field(20, ge=1, description="judged canary sessions before a promotion")
+    canary_min_sessions: int = Field(
+        DEFAULT_MIN_SESSIONS, ge=1, description="judged canary sessions before a promotion"
+    )
     canary_max_sessions: int | None = Field(
         None, ge=1, description="judged canary sessions after which an undecided canary is rolled back (none: no cap)"
     )

@@ -24,6 +24,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from engine.records import Interval
+
 GOLD_LABELS: tuple[int, ...] = (1, 0, -1)
 # The predicted columns: the three labels, then "missing" (no verdict).
 PREDICTED_COLUMNS: tuple[str, ...] = ("1", "0", "-1", "missing")
@@ -58,12 +60,6 @@ class ClassScores:
     recall: float
     f1: float
     support: int  # gold steps of the class
-
-
-@dataclass(frozen=True)
-class Interval:
-    low: float
-    high: float
 
 
 @dataclass(frozen=True)
@@ -175,8 +171,8 @@ def bootstrap_intervals(
     _, _, _, f1, kappa = _rates(conf)
     macro = f1.mean(axis=-1)
     return (
-        Interval(float(np.percentile(macro, 2.5)), float(np.percentile(macro, 97.5))),
-        Interval(float(np.percentile(kappa, 2.5)), float(np.percentile(kappa, 97.5))),
+        Interval(lo=float(np.percentile(macro, 2.5)), hi=float(np.percentile(macro, 97.5))),
+        Interval(lo=float(np.percentile(kappa, 2.5)), hi=float(np.percentile(kappa, 97.5))),
     )
 
 

@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.records import Interval
 from judge_server.eval.guard_stats import RuleStats, implied_default
-from judge_server.eval.metrics import GOLD_LABELS, PREDICTED_COLUMNS, Interval, Scores
+from judge_server.eval.metrics import GOLD_LABELS, PREDICTED_COLUMNS, Scores
 from judge_server.guards import DEFAULT_GUARD_ACTIONS
 
 
@@ -64,7 +65,7 @@ def _f(x: float | None) -> str:
 
 
 def _ci(value: float, ci: Interval | None) -> str:
-    return f"{value:.3f}" + (f" [{ci.low:.3f}, {ci.high:.3f}]" if ci else "")
+    return f"{value:.3f}" + (f" [{ci.lo:.3f}, {ci.hi:.3f}]" if ci else "")
 
 
 def _main_rows(report: EvalReport) -> list[list[str]]:
@@ -160,7 +161,7 @@ def format_table(report: EvalReport) -> str:
 
 
 def _interval(ci: Interval | None) -> list[float] | None:
-    return [ci.low, ci.high] if ci else None
+    return [ci.lo, ci.hi] if ci else None
 
 
 def to_json(report: EvalReport) -> dict[str, Any]:

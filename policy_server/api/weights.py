@@ -3,12 +3,13 @@
 - ``POST /admin/weights/update {"model_path", "weight_version", "parent_version"?, "sample_count"?,
   "sample_id_min"?, "sample_id_max"?}`` -> ``{"success", "weight_version", "paused_s", "state"}``: records the
   version in the ledger and loads it (policy_server.serving.versions). 409 when another version is being
-  loaded or is canary (at any replica), when the version exists, or when ``parent_version`` is not the live
-  version (after a rollback: the trainer reloads the restored weights first); 400 when the engines refuse
-  the checkpoint; 502 when they fail.
+  loaded or is canary (at any replica), when the version exists, when ``parent_version`` is not the live
+  version, or when a rollback restored the live version and the push does not name it (after a rollback the
+  trainer reloads the restored weights first); 400 when the engines refuse the checkpoint; 502 when they fail.
 - ``GET /admin/weights?limit=N`` -> ``{"live", "canary", "comparison", "versions": [...]}``: the ledger, newest
   first, the live and canary versions' names (null when none) and, while a canary runs with --safe-updates, the
-  canary test now (each arm's sessions, mean reward and interval; canary - live; the decision).
+  canary test now (engine.sequential.Comparison: ``{"canary", "live"}`` each ``{"sessions", "mean",
+  "interval": {"lo", "hi"}}``, ``"diff": {"lo", "hi"}`` (canary - live), ``"decision"``).
 - ``POST /admin/weights/promote`` -> ``{"version": row}``: the canary becomes live; 409 without a canary.
 - ``POST /admin/weights/rollback {"to": V}`` -> ``{"live": row, "rolled_back": [rows]}``: the engines load
   V's checkpoint and V becomes live, every newer live or canary version rolled_back. Without ``to``: the
@@ -63,40 +64,11 @@ class WeightsPushed(WeightsUpdated):
     state: str
 
 
-class ArmOut(BaseModel):
-    sessions: int
-    mean: float
-    lo: float
-    hi: float
-
-
-class ComparisonOut(BaseModel):
-    """The canary test now: each arm's sessions, mean reward and always-valid interval, and canary - live."""
-
-    canary: ArmOut
-    live: ArmOut
-    diff_lo: float
-    diff_hi: float
-    decision: str
-
-
 class WeightLedger(BaseModel):
     live: str | None
     canary: str | None
-    comparison: ComparisonOut | None = None
+    comparison: Comparison | None = None  # the canary test's own record (engine.sequential)
     versions: list[WeightVersion]
-
-
-def comparison_out(c: Comparison | None) -> ComparisonOut | None:
-    if c is None:
-        return None
-    return ComparisonOut(
-        canary=ArmOut(sessions=c.canary.n, mean=c.canary.mean, lo=c.canary_interval.lo, hi=c.canary_interval.hi),
-        live=ArmOut(sessions=c.live.n, mean=c.live.mean, lo=c.live_interval.lo, hi=c.live_interval.hi),
-        diff_lo=c.diff.lo,
-        diff_hi=c.diff.hi,
-        decision=c.decision,
-    )
 
 
 class Promoted(BaseModel):
@@ -151,7 +123,7 @@ async def list_weights(
     rows = await asyncio.to_thread(store.list_versions, limit)
     live = await asyncio.to_thread(store.version_in_state, "live")
     canary = await asyncio.to_thread(store.version_in_state, "canary")
-    cmp = comparison_out(await st.canary.comparison()) if st.canary is not None and canary is not None else None
+    cmp = await st.canary.comparison() if st.canary is not None and canary is not None else None
     return WeightLedger(
         live=live.version if live else None,
         canary=canary.version if canary else None,

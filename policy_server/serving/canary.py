@@ -35,7 +35,7 @@ from typing import Literal
 
 from engine.client import EngineClient
 from engine.records import CanaryDrain, WeightVersion
-from engine.sequential import ArmStats, Comparison, decide, rho_for
+from engine.sequential import ArmStats, Comparison, decide, trial_rho
 from policy_server.errors import Conflict, StoreBusy
 from policy_server.metrics import Metrics
 from policy_server.serving.versions import VersionControl
@@ -48,17 +48,18 @@ DRAIN_KEY = "canary_drain"
 
 @dataclass(frozen=True)
 class CanaryPolicy:
-    """The test's parameters (``--canary-*``; docs/SAFE_UPDATES.md explains each default)."""
+    """The test's parameters (``--canary-*``: their defaults are the settings', docs/SAFE_UPDATES.md explains
+    each)."""
 
-    share: float = 0.2
-    alpha: float = 0.05
-    margin: float = 0.2
-    min_sessions: int = 20
-    max_sessions: int | None = None
-    reference_sessions: int = 200
-    check_interval_s: float = 1.0
-    drain_s: float = 120.0
-    session_idle_s: float = 600.0
+    share: float
+    alpha: float
+    margin: float
+    min_sessions: int
+    max_sessions: int | None
+    reference_sessions: int
+    check_interval_s: float
+    drain_s: float
+    session_idle_s: float
 
 
 def unit_hash(text: str) -> float:
@@ -76,7 +77,7 @@ class Canary:
         self.store = store
         self.control = control
         self.policy = policy
-        self.rho = rho_for(max(policy.min_sessions, 50), policy.alpha / 2)
+        self.rho = trial_rho(policy.alpha, policy.min_sessions)
         self.canary: WeightVersion | None = None
         self.live: WeightVersion | None = None
         self.last: Comparison | None = None  # the latest comparison (GET /admin/weights, metrics)
@@ -105,8 +106,8 @@ class Canary:
         c = self.last
         arms: dict[tuple[str, str], float] = {}
         if c is not None:
-            for arm, stats, iv in (("canary", c.canary, c.canary_interval), ("live", c.live, c.live_interval)):
-                arms.update({(arm, "mean"): stats.mean, (arm, "lo"): iv.lo, (arm, "hi"): iv.hi})
+            for name, arm in (("canary", c.canary), ("live", c.live)):
+                arms.update({(name, "mean"): arm.mean, (name, "lo"): arm.interval.lo, (name, "hi"): arm.interval.hi})
         self.metrics.versions.arms = arms
 
     async def engine_for(self, session_id: str | None) -> EngineClient | None:
@@ -186,7 +187,7 @@ class Canary:
         d = cmp.diff
         note = (
             f"automatic {cmp.decision}: canary - live reward in [{d.lo:.3f}, {d.hi:.3f}] after "
-            f"{cmp.canary.n} canary and {cmp.live.n} live sessions"
+            f"{cmp.canary.sessions} canary and {cmp.live.sessions} live sessions"
         )
         if (self.drain.decision if self.drain else cmp.decision) == "promote":
             await self.control.promote(note=note)

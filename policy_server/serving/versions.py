@@ -5,7 +5,7 @@ weight-version ledger (policy_server.store.versions), in an order that keeps the
 
 - :meth:`VersionControl.push` (``POST /admin/weights/update``): the version is recorded ``candidate`` first
   (refused 409 when another version is pending at any replica, or when its parent is not the live version:
-  after a rollback the trainer must restart from the restored weights), then loaded, then made ``canary``
+  after a rollback the trainer must restart from the restored weights and name them as parent), then loaded, then made ``canary``
   (``safe_updates``: it must prove itself, policy_server.serving.canary) or ``live``. A load that fails
   forgets the candidate: the engines still serve the previous weights. A push of a version that is already
   live or canary with the same checkpoint (a trainer resuming) only reloads it.

@@ -191,6 +191,12 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "CREATE INDEX IF NOT EXISTS samples_untrained ON samples (status) WHERE trained_weight_version IS NULL",
         ),
     ),
+    # A version a rollback made live again accepts only pushes that name it as parent (the trainer reloaded its
+    # weights) until one has loaded: 1 while that holds, NULL otherwise (policy_server.store.versions).
+    (
+        "weight version restored by rollback",
+        ("ALTER TABLE weight_versions ADD COLUMN parent_required INTEGER",),
+    ),
 )
 
 LATEST_VERSION = len(MIGRATIONS)

@@ -8,14 +8,20 @@ State machine (each arrow one transaction):
 
 - :meth:`add_version`: a push is recorded ``candidate`` while its weights load. At most one version is
   pending (``candidate`` or ``canary``) at a time, enforced by a unique index, so of two concurrent pushes
-  at any replicas one gets :class:`VersionConflict`. A push naming a ``parent`` must descend from the
-  ``live`` version: after a rollback the trainer's next push is refused until it restarts from the
-  restored weights (code ``weights_rolled_back``).
+  at any replicas one gets :class:`VersionConflict`. A push naming a ``parent`` the ledger knows must descend
+  from the ``live`` version (a parent that was rolled back: code ``weights_rolled_back``). After a rollback
+  the trainer's next push must restart from the restored weights: the restored version is marked
+  ``parent_required`` and, until a push naming it as parent has loaded, a push naming no parent or one the
+  ledger never recorded (the server cannot tell what those weights descend from) is refused
+  (``parent_required``). Before any rollback such pushes are taken: a trainer without lineage, or one whose
+  lineage predates this ledger, keeps working.
 - :meth:`finish_push`: ``candidate -> canary`` (it must prove itself) or ``candidate -> live`` (the previous
-  live one becomes ``retired``); :meth:`drop_candidate` forgets a candidate whose weights did not load.
+  live one becomes ``retired``); a candidate naming the live version as parent clears its ``parent_required``.
+  :meth:`drop_candidate` forgets a candidate whose weights did not load (the mark stays).
 - :meth:`promote`: ``canary -> live``, the previous live one ``retired``.
-- :meth:`roll_back`: the target (``live`` or ``retired``) becomes ``live``; every live or canary version
-  made after it becomes ``rolled_back``. Samples of a rolled-back version are flagged when leased.
+- :meth:`roll_back`: the target (``live`` or ``retired``) becomes ``live``, marked ``parent_required``; every
+  live or canary version made after it becomes ``rolled_back``. Samples of a rolled-back version are flagged
+  when leased.
 
 Session pins (safe updates): :meth:`pin_session` records, once, the version a session's first turn was served
 by; every replica then routes the session's turns to that version while it is served. :meth:`session_rewards`
@@ -35,7 +41,8 @@ from policy_server.store.base import StoreDB
 from policy_server.store.feedback_rule import judge_reward
 
 _COLUMNS = (
-    "version, checkpoint, parent, state, created_at, updated_at, sample_count, sample_id_min, sample_id_max, note"
+    "version, checkpoint, parent, state, created_at, updated_at, sample_count, sample_id_min, sample_id_max, note, "
+    "parent_required"
 )
 PENDING_STATES: tuple[VersionState, ...] = ("candidate", "canary")
 
@@ -53,7 +60,9 @@ class UnknownVersion(LookupError):
 
 
 def _version(row: Any) -> WeightVersion:
-    return WeightVersion(**dict(row))
+    fields = dict(row)
+    fields["parent_required"] = bool(fields["parent_required"])  # stored 1 or NULL
+    return WeightVersion(**fields)
 
 
 class StoreVersions(StoreDB):
@@ -104,9 +113,11 @@ class StoreVersions(StoreDB):
 
     def add_version(self, push: WeightVersion, *, stale_after_s: float) -> WeightVersion:
         """Record a push as ``candidate`` (one transaction), or raise :class:`VersionConflict`: another version is
-        pending (``update_in_progress`` / ``canary_in_progress``), the version exists (``version_exists``), or its
+        pending (``update_in_progress`` / ``canary_in_progress``), the version exists (``version_exists``), its
         parent is not the live version (``weights_rolled_back`` when the parent was rolled back, else
-        ``parent_not_live``). A candidate older than ``stale_after_s`` (its pusher died mid-load) is dropped first."""
+        ``parent_not_live``), or the live version was restored by a rollback and the push names no parent the
+        ledger knows (``parent_required``). A candidate older than ``stale_after_s`` (its pusher died mid-load) is
+        dropped first."""
         now = time.time()
         with self._tx() as db:
             db.execute("DELETE FROM weight_versions WHERE state='candidate' AND created_at < ?", (now - stale_after_s,))
@@ -122,16 +133,7 @@ class StoreVersions(StoreDB):
                     else f"version {pending['version']} is being loaded; retry when it is done",
                     f"{kind}_in_progress",
                 )
-            if push.parent is not None:
-                parent = db.execute("SELECT state FROM weight_versions WHERE version=?", (push.parent,)).fetchone()
-                live = db.execute("SELECT version FROM weight_versions WHERE state='live'").fetchone()
-                if parent is not None and parent["state"] != "live":
-                    rolled = parent["state"] == "rolled_back"
-                    raise VersionConflict(
-                        f"parent version {push.parent} is {parent['state']}; the live version is "
-                        f"{live['version'] if live else None}: reload its weights before pushing",
-                        "weights_rolled_back" if rolled else "parent_not_live",
-                    )
+            self._check_parent(db, push.parent)
             inserted = db.execute(
                 "INSERT INTO weight_versions (version, seq, checkpoint, parent, state, pending, created_at, "
                 "updated_at, sample_count, sample_id_min, sample_id_max) "
@@ -164,6 +166,12 @@ class StoreVersions(StoreDB):
         if state not in ("canary", "live"):
             raise ValueError(f"a loaded candidate becomes canary or live, not {state}")
         with self._tx() as db:
+            # A candidate descending from the live version: the restored weights have a loaded descendant.
+            db.execute(
+                "UPDATE weight_versions SET parent_required=NULL WHERE state='live' AND version IN "
+                "(SELECT parent FROM weight_versions WHERE version=?)",
+                (version,),
+            )
             if state == "live":
                 self._retire_live(db, note=f"replaced by {version}")
             done = self._set(db, version, state, note, expect=("candidate",))
@@ -188,8 +196,9 @@ class StoreVersions(StoreDB):
             return self._set(db, row["version"], "live", note, expect=("canary",))
 
     def roll_back(self, to: str, note: str) -> list[WeightVersion]:
-        """Make ``to`` live again and every live or canary version made after it ``rolled_back`` (one transaction);
-        returns the changed rows, ``to`` first. :class:`UnknownVersion` for a version never recorded,
+        """Make ``to`` live again, marked ``parent_required``, and every live or canary version made after it
+        ``rolled_back`` (one transaction); returns the changed rows, ``to`` first. Restoring the live version with
+        nothing newer changes nothing and marks nothing. :class:`UnknownVersion` for a version never recorded,
         :class:`VersionConflict` (``not_restorable``) for one that is not live or retired."""
         with self._tx() as db:
             target = db.execute(
@@ -213,6 +222,9 @@ class StoreVersions(StoreDB):
                 changed = [self._set(db, to, "live", note, expect=("retired",))]
             for r in newer:
                 changed.append(self._set(db, r["version"], "rolled_back", note, expect=("live", "canary")))
+            if len(changed) > 1 or target["state"] == "retired":
+                db.execute("UPDATE weight_versions SET parent_required=1 WHERE version=?", (to,))
+                changed[0] = changed[0].model_copy(update={"parent_required": True})
         return changed
 
     # ------------------------------------------------------------------ session pins and their rewards
@@ -284,9 +296,34 @@ class StoreVersions(StoreDB):
         return out
 
     # ------------------------------------------------------------------ inside a transaction
+    def _check_parent(self, db: Any, parent_version: str | None) -> None:
+        """Raise :class:`VersionConflict` unless a push naming ``parent_version`` may load (see :meth:`add_version`)."""
+        live = db.execute(
+            "SELECT version, checkpoint, parent_required FROM weight_versions WHERE state='live'"
+        ).fetchone()
+        parent = None
+        if parent_version is not None:
+            parent = db.execute("SELECT state FROM weight_versions WHERE version=?", (parent_version,)).fetchone()
+        if parent is not None and parent["state"] != "live":
+            raise VersionConflict(
+                f"parent version {parent_version} is {parent['state']}; the live version is "
+                f"{live['version'] if live else None}: reload its weights before pushing",
+                "weights_rolled_back" if parent["state"] == "rolled_back" else "parent_not_live",
+            )
+        if parent is None and live is not None and live["parent_required"]:
+            named = (
+                f"parent_version {parent_version}, which it never recorded" if parent_version else "no parent_version"
+            )
+            raise VersionConflict(
+                f"the ledger's live version {live['version']} was restored by a rollback and this push names {named}: "
+                f"reload its weights ({live['checkpoint']}) and push with parent_version {live['version']}",
+                "parent_required",
+            )
+
     def _retire_live(self, db: Any, note: str) -> None:
         db.execute(
-            "UPDATE weight_versions SET state='retired', pending=NULL, updated_at=?, note=? WHERE state='live'",
+            "UPDATE weight_versions SET state='retired', pending=NULL, parent_required=NULL, updated_at=?, note=? "
+            "WHERE state='live'",
             (time.time(), note),
         )
 

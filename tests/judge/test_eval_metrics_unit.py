@@ -100,9 +100,9 @@ def test_bootstrap_is_seeded_and_brackets_the_estimate() -> None:
     assert first != bootstrap_intervals(gold, verdicts, resamples=300, seed=8)
     assert first is not None
     point = score(gold, verdicts)
-    assert first[0].low <= point.macro_f1 <= first[0].high
-    assert first[1].low <= point.kappa <= first[1].high
-    assert first[0].low < first[0].high
+    assert first[0].lo <= point.macro_f1 <= first[0].hi
+    assert first[1].lo <= point.kappa <= first[1].hi
+    assert first[0].lo < first[0].hi
     assert bootstrap_intervals(gold, verdicts, resamples=0, seed=7) is None
 
 
@@ -112,5 +112,5 @@ def test_bootstrap_of_one_trajectory_is_the_point_estimate() -> None:
     intervals = bootstrap_intervals(gold, PRED, resamples=50, seed=0)
     assert intervals is not None
     point = score(gold, PRED)
-    assert (intervals[0].low, intervals[0].high) == pytest.approx((point.macro_f1, point.macro_f1))
-    assert (intervals[1].low, intervals[1].high) == pytest.approx((point.kappa, point.kappa))
+    assert (intervals[0].lo, intervals[0].hi) == pytest.approx((point.macro_f1, point.macro_f1))
+    assert (intervals[1].lo, intervals[1].hi) == pytest.approx((point.kappa, point.kappa))

@@ -3,9 +3,10 @@
 Contract: the engines' weights at startup are recorded live once; a push is a candidate, then canary or live
 (the previous live retired); one version is pending at a time (the second push is refused, also from another
 connection); a push whose parent is not live is refused (``weights_rolled_back`` when the parent was rolled
-back); promote needs a canary; a rollback to an unknown version is UnknownVersion, to a rolled-back one a
-conflict; it makes the target live and every newer live or canary version rolled_back; the ledger survives
-a reopen.
+back); after a rollback a push must name the restored live version as parent (``parent_required`` for none
+or an unknown one) until one naming it has loaded; promote needs a canary; a rollback to an unknown version
+is UnknownVersion, to a rolled-back one a conflict; it makes the target live and every newer live or canary
+version rolled_back; the ledger survives a reopen.
 """
 
 from __future__ import annotations
@@ -106,3 +107,48 @@ def test_pins_and_open_sessions(store_factory) -> None:
     assert store.open_pinned_sessions("a", active_since=time.time() + 60) == 0  # idle longer than that
     store.end_session("s1")
     assert store.open_pinned_sessions("a", active_since=0.0) == 0
+
+
+def test_after_a_rollback_a_push_must_name_the_restored_version(store_factory) -> None:
+    """Parentless pushes are accepted until a rollback; from then on only a push naming the restored live version
+    (the trainer reloaded it) is, until one such push has loaded; an unknown parent counts as none. The rule is in
+    the store, so it survives a reopen and holds at every replica."""
+    store = store_factory()
+    store.ensure_live("base", "/models/base")
+    store.add_version(push("1", None), stale_after_s=STALE_S)  # a trainer that never rolled back
+    store.finish_push("1", "canary", "loaded")
+    assert not store.get_version("base").parent_required
+    store.roll_back("base", "worse")  # drops the canary: the trainer's weights descend from it
+    assert store.get_version("base").parent_required
+
+    other = store_factory()  # another replica, or the same one after kill -9
+    for parent in (None, "never-recorded"):
+        with pytest.raises(VersionConflict) as exc:
+            other.add_version(push("2", parent), stale_after_s=STALE_S)
+        assert exc.value.code == "parent_required"
+        assert "reload" in str(exc.value) and "parent_version base" in str(exc.value)
+    with pytest.raises(VersionConflict) as exc:  # still descending from the rolled-back version
+        other.add_version(push("2", "1"), stale_after_s=STALE_S)
+    assert exc.value.code == "weights_rolled_back"
+
+    other.add_version(push("2", "base"), stale_after_s=STALE_S)  # the trainer reloaded base
+    other.drop_candidate("2")  # its weights did not load: nothing descends from base yet
+    with pytest.raises(VersionConflict) as exc:
+        store.add_version(push("3", None), stale_after_s=STALE_S)
+    assert exc.value.code == "parent_required"
+    store.add_version(push("3", "base"), stale_after_s=STALE_S)
+    store.finish_push("3", "canary", "loaded")
+    assert not store.get_version("base").parent_required
+    store.promote("better")
+    store.add_version(push("4", None), stale_after_s=STALE_S)  # accepted again: the next rollback re-arms it
+    store.finish_push("4", "live", "direct")
+
+    store.roll_back("3", "worse")  # a retired version restored: the same rule
+    assert store_factory().get_version("3").parent_required
+    with pytest.raises(VersionConflict) as exc:
+        store.add_version(push("5", None), stale_after_s=STALE_S)
+    assert exc.value.code == "parent_required"
+    store.add_version(push("5", "3"), stale_after_s=STALE_S)
+    store.finish_push("5", "live", "direct")
+    assert not store.get_version("3").parent_required and store.get_version("3").state == "retired"
+    store.add_version(push("6", None), stale_after_s=STALE_S)

@@ -1,10 +1,12 @@
 """The weight-version ledger over HTTP (policy_server.api.weights), against a real dev engine, on both stores.
 
 Contract: GET /admin/weights lists the ledger (the engines' startup weights live); with --safe-updates a push
-is canary; of two concurrent pushes one gets 409; a push while a canary runs gets 409; promote with no
+is canary, and the ledger answers the canary test's record (engine.sequential.Comparison), which the run report
+reads; of two concurrent pushes one gets 409; a push while a canary runs gets 409; promote with no
 canary gets 409; a rollback to an unknown version gets 404; a rollback drops the canary, the engine serves
-the restored version again, and a push still descending from the rolled-back version gets 409 until it
-names the restored one; kill -9 of the policy server keeps the ledger.
+the restored version again, and a push still descending from the rolled-back version, or naming no parent,
+gets 409 until it names the restored one (the trainer's client reads that refusal as "reload the restored
+version"); kill -9 of the policy server keeps the ledger.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import httpx
 import pytest
 
 from tests.testkit.procs import start_dev_engine
-from tests.testkit.servers import admin, start_policy
+from tests.testkit.servers import ADMIN_KEY, admin, start_policy
+from trainer.lease_client import PolicyClient, WeightsRolledBack
+from trainer.report import data as report_data
+from trainer.report import page
 
 pytestmark = pytest.mark.e2e
 
@@ -64,6 +69,15 @@ def test_ledger_routes(tiny_model_dir, store_url, tmp_path):
             assert won["state"] == "canary"
             canary = won["weight_version"]
             assert _engine_version(engine.url) == canary
+            no_sessions = {"sessions": 0, "mean": 0.0, "interval": {"lo": -1.0, "hi": 1.0}}
+            assert _ledger(pol.url)["comparison"] == {
+                "canary": no_sessions,
+                "live": no_sessions,
+                "diff": {"lo": -2.0, "hi": 2.0},
+                "decision": "continue",
+            }
+            report = page.render(report_data.collect(tmp_path / "no-trainer", pol.url, ADMIN_KEY))
+            assert "Canary now: canary - live in [-2.000, 2.000], decision continue." in report
             r = push("c", canary)
             assert r.status_code == 409 and r.json()["error"]["code"] == "canary_in_progress"
 
@@ -74,8 +88,18 @@ def test_ledger_routes(tiny_model_dir, store_url, tmp_path):
             assert _engine_version(engine.url) == live0
             r = push("d", canary)  # trained on the rolled-back weights: refused until it reloads
             assert r.status_code == 409 and r.json()["error"]["code"] == "weights_rolled_back"
+            r = push("d")  # no lineage: the server cannot tell where these weights come from
+            assert r.status_code == 409 and r.json()["error"]["code"] == "parent_required", r.text
+            assert f"parent_version {live0}" in r.json()["error"]["message"]
+            assert next(v for v in _ledger(pol.url)["versions"] if v["version"] == live0)["parent_required"]
+            trainer = PolicyClient(pol.url, ADMIN_KEY)
+            with pytest.raises(WeightsRolledBack) as refused:  # what the trainer does with it: reload live0
+                trainer.update_weights(str(model), "d")
+            trainer.close()
+            assert refused.value.live.version == live0
             r = push("d", live0)
             assert r.status_code == 200 and r.json()["state"] == "canary", r.text
+            assert not next(v for v in _ledger(pol.url)["versions"] if v["version"] == live0)["parent_required"]
             r = a.post("/admin/weights/promote")
             assert r.status_code == 200 and r.json()["version"]["state"] == "live"
             r = a.post("/admin/weights/rollback", json={"to": canary})

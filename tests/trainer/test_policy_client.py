@@ -10,7 +10,16 @@ import json
 import httpx
 import pytest
 
-from trainer.lease_client import FileSampleSource, PolicyClient, PolicyRejected, PolicyUnavailable, SourceExhausted
+from trainer.lease_client import (
+    FileSampleSource,
+    Lineage,
+    PolicyClient,
+    PolicyRejected,
+    PolicyUnavailable,
+    PublishDeferred,
+    SourceExhausted,
+    WeightsRolledBack,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -84,6 +93,40 @@ def test_refused_weight_update_is_an_error():
 
     with pytest.raises(Exception, match="refused"):
         make(handler).update_weights("/x", "1")
+
+
+@pytest.mark.parametrize(
+    ("parent_required", "parent", "expected"),
+    [
+        (True, None, WeightsRolledBack),  # the live version was restored: reload it, whatever the run's lineage
+        (True, "gone", WeightsRolledBack),  # a parent the ledger never recorded counts as none
+        (False, None, PublishDeferred),  # no rollback: the 409 was another push in progress
+        (False, "7", WeightsRolledBack),  # the parent itself was rolled back
+    ],
+)
+def test_a_refused_push_is_read_against_the_ledger(parent_required, parent, expected):
+    now = 1.0
+    ledger = [
+        {"version": "7", "checkpoint": "/c/7", "state": "rolled_back", "created_at": now, "updated_at": now},
+        {
+            "version": "5",
+            "checkpoint": "/c/5",
+            "state": "live",
+            "created_at": now,
+            "updated_at": now,
+            "parent_required": parent_required,
+        },
+    ]
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/admin/weights":
+            return httpx.Response(200, json={"live": "5", "canary": None, "versions": ledger})
+        return httpx.Response(409, json={"error": {"message": "refused", "code": "parent_required"}})
+
+    with pytest.raises(expected) as ei:
+        make(handler).update_weights("/x", "8", Lineage(parent_version=parent))
+    if expected is WeightsRolledBack:
+        assert (ei.value.live.version, ei.value.live.checkpoint) == ("5", "/c/5")
 
 
 def test_file_source_persists_ack_cursor_and_forgets_unacked(tmp_path):

@@ -15,14 +15,14 @@ import math
 import numpy as np
 import pytest
 
-from engine.sequential import ArmStats, decide, radius, rho_for
+from engine.sequential import ArmStats, decide, radius, trial_rho
 
 pytestmark = pytest.mark.unit
 
 ALPHA = 0.05
 MARGIN = 0.2
 MIN_SESSIONS = 20
-RHO = rho_for(50, ALPHA / 2)
+RHO = trial_rho(ALPHA, MIN_SESSIONS)
 
 
 def arm_sums(seed: int, mean: float, trials: int, sessions: int) -> np.ndarray:

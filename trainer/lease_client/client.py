@@ -9,9 +9,10 @@ A ``SampleSource`` has three calls, mirroring the policy server's admin API (doc
                                              "parent_version", "sample_count", "sample_id_min", "sample_id_max"}
 
 A push the server refuses with 409 is read against its version ledger (``GET /admin/weights``): when the
-pushed weights descend from a version that was rolled back, ``WeightsRolledBack`` names the restored live
-version (the trainer reloads its checkpoint and pushes from there); otherwise (another version is being
-loaded or on trial as canary) ``PublishDeferred``: the weights stay unpublished until the next checkpoint.
+pushed weights descend from a version that was rolled back, or the live version was restored by a rollback
+(``parent_required``) and the push does not name it as parent, ``WeightsRolledBack`` names the restored live
+version (the trainer reloads its checkpoint and pushes from there, naming it); otherwise (another version is
+being loaded or on trial as canary) ``PublishDeferred``: the weights stay unpublished until the next checkpoint.
 
 The trainer acks a lease only after the checkpoint that contains its samples is on disk, so a lease
 that is never acked (crash) goes back to the server's pool and is trained exactly once.
@@ -214,12 +215,13 @@ class PolicyClient:
         return [WeightVersion.model_validate(v, strict=False) for v in body["versions"]]
 
     def _explain_refusal(self, exc: PolicyRejected, lineage: Lineage | None) -> None:
-        """A 409 on a push: WeightsRolledBack when its parent was rolled back, else PublishDeferred."""
+        """A 409 on a push: WeightsRolledBack when its parent was rolled back or the restored live version must be
+        its parent, else PublishDeferred."""
         ledger = self.weight_ledger()
         live = next((v for v in ledger if v.state == "live"), None)
         parent = lineage.parent_version if lineage else None
         rolled = {v.version for v in ledger if v.state == "rolled_back"}
-        if live is not None and parent in rolled:
+        if live is not None and (parent in rolled or (live.parent_required and parent != live.version)):
             raise WeightsRolledBack(f"{exc}: restart from the restored version {live.version}", live) from exc
         raise PublishDeferred(str(exc)) from exc
 

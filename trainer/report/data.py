@@ -37,7 +37,7 @@ from engine.records import (
     STATUS_TIE,
     SampleState,
 )
-from engine.sequential import ArmStats, interval, rho_for
+from engine.sequential import DEFAULT_ALPHA, DEFAULT_MIN_SESSIONS, ArmStats, interval, trial_rho
 
 # The PRM score classes, then every verdict status that carries no score (engine.records), then a sample without one.
 VERDICT_CLASSES = (
@@ -54,7 +54,6 @@ VERDICT_CLASSES = (
 ROWS_PER_STATUS = 4096  # the policy server's default max_lease_size: the most one read may return
 FEEDBACK_ROWS = 4096  # the most GET /admin/feedback returns
 AGREEMENT_WINDOW = 200  # the policy server's default --feedback-agreement-window (its /metrics gauge)
-CANARY_ALPHA = 0.05  # the policy server's default --canary-alpha
 
 
 @dataclass
@@ -276,7 +275,7 @@ def version_timeline(versions: list[dict[str, Any]], now_s: float) -> dict[str, 
 
 
 def session_reward_intervals(
-    rows: list[dict[str, Any]], order: list[str], alpha: float = CANARY_ALPHA
+    rows: list[dict[str, Any]], order: list[str], alpha: float = DEFAULT_ALPHA
 ) -> tuple[list[str], dict[str, list[tuple[float, float]]]]:
     """Per weight version (in ``order``, then any other): the mean per-session judge reward and the canary test's
     always-valid interval (engine.sequential, level ``1 - alpha / 2`` per arm as the test uses it). A session
@@ -298,7 +297,7 @@ def session_reward_intervals(
             v = next(iter(versions))
             arms[v] = arms.get(v, ArmStats()).add(sum(values) / len(values))
     names = [v for v in order if v in arms] + sorted(set(arms) - set(order), key=version_key)
-    rho = rho_for(50, alpha / 2)
+    rho = trial_rho(alpha, DEFAULT_MIN_SESSIONS)
     series: dict[str, list[tuple[float, float]]] = {"mean": [], "lo": [], "hi": []}
     for i, v in enumerate(names):
         iv = interval(arms[v], alpha / 2, rho)

@@ -77,7 +77,7 @@ def _plots(data: d.RunData) -> dict[str, str]:
             "Mean judge reward per session of each version with the canary test's confidence sequence "
             "(engine.sequential): canary vs live is the gap between two versions' bands. "
             + (
-                f"Canary now: canary - live in [{data.comparison['diff_lo']:.3f}, {data.comparison['diff_hi']:.3f}], "
+                f"Canary now: canary - live in [{data.comparison['diff']['lo']:.3f}, {data.comparison['diff']['hi']:.3f}], "
                 f"decision {data.comparison['decision']}."
                 if data.comparison
                 else "No canary now."

@@ -10,7 +10,8 @@ with the previous prompt + sampled ids (continuous through the reply), how many 
 the last turn's sequence). A template's refusal (a 400) is shown as ``400``.
 
 Part 2 (in process): the CPU ms of one continuing turn's render (``ContinuationRenderer.render``) after a
-``--history-tokens`` history, per template and mode: what grows with the history in each mode.
+``--history-tokens`` history, per template and mode (``sampled`` also on a turn whose full-render check is due,
+``--render-verify-tokens-per-turn``): what grows with the history in each mode.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def _session(http: httpx.Client, template: str, sid: str, scenario: str, turns: 
 def _measure(store: Store, sid: str, turns: int) -> tuple[int, int, float, float]:
     """(continuous, prompt kept, trainer tokens per turn separate, merged)."""
     recs = [store.get_turn(sid, k) for k in range(turns)]
-    seqs = [r["prompt_ids"] + r["response_ids"] for r in recs if r is not None]
+    seqs = [r.prompt_ids + r.response_ids for r in recs if r is not None]
     cont = kept = 0
     merged_rows: list[int] = []
     for k, seq in enumerate(seqs):
@@ -96,7 +97,7 @@ def _measure(store: Store, sid: str, turns: int) -> tuple[int, int, float, float
             prev = recs[k - 1]
             cur = recs[k]
             assert prev is not None and cur is not None
-            kept += cur["prompt_ids"][: len(prev["prompt_ids"])] == prev["prompt_ids"]
+            kept += cur.prompt_ids[: len(prev.prompt_ids)] == prev.prompt_ids
     return cont, kept, sum(map(len, seqs)) / len(seqs), sum(merged_rows) / len(seqs)
 
 
@@ -134,8 +135,11 @@ def render_cost(templates: list[Path], history_tokens: int, rounds: int = 5) -> 
     tok = load_tokenizer(str(policy()))
     rng = random.Random(0)
     words = "the file list report error value result answer check run test fix".split()
-    print(f"\n| template | render ms per continuing turn at {history_tokens} history tokens: sampled | template |")
-    print("| --- | --- | --- |")
+    print(
+        f"\n| template | render ms per continuing turn at {history_tokens} history tokens: sampled "
+        "| sampled, full-render check due | template |"
+    )
+    print("| --- | --- | --- | --- |")
     for tpl in templates:
         tok.chat_template = tpl.read_text()
         system = [] if any(t in tpl.name for t in NO_SYSTEM) else [{"role": "system", "content": "S"}]
@@ -149,8 +153,9 @@ def render_cost(templates: list[Path], history_tokens: int, rounds: int = 5) -> 
         prior = PriorTurn(messages, tools, None, prompt, response)
         nxt = [*messages, {"role": "assistant", "content": "done"}, {"role": "user", "content": "next"}]
         row = []
-        for mode in ("sampled", "template"):
-            renderer = ContinuationRenderer(tok, verify_tokens_per_turn=0, history=mode)
+        # (history mode, check budget): no check due, a check due on every turn, the whole render.
+        for mode, verify_tokens in (("sampled", 0), ("sampled", 10**9), ("template", 0)):
+            renderer = ContinuationRenderer(tok, verify_tokens_per_turn=verify_tokens, history=mode)
             renderer.render(nxt, tools, None, prior)  # the probe, once per shape
             times = []
             for _ in range(rounds):

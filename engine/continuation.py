@@ -33,16 +33,21 @@ thinking off; it moves the system prompt to the last user turn, as Mistral's doe
 still gets ``P + R + tokens(after)``, reason ``continued_over_rewrite``: ``after`` is what the template writes
 after the reply, located in a render of the real system message, stand-ins for the last messages before the
 reply, the reply (content and arguments a marker) and the real ``N`` (see ``_after_reply``); the earlier
-turns stay exactly as sent and sampled. ``template``: every turn is the template's full render of the whole
+turns stay exactly as sent and sampled. The same budget checks these turns against the full render of the real
+messages (text: it ends with ``after``, the closing included, so the stand-ins rendered ``N`` as the whole
+conversation does); a failed check makes that shape's turns full renders (``verify_mismatch``) for the process
+lifetime. Only ``N``'s rendering can be checked: ``P + R`` deliberately differ from the template's render of the
+earlier turns. ``template``: every turn is the template's full render of the whole
 conversation (reason ``history_template``), as the model card intends; the sampled ids of earlier replies are
 then re-tokenized from their text. Other reasons (full renders in both modes): ``no_prior_turn``,
 ``not_an_extension`` (the messages do not extend T's), ``tools_changed``, ``template_kwargs_changed``;
 ``template_rewrites_history`` and ``verify_mismatch`` are the full render's reasons when even the stand-ins
-are refused by the template.
+are refused by the template, or their rendering of ``N`` failed the check.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import threading
@@ -130,6 +135,8 @@ class _Shape:
     base_text: str = ""  # render(base), no generation prompt
     close: str = ""  # what the template writes after an assistant message's content
     suffix_needs_tools: bool = True
+    # history=sampled: False once a continued_over_rewrite turn of this shape failed the full-render check.
+    after_ok: bool = True
 
 
 def _shape_key(
@@ -202,13 +209,14 @@ class ContinuationRenderer:
             key = _shape_key(messages, n, tools, chat_template_kwargs)
             shape = self._shape(key, messages, n, tools, chat_template_kwargs)
             suffix = self._suffix(shape, messages[n + 1 :], tools, chat_template_kwargs) if shape.ok else None
+            history_tokens = len(prior.prompt_ids) + len(prior.response_ids)
+            verified: bool | None = None  # whether this turn is checked, decided once (it spends the budget)
             if suffix is None:
                 reason = TEMPLATE_REWRITES_HISTORY
             else:
-                verified = self._due_for_verify(len(prior.prompt_ids) + len(prior.response_ids))
+                verified = self._due_for_verify(history_tokens)
                 if verified and not self._verify(messages, n, tools, chat_template_kwargs, shape, suffix):
-                    with self._lock:
-                        self._shapes[key] = _Shape(ok=False)
+                    shape = self._turn_off(key, dataclasses.replace(shape, ok=False))
                     reason = VERIFY_MISMATCH
                 else:
                     ids = prior.prompt_ids + prior.response_ids  # a new list: extended in place below
@@ -217,12 +225,20 @@ class ContinuationRenderer:
                     ids.extend(self.tokenizer.encode(glue, add_special_tokens=False))
                     return Rendered(ids, CONTINUED, reused_tokens=reused, verified=verified)
             # history=sampled: the sampled ids stay, whatever the template would now render for them.
-            after = self._after_reply(messages, n, tools, chat_template_kwargs, prior.response_ids)
-            if after is not None:
-                ids = prior.prompt_ids + prior.response_ids
-                reused = len(ids)
-                ids.extend(self.tokenizer.encode(after, add_special_tokens=False))
-                return Rendered(ids, CONTINUED_OVER_REWRITE, reused_tokens=reused)
+            if not shape.after_ok:
+                reason = VERIFY_MISMATCH
+            elif (after := self._after_reply(messages, n, tools, chat_template_kwargs)) is not None:
+                if verified is None:
+                    verified = self._due_for_verify(history_tokens)
+                if verified and not self._text(messages, tools, chat_template_kwargs, True).endswith(after):
+                    self._turn_off(key, dataclasses.replace(shape, after_ok=False))
+                    reason = VERIFY_MISMATCH
+                else:
+                    ids = prior.prompt_ids + prior.response_ids
+                    reused = len(ids)
+                    glued = self._glue(after, prior.response_ids)
+                    ids.extend(self.tokenizer.encode(glued, add_special_tokens=False))
+                    return Rendered(ids, CONTINUED_OVER_REWRITE, reused_tokens=reused, verified=verified)
         ids = render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs=chat_template_kwargs)
         return Rendered(ids, reason)
 
@@ -343,16 +359,20 @@ class ContinuationRenderer:
             return None
         return full[len(shape.base_text) :]
 
-    def _after_reply(
-        self, messages: list[dict[str, Any]], n: int, tools: Any, kwargs: Any, response_ids: list[int]
-    ) -> str | None:
-        """history=sampled over a template that rewrites history: what it writes after the reply
-        (engine.reply_tail), less the stop token the sampled ids already end with; None: refused stand-ins."""
+    def _after_reply(self, messages: list[dict[str, Any]], n: int, tools: Any, kwargs: Any) -> str | None:
+        """history=sampled over a template that rewrites history: what it writes after the reply, its closing
+        whole (engine.reply_tail); None: refused stand-ins."""
         try:
-            tail = after_reply(lambda msgs, gen: self._text(msgs, tools, kwargs, gen), messages, n)
+            return after_reply(lambda msgs, gen: self._text(msgs, tools, kwargs, gen), messages, n)
         except TemplateRefused:  # refused on stand-ins: the full render says whether the real messages are
             return None
-        return None if tail is None else self._glue(tail, response_ids)
+
+    def _turn_off(self, key: tuple[Any, ...], shape: _Shape) -> _Shape:
+        """Records a shape after a failed full-render check (``ok=False``: the suffix path off, ``after_ok=False``:
+        the path over a rewrite off), for the process lifetime."""
+        with self._lock:
+            self._shapes[key] = shape
+        return shape
 
     def _glue(self, close: str, response_ids: list[int]) -> str:
         """The part of the assistant closing the sampled ids do not already hold (their stop token)."""

@@ -216,8 +216,9 @@ class PolicySettings(CliSettings):
         ge=0,
         description="budget of the check of token-continued prompts against a full render of the template, in "
         "history tokens per turn: a turn is checked when the budget covers its history, so the check costs the "
-        "same CPU per turn at any history length (0: never; a huge value: every turn). A mismatch falls back "
-        "to a full render and turns continuation off for that conversation shape",
+        "same CPU per turn at any history length (0: never; a huge value: every turn). A mismatch turns that "
+        "path off for that conversation shape: an append-only turn then continues over the rewrite (history "
+        "sampled) or is rendered whole; a turn continued over a rewrite is rendered whole",
     )
 
     # --- weight sync

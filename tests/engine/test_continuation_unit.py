@@ -232,6 +232,50 @@ def test_verification_catches_what_the_probe_cannot_and_turns_the_shape_off(tok:
     assert r.render(msgs, None, None, prior).reason == cont.CONTINUED_OVER_REWRITE  # remembered: shape off
 
 
+# Rewrites history (the generation prompt opens a think block past replies do not show) and numbers user
+# messages: the stand-ins continued_over_rewrite renders the new message after hold fewer of them than the real
+# conversation, so only the full render of the real messages shows the number it should carry.
+NUMBERS_USERS = (
+    "{%- for m in messages -%}{{ '<|im_start|>' + m.role }}{% if m.role == 'user' %}{{ ' ' ~ loop.index }}{% endif %}"
+    "{{ '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif -%}"
+)
+
+
+def test_verification_checks_turns_continued_over_a_rewrite(tok: Any, qwen3: Any) -> None:
+    """The same budget checks continued_over_rewrite turns: the full render of the real messages must end with
+    what was rendered after the sampled ids. A mismatch is a full render, and that shape stays off."""
+    t = copy.copy(tok)
+    t.chat_template = NUMBERS_USERS
+    m = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ]
+    p = render_prompt_ids(t, m)
+    resp = tok.encode("d", add_special_tokens=False) + [_eos(tok)]
+    msgs = [*m, {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}]
+    prior = PriorTurn(m, None, None, p, resp)
+    unchecked = ContinuationRenderer(t, verify_tokens_per_turn=0).render(msgs, None, None, prior)
+    assert unchecked.reason == cont.CONTINUED_OVER_REWRITE and not unchecked.verified
+    added = t.decode(unchecked.ids[len(p) + len(resp) :], skip_special_tokens=False)
+    assert "user 4" in added and not render_prompt_text(t, msgs).endswith(added)  # the real one is user 6
+    r = ContinuationRenderer(t, verify_tokens_per_turn=ALWAYS)
+    out = r.render(msgs, None, None, prior)
+    assert (out.reason, out.ids) == (cont.VERIFY_MISMATCH, render_prompt_ids(t, msgs))
+    r.verify_tokens_per_turn = 0
+    assert r.render(msgs, None, None, prior).reason == cont.VERIFY_MISMATCH  # remembered: shape off
+    # Qwen3's own template passes the check (every shared template does: tests/unit/test_template_matrix.py).
+    kw = {"enable_thinking": False}
+    q = [{"role": "user", "content": "hi"}]
+    qp = render_prompt_ids(qwen3, q, chat_template_kwargs=kw)
+    qmsgs = [*q, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]
+    qprior = PriorTurn(q, None, kw, qp, qwen3.encode("yo", add_special_tokens=False) + [_eos(qwen3)])
+    checked = ContinuationRenderer(qwen3, verify_tokens_per_turn=ALWAYS).render(qmsgs, None, kw, qprior)
+    assert checked.reason == cont.CONTINUED_OVER_REWRITE and checked.verified
+
+
 def test_suffix_cost_does_not_depend_on_history_length(tok: Any) -> None:
     """Counts characters handed to the template: a continued turn renders the same amount at any history."""
     rendered: list[int] = []

@@ -105,7 +105,7 @@ def test_sampled_history_continues_every_turn(tokenizer: Any, name: str, scenari
     assert len(turns) == TURNS - 1
     for rendered, prompt_ids, response_ids, full in turns:
         kept = prompt_ids + response_ids
-        assert rendered.reason in (CONTINUED, CONTINUED_OVER_REWRITE)
+        assert rendered.reason in (CONTINUED, CONTINUED_OVER_REWRITE) and rendered.verified  # checked, passed
         assert rendered.ids[: len(kept)] == kept and rendered.reused_tokens == len(kept)
         added = tok.decode(rendered.ids[len(kept) :], skip_special_tokens=False)
         # The new messages in the template's own words: what its full render ends with.

@@ -16,9 +16,10 @@ first decision, or undecided after ``horizon`` sessions of traffic.
 
 Figures per setting and true difference d: P(rollback), P(promote), P(undecided), and the median and p90 of
 the canary sessions to a decision (the users the canary served) and of all sessions of traffic to a decision
-(how long the trial lasts: about canary sessions / share); an undecided trial counts as ``never``. Each
-decision of the vectorised replay here is checked against engine.sequential.decide (at the decision and the
-look before it) for the first trials of every cell: the bench stops if they disagree.
+(how long the trial lasts: about canary sessions / share); an undecided trial counts as ``never``. The test is
+replayed by bench.sequential_replay (decide, vectorised); each of its decisions is checked against
+engine.sequential.decide (at the decision and the look before it) for the first trials of every cell: the bench
+stops if they disagree.
 
 The rule (:func:`apply_rule`, :func:`choose`), in order:
 
@@ -47,9 +48,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-from engine.sequential import ArmStats, decide, trial_rho
+from bench.sequential_replay import (
+    CONTINUE,
+    PROMOTE,
+    ROLLBACK,
+    FloatArray,
+    IntArray,
+    Paths,
+    Rule,
+    check_against_decide,
+    first_decisions,
+)
+from engine.sequential import trial_rho
 from policy_server.settings import PolicySettings
 
 LIVE_MEAN = 0.2
@@ -70,9 +81,6 @@ HELPFUL = 0.1
 MAX_HARMED = 500  # canary sessions a harmful update may serve, p90 (step 2)
 TIE = 0.02
 
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
-
 
 @dataclass(frozen=True)
 class Setting:
@@ -84,6 +92,11 @@ class Setting:
     @property
     def rho(self) -> float:
         return trial_rho(self.alpha, self.min_sessions)
+
+    @property
+    def rule(self) -> Rule:
+        """The test's parameters under this setting (the share is the traffic's)."""
+        return Rule(self.alpha, self.margin, self.min_sessions, self.rho)
 
 
 @dataclass(frozen=True)
@@ -105,17 +118,8 @@ class Outcome:
         return 1.0 - self.p_rollback - self.p_promote
 
 
-@dataclass(frozen=True)
-class Paths:
-    """Running counts and reward sums (times SCALE) after each session of traffic, shape (trials, sessions)."""
-
-    canary_n: IntArray
-    canary_sum: IntArray
-    live_n: IntArray
-    live_sum: IntArray
-
-
 def simulate_paths(share: float, d: float, trials: int, sessions: int, rng: np.random.Generator) -> Paths:
+    """``trials`` trials of ``sessions`` sessions of traffic (module docstring), a look after each session."""
     to_canary = rng.random((trials, sessions)) < share
     mean = np.where(to_canary, LIVE_MEAN + d, LIVE_MEAN)
     k = rng.integers(VERDICTS[0], VERDICTS[1] + 1, size=(trials, sessions))
@@ -127,58 +131,8 @@ def simulate_paths(share: float, d: float, trials: int, sessions: int, rng: np.r
         np.cumsum(scaled * c, axis=1),
         np.cumsum(1 - c, axis=1),
         np.cumsum(scaled * (1 - c), axis=1),
+        SCALE,
     )
-
-
-def radii(max_n: int, alpha: float, rho: float) -> FloatArray:
-    """engine.sequential.radius(n, alpha, rho) for n = 0 .. max_n (inf at 0), vectorised."""
-    n = np.arange(max_n + 1, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.sqrt((n + rho) * (np.log((n + rho) / rho) + 2 * math.log(1 / alpha))) / n
-    r[0] = math.inf
-    return r
-
-
-def _bounds(n: IntArray, total: IntArray, r: FloatArray) -> tuple[FloatArray, FloatArray]:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mean = np.where(n > 0, total / (SCALE * np.maximum(n, 1)), 0.0)
-    return np.maximum(-1.0, mean - r[n]), np.minimum(1.0, mean + r[n])
-
-
-def first_decisions(paths: Paths, setting: Setting) -> tuple[IntArray, IntArray]:
-    """Per trial: the decision (0 continue, 1 promote, 2 rollback) at its first non-continue look, and the index
-    of that session (the last session when undecided); decide()'s rule, vectorised over trials and sessions."""
-    r = radii(int(paths.canary_n.shape[1]), setting.alpha / 2, setting.rho)
-    c_lo, c_hi = _bounds(paths.canary_n, paths.canary_sum, r)
-    l_lo, l_hi = _bounds(paths.live_n, paths.live_sum, r)
-    rollback = c_hi - l_lo < 0
-    promote = (c_lo - l_hi > -setting.margin) & (paths.canary_n >= setting.min_sessions)
-    decided = rollback | promote
-    at = np.argmax(decided, axis=1)
-    rows = np.arange(len(at))
-    kind = np.where(decided[rows, at], np.where(rollback[rows, at], 2, 1), 0)
-    at = np.where(kind > 0, at, decided.shape[1] - 1)
-    return kind, at
-
-
-def check_against_decide(paths: Paths, setting: Setting, kind: IntArray, at: IntArray) -> None:
-    """engine.sequential.decide agrees with the replay at each decision and at the look before it."""
-    names = {0: "continue", 1: "promote", 2: "rollback"}
-    for t in range(len(kind)):
-        looks = [(int(at[t]), names[int(kind[t])])] + ([(int(at[t]) - 1, "continue")] if at[t] > 0 else [])
-        for i, expected in looks:
-            canary = ArmStats(int(paths.canary_n[t, i]), float(paths.canary_sum[t, i]) / SCALE)
-            live = ArmStats(int(paths.live_n[t, i]), float(paths.live_sum[t, i]) / SCALE)
-            got = decide(
-                canary,
-                live,
-                alpha=setting.alpha,
-                margin=setting.margin,
-                min_sessions=setting.min_sessions,
-                rho=setting.rho,
-            ).decision
-            if got != expected:
-                raise RuntimeError(f"{setting} trial {t} session {i}: decide says {got}, the replay {expected}")
 
 
 def _quantile(values: FloatArray, q: float) -> float:
@@ -205,10 +159,10 @@ def measure(
             for lo in range(0, trials, TRIAL_CHUNK):
                 paths = simulate_paths(share, d, min(TRIAL_CHUNK, trials - lo), horizon, rng)
                 for s in group:
-                    kind, at = first_decisions(paths, s)
+                    kind, at = first_decisions(paths, s.rule)
                     if lo == 0:
-                        check_against_decide(paths, s, kind[:10], at[:10])
-                    undecided = kind == 0
+                        check_against_decide(paths, s.rule, kind[:10], at[:10])
+                    undecided = kind == CONTINUE
                     n_c = paths.canary_n[np.arange(len(at)), at].astype(np.float64)
                     kinds[s].append(kind)
                     canary_at[s].append(np.where(undecided, math.inf, n_c))
@@ -221,8 +175,8 @@ def measure(
                         s,
                         d,
                         trials,
-                        float(np.mean(kind == 2)),
-                        float(np.mean(kind == 1)),
+                        float(np.mean(kind == ROLLBACK)),
+                        float(np.mean(kind == PROMOTE)),
                         _quantile(c_at, 0.5),
                         _quantile(c_at, 0.9),
                         _quantile(t_at, 0.5),

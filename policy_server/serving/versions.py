@@ -7,8 +7,10 @@ weight-version ledger (policy_server.store.versions), in an order that keeps the
   (refused 409 when another version is pending at any replica, or when its parent is not the live version:
   after a rollback the trainer must restart from the restored weights and name them as parent), then loaded, then made ``canary``
   (``safe_updates``: it must prove itself, policy_server.serving.canary) or ``live``. A load that fails
-  forgets the candidate: the engines still serve the previous weights. A push of a version that is already
-  live or canary with the same checkpoint (a trainer resuming) only reloads it.
+  forgets the candidate: the engines still serve the previous weights. A candidate that a rollback at another
+  replica rolled back while it loaded is refused (409 ``weights_rolled_back``) and the engines it was loaded on
+  take the live version's weights back. A push of a version that is already live or canary with the same
+  checkpoint (a trainer resuming) only reloads it.
 - :meth:`VersionControl.promote`: the canary becomes live (409 ``no_canary`` without one); with a canary
   engine the other engines load its checkpoint first.
 - :meth:`VersionControl.rollback`: the engines load the target's checkpoint (default: the live version, i.e.
@@ -159,7 +161,14 @@ class VersionControl:
                 raise
             state: VersionState = "canary" if self.safe_updates else "live"
             note = "on trial against the live version" if self.safe_updates else "pushed live (safe updates off)"
-            done = await asyncio.to_thread(self.store.finish_push, push.weight_version, state, note)
+            try:
+                done = await asyncio.to_thread(self.store.finish_push, push.weight_version, state, note)
+            except VersionConflict as exc:  # rolled back meanwhile (at another replica): serve the live weights
+                live = await asyncio.to_thread(self.store.version_in_state, "live")
+                if live is not None:
+                    await self.weight_sync.update(live.checkpoint, live.version, workers)
+                await self._changed()
+                raise _conflict(exc) from None
             logger.info("weight version %s is %s (checkpoint %s)", done.version, done.state, done.checkpoint)
             await self._changed()
             return PushOutcome(done, result.paused_s)

@@ -17,7 +17,9 @@ Role: what every store role class (sessions, samples, leases, reads) builds on. 
 common subset of SQLite and PostgreSQL; the two places where they differ are the class attributes
 ``_for_update`` (row locks taken by a read-then-write, so that concurrent replicas serialise on the rows they
 change: empty in SQLite, whose write transactions are serialised anyway) and ``_skip_locked`` (a claim query
-skips rows another transaction holds).
+skips rows another transaction holds). A change that decides on several rows at once (a migration, a change of the
+weight-version ledger) takes a named lock instead, ``_serialise(db, lock)``: held to the end of the transaction,
+so such changes run one after another at every process (a no-op in SQLite, for the same reason).
 
 ``on_ready`` (a callable, or None) is called after every committed write that made at least one sample
 ``ready`` (policy_server.store.ready_notifier wakes lease waiters with it); ``on_admin`` after a change of shared
@@ -39,9 +41,13 @@ from policy_server.store.connection import DB
 if TYPE_CHECKING:
     from policy_server.store.turn_records import TurnRecords
 
-__all__ = ["SAMPLE_STATUSES", "Row", "StoreDB", "dump_json"]
+__all__ = ["LEDGER_LOCK", "SAMPLE_STATUSES", "SCHEMA_LOCK", "Row", "StoreDB", "dump_json"]
 
 R = TypeVar("R", bound=BaseModel)  # a runtime setting's record
+
+# The locks of ``StoreDB._serialise`` (PostgreSQL advisory lock keys: arbitrary constants, distinct).
+SCHEMA_LOCK = 0x48696E64  # schema migrations
+LEDGER_LOCK = 0x48696E65  # changes of the weight-version ledger (policy_server.store.versions)
 
 
 class StoreDB:
@@ -63,8 +69,10 @@ class StoreDB:
     def _has_table(self, name: str) -> bool:
         raise NotImplementedError
 
-    def _lock_schema(self, db: DB) -> None:
-        """Inside a migration transaction: wait until no other process migrates this database."""
+    def _serialise(self, db: DB, lock: int) -> None:
+        """First statement of a write transaction: wait until no other transaction holding ``lock`` (``SCHEMA_LOCK``,
+        ``LEDGER_LOCK``) runs, at any process; the lock is released at commit or rollback, and the wait is bounded by
+        ``busy_timeout_s`` like any lock wait."""
         raise NotImplementedError
 
     def probe(self, timeout_s: float = 0.5) -> str | None:

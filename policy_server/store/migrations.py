@@ -9,14 +9,14 @@ version is newer than this release knows is refused (:class:`SchemaError`): neve
 Version 1 is the schema of the release before migrations existed (``CREATE TABLE IF NOT EXISTS``, so such
 a data dir is adopted as version 1 with nothing rewritten). Column types use ``{real}`` (SQLite ``REAL``,
 PostgreSQL ``DOUBLE PRECISION``: timestamps need 64-bit floats) so the statements are shared.
-Several replicas starting at once serialise on the backend's schema lock (``_lock_schema``).
+Several replicas starting at once serialise on the backend's schema lock (``_serialise(db, SCHEMA_LOCK)``).
 """
 
 from __future__ import annotations
 
 import time
 
-from policy_server.store.base import StoreDB
+from policy_server.store.base import SCHEMA_LOCK, StoreDB
 from policy_server.store.connection import DB
 
 MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -216,7 +216,7 @@ def apply_migrations(store: StoreDB, *, real_type: str) -> list[int]:
     """Bring the store's schema to :data:`LATEST_VERSION`; returns the versions applied (empty when current).
 
     ``store`` provides ``_tx()`` (one write transaction), ``_read()``, ``_has_table(name)`` and
-    ``_lock_schema(db)`` (serialises concurrent migrators inside that transaction)."""
+    ``_serialise(db, SCHEMA_LOCK)`` (serialises concurrent migrators inside that transaction)."""
     applied: list[int] = []
     if store._has_table("schema_migrations"):  # the common case, a current schema, costs one read and no write
         with store._read() as db:
@@ -224,14 +224,14 @@ def apply_migrations(store: StoreDB, *, real_type: str) -> list[int]:
         if _is_current(current):
             return applied
     with store._tx() as db:
-        store._lock_schema(db)
+        store._serialise(db, SCHEMA_LOCK)
         db.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
             f"name TEXT NOT NULL, applied_at {real_type} NOT NULL)"
         )
     while True:
         with store._tx() as db:
-            store._lock_schema(db)
+            store._serialise(db, SCHEMA_LOCK)
             current = schema_version(db)
             if _is_current(current):
                 return applied

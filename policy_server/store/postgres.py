@@ -9,7 +9,9 @@ transaction on a pooled connection, and the read-then-write steps lock the rows 
 (``_for_update``: the session row when a turn takes the next index, the lease row when it is acked)
 while claims (leases of ``ready`` samples, judge work, overdue leases) take unlocked rows only
 (``FOR UPDATE SKIP LOCKED``): two replicas or trainers never get the same row, and a state change
-guarded by ``WHERE status=...`` is decided by whichever transaction commits first.
+guarded by ``WHERE status=...`` is decided by whichever transaction commits first. Migrations and the
+weight-version ledger's changes, which decide on several rows, take a transaction-scoped advisory lock first
+(``_serialise``), so they run one at a time across the replicas.
 
 Waits: a pool connection, a row lock (``lock_timeout``) or a statement (``statement_timeout``) waits
 at most ``busy_timeout_s``; a database that is down, slow or deadlocked ends in
@@ -47,7 +49,6 @@ logger = logging.getLogger(__name__)
 
 READY_CHANNEL = "hindsight_ready"
 ADMIN_CHANNEL = "hindsight_admin"
-_SCHEMA_LOCK_KEY = 0x48696E64  # arbitrary constant: the advisory lock that serialises migrations
 
 
 def _row_factory(cursor: psycopg.Cursor[Row]) -> Callable[[Sequence[object]], Row]:
@@ -159,8 +160,8 @@ class PostgresDB(StoreDB):
             row = db.execute("SELECT to_regclass(?)", (name,)).fetchone()  # always one row: NULL when absent
             return row is not None and row[0] is not None
 
-    def _lock_schema(self, db: DB) -> None:
-        db.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK_KEY,))
+    def _serialise(self, db: DB, lock: int) -> None:
+        db.execute("SELECT pg_advisory_xact_lock(?)", (lock,))  # waits at most lock_timeout
 
     def probe(self, timeout_s: float = 0.5) -> str | None:
         """None when the database answers within ``timeout_s``, else why not (for ``/ready``)."""

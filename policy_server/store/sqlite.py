@@ -87,8 +87,8 @@ class SqliteDB(StoreDB):
                 db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone() is not None
             )
 
-    def _lock_schema(self, db: DB) -> None:
-        """Migrations run inside BEGIN IMMEDIATE, which already excludes every other writer."""
+    def _serialise(self, db: DB, lock: int) -> None:
+        """Every write transaction is a BEGIN IMMEDIATE one, which already excludes every other writer."""
 
     def close(self) -> None:
         # Bounded like every other wait: a shutdown never hangs on a store call that is still stuck.

@@ -4,7 +4,7 @@ Role: the shared, durable record of which weights serve traffic, so every replic
 after ``kill -9``) agrees on it. One row per version (:class:`~engine.records.WeightVersion`): its
 checkpoint and parent, the samples it was trained on, when it was made, its state and why it changed.
 
-State machine (each arrow one transaction):
+State machine (each arrow one transaction, and the ledger's transactions serialise: below):
 
 - :meth:`add_version`: a push is recorded ``candidate`` while its weights load. At most one version is
   pending (``candidate`` or ``canary``) at a time, enforced by a unique index, so of two concurrent pushes
@@ -20,8 +20,20 @@ State machine (each arrow one transaction):
   :meth:`drop_candidate` forgets a candidate whose weights did not load (the mark stays).
 - :meth:`promote`: ``canary -> live``, the previous live one ``retired``.
 - :meth:`roll_back`: the target (``live`` or ``retired``) becomes ``live``, marked ``parent_required``; every
-  live or canary version made after it becomes ``rolled_back``. Samples of a rolled-back version are flagged
-  when leased.
+  live, canary or candidate version made after it becomes ``rolled_back`` (a candidate still loading at another
+  replica too: its push's :meth:`finish_push` is then refused, ``weights_rolled_back``). Samples of a
+  rolled-back version are flagged when leased.
+
+Concurrency: every change above decides on several rows (the live version, the parent, the pending one, the
+versions newer than a rollback's target), so the changes serialise, at every replica: each is one transaction
+that takes the store's ledger lock first (``_serialise(db, LEDGER_LOCK)``: a PostgreSQL transaction-scoped
+advisory lock; SQLite's write transactions are serialised anyway), and its reads see every change committed
+before it. Two changes that overlap end exactly as if one had committed before the other began: a push never
+records a candidate from a parent that a concurrent rollback rolled back, nor one without a parent after it
+marked ``parent_required``; a promotion, a push's finish and a rollback never leave two live versions or a
+rollback refused half-way. One lock rather than row locks: the rows a change decides on are not all known
+before it reads them (a rollback's newer versions, the live row a push's parent check reads), so row locks
+would need a careful order at every call site, and ledger changes are a handful per hour.
 
 Session pins (safe updates): :meth:`pin_session` records, once, the version a session's first turn was served
 by; every replica then routes the session's turns to that version while it is served. :meth:`session_rewards`
@@ -34,10 +46,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from engine.records import SampleState, SessionReward, VersionState, WeightVersion
-from policy_server.store.base import StoreDB
+from policy_server.store.base import LEDGER_LOCK, StoreDB
+from policy_server.store.connection import DB
 from policy_server.store.feedback_rule import judge_reward
 
 _COLUMNS = (
@@ -68,6 +83,14 @@ def _version(row: Any) -> WeightVersion:
 class StoreVersions(StoreDB):
     """The ledger's reads and transitions (see the module docstring)."""
 
+    @contextmanager
+    def _ledger_tx(self) -> Iterator[DB]:
+        """One ledger change: a write transaction that runs after every other ledger change that began before it
+        has committed (the ledger lock is its first statement, so its reads see those changes)."""
+        with self._tx() as db:
+            self._serialise(db, LEDGER_LOCK)
+            yield db
+
     def list_versions(self, limit: int = 100) -> list[WeightVersion]:
         """The newest ``limit`` versions, newest first."""
         with self._read() as db:
@@ -97,9 +120,9 @@ class StoreVersions(StoreDB):
         """At startup: the ledger's live version, recording the engines' current weights as live when the ledger
         has none yet (a new store, or one from before the ledger)."""
         now = time.time()
-        with self._tx() as db:
+        with self._ledger_tx() as db:
             row = db.execute(
-                f"SELECT {_COLUMNS} FROM weight_versions WHERE state='live' ORDER BY seq DESC LIMIT 1{self._for_update}"
+                f"SELECT {_COLUMNS} FROM weight_versions WHERE state='live' ORDER BY seq DESC LIMIT 1"
             ).fetchone()
             if row is not None:
                 return _version(row)
@@ -119,7 +142,7 @@ class StoreVersions(StoreDB):
         ledger knows (``parent_required``). A candidate older than ``stale_after_s`` (its pusher died mid-load) is
         dropped first."""
         now = time.time()
-        with self._tx() as db:
+        with self._ledger_tx() as db:
             db.execute("DELETE FROM weight_versions WHERE state='candidate' AND created_at < ?", (now - stale_after_s,))
             same = db.execute("SELECT state FROM weight_versions WHERE version=?", (push.version,)).fetchone()
             if same is not None:
@@ -162,10 +185,22 @@ class StoreVersions(StoreDB):
 
         In the same transaction, every consumed sample whose ack named no version is recorded as trained into this
         one (the audit's ``trained_weight_version``): a trainer acks a step's samples after its checkpoint and then
-        pushes those weights, so the first version loaded after an ack holds that ack's samples."""
+        pushes those weights, so the first version loaded after an ack holds that ack's samples.
+
+        :class:`VersionConflict` ``weights_rolled_back`` when a rollback (at any replica) rolled the candidate back
+        while its weights loaded, ``state_changed`` when it is no candidate."""
         if state not in ("canary", "live"):
             raise ValueError(f"a loaded candidate becomes canary or live, not {state}")
-        with self._tx() as db:
+        with self._ledger_tx() as db:
+            row = db.execute("SELECT state FROM weight_versions WHERE version=?", (version,)).fetchone()
+            if row is not None and row["state"] == "rolled_back":
+                live = db.execute("SELECT version, checkpoint FROM weight_versions WHERE state='live'").fetchone()
+                raise VersionConflict(
+                    f"version {version} was rolled back while its weights loaded; the live version is "
+                    f"{live['version']}: reload its weights ({live['checkpoint']}) and push with parent_version "
+                    f"{live['version']}",
+                    "weights_rolled_back",
+                )
             # A candidate descending from the live version: the restored weights have a loaded descendant.
             db.execute(
                 "UPDATE weight_versions SET parent_required=NULL WHERE state='live' AND version IN "
@@ -183,27 +218,25 @@ class StoreVersions(StoreDB):
 
     def drop_candidate(self, version: str) -> None:
         """A candidate whose weights did not load never served: forget it."""
-        with self._tx() as db:
+        with self._ledger_tx() as db:
             db.execute("DELETE FROM weight_versions WHERE version=? AND state='candidate'", (version,))
 
     def promote(self, note: str) -> WeightVersion:
         """``canary -> live`` (the previous live one ``retired``); :class:`VersionConflict` (``no_canary``) without one."""
-        with self._tx() as db:
-            row = db.execute(f"SELECT version FROM weight_versions WHERE state='canary'{self._for_update}").fetchone()
+        with self._ledger_tx() as db:
+            row = db.execute("SELECT version FROM weight_versions WHERE state='canary'").fetchone()
             if row is None:
                 raise VersionConflict("no version is canary: nothing to promote", "no_canary")
             self._retire_live(db, note=f"replaced by {row['version']}")
             return self._set(db, row["version"], "live", note, expect=("canary",))
 
     def roll_back(self, to: str, note: str) -> list[WeightVersion]:
-        """Make ``to`` live again, marked ``parent_required``, and every live or canary version made after it
-        ``rolled_back`` (one transaction); returns the changed rows, ``to`` first. Restoring the live version with
-        nothing newer changes nothing and marks nothing. :class:`UnknownVersion` for a version never recorded,
+        """Make ``to`` live again, marked ``parent_required``, and every live, canary or candidate version made after
+        it ``rolled_back`` (one transaction); returns the changed rows, ``to`` first. Restoring the live version
+        with nothing newer changes nothing and marks nothing. :class:`UnknownVersion` for a version never recorded,
         :class:`VersionConflict` (``not_restorable``) for one that is not live or retired."""
-        with self._tx() as db:
-            target = db.execute(
-                f"SELECT seq, state FROM weight_versions WHERE version=?{self._for_update}", (to,)
-            ).fetchone()
+        with self._ledger_tx() as db:
+            target = db.execute("SELECT seq, state FROM weight_versions WHERE version=?", (to,)).fetchone()
             if target is None:
                 raise UnknownVersion(f"no weight version {to!r} in the ledger")
             if target["state"] not in ("live", "retired"):
@@ -212,7 +245,8 @@ class StoreVersions(StoreDB):
                     "not_restorable",
                 )
             newer = db.execute(
-                "SELECT version FROM weight_versions WHERE seq > ? AND state IN ('live', 'canary') ORDER BY seq",
+                "SELECT version FROM weight_versions WHERE seq > ? AND state IN ('live', 'canary', 'candidate') "
+                "ORDER BY seq",
                 (target["seq"],),
             ).fetchall()
             if target["state"] == "live":  # already live (a canary is dropped): its own note stays
@@ -221,7 +255,7 @@ class StoreVersions(StoreDB):
             else:
                 changed = [self._set(db, to, "live", note, expect=("retired",))]
             for r in newer:
-                changed.append(self._set(db, r["version"], "rolled_back", note, expect=("live", "canary")))
+                changed.append(self._set(db, r["version"], "rolled_back", note, expect=("live", "canary", "candidate")))
             if len(changed) > 1 or target["state"] == "retired":
                 db.execute("UPDATE weight_versions SET parent_required=1 WHERE version=?", (to,))
                 changed[0] = changed[0].model_copy(update={"parent_required": True})

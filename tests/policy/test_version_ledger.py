@@ -5,8 +5,8 @@ Contract: the engines' weights at startup are recorded live once; a push is a ca
 connection); a push whose parent is not live is refused (``weights_rolled_back`` when the parent was rolled
 back); after a rollback a push must name the restored live version as parent (``parent_required`` for none
 or an unknown one) until one naming it has loaded; promote needs a canary; a rollback to an unknown version
-is UnknownVersion, to a rolled-back one a conflict; it makes the target live and every newer live or canary
-version rolled_back; the ledger survives a reopen.
+is UnknownVersion, to a rolled-back one a conflict; it makes the target live and every newer live, canary or
+candidate version rolled_back; the ledger survives a reopen (overlapping changes: test_version_ledger_races.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The canary-defaults bench's core (bench/canary_defaults.py), on a tiny grid; never its timings.
 
-Contract: the vectorised replay decides exactly as engine.sequential.decide, session by session; the simulation
+Contract: the vectorised replay (bench.sequential_replay, also what tests/unit/test_sequential.py measures the
+test's guarantees with) decides exactly as engine.sequential.decide, look by look, on the bench's traffic; the
+replay's check raises when they disagree; the simulation
 is seeded (same seed, same figures) and orders the cases as the test must (a clearly harmful canary is rolled
 back, a clearly helpful one promoted); the rule refuses a setting whose promise is weaker than 5% or whose
 harmful canary serves too many users, and among the rest picks the shortest harmful trial, a tie keeping the
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 
 from bench import canary_defaults as cd
-from engine.sequential import ArmStats, decide
+from bench.sequential_replay import DECISIONS, PROMOTE, ROLLBACK, check_against_decide, first_decisions
 
 pytestmark = pytest.mark.unit
 
@@ -23,18 +25,20 @@ SETTING = cd.Setting(alpha=0.05, margin=0.2, min_sessions=20, share=0.5)
 @pytest.mark.parametrize("d", [-0.8, 0.0, 0.6])
 def test_the_replay_decides_as_decide_at_every_session(d: float) -> None:
     paths = cd.simulate_paths(SETTING.share, d, trials=4, sessions=400, rng=np.random.default_rng(3))
-    kind, at = cd.first_decisions(paths, SETTING)
-    names = {0: "continue", 1: "promote", 2: "rollback"}
+    kind, at = first_decisions(paths, SETTING.rule)
     for t in range(4):
         first = ("continue", 399)
         for i in range(400):
-            canary = ArmStats(int(paths.canary_n[t, i]), float(paths.canary_sum[t, i]) / cd.SCALE)
-            live = ArmStats(int(paths.live_n[t, i]), float(paths.live_sum[t, i]) / cd.SCALE)
-            got = decide(canary, live, alpha=0.05, margin=0.2, min_sessions=20, rho=SETTING.rho).decision
+            got = SETTING.rule.decide(*paths.arms(t, i))
             if got != "continue":
                 first = (got, i)
                 break
-        assert (names[int(kind[t])], int(at[t])) == first
+        assert (DECISIONS[int(kind[t])], int(at[t])) == first
+    check_against_decide(paths, SETTING.rule, kind, at)
+    wrong = kind.copy()
+    wrong[0] = ROLLBACK if kind[0] != ROLLBACK else PROMOTE
+    with pytest.raises(RuntimeError, match="decide says"):
+        check_against_decide(paths, SETTING.rule, wrong, at)
 
 
 def test_session_rewards_are_means_of_verdicts_around_the_arm_mean() -> None:

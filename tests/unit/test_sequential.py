@@ -5,7 +5,8 @@ trial, looked at after every session, in at most alpha of the trials (the same s
 z-test looked at after every session does not keep its level, so the check can fail); a canary worse by
 the margin is promoted in at most alpha of the trials; a clearly harmful canary is rolled back and a
 clearly helpful one promoted within a measured number of sessions in every trial; the radius shrinks with n
-and is the hand-derived value at one point.
+and is the hand-derived value at one point. The trials are replayed by bench.sequential_replay (the test's
+decide, vectorised; tests/unit/test_canary_defaults.py checks it against decide look by look).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 import numpy as np
 import pytest
 
+from bench.sequential_replay import DECISIONS, Paths, Rule, diff_interval, first_decisions
 from engine.sequential import ArmStats, decide, radius, trial_rho
 
 pytestmark = pytest.mark.unit
@@ -23,48 +25,23 @@ ALPHA = 0.05
 MARGIN = 0.2
 MIN_SESSIONS = 20
 RHO = trial_rho(ALPHA, MIN_SESSIONS)
+RULE = Rule(ALPHA, MARGIN, MIN_SESSIONS, RHO)
 
 
 def arm_sums(seed: int, mean: float, trials: int, sessions: int) -> np.ndarray:
     """Running reward sums, shape (trials, sessions): +1 or -1 rewards with the given mean (the largest variance
     a reward in [-1, 1] can have)."""
     rng = np.random.default_rng(seed)
-    return np.cumsum(np.where(rng.random((trials, sessions)) < (1 + mean) / 2, 1.0, -1.0), axis=1)
+    return np.cumsum(np.where(rng.random((trials, sessions)) < (1 + mean) / 2, 1, -1), axis=1)
 
 
-def diff_bounds(canary_mean: float, live_mean: float, trials: int, sessions: int, seed: int) -> tuple:
-    """The interval for canary - live after each session, canary and live sessions arriving together (canary
-    mode), for ``trials`` seeded trials: (lo, hi), each (trials, sessions). Built with :func:`interval`'s
-    radius, vectorised; :func:`test_vectorised_bounds_match_decide` ties the two."""
-    n = np.arange(1, sessions + 1)
-    r = np.array([radius(int(k), ALPHA / 2, RHO) for k in n])
-    c = arm_sums(seed, canary_mean, trials, sessions) / n
-    li = arm_sums(seed + 10_000, live_mean, trials, sessions) / n
-    c_lo, c_hi = np.maximum(-1, c - r), np.minimum(1, c + r)
-    l_lo, l_hi = np.maximum(-1, li - r), np.minimum(1, li + r)
-    return c_lo - l_hi, c_hi - l_lo
-
-
-def first_decision(canary_mean: float, live_mean: float, sessions: int, seed: int, trials: int = 200) -> list:
-    """Each trial's first non-continue decision and its session (min_sessions MIN_SESSIONS)."""
-    lo, hi = diff_bounds(canary_mean, live_mean, trials, sessions, seed)
-    n = np.arange(1, sessions + 1)
-    out = []
-    for t in range(trials):
-        roll = np.flatnonzero(hi[t] < 0)
-        prom = np.flatnonzero((lo[t] > -MARGIN) & (n >= MIN_SESSIONS))
-        firsts = [(int(roll[0]), "rollback")] if roll.size else []
-        firsts += [(int(prom[0]), "promote")] if prom.size else []
-        out.append((min(firsts)[1], min(firsts)[0] + 1) if firsts else ("continue", sessions))
-    return out
-
-
-def test_vectorised_bounds_match_decide() -> None:
-    lo, hi = diff_bounds(0.1, 0.0, 1, 50, seed=3)
-    canary = ArmStats(50, float(arm_sums(3, 0.1, 1, 50)[0, -1]))
-    live = ArmStats(50, float(arm_sums(10_003, 0.0, 1, 50)[0, -1]))
-    c = decide(canary, live, alpha=ALPHA, margin=MARGIN, min_sessions=MIN_SESSIONS, rho=RHO)
-    assert (c.diff.lo, c.diff.hi) == pytest.approx((lo[0, -1], hi[0, -1]))
+def lockstep(canary_mean: float, live_mean: float, trials: int, sessions: int, seed: int) -> Paths:
+    """``trials`` seeded trials in which canary and live sessions arrive together (canary mode), a look after each
+    pair."""
+    n = np.broadcast_to(np.arange(1, sessions + 1), (trials, sessions))
+    return Paths(
+        n, arm_sums(seed, canary_mean, trials, sessions), n, arm_sums(seed + 10_000, live_mean, trials, sessions)
+    )
 
 
 def test_radius_matches_the_formula_and_shrinks() -> None:
@@ -77,7 +54,7 @@ def test_radius_matches_the_formula_and_shrinks() -> None:
 
 def test_false_rollback_rate_of_an_equal_canary_is_at_most_alpha() -> None:
     """1000 trials of 2000 sessions each, looked at after every session: rollbacks at any time <= alpha."""
-    _, hi = diff_bounds(0.0, 0.0, 1000, 2000, seed=1)
+    _, hi = diff_interval(lockstep(0.0, 0.0, 1000, 2000, seed=1), RULE)
     false = int(np.any(hi < 0, axis=1).sum())
     assert false / 1000 <= ALPHA, false
 
@@ -92,7 +69,7 @@ def test_a_naive_peeking_z_test_does_not_keep_its_level() -> None:
 
 
 def test_a_canary_worse_by_the_margin_is_promoted_at_most_alpha() -> None:
-    lo, _ = diff_bounds(-MARGIN, 0.0, 1000, 2000, seed=2)
+    lo, _ = diff_interval(lockstep(-MARGIN, 0.0, 1000, 2000, seed=2), RULE)
     promoted = int(np.any(lo[:, MIN_SESSIONS - 1 :] > -MARGIN, axis=1).sum())
     assert promoted / 1000 <= ALPHA, promoted
 
@@ -105,7 +82,8 @@ def test_a_canary_worse_by_the_margin_is_promoted_at_most_alpha() -> None:
 def test_clear_cases_are_decided_within_a_bounded_number_of_sessions(
     canary_mean: float, live_mean: float, expected: str, within: int
 ) -> None:
-    decided = first_decision(canary_mean, live_mean, within, seed=4)
+    kind, at = first_decisions(lockstep(canary_mean, live_mean, 200, within, seed=4), RULE)
+    decided = [(DECISIONS[int(k)], int(i) + 1) for k, i in zip(kind, at, strict=True)]
     assert all(d == expected for d, _ in decided), [x for x in decided if x[0] != expected][:5]
 
 

@@ -39,6 +39,8 @@ Layout: a store is assembled from one class per role over a backend:
 - policy_server.store.feedback: explicit feedback on turns and when it applies to their samples;
 - policy_server.store.privacy: users' data: session deletion (leased samples revoked), audit, retention;
 - policy_server.store.versions: the weight-version ledger (candidate, canary, live, rolled_back, retired);
+- policy_server.store.session_pins: the version each session is pinned to, and the per-session rewards the canary
+  test counts;
 - policy_server.store.base / sqlite / postgres / migrations: the connection layer.
 """
 
@@ -55,6 +57,7 @@ from policy_server.store.privacy import StorePrivacy
 from policy_server.store.reads import StoreReads
 from policy_server.store.responses import StoreResponses
 from policy_server.store.samples import StoreSamples
+from policy_server.store.session_pins import StoreSessionPins
 from policy_server.store.sessions import Resolution, StoreSessions
 from policy_server.store.sqlite import SqliteDB
 from policy_server.store.versions import StoreVersions, UnknownVersion, VersionConflict
@@ -78,7 +81,15 @@ __all__ = [
 
 
 class SampleStore(
-    StoreSessions, StoreSamples, StoreLeases, StoreReads, StoreResponses, StoreFeedback, StorePrivacy, StoreVersions
+    StoreSessions,
+    StoreSamples,
+    StoreLeases,
+    StoreReads,
+    StoreResponses,
+    StoreFeedback,
+    StorePrivacy,
+    StoreVersions,
+    StoreSessionPins,
 ):
     """The whole store interface (every role above) over either backend: the type the services hold."""
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from engine import fastjson
 from engine.records import Turn
 from policy_server.store.connection import DBRow
+from policy_server.store.feedback_rule import judge_reward
 from policy_server.store.records import (
     FeedbackRow,
     JudgeJob,
@@ -158,3 +159,11 @@ def messages_of(text: str) -> list[dict[str, object]]:
     """Stored chat messages read back from their JSON text."""
     messages: list[dict[str, object]] = json.loads(text)
     return messages
+
+
+def sample_signals(data: str | None) -> tuple[set[str], float | None]:
+    """A sample's JSON read for the canary test: the weight versions that sampled its tokens, and the reward its
+    stored PRM verdict gives (policy_server.store.feedback_rule.judge_reward; None when it gives none)."""
+    sample = json.loads(data) if data else {}
+    versions = {sample.get("weight_version"), *(sample.get("weight_versions") or [])} - {None}
+    return {str(v) for v in versions}, judge_reward(sample.get("prm"))

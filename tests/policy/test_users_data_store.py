@@ -175,7 +175,7 @@ def test_retention_returns_sqlite_space(tmp_path: Path):
 
 def test_a_small_purge_leaves_the_file_for_new_rows(tmp_path: Path):
     """VACUUM rewrites the whole file under the store lock: a sweep that frees little does not run it (the freed
-    pages are zeroed by secure_delete and reused), one that frees a quarter of the file does (above)."""
+    pages are zeroed by secure_delete and reused), one that frees half of the file does (above)."""
     from policy_server.store import Store
 
     st = Store(tmp_path)

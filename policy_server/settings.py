@@ -137,7 +137,9 @@ class PolicySettings(CliSettings):
     side_turn_retention_s: float | None = Field(
         None, gt=0, description="seconds a side turn (opt_out included) is kept (None: kept)"
     )
-    retention_sweep_interval_s: float = Field(60.0, gt=0, description="seconds between retention sweeps")
+    retention_sweep_interval_s: float = Field(
+        5.0, gt=0, description="seconds between retention sweeps (bench.retention; docs/USERS_DATA.md)"
+    )
     allow_unauthenticated: bool = Field(
         False, description="serve a non-loopback host without an API key (only behind an authenticating gateway)"
     )

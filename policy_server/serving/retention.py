@@ -3,8 +3,11 @@
 Role: every ``retention_sweep_interval_s`` it asks the store (policy_server.store.privacy ``sweep_retention``)
 to purge the text of samples consumed more than ``consumed_text_retention_s`` ago (the sample JSON, and the
 session's turn records once all its samples are consumed and purged) and side turns (opt-outs included)
-older than ``side_turn_retention_s``. Either setting unset keeps that kind. SQLite returns the freed space to
-the filesystem after a sweep that purged anything. Counted in ``hindsight_policy_deleted_rows_total{cause=
+older than ``side_turn_retention_s``. Either setting unset keeps that kind. The store purges in batches
+(a concurrent turn's commit waits for one batch, not the sweep) and SQLite returns the freed space to the
+filesystem once enough of the file is free (policy_server.store.sqlite ``VACUUM_FREE_FRACTION``); the
+interval, the batch and that threshold were chosen by ``python -m bench.retention`` (docs/USERS_DATA.md).
+Counted in ``hindsight_policy_deleted_rows_total{cause=
 "retention"}``, ``hindsight_policy_retention_sweeps_total`` and ``..._retention_reclaimed_bytes_total``.
 """
 

@@ -197,6 +197,19 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "weight version restored by rollback",
         ("ALTER TABLE weight_versions ADD COLUMN parent_required INTEGER",),
     ),
+    # The retention sweep reads the consumed samples whose text is still there, oldest first: the partial index
+    # holds only those, so a sweep reads no purged row (with ``samples_consumed`` an empty sweep read the whole
+    # purged history, in a write transaction).
+    (
+        "retention reads unpurged samples",
+        (
+            "DROP INDEX IF EXISTS samples_consumed",
+            (
+                "CREATE INDEX IF NOT EXISTS samples_unpurged ON samples (status, updated_at) "
+                "WHERE status='consumed' AND data IS NOT NULL"
+            ),
+        ),
+    ),
 )
 
 LATEST_VERSION = len(MIGRATIONS)

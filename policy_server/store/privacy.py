@@ -16,9 +16,10 @@ Role: the store half of docs/USERS_DATA.md. Contract:
   judge's stored verdicts (votes, raw outputs, guard results, hint), mode, weights and the weight version it
   was trained into.
 - :meth:`StorePrivacy.sweep_retention`: purges the raw text of consumed samples (the sample JSON, and the
-  turn's record and next state once no sample of the turn is still unconsumed) older than a cut-off, and side
-  turns older than another, in one transaction; SQLite then returns the freed pages to the filesystem
-  (``VACUUM``), PostgreSQL's autovacuum reuses them.
+  session's turn records and next states once every sample of the session is consumed and purged) older than a
+  cut-off, and side turns older than another, oldest first, in transactions of :data:`RETENTION_BATCH_ROWS`
+  rows (so a concurrent turn's commit waits for one batch, never for the whole purge); SQLite then returns the
+  freed pages to the filesystem (``VACUUM``, policy_server.store.sqlite), PostgreSQL's autovacuum reuses them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ from policy_server.store.records import StoreRecord
 
 PURGED = '{"purged": true}'  # what a purged turn record holds: valid JSON, no text
 DELETION_KEY = "deletion_token_key"  # runtime key of the deletion tokens' HMAC key
+# The oldest consumed samples whose text is still stored, in the terms of the ``samples_unpurged`` partial index
+# (policy_server.store.migrations): a literal status, as a planner uses a partial index only for a query whose
+# WHERE states the index's.
+UNPURGED = (
+    f"SELECT sample_id FROM samples WHERE status='{S.CONSUMED}' AND data IS NOT NULL AND updated_at<? "
+    "ORDER BY updated_at LIMIT ?"
+)
+RETENTION_BATCH_ROWS = 100  # rows purged per sweep transaction (bench.retention; docs/USERS_DATA.md)
 
 
 class ConsumedSample(StoreRecord):
@@ -182,25 +191,51 @@ class StorePrivacy(StoreDB):
             return None
         return SessionAudit(session_id=session_id, turns=[_turn_audit(r) for r in rows])
 
-    def sweep_retention(self, *, consumed_before: float | None, side_before: float | None) -> RetentionSweep:
+    def sweep_retention(
+        self,
+        *,
+        consumed_before: float | None,
+        side_before: float | None,
+        batch_rows: int = RETENTION_BATCH_ROWS,
+    ) -> RetentionSweep:
         """Purge consumed samples' text last updated before ``consumed_before`` and side turns created before
-        ``side_before`` (None: that kind is kept); one transaction, then the SQLite space returned."""
+        ``side_before`` (None: that kind is kept), oldest first, in transactions of at most ``batch_rows`` rows;
+        then the SQLite space returned. Blocking: it sleeps between transactions (a worker thread's call).
+
+        Why batches: SQLite has one writer and the store one lock, so every turn's commit waits for the sweep's
+        transaction to end (past ``busy_timeout_s`` it fails as StoreBusy), and PostgreSQL cancels a statement
+        after twice that. A batch bounds the wait. After each one the sweeper sleeps as long as the batch took,
+        so the writers that queued meanwhile get in (a released lock is otherwise taken again by the sweeper
+        before a waiter wakes up) and a long sweep never takes more than half of the store's time."""
+        if batch_rows < 1:
+            raise ValueError("batch_rows must be >= 1")
         samples = turns = side = 0
-        with self._tx() as db:
-            if consumed_before is not None:
+        while consumed_before is not None:
+            t0 = time.perf_counter()
+            with self._tx() as db:
                 rows = db.execute(
-                    "SELECT session_id, turn_index FROM samples WHERE status=? AND updated_at<? AND data IS NOT NULL",
-                    (S.CONSUMED, consumed_before),
+                    f"UPDATE samples SET data=NULL WHERE sample_id IN ({UNPURGED}{self._skip_locked}) "
+                    "RETURNING session_id",
+                    (consumed_before, batch_rows),
                 ).fetchall()
-                samples = db.execute(
-                    "UPDATE samples SET data=NULL WHERE status=? AND updated_at<? AND data IS NOT NULL",
-                    (S.CONSUMED, consumed_before),
-                ).rowcount
-                sessions = sorted({r["session_id"] for r in rows})
-                for sid in sessions:
+                samples += len(rows)
+                for sid in sorted({r[0] for r in rows}):
                     turns += _purge_consumed_turns(db, sid)
-            if side_before is not None:
-                side = db.execute("DELETE FROM side_turns WHERE created_at<?", (side_before,)).rowcount
+            if len(rows) < batch_rows:
+                break
+            time.sleep(time.perf_counter() - t0)
+        while side_before is not None:
+            t0 = time.perf_counter()
+            with self._tx() as db:
+                n = db.execute(
+                    "DELETE FROM side_turns WHERE side_id IN (SELECT side_id FROM side_turns WHERE created_at<? "
+                    "ORDER BY created_at LIMIT ?" + self._skip_locked + ")",
+                    (side_before, batch_rows),
+                ).rowcount
+            side += n
+            if n < batch_rows:
+                break
+            time.sleep(time.perf_counter() - t0)
         if turns:
             self.turn_records.cache.clear()  # whole records held in memory: the purged ones must not come back
         if samples or turns or side:

@@ -38,7 +38,9 @@ from policy_server.store.connection import DB
 from policy_server.store.migrations import apply_migrations
 from policy_server.store.turn_records import TurnCache, TurnRecords
 
-VACUUM_FREE_FRACTION = 0.25  # free share of the SQLite file at which a retention sweep rebuilds it (VACUUM)
+# Free share of the SQLite file at which a retention sweep rebuilds it (VACUUM): from half, VACUUM returns at
+# least as many bytes as it copies (bench.retention, docs/USERS_DATA.md).
+VACUUM_FREE_FRACTION = 0.5
 
 
 class SqliteDB(StoreDB):
@@ -120,9 +122,10 @@ class SqliteDB(StoreDB):
         ``vacuum`` also rebuild the file so its freed pages return to the filesystem, once at least
         :data:`VACUUM_FREE_FRACTION` of it is free.
 
-        VACUUM rewrites the whole file while holding the store lock (every turn waits for it), so it is not run for
-        each sweep's handful of pages: the threshold bounds its cost to a rewrite per quarter of the file freed.
-        Freed pages hold no deleted text meanwhile (``secure_delete`` zeroes them) and are reused by new rows."""
+        VACUUM copies every live page while holding the store lock (every turn waits for it: a second per 175 MB
+        kept on the bench's 2-core machine, whatever the free share), so it is not run for each sweep's handful
+        of pages: the threshold bounds its cost to one byte copied per byte returned. Freed pages hold no deleted
+        text meanwhile (``secure_delete`` zeroes them) and are reused by new rows."""
         with self._lock:
             if vacuum:
                 free = self._db.execute("PRAGMA freelist_count").fetchone()[0]

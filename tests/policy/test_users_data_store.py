@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from engine.records import PrmVerdict, Sample, TurnRecord, WeightVersion
+from policy_server.store import Resolution
 from policy_server.store.privacy import PURGED, SessionAudit
 from policy_server.store.records import StoredResponse
 from tests.testkit.deleting_child import DeletingChild
@@ -174,7 +175,7 @@ def test_retention_returns_sqlite_space(tmp_path: Path):
 
 def test_a_small_purge_leaves_the_file_for_new_rows(tmp_path: Path):
     """VACUUM rewrites the whole file under the store lock: a sweep that frees little does not run it (the freed
-    pages are zeroed by secure_delete and reused), one that frees a quarter of the file does (above)."""
+    pages are zeroed by secure_delete and reused), one that frees half of the file does (above)."""
     from policy_server.store import Store
 
     st = Store(tmp_path)
@@ -190,6 +191,85 @@ def test_a_small_purge_leaves_the_file_for_new_rows(tmp_path: Path):
     st.close()
     assert out.consumed_samples == 1 and after == before
     assert not any(SECRET_TEXT.encode() in p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+
+
+def _consumed_sessions(store, sessions: int, turns: int, text: str = "hello", ids: int = 0) -> None:
+    """``sessions`` ended sessions of ``turns`` paired turns each, every sample judged (with ``ids`` prompt token
+    ids) and consumed."""
+    for i in range(sessions):
+        for k in range(turns):
+            resolve = Resolution(k - 1, "paired", [{"role": "user", "content": "next"}]) if k else None
+            store.record_turn(f"c{i}", _record(text), session_done=k == turns - 1, resolve=resolve)
+    for job in store.pending_jobs():
+        data = Sample.model_validate(
+            {"sample_id": job.sample_id, "session_id": job.session_id, "reward": 1.0, "prompt_ids": list(range(ids))}
+        )
+        store.complete_judge(job.sample_id, status="ready", reject_reason=None, included=True, data=data)
+    lease = store.lease(sessions * turns, 60.0)
+    assert lease is not None and len(lease[1]) == sessions * turns
+    store.ack(lease[0])
+
+
+def test_a_sweep_in_batches_purges_what_one_transaction_would(store_factory):
+    """Sessions whose samples fall in two batches still have their turn records purged; side turns go in
+    batches too."""
+    st = store_factory()
+    _consumed_sessions(st, sessions=4, turns=3, text=SECRET_TEXT)
+    for _ in range(5):
+        st.record_side_turn(None, "opt_out", _record(SECRET_TEXT))
+    out = st.sweep_retention(consumed_before=time.time() + 1, side_before=time.time() + 1, batch_rows=5)
+    assert (out.consumed_samples, out.turns, out.side_turns) == (12, 12, 5)
+    assert all(r.sample is None for r in st.list_samples())
+    assert all(st.get_turn(f"c{i}", k).messages == [] for i in range(4) for k in range(3))
+    with pytest.raises(ValueError):
+        st.sweep_retention(consumed_before=time.time(), side_before=None, batch_rows=0)
+
+
+def test_a_turn_committed_during_a_long_sweep_waits_for_a_batch_not_the_whole_sweep(tmp_path: Path):
+    """SQLite has one writer: a sweep in one transaction made every turn's commit wait for all of it (past
+    ``busy_timeout_s``, StoreBusy). In batches, a commit waits for one batch at most."""
+    import threading
+
+    from policy_server.store import Store
+    from policy_server.store.privacy import RETENTION_BATCH_ROWS
+
+    st = Store(tmp_path)
+    _consumed_sessions(st, sessions=2 * RETENTION_BATCH_ROWS, turns=5, text=SECRET_TEXT * 300, ids=3000)  # 10 batches
+    writes: list[tuple[float, float]] = []  # (start, end) of each commit
+    stop = threading.Event()
+
+    def write() -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            st.record_turn(f"w{len(writes)}", _record(), session_done=False)
+            writes.append((t0, time.perf_counter()))
+            time.sleep(0.001)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    while len(writes) < 3:  # the writer is committing before the sweep starts
+        time.sleep(0.001)
+    t0 = time.perf_counter()
+    out = st.sweep_retention(consumed_before=time.time() + 1, side_before=None)
+    t1 = time.perf_counter()
+    stop.set()
+    writer.join()
+    st.close()
+    assert out.consumed_samples == 10 * RETENTION_BATCH_ROWS
+    longest = max(end - start for start, end in writes if end > t0 and start < t1)
+    assert longest < (t1 - t0) / 3, f"a commit waited {longest:.3f}s of the sweep's {t1 - t0:.3f}s"
+
+
+def test_the_sweep_reads_unpurged_samples_by_their_partial_index(tmp_path: Path):
+    """The sweep's query states the partial index's WHERE, so an empty sweep reads no purged row."""
+    from policy_server.store import Store
+    from policy_server.store.privacy import UNPURGED
+
+    st = Store(tmp_path)
+    with st._read() as db:
+        plan = " ".join(str(tuple(r)) for r in db.execute("EXPLAIN QUERY PLAN " + UNPURGED, (1.0, 5)).fetchall())
+    st.close()
+    assert "samples_unpurged" in plan, plan
 
 
 @pytest.mark.process

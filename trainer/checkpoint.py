@@ -8,6 +8,11 @@ half-written ``step_*`` that resume would pick):
     optimizer.pt                                              (AdamW state + its format + torch RNG)
     trainer_state.json                                        (step, leases to ack, recent sample ids, baseline)
 
+Pruning keeps the newest ``keep`` checkpoints plus the ones the caller protects: the checkpoints the policy server
+can restore (trainer/lineage.py ``restorable``: the live version's and a canary's on trial), which pushes deferred
+behind a canary would otherwise push out of the newest ``keep`` while a rollback can still send the trainer and
+the engines back to them.
+
 ``out_dir/ack_state.json`` records the last step whose leases were acked; a resume re-acks any lease of
 the latest checkpoint above it (the crash fell between save and ack).
 
@@ -24,6 +29,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,13 +79,14 @@ def save_checkpoint(
     state: dict[str, Any],
     *,
     keep: int = 3,
+    protect: Iterable[str | Path] = (),
     model_state: dict[str, Any] | None = None,
     optim_state: dict[str, Any] | None = None,
     optim_format: str = "torch",
 ) -> Path:
-    """Persist model + optimizer + state atomically; returns the final folder.
+    """Persist model + optimizer + state atomically, then prune; returns the final folder.
 
-    ``model_state`` / ``optim_state`` replace the model's and optimizer's own state (FSDP2 full gathers).
+    ``protect``: checkpoint folders pruning never deletes (see :func:`prune_checkpoints`). ``model_state`` / ``optim_state`` replace the model's and optimizer's own state (FSDP2 full gathers).
     """
     out = Path(out_dir)
     final = step_dir(out, step)
@@ -114,14 +121,19 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(out)
-    _prune(out, keep)
+    prune_checkpoints(out, keep, protect)
     return final
 
 
-def _prune(out: Path, keep: int) -> None:
-    steps = sorted((int(m.group(1)), p) for p in out.iterdir() if (m := _STEP_RE.match(p.name)))
-    for _, p in steps[:-keep]:
+def prune_checkpoints(out_dir: Path, keep: int, protect: Iterable[str | Path] = ()) -> list[Path]:
+    """Delete every ``step_*`` folder but the newest ``keep`` and those in ``protect`` (paths compared resolved;
+    ones outside ``out_dir`` are ignored); returns the deleted folders, oldest first."""
+    kept = {Path(p).resolve() for p in protect}
+    steps = sorted((int(m.group(1)), p) for p in out_dir.iterdir() if (m := _STEP_RE.match(p.name)))
+    doomed = [p for _, p in steps[:-keep] if p.resolve() not in kept]
+    for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
+    return doomed
 
 
 def load_trainer_state(ckpt: Path) -> dict[str, Any]:

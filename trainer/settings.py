@@ -157,7 +157,11 @@ class TrainConfig(CliSettings):
     # --- bookkeeping
     seed: int = Field(0, description="torch seed")
     save_every: int = Field(1, description="checkpoint (then ack + weight sync) every N steps; leases wait until then")
-    keep_checkpoints: int = Field(3, description="checkpoints kept on disk (older ones are deleted)")
+    keep_checkpoints: int = Field(
+        3,
+        description="newest checkpoints kept on disk; older ones are deleted, except the live version's and a "
+        "canary's on trial (a rollback restores them)",
+    )
     remember_sample_ids: int = Field(
         100_000, description="recent trained sample ids kept to refuse re-leased duplicates"
     )

@@ -19,7 +19,8 @@ Each step (docs/CONTRACTS.md "Trainer"):
      contains -> POST /admin/weights/update {model_path, weight_version=str(step), parent_version, samples}.
      A push the server defers (a version is on trial as canary) leaves the weights unpublished until the next
      checkpoint; a push refused because its parent was rolled back reloads the restored version's weights on
-     every rank (Adam's moments cleared: they followed the rejected path) and trains on from there.
+     every rank (Adam's moments cleared: they followed the rejected path) and trains on from there. Pruning keeps
+     the newest keep_checkpoints checkpoints and those a rollback can restore (trainer/lineage.py).
   5. ``log_step``: the update's metrics, timings and the PRM metrics windows of the leases since the last step.
 
 Resume: the latest complete checkpoint is loaded (weights, optimizer, baseline, recent sample ids), its
@@ -69,7 +70,7 @@ from trainer.lease_client import (
     collect_leases,
 )
 from trainer.lease_client.samples import SetAside, staleness, typed_samples
-from trainer.lineage import Reload, RunLineage
+from trainer.lineage import RunLineage
 from trainer.metrics import MetricsLogger
 from trainer.objective import carries_learning_term
 from trainer.prm import resolve_prm_config
@@ -231,17 +232,18 @@ class TrainingRun:
     def publish(self, ckpt: Path) -> str | None:
         """Rank 0: push ``ckpt`` as version str(step) with its lineage; returns the checkpoint to reload when the
         server rolled back the version these weights descend from (None otherwise)."""
-        version = str(self.step)
+        version, checkpoint = str(self.step), str(ckpt.resolve())
         try:
-            sync = self.leader_source.update_weights(str(ckpt.resolve()), version, self.lineage.push_lineage())
+            sync = self.leader_source.update_weights(checkpoint, version, self.lineage.push_lineage())
         except PublishDeferred as exc:
             logger.warning("weights of step %d not published now (%s); the next checkpoint tries again", self.step, exc)
             return None
         except WeightsRolledBack as exc:
             logger.warning("%s: reloading %s", exc, exc.live.checkpoint)
-            self.lineage.remember(self.out_dir, exc.live.version, Reload(self.step, exc.live.checkpoint))
+            self.lineage.remember_restored(self.out_dir, exc.live.version, exc.live.checkpoint, self.step)
             return exc.live.checkpoint
-        self.lineage.remember(self.out_dir, version)
+        # A canary (or an answer that does not say): the live version it descends from stays restorable.
+        self.lineage.remember_push(self.out_dir, version, checkpoint, on_trial=sync.get("state") != "live")
         logger.info("weights of step %d pushed: %s", self.step, sync)
         return None
 
@@ -304,7 +306,7 @@ class TrainingRun:
                     "sample %s not trained: %s", sample.sample_id, why or "already trained (re-leased duplicate)"
                 )
         self.pending_leases.extend(lease.lease_id for lease in leases)
-        self.lineage.unpublished_ids.extend(
+        self.lineage.unpublished.add(
             str(s.sample_id) for s, why, dup in zip(samples, reasons, duplicate, strict=True) if not (why or dup)
         )
         return AdmittedBatch(
@@ -387,6 +389,7 @@ class TrainingRun:
                 cfg.model_path,
                 state,
                 keep=cfg.keep_checkpoints,
+                protect=self.lineage.restorable(),  # a rollback can send the trainer and the engines back to these
                 model_state=model_state,
                 optim_state=optim_state,
                 optim_format=parallel.optimizer_format(cfg.parallel, self.world),

@@ -181,4 +181,4 @@ class LocalSampleSource:
         self.policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         self.weight_version = weight_version
         self.weight_updates.append((model_path, weight_version))
-        return {"success": True, "weight_version": weight_version, "paused_s": 0.0}
+        return {"success": True, "weight_version": weight_version, "paused_s": 0.0, "state": "live"}

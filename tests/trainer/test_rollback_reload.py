@@ -59,7 +59,13 @@ def test_push_lineage_defer_and_reload(tiny_model_dir, sample_file, tmp_path):
     assert (v2, l2.parent_version, l2.sample_count) == ("2", "1", 4)
     assert (v3, l3.parent_version, l3.sample_count) == ("3", "1", 8)  # step 2 was never published
     lineage = json.loads((out / LINEAGE_FILE).read_text())
-    assert lineage == {"published": "base", "reload": {"step": 3, "checkpoint": str(tiny_model_dir)}}
+    reload = {"step": 3, "checkpoint": str(tiny_model_dir)}
+    assert lineage == {
+        "published": "base",
+        "published_checkpoint": str(tiny_model_dir),
+        "fallback_checkpoint": None,
+        "reload": reload,
+    }
 
     # a crash right after the refusal: the step-3 checkpoint holds the rejected weights; the resume reloads
     resumed = LedgerSource(sample_file, out / "cursor.json", script=[], base=tiny_model_dir)

@@ -285,4 +285,4 @@ class FileSampleSource:
 
     def update_weights(self, model_path: str, weight_version: str, lineage: Lineage | None = None) -> dict[str, Any]:
         self.weight_updates.append((model_path, weight_version))
-        return {"success": True, "weight_version": weight_version, "paused_s": 0.0}
+        return {"success": True, "weight_version": weight_version, "paused_s": 0.0, "state": "live"}

@@ -95,16 +95,21 @@ def load_policy(cfg: TrainConfig, ckpt: Path | None, device: torch.device, world
     return Policy(model, wrapped, ref_model, opt, eos_id)
 
 
-def reload_weights(policy: Policy, checkpoint: str | Path, parallel_mode: str, world: int) -> None:
-    """Every rank: replace the trained weights by ``checkpoint``'s (HF layout) and clear Adam's moments, which
-    were accumulated along the path being abandoned (a rollback); the reference model is untouched."""
+def reload_weights(policy: Policy, checkpoint: str | Path, world: int) -> None:
+    """Every rank (a collective with more than one): replace the trained weights by ``checkpoint``'s (HF layout) and
+    clear Adam's moments, which were accumulated along the path being abandoned (a rollback); the reference model is
+    untouched. Only rank 0 reads the checkpoint into memory: with several ranks it broadcasts each tensor, which
+    every DDP replica copies and every FSDP2 rank slices to its shard."""
     from transformers import AutoModelForCausalLM
 
-    full = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).state_dict()
-    if parallel_mode == "fsdp2" and world > 1:
+    def read() -> dict[str, Any]:
+        return AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).state_dict()
+
+    if world > 1:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        set_model_state_dict(policy.model, full, options=StateDictOptions(full_state_dict=True))
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(policy.model, read() if dist.get_rank() == 0 else {}, options=options)
     else:
-        policy.model.load_state_dict(full)
+        policy.model.load_state_dict(read())
     policy.opt.state.clear()

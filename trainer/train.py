@@ -250,7 +250,7 @@ class TrainingRun:
     def reload_if(self, checkpoint: str | None) -> None:
         """Every rank: restart from the restored weights (``checkpoint``) after a rollback, if there was one."""
         if checkpoint is not None:
-            reload_weights(self.policy, checkpoint, self.cfg.parallel, self.world)
+            reload_weights(self.policy, checkpoint, self.world)
             logger.warning("step %d: weights reloaded from %s; optimizer moments cleared", self.step, checkpoint)
 
     def collect_leases(self) -> tuple[list[Lease], bool]:

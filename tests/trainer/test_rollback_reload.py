@@ -81,7 +81,7 @@ def test_reload_weights_restores_exactly_and_clears_adam(tiny_model_dir, tmp_pat
     loss.backward()
     policy.opt.step()
     assert policy.opt.state and any(not torch.equal(base[k], v) for k, v in policy.model.state_dict().items())
-    reload_weights(policy, tiny_model_dir, "ddp", 1)
+    reload_weights(policy, tiny_model_dir, 1)
     assert all(torch.equal(base[k], v) for k, v in policy.model.state_dict().items())
     assert not policy.opt.state
 

@@ -182,15 +182,18 @@ class SecretScanner:
         being walked again: redaction is deterministic and string by string, so equal strings redact alike (each
         of them would still be hashed to find its cached result). Only the messages after it are redacted; a
         transcript found clean is remembered in place of the one it extends. The caller must not change a
-        transcript it handed in (the chat turn keeps the request's messages as they came)."""
+        transcript it handed in (the chat turn keeps the request's messages as they came).
+
+        The value starts with that clean transcript's own message objects, equal to the request's: the turn it
+        was recorded with holds the same objects, so the pairing's comparisons with it are identity checks."""
         known, known_chars = self._clean.longest(messages)
         n = len(known) if known is not None else 0
         kinds: set[str] = set()
         tail = [self._walk(m, kinds) for m in messages[n:]]
         if kinds:
-            return Redacted(messages, [*messages[:n], *tail], sorted(kinds))
+            return Redacted(messages, [*(known or []), *tail], sorted(kinds))
         self._clean.remember(messages, known_chars + string_chars(messages[n:]), replaces=known)
-        return Redacted(messages, messages, [])
+        return Redacted(messages, [*known, *messages[n:]] if known is not None else messages, [])
 
     def _walk(self, value: Any, kinds: set[str]) -> Any:
         if isinstance(value, str):

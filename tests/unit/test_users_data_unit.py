@@ -106,7 +106,8 @@ def test_a_resent_transcript_is_walked_only_past_its_clean_start(monkeypatch: py
     seen = _counting(scanner, monkeypatch)
     grown = [dict(m) for m in first] + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "next"}]
     out = scanner.redact_transcript(grown)
-    assert out.value is grown and out.kinds == [] and seen == ["assistant", "done", "user", "next"]
+    assert out.value == grown and out.kinds == [] and seen == ["assistant", "done", "user", "next"]
+    assert out.value[0] is first[0]  # the clean start's own objects: compared with it by identity later
     # A secret in what the request adds is found; the clean start is kept as sent.
     leaked = [*grown, {"role": "assistant", "content": "ok"}, {"role": "user", "content": PLANTED["github_token"]}]
     out = scanner.redact_transcript(leaked)

@@ -149,9 +149,8 @@ class ChatTurn:
         hexid = uuid.uuid4().hex
         self.rid = f"{chat.id_prefix}{hexid}"
         # Engine rids "hs-<hex>-<segment>": unique per submission, one abort prefix per chat request.
-        self.res = GenResult(
-            prompt_ids=list(prompt_ids), rid_prefix=f"hs-{hexid}-", top_logprobs_num=chat.top_logprobs_num
-        )
+        # The rendered ids, shared (not copied): neither the turn nor its result changes them.
+        self.res = GenResult(prompt_ids=prompt_ids, rid_prefix=f"hs-{hexid}-", top_logprobs_num=chat.top_logprobs_num)
         self.record_task: asyncio.Task[int] | None = None  # the turn record on its way into the store
         # A session that keeps this turn's text gets the token that deletes it (serving.deletion_tokens).
         tokens = st.deletion_tokens

@@ -7,17 +7,19 @@ In each of ``--rounds`` rounds, for each history size H (tokens of the tiny poli
 ``--sessions`` sessions open with one turn carrying an H-token history (a full render), then run
 ``--turns`` continuing turns one at a time (the reply, then a short user message), the sizes interleaved
 turn by turn so that load from other jobs on the machine falls on every size alike. Only the continuing
-turns are measured: the policy server's CPU ms per turn (user + system time of its process from /proc
-over those turns) and the client-seen latency (p50). Printed: each round's CPU per size and its 30k/1k
-ratio, the median ratio over the rounds (the target is <= 1.5x) and, for scale, what the template's full
-render + tokenization of the same history costs in this process (what every turn cost before prompts
-became token-continuous). bench/instant_engine.py answers /generate at once, so the figures
-are the policy server's own; its prompt renders by reason come from its /metrics.
+turns are measured: the policy server's CPU ms per turn (the time its threads spent on a CPU over each
+turn, in nanoseconds from /proc's schedstat: bench.proc_cpu.ThreadCpu, not 10 ms ticks) and the client-seen
+latency (p50). Printed: each round's CPU per size and its 30k/1k ratio, the median ratio over the rounds
+(the target is <= 1.5x) and, for scale, what the template's full render + tokenization of the same history
+costs in this process (what every turn cost before prompts became token-continuous).
+bench/instant_engine.py answers /generate at once, so the figures are the policy server's own; its prompt
+renders by reason come from its /metrics.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import re
 import statistics
@@ -27,7 +29,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.proxy_overhead import _cpu_s, start_instant_engine
+from bench.proc_cpu import ThreadCpu
+from bench.proxy_overhead import start_instant_engine
 from devkit.tiny_model import build_tiny_model
 from engine.chat import load_tokenizer, render_prompt_ids
 from tests.long_context import long_context
@@ -70,7 +73,9 @@ class _Session:
         self.reply = self._post()
 
 
-def run_round(http: httpx.Client, pid: int, tok, sizes: list[int], sessions: int, turns: int) -> dict[int, dict]:
+def run_round(
+    http: httpx.Client, cpu_of: ThreadCpu, tok, sizes: list[int], sessions: int, turns: int
+) -> dict[int, dict]:
     """One round: ``sessions`` sessions per size, then ``turns`` continuing turns each, the sizes interleaved
     turn by turn (load from other jobs on the machine then falls on every size alike)."""
     open_ = {size: [_Session(http, tok, size, s) for s in range(sessions)] for size in sizes}
@@ -79,10 +84,10 @@ def run_round(http: httpx.Client, pid: int, tok, sizes: list[int], sessions: int
     for _ in range(turns):
         for s in range(sessions):
             for size in sizes:
-                c0, t0 = _cpu_s(pid), time.perf_counter()
+                c0, t0 = cpu_of.read(), time.perf_counter()
                 open_[size][s].next_turn()
                 lat[size].append(time.perf_counter() - t0)
-                cpu[size] += _cpu_s(pid) - c0
+                cpu[size] += cpu_of.since(c0)
     n = sessions * turns
     return {size: {"cpu_ms": cpu[size] / n * 1e3, "p50_ms": statistics.median(lat[size]) * 1e3} for size in sizes}
 
@@ -139,15 +144,19 @@ def main() -> None:
     )
     try:
         with httpx.Client(base_url=pol.url, timeout=120, trust_env=False) as http:
-            run_round(http, pol.pid, tok, [sizes[0]], 1, 2)  # warm-up
+            cpu_of = ThreadCpu(pol.pid)
+            if not cpu_of.exact:
+                print("no schedstat in /proc: CPU read in clock ticks (10 ms), so single rounds swing widely")
+            run_round(http, cpu_of, tok, [sizes[0]], 1, 2)  # warm-up
             before = _renders(pol.url)
             lo, hi = min(sizes), max(sizes)
             ratios, cpu_by_size = [], {size: [] for size in sizes}
             for k in range(a.rounds):
-                results = run_round(http, pol.pid, tok, sizes, a.sessions, a.turns)
+                results = run_round(http, cpu_of, tok, sizes, a.sessions, a.turns)
                 for size in sizes:
                     cpu_by_size[size].append(results[size]["cpu_ms"])
-                ratios.append(results[hi]["cpu_ms"] / results[lo]["cpu_ms"])
+                # A round that measured no CPU at the small size (ticks, on a coarse clock) has no ratio.
+                ratios.append(results[hi]["cpu_ms"] / results[lo]["cpu_ms"] if results[lo]["cpu_ms"] > 0 else math.inf)
                 print(
                     f"round {k + 1}: "
                     + "  ".join(

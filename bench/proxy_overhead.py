@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.proc_cpu import process_cpu_s
 from devkit.tiny_model import build_tiny_model
 from engine.chat import load_tokenizer, render_prompt_ids
 from tests.testkit.procs import ManagedProcess, free_port, start_dev_engine, start_process
@@ -102,12 +102,6 @@ async def bench(engine_url: str, policy_url: str, tokenizer, n: int, max_tokens:
                 f"concurrency {conc:2d}  latency ratio policy/direct (mean) = "
                 f"{statistics.mean(p) / statistics.mean(d):.3f}"
             )
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_instant_engine(tokenizer, log_dir: Path) -> ManagedProcess:
@@ -195,9 +189,9 @@ async def bench_stub(engine_url: str, policy: ManagedProcess, tokenizer, turns_p
                     {"role": "user", "content": f"and turn {t + 1}?"},
                 ]
 
-        cpu0, t0 = _cpu_s(policy.pid), time.perf_counter()
+        cpu0, t0 = process_cpu_s(policy.pid), time.perf_counter()
         await asyncio.gather(*(proxied_only(f"load-u{i}") for i in range(users)))
-        wall, cpu = time.perf_counter() - t0, _cpu_s(policy.pid) - cpu0
+        wall, cpu = time.perf_counter() - t0, process_cpu_s(policy.pid) - cpu0
         n = users * turns_per_user
         print(
             f"concurrency 32  sustained: {n / wall:.1f} recorded turns/s, "

@@ -187,7 +187,7 @@ class EngineClient:
         if not input_ids:
             raise EngineRejected("input_ids must not be empty")
         payload: dict[str, Any] = {
-            "input_ids": list(input_ids),
+            "input_ids": input_ids if type(input_ids) is list else list(input_ids),  # a prompt is not copied
             "sampling_params": sampling_params,
             "return_logprob": return_logprob,
             "stream": False,

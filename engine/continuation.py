@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.chat import render_prompt_ids, render_prompt_text
+from engine.records import TurnRecord
 from engine.reply_tail import after_reply, stand_in_calls
 from engine.template_inputs import TemplateRefused
 
@@ -99,15 +100,15 @@ class PriorTurn:
     response_ids: list[int]
 
     @classmethod
-    def from_turn(cls, turn: dict[str, Any]) -> PriorTurn:
-        """From a stored turn dict (engine.records.Turn's JSON). Its lists are shared, not copied (a
-        30k-token prompt would be copied on every turn): neither side changes them."""
+    def from_turn(cls, turn: TurnRecord) -> PriorTurn:
+        """From a recorded turn (engine.records.Turn, as the store reads it). Its lists are shared, not copied
+        (a 30k-token prompt would be copied on every turn): neither side changes them."""
         return cls(
-            messages=turn.get("messages") or [],
-            tools=turn.get("tools") or None,
-            chat_template_kwargs=turn.get("chat_template_kwargs") or None,
-            prompt_ids=turn.get("prompt_ids") or [],  # ints, as the store holds them
-            response_ids=turn.get("response_ids") or [],
+            messages=turn.messages,
+            tools=turn.tools or None,
+            chat_template_kwargs=turn.chat_template_kwargs or None,
+            prompt_ids=turn.prompt_ids,
+            response_ids=turn.response_ids,
         )
 
 

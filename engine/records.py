@@ -111,9 +111,19 @@ class _Record(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True, ser_json_inf_nan="constants")
 
-    def to_json(self) -> dict[str, Any]:
-        """The record as the JSON object it travels as (absent keys stay absent)."""
-        return self.model_dump(mode="json", exclude_unset=True)
+    def to_json(self, *, share: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The record as the JSON object it travels as (absent keys stay absent).
+
+        ``share``: list fields whose values are JSON already (parsed from JSON, token ids) and go into the
+        result as they are, the same list objects, instead of being dumped item by item (a 30k-token turn's
+        messages and prompt ids); the result then shares them with the record, and neither may change them."""
+        if not share:
+            return self.model_dump(mode="json", exclude_unset=True)
+        shared = {k: getattr(self, k) for k in share if k in self.model_fields_set}
+        # Dumped with empty stand-ins, then the values put back: the keys keep the field order.
+        out = self.model_copy(update=dict.fromkeys(shared, [])).model_dump(mode="json", exclude_unset=True)
+        out.update(shared)
+        return out
 
 
 class Interval(BaseModel):
@@ -279,6 +289,11 @@ class TurnRecord(_Record):
     session_rule: str | None = None
     session_decision: str | None = None
 
+
+# The fields of a turn record that grow with its session's history: validated where they are made (the request's
+# messages by the API layer, the prompt ids by the renderer) or once as read from the store, and otherwise carried
+# and shared as they are, not walked again (TurnRecord.to_json(share=...), policy_server.store.rows.turn_of).
+TURN_HISTORY_FIELDS = ("messages", "prompt_ids")
 
 # How a turn's next state was decided: not yet, from the next request, refused, or the session ended.
 Pairing = Literal["awaiting", "paired", "mismatch", "session_end"]

@@ -29,7 +29,7 @@ from policy_server.errors import Backpressure
 from policy_server.serving.generation import GenResult
 from policy_server.serving.identity import HEADER, INFERRED, Identity, SessionHint
 from policy_server.serving.opt_out import NONE, OFF, ON, OPT_OUT_RULE
-from policy_server.serving.secrets import redact_record
+from policy_server.serving.secrets import Redacted, redact_record
 from policy_server.serving.sessions import Arrival
 from policy_server.serving.side_rules import HEADER_RULE
 from policy_server.serving.turn_state import ServingState
@@ -90,10 +90,10 @@ def turn_record(
     """The turn's :class:`~engine.records.TurnRecord`, as the store persists it; ``response_id`` is the
     id the client got for the reply (explicit feedback names the turn by it).
 
-    The two fields that grow with the history are validated where they are made, the request's messages by
-    the API layer and the prompt ids by the renderer: the record is validated with an empty stand-in of each
-    and then carries the originals (a copy with an update is not validated again), so a 30k-token turn is not
-    walked once more by validation."""
+    The two fields that grow with the history (engine.records.TURN_HISTORY_FIELDS) are validated where they
+    are made, the request's messages by the API layer and the prompt ids by the renderer: the record is
+    validated with an empty stand-in of each and then carries the originals (a copy with an update is not
+    validated again), so a 30k-token turn is not walked once more by validation."""
     record = TurnRecord(
         chat_template_kwargs=template_kwargs,  # the teacher renders its prompt the same way
         messages=[],
@@ -139,16 +139,18 @@ class ChatTurn:
         prompt_ids: list[int],
         identity: Identity | None = None,
         side_rule: str | None = None,
+        redacted: Redacted | None = None,
     ) -> None:
         self.st, self.chat, self.sid, self.record, self.arrival = st, chat, sid, record, arrival
         self.identity, self.side_rule = identity, side_rule
+        # The arrival's redaction of the transcript: the record's messages when the transcript is the messages.
+        self.redacted = redacted
         self.template_kwargs, self.prompt_ids = template_kwargs, prompt_ids
         hexid = uuid.uuid4().hex
         self.rid = f"{chat.id_prefix}{hexid}"
         # Engine rids "hs-<hex>-<segment>": unique per submission, one abort prefix per chat request.
-        self.res = GenResult(
-            prompt_ids=list(prompt_ids), rid_prefix=f"hs-{hexid}-", top_logprobs_num=chat.top_logprobs_num
-        )
+        # The rendered ids, shared (not copied): neither the turn nor its result changes them.
+        self.res = GenResult(prompt_ids=prompt_ids, rid_prefix=f"hs-{hexid}-", top_logprobs_num=chat.top_logprobs_num)
         self.record_task: asyncio.Task[int] | None = None  # the turn record on its way into the store
         # A session that keeps this turn's text gets the token that deletes it (serving.deletion_tokens).
         tokens = st.deletion_tokens
@@ -171,11 +173,13 @@ class ChatTurn:
         if main and (hint.key is not None or hint.previous_response_id is not None or st.resolver.inferrer):
             await check_backlog(st)
         transcript = chat.messages if chat.transcript is None else chat.transcript
-        secret = False
+        redacted = None
         if st.secrets is not None and hint.train != NONE:
-            # Pairing and session choice compare the transcript as the store keeps it: redacted the same way.
-            transcript, kinds = await asyncio.to_thread(st.secrets.redact, transcript)
-            secret = bool(kinds)
+            # Pairing and session choice compare the transcript as the store keeps it: redacted the same way. The
+            # record reuses this redaction for its messages when they are the transcript (redact_record checks).
+            redacted = await asyncio.to_thread(st.secrets.redact_transcript, transcript)
+            transcript = redacted.value
+        secret = redacted is not None and bool(redacted.kinds)
         if hint.train == NONE:  # store nothing: not even the session's row
             ident = Identity(None, None, OPT_OUT_RULE, NONE)
         else:
@@ -211,6 +215,7 @@ class ChatTurn:
             prompt_ids=prompt_ids,
             identity=ident,
             side_rule=side_rule,
+            redacted=redacted,
         )
         if record and st.canary is not None:  # a main turn goes to its session's version (safe updates)
             turn.res.engine = await st.canary.engine_for(ident.sid)
@@ -229,6 +234,7 @@ class ChatTurn:
                 turn_record(
                     chat.messages, chat.tools, res, message, chat.sp, self.template_kwargs, self.rid, self.identity
                 ),
+                self.redacted,
             )
             self.record_task = asyncio.ensure_future(
                 st.sessions.on_main_turn(self.sid, record, done=chat.done, arrival=self.arrival, redacted=kinds)
@@ -238,7 +244,7 @@ class ChatTurn:
         elif self.side_rule is not None:
             record = turn_record(chat.messages, chat.tools, res, message, chat.sp, self.template_kwargs)
             try:  # kept for operators; a failed write must not fail an answer that trains nothing
-                record, kinds = await asyncio.to_thread(redact_record, st.secrets, record)
+                record, kinds = await asyncio.to_thread(redact_record, st.secrets, record, self.redacted)
                 await asyncio.shield(
                     asyncio.to_thread(st.store.record_side_turn, self.sid, self.side_rule, record, redacted=kinds)
                 )

@@ -89,6 +89,11 @@ class GenResult:
     cached_tokens: int | None = None  # the first submission's meta_info.cached_tokens (engine prefix-cache hit)
     engine: EngineClient | None = None  # the engine its session is pinned to (a canary); None: the generator's
 
+    def input_ids(self) -> list[int]:
+        """The next engine submission's input: the prompt, then what was sampled so far (the prompt list itself
+        before anything was: a 30k-token prompt is not copied for the first submission)."""
+        return self.prompt_ids + self.response_ids if self.response_ids else self.prompt_ids
+
     def next_rid(self) -> str | None:
         """The rid of the next engine submission (one per segment, so a resume never reuses an rid)."""
         if self.abandoned:
@@ -276,7 +281,7 @@ class Generator:
     async def _submit_once(self, seg_sp: dict[str, object], res: GenResult, seg: _Segment) -> AsyncGenerator[str, None]:
         """One segment through ``/generate`` (non-streaming): yields nothing."""
         gens = await (res.engine or self.engine).generate_ids(
-            res.prompt_ids + res.response_ids,
+            res.input_ids(),
             seg_sp,
             return_logprob=True,
             rid=res.next_rid(),
@@ -306,7 +311,7 @@ class Generator:
         suffix beyond the previous chunk of the same submission.
         """
         payload: dict[str, object] = {
-            "input_ids": res.prompt_ids + res.response_ids,
+            "input_ids": res.input_ids(),
             "sampling_params": seg_sp,
             "return_logprob": True,
         }

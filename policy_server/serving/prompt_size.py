@@ -18,15 +18,15 @@ from typing import Any
 def prompt_chars(messages: list[dict[str, object]], tools: list[dict[str, object]] | None, enough: int) -> int:
     """About how many characters the prompt renders to (the strings it holds), counting stopped once past
     ``enough``: a long tool description or text part counts at its real length."""
-    n = _string_chars(tools) if tools else 0
+    n = string_chars(tools) if tools else 0
     for m in messages:
-        n += _string_chars(m.get("content")) + _string_chars(m.get("tool_calls")) + 16
+        n += string_chars(m.get("content")) + string_chars(m.get("tool_calls")) + 16
         if n > enough:
             break
     return n
 
 
-def _string_chars(value: object) -> int:
+def string_chars(value: object) -> int:
     """Characters of every string (keys included) in a JSON value; iterative, so any nesting is safe."""
     total, stack = 0, [value]
     while stack:
@@ -62,9 +62,9 @@ def prompt_token_floor(
             for tc in calls:
                 fn = tc.get("function") if isinstance(tc, dict) else None
                 if isinstance(fn, dict):
-                    chars += _string_chars([fn.get("name"), fn.get("arguments")])
+                    chars += string_chars([fn.get("name"), fn.get("arguments")])
     if isinstance(tools, list):
-        chars += _string_chars(tools)
+        chars += string_chars(tools)
     return len(messages) + chars // max(1, max_token_chars)
 
 

@@ -14,7 +14,9 @@ Contract: :meth:`SecretScanner.redact` returns a copy in which every finding is 
 ``[REDACTED:<kind>]`` and the sorted kinds found (empty: nothing found, the value is returned as is). A detector
 finding is widened to the token around it (the run of non-space characters), so a prefix never leaves the
 rest of the secret behind. Redaction is deterministic: the same text redacts the same way, so a redacted stored
-transcript still compares equal with the redacted next request (pairing). A turn whose prompt or reply held a
+transcript still compares equal with the redacted next request (pairing), and a conversation resent with a few
+more messages is walked only past the start it shares with one found clean before
+(:meth:`SecretScanner.redact_transcript`). A turn whose prompt or reply held a
 secret cannot be trained (its token ids encode the secret): its record is stored without token ids and its
 sample is rejected with reason ``secret`` (policy_server.store.privacy).
 """
@@ -25,6 +27,7 @@ import collections
 import hashlib
 import re
 import threading
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -34,9 +37,14 @@ from detect_secrets.core.scan import scan_line
 from detect_secrets.settings import transient_settings
 
 from engine.records import TurnRecord
+from policy_server.serving.clean_transcripts import CleanTranscripts
+from policy_server.serving.prompt_size import string_chars
 
 MARK = "[REDACTED:{}]"
 CACHE_ENTRIES = 16384  # distinct strings whose scan result is remembered
+# Characters of the clean transcripts remembered (SecretScanner.redact_transcript), about one per live session:
+# the size of the store's turn cache (1.2M prompt tokens), whose records share these lists.
+CLEAN_TRANSCRIPT_CHARS = 5_000_000
 _MARK_RE = re.compile(r"\[REDACTED:[a-z0-9_ ]+\]", re.IGNORECASE)
 
 # detect-secrets plugins that recognise a credential by its shape (no entropy guesses on prose).
@@ -96,6 +104,16 @@ def _kind(plugin_type: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", plugin_type.lower()).strip("_")
 
 
+@dataclass(frozen=True)
+class Redacted:
+    """One redaction of ``source`` (the object scanned): ``value`` and ``kinds`` as :meth:`SecretScanner.redact`
+    returns them."""
+
+    source: Any
+    value: Any
+    kinds: list[str]
+
+
 class SecretScanner:
     """Finds and redacts secrets in strings and in JSON-shaped values (see the module docstring)."""
 
@@ -105,6 +123,7 @@ class SecretScanner:
         # Keyed by a digest, and a clean text's result holds no copy of it: the cache stays small with long prompts.
         self._cache: collections.OrderedDict[bytes, tuple[str | None, frozenset[str]]] = collections.OrderedDict()
         self._cache_lock = threading.Lock()
+        self._clean = CleanTranscripts(CLEAN_TRANSCRIPT_CHARS)
 
     def redact_text(self, text: str) -> tuple[str, frozenset[str]]:
         """``text`` with every secret replaced by its marker, and the kinds found."""
@@ -156,6 +175,26 @@ class SecretScanner:
         out = self._walk(value, kinds)
         return (out, sorted(kinds)) if kinds else (value, [])
 
+    def redact_transcript(self, messages: list[Any]) -> Redacted:
+        """:meth:`redact` of a conversation's messages, which an agent resends every turn with a few more.
+
+        Its longest start equal, value for value, to a transcript this method found clean before is clean without
+        being walked again: redaction is deterministic and string by string, so equal strings redact alike (each
+        of them would still be hashed to find its cached result). Only the messages after it are redacted; a
+        transcript found clean is remembered in place of the one it extends. The caller must not change a
+        transcript it handed in (the chat turn keeps the request's messages as they came).
+
+        The value starts with that clean transcript's own message objects, equal to the request's: the turn it
+        was recorded with holds the same objects, so the pairing's comparisons with it are identity checks."""
+        known, known_chars = self._clean.longest(messages)
+        n = len(known) if known is not None else 0
+        kinds: set[str] = set()
+        tail = [self._walk(m, kinds) for m in messages[n:]]
+        if kinds:
+            return Redacted(messages, [*(known or []), *tail], sorted(kinds))
+        self._clean.remember(messages, known_chars + string_chars(messages[n:]), replaces=known)
+        return Redacted(messages, [*known, *messages[n:]] if known is not None else messages, [])
+
     def _walk(self, value: Any, kinds: set[str]) -> Any:
         if isinstance(value, str):
             text, found = self.redact_text(value)
@@ -168,20 +207,25 @@ class SecretScanner:
         return value
 
 
-def redact_record(scanner: SecretScanner | None, record: TurnRecord) -> tuple[TurnRecord, list[str]]:
+def redact_record(
+    scanner: SecretScanner | None, record: TurnRecord, messages: Redacted | None = None
+) -> tuple[TurnRecord, list[str]]:
     """``record`` as the store may keep it, and the secret kinds found in its messages, tools or reply.
 
-    With a secret, the texts are redacted and the token ids and log-probs dropped: the ids encode the secret,
-    and a turn without them is never trained (its sample is rejected ``secret``). Without one, ``record``
-    itself and ``[]``."""
+    ``messages``: a redaction made already (a turn redacts its transcript when it arrives, for the pairing);
+    used when its ``source`` is ``record.messages`` itself, the same list object, else the messages are
+    scanned here. With a secret, the texts are redacted and the token ids and log-probs dropped: the ids
+    encode the secret, and a turn without them is never trained (its sample is rejected ``secret``). Without
+    one, ``record`` itself and ``[]``."""
     if scanner is None:
         return record, []
-    messages, k1 = scanner.redact(record.messages)
+    if messages is None or messages.source is not record.messages:
+        messages = scanner.redact_transcript(record.messages)
     tools, k2 = scanner.redact(record.tools)
     response, k3 = scanner.redact(record.response)
-    kinds = sorted(set(k1) | set(k2) | set(k3))
+    kinds = sorted(set(messages.kinds) | set(k2) | set(k3))
     if not kinds:
         return record, []
-    update = {"messages": messages, "tools": tools, "response": response}
+    update = {"messages": messages.value, "tools": tools, "response": response}
     update |= {"prompt_ids": [], "response_ids": [], "rollout_logprobs": []}
     return record.model_copy(update=update), kinds

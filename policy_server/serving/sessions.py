@@ -152,7 +152,7 @@ class SessionTracker:
             p.note,
             RejectReason.HISTORY_MISMATCH if p.kind == "mismatch" else None,
         )
-        return resolution, PriorTurn.from_turn(awaiting.to_json()) if p.kind == "paired" else None
+        return resolution, PriorTurn.from_turn(awaiting) if p.kind == "paired" else None
 
     async def on_main_turn(
         self,

@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable
 
 from engine import fastjson
-from engine.records import Turn
+from engine.records import TURN_HISTORY_FIELDS, Turn
 from policy_server.store.connection import DBRow
 from policy_server.store.feedback_rule import judge_reward
 from policy_server.store.records import (
@@ -48,8 +48,18 @@ def turn_dict(row: DBRow, record: dict[str, object] | None = None) -> dict[str, 
 
 def turn_of(row: DBRow, record: dict[str, object] | None = None) -> Turn:
     """A ``turns`` row as its :class:`~engine.records.Turn` (see :func:`turn_dict`); ``to_json()`` gives the
-    same JSON back, key for key."""
-    return Turn.model_validate(turn_dict(row, record))
+    same JSON back, key for key.
+
+    Without ``record`` the row's own ``record`` column is read and validated whole. A given ``record`` is one
+    policy_server.store.turn_records handed out, validated as a :class:`~engine.records.TurnRecord` already
+    (when it was recorded, or when it was read from the database): the row's columns and the record's other
+    fields are validated here, and its messages and prompt ids, which grow with the history, are not walked
+    again; the turn shares those two lists with ``record`` (neither side changes them)."""
+    if record is None:
+        return Turn.model_validate(turn_dict(row))
+    history = {k: record[k] for k in TURN_HISTORY_FIELDS if k in record}
+    turn = Turn.model_validate(turn_dict(row, {**record, **dict.fromkeys(history, [])}))
+    return turn.model_copy(update=history) if history else turn
 
 
 # ---------------------------------------------------------------------------- judge work and sessions

@@ -20,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from engine.records import RejectReason, Turn, TurnRecord
+from engine.records import TURN_HISTORY_FIELDS, RejectReason, Turn, TurnRecord
 from engine.records import SampleState as S
 from policy_server.store.base import StoreDB, dump_json
 from policy_server.store.connection import DB
@@ -124,7 +124,7 @@ class StoreSessions(StoreDB):
         ``secret`` whenever its pairing closes (its token ids are not stored: they would encode the secret).
         """
         now = time.time() if now is None else now
-        whole = record.to_json()
+        whole = record.to_json(share=TURN_HISTORY_FIELDS)  # the record's own lists: it is validated already
         # Stored as what it adds to the turn it answers when this process holds that turn's whole record
         # (policy_server.store.turn_records); otherwise whole, which is always correct.
         base = resolve.turn_index if resolve is not None and resolve.pairing == "paired" else None

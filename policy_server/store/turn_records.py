@@ -19,7 +19,14 @@ commit) and when it rebuilds one from the database. A turn's row is written once
 changes (only its pairing columns do), and rows are never deleted, so a cached record is the row's record
 at every replica: a cache can miss, never be stale. The row's ``response_id`` is checked against the
 cached one on every hit anyway. Bounded by a token budget (prompt ids held), least recently used first out.
-Cached records are shared: callers must not change them in place (readers get a shallow copy).
+Cached records are shared: callers must not change them in place (readers get a shallow copy whose lists are
+the cache's).
+
+Validation. Every record :class:`TurnRecords` hands out has passed :class:`~engine.records.TurnRecord`'s
+validation once: a recorded turn's when it was built (the store is given a ``TurnRecord``), a record read
+from the database when it is read, before it is cached. Readers (policy_server.store.rows.turn_of) therefore
+need not walk its messages and prompt ids again on every read; a row that breaks the schema fails loudly
+when it is read, never half-read.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from engine import fastjson
+from engine.records import TurnRecord
 from policy_server.store.connection import DB, DBRow
 
 # The cache holds at most this many prompt tokens' worth of whole records (about 40 turns of 30k tokens).
@@ -146,7 +154,7 @@ class TurnRecords:
         self.cache = cache
 
     def whole(self, db: DB, row: DBRow) -> dict[str, object]:
-        """The whole record of a ``turns`` row (a cached copy, else rebuilt from the database).
+        """The whole record of a ``turns`` row (a cached copy, else rebuilt from the database and validated).
 
         ``row`` needs ``session_id``, ``turn_index`` and ``response_id``; its ``record`` and ``record_base``
         are used when present (a row read without them costs one more query on a cache miss)."""
@@ -159,6 +167,7 @@ class TurnRecords:
             rec: dict[str, object] = fastjson.loads(row["record"])  # stored whole: no chain to follow
         else:
             rec = self._rebuild(db, sid, idx)
+        TurnRecord.model_validate(rec)  # read from the database: validated once, before it is cached
         self.cache.put(sid, idx, rec)
         return rec
 
@@ -204,6 +213,7 @@ class TurnRecords:
                 if b is not None and b not in done:
                     done[b] = self._rebuild(db, row["session_id"], b)
                 rec = unpack(stored, row["record_base"], done.get(b) if b is not None else None)
+                TurnRecord.model_validate(rec)  # read from the database: validated as it is handed out
             done[idx] = rec
             out.append(rec)
         return out

@@ -3,12 +3,17 @@
 Contract: a turn that continues the turn it answers stores only its tails (``record_base`` names that turn)
 and every reader (the writing store, a second replica, a reopened store) gets back the whole record, equal
 to what was recorded; a turn whose history was rewritten is stored whole; the cache can miss but never
-serves a record another row holds. Also: the pairing's exact-history fast path decides as the full check.
+serves a record another row holds; a row off the schema fails every reader loudly (a record is validated as it
+is read from the database, not again on each read from the cache). Also: the pairing's exact-history fast path
+decides as the full check.
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from pydantic import ValidationError
 
 from engine.records import Turn, TurnRecord
 from policy_server.serving.pairing import pair_next_state
@@ -117,6 +122,38 @@ def test_turns_recorded_at_alternating_replicas_read_back_whole_everywhere(store
         st.record_turn("r", TurnRecord.model_validate(rec), session_done=False, resolve=resolve)
     for st in (a, b, store_factory()):
         assert [_whole(st.get_turn("r", t)) for t in range(5)] == records
+
+
+def test_a_row_off_the_schema_fails_loudly_when_read_and_cached_records_are_validated_once(store_factory):
+    records = _session(2)
+    writer = store_factory()
+    _record_session(writer, "v", records)
+    # A row written off the schema (a token id that is no int) by anything but this store: every reader fails
+    # loudly, whether the row is read alone, as the base of a later turn or with its whole session.
+    bad = dict(records[0], prompt_ids=["7", *records[0]["prompt_ids"][1:]])
+    with writer._tx() as db:
+        db.execute("UPDATE turns SET record=? WHERE session_id=? AND turn_index=0", (json.dumps(bad), "v"))
+    cold = store_factory()
+    with pytest.raises(ValidationError):
+        cold.get_turn("v", 0)
+    with pytest.raises(ValidationError):
+        store_factory().get_turn("v", 1)  # rebuilt along its base: the base's bad id is in its prompt
+    with pytest.raises(ValidationError):
+        store_factory().session_trajectory("v")
+    # The writer's cache holds what it recorded (validated as a TurnRecord when built): its reads share the
+    # cached lists instead of walking 30k-token histories again, and equal what was recorded.
+    turn = writer.get_turn("v", 1)
+    assert _whole(turn) == records[1]
+    assert turn is not None and turn.prompt_ids is writer.get_turn("v", 1).prompt_ids
+
+
+def test_a_record_json_with_shared_lists_equals_the_dumped_one():
+    record = TurnRecord.model_validate(_session(2)[1])
+    shared = record.to_json(share=("messages", "prompt_ids"))
+    assert shared == record.to_json() and list(shared) == list(record.to_json())  # same keys, same order
+    assert shared["prompt_ids"] is record.prompt_ids and shared["messages"] is record.messages
+    partial = TurnRecord(response_ids=[1]).to_json(share=("messages", "prompt_ids"))
+    assert partial == {"response_ids": [1]}  # a field never set stays absent
 
 
 def test_pack_and_unpack_round_trip_partial_prefixes():

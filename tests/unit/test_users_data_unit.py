@@ -1,8 +1,10 @@
 """Pure logic of users' data: the secret scanner, record redaction, the opt-out header, deletion tokens.
 
 Contract (policy_server.serving.secrets / opt_out / deletion_tokens): every planted credential kind is replaced by
-its marker, whole (never a prefix left behind) and deterministically, ordinary prose is left alone; a record
-holding a secret keeps no token ids; ``X-Hindsight-Train`` takes on/off/none (anything else a 400) and an
+its marker, whole (never a prefix left behind) and deterministically, ordinary prose is left alone; a resent
+transcript is walked only past the start it shares, value for value, with one found clean before; a record
+holding a secret keeps no token ids, and reuses the arrival's redaction of its messages only when they are the
+same list; ``X-Hindsight-Train`` takes on/off/none (anything else a 400) and an
 OpenClaw incognito session key means none; a deletion token opens its own session only.
 """
 
@@ -82,6 +84,66 @@ def test_a_record_with_a_secret_keeps_no_ids(scanner: SecretScanner):
     clean = record.model_copy(update={"messages": [{"role": "user", "content": "hi"}]})
     assert redact_record(scanner, clean) == (clean, [])
     assert redact_record(None, record) == (record, [])
+
+
+def _counting(scanner: SecretScanner, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The strings ``scanner`` looks up from now on (each would be hashed, and scanned if new)."""
+    seen: list[str] = []
+    real = scanner.redact_text
+
+    def redact_text(text: str) -> tuple[str, frozenset[str]]:
+        seen.append(text)
+        return real(text)
+
+    monkeypatch.setattr(scanner, "redact_text", redact_text)
+    return seen
+
+
+def test_a_resent_transcript_is_walked_only_past_its_clean_start(monkeypatch: pytest.MonkeyPatch):
+    scanner = SecretScanner()
+    first = [{"role": "system", "content": "You manage files."}, {"role": "user", "content": "list them"}]
+    assert scanner.redact_transcript(first).value is first
+    seen = _counting(scanner, monkeypatch)
+    grown = [dict(m) for m in first] + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "next"}]
+    out = scanner.redact_transcript(grown)
+    assert out.value == grown and out.kinds == [] and seen == ["assistant", "done", "user", "next"]
+    assert out.value[0] is first[0]  # the clean start's own objects: compared with it by identity later
+    # A secret in what the request adds is found; the clean start is kept as sent.
+    leaked = [*grown, {"role": "assistant", "content": "ok"}, {"role": "user", "content": PLANTED["github_token"]}]
+    out = scanner.redact_transcript(leaked)
+    assert out.kinds == ["github_token"] and PLANTED["github_token"] not in repr(out.value)
+    assert out.value[:4] == grown
+    # Same length and same last message as a remembered clean transcript, a secret earlier on: compared by value,
+    # it is no hit, so the whole transcript is walked and the secret found.
+    rewritten = [first[0], {"role": "user", "content": "use " + PLANTED["openai_key"]}, *grown[2:]]
+    out = scanner.redact_transcript([*rewritten, {"role": "assistant", "content": "x"}])
+    assert out.kinds == ["openai_key"] and PLANTED["openai_key"] not in repr(out.value)
+
+
+def test_lockstep_transcripts_sharing_their_last_messages_are_each_found_again(monkeypatch: pytest.MonkeyPatch):
+    scanner = SecretScanner()
+    sessions = [[{"role": "user", "content": f"task {i}"}, {"role": "user", "content": "go"}] for i in range(3)]
+    for s in sessions:
+        scanner.redact_transcript(s)
+    seen = _counting(scanner, monkeypatch)
+    for s in sessions:
+        assert scanner.redact_transcript([*s, {"role": "assistant", "content": "same"}]).kinds == []
+    assert seen == ["assistant", "same"] * 3
+
+
+def test_a_record_reuses_the_redaction_of_its_own_messages_only(monkeypatch: pytest.MonkeyPatch):
+    scanner = SecretScanner()
+    messages = [{"role": "user", "content": "use " + PLANTED["openai_key"]}]
+    arrival = scanner.redact_transcript(messages)
+    record = TurnRecord(prompt_ids=[1, 2], response_ids=[3], rollout_logprobs=[-0.1], response={"content": "ok"})
+    record = record.model_copy(update={"messages": messages})
+    seen = _counting(scanner, monkeypatch)
+    out, kinds = redact_record(scanner, record, arrival)
+    assert kinds == ["openai_key"] and out.messages == arrival.value and out.prompt_ids == []
+    assert seen == ["ok"]  # only the reply was scanned: the messages' redaction was the arrival's
+    other = record.model_copy(update={"messages": [dict(m) for m in messages]})  # equal, not the same list
+    out, kinds = redact_record(scanner, other, arrival)
+    assert kinds == ["openai_key"] and "use " + PLANTED["openai_key"] in seen  # scanned again, not trusted
 
 
 def test_patterns_file_extends_and_bad_files_fail(tmp_path):

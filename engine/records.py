@@ -497,6 +497,21 @@ VersionState = Literal["candidate", "canary", "live", "rolled_back", "retired"]
 VERSION_STATES: tuple[str, ...] = get_args(VersionState)
 
 
+class WeightsUpdated(_Record):
+    """A weight update that went through: the version the engines now serve and how long new requests were held."""
+
+    success: Literal[True]
+    weight_version: str
+    paused_s: float = Field(..., ge=0)
+
+
+class WeightsPushed(WeightsUpdated):
+    """The answer to a trainer's push (``POST /admin/weights/update``): the update, and the version's state in the
+    ledger now (``canary`` while it is on trial, else ``live``; absent from a server that keeps no ledger)."""
+
+    state: VersionState | None = None
+
+
 class WeightVersion(_Record):
     """One row of the weight-version ledger: the checkpoint the engines load for ``version``, the version it
     was trained from (``parent``), the samples it was trained on (count and the smallest and largest sample id),

@@ -243,7 +243,7 @@ class TrainingRun:
             self.lineage.remember_restored(self.out_dir, exc.live.version, exc.live.checkpoint, self.step)
             return exc.live.checkpoint
         # A canary (or an answer that does not say): the live version it descends from stays restorable.
-        self.lineage.remember_push(self.out_dir, version, checkpoint, on_trial=sync.get("state") != "live")
+        self.lineage.remember_push(self.out_dir, version, checkpoint, on_trial=sync.state != "live")
         logger.info("weights of step %d pushed: %s", self.step, sync)
         return None
 

@@ -24,13 +24,12 @@ import asyncio
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.records import WeightVersion
+from engine.records import WeightsPushed, WeightVersion
 from engine.sequential import Comparison
 from policy_server.api.auth import admin_state
 from policy_server.api.response_models import ok
 from policy_server.api.route_docs import error_responses
 from policy_server.serving.versions import Push, VersionControl
-from policy_server.serving.weight_sync import WeightsUpdated
 
 router = APIRouter(responses=error_responses(401, 413, 429, 503))
 
@@ -56,12 +55,6 @@ class RollbackBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     to: str | None = Field(None, min_length=1, max_length=VERSION_CHARS, description="default: drop the canary")
-
-
-class WeightsPushed(WeightsUpdated):
-    """A push's answer: the weight update, and the version's state in the ledger now (canary or live)."""
-
-    state: str
 
 
 class WeightLedger(BaseModel):

@@ -27,25 +27,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import Literal, Protocol
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Protocol
 
 from engine.client import EngineClient
 from engine.errors import EngineError, EngineRejected
+from engine.records import WeightsUpdated
 from policy_server.errors import Conflict, InvalidRequest, ServiceUnavailable, UpstreamFailed
 
 logger = logging.getLogger(__name__)
-
-
-class WeightsUpdated(BaseModel):
-    """A weight update that went through: the version now served and how long new requests were held."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    success: Literal[True]
-    weight_version: str
-    paused_s: float = Field(..., ge=0)
 
 
 class PauseAnnouncer(Protocol):
@@ -201,4 +190,4 @@ class WeightSync:
             return WeightsUpdated(success=True, weight_version=weight_version, paused_s=round(paused_s, 4))
 
 
-__all__ = ["WeightGate", "WeightSync", "WeightsUpdated", "ServiceUnavailable"]
+__all__ = ["WeightGate", "WeightSync", "ServiceUnavailable"]

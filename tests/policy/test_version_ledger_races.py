@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.records import WeightVersion
+from engine.records import WeightsUpdated, WeightVersion
 from policy_server.errors import Conflict
 from policy_server.serving.versions import Push, VersionControl
-from policy_server.serving.weight_sync import WeightGate, WeightsUpdated, WeightSync
+from policy_server.serving.weight_sync import WeightGate, WeightSync
 from policy_server.store import VersionConflict
 from tests.policy.test_version_ledger import STALE_S, push, states
 

@@ -18,12 +18,12 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.chat import load_tokenizer, render_prompt_ids
-from engine.records import Mode, Sample, SampleJSON, TeacherTopK
+from engine.records import Mode, Sample, SampleJSON, TeacherTopK, WeightsPushed
 
 if TYPE_CHECKING:
     from trainer.lease_client import Lease
@@ -175,10 +175,10 @@ class LocalSampleSource:
     def ack(self, lease_id: str) -> None:
         self.acked.append(lease_id)
 
-    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> dict[str, Any]:
+    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> WeightsPushed:
         from transformers import AutoModelForCausalLM
 
         self.policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         self.weight_version = weight_version
         self.weight_updates.append((model_path, weight_version))
-        return {"success": True, "weight_version": weight_version, "paused_s": 0.0, "state": "live"}
+        return WeightsPushed(success=True, weight_version=weight_version, paused_s=0.0, state="live")

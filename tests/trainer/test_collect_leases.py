@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from engine.records import WeightsPushed
 from trainer.lease_client import Lease, SourceExhausted, collect_leases
 
 
@@ -104,7 +105,7 @@ class QuietThenFile:
     def ack(self, lease_id: str) -> None:
         self.inner.ack(lease_id)
 
-    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> dict:
+    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> WeightsPushed:
         return self.inner.update_weights(model_path, weight_version)
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine.records import WeightsPushed
 from trainer.checkpoint import latest_checkpoint, load_trainer_state, read_acked_step
 from trainer.lease_client import FileSampleSource
 from trainer.settings import TrainConfig
@@ -64,7 +65,7 @@ class RecordingSource(FileSampleSource):
         super().ack(lease_id)
         self.events.append(("ack", lease_id))
 
-    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> dict:
+    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> WeightsPushed:
         self.events.append(("update", model_path, weight_version))
         return super().update_weights(model_path, weight_version)
 

@@ -43,7 +43,7 @@ def test_lease_ack_update_paths_and_auth():
     lease = c.lease(4, 2.5)
     assert lease.lease_id == "L1" and lease.samples == [{"sample_id": "a"}]
     c.ack("L1")
-    assert c.update_weights("/ckpt/step_000003", "3")["weight_version"] == "3"
+    assert c.update_weights("/ckpt/step_000003", "3").weight_version == "3"
     assert seen[0][:4] == ("GET", "/v1/samples/lease", {"max": "4", "min": "1", "wait_s": "2.5"}, "Bearer adminkey")
     assert seen[1][1] == "/v1/samples/ack" and json.loads(seen[1][4]) == {"lease_id": "L1"}
     assert seen[2][1] == "/admin/weights/update" and json.loads(seen[2][4]) == {

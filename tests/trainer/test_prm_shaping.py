@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.records import Sample
+from engine.records import Sample, WeightsPushed
 from prm import PRMConfigError
 from trainer.advantages import rl_sample_advantages
 from trainer.batch import check_sample, collate
@@ -214,9 +214,9 @@ class ListSource:
     def ack(self, lease_id: str) -> None:
         self.acked.append(lease_id)
 
-    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> dict:
+    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> WeightsPushed:
         self.weight_updates.append((model_path, weight_version))
-        return {"success": True}
+        return WeightsPushed(success=True, weight_version=weight_version, paused_s=0.0, state="live")
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.records import Sample, WeightVersion
+from engine.records import Sample, WeightsPushed, WeightVersion
 from tests.trainer.test_loop import cfg_for
 from trainer.lease_client import FileSampleSource, Lineage, PublishDeferred, WeightsRolledBack
 from trainer.lineage import LINEAGE_FILE
@@ -35,7 +35,7 @@ class LedgerSource(FileSampleSource):
         self.script, self.base = script, base
         self.pushes: list[tuple[str, Lineage | None]] = []
 
-    def update_weights(self, model_path: str, weight_version: str, lineage: Lineage | None = None) -> dict:
+    def update_weights(self, model_path: str, weight_version: str, lineage: Lineage | None = None) -> WeightsPushed:
         self.pushes.append((weight_version, lineage))
         answer = self.script.pop(0) if self.script else "ok"
         if answer == "defer":

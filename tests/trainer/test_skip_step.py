@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine.records import WeightsPushed
 from tests.trainer.conftest import write_samples
 from trainer.checkpoint import latest_checkpoint
 from trainer.lease_client import FileSampleSource
@@ -39,7 +40,7 @@ class CountingSource(FileSampleSource):
         super().ack(lease_id)
         self.acks.append(lease_id)
 
-    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> dict:
+    def update_weights(self, model_path: str, weight_version: str, lineage: object = None) -> WeightsPushed:
         self.pushes.append(weight_version)
         return super().update_weights(model_path, weight_version)
 

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import httpx
 
 from engine.http_client import CallError, CallRejected, RetryPolicy, bearer_headers, build_sync_http, send_sync
-from engine.records import WeightVersion
+from engine.records import WeightsPushed, WeightVersion
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +105,7 @@ class SampleSource(Protocol):
 
     def ack(self, lease_id: str) -> None: ...
 
-    def update_weights(
-        self, model_path: str, weight_version: str, lineage: Lineage | None = None
-    ) -> dict[str, Any]: ...
+    def update_weights(self, model_path: str, weight_version: str, lineage: Lineage | None = None) -> WeightsPushed: ...
 
 
 class PolicyClient:
@@ -190,7 +188,7 @@ class PolicyClient:
             self.revoked.update(str(s) for s in revoked)
             logger.warning("lease %s: %d sample(s) revoked by a session deletion, dropped", lease_id, len(revoked))
 
-    def update_weights(self, model_path: str, weight_version: str, lineage: Lineage | None = None) -> dict[str, Any]:
+    def update_weights(self, model_path: str, weight_version: str, lineage: Lineage | None = None) -> WeightsPushed:
         push: dict[str, Any] = {"model_path": model_path, "weight_version": weight_version}
         if lineage is not None:
             push.update({k: v for k, v in asdict(lineage).items() if v is not None})
@@ -205,7 +203,10 @@ class PolicyClient:
             raise TrainerError(f"weights update answer is not an object: {str(body)[:200]}")
         if body.get("success") is False:
             raise TrainerError(f"weights update refused: {body}")
-        return body
+        try:
+            return WeightsPushed.model_validate(body, strict=False)
+        except ValueError as exc:
+            raise TrainerError(f"weights update answer is not a push answer: {str(body)[:200]}") from exc
 
     def weight_ledger(self) -> list[WeightVersion]:
         """The server's version ledger (``GET /admin/weights``), newest first."""
@@ -283,6 +284,6 @@ class FileSampleSource:
         tmp.write_text(json.dumps({"acked": self.acked}))
         os.replace(tmp, self.state_path)
 
-    def update_weights(self, model_path: str, weight_version: str, lineage: Lineage | None = None) -> dict[str, Any]:
+    def update_weights(self, model_path: str, weight_version: str, lineage: Lineage | None = None) -> WeightsPushed:
         self.weight_updates.append((model_path, weight_version))
-        return {"success": True, "weight_version": weight_version, "paused_s": 0.0, "state": "live"}
+        return WeightsPushed(success=True, weight_version=weight_version, paused_s=0.0, state="live")

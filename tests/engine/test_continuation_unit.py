@@ -209,9 +209,9 @@ REWRITES_WHEN_LONG = (
 )
 
 
-def test_verification_catches_what_the_probe_cannot_and_turns_the_shape_off(tok: Any) -> None:
-    t = copy.copy(tok)
-    t.chat_template = REWRITES_WHEN_LONG
+def _two_turns(t: Any, tok: Any) -> tuple[list[dict[str, Any]], list[int], list[int], PriorTurn]:
+    """A four-message turn rendered with template ``t``, its reply "d", and the next request (reply + user "e"):
+    (next messages, the turn's prompt ids, its sampled ids, the PriorTurn the next render continues)."""
     m = [
         {"role": "system", "content": "s"},
         {"role": "user", "content": "a"},
@@ -221,7 +221,13 @@ def test_verification_catches_what_the_probe_cannot_and_turns_the_shape_off(tok:
     p = render_prompt_ids(t, m)
     resp = tok.encode("d", add_special_tokens=False) + [_eos(tok)]
     msgs = [*m, {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}]
-    prior = PriorTurn(m, None, None, p, resp)
+    return msgs, p, resp, PriorTurn(m, None, None, p, resp)
+
+
+def test_verification_catches_what_the_probe_cannot_and_turns_the_shape_off(tok: Any) -> None:
+    t = copy.copy(tok)
+    t.chat_template = REWRITES_WHEN_LONG
+    msgs, p, resp, prior = _two_turns(t, tok)
     unverified = ContinuationRenderer(t, verify_tokens_per_turn=0).render(msgs, None, None, prior)
     assert unverified.reason == cont.CONTINUED  # the probe's short synthetic conversation does not show it
     r = ContinuationRenderer(t, verify_tokens_per_turn=ALWAYS)
@@ -247,16 +253,7 @@ def test_verification_checks_turns_continued_over_a_rewrite(tok: Any, qwen3: Any
     what was rendered after the sampled ids. A mismatch is a full render, and that shape stays off."""
     t = copy.copy(tok)
     t.chat_template = NUMBERS_USERS
-    m = [
-        {"role": "system", "content": "s"},
-        {"role": "user", "content": "a"},
-        {"role": "assistant", "content": "b"},
-        {"role": "user", "content": "c"},
-    ]
-    p = render_prompt_ids(t, m)
-    resp = tok.encode("d", add_special_tokens=False) + [_eos(tok)]
-    msgs = [*m, {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}]
-    prior = PriorTurn(m, None, None, p, resp)
+    msgs, p, resp, prior = _two_turns(t, tok)
     unchecked = ContinuationRenderer(t, verify_tokens_per_turn=0).render(msgs, None, None, prior)
     assert unchecked.reason == cont.CONTINUED_OVER_REWRITE and not unchecked.verified
     added = t.decode(unchecked.ids[len(p) + len(resp) :], skip_special_tokens=False)

@@ -19,7 +19,7 @@ from engine.records import Sample, TurnRecord
 from policy_server.store import Resolution
 from policy_server.store.feedback_rule import judge_sign, promotable, promote, value_sign
 from policy_server.store.records import FeedbackAnswer
-from tests.policy.test_feedback_store import _prm, _record, _sample
+from tests.policy.test_feedback_store import _complete, _prm, _record, _sample
 
 pytestmark = pytest.mark.unit
 
@@ -38,13 +38,7 @@ def _session(store, sid: str, outcomes: list[tuple[str, str | None, dict]]) -> l
     jobs = sorted((j for j in store.pending_jobs() if j.session_id == sid), key=lambda j: j.turn_index)
     assert len(jobs) == len(outcomes)
     for job, (status, reason, sample) in zip(jobs, outcomes, strict=True):
-        store.complete_judge(
-            job.sample_id,
-            status=status,
-            reject_reason=reason,
-            included=status == "ready",
-            data=Sample.model_validate(sample),
-        )
+        _complete(store, job.sample_id, status, reason, sample)
     return [j.sample_id for j in jobs]
 
 

@@ -109,16 +109,17 @@ def test_apply_feedback_can_include_a_neutral_turn_and_exclude_a_rewarded_one():
 
 
 # ---------------------------------------------------------------------------- store
+def _complete(store, sample_id: str, status: str, reason: str | None, sample: dict) -> None:
+    """Write a judge outcome as the dispatcher does: ``status`` with its reject reason and Sample JSON."""
+    store.complete_judge(
+        sample_id, status=status, reject_reason=reason, included=status == "ready", data=Sample.model_validate(sample)
+    )
+
+
 def _judged(store, sid: str, rid: str, *, status: str, reason: str | None, sample: dict) -> str:
     store.record_turn(sid, TurnRecord.model_validate(_record(rid)), session_done=True)
     [job] = [j for j in store.pending_jobs() if j.session_id == sid]
-    store.complete_judge(
-        job.sample_id,
-        status=status,
-        reject_reason=reason,
-        included=status == "ready",
-        data=Sample.model_validate(sample),
-    )
+    _complete(store, job.sample_id, status, reason, sample)
     return job.sample_id
 
 

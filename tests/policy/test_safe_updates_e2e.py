@@ -21,7 +21,7 @@ import pytest
 from policy_server.store import Store
 from tests.testkit.procs import start_dev_engine
 from tests.testkit.servers import ADMIN_KEY, admin, client, start_judge, start_policy
-from tests.testkit.stack import ScriptedUser
+from tests.testkit.stack import ScriptedUser, judged_rl_args
 from tests.waiting import wait_until
 from trainer.report import data as report_data
 from trainer.report import page
@@ -116,16 +116,7 @@ def test_helpful_promoted_harmful_rolled_back_kill9_resumes(tiny_model_dir, teac
     extra = [
         "--engine-worker-urls",
         ",".join(e.url for e in engines),
-        "--judge-url",
-        judge.url,
-        "--mode",
-        "rl",
-        "--session-idle-timeout-s",
-        "30",
-        "--idle-sweep-interval-s",
-        "0.2",
-        "--dispatch-retry-initial-s",
-        "0.1",
+        *judged_rl_args(judge.url),
         "--safe-updates",
         "--canary-share",
         "0.5",

@@ -57,6 +57,23 @@ class Stack:
         return "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in self.procs)
 
 
+def judged_rl_args(judge_url: str) -> list[str]:
+    """The policy server's flags for a judged rl stack that pairs and retries quickly (idle sessions close after
+    30 s, swept every 0.2 s; a failed judge dispatch retried after 0.1 s)."""
+    return [
+        "--judge-url",
+        judge_url,
+        "--mode",
+        "rl",
+        "--session-idle-timeout-s",
+        "30",
+        "--idle-sweep-interval-s",
+        "0.2",
+        "--dispatch-retry-initial-s",
+        "0.1",
+    ]
+
+
 def start_stack(
     tiny_model_dir: Path,
     work: Path,
@@ -82,20 +99,7 @@ def start_stack(
         procs.append(engine)
         judge = start_judge(logs, m=1)
         procs.append(judge)
-        extra = [
-            "--judge-url",
-            judge.url,
-            "--mode",
-            "rl",
-            "--session-idle-timeout-s",
-            "30",
-            "--idle-sweep-interval-s",
-            "0.2",
-            "--dispatch-retry-initial-s",
-            "0.1",
-            "--log-level",
-            "WARNING",
-        ]
+        extra = [*judged_rl_args(judge.url), "--log-level", "WARNING"]
         prm_config = None
         if prm_yaml is not None:
             prm_config = work / "prm.yaml"

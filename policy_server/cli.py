@@ -3,7 +3,7 @@
     hindsight-policy --model-path DIR --engine-url http://127.0.0.1:30001 --data-dir ./data \
         [--judge-url URL] [--teacher-url URL] [--mode rl|opd|combine] [--port 30000] [--config FILE] ...
 
-    hindsight-policy migrate [--store-url URL | --data-dir DIR]   # schema migrations only, then exit
+    hindsight-policy migrate [--store-url URL | --data-dir DIR]   # schema migrations (and file upgrade), then exit
 
 The command line comes from PolicySettings (engine.cli_settings): flags > environment > ``--config`` file
 > defaults; ``--help`` lists every setting. Boolean flags: ``--infer-sessions``, ``--at-least-one false`` or
@@ -50,7 +50,8 @@ class MigrateSettings(CliSettings):
 
 def migrate(argv: list[str]) -> int:
     """Bring the store's schema to this release's version (a server applies the same migrations when it
-    starts; this runs them ahead of a rolling upgrade of the replicas)."""
+    starts; this runs them ahead of a rolling upgrade of the replicas), and upgrade a SQLite file created without
+    incremental auto-vacuum (one VACUUM: run it with the server stopped)."""
     from policy_server.store import LATEST_VERSION, SchemaError, open_store
 
     args = parse_cli(MigrateSettings, argv, prog=PROG + " migrate", description=migrate.__doc__)
@@ -59,8 +60,13 @@ def migrate(argv: list[str]) -> int:
     except (SchemaError, ValueError) as exc:
         print(f"hindsight-policy migrate: {exc}", file=sys.stderr)
         return 2
-    store.close()
+    try:
+        upgraded = store.upgrade_file()
+    finally:
+        store.close()
     print(f"store schema at version {LATEST_VERSION}")
+    if upgraded:
+        print(upgraded)
     return 0
 
 

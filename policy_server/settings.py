@@ -131,8 +131,8 @@ class PolicySettings(CliSettings):
     consumed_text_retention_s: float | None = Field(
         None,
         gt=0,
-        description="seconds the raw text of a consumed sample's session is kept after its last consumption "
-        "(None: kept; policy_server.store.privacy)",
+        description="seconds the raw text of a sample that will never be trained is kept once consumed or rejected, "
+        "and of its session once all its samples are (None: kept; policy_server.store.retention)",
     )
     side_turn_retention_s: float | None = Field(
         None, gt=0, description="seconds a side turn (opt_out included) is kept (None: kept)"

@@ -37,7 +37,8 @@ Layout: a store is assembled from one class per role over a backend:
 - policy_server.store.leases: ``ready`` -> ``leased`` -> ``consumed`` (or back to ``ready`` on expiry);
 - policy_server.store.reads: stats, backlog and the read-only admin views;
 - policy_server.store.feedback: explicit feedback on turns and when it applies to their samples;
-- policy_server.store.privacy: users' data: session deletion (leased samples revoked), audit, retention;
+- policy_server.store.privacy: users' data: session deletion (leased samples revoked), audit;
+- policy_server.store.retention: users' data: purging text that will never be trained on;
 - policy_server.store.versions: the weight-version ledger (candidate, canary, live, rolled_back, retired);
 - policy_server.store.session_pins: the version each session is pinned to, and the per-session rewards the canary
   test counts;
@@ -56,6 +57,7 @@ from policy_server.store.postgres import PostgresDB
 from policy_server.store.privacy import StorePrivacy
 from policy_server.store.reads import StoreReads
 from policy_server.store.responses import StoreResponses
+from policy_server.store.retention import StoreRetention
 from policy_server.store.samples import StoreSamples
 from policy_server.store.session_pins import StoreSessionPins
 from policy_server.store.sessions import Resolution, StoreSessions
@@ -88,6 +90,7 @@ class SampleStore(
     StoreResponses,
     StoreFeedback,
     StorePrivacy,
+    StoreRetention,
     StoreVersions,
     StoreSessionPins,
 ):

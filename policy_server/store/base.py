@@ -28,6 +28,7 @@ admin state (policy_server.serving.replicas). Both must not block; with PostgreS
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -41,7 +42,7 @@ from policy_server.store.connection import DB
 if TYPE_CHECKING:
     from policy_server.store.turn_records import TurnRecords
 
-__all__ = ["LEDGER_LOCK", "SAMPLE_STATUSES", "SCHEMA_LOCK", "Row", "StoreDB", "dump_json"]
+__all__ = ["LEDGER_LOCK", "SAMPLE_STATUSES", "SCHEMA_LOCK", "Row", "StoreDB", "dump_json", "yield_store"]
 
 R = TypeVar("R", bound=BaseModel)  # a runtime setting's record
 
@@ -84,6 +85,11 @@ class StoreDB:
     def _return_space(self, *, vacuum: bool) -> None:
         """After rows were deleted: no old copy of them left in a log, and with ``vacuum`` the freed space
         given back to the filesystem, where the backend can (SQLite); PostgreSQL's autovacuum reuses it."""
+
+    def upgrade_file(self) -> str | None:
+        """Offline upgrade of the database file, for ``hindsight-policy migrate`` (the server stopped): what was
+        done, or None (nothing to do, or a backend without such a file)."""
+        return None
 
     def file_bytes(self) -> int | None:
         """The database file's size in bytes (SQLite), None where the backend has no such file."""
@@ -153,3 +159,11 @@ class Row(tuple[object, ...]):
 def dump_json(obj: object) -> str | None:
     """JSON text of a column value (None stays NULL); a record's prompt ids by the fast encoder."""
     return None if obj is None else fastjson.dumps(obj, ensure_ascii=False)
+
+
+def yield_store(since: float) -> None:
+    """Between two bounded holds of the store by one long job (a retention sweep's batches, SQLite's vacuum
+    chunks), the first begun at ``since`` (``time.perf_counter()``): sleep as long as it held. The writers that
+    queued meanwhile get in (a released lock is otherwise taken again by the job before a waiter wakes up), and
+    the job never takes more than half of the store's time."""
+    time.sleep(max(0.0, time.perf_counter() - since))

@@ -10,7 +10,8 @@ decision itself is pure (policy_server.store.feedback_rule); this module decides
 - ``ready`` / ``pending_score`` / rejected for a reason about the reward signal: ``applied`` now, in the
   same transaction as the sample's new status and JSON (a sample that becomes ``ready`` wakes lease waiters);
 - ``leased`` / ``consumed``: ``late`` (the trainer already has it; counted, never silently applied);
-- any other state (refused for a defect of the turn itself, or an opd sample): ``recorded``.
+- any other state (refused for a defect of the turn itself, or an opd sample), or a sample whose text retention
+  purged (policy_server.store.retention): ``recorded``; feedback on a turn retention purged keeps no text.
 
 Settling a feedback also records the sign of the judge's PRM verdict on its turn (``judge_sign``) whatever the
 sample's state, and keeps the at-least-one rule: feedback that makes a sample included marks its session as
@@ -51,6 +52,7 @@ from policy_server.store.feedback_rule import (
     value_sign,
 )
 from policy_server.store.records import FeedbackAnswer, FeedbackCounts, FeedbackRow, TurnFeedback
+from policy_server.store.retention import PURGED
 from policy_server.store.rows import counts_by, feedback_row
 
 logger = logging.getLogger(__name__)
@@ -140,10 +142,13 @@ class StoreFeedback(StoreDB):
                             "idempotency_key was already used for feedback on another turn: use a new key"
                         )
                     return _answer(db, row, duplicate=True)
-            if not db.execute(
-                "SELECT 1 FROM turns WHERE session_id=? AND turn_index=?", (session_id, turn_index)
-            ).fetchone():
+            turn = db.execute(
+                "SELECT record FROM turns WHERE session_id=? AND turn_index=?", (session_id, turn_index)
+            ).fetchone()
+            if turn is None:
                 return None
+            if turn[0] == PURGED:
+                text = None  # retention purged the session's text: it is never trained, so nothing new is kept
             feedback_id = f"fb-{uuid.uuid4().hex}"
             db.execute(
                 "INSERT INTO feedback (feedback_id, session_id, turn_index, value, text, idempotency_key, state, "

@@ -210,6 +210,23 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             ),
         ),
     ),
+    # Retention purges rejected samples too, and a session's turns once every sample of it is terminal and purged:
+    # ``purged_at`` marks a sample retention has processed (a rejected one may have had no JSON to purge, yet its
+    # session's turns are purged only after it). Samples consumed and purged before this version are marked. The
+    # sweep reads each terminal status's unpurged samples oldest first through this partial index; the OR form
+    # (not IN) lets SQLite see that ``status='consumed'`` alone implies it.
+    (
+        "retention purges rejected samples",
+        (
+            "ALTER TABLE samples ADD COLUMN purged_at {real}",
+            "UPDATE samples SET purged_at=updated_at WHERE status='consumed' AND data IS NULL",
+            "DROP INDEX IF EXISTS samples_unpurged",
+            (
+                "CREATE INDEX IF NOT EXISTS samples_unpurged ON samples (status, updated_at) "
+                "WHERE (status='consumed' OR status='rejected') AND purged_at IS NULL"
+            ),
+        ),
+    ),
 )
 
 LATEST_VERSION = len(MIGRATIONS)

@@ -1,4 +1,4 @@
-"""Users' data in the store: deleting a session, its audit trail, and retention (a Store role class).
+"""Users' data in the store: deleting a session and its audit trail (a Store role class).
 
 Role: the store half of docs/USERS_DATA.md. Contract:
 
@@ -15,11 +15,7 @@ Role: the store half of docs/USERS_DATA.md. Contract:
 - :meth:`StorePrivacy.session_audit`: each turn of a session with its sample's status, reject reason and the
   judge's stored verdicts (votes, raw outputs, guard results, hint), mode, weights and the weight version it
   was trained into.
-- :meth:`StorePrivacy.sweep_retention`: purges the raw text of consumed samples (the sample JSON, and the
-  session's turn records and next states once every sample of the session is consumed and purged) older than a
-  cut-off, and side turns older than another, oldest first, in transactions of :data:`RETENTION_BATCH_ROWS`
-  rows (so a concurrent turn's commit waits for one batch, never for the whole purge); SQLite then returns the
-  freed pages to the filesystem (``VACUUM``, policy_server.store.sqlite), PostgreSQL's autovacuum reuses them.
+- Retention (purging text once it can no longer be trained on): policy_server.store.retention.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import dataclass
 
 from engine import fastjson
 from engine.records import HintVerdict, Mode, PrmVerdict, Sample
@@ -36,16 +31,7 @@ from policy_server.store.base import StoreDB
 from policy_server.store.connection import DB, DBRow
 from policy_server.store.records import StoreRecord
 
-PURGED = '{"purged": true}'  # what a purged turn record holds: valid JSON, no text
 DELETION_KEY = "deletion_token_key"  # runtime key of the deletion tokens' HMAC key
-# The oldest consumed samples whose text is still stored, in the terms of the ``samples_unpurged`` partial index
-# (policy_server.store.migrations): a literal status, as a planner uses a partial index only for a query whose
-# WHERE states the index's.
-UNPURGED = (
-    f"SELECT sample_id FROM samples WHERE status='{S.CONSUMED}' AND data IS NOT NULL AND updated_at<? "
-    "ORDER BY updated_at LIMIT ?"
-)
-RETENTION_BATCH_ROWS = 100  # rows purged per sweep transaction (bench.retention; docs/USERS_DATA.md)
 
 
 class ConsumedSample(StoreRecord):
@@ -105,17 +91,8 @@ class SessionAudit(StoreRecord):
     turns: list[TurnAudit]
 
 
-@dataclass(frozen=True)
-class RetentionSweep:
-    """What one retention sweep purged."""
-
-    consumed_samples: int
-    turns: int
-    side_turns: int
-
-
 class StorePrivacy(StoreDB):
-    """Session deletion, audit and retention (see the module docstring)."""
+    """Session deletion and audit (see the module docstring)."""
 
     def delete_session(self, session_id: str, now: float | None = None) -> SessionDeletion | None:
         """Remove the session's data in one transaction (module docstring); None when the store held no data of
@@ -191,78 +168,6 @@ class StorePrivacy(StoreDB):
             return None
         return SessionAudit(session_id=session_id, turns=[_turn_audit(r) for r in rows])
 
-    def sweep_retention(
-        self,
-        *,
-        consumed_before: float | None,
-        side_before: float | None,
-        batch_rows: int = RETENTION_BATCH_ROWS,
-    ) -> RetentionSweep:
-        """Purge consumed samples' text last updated before ``consumed_before`` and side turns created before
-        ``side_before`` (None: that kind is kept), oldest first, in transactions of at most ``batch_rows`` rows;
-        then the SQLite space returned. Blocking: it sleeps between transactions (a worker thread's call).
-
-        Why batches: SQLite has one writer and the store one lock, so every turn's commit waits for the sweep's
-        transaction to end (past ``busy_timeout_s`` it fails as StoreBusy), and PostgreSQL cancels a statement
-        after twice that. A batch bounds the wait. After each one the sweeper sleeps as long as the batch took,
-        so the writers that queued meanwhile get in (a released lock is otherwise taken again by the sweeper
-        before a waiter wakes up) and a long sweep never takes more than half of the store's time."""
-        if batch_rows < 1:
-            raise ValueError("batch_rows must be >= 1")
-        samples = turns = side = 0
-        while consumed_before is not None:
-            t0 = time.perf_counter()
-            with self._tx() as db:
-                rows = db.execute(
-                    f"UPDATE samples SET data=NULL WHERE sample_id IN ({UNPURGED}{self._skip_locked}) "
-                    "RETURNING session_id",
-                    (consumed_before, batch_rows),
-                ).fetchall()
-                samples += len(rows)
-                for sid in sorted({r[0] for r in rows}):
-                    turns += _purge_consumed_turns(db, sid)
-            if len(rows) < batch_rows:
-                break
-            time.sleep(time.perf_counter() - t0)
-        while side_before is not None:
-            t0 = time.perf_counter()
-            with self._tx() as db:
-                n = db.execute(
-                    "DELETE FROM side_turns WHERE side_id IN (SELECT side_id FROM side_turns WHERE created_at<? "
-                    "ORDER BY created_at LIMIT ?" + self._skip_locked + ")",
-                    (side_before, batch_rows),
-                ).rowcount
-            side += n
-            if n < batch_rows:
-                break
-            time.sleep(time.perf_counter() - t0)
-        if turns:
-            self.turn_records.cache.clear()  # whole records held in memory: the purged ones must not come back
-        if samples or turns or side:
-            self._return_space(vacuum=True)
-        return RetentionSweep(consumed_samples=samples, turns=turns, side_turns=side)
-
-
-def _purge_consumed_turns(db: DB, session_id: str) -> int:
-    """Inside a transaction: empty the records of a session's turns when every sample of the session is consumed
-    and purged (a continuing turn's record needs its base turn's: they go together, never one alone)."""
-    left = db.execute(
-        "SELECT COUNT(*) FROM samples WHERE session_id=? AND (status<>? OR data IS NOT NULL)",
-        (session_id, S.CONSUMED),
-    ).fetchone()[0]
-    awaiting = db.execute(
-        "SELECT COUNT(*) FROM turns WHERE session_id=? AND pairing='awaiting'", (session_id,)
-    ).fetchone()[0]
-    if left or awaiting:
-        return 0
-    n = db.execute(
-        "UPDATE turns SET record=?, record_base=NULL, next_state=NULL WHERE session_id=? AND record<>?",
-        (PURGED, session_id, PURGED),
-    ).rowcount
-    db.execute("DELETE FROM feedback WHERE session_id=?", (session_id,))
-    db.execute("DELETE FROM responses WHERE session_id=?", (session_id,))
-    return int(n)
-
 
 def _turn_audit(r: DBRow) -> TurnAudit:
     sample = Sample.model_validate_json(r["data"]) if r["data"] else None
@@ -295,10 +200,8 @@ def revoked_of(db: DB, lease_id: str) -> list[str]:
 
 
 __all__ = [
-    "PURGED",
     "ConsumedSample",
     "DeletedRows",
-    "RetentionSweep",
     "SessionAudit",
     "SessionDeletion",
     "StorePrivacy",

@@ -26,21 +26,29 @@ when the server is killed" holds for both; choose ``full`` where the host itself
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from policy_server.errors import StoreBusy
-from policy_server.store.base import StoreDB
+from policy_server.store.base import StoreDB, yield_store
 from policy_server.store.connection import DB
 from policy_server.store.migrations import apply_migrations
 from policy_server.store.turn_records import TurnCache, TurnRecords
 
-# Free share of the SQLite file at which a retention sweep rebuilds it (VACUUM): from half, VACUUM returns at
-# least as many bytes as it copies (bench.retention, docs/USERS_DATA.md).
+logger = logging.getLogger(__name__)
+
+# Pages one chunk of incremental vacuum returns to the filesystem, in one hold of the store: the most whose hold
+# stays under 20 ms on the bench's machine, the rule of the sweep's batch (bench.retention, docs/USERS_DATA.md).
+VACUUM_CHUNK_PAGES = 512
+# A store created without incremental auto-vacuum (before this release) is rebuilt whole (VACUUM) once this share
+# of its file is free: from half, VACUUM returns at least as many bytes as it copies (bench.retention).
 VACUUM_FREE_FRACTION = 0.5
+INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 
 
 class SqliteDB(StoreDB):
@@ -67,6 +75,9 @@ class SqliteDB(StoreDB):
         self._lock = BoundedLock(busy_timeout_s)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=busy_timeout_s)
         self._db.row_factory = sqlite3.Row
+        # Freed pages go back to the filesystem a bounded chunk at a time (_return_space). Only a database with no
+        # table yet takes it at once; an older store keeps the wish and its next VACUUM applies it.
+        self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         self._db.execute("PRAGMA journal_mode=WAL")
         # See the module docstring: NORMAL survives a killed process, FULL also power loss.
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
@@ -82,6 +93,30 @@ class SqliteDB(StoreDB):
             side_path = self.path.with_name(self.path.name + side)
             if side_path.exists():
                 side_path.chmod(0o600)
+        self.incremental_vacuum = self._auto_vacuum() == INCREMENTAL
+        if not self.incremental_vacuum:
+            logger.warning(
+                "store %s was created without incremental auto-vacuum: retention returns its space with a full "
+                "VACUUM (every turn waits, about 1 s per 175 MB) once half of it is free, which also converts it; "
+                "`hindsight-policy migrate` converts it now (run it with the server stopped)",
+                self.path,
+            )
+
+    def _auto_vacuum(self) -> int:
+        with self._read() as db:
+            return int(db.execute("PRAGMA auto_vacuum").fetchone()[0])
+
+    def upgrade_file(self) -> str | None:
+        """Offline upgrade of the file (``hindsight-policy migrate``, server stopped): a store created without
+        incremental auto-vacuum is converted by one VACUUM, which holds the store all along; what was done, or
+        None."""
+        if self.incremental_vacuum:
+            return None
+        t0 = time.perf_counter()
+        with self._lock:
+            self._db.execute("VACUUM")  # applies the auto_vacuum the connection asked for at open
+        self.incremental_vacuum = self._auto_vacuum() == INCREMENTAL
+        return f"converted {self.path} to incremental auto-vacuum in {time.perf_counter() - t0:.1f}s"
 
     def _has_table(self, name: str) -> bool:
         with self._read() as db:
@@ -119,20 +154,55 @@ class SqliteDB(StoreDB):
 
     def _return_space(self, *, vacuum: bool) -> None:
         """Checkpoint the WAL into the file and truncate it (old page images of deleted rows go with it); with
-        ``vacuum`` also rebuild the file so its freed pages return to the filesystem, once at least
-        :data:`VACUUM_FREE_FRACTION` of it is free.
+        ``vacuum`` first return the file's free pages to the filesystem.
 
-        VACUUM copies every live page while holding the store lock (every turn waits for it: a second per 175 MB
-        kept on the bench's 2-core machine, whatever the free share), so it is not run for each sweep's handful
-        of pages: the threshold bounds its cost to one byte copied per byte returned. Freed pages hold no deleted
-        text meanwhile (``secure_delete`` zeroes them) and are reused by new rows."""
+        Incremental auto-vacuum (every store this release creates) moves the pages at the end of the file into
+        free ones and truncates, :data:`VACUUM_CHUNK_PAGES` at a time, each chunk one hold of the store, yielding
+        between chunks (``yield_store``) like the sweep's batches: the cost follows the pages returned, not the
+        file's size. A store without it is rebuilt by VACUUM (:meth:`_vacuum_whole`). Freed pages hold no deleted
+        text meanwhile (``secure_delete`` zeroes them)."""
+        if vacuum and self.incremental_vacuum:
+            while self._vacuum_chunk() > VACUUM_CHUNK_PAGES:
+                pass
+        elif vacuum:
+            self._vacuum_whole()
         with self._lock:
-            if vacuum:
-                free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
-                pages = self._db.execute("PRAGMA page_count").fetchone()[0]
-                if pages and free >= VACUUM_FREE_FRACTION * pages:
-                    self._db.execute("VACUUM")
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def _vacuum_chunk(self, pages: int | None = None) -> int:
+        """One chunk of incremental vacuum (``pages`` at most, :data:`VACUUM_CHUNK_PAGES` by default) and its WAL
+        checkpoint in one hold of the store, then the yield; returns the free pages it found (0: nothing done)."""
+        pages = VACUUM_CHUNK_PAGES if pages is None else pages
+        t0 = time.perf_counter()
+        with self._lock:
+            free = int(self._db.execute("PRAGMA freelist_count").fetchone()[0])
+            if not free:
+                return 0
+            try:
+                # The checkpoint copies the chunk's pages from the WAL into the file and truncates the file there;
+                # left to SQLite's auto-checkpoint (every 1000 WAL pages), it would come in one hold several times
+                # as long, in a chunk's or a concurrent turn's commit. executescript runs the vacuum to its end
+                # (execute() stops after one page: it yields a row with no columns).
+                self._db.executescript(f"PRAGMA incremental_vacuum({int(pages)}); PRAGMA wal_checkpoint(PASSIVE);")
+            except sqlite3.OperationalError as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise _busy(exc) from None
+        yield_store(t0)
+        return free
+
+    def _vacuum_whole(self) -> None:
+        """VACUUM once :data:`VACUUM_FREE_FRACTION` of the file is free (a store created without incremental
+        auto-vacuum). It copies every live page while holding the store (a second per 175 MB kept on the bench's
+        2-core machine, whatever the free share), so the threshold bounds its cost to one byte copied per byte
+        returned; it also converts the file to incremental auto-vacuum, asked for at open."""
+        with self._lock:
+            free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+            pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+            if not pages or free < VACUUM_FREE_FRACTION * pages:
+                return
+            self._db.execute("VACUUM")
+        self.incremental_vacuum = self._auto_vacuum() == INCREMENTAL
 
     def file_bytes(self) -> int | None:
         return self.path.stat().st_size

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 
 import pytest
 
@@ -163,9 +164,12 @@ def test_migrate_command_upgrades_a_release_data_dir(tmp_path):
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"store schema at version {LATEST_VERSION}"
+    schema, converted = done.stdout.strip().splitlines()
+    assert schema == f"store schema at version {LATEST_VERSION}"
+    assert converted.startswith("converted ") and "to incremental auto-vacuum" in converted  # the release's file
     db = sqlite3.connect(data / "hindsight.sqlite3")
     assert db.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0] == LATEST_VERSION
+    assert db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL
     assert db.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 3
     db.close()
     bad = subprocess.run(
@@ -175,3 +179,39 @@ def test_migrate_command_upgrades_a_release_data_dir(tmp_path):
         timeout=60,
     )
     assert bad.returncode == 2 and "sqlite:// or postgresql://" in bad.stderr
+
+
+def test_retention_marks_upgrade_the_samples_the_previous_sweep_purged(tmp_path, monkeypatch):
+    """A store at the version before "retention purges rejected samples": its consumed samples whose JSON the
+    previous sweep purged are marked purged, its rejected ones are not, so the next sweep processes those and then
+    purges the turns of the sessions it left (the previous sweep kept them for the rejected sample)."""
+    import policy_server.store.migrations as migrations
+    from engine.records import Sample
+    from policy_server.store import Resolution
+
+    version = next(
+        i for i, (name, _) in enumerate(migrations.MIGRATIONS) if name == "retention purges rejected samples"
+    )
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:version])
+    monkeypatch.setattr(migrations, "LATEST_VERSION", version)
+    st = Store(tmp_path)
+    record = TurnRecord.model_validate(json.loads(_record("kept by the previous sweep")))
+    st.record_turn("s", record, session_done=False)
+    st.record_turn("s", record, session_done=True, resolve=Resolution(0, "paired", [{"role": "user"}]))
+    for job in st.pending_jobs():
+        data = Sample.model_validate({"sample_id": job.sample_id, "session_id": "s", "reward": 1.0})
+        status, reason = ("ready", None) if job.turn_index == 0 else ("rejected", "no_next_state")
+        st.complete_judge(job.sample_id, status=status, reject_reason=reason, included=True, data=data)
+    lease_id, _ = st.lease(10, 60.0)
+    st.ack(lease_id)
+    with st._tx() as db:  # what the previous sweep did: the consumed JSON purged, the turns kept
+        db.execute("UPDATE samples SET data=NULL WHERE status='consumed'")
+    st.close()
+    monkeypatch.undo()
+    st = Store(tmp_path)
+    with st._read() as db:
+        marked = dict(db.execute("SELECT status, purged_at IS NOT NULL FROM samples").fetchall())
+    assert marked == {"consumed": 1, "rejected": 0}
+    out = st.sweep_retention(text_before=time.time() + 1, side_before=None)
+    assert (out.samples, out.turns) == (1, 2) and st.get_turn("s", 0).messages == []
+    st.close()

@@ -17,8 +17,9 @@ import pytest
 
 from engine.records import PrmVerdict, Sample, TurnRecord, WeightVersion
 from policy_server.store import Resolution
-from policy_server.store.privacy import PURGED, SessionAudit
+from policy_server.store.privacy import SessionAudit
 from policy_server.store.records import StoredResponse
+from policy_server.store.retention import PURGED
 from tests.testkit.deleting_child import DeletingChild
 from tests.testkit.records import turn_record
 
@@ -147,13 +148,120 @@ def test_retention_purges_consumed_text_and_old_side_turns(store_factory):
     st.ack(lease_id)
     st.record_side_turn(None, "title", _record(SECRET_TEXT))
     _judged(st, "young")  # ready, not consumed: kept
-    out = st.sweep_retention(consumed_before=time.time() + 1, side_before=time.time() + 1)
-    assert (out.consumed_samples, out.turns, out.side_turns) == (1, 1, 1)
+    out = st.sweep_retention(text_before=time.time() + 1, side_before=time.time() + 1)
+    assert (out.samples, out.turns, out.side_turns) == (1, 1, 1)
     [row] = st.list_samples(session_id="old")
     assert row.status == "consumed" and row.sample is None
     assert st.get_turn("old", 0).messages == [] and st.get_turn("old", 0).prompt_ids == []  # record purged
     assert st.list_samples(session_id="young")[0].status == "ready"
-    assert st.sweep_retention(consumed_before=time.time() + 1, side_before=None).consumed_samples == 0
+    assert st.sweep_retention(text_before=time.time() + 1, side_before=None).samples == 0
+
+
+def _two_turns(store, sid: str, text: str = SECRET_TEXT) -> tuple[str, str]:
+    """An ended session of two turns: the first paired (judged ready), the last without a next state (judged
+    rejected ``no_next_state`` with its Sample JSON, as rl mode does); their sample ids."""
+    store.record_turn(sid, _record(text), session_done=False)
+    store.record_turn(sid, _record(text), session_done=True, resolve=Resolution(0, "paired", [{"role": "user"}]))
+    ids = []
+    for job in sorted((j for j in store.pending_jobs() if j.session_id == sid), key=lambda j: j.turn_index):
+        data = Sample.model_validate(
+            {"sample_id": job.sample_id, "session_id": sid, "mode": "rl", "reward": 1.0, "prm": {"votes": [1, 1]}}
+        )
+        if job.turn_index == 0:
+            store.complete_judge(job.sample_id, status="ready", reject_reason=None, included=True, data=data)
+        else:
+            store.complete_judge(
+                job.sample_id, status="rejected", reject_reason="no_next_state", included=False, data=data
+            )
+        ids.append(job.sample_id)
+    return ids[0], ids[1]
+
+
+def _text_left(store, sid: str) -> dict[str, object]:
+    """What of a session's text the store still holds: sample JSON by status, turn messages, feedback texts."""
+    return {
+        "samples": sorted((r.status, r.sample is not None) for r in store.list_samples(session_id=sid)),
+        "turns": [bool(store.get_turn(sid, k).messages) for k in range(len(store.list_samples(session_id=sid)))],
+        "feedback": [f.text for f in store.list_feedback(session_id=sid)],
+    }
+
+
+def test_a_session_with_a_consumed_and_a_rejected_sample_ends_fully_purged(store_factory):
+    """The rejected sample is terminal too: its JSON goes after the retention, and once every sample of the
+    session is purged its turns, next states, feedback and stored answers go; a session whose only sample was
+    rejected before judging (no JSON: a secret) has its turns purged as well."""
+    st = store_factory()
+    _two_turns(st, "mixed")
+    st.add_feedback("mixed", 0, value=1.0, text=SECRET_TEXT, idempotency_key=None, policy="override")
+    st.put_response(StoredResponse("resp_m", "mixed", None, [{"role": "user", "content": SECRET_TEXT}]))
+    lease_id, _ = st.lease(10, 60.0)
+    st.ack(lease_id)
+    st.record_turn("redacted", _record("[REDACTED:openai_key]", ids=False), session_done=True, redacted=["openai_key"])
+    assert st.list_samples(session_id="redacted")[0].reject_reason == "secret: openai_key"
+    out = st.sweep_retention(text_before=time.time() + 1, side_before=None)
+    assert (out.samples, out.turns) == (3, 3)
+    assert _text_left(st, "mixed") == {
+        "samples": [("consumed", False), ("rejected", False)],
+        "turns": [False, False],
+        "feedback": [],
+    }
+    assert st.get_turn("mixed", 0).next_state is None and st.get_response("resp_m") is None
+    assert _text_left(st, "redacted")["turns"] == [False]
+    assert st.sweep_retention(text_before=time.time() + 1, side_before=None) == out.__class__(0, 0, 0)
+
+
+def test_a_session_with_a_sample_still_ready_or_leased_keeps_what_that_sample_needs(store_factory):
+    """A rejected sample of a settled session is purged at once, but the turns wait for the ready one: it keeps its
+    JSON while ready and while leased, and once consumed and purged the session goes whole."""
+    st = store_factory()
+    _two_turns(st, "live")
+    out = st.sweep_retention(text_before=time.time() + 1, side_before=None)
+    assert (out.samples, out.turns) == (1, 0)
+    assert _text_left(st, "live") == {
+        "samples": [("ready", True), ("rejected", False)],
+        "turns": [True, True],
+        "feedback": [],
+    }
+    lease_id, _ = st.lease(10, 60.0)
+    assert st.sweep_retention(text_before=time.time() + 1, side_before=None).samples == 0
+    assert _text_left(st, "live")["samples"] == [("leased", True), ("rejected", False)]
+    st.ack(lease_id)
+    assert st.sweep_retention(text_before=time.time() - 60, side_before=None).samples == 0  # acked just now
+    out = st.sweep_retention(text_before=time.time() + 1, side_before=None)
+    assert (out.samples, out.turns) == (1, 2)
+    assert _text_left(st, "live")["turns"] == [False, False]
+
+
+def test_a_rejected_sample_waits_until_its_session_is_settled(store_factory):
+    """No turn awaiting, no sample being judged or held: a session scorer reads the rejected turns' verdicts, so a
+    rejected sample of a session still going on keeps its JSON past the retention."""
+    st = store_factory()
+    st.record_turn("open", _record(), session_done=False)
+    st.record_turn("open", _record(), session_done=False, resolve=Resolution(0, "paired", [{"role": "user"}]))
+    [job] = st.pending_jobs()
+    data = Sample.model_validate({"sample_id": job.sample_id, "session_id": "open", "mode": "rl", "prm": {}})
+    st.complete_judge(job.sample_id, status="rejected", reject_reason="prm_neutral", included=False, data=data)
+    later = time.time() + 1
+    assert st.sweep_retention(text_before=later, side_before=None).samples == 0  # turn 1 awaits its next state
+    [last] = st.end_session("open")
+    assert st.sweep_retention(text_before=later, side_before=None).samples == 0  # turn 1 is being judged
+    st.complete_judge(last, status="rejected", reject_reason="no_next_state", included=False, data=None)
+    out = st.sweep_retention(text_before=time.time() + 1, side_before=None)
+    assert (out.samples, out.turns) == (2, 2)
+
+
+def test_feedback_after_the_purge_re_includes_nothing_and_keeps_no_text(store_factory):
+    """Feedback can re-include a sample rejected for its reward signal only while its JSON is kept: the retention
+    is that feedback's window. Later feedback is recorded, without its text."""
+    st = store_factory()
+    _, rejected = _two_turns(st, "fb")
+    lease_id, _ = st.lease(10, 60.0)
+    st.ack(lease_id)
+    st.sweep_retention(text_before=time.time() + 1, side_before=None)
+    answer = st.add_feedback("fb", 1, value=1.0, text=SECRET_TEXT, idempotency_key=None, policy="override")
+    assert answer is not None and answer.state == "recorded" and answer.sample_status == "rejected"
+    assert [f.text for f in st.list_feedback(session_id="fb")] == [None]
+    assert [r.status for r in st.list_samples(session_id="fb") if r.sample_id == rejected] == ["rejected"]
 
 
 def test_retention_returns_sqlite_space(tmp_path: Path):
@@ -166,31 +274,129 @@ def test_retention_returns_sqlite_space(tmp_path: Path):
     st.ack(lease_id)
     st._return_space(vacuum=True)
     before = st.file_bytes()
-    st.sweep_retention(consumed_before=time.time() + 1, side_before=None)
+    st.sweep_retention(text_before=time.time() + 1, side_before=None)
     after = st.file_bytes()
     st.close()
     assert before is not None and after is not None and after < before / 2
     assert not any(SECRET_TEXT.encode() in p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
 
 
-def test_a_small_purge_leaves_the_file_for_new_rows(tmp_path: Path):
-    """VACUUM rewrites the whole file under the store lock: a sweep that frees little does not run it (the freed
-    pages are zeroed by secure_delete and reused), one that frees half of the file does (above)."""
+def test_a_new_store_returns_even_a_small_purge_to_the_filesystem(tmp_path: Path):
+    """A store this release creates has incremental auto-vacuum: a sweep returns the pages it freed, however few,
+    in chunks of bounded lock time (no whole-file VACUUM)."""
     from policy_server.store import Store
 
     st = Store(tmp_path)
-    _judged(st, "old", SECRET_TEXT * 20)
+    assert st.incremental_vacuum
+    _judged(st, "old", SECRET_TEXT * 2000)  # ~64 KB of text, twice (turn record and sample JSON)
     lease_id, _ = st.lease(1, 60.0)
     st.ack(lease_id)
     for i in range(40):
         _judged(st, f"kept{i}", "ordinary text " * 400)  # ready, not consumed: kept
     st._return_space(vacuum=False)  # the WAL in the file, so its size is the database's
     before = st.file_bytes()
-    out = st.sweep_retention(consumed_before=time.time() + 1, side_before=None)
+    out = st.sweep_retention(text_before=time.time() + 1, side_before=None)
+    after = st.file_bytes()
+    with st._read() as db:
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
+    st.close()
+    assert out.samples == 1 and before is not None and after is not None
+    assert before - after > 64_000 and free == 0, (before, after, free)
+    assert not any(SECRET_TEXT.encode() in p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+
+
+def _legacy_store(tmp_path: Path):
+    """A store as the releases before incremental auto-vacuum created it (its first table made without it)."""
+    import sqlite3
+
+    from policy_server.store import Store
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(tmp_path / "hindsight.sqlite3")
+    db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL)")
+    db.close()
+    return Store(tmp_path)
+
+
+def test_a_store_without_incremental_vacuum_is_rebuilt_only_past_half_free_and_converted(tmp_path: Path):
+    """A store created before this release is rebuilt whole (VACUUM, every turn waits for it) only once half of
+    it is free; that VACUUM converts it to incremental auto-vacuum. The freed pages meanwhile are zeroed."""
+    st = _legacy_store(tmp_path)
+    assert not st.incremental_vacuum
+    _judged(st, "old", SECRET_TEXT * 20)
+    lease_id, _ = st.lease(1, 60.0)
+    st.ack(lease_id)
+    for i in range(40):
+        _judged(st, f"kept{i}", "ordinary text " * 2000)
+    st._return_space(vacuum=False)
+    before = st.file_bytes()
+    assert st.sweep_retention(text_before=time.time() + 1, side_before=None).samples == 1
+    assert st.file_bytes() == before and not st.incremental_vacuum  # a small purge: no VACUUM
+    assert not any(SECRET_TEXT.encode() in p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+    lease_id, _ = st.lease(64, 60.0)
+    st.ack(lease_id)
+    st.sweep_retention(text_before=time.time() + 1, side_before=None)  # now most of the file is free
     after = st.file_bytes()
     st.close()
-    assert out.consumed_samples == 1 and after == before
-    assert not any(SECRET_TEXT.encode() in p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+    assert before is not None and after is not None and after < before / 2
+    assert st.incremental_vacuum
+
+
+def test_the_migrate_step_converts_a_store_without_incremental_vacuum(tmp_path: Path):
+    st = _legacy_store(tmp_path)
+    _judged(st, "a")
+    done = st.upgrade_file()
+    assert done is not None and "incremental auto-vacuum" in done and st.incremental_vacuum
+    assert st.upgrade_file() is None  # nothing left to do
+    assert st.list_samples(session_id="a")[0].status == "ready"
+    st.close()
+
+
+def test_a_turn_committed_during_a_long_incremental_vacuum_waits_for_a_chunk(tmp_path: Path):
+    """Incremental vacuum returns the free pages in chunks of VACUUM_CHUNK_PAGES, each one hold of the store, with
+    a pause between them: a commit meanwhile waits for one chunk, never for the whole return."""
+    import threading
+
+    from policy_server.store import Store
+    from policy_server.store.sqlite import VACUUM_CHUNK_PAGES
+
+    st = Store(tmp_path)
+    rows = 12 * VACUUM_CHUNK_PAGES  # two pages each: every other one deleted frees 12 chunks
+    with st._tx() as db:  # the freed pages lie between live ones: returning them moves pages, as after a sweep
+        db.executemany(
+            "INSERT INTO side_turns (side_id, session_id, created_at, rule, record) VALUES (?, NULL, ?, 'x', ?)",
+            [(f"side-{i}", i % 2, f"{i:08d}" * 1000) for i in range(rows)],
+        )
+    with st._tx() as db:
+        db.execute("DELETE FROM side_turns WHERE created_at=0")
+    with st._read() as db:
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
+    assert free > 10 * VACUUM_CHUNK_PAGES, free
+    before = st.file_bytes()
+    writes: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            st.record_turn(f"w{len(writes)}", _record(), session_done=False)
+            writes.append((t0, time.perf_counter()))
+            time.sleep(0.001)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    while len(writes) < 3:
+        time.sleep(0.001)
+    t0 = time.perf_counter()
+    st._return_space(vacuum=True)
+    t1 = time.perf_counter()
+    stop.set()
+    writer.join()
+    after = st.file_bytes()
+    st.close()
+    assert before is not None and after is not None and before - after > (free - 100) * 4096
+    longest = max(end - start for start, end in writes if end > t0 and start < t1)
+    assert longest < (t1 - t0) / 3, f"a commit waited {longest:.3f}s of the vacuum's {t1 - t0:.3f}s"
 
 
 def _consumed_sessions(store, sessions: int, turns: int, text: str = "hello", ids: int = 0) -> None:
@@ -217,12 +423,12 @@ def test_a_sweep_in_batches_purges_what_one_transaction_would(store_factory):
     _consumed_sessions(st, sessions=4, turns=3, text=SECRET_TEXT)
     for _ in range(5):
         st.record_side_turn(None, "opt_out", _record(SECRET_TEXT))
-    out = st.sweep_retention(consumed_before=time.time() + 1, side_before=time.time() + 1, batch_rows=5)
-    assert (out.consumed_samples, out.turns, out.side_turns) == (12, 12, 5)
+    out = st.sweep_retention(text_before=time.time() + 1, side_before=time.time() + 1, batch_rows=5)
+    assert (out.samples, out.turns, out.side_turns) == (12, 12, 5)
     assert all(r.sample is None for r in st.list_samples())
     assert all(st.get_turn(f"c{i}", k).messages == [] for i in range(4) for k in range(3))
     with pytest.raises(ValueError):
-        st.sweep_retention(consumed_before=time.time(), side_before=None, batch_rows=0)
+        st.sweep_retention(text_before=time.time(), side_before=None, batch_rows=0)
 
 
 def test_a_turn_committed_during_a_long_sweep_waits_for_a_batch_not_the_whole_sweep(tmp_path: Path):
@@ -231,7 +437,7 @@ def test_a_turn_committed_during_a_long_sweep_waits_for_a_batch_not_the_whole_sw
     import threading
 
     from policy_server.store import Store
-    from policy_server.store.privacy import RETENTION_BATCH_ROWS
+    from policy_server.store.retention import RETENTION_BATCH_ROWS
 
     st = Store(tmp_path)
     _consumed_sessions(st, sessions=2 * RETENTION_BATCH_ROWS, turns=5, text=SECRET_TEXT * 300, ids=3000)  # 10 batches
@@ -250,26 +456,29 @@ def test_a_turn_committed_during_a_long_sweep_waits_for_a_batch_not_the_whole_sw
     while len(writes) < 3:  # the writer is committing before the sweep starts
         time.sleep(0.001)
     t0 = time.perf_counter()
-    out = st.sweep_retention(consumed_before=time.time() + 1, side_before=None)
+    out = st.sweep_retention(text_before=time.time() + 1, side_before=None)
     t1 = time.perf_counter()
     stop.set()
     writer.join()
     st.close()
-    assert out.consumed_samples == 10 * RETENTION_BATCH_ROWS
+    assert out.samples == 10 * RETENTION_BATCH_ROWS
     longest = max(end - start for start, end in writes if end > t0 and start < t1)
     assert longest < (t1 - t0) / 3, f"a commit waited {longest:.3f}s of the sweep's {t1 - t0:.3f}s"
 
 
 def test_the_sweep_reads_unpurged_samples_by_their_partial_index(tmp_path: Path):
-    """The sweep's query states the partial index's WHERE, so an empty sweep reads no purged row."""
+    """Each of the sweep's queries states the partial index's WHERE, so an empty sweep reads no purged row."""
     from policy_server.store import Store
-    from policy_server.store.privacy import UNPURGED
+    from policy_server.store.retention import UNPURGED_CONSUMED, UNPURGED_REJECTED
 
     st = Store(tmp_path)
     with st._read() as db:
-        plan = " ".join(str(tuple(r)) for r in db.execute("EXPLAIN QUERY PLAN " + UNPURGED, (1.0, 5)).fetchall())
+        plans = [
+            " ".join(str(tuple(r)) for r in db.execute("EXPLAIN QUERY PLAN " + q, (1.0, 5)).fetchall())
+            for q in (UNPURGED_CONSUMED, UNPURGED_REJECTED)
+        ]
     st.close()
-    assert "samples_unpurged" in plan, plan
+    assert all("samples_unpurged" in plan for plan in plans), plans
 
 
 @pytest.mark.process
@@ -314,7 +523,7 @@ def test_the_sweeper_counts_what_it_purged_and_the_space_returned(tmp_path: Path
     settings = kept.model_copy(update={"consumed_text_retention_s": 10.0, "side_turn_retention_s": 10.0})
     out = sweep_once(st, settings, metrics, now=time.time() + 60)
     st.close()
-    assert (out.consumed_samples, out.turns, out.side_turns) == (20, 20, 1)
+    assert (out.samples, out.turns, out.side_turns) == (20, 20, 1)
     value = metrics.registry.get_sample_value
     assert value("hindsight_policy_retention_sweeps_total") == 3
     assert value("hindsight_policy_deleted_rows_total", {"table": "samples", "cause": "retention"}) == 20
@@ -332,3 +541,19 @@ def test_a_judge_outcome_after_the_deletion_writes_nothing(store_factory):
     assert not st.complete_judge(job.sample_id, status="ready", reject_reason=None, included=True, data=data)
     assert st.list_samples(session_id="j") == [] and st.get_turn("j", 0) is None and st.session("j").done
     assert [j for j in st.pending_jobs() if j.session_id == "j"] == []
+
+
+def test_the_sweeper_logs_its_totals_at_most_once_a_minute():
+    """Each sweep is a DEBUG line; the totals are an INFO line when something was purged and the previous line is
+    a minute old: a sweep every 5 s that purges each time logs once a minute, not 12 times."""
+    from policy_server.serving.retention import LOG_EVERY_S, PurgeLog, PurgeTotals
+    from policy_server.store.retention import RetentionSweep
+
+    log = PurgeLog(now=0.0)
+    one, none = RetentionSweep(samples=2, turns=1, side_turns=0), RetentionSweep(0, 0, 0)
+    lines = [(t, log.add(one, now=t)) for t in range(5, 181, 5)]
+    due = [(t, x) for t, x in lines if x is not None]
+    assert [t for t, _ in due] == [60, 120, 180] and LOG_EVERY_S == 60
+    assert due[0][1] == PurgeTotals(sweeps=12, samples=24, turns=12, side_turns=0, seconds=60.0)
+    assert [log.add(none, now=t) for t in range(185, 400, 5)] == [None] * 43  # nothing purged: silent
+    assert log.add(one, now=400.0) == PurgeTotals(sweeps=44, samples=2, turns=1, side_turns=0, seconds=220.0)

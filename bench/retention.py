@@ -1,26 +1,35 @@
 """Bench: what the retention sweep and SQLite's VACUUM cost, and what a concurrent turn waits meanwhile.
 
-Run:  python -m bench.retention [--backlogs 1000,10000,100000] [--batches 25,50,100,200,500,0] [--seed 0]
+Run:  python -m bench.retention [--backlogs 1000,10000,100000] [--batches 25,50,100,200,500]
+                                [--chunks 32,64,128,256,512,1024] [--seed 0]
 
-A consumed sample here is what a live turn leaves once trained on: a turn record with ``--text-bytes`` of text
-and a Sample JSON with the token ids of that text (about twice its size), eight turns to a session. The backlog
-is built by copying, row for row, one such sample made through the store's API (``record_turn``,
+A terminal sample here is what a live turn leaves once trained on: a turn record with ``--text-bytes`` of text
+and a Sample JSON with the token ids of that text (about twice its size), eight turns to a session, the last one
+rejected ``no_next_state`` (as rl mode rejects a session's last turn) and the others consumed. The backlog is
+built by copying, row for row, one such sample made through the store's API (``record_turn``,
 ``complete_judge``, ``lease``, ``ack``), so its shape is the store's own. Every figure is measured on SQLite (the
 data dir's file) and on PostgreSQL (a throwaway cluster started with devkit.pgcluster, fsync on) where the
 server binaries are installed (``--no-pg``: SQLite only).
 
-1. Sweep: ``sweep_retention`` purges a backlog of consumed samples in transactions of ``batch`` rows (0: all in
-   one transaction, the sweep before batches) while a writer thread commits a small turn (``record_turn``)
+1. Sweep: ``sweep_retention`` purges a backlog of terminal samples in transactions of about ``batch`` rows
+   (samples and turns together) while a writer thread commits a small turn (``record_turn``)
    every 10 ms, open loop (a write held up delays the ones due behind it, and each wait counts from when it was
    due). Printed: the sweep's wall seconds (its pauses included), the lock it held (the longest transaction,
    and µs per purged row over the transactions), and the writer's p99 and worst wait while sweeping against an
-   idle window, with how many of its writes failed StoreBusy. VACUUM is left out here (measured in 2).
-2. VACUUM (SQLite): a ``--vacuum-samples`` store with a fraction of its samples purged: VACUUM's seconds (the
-   store is locked all along), MB returned, ms of lock per MB returned and MB copied per second.
+   idle window, with how many of its writes failed StoreBusy. Returning the space is left out here (2 and 4).
+2. VACUUM (SQLite, the stores created without incremental auto-vacuum): a ``--vacuum-samples`` store with a
+   fraction of its samples purged: VACUUM's seconds (the store is locked all along), MB returned, ms of lock per
+   MB returned and MB copied per second.
 3. Interval: over the purged history each case of 1 left, an empty sweep (nothing to purge) with the partial
-   index ``samples_unpurged`` and with the index it replaced, and a sweep that purges one row (its fixed cost:
-   the transaction, and on SQLite the WAL checkpoint), in wall ms; and the share of the time that fixed cost
-   takes at a few intervals (a sweep at traffic meets turns/s x interval rows, each costing what 1 says).
+   index ``samples_unpurged`` and with a plain (status, updated_at) index, and a sweep that purges one row (its
+   fixed cost: the transactions, and on SQLite the WAL checkpoint), in wall ms; and the share of the time that
+   fixed cost takes at a few intervals (a sweep at traffic meets turns/s x interval rows, each costing what 1
+   says).
+4. Incremental vacuum (SQLite, every store this release creates): a copy of the ``--vacuum-samples`` store with
+   its oldest half purged for each ``--chunks`` size, ``--chunk-runs`` chunks of it returned as ``_return_space``
+   runs them (the vacuum and its WAL checkpoint in one hold of the store, then a pause as long) while the writer
+   of 1 commits: each chunk's hold (median and longest), µs per page, the writer's p99 and worst wait; last, all
+   of the free pages returned in chunks of ``VACUUM_CHUNK_PAGES``, as a sweep does.
 
 Takes about five minutes on 2 shared cores with both backends (a 100k backlog is 2.9 GB on SQLite). Progress goes to stderr, the tables to stdout.
 The figures and the rule that chose the defaults: docs/USERS_DATA.md (Retention).
@@ -49,7 +58,7 @@ from devkit.pgcluster import PgCluster, PgUnavailable
 from engine.records import Sample, TurnRecord
 from policy_server.errors import StoreBusy
 from policy_server.store import SampleStore, open_store
-from policy_server.store.privacy import RETENTION_BATCH_ROWS
+from policy_server.store.retention import RETENTION_BATCH_ROWS
 
 TURNS_PER_SESSION = 8
 OLD = 1000.0  # updated_at of the backlog: long past any cut-off
@@ -112,8 +121,9 @@ def template(store: SampleStore) -> dict[str, dict[str, object]]:
 
 
 def fill(store: SampleStore, n: int, tpl: dict[str, dict[str, object]], prefix: str, at: tuple[float, float]) -> None:
-    """``n`` consumed samples copied from ``tpl`` by the database itself (a recursive CTE: the text never
-    crosses the socket), ``TURNS_PER_SESSION`` to a session, sample ``i`` last updated at ``at[0] + i * at[1]``."""
+    """``n`` terminal samples copied from ``tpl`` by the database itself (a recursive CTE: the text never
+    crosses the socket), ``TURNS_PER_SESSION`` to a session (its last one rejected), sample ``i`` last updated at
+    ``at[0] + i * at[1]``."""
     sid = f"'{prefix}' || CAST(i / {TURNS_PER_SESSION} AS TEXT)"
     k = f"i % {TURNS_PER_SESSION}"
     when = "? + i * ?"
@@ -126,6 +136,8 @@ def fill(store: SampleStore, n: int, tpl: dict[str, dict[str, object]], prefix: 
             "turn_index": k,
             "created_at": when,
             "updated_at": when,
+            "status": f"CASE WHEN {k} = {TURNS_PER_SESSION - 1} THEN 'rejected' ELSE 'consumed' END",
+            "reject_reason": f"CASE WHEN {k} = {TURNS_PER_SESSION - 1} THEN 'no_next_state' END",
         },
     }
     chunk = 5000  # rows a statement (each under the store's statement timeout)
@@ -214,14 +226,14 @@ def writer(store: SampleStore, tag: str) -> Iterator[Waits]:
 
 
 @contextmanager
-def no_vacuum() -> Iterator[None]:
-    """Sweeps that leave the file as it is (VACUUM is measured on its own)."""
-    saved = sqlite_store.VACUUM_FREE_FRACTION
-    sqlite_store.VACUUM_FREE_FRACTION = float("inf")
+def no_vacuum(store: SampleStore) -> Iterator[None]:
+    """Sweeps that leave the free pages in the file (returning them is measured on its own)."""
+    inner = store._return_space
+    store._return_space = lambda *, vacuum: inner(vacuum=False)  # type: ignore[method-assign]
     try:
         yield
     finally:
-        sqlite_store.VACUUM_FREE_FRACTION = saved
+        del store._return_space
 
 
 @contextmanager
@@ -257,7 +269,7 @@ class Backend:
         return open_store(self.cluster.create_database(name) if create else self.cluster.url(name), "")
 
     def built(self, backlog: int, at: tuple[float, float]) -> str:
-        """A closed store of ``backlog`` consumed samples, sample ``i`` last updated at ``at[0] + i * at[1]``; its
+        """A closed store of ``backlog`` terminal samples, sample ``i`` last updated at ``at[0] + i * at[1]``; its
         name."""
         name = f"{self.name}{backlog}"
         store = self._open(name, create=True)
@@ -269,7 +281,7 @@ class Backend:
                 db.execute("ANALYZE")  # the statistics autovacuum keeps on a live database
         store._return_space(vacuum=False)
         store.close()
-        log(f"  {self.name}: {backlog} consumed samples built in {time.perf_counter() - t0:.1f}s")
+        log(f"  {self.name}: {backlog} terminal samples built in {time.perf_counter() - t0:.1f}s")
         return name
 
     def copy(self, built: str, name: str) -> SampleStore:
@@ -315,7 +327,7 @@ class SweepRow:
     max_ms: float
     busy: int
     empty_ms: float  # an empty sweep over this case's purged history, with samples_unpurged
-    empty_old_ms: float  # the same with the index it replaced
+    empty_old_ms: float  # the same with a plain (status, updated_at) index
     one_row_ms: float  # a sweep that purges one row
 
 
@@ -330,35 +342,33 @@ def sweep_case(backend: Backend, built: str, backlog: int, batch: int) -> SweepR
             time.sleep(ARGS.idle_s)
         idle_s = idle.seconds[len(idle.seconds) // 5 :]  # the writer's first strides left out
         failed = ""
-        with no_vacuum(), writer(store, "busy") as busy, held(store) as holds:
+        with no_vacuum(store), writer(store, "busy") as busy, held(store) as holds:
             time.sleep(0.2)  # the writer is in its stride before the sweep starts
             t0 = time.perf_counter()
             try:
-                out = store.sweep_retention(
-                    consumed_before=OLD + backlog, side_before=None, batch_rows=batch or backlog
-                )
-                assert out.consumed_samples == backlog, out  # the template (updated now) is younger than the cut-off
+                out = store.sweep_retention(text_before=OLD + backlog, side_before=None, batch_rows=batch)
+                assert out.samples == backlog, out  # the template (updated now) is younger than the cut-off
             except StoreBusy as exc:
                 failed = str(exc)
             t1 = time.perf_counter()
             time.sleep(0.05)
         during = busy.within(t0, t1)
-        log(f"  batch {batch or 'all'}: swept in {t1 - t0:.1f}s {failed}")
+        log(f"  batch {batch}: swept in {t1 - t0:.1f}s {failed}")
         empty = empty_old = one_row = NAN
         if not failed and batch == ARGS.batch:
             fill(store, 1, template(store), "x", (OLD, 0.0))
-            with no_vacuum():
+            with no_vacuum(store):
                 t2 = time.perf_counter()
-                store.sweep_retention(consumed_before=OLD + 1, side_before=None)
+                store.sweep_retention(text_before=OLD + 1, side_before=None)
                 one_row = (time.perf_counter() - t2) * 1e3
 
                 def sweep() -> None:
-                    store.sweep_retention(consumed_before=OLD + backlog, side_before=None)
+                    store.sweep_retention(text_before=OLD + backlog, side_before=None)
 
                 empty = wall_ms(sweep)
                 with store._tx() as db:
                     db.execute("DROP INDEX samples_unpurged")
-                    db.execute("CREATE INDEX samples_consumed ON samples (status, updated_at)")
+                    db.execute("CREATE INDEX samples_plain ON samples (status, updated_at)")
                 empty_old = wall_ms(sweep)
         return SweepRow(
             backend.name,
@@ -396,8 +406,8 @@ def vacuum_case(backend: Backend, built: str, fraction: float) -> VacuumRow:
     name = f"vac{fraction}"
     store = backend.copy(built, name)
     try:
-        with no_vacuum():
-            store.sweep_retention(consumed_before=round(fraction * ARGS.vacuum_samples), side_before=None)
+        with no_vacuum(store):
+            store.sweep_retention(text_before=round(fraction * ARGS.vacuum_samples), side_before=None)
         with store._read() as db:
             free = db.execute("PRAGMA freelist_count").fetchone()[0] / db.execute("PRAGMA page_count").fetchone()[0]
         before = store.file_bytes() or 0
@@ -417,6 +427,89 @@ def vacuum_case(backend: Backend, built: str, fraction: float) -> VacuumRow:
         backend.drop(name)
 
 
+@contextmanager
+def held_lock(store: SampleStore) -> Iterator[list[float]]:
+    """The seconds each hold of the SQLite store lock by this thread lasted while the body runs."""
+    inner, me, holds, since = store._lock, threading.get_ident(), [], threading.local()  # type: ignore[attr-defined]
+
+    class Timed:
+        def acquire(self, timeout: float = -1) -> bool:
+            return bool(inner.acquire(timeout))
+
+        def release(self) -> None:
+            inner.release()
+
+        def __enter__(self) -> Timed:
+            inner.__enter__()
+            since.t = time.perf_counter()
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            if threading.get_ident() == me:
+                holds.append(time.perf_counter() - since.t)
+            inner.__exit__(*exc)
+
+    store._lock = Timed()  # type: ignore[attr-defined]
+    try:
+        yield holds
+    finally:
+        store._lock = inner  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    pages: int  # a chunk's pages (0: the rest returned as a sweep does)
+    chunks: int
+    hold_p50_ms: float
+    hold_max_ms: float
+    us_per_page: float
+    writer_p99_ms: float
+    writer_max_ms: float
+    returned_mb: float
+    seconds: float
+
+
+def chunk_case(backend: Backend, built: str, pages: int) -> ChunkRow:
+    """Incremental vacuum of a copy of ``built`` with its oldest half purged: ``--chunk-runs`` chunks of ``pages``
+    (0: all of the free pages, as a sweep returns them)."""
+    name = f"chunks{pages}"
+    store = backend.copy(built, name)
+    try:
+        with no_vacuum(store):
+            store.sweep_retention(text_before=ARGS.vacuum_samples / 2, side_before=None)
+        with store._read() as db:
+            page_bytes = db.execute("PRAGMA page_size").fetchone()[0]
+            count0 = db.execute("PRAGMA page_count").fetchone()[0]
+        with writer(store, "w") as waits, held_lock(store) as holds:
+            time.sleep(0.2)
+            t0 = time.perf_counter()
+            if pages:
+                for _ in range(ARGS.chunk_runs):
+                    store._vacuum_chunk(pages)  # type: ignore[attr-defined]
+            else:
+                store._return_space(vacuum=True)
+            t1 = time.perf_counter()
+            time.sleep(0.05)
+        with store._read() as db:
+            returned = count0 - db.execute("PRAGMA page_count").fetchone()[0]
+        during = waits.within(t0, t1)
+        log(f"  chunks of {pages or 'the default'}: {returned} pages in {t1 - t0:.2f}s")
+        return ChunkRow(
+            pages,
+            len(holds),  # one hold a chunk (and for all of them, the final WAL checkpoint's)
+            statistics.median(holds) * 1e3,
+            max(holds) * 1e3,
+            sum(holds) / max(returned, 1) * 1e6,
+            p99(during) * 1e3,
+            max(during, default=NAN) * 1e3,
+            returned * page_bytes / 2**20,
+            t1 - t0,
+        )
+    finally:
+        store.close()
+        backend.drop(name)
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -424,14 +517,17 @@ def _ints(text: str) -> list[int]:
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backlogs", type=_ints, default=_ints("1000,10000,100000"))
-    ap.add_argument("--batches", type=_ints, default=_ints("25,50,100,200,500,0"), help="0: the whole purge in one")
+    ap.add_argument("--batches", type=_ints, default=_ints("25,50,100,200,500"))
     ap.add_argument("--batch", type=int, default=RETENTION_BATCH_ROWS, help="the batch the backlogs are swept in")
     ap.add_argument("--batch-backlog", type=int, default=10000, help="the backlog the batch sizes are compared on")
     ap.add_argument("--text-bytes", type=int, default=8192)
     ap.add_argument("--vacuum-samples", type=int, default=10000)
     ap.add_argument("--fractions", default="0.05,0.10,0.25,0.50")
+    ap.add_argument("--chunks", type=_ints, default=_ints("64,128,256,512,1024,2048"), help="incremental vacuum pages")
+    ap.add_argument("--chunk-runs", type=int, default=30, help="chunks measured of each size")
     ap.add_argument("--idle-s", type=float, default=1.0, help="the writer's idle window")
     ap.add_argument("--no-pg", action="store_true")
+    ap.add_argument("--no-sweep", action="store_true", help="only the SQLite space measures (2 and 4)")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args()
 
@@ -444,6 +540,7 @@ def main() -> None:
     ARGS = parse()
     rows: list[SweepRow] = []
     vacuums: list[VacuumRow] = []
+    chunks: list[ChunkRow] = []
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         backends = [Backend("sqlite", tmp)]
@@ -453,12 +550,12 @@ def main() -> None:
             except PgUnavailable as exc:
                 log(f"PostgreSQL skipped: {exc}")
         try:
-            for backend in backends:
+            for backend in backends if not ARGS.no_sweep else []:
                 for backlog in sorted({ARGS.batch_backlog, *ARGS.backlogs}):
                     log(f"sweep: {backend.name}, {backlog} samples")
                     built = backend.built(backlog, (OLD, 1e-3))
                     batches = ARGS.batches if backlog == ARGS.batch_backlog else []
-                    for batch in sorted({*batches, ARGS.batch, 0}, key=lambda b: b or 10**9):
+                    for batch in sorted({*batches, ARGS.batch}):
                         rows.append(sweep_case(backend, built, backlog, batch))
                     backend.drop(built)
         finally:
@@ -469,26 +566,28 @@ def main() -> None:
         built = backends[0].built(ARGS.vacuum_samples, (0.0, 1.0))
         for fraction in (float(f) for f in ARGS.fractions.split(",")):
             vacuums.append(vacuum_case(backends[0], built, fraction))
-    report(rows, vacuums)
+        log("incremental vacuum: sqlite")
+        chunks = [chunk_case(backends[0], built, pages) for pages in [*ARGS.chunks, 0]]
+    report(rows, vacuums, chunks)
 
 
-def report(rows: list[SweepRow], vacuums: list[VacuumRow]) -> None:
+def report(rows: list[SweepRow], vacuums: list[VacuumRow], chunks: list[ChunkRow]) -> None:
     out = sys.stdout.write
-    out(f"\n1. Sweep of consumed samples ({ARGS.text_bytes} B of text each) under a turn committed every 10 ms\n")
+    out(f"\n1. Sweep of terminal samples ({ARGS.text_bytes} B of text each) under a turn committed every 10 ms\n")
     out(
         f"{'backend':<11}{'backlog':>8}{'batch':>6}{'sweep s':>8}{'hold max ms':>12}{'us/row':>7}"
         f"{'idle p99':>9}{'idle max':>9}{'p99 ms':>8}{'max ms':>8}{'p99/idle':>9}{'busy':>5}\n"
     )
-    for r in sorted(rows, key=lambda r: (r.backend, r.backlog, r.batch or 10**9)):
+    for r in sorted(rows, key=lambda r: (r.backend, r.backlog, r.batch)):
         sweep = f"{r.sweep_s:>8.2f}" if not r.failed else f"{'FAILED':>8}"
         out(
-            f"{r.backend:<11}{r.backlog:>8}{r.batch or 'all':>6}{sweep}{r.max_hold_ms:>12.0f}{r.us_per_row:>7.0f}"
+            f"{r.backend:<11}{r.backlog:>8}{r.batch:>6}{sweep}{r.max_hold_ms:>12.0f}{r.us_per_row:>7.0f}"
             f"{r.idle_p99_ms:>9.1f}{r.idle_max_ms:>9.1f}{r.p99_ms:>8.1f}{r.max_ms:>8.0f}"
             f"{r.p99_ms / r.idle_p99_ms:>9.1f}{r.busy:>5}\n"
         )
     for r in rows:
         if r.failed:
-            out(f"FAILED {r.backend} {r.backlog} batch {r.batch or 'all'}: {r.failed}\n")
+            out(f"FAILED {r.backend} {r.backlog} batch {r.batch}: {r.failed}\n")
     out(f"\n2. VACUUM (SQLite) of a {ARGS.vacuum_samples}-sample store with a fraction of it purged\n")
     out(
         f"{'free':>6}{'file MB':>9}{'vacuum s':>10}{'MB back':>9}{'ms/MB back':>12}{'MB/s copied':>13}{'writer max':>12}\n"
@@ -510,6 +609,18 @@ def report(rows: list[SweepRow], vacuums: list[VacuumRow]) -> None:
             f"{r.backend:<11}{r.backlog:>8}{r.empty_ms:>8.2f}{r.empty_old_ms:>10.2f}{r.empty_old_ms / r.empty_ms:>7.1f}"
             f"{r.one_row_ms:>9.2f}" + "".join(f"{r.one_row_ms / 1e3 / i:>9.3%}" for i in intervals) + "\n"
         )
+
+    out(f"\n4. Incremental vacuum (SQLite) of the {ARGS.vacuum_samples}-sample store with its oldest half purged\n")
+    out(
+        f"{'pages':>7}{'chunks':>7}{'hold p50':>9}{'hold max':>9}{'us/page':>8}{'writer p99':>11}{'writer max':>11}"
+        f"{'MB back':>8}{'s':>7}\n"
+    )
+    for c in chunks:
+        out(
+            f"{c.pages or 'rest':>7}{c.chunks:>7}{c.hold_p50_ms:>9.1f}{c.hold_max_ms:>9.1f}{c.us_per_page:>8.0f}"
+            f"{c.writer_p99_ms:>11.1f}{c.writer_max_ms:>11.1f}{c.returned_mb:>8.0f}{c.seconds:>7.2f}\n"
+        )
+    out(f"(rest: returned as a sweep does, in chunks of {sqlite_store.VACUUM_CHUNK_PAGES} pages)\n")
 
 
 if __name__ == "__main__":

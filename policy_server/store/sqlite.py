@@ -97,7 +97,7 @@ class SqliteDB(StoreDB):
         if not self.incremental_vacuum:
             logger.warning(
                 "store %s was created without incremental auto-vacuum: retention returns its space with a full "
-                "VACUUM (every turn waits, about 1 s per 175 MB) once half of it is free, which also converts it; "
+                "VACUUM (every turn waits, about 1 s per 165 MB) once half of it is free, which also converts it; "
                 "`hindsight-policy migrate` converts it now (run it with the server stopped)",
                 self.path,
             )
@@ -193,7 +193,7 @@ class SqliteDB(StoreDB):
 
     def _vacuum_whole(self) -> None:
         """VACUUM once :data:`VACUUM_FREE_FRACTION` of the file is free (a store created without incremental
-        auto-vacuum). It copies every live page while holding the store (a second per 175 MB kept on the bench's
+        auto-vacuum). It copies every live page while holding the store (a second per 165 MB kept on the bench's
         2-core machine, whatever the free share), so the threshold bounds its cost to one byte copied per byte
         returned; it also converts the file to incremental auto-vacuum, asked for at open."""
         with self._lock:

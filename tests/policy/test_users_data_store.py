@@ -1,11 +1,14 @@
-"""Users' data in the store, on SQLite and PostgreSQL (policy_server.store.privacy; docs/USERS_DATA.md).
+"""Users' data in the store, on SQLite and PostgreSQL (policy_server.store.privacy, policy_server.store.retention;
+docs/USERS_DATA.md).
 
 Contract: a turn stored with redacted secrets is never trained (its sample is rejected ``secret``); a session
 deletion removes the session's turns, side turns, samples, feedback and stored answers in one transaction,
 revokes its leased samples (the lease's ack lists them and consumes nothing of them) and reports those already
 consumed with the weight version their ack named; a ``kill -9`` in the middle of a deletion leaves everything
-(all or nothing); the audit lists each turn's verdicts; retention purges consumed text and old side turns and,
-on SQLite, gives the space back; deleted text is not left in the SQLite file's bytes.
+(all or nothing); the audit lists each turn's verdicts; retention purges the text of terminal samples (consumed or
+rejected) and of the sessions they settle, and old side turns, in batches of bounded rows, and on SQLite gives the
+space back by incremental vacuum in chunks of bounded lock time (a store from before it: VACUUM past half free, or
+converted offline); deleted text is not left in the SQLite file's bytes.
 """
 
 from __future__ import annotations
@@ -429,6 +432,39 @@ def test_a_sweep_in_batches_purges_what_one_transaction_would(store_factory):
     assert all(st.get_turn(f"c{i}", k).messages == [] for i in range(4) for k in range(3))
     with pytest.raises(ValueError):
         st.sweep_retention(text_before=time.time(), side_before=None, batch_rows=0)
+
+
+def test_a_batch_counts_the_turns_it_purges(store_factory):
+    """The turns a batch's samples settle count in the batch: sessions whose last sample is purged after the others
+    (rl rejects each session's last turn) go a few a transaction, never a batch of sessions with all their turns."""
+    from contextlib import contextmanager
+
+    st = store_factory()
+    for i in range(6):
+        _two_turns(st, f"r{i}")
+    lease_id, _ = st.lease(10, 60.0)
+    st.ack(lease_id)
+    inner, purged = st._tx, []
+
+    def rows() -> int:
+        with st._read() as db:
+            return (
+                db.execute("SELECT COUNT(*) FROM samples WHERE purged_at IS NOT NULL").fetchone()[0]
+                + (db.execute("SELECT COUNT(*) FROM turns WHERE record=?", (PURGED,)).fetchone()[0])
+            )
+
+    @contextmanager
+    def tx():
+        before = rows()
+        with inner() as db:
+            yield db
+        purged.append(rows() - before)
+
+    st._tx = tx
+    out = st.sweep_retention(text_before=time.time() + 1, side_before=None, batch_rows=3)  # each rejected one settles
+    del st._tx
+    assert (out.samples, out.turns) == (12, 12)
+    assert max(purged) <= 3 + 2, purged  # the batch, and at most one session's turns past it
 
 
 def test_a_turn_committed_during_a_long_sweep_waits_for_a_batch_not_the_whole_sweep(tmp_path: Path):

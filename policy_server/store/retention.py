@@ -16,8 +16,9 @@ Contract of :meth:`StoreRetention.sweep_retention`:
   and stored Responses answers go too (a continuing turn's record needs its base turn's: they go together, never
   one alone). A session with a sample still pending, ready or leased keeps its turns, and that sample its JSON.
 - Side turns (``opt_out`` ones included) older than their own cut-off are deleted.
-- Oldest first, in transactions of at most :data:`RETENTION_BATCH_ROWS` rows found through the partial index
-  ``samples_unpurged`` (policy_server.store.migrations), so a sweep with nothing to purge reads no purged row;
+- Oldest first, in transactions of about :data:`RETENTION_BATCH_ROWS` rows, samples and the turns they settle
+  together, found through the partial index ``samples_unpurged`` (policy_server.store.migrations), so a sweep with
+  nothing to purge reads no purged row;
   then the freed space is returned (``_return_space``: SQLite's incremental vacuum in bounded chunks,
   policy_server.store.sqlite; PostgreSQL's autovacuum reuses it).
 """
@@ -41,7 +42,7 @@ _UNPURGED = "SELECT sample_id, session_id FROM samples s WHERE status='{status}'
 UNPURGED_CONSUMED = _UNPURGED.format(status=S.CONSUMED) + " ORDER BY updated_at LIMIT ?"
 UNPURGED_REJECTED = (
     _UNPURGED.format(status=S.REJECTED)
-    # settled sessions only (module docstring): one probe of each of two session-keyed indexes
+    # settled sessions only (module docstring): each a probe of a session-keyed index on SQLite
     + f" AND NOT EXISTS (SELECT 1 FROM samples o WHERE o.session_id=s.session_id AND o.status IN "
     f"('{S.PENDING_JUDGE}', '{S.PENDING_SCORE}')) "
     "AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_id=s.session_id AND t.pairing='awaiting') "

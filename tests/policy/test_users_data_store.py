@@ -14,7 +14,9 @@ converted offline); deleted text is not left in the SQLite file's bytes.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -25,6 +27,8 @@ from policy_server.store.records import StoredResponse
 from policy_server.store.retention import PURGED
 from tests.testkit.deleting_child import DeletingChild
 from tests.testkit.records import turn_record
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.unit
 
@@ -358,7 +362,6 @@ def test_the_migrate_step_converts_a_store_without_incremental_vacuum(tmp_path: 
 def test_a_turn_committed_during_a_long_incremental_vacuum_waits_for_a_chunk(tmp_path: Path):
     """Incremental vacuum returns the free pages in chunks of VACUUM_CHUNK_PAGES, each one hold of the store, with
     a pause between them: a commit meanwhile waits for one chunk, never for the whole return."""
-    import threading
 
     from policy_server.store import Store
     from policy_server.store.sqlite import VACUUM_CHUNK_PAGES
@@ -376,7 +379,19 @@ def test_a_turn_committed_during_a_long_incremental_vacuum_waits_for_a_chunk(tmp
         free = db.execute("PRAGMA freelist_count").fetchone()[0]
     assert free > 10 * VACUUM_CHUNK_PAGES, free
     before = st.file_bytes()
-    writes: list[tuple[float, float]] = []
+    _, longest, took = _while_committing(st, lambda: st._return_space(vacuum=True))
+    after = st.file_bytes()
+    st.close()
+    assert before is not None and after is not None and before - after > (free - 100) * 4096
+    assert longest < took / 3, f"a commit waited {longest:.3f}s of the vacuum's {took:.3f}s"
+
+
+def _while_committing(st, work: Callable[[], T]) -> tuple[T, float, float]:
+    """Run ``work`` while a thread commits small turns back to back (already committing when it starts): (its
+    result, the longest commit that overlapped it, how long it took), in seconds."""
+    import threading
+
+    writes: list[tuple[float, float]] = []  # (start, end) of each commit
     stop = threading.Event()
 
     def write() -> None:
@@ -391,15 +406,13 @@ def test_a_turn_committed_during_a_long_incremental_vacuum_waits_for_a_chunk(tmp
     while len(writes) < 3:
         time.sleep(0.001)
     t0 = time.perf_counter()
-    st._return_space(vacuum=True)
-    t1 = time.perf_counter()
-    stop.set()
-    writer.join()
-    after = st.file_bytes()
-    st.close()
-    assert before is not None and after is not None and before - after > (free - 100) * 4096
-    longest = max(end - start for start, end in writes if end > t0 and start < t1)
-    assert longest < (t1 - t0) / 3, f"a commit waited {longest:.3f}s of the vacuum's {t1 - t0:.3f}s"
+    try:
+        out = work()
+    finally:
+        t1 = time.perf_counter()
+        stop.set()
+        writer.join()
+    return out, max(end - start for start, end in writes if end > t0 and start < t1), t1 - t0
 
 
 def _consumed_sessions(store, sessions: int, turns: int, text: str = "hello", ids: int = 0) -> None:
@@ -470,36 +483,18 @@ def test_a_batch_counts_the_turns_it_purges(store_factory):
 def test_a_turn_committed_during_a_long_sweep_waits_for_a_batch_not_the_whole_sweep(tmp_path: Path):
     """SQLite has one writer: a sweep in one transaction made every turn's commit wait for all of it (past
     ``busy_timeout_s``, StoreBusy). In batches, a commit waits for one batch at most."""
-    import threading
 
     from policy_server.store import Store
     from policy_server.store.retention import RETENTION_BATCH_ROWS
 
     st = Store(tmp_path)
     _consumed_sessions(st, sessions=2 * RETENTION_BATCH_ROWS, turns=5, text=SECRET_TEXT * 300, ids=3000)  # 10 batches
-    writes: list[tuple[float, float]] = []  # (start, end) of each commit
-    stop = threading.Event()
-
-    def write() -> None:
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            st.record_turn(f"w{len(writes)}", _record(), session_done=False)
-            writes.append((t0, time.perf_counter()))
-            time.sleep(0.001)
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    while len(writes) < 3:  # the writer is committing before the sweep starts
-        time.sleep(0.001)
-    t0 = time.perf_counter()
-    out = st.sweep_retention(text_before=time.time() + 1, side_before=None)
-    t1 = time.perf_counter()
-    stop.set()
-    writer.join()
+    out, longest, took = _while_committing(
+        st, lambda: st.sweep_retention(text_before=time.time() + 1, side_before=None)
+    )
     st.close()
     assert out.samples == 10 * RETENTION_BATCH_ROWS
-    longest = max(end - start for start, end in writes if end > t0 and start < t1)
-    assert longest < (t1 - t0) / 3, f"a commit waited {longest:.3f}s of the sweep's {t1 - t0:.3f}s"
+    assert longest < took / 3, f"a commit waited {longest:.3f}s of the sweep's {took:.3f}s"
 
 
 def test_the_sweep_reads_unpurged_samples_by_their_partial_index(tmp_path: Path):

@@ -35,7 +35,7 @@ hs_die() { printf 'error: %s\n' "$*" >&2; exit 2; }
 # ticker among the waited-for processes wakes the wait every HS_WAKE_S seconds (see HS_WAKE_S above); a still
 # running ticker afterwards means one of PIDs ended, and `wait -n` returned its status.
 hs_wait_any() {
-  local rc
+  local rc pid
   while :; do
     sleep "$HS_WAKE_S" &
     HS_TICKER=$!
@@ -47,8 +47,17 @@ hs_wait_any() {
       HS_TICKER=""
       return "$rc"
     fi
-    # The ticker ended (and was reaped by that wait): a process of PIDS that ended meanwhile is still an
-    # unreported job, so the next `wait -n` returns its status at once.
+    HS_TICKER=""
+    # The ticker ended. A process of PIDs that ended while no `wait -n` was running can already be reaped by
+    # bash and dropped from its job table (seen under load: `wait -n` then never reports it), so each wake-up
+    # also looks: a PID that is gone is waited for by its pid, whose status bash keeps.
+    for pid in "$@"; do
+      if ! kill -0 "$pid" 2>/dev/null; then
+        rc=0
+        wait "$pid" 2>/dev/null || rc=$?
+        return "$rc"
+      fi
+    done
   done
 }
 

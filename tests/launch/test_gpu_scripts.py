@@ -355,3 +355,27 @@ echo "rc=$rc ticker=${HS_TICKER:-none}"
     res = subprocess.run(["bash", "-c", body, "t", str(LAUNCH)], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["other still running", "rc=7 ticker=none"]
+
+
+@pytest.mark.unit
+def test_hs_wait_any_sees_a_process_that_ends_between_two_waits() -> None:
+    """A process that ends while no ``wait -n`` runs (between two wake-ups) can be reaped by bash and dropped from
+    its job table; hs_wait_any still returns its status within a wake-up. Many short wake-ups and kills at random
+    moments: before the per-wake-up look, about 4 % of such waits never returned."""
+    body = r"""
+set -euo pipefail
+source "$1/common.sh"
+HS_WAKE_S=0.003
+for i in $(seq 1 60); do
+  sleep 600 &
+  s=$!
+  ( sleep "0.0$((RANDOM % 10))"; kill -USR1 "$s" ) &
+  rc=0
+  hs_wait_any "$s" || rc=$?
+  wait
+  echo "$rc"
+done
+"""
+    res = subprocess.run(["bash", "-c", body, "t", str(LAUNCH)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["138"] * 60
